@@ -1,0 +1,53 @@
+"""Errors that reach the user as one line and exit code 2.
+
+Every problem with user input (a trace file, a profile, a policy file, an option) is raised as
+an :class:`InputError`. The CLI catches it, prints ``str(error)`` on one line to stderr and exits
+with code 2, so a user never sees a traceback for a bad file.
+"""
+
+from __future__ import annotations
+
+
+class InputError(Exception):
+    """Bad user input, located as precisely as possible.
+
+    The message reads ``FILE: row R, column 'C': what is wrong`` with the parts that are known;
+    rows are 0-based row indices of the table (or 1-based line numbers for text formats, which
+    then say ``line``).
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        path: str | None = None,
+        row: int | None = None,
+        column: str | None = None,
+        line: int | None = None,
+    ) -> None:
+        self.message = message
+        self.path = path
+        self.row = row
+        self.column = column
+        self.line = line
+        super().__init__(self.format())
+
+    def format(self) -> str:
+        where: list[str] = []
+        if self.line is not None:
+            where.append(f"line {self.line}")
+        if self.row is not None:
+            where.append(f"row {self.row}")
+        if self.column is not None:
+            where.append(f"column '{self.column}'")
+        text = " ".join(self.message.split())  # always one line
+        prefix = f"{self.path}: " if self.path else ""
+        loc = ", ".join(where)
+        return f"{prefix}{loc}: {text}" if loc else f"{prefix}{text}"
+
+    def with_path(self, path: str) -> InputError:
+        """The same error, attributed to ``path`` when it had no file yet."""
+        if self.path is None:
+            self.path = path
+            self.args = (self.format(),)
+        return self

@@ -1,0 +1,8 @@
+"""Request traces: format, validation, import, synthesis, block mapping, statistics."""
+
+from __future__ import annotations
+
+from optimizer.trace.blocked import BlockedTrace
+from optimizer.trace.format import FORMAT_VERSION, Trace
+
+__all__ = ["FORMAT_VERSION", "BlockedTrace", "Trace"]
