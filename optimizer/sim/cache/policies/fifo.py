@@ -1,0 +1,45 @@
+"""FIFO: evict the block that was inserted first.
+
+Semantics (libCacheSim ``FIFO.c``): a hit changes nothing; a miss inserts the block at the head;
+eviction takes the tail. No parameters.
+"""
+
+from __future__ import annotations
+
+from numba import njit
+
+from optimizer.sim.cache.enums import M_HEAD, M_TAIL, W_ABSENT, W_MAIN
+from optimizer.sim.cache.lists import push_head_nb, unlink_nb
+
+NAME = "fifo"
+DEFAULTS: dict[str, float] = {}
+DOC = "first in, first out; hits do not reorder"
+
+
+@njit(cache=True, nogil=True)
+def hit_nb(st, b):  # noqa: ANN001, ANN201
+    pass
+
+
+@njit(cache=True, nogil=True)
+def insert_nb(st, b):  # noqa: ANN001, ANN201
+    meta, fmeta, where, prv, nxt, freq, prio, stamp, heap, hpos, cost = st
+    where[b] = W_MAIN
+    push_head_nb(meta, M_HEAD, M_TAIL, prv, nxt, b)
+    return True
+
+
+@njit(cache=True, nogil=True)
+def evict_nb(st):  # noqa: ANN001, ANN201
+    meta, fmeta, where, prv, nxt, freq, prio, stamp, heap, hpos, cost = st
+    v = meta[M_TAIL]
+    unlink_nb(meta, M_HEAD, M_TAIL, prv, nxt, v)
+    where[v] = W_ABSENT
+    return v
+
+
+@njit(cache=True, nogil=True)
+def remove_nb(st, b):  # noqa: ANN001, ANN201
+    meta, fmeta, where, prv, nxt, freq, prio, stamp, heap, hpos, cost = st
+    unlink_nb(meta, M_HEAD, M_TAIL, prv, nxt, b)
+    where[b] = W_ABSENT

@@ -1,0 +1,57 @@
+"""LFU: evict the least frequently used block; ties go to the least recently used.
+
+Semantics (libCacheSim ``LFU.c``): an inserted block has frequency 1, each hit adds 1. The
+victim is the block with the smallest frequency; among those, the one that entered that
+frequency earliest, which is the one whose last access is oldest (libCacheSim appends to the
+tail of the frequency bucket on each access and evicts its head). Frequencies are forgotten on
+eviction. Implemented as an indexed heap on (frequency, time of last access): O(log n).
+No parameters.
+"""
+
+from __future__ import annotations
+
+from numba import njit
+
+from optimizer.sim.cache.enums import M_CLOCK, W_ABSENT, W_MAIN
+from optimizer.sim.cache.heap import heap_pop_nb, heap_push_nb, heap_remove_nb, heap_update_nb
+
+NAME = "lfu"
+DEFAULTS: dict[str, float] = {}
+DOC = "least frequently used, ties by least recently used"
+
+
+@njit(cache=True, nogil=True)
+def hit_nb(st, b):  # noqa: ANN001, ANN201
+    meta, fmeta, where, prv, nxt, freq, prio, stamp, heap, hpos, cost = st
+    freq[b] += 1
+    prio[b] = freq[b]
+    stamp[b] = meta[M_CLOCK]
+    heap_update_nb(meta, heap, hpos, prio, stamp, b)
+
+
+@njit(cache=True, nogil=True)
+def insert_nb(st, b):  # noqa: ANN001, ANN201
+    meta, fmeta, where, prv, nxt, freq, prio, stamp, heap, hpos, cost = st
+    where[b] = W_MAIN
+    freq[b] = 1
+    prio[b] = 1.0
+    stamp[b] = meta[M_CLOCK]
+    heap_push_nb(meta, heap, hpos, prio, stamp, b)
+    return True
+
+
+@njit(cache=True, nogil=True)
+def evict_nb(st):  # noqa: ANN001, ANN201
+    meta, fmeta, where, prv, nxt, freq, prio, stamp, heap, hpos, cost = st
+    v = heap_pop_nb(meta, heap, hpos, prio, stamp)
+    where[v] = W_ABSENT
+    freq[v] = 0
+    return v
+
+
+@njit(cache=True, nogil=True)
+def remove_nb(st, b):  # noqa: ANN001, ANN201
+    meta, fmeta, where, prv, nxt, freq, prio, stamp, heap, hpos, cost = st
+    heap_remove_nb(meta, heap, hpos, prio, stamp, b)
+    where[b] = W_ABSENT
+    freq[b] = 0

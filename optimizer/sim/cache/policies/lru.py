@@ -1,0 +1,47 @@
+"""LRU: evict the least recently used block.
+
+Semantics (libCacheSim ``LRU.c``): a hit moves the block to the head of one queue; a miss
+inserts it at the head; eviction takes the tail. No parameters.
+"""
+
+from __future__ import annotations
+
+from numba import njit
+
+from optimizer.sim.cache.enums import M_HEAD, M_TAIL, W_ABSENT, W_MAIN
+from optimizer.sim.cache.lists import push_head_nb, unlink_nb
+
+NAME = "lru"
+DEFAULTS: dict[str, float] = {}
+DOC = "least recently used; a hit moves the block to the head, eviction takes the tail"
+
+
+@njit(cache=True, nogil=True)
+def hit_nb(st, b):  # noqa: ANN001, ANN201 - numba tuple state
+    meta, fmeta, where, prv, nxt, freq, prio, stamp, heap, hpos, cost = st
+    unlink_nb(meta, M_HEAD, M_TAIL, prv, nxt, b)
+    push_head_nb(meta, M_HEAD, M_TAIL, prv, nxt, b)
+
+
+@njit(cache=True, nogil=True)
+def insert_nb(st, b):  # noqa: ANN001, ANN201
+    meta, fmeta, where, prv, nxt, freq, prio, stamp, heap, hpos, cost = st
+    where[b] = W_MAIN
+    push_head_nb(meta, M_HEAD, M_TAIL, prv, nxt, b)
+    return True
+
+
+@njit(cache=True, nogil=True)
+def evict_nb(st):  # noqa: ANN001, ANN201
+    meta, fmeta, where, prv, nxt, freq, prio, stamp, heap, hpos, cost = st
+    v = meta[M_TAIL]
+    unlink_nb(meta, M_HEAD, M_TAIL, prv, nxt, v)
+    where[v] = W_ABSENT
+    return v
+
+
+@njit(cache=True, nogil=True)
+def remove_nb(st, b):  # noqa: ANN001, ANN201
+    meta, fmeta, where, prv, nxt, freq, prio, stamp, heap, hpos, cost = st
+    unlink_nb(meta, M_HEAD, M_TAIL, prv, nxt, b)
+    where[b] = W_ABSENT

@@ -1,0 +1,183 @@
+"""S3-FIFO: a small probationary FIFO, a main FIFO with a 2-bit clock, and a ghost FIFO.
+
+Semantics (libCacheSim ``S3FIFO.c``, the December 2024 version that the ``libcachesim`` 0.3
+wheels build). With capacity ``C`` blocks: small FIFO ``S = int(C * small)``, main FIFO
+``M = C - S``, ghost FIFO ``G = int(C * ghost)`` ids (float products truncated, as in C).
+
+- Hit (block in small or main): its counter ``freq`` goes up by 1 (not capped here).
+- Miss: if the id is in the ghost, it leaves the ghost and the block goes to main. Otherwise it
+  goes to small, except that before the first eviction a full small FIFO sends new blocks to
+  main. A block is admitted only if ``S >= 1``; libCacheSim also refuses to put a block into
+  small unless ``1 < S`` (``obj_size >= small size`` returns without inserting, after making
+  room), so with ``S <= 1`` only ghost hits could be admitted and the cache stays empty: the
+  smallest useful capacity at ``small=0.1`` is 20 blocks. kvtier keeps this for parity.
+- Inserted blocks start with ``freq = 0``.
+- Evict (until ``small + main`` fits): if main holds more than ``M`` blocks or small is empty,
+  take main's tail: with ``freq >= 1`` it goes back to main's head with
+  ``freq = min(freq, 3) - 1``, else it is evicted. Otherwise take small's tail: with
+  ``freq >= threshold`` it moves to main's head (``freq = 0``), else it is evicted and its id
+  enters the ghost head (the ghost drops its own tail when it holds ``G`` ids); repeat until one
+  block left small as an eviction or small is empty.
+
+Parameters: ``small`` (0.1), ``ghost`` (0.9), ``threshold`` (2): libCacheSim's defaults.
+"""
+
+from __future__ import annotations
+
+from numba import njit
+
+from optimizer.sim.cache.enums import (
+    M_GHEAD,
+    M_GHOST_CAP,
+    M_GTAIL,
+    M_HAS_EVICTED,
+    M_HEAD,
+    M_MAIN_CAP,
+    M_N_GHOST,
+    M_N_MAIN,
+    M_N_SMALL,
+    M_SHEAD,
+    M_SMALL_CAP,
+    M_STAIL,
+    M_TAIL,
+    M_THRESHOLD,
+    NIL,
+    W_ABSENT,
+    W_GHOST,
+    W_MAIN,
+    W_SMALL,
+)
+from optimizer.sim.cache.lists import push_head_nb, unlink_nb
+
+NAME = "s3fifo"
+DEFAULTS: dict[str, float] = {"small": 0.1, "ghost": 0.9, "threshold": 2}
+DOC = "small FIFO + main FIFO (2-bit clock) + ghost; libCacheSim defaults"
+
+
+def sizes(capacity: int, small: float, ghost: float) -> tuple[int, int, int]:
+    """(small, main, ghost) sizes in blocks, computed as libCacheSim's ``S3FIFO_init`` does."""
+    s = int(capacity * small)
+    return s, capacity - s, int(capacity * ghost)
+
+
+@njit(cache=True, nogil=True)
+def hit_nb(st, b):  # noqa: ANN001, ANN201
+    meta, fmeta, where, prv, nxt, freq, prio, stamp, heap, hpos, cost = st
+    freq[b] += 1
+
+
+@njit(cache=True, nogil=True)
+def ghost_check_nb(st, b):  # noqa: ANN001, ANN201
+    """On a miss: drop ``b`` from the ghost; return 1 if it was there (then it goes to main)."""
+    meta, fmeta, where, prv, nxt, freq, prio, stamp, heap, hpos, cost = st
+    if where[b] == W_GHOST:
+        unlink_nb(meta, M_GHEAD, M_GTAIL, prv, nxt, b)
+        meta[M_N_GHOST] -= 1
+        where[b] = W_ABSENT
+        return 1
+    return 0
+
+
+@njit(cache=True, nogil=True)
+def can_admit_nb(st):  # noqa: ANN001, ANN201
+    meta = st[0]
+    return meta[M_SMALL_CAP] >= 1
+
+
+@njit(cache=True, nogil=True)
+def insert_nb(st, b, ghost_hit):  # noqa: ANN001, ANN201
+    meta, fmeta, where, prv, nxt, freq, prio, stamp, heap, hpos, cost = st
+    if ghost_hit == 0:
+        if meta[M_SMALL_CAP] <= 1:
+            return False
+        if meta[M_HAS_EVICTED] == 0 and meta[M_N_SMALL] >= meta[M_SMALL_CAP]:
+            ghost_hit = 1  # before the first eviction a full small FIFO sends blocks to main
+    if ghost_hit != 0:
+        push_head_nb(meta, M_HEAD, M_TAIL, prv, nxt, b)
+        where[b] = W_MAIN
+        meta[M_N_MAIN] += 1
+    else:
+        push_head_nb(meta, M_SHEAD, M_STAIL, prv, nxt, b)
+        where[b] = W_SMALL
+        meta[M_N_SMALL] += 1
+    freq[b] = 0
+    return True
+
+
+@njit(cache=True, nogil=True)
+def _ghost_add_nb(st, b):  # noqa: ANN001, ANN201
+    meta, fmeta, where, prv, nxt, freq, prio, stamp, heap, hpos, cost = st
+    if meta[M_GHOST_CAP] <= 0:
+        where[b] = W_ABSENT
+        return
+    while meta[M_N_GHOST] + 1 > meta[M_GHOST_CAP]:
+        g = meta[M_GTAIL]
+        unlink_nb(meta, M_GHEAD, M_GTAIL, prv, nxt, g)
+        where[g] = W_ABSENT
+        meta[M_N_GHOST] -= 1
+    push_head_nb(meta, M_GHEAD, M_GTAIL, prv, nxt, b)
+    where[b] = W_GHOST
+    meta[M_N_GHOST] += 1
+
+
+@njit(cache=True, nogil=True)
+def _evict_main_nb(st):  # noqa: ANN001, ANN201
+    meta, fmeta, where, prv, nxt, freq, prio, stamp, heap, hpos, cost = st
+    while meta[M_N_MAIN] > 0:
+        v = meta[M_TAIL]
+        unlink_nb(meta, M_HEAD, M_TAIL, prv, nxt, v)
+        f = freq[v]
+        if f >= 1:
+            push_head_nb(meta, M_HEAD, M_TAIL, prv, nxt, v)
+            freq[v] = min(f, 3) - 1
+        else:
+            meta[M_N_MAIN] -= 1
+            where[v] = W_ABSENT
+            return v
+    return NIL
+
+
+@njit(cache=True, nogil=True)
+def _evict_small_nb(st):  # noqa: ANN001, ANN201
+    meta, fmeta, where, prv, nxt, freq, prio, stamp, heap, hpos, cost = st
+    while meta[M_N_SMALL] > 0:
+        v = meta[M_STAIL]
+        unlink_nb(meta, M_SHEAD, M_STAIL, prv, nxt, v)
+        meta[M_N_SMALL] -= 1
+        if freq[v] >= meta[M_THRESHOLD]:
+            push_head_nb(meta, M_HEAD, M_TAIL, prv, nxt, v)
+            where[v] = W_MAIN
+            meta[M_N_MAIN] += 1
+            freq[v] = 0
+        else:
+            freq[v] = 0
+            _ghost_add_nb(st, v)
+            return v
+    return NIL
+
+
+@njit(cache=True, nogil=True)
+def evict_nb(st):  # noqa: ANN001, ANN201
+    """One eviction step; returns the evicted block, or NIL if small emptied into main."""
+    meta = st[0]
+    meta[M_HAS_EVICTED] = 1
+    if meta[M_N_MAIN] > meta[M_MAIN_CAP] or meta[M_N_SMALL] == 0:
+        return _evict_main_nb(st)
+    return _evict_small_nb(st)
+
+
+@njit(cache=True, nogil=True)
+def remove_nb(st, b):  # noqa: ANN001, ANN201
+    meta, fmeta, where, prv, nxt, freq, prio, stamp, heap, hpos, cost = st
+    w = where[b]
+    if w == W_SMALL:
+        unlink_nb(meta, M_SHEAD, M_STAIL, prv, nxt, b)
+        meta[M_N_SMALL] -= 1
+    elif w == W_MAIN:
+        unlink_nb(meta, M_HEAD, M_TAIL, prv, nxt, b)
+        meta[M_N_MAIN] -= 1
+    elif w == W_GHOST:
+        unlink_nb(meta, M_GHEAD, M_GTAIL, prv, nxt, b)
+        meta[M_N_GHOST] -= 1
+    where[b] = W_ABSENT
+    freq[b] = 0

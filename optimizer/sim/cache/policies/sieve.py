@@ -1,0 +1,62 @@
+"""Sieve: a FIFO queue with a visited bit and a hand that sweeps from old to new.
+
+Semantics (libCacheSim ``Sieve.c``): a miss inserts the block at the head with its visited bit
+clear; a hit sets the bit. To evict, the hand starts where it stopped last time (at the tail
+the first time, or after it ran past the head), clears set bits while moving toward the head
+(wrapping to the tail), and evicts the first block whose bit is clear; the hand then rests on
+that block's newer neighbour (none if it was the head, which means "start at the tail"). Removing
+the block under the hand moves the hand to its newer neighbour. No parameters.
+"""
+
+from __future__ import annotations
+
+from numba import njit
+
+from optimizer.sim.cache.enums import M_HAND, M_HEAD, M_TAIL, NIL, W_ABSENT, W_MAIN
+from optimizer.sim.cache.lists import push_head_nb, unlink_nb
+
+NAME = "sieve"
+DEFAULTS: dict[str, float] = {}
+DOC = "FIFO with a visited bit; the hand clears bits from old to new and evicts the first clear"
+
+
+@njit(cache=True, nogil=True)
+def hit_nb(st, b):  # noqa: ANN001, ANN201
+    meta, fmeta, where, prv, nxt, freq, prio, stamp, heap, hpos, cost = st
+    freq[b] = 1
+
+
+@njit(cache=True, nogil=True)
+def insert_nb(st, b):  # noqa: ANN001, ANN201
+    meta, fmeta, where, prv, nxt, freq, prio, stamp, heap, hpos, cost = st
+    where[b] = W_MAIN
+    freq[b] = 0
+    push_head_nb(meta, M_HEAD, M_TAIL, prv, nxt, b)
+    return True
+
+
+@njit(cache=True, nogil=True)
+def evict_nb(st):  # noqa: ANN001, ANN201
+    meta, fmeta, where, prv, nxt, freq, prio, stamp, heap, hpos, cost = st
+    v = meta[M_HAND]
+    if v == NIL:
+        v = meta[M_TAIL]
+    while freq[v] > 0:
+        freq[v] -= 1
+        v = prv[v]
+        if v == NIL:
+            v = meta[M_TAIL]
+    meta[M_HAND] = prv[v]
+    unlink_nb(meta, M_HEAD, M_TAIL, prv, nxt, v)
+    where[v] = W_ABSENT
+    return v
+
+
+@njit(cache=True, nogil=True)
+def remove_nb(st, b):  # noqa: ANN001, ANN201
+    meta, fmeta, where, prv, nxt, freq, prio, stamp, heap, hpos, cost = st
+    if meta[M_HAND] == b:
+        meta[M_HAND] = prv[b]
+    unlink_nb(meta, M_HEAD, M_TAIL, prv, nxt, b)
+    where[b] = W_ABSENT
+    freq[b] = 0
