@@ -112,7 +112,9 @@ class Trace:
         """Validate ``table`` (sorting it by arrival if needed) and wrap it."""
         from optimizer.trace.validate import validate_table
 
-        table = validate_table(table, block_tokens=block_tokens, path=path)
+        table = validate_table(
+            table, block_tokens=block_tokens, path=path, has_prefix_info=has_prefix_info
+        )
         meta = dict(metadata or {})
         meta.update(
             {

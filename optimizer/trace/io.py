@@ -1,0 +1,134 @@
+"""Reading and writing request-trace/1 files (Arrow IPC or Parquet).
+
+The format is recognised by the file's magic bytes, not its name, so a mislabelled file still
+reads and a file that is neither gets a clear error. Writes are atomic: a temporary file in the
+target directory is renamed over the target, so an interrupted write never leaves a truncated
+trace behind.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.ipc as ipc
+import pyarrow.parquet as pq
+
+from optimizer.errors import InputError
+from optimizer.trace.format import (
+    FORMAT_VERSION,
+    META_BLOCK_TOKENS,
+    META_FORMAT,
+    META_PREFIX_INFO,
+    META_SOURCE,
+    Trace,
+)
+
+_PARQUET_MAGIC = b"PAR1"
+_ARROW_FILE_MAGIC = b"ARROW1"
+_ARROW_STREAM_MAGIC = b"\xff\xff\xff\xff"
+
+
+def _read_table(path: str) -> pa.Table:
+    try:
+        with open(path, "rb") as fh:
+            head = fh.read(8)
+    except FileNotFoundError:
+        raise InputError("no such file", path=path) from None
+    except IsADirectoryError:
+        raise InputError("is a directory, not a trace file", path=path) from None
+    except OSError as err:
+        raise InputError(f"cannot read: {err.strerror}", path=path) from None
+    if not head:
+        raise InputError("empty file", path=path)
+    try:
+        if head.startswith(_PARQUET_MAGIC):
+            return pq.read_table(path)
+        if head.startswith(_ARROW_FILE_MAGIC):
+            with pa.memory_map(path) as source:
+                return ipc.open_file(source).read_all()
+        if head.startswith(_ARROW_STREAM_MAGIC):
+            with pa.memory_map(path) as source:
+                return ipc.open_stream(source).read_all()
+    except (pa.ArrowException, OSError) as err:
+        raise InputError(f"corrupt Arrow/Parquet file: {err}", path=path) from None
+    raise InputError(
+        "not an Arrow IPC or Parquet file (import other formats with `kvtier trace import`)",
+        path=path,
+    )
+
+
+def read_trace(path: str | os.PathLike[str]) -> Trace:
+    """Read and validate a request-trace/1 file."""
+    path = str(path)
+    table = _read_table(path)
+    meta = {k.decode(): v.decode() for k, v in (table.schema.metadata or {}).items()}
+    version = meta.get(META_FORMAT)
+    if version is None:
+        raise InputError(
+            f"schema metadata has no '{META_FORMAT}' key; expected '{FORMAT_VERSION}'", path=path
+        )
+    if version != FORMAT_VERSION:
+        raise InputError(
+            f"unknown trace format version '{version}' (this kvtier reads '{FORMAT_VERSION}')",
+            path=path,
+        )
+    raw_block = meta.get(META_BLOCK_TOKENS)
+    try:
+        block_tokens = int(raw_block) if raw_block is not None else -1
+    except ValueError:
+        block_tokens = -1
+    if block_tokens <= 0:
+        raise InputError(
+            f"schema metadata '{META_BLOCK_TOKENS}' must be a positive integer, got {raw_block!r}",
+            path=path,
+        )
+    prefix_info = meta.get(META_PREFIX_INFO, "true").lower() != "false"
+    extra = {k: v for k, v in meta.items() if not k.startswith("kvtier.")}
+    return Trace.from_table(
+        table,
+        block_tokens=block_tokens,
+        source=meta.get(META_SOURCE, ""),
+        has_prefix_info=prefix_info,
+        metadata=extra,
+        path=path,
+    )
+
+
+def atomic_write(path: str | os.PathLike[str], write: Callable[[str], None]) -> None:
+    """Call ``write(tmp_path)`` and rename the result onto ``path`` in one step."""
+    target = Path(path)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
+    os.close(fd)
+    try:
+        write(tmp)
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes 0600; give the file normal permissions
+        os.replace(tmp, target)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def write_trace(trace: Trace, path: str | os.PathLike[str]) -> None:
+    """Write ``trace`` atomically: ``.parquet`` as Parquet, ``.arrow``/``.feather`` as Arrow IPC."""
+    suffix = Path(path).suffix.lower()
+    table = trace.table
+    if suffix == ".parquet":
+        atomic_write(path, lambda tmp: pq.write_table(table, tmp, compression="zstd"))
+    elif suffix in (".arrow", ".feather", ".ipc"):
+
+        def write_ipc(tmp: str) -> None:
+            with pa.OSFile(tmp, "wb") as sink, ipc.new_file(sink, table.schema) as writer:
+                writer.write_table(table)
+
+        atomic_write(path, write_ipc)
+    else:
+        raise InputError(
+            f"unknown output format '{suffix or '(none)'}': use .parquet or .arrow", path=str(path)
+        )

@@ -1,0 +1,234 @@
+"""Validation of request-trace/1 tables.
+
+Every check is vectorised (pyarrow / numpy / polars) and reports the *first* offending row as
+an :class:`~optimizer.errors.InputError` naming the file, the row and the column, so that a
+user can open the file at that place. Nothing is dropped silently: a table either passes whole
+or is refused. The one repair made is ordering: rows not sorted by ``arrival_s`` are sorted
+stably, with a warning, because many public traces are merged from shards.
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import numpy as np
+import polars as pl
+import pyarrow as pa
+
+from optimizer.errors import InputError
+from optimizer.trace.format import HASH_TYPE, REQUIRED_COLUMNS
+
+
+class UnsortedTraceWarning(UserWarning):
+    """The trace's rows were not in arrival order and have been sorted stably."""
+
+
+def _first(mask: np.ndarray) -> int:
+    return int(np.flatnonzero(mask)[0])
+
+
+def _column(table: pa.Table, name: str) -> pa.Array:
+    col = table.column(name)
+    return col.combine_chunks() if isinstance(col, pa.ChunkedArray) else col
+
+
+def _check_no_nulls(arr: pa.Array, name: str, path: str | None) -> None:
+    if arr.null_count:
+        row = _first(np.asarray(arr.is_null().to_numpy(zero_copy_only=False)))
+        raise InputError("missing value", path=path, row=row, column=name)
+
+
+def _numeric(table: pa.Table, name: str, path: str | None, kind: str) -> np.ndarray:
+    """The column as numpy, after checking its Arrow type is of ``kind`` (float or int)."""
+    arr = _column(table, name)
+    t = arr.type
+    ok = pa.types.is_floating(t) if kind == "float" else pa.types.is_integer(t)
+    if not ok:
+        want = "a floating-point type (float64)" if kind == "float" else "an integer type"
+        raise InputError(f"has type {t}, expected {want}", path=path, column=name)
+    _check_no_nulls(arr, name, path)
+    return arr.to_numpy(zero_copy_only=False)
+
+
+def _check_hash_type(arr: pa.Array, path: str | None) -> pa.Array:
+    t = arr.type
+    if not (pa.types.is_list(t) or pa.types.is_large_list(t)) or not pa.types.is_integer(
+        t.value_type
+    ):
+        raise InputError(f"has type {t}, expected list<uint64>", path=path, column="block_hashes")
+    _check_no_nulls(arr, "block_hashes", path)
+    if arr.values.null_count:
+        bad = np.asarray(arr.values.is_null().to_numpy(zero_copy_only=False))
+        offsets = arr.offsets.to_numpy()
+        row = int(np.searchsorted(offsets, _first(bad) + offsets[0], side="right") - 1)
+        raise InputError("null hash in list", path=path, row=row, column="block_hashes")
+    if pa.types.is_signed_integer(t.value_type) and len(arr.values):
+        values = arr.values.to_numpy(zero_copy_only=False)
+        if values.min() < 0:
+            offsets = arr.offsets.to_numpy()
+            row = int(np.searchsorted(offsets, _first(values < 0) + offsets[0], side="right") - 1)
+            raise InputError("negative hash", path=path, row=row, column="block_hashes")
+    return arr.cast(HASH_TYPE) if t != HASH_TYPE else arr
+
+
+def check_chained(offsets: np.ndarray, hashes: np.ndarray, path: str | None = None) -> None:
+    """Refuse hashes that cannot be chained prefix hashes.
+
+    A chained hash stands for its whole prefix, so one hash must always appear at the same
+    block position and after the same parent hash. The first row that breaks this is reported.
+    """
+    if len(hashes) == 0:
+        return
+    counts = np.diff(offsets)
+    rows = np.repeat(np.arange(len(counts), dtype=np.int64), counts)
+    pos = np.arange(len(hashes), dtype=np.int64) - np.repeat(offsets[:-1], counts)
+    parent = np.empty_like(hashes)
+    parent[0] = 0
+    parent[1:] = hashes[:-1]
+    parent[pos == 0] = 0  # position 0 has no parent; the position check covers it
+    df = pl.DataFrame({"h": hashes, "pos": pos, "parent": parent, "row": rows})
+    bad = (
+        df.with_columns(
+            pl.col("pos").first().over("h").alias("pos0"),
+            pl.col("parent").first().over("h").alias("parent0"),
+        )
+        .filter((pl.col("pos") != pl.col("pos0")) | (pl.col("parent") != pl.col("parent0")))
+        .select("row", "pos", "pos0")
+        .head(1)
+    )
+    if bad.height:
+        row, p, p0 = bad.row(0)
+        what = (
+            f"hash at block {p} also appears at block {p0}"
+            if p != p0
+            else f"hash at block {p} follows a different parent hash than before"
+        )
+        raise InputError(
+            f"hashes are not chained prefix hashes: {what}",
+            path=path,
+            row=row,
+            column="block_hashes",
+        )
+
+
+def validate_table(
+    table: pa.Table,
+    *,
+    block_tokens: int,
+    path: str | None = None,
+    has_prefix_info: bool = True,
+) -> pa.Table:
+    """Check ``table`` against request-trace/1 and return it normalised and sorted by arrival.
+
+    Normalisation casts ``arrival_s`` to float64, token counts to int64 and ``block_hashes`` to
+    list<uint64>; other columns are kept unchanged. Raises :class:`InputError` on the first
+    problem found.
+    """
+    if block_tokens <= 0:
+        raise InputError(f"block_tokens must be > 0, got {block_tokens}", path=path)
+    for name in REQUIRED_COLUMNS:
+        if name not in table.column_names:
+            raise InputError("missing required column", path=path, column=name)
+    if table.num_rows == 0:
+        raise InputError("trace has no requests (empty table)", path=path)
+
+    arrival = _numeric(table, "arrival_s", path, "float").astype(np.float64, copy=False)
+    bad = ~np.isfinite(arrival)
+    if bad.any():
+        raise InputError(
+            "arrival is NaN or infinite", path=path, row=_first(bad), column="arrival_s"
+        )
+    if (arrival < 0).any():
+        raise InputError(
+            "arrival is negative", path=path, row=_first(arrival < 0), column="arrival_s"
+        )
+    inp = _numeric(table, "input_tokens", path, "int").astype(np.int64, copy=False)
+    if (inp <= 0).any():
+        raise InputError(
+            "input_tokens must be > 0", path=path, row=_first(inp <= 0), column="input_tokens"
+        )
+    out = _numeric(table, "output_tokens", path, "int").astype(np.int64, copy=False)
+    if (out < 0).any():
+        raise InputError(
+            "output_tokens must be >= 0", path=path, row=_first(out < 0), column="output_tokens"
+        )
+
+    hashes = _check_hash_type(_column(table, "block_hashes"), path)
+    offsets = hashes.offsets.to_numpy().astype(np.int64)
+    counts = np.diff(offsets)
+    if has_prefix_info:
+        expected = (inp + block_tokens - 1) // block_tokens
+        wrong = counts != expected
+        if wrong.any():
+            row = _first(wrong)
+            raise InputError(
+                f"has {counts[row]} hashes, expected ceil({inp[row]} / {block_tokens}) = "
+                f"{expected[row]}",
+                path=path,
+                row=row,
+                column="block_hashes",
+            )
+        values = hashes.values.to_numpy(zero_copy_only=False)[offsets[0] : offsets[-1]]
+        check_chained(offsets - offsets[0], np.ascontiguousarray(values, dtype=np.uint64), path)
+    elif counts.any():
+        raise InputError(
+            "trace says it has no prefix information but lists hashes",
+            path=path,
+            row=_first(counts != 0),
+            column="block_hashes",
+        )
+
+    _check_optional_columns(table, path)
+
+    columns = {name: table.column(name) for name in table.column_names}
+    columns["arrival_s"] = pa.array(arrival, type=pa.float64())
+    columns["input_tokens"] = pa.array(inp, type=pa.int64())
+    columns["output_tokens"] = pa.array(out, type=pa.int64())
+    columns["block_hashes"] = hashes
+    result = pa.table(columns, metadata=table.schema.metadata)
+
+    if (np.diff(arrival) < 0).any():
+        warnings.warn(
+            f"{path or 'trace'}: rows were not sorted by arrival_s; sorted them (stable)",
+            UnsortedTraceWarning,
+            stacklevel=2,
+        )
+        result = result.take(pa.array(np.argsort(arrival, kind="stable")))
+    return result
+
+
+def _check_optional_columns(table: pa.Table, path: str | None) -> None:
+    names = table.column_names
+    if "request_id" in names:
+        col = _column(table, "request_id")
+        if not (
+            pa.types.is_integer(col.type)
+            or pa.types.is_string(col.type)
+            or pa.types.is_large_string(col.type)
+        ):
+            raise InputError(
+                f"has type {col.type}, expected int64 or string", path=path, column="request_id"
+            )
+        _check_no_nulls(col, "request_id", path)
+        repeated = ~pl.from_arrow(col).is_first_distinct().to_numpy()
+        if repeated.any():
+            # the first row whose id was already used earlier
+            raise InputError(
+                "duplicate request id", path=path, row=_first(repeated), column="request_id"
+            )
+    if "session_id" in names:
+        col = _column(table, "session_id")
+        if not pa.types.is_integer(col.type):
+            raise InputError(f"has type {col.type}, expected int64", path=path, column="session_id")
+        _check_no_nulls(col, "session_id", path)
+    if "tenant" in names:
+        col = _column(table, "tenant")
+        t = col.type.value_type if pa.types.is_dictionary(col.type) else col.type
+        if not (pa.types.is_string(t) or pa.types.is_large_string(t)):
+            raise InputError(f"has type {col.type}, expected string", path=path, column="tenant")
+        _check_no_nulls(col, "tenant", path)
+    if "pass" in names:
+        col = _column(table, "pass")
+        if not pa.types.is_integer(col.type):
+            raise InputError(f"has type {col.type}, expected int32", path=path, column="pass")
+        _check_no_nulls(col, "pass", path)
