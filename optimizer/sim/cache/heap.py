@@ -15,14 +15,14 @@ from numba import njit
 from optimizer.sim.cache.enums import M_HEAP_N, NIL
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, _nrt=False)
 def _less_nb(prio: np.ndarray, stamp: np.ndarray, a: int, b: int) -> bool:
     if prio[a] != prio[b]:
         return prio[a] < prio[b]
     return stamp[a] < stamp[b]
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, _nrt=False)
 def _sift_up_nb(
     heap: np.ndarray, hpos: np.ndarray, prio: np.ndarray, stamp: np.ndarray, i: int
 ) -> None:
@@ -40,7 +40,7 @@ def _sift_up_nb(
     hpos[b] = i
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, _nrt=False)
 def _sift_down_nb(
     heap: np.ndarray, hpos: np.ndarray, prio: np.ndarray, stamp: np.ndarray, i: int, n: int
 ) -> None:
@@ -63,7 +63,7 @@ def _sift_down_nb(
     hpos[b] = i
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, _nrt=False)
 def heap_push_nb(
     meta: np.ndarray,
     heap: np.ndarray,
@@ -80,7 +80,7 @@ def heap_push_nb(
     _sift_up_nb(heap, hpos, prio, stamp, n)
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, _nrt=False)
 def heap_update_nb(
     meta: np.ndarray,
     heap: np.ndarray,
@@ -95,7 +95,7 @@ def heap_update_nb(
     _sift_down_nb(heap, hpos, prio, stamp, hpos[b], meta[M_HEAP_N])
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, _nrt=False)
 def heap_remove_nb(
     meta: np.ndarray,
     heap: np.ndarray,
@@ -118,7 +118,7 @@ def heap_remove_nb(
     _sift_down_nb(heap, hpos, prio, stamp, hpos[last], n)
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, _nrt=False)
 def heap_pop_nb(
     meta: np.ndarray,
     heap: np.ndarray,

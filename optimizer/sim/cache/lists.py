@@ -14,7 +14,7 @@ from numba import njit
 from optimizer.sim.cache.enums import NIL
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, _nrt=False)
 def push_head_nb(
     meta: np.ndarray, hslot: int, tslot: int, prv: np.ndarray, nxt: np.ndarray, b: int
 ) -> None:
@@ -29,7 +29,7 @@ def push_head_nb(
     meta[hslot] = b
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, _nrt=False)
 def unlink_nb(
     meta: np.ndarray, hslot: int, tslot: int, prv: np.ndarray, nxt: np.ndarray, b: int
 ) -> None:

@@ -26,7 +26,7 @@ from optimizer.sim.cache.replay import replay, warmup_start
 from optimizer.trace.blocked import BlockedTrace
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, _nrt=False)
 def _depth_nb(tree, last, marked, b, inf):  # noqa: ANN001, ANN201
     t = last[b]
     if t == 0:
@@ -40,7 +40,7 @@ def _depth_nb(tree, last, marked, b, inf):  # noqa: ANN001, ANN201
     return marked - s
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, _nrt=False)
 def _fen_add_nb(tree, i, v):  # noqa: ANN001, ANN201
     n = len(tree)
     while i < n:
@@ -48,14 +48,13 @@ def _fen_add_nb(tree, i, v):  # noqa: ANN001, ANN201
         i += i & (-i)
 
 
-@njit(cache=True, nogil=True)
-def lru_stack_hist_nb(offsets, ids, n_blocks, semantics, first_measured, hist):  # noqa: ANN001, ANN201
+@njit(cache=True, nogil=True, _nrt=False)
+def lru_stack_hist_nb(offsets, ids, n_blocks, semantics, first_measured, tree, last, hist):  # noqa: ANN001, ANN201, E501
     """Histogram of hit distances: ``hist[d]`` = measured block lookups that hit iff C >= d.
 
-    ``hist`` has ``n_blocks + 2`` slots; slot ``n_blocks + 1`` collects cold misses.
+    ``hist`` has ``n_blocks + 2`` slots; slot ``n_blocks + 1`` collects cold misses. ``tree``
+    (int64, ``len(ids) + 1``) and ``last`` (int64, ``n_blocks``) are zeroed scratch arrays.
     """
-    tree = np.zeros(len(ids) + 1, dtype=np.int64)
-    last = np.zeros(n_blocks, dtype=np.int64)
     inf = n_blocks + 1
     marked = 0
     t = 0

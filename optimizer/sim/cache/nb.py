@@ -8,6 +8,13 @@ built by :func:`optimizer.sim.cache.state.TierState.arrays`::
 
 Nothing here checks bounds: the Python wrappers check every block id and array before a call.
 Capacities are in blocks and every block has size 1.
+
+Performance notes (measured on the 2-core VM, see docs/benchmarks.md): every cache kernel is
+compiled with ``_nrt=False`` because none of them allocates, and with numba's reference counting
+on, the incref/decref of the eleven state arrays at each primitive call made an access about ten
+times slower. The batch kernels branch on the policy once and inline a loop specialised to it
+(``_replay_loop_nb(LRU, ...)``), so LLVM drops the other policies' code from the hot loop;
+dispatching per access cost another factor of about three.
 """
 
 from __future__ import annotations
@@ -34,61 +41,65 @@ from optimizer.sim.cache.enums import (
 from optimizer.sim.cache.policies import fifo, gdsf, lfu, lru, s3fifo, sieve
 
 
-@njit(cache=True, nogil=True)
-def contains_nb(st, b):  # noqa: ANN001, ANN201
+@njit(cache=True, nogil=True, _nrt=False, inline="always")
+def contains_nb(meta, fmeta, where, prv, nxt, freq, prio, stamp, heap, hpos, cost, b):  # noqa: ANN001, ANN201
     """Is block ``b`` resident? Changes nothing (a ghost entry is not residency)."""
-    w = st[2][b]
+    w = where[b]
     return w == W_MAIN or w == W_SMALL  # noqa: SIM109 - two compares, no tuple, in numba
 
 
-@njit(cache=True, nogil=True)
-def _hit_nb(st, pol, b):  # noqa: ANN001, ANN201
+@njit(cache=True, nogil=True, _nrt=False, inline="always")
+def _hit_nb(meta, fmeta, where, prv, nxt, freq, prio, stamp, heap, hpos, cost, pol, b):  # noqa: ANN001, ANN201
     if pol == LRU:
-        lru.hit_nb(st, b)
+        lru.hit_nb(meta, fmeta, where, prv, nxt, freq, prio, stamp, heap, hpos, cost, b)
     elif pol == FIFO:
-        fifo.hit_nb(st, b)
+        fifo.hit_nb(meta, fmeta, where, prv, nxt, freq, prio, stamp, heap, hpos, cost, b)
     elif pol == LFU:
-        lfu.hit_nb(st, b)
+        lfu.hit_nb(meta, fmeta, where, prv, nxt, freq, prio, stamp, heap, hpos, cost, b)
     elif pol == S3FIFO:
-        s3fifo.hit_nb(st, b)
+        s3fifo.hit_nb(meta, fmeta, where, prv, nxt, freq, prio, stamp, heap, hpos, cost, b)
     elif pol == SIEVE:
-        sieve.hit_nb(st, b)
+        sieve.hit_nb(meta, fmeta, where, prv, nxt, freq, prio, stamp, heap, hpos, cost, b)
     else:
-        gdsf.hit_nb(st, b)
+        gdsf.hit_nb(meta, fmeta, where, prv, nxt, freq, prio, stamp, heap, hpos, cost, b)
 
 
-@njit(cache=True, nogil=True)
-def _evict_nb(st, pol):  # noqa: ANN001, ANN201
+@njit(cache=True, nogil=True, _nrt=False, inline="always")
+def _evict_nb(meta, fmeta, where, prv, nxt, freq, prio, stamp, heap, hpos, cost, pol):  # noqa: ANN001, ANN201
     if pol == LRU:
-        return lru.evict_nb(st)
+        return lru.evict_nb(meta, fmeta, where, prv, nxt, freq, prio, stamp, heap, hpos, cost)
     elif pol == FIFO:
-        return fifo.evict_nb(st)
+        return fifo.evict_nb(meta, fmeta, where, prv, nxt, freq, prio, stamp, heap, hpos, cost)
     elif pol == LFU:
-        return lfu.evict_nb(st)
+        return lfu.evict_nb(meta, fmeta, where, prv, nxt, freq, prio, stamp, heap, hpos, cost)
     elif pol == S3FIFO:
-        return s3fifo.evict_nb(st)
+        return s3fifo.evict_nb(meta, fmeta, where, prv, nxt, freq, prio, stamp, heap, hpos, cost)
     elif pol == SIEVE:
-        return sieve.evict_nb(st)
-    return gdsf.evict_nb(st)
+        return sieve.evict_nb(meta, fmeta, where, prv, nxt, freq, prio, stamp, heap, hpos, cost)
+    return gdsf.evict_nb(meta, fmeta, where, prv, nxt, freq, prio, stamp, heap, hpos, cost)
 
 
-@njit(cache=True, nogil=True)
-def _insert_nb(st, pol, b, ghost_hit):  # noqa: ANN001, ANN201
+@njit(cache=True, nogil=True, _nrt=False, inline="always")
+def _insert_nb(
+    meta, fmeta, where, prv, nxt, freq, prio, stamp, heap, hpos, cost, pol, b, ghost_hit
+):  # noqa: ANN001, ANN201
     if pol == LRU:
-        return lru.insert_nb(st, b)
+        return lru.insert_nb(meta, fmeta, where, prv, nxt, freq, prio, stamp, heap, hpos, cost, b)
     elif pol == FIFO:
-        return fifo.insert_nb(st, b)
+        return fifo.insert_nb(meta, fmeta, where, prv, nxt, freq, prio, stamp, heap, hpos, cost, b)
     elif pol == LFU:
-        return lfu.insert_nb(st, b)
+        return lfu.insert_nb(meta, fmeta, where, prv, nxt, freq, prio, stamp, heap, hpos, cost, b)
     elif pol == S3FIFO:
-        return s3fifo.insert_nb(st, b, ghost_hit)
+        return s3fifo.insert_nb(
+            meta, fmeta, where, prv, nxt, freq, prio, stamp, heap, hpos, cost, b, ghost_hit
+        )
     elif pol == SIEVE:
-        return sieve.insert_nb(st, b)
-    return gdsf.insert_nb(st, b)
+        return sieve.insert_nb(meta, fmeta, where, prv, nxt, freq, prio, stamp, heap, hpos, cost, b)
+    return gdsf.insert_nb(meta, fmeta, where, prv, nxt, freq, prio, stamp, heap, hpos, cost, b)
 
 
-@njit(cache=True, nogil=True)
-def access_nb(st, b):  # noqa: ANN001, ANN201
+@njit(cache=True, nogil=True, _nrt=False, inline="always")
+def _access_nb(pol, meta, fmeta, where, prv, nxt, freq, prio, stamp, heap, hpos, cost, b):  # noqa: ANN001, ANN201
     """Access block ``b``: a hit updates the policy, a miss admits it.
 
     Returns ``(hit, evicted)``: ``evicted`` is the block that left the tier to make room
@@ -96,16 +107,18 @@ def access_nb(st, b):  # noqa: ANN001, ANN201
     tier below uses for write-back. Under GDSF the evicted block can be ``b`` itself: it was
     admitted and lost to every resident block.
     """
-    meta = st[0]
-    pol = meta[M_POLICY]
     meta[M_CLOCK] += 1
-    if contains_nb(st, b):
-        _hit_nb(st, pol, b)
+    if contains_nb(meta, fmeta, where, prv, nxt, freq, prio, stamp, heap, hpos, cost, b):
+        _hit_nb(meta, fmeta, where, prv, nxt, freq, prio, stamp, heap, hpos, cost, pol, b)
         return True, NIL
     ghost_hit = 0
     if pol == S3FIFO:
-        ghost_hit = s3fifo.ghost_check_nb(st, b)
-        if not s3fifo.can_admit_nb(st):
+        ghost_hit = s3fifo.ghost_check_nb(
+            meta, fmeta, where, prv, nxt, freq, prio, stamp, heap, hpos, cost, b
+        )
+        if not s3fifo.can_admit_nb(
+            meta, fmeta, where, prv, nxt, freq, prio, stamp, heap, hpos, cost
+        ):
             return False, NIL
     if meta[M_CAPACITY] < 1:
         return False, NIL
@@ -113,79 +126,388 @@ def access_nb(st, b):  # noqa: ANN001, ANN201
     if pol == GDSF:
         # GreedyDual admits first and then evicts the minimum, which may be the new block
         # itself (libCacheSim GDSF_get).
-        gdsf.insert_nb(st, b)
+        gdsf.insert_nb(meta, fmeta, where, prv, nxt, freq, prio, stamp, heap, hpos, cost, b)
         meta[M_SIZE] += 1
         while meta[M_SIZE] > meta[M_CAPACITY]:
-            victim = gdsf.evict_nb(st)
+            victim = gdsf.evict_nb(
+                meta, fmeta, where, prv, nxt, freq, prio, stamp, heap, hpos, cost
+            )
             meta[M_SIZE] -= 1
             meta[M_N_EVICTIONS] += 1
         return False, victim
     while meta[M_SIZE] + 1 > meta[M_CAPACITY]:
-        v = _evict_nb(st, pol)
+        v = _evict_nb(meta, fmeta, where, prv, nxt, freq, prio, stamp, heap, hpos, cost, pol)
         if v != NIL:
             victim = v
             meta[M_SIZE] -= 1
             meta[M_N_EVICTIONS] += 1
-    if _insert_nb(st, pol, b, ghost_hit):
+    if _insert_nb(
+        meta, fmeta, where, prv, nxt, freq, prio, stamp, heap, hpos, cost, pol, b, ghost_hit
+    ):
         meta[M_SIZE] += 1
     return False, victim
 
 
-@njit(cache=True, nogil=True)
-def remove_nb(st, b):  # noqa: ANN001, ANN201
+@njit(cache=True, nogil=True, _nrt=False)
+def remove_nb(meta, fmeta, where, prv, nxt, freq, prio, stamp, heap, hpos, cost, b):  # noqa: ANN001, ANN201
     """Drop block ``b`` from the tier (and from S3-FIFO's ghost); True if it was resident."""
-    meta = st[0]
     pol = meta[M_POLICY]
-    resident = contains_nb(st, b)
+    resident = contains_nb(meta, fmeta, where, prv, nxt, freq, prio, stamp, heap, hpos, cost, b)
     if pol == S3FIFO:
-        s3fifo.remove_nb(st, b)
+        s3fifo.remove_nb(meta, fmeta, where, prv, nxt, freq, prio, stamp, heap, hpos, cost, b)
     elif resident:
         if pol == LRU:
-            lru.remove_nb(st, b)
+            lru.remove_nb(meta, fmeta, where, prv, nxt, freq, prio, stamp, heap, hpos, cost, b)
         elif pol == FIFO:
-            fifo.remove_nb(st, b)
+            fifo.remove_nb(meta, fmeta, where, prv, nxt, freq, prio, stamp, heap, hpos, cost, b)
         elif pol == LFU:
-            lfu.remove_nb(st, b)
+            lfu.remove_nb(meta, fmeta, where, prv, nxt, freq, prio, stamp, heap, hpos, cost, b)
         elif pol == SIEVE:
-            sieve.remove_nb(st, b)
+            sieve.remove_nb(meta, fmeta, where, prv, nxt, freq, prio, stamp, heap, hpos, cost, b)
         else:
-            gdsf.remove_nb(st, b)
+            gdsf.remove_nb(meta, fmeta, where, prv, nxt, freq, prio, stamp, heap, hpos, cost, b)
     if resident:
         meta[M_SIZE] -= 1
     return resident
 
 
-@njit(cache=True, nogil=True)
-def replay_nb(st, offsets, ids, semantics, hits_out):  # noqa: ANN001, ANN201
-    """Replay requests ``offsets``/``ids`` (CSR) through one tier; hit blocks per request.
+@njit(cache=True, nogil=True, _nrt=False)
+def access_nb(meta, fmeta, where, prv, nxt, freq, prio, stamp, heap, hpos, cost, b):  # noqa: ANN001, ANN201
+    """Access block ``b``: a hit updates the policy, a miss admits it.
 
-    PREFIX: the hits of a request are its longest run of resident blocks from block 0, looked
-    up before anything changes; then every block is accessed from the last to the first, so a
-    prefix is touched last and outlives its tail under recency policies. FLAT: each block is
-    accessed in prompt order and every hit counts.
+    Returns ``(hit, evicted)``: ``evicted`` is the block that left the tier to make room
+    (NIL if none; with unit-size blocks at most one leaves per access), which a caller with a
+    tier below uses for write-back. Under GDSF the evicted block can be ``b`` itself: it was
+    admitted and lost to every resident block.
     """
+    return _access_nb(
+        meta[M_POLICY], meta, fmeta, where, prv, nxt, freq, prio, stamp, heap, hpos, cost, b
+    )
+
+
+@njit(cache=True, nogil=True, _nrt=False, inline="always")
+def _replay_loop_nb(
+    pol,
+    meta,
+    fmeta,
+    where,
+    prv,
+    nxt,
+    freq,
+    prio,
+    stamp,
+    heap,
+    hpos,
+    cost,
+    offsets,
+    ids,
+    semantics,
+    hits_out,
+):  # noqa: ANN001, ANN201
     n = len(offsets) - 1
     for r in range(n):
         lo = offsets[r]
         hi = offsets[r + 1]
         h = 0
         if semantics == PREFIX:
-            while lo + h < hi and contains_nb(st, ids[lo + h]):
+            while lo + h < hi and contains_nb(
+                meta, fmeta, where, prv, nxt, freq, prio, stamp, heap, hpos, cost, ids[lo + h]
+            ):
                 h += 1
             for j in range(hi - 1, lo - 1, -1):
-                access_nb(st, ids[j])
+                _access_nb(
+                    pol, meta, fmeta, where, prv, nxt, freq, prio, stamp, heap, hpos, cost, ids[j]
+                )
         else:
             for j in range(lo, hi):
-                hit, _ = access_nb(st, ids[j])
+                hit, _ = _access_nb(
+                    pol, meta, fmeta, where, prv, nxt, freq, prio, stamp, heap, hpos, cost, ids[j]
+                )
                 if hit:
                     h += 1
         hits_out[r] = h
 
 
-@njit(cache=True, nogil=True)
-def access_many_nb(st, ids, hit_out, evicted_out):  # noqa: ANN001, ANN201
-    """Access ``ids`` in order (flat), recording each hit flag and evicted block."""
+@njit(cache=True, nogil=True, _nrt=False)
+def replay_nb(
+    meta,
+    fmeta,
+    where,
+    prv,
+    nxt,
+    freq,
+    prio,
+    stamp,
+    heap,
+    hpos,
+    cost,
+    offsets,
+    ids,
+    semantics,
+    hits_out,
+):  # noqa: ANN001, ANN201
+    """Replay requests ``offsets``/``ids`` (CSR) through one tier; hit blocks per request.
+
+    PREFIX: the hits of a request are its longest run of resident blocks from block 0, looked
+    up before anything changes; then every block is accessed from the last to the first, so a
+    prefix is touched last and outlives its tail under recency policies. FLAT: each block is
+    accessed in prompt order and every hit counts. The policy is fixed per call, so each
+    branch below inlines a loop specialised to one policy.
+    """
+    pol = meta[M_POLICY]
+    if pol == LRU:
+        _replay_loop_nb(
+            LRU,
+            meta,
+            fmeta,
+            where,
+            prv,
+            nxt,
+            freq,
+            prio,
+            stamp,
+            heap,
+            hpos,
+            cost,
+            offsets,
+            ids,
+            semantics,
+            hits_out,
+        )
+    elif pol == FIFO:
+        _replay_loop_nb(
+            FIFO,
+            meta,
+            fmeta,
+            where,
+            prv,
+            nxt,
+            freq,
+            prio,
+            stamp,
+            heap,
+            hpos,
+            cost,
+            offsets,
+            ids,
+            semantics,
+            hits_out,
+        )
+    elif pol == LFU:
+        _replay_loop_nb(
+            LFU,
+            meta,
+            fmeta,
+            where,
+            prv,
+            nxt,
+            freq,
+            prio,
+            stamp,
+            heap,
+            hpos,
+            cost,
+            offsets,
+            ids,
+            semantics,
+            hits_out,
+        )
+    elif pol == S3FIFO:
+        _replay_loop_nb(
+            S3FIFO,
+            meta,
+            fmeta,
+            where,
+            prv,
+            nxt,
+            freq,
+            prio,
+            stamp,
+            heap,
+            hpos,
+            cost,
+            offsets,
+            ids,
+            semantics,
+            hits_out,
+        )
+    elif pol == SIEVE:
+        _replay_loop_nb(
+            SIEVE,
+            meta,
+            fmeta,
+            where,
+            prv,
+            nxt,
+            freq,
+            prio,
+            stamp,
+            heap,
+            hpos,
+            cost,
+            offsets,
+            ids,
+            semantics,
+            hits_out,
+        )
+    else:
+        _replay_loop_nb(
+            GDSF,
+            meta,
+            fmeta,
+            where,
+            prv,
+            nxt,
+            freq,
+            prio,
+            stamp,
+            heap,
+            hpos,
+            cost,
+            offsets,
+            ids,
+            semantics,
+            hits_out,
+        )
+
+
+@njit(cache=True, nogil=True, _nrt=False, inline="always")
+def _access_many_loop_nb(
+    pol,
+    meta,
+    fmeta,
+    where,
+    prv,
+    nxt,
+    freq,
+    prio,
+    stamp,
+    heap,
+    hpos,
+    cost,
+    ids,
+    hit_out,
+    evicted_out,
+):  # noqa: ANN001, ANN201
     for j in range(len(ids)):
-        hit, v = access_nb(st, ids[j])
+        hit, v = _access_nb(
+            pol, meta, fmeta, where, prv, nxt, freq, prio, stamp, heap, hpos, cost, ids[j]
+        )
         hit_out[j] = hit
         evicted_out[j] = v
+
+
+@njit(cache=True, nogil=True, _nrt=False)
+def access_many_nb(
+    meta, fmeta, where, prv, nxt, freq, prio, stamp, heap, hpos, cost, ids, hit_out, evicted_out
+):  # noqa: ANN001, ANN201
+    """Access ``ids`` in order (flat), recording each hit flag and evicted block."""
+    pol = meta[M_POLICY]
+    if pol == LRU:
+        _access_many_loop_nb(
+            LRU,
+            meta,
+            fmeta,
+            where,
+            prv,
+            nxt,
+            freq,
+            prio,
+            stamp,
+            heap,
+            hpos,
+            cost,
+            ids,
+            hit_out,
+            evicted_out,
+        )
+    elif pol == FIFO:
+        _access_many_loop_nb(
+            FIFO,
+            meta,
+            fmeta,
+            where,
+            prv,
+            nxt,
+            freq,
+            prio,
+            stamp,
+            heap,
+            hpos,
+            cost,
+            ids,
+            hit_out,
+            evicted_out,
+        )
+    elif pol == LFU:
+        _access_many_loop_nb(
+            LFU,
+            meta,
+            fmeta,
+            where,
+            prv,
+            nxt,
+            freq,
+            prio,
+            stamp,
+            heap,
+            hpos,
+            cost,
+            ids,
+            hit_out,
+            evicted_out,
+        )
+    elif pol == S3FIFO:
+        _access_many_loop_nb(
+            S3FIFO,
+            meta,
+            fmeta,
+            where,
+            prv,
+            nxt,
+            freq,
+            prio,
+            stamp,
+            heap,
+            hpos,
+            cost,
+            ids,
+            hit_out,
+            evicted_out,
+        )
+    elif pol == SIEVE:
+        _access_many_loop_nb(
+            SIEVE,
+            meta,
+            fmeta,
+            where,
+            prv,
+            nxt,
+            freq,
+            prio,
+            stamp,
+            heap,
+            hpos,
+            cost,
+            ids,
+            hit_out,
+            evicted_out,
+        )
+    else:
+        _access_many_loop_nb(
+            GDSF,
+            meta,
+            fmeta,
+            where,
+            prv,
+            nxt,
+            freq,
+            prio,
+            stamp,
+            heap,
+            hpos,
+            cost,
+            ids,
+            hit_out,
+            evicted_out,
+        )

@@ -88,7 +88,7 @@ def replay(
         raise InputError(f"tier covers {tier.n_blocks} block ids, the trace uses {trace.n_blocks}")
     hits = np.zeros(trace.n_requests, dtype=np.int64)
     semantics = enums.FLAT if flat else enums.PREFIX
-    nb.replay_nb(tier.arrays(), trace.block_offsets, trace.block_ids, semantics, hits)
+    nb.replay_nb(*tier.arrays(), trace.block_offsets, trace.block_ids, semantics, hits)
     return ReplayResult(
         policy=tier.policy.name,
         capacity_blocks=tier.capacity,

@@ -161,23 +161,23 @@ class TierState:
 
     def contains(self, b: int) -> bool:
         """Is block ``b`` resident? Does not count as an access."""
-        return bool(nb.contains_nb(self._arrays, self._check(b)))
+        return bool(nb.contains_nb(*self._arrays, self._check(b)))
 
     def access(self, b: int) -> tuple[bool, int]:
         """Access (touch, or admit on a miss) block ``b``; returns (hit, evicted id or -1)."""
-        hit, victim = nb.access_nb(self._arrays, self._check(b))
+        hit, victim = nb.access_nb(*self._arrays, self._check(b))
         return bool(hit), int(victim)
 
     def remove(self, b: int) -> bool:
         """Drop block ``b`` (e.g. it moved up in an exclusive hierarchy); True if resident."""
-        return bool(nb.remove_nb(self._arrays, self._check(b)))
+        return bool(nb.remove_nb(*self._arrays, self._check(b)))
 
     def access_many(self, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Access ``ids`` in order; per access the hit flag (bool) and evicted id (-1 if none)."""
         arr = check_ids(ids, self.n_blocks)
         hit = np.zeros(len(arr), dtype=np.bool_)
         evicted = np.full(len(arr), enums.NIL, dtype=np.int32)
-        nb.access_many_nb(self._arrays, arr, hit, evicted)
+        nb.access_many_nb(*self._arrays, arr, hit, evicted)
         return hit, evicted
 
 

@@ -28,18 +28,16 @@ DEFAULTS: dict[str, float] = {}
 DOC = "greedy-dual size-frequency: H = L + cost * freq, evict min H, L = H of the victim"
 
 
-@njit(cache=True, nogil=True)
-def hit_nb(st, b):  # noqa: ANN001, ANN201
-    meta, fmeta, where, prv, nxt, freq, prio, stamp, heap, hpos, cost = st
+@njit(cache=True, nogil=True, _nrt=False)
+def hit_nb(meta, fmeta, where, prv, nxt, freq, prio, stamp, heap, hpos, cost, b):  # noqa: ANN001, ANN201
     freq[b] += 1
     prio[b] = fmeta[F_INFLATION] + cost[b] * freq[b]
     stamp[b] = meta[M_CLOCK]
     heap_update_nb(meta, heap, hpos, prio, stamp, b)
 
 
-@njit(cache=True, nogil=True)
-def insert_nb(st, b):  # noqa: ANN001, ANN201
-    meta, fmeta, where, prv, nxt, freq, prio, stamp, heap, hpos, cost = st
+@njit(cache=True, nogil=True, _nrt=False)
+def insert_nb(meta, fmeta, where, prv, nxt, freq, prio, stamp, heap, hpos, cost, b):  # noqa: ANN001, ANN201
     where[b] = W_MAIN
     freq[b] = 1
     prio[b] = fmeta[F_INFLATION] + cost[b] * 1
@@ -48,9 +46,8 @@ def insert_nb(st, b):  # noqa: ANN001, ANN201
     return True
 
 
-@njit(cache=True, nogil=True)
-def evict_nb(st):  # noqa: ANN001, ANN201
-    meta, fmeta, where, prv, nxt, freq, prio, stamp, heap, hpos, cost = st
+@njit(cache=True, nogil=True, _nrt=False)
+def evict_nb(meta, fmeta, where, prv, nxt, freq, prio, stamp, heap, hpos, cost):  # noqa: ANN001, ANN201
     v = heap_pop_nb(meta, heap, hpos, prio, stamp)
     fmeta[F_INFLATION] = prio[v]
     where[v] = W_ABSENT
@@ -58,9 +55,8 @@ def evict_nb(st):  # noqa: ANN001, ANN201
     return v
 
 
-@njit(cache=True, nogil=True)
-def remove_nb(st, b):  # noqa: ANN001, ANN201
-    meta, fmeta, where, prv, nxt, freq, prio, stamp, heap, hpos, cost = st
+@njit(cache=True, nogil=True, _nrt=False)
+def remove_nb(meta, fmeta, where, prv, nxt, freq, prio, stamp, heap, hpos, cost, b):  # noqa: ANN001, ANN201
     heap_remove_nb(meta, heap, hpos, prio, stamp, b)
     where[b] = W_ABSENT
     freq[b] = 0

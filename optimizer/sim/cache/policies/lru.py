@@ -16,32 +16,28 @@ DEFAULTS: dict[str, float] = {}
 DOC = "least recently used; a hit moves the block to the head, eviction takes the tail"
 
 
-@njit(cache=True, nogil=True)
-def hit_nb(st, b):  # noqa: ANN001, ANN201 - numba tuple state
-    meta, fmeta, where, prv, nxt, freq, prio, stamp, heap, hpos, cost = st
+@njit(cache=True, nogil=True, _nrt=False)
+def hit_nb(meta, fmeta, where, prv, nxt, freq, prio, stamp, heap, hpos, cost, b):  # noqa: ANN001, ANN201 - numba tuple state
     unlink_nb(meta, M_HEAD, M_TAIL, prv, nxt, b)
     push_head_nb(meta, M_HEAD, M_TAIL, prv, nxt, b)
 
 
-@njit(cache=True, nogil=True)
-def insert_nb(st, b):  # noqa: ANN001, ANN201
-    meta, fmeta, where, prv, nxt, freq, prio, stamp, heap, hpos, cost = st
+@njit(cache=True, nogil=True, _nrt=False)
+def insert_nb(meta, fmeta, where, prv, nxt, freq, prio, stamp, heap, hpos, cost, b):  # noqa: ANN001, ANN201
     where[b] = W_MAIN
     push_head_nb(meta, M_HEAD, M_TAIL, prv, nxt, b)
     return True
 
 
-@njit(cache=True, nogil=True)
-def evict_nb(st):  # noqa: ANN001, ANN201
-    meta, fmeta, where, prv, nxt, freq, prio, stamp, heap, hpos, cost = st
+@njit(cache=True, nogil=True, _nrt=False)
+def evict_nb(meta, fmeta, where, prv, nxt, freq, prio, stamp, heap, hpos, cost):  # noqa: ANN001, ANN201
     v = meta[M_TAIL]
     unlink_nb(meta, M_HEAD, M_TAIL, prv, nxt, v)
     where[v] = W_ABSENT
     return v
 
 
-@njit(cache=True, nogil=True)
-def remove_nb(st, b):  # noqa: ANN001, ANN201
-    meta, fmeta, where, prv, nxt, freq, prio, stamp, heap, hpos, cost = st
+@njit(cache=True, nogil=True, _nrt=False)
+def remove_nb(meta, fmeta, where, prv, nxt, freq, prio, stamp, heap, hpos, cost, b):  # noqa: ANN001, ANN201
     unlink_nb(meta, M_HEAD, M_TAIL, prv, nxt, b)
     where[b] = W_ABSENT

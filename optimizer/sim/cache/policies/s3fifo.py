@@ -60,16 +60,14 @@ def sizes(capacity: int, small: float, ghost: float) -> tuple[int, int, int]:
     return s, capacity - s, int(capacity * ghost)
 
 
-@njit(cache=True, nogil=True)
-def hit_nb(st, b):  # noqa: ANN001, ANN201
-    meta, fmeta, where, prv, nxt, freq, prio, stamp, heap, hpos, cost = st
+@njit(cache=True, nogil=True, _nrt=False)
+def hit_nb(meta, fmeta, where, prv, nxt, freq, prio, stamp, heap, hpos, cost, b):  # noqa: ANN001, ANN201
     freq[b] += 1
 
 
-@njit(cache=True, nogil=True)
-def ghost_check_nb(st, b):  # noqa: ANN001, ANN201
+@njit(cache=True, nogil=True, _nrt=False)
+def ghost_check_nb(meta, fmeta, where, prv, nxt, freq, prio, stamp, heap, hpos, cost, b):  # noqa: ANN001, ANN201
     """On a miss: drop ``b`` from the ghost; return 1 if it was there (then it goes to main)."""
-    meta, fmeta, where, prv, nxt, freq, prio, stamp, heap, hpos, cost = st
     if where[b] == W_GHOST:
         unlink_nb(meta, M_GHEAD, M_GTAIL, prv, nxt, b)
         meta[M_N_GHOST] -= 1
@@ -78,15 +76,13 @@ def ghost_check_nb(st, b):  # noqa: ANN001, ANN201
     return 0
 
 
-@njit(cache=True, nogil=True)
-def can_admit_nb(st):  # noqa: ANN001, ANN201
-    meta = st[0]
+@njit(cache=True, nogil=True, _nrt=False)
+def can_admit_nb(meta, fmeta, where, prv, nxt, freq, prio, stamp, heap, hpos, cost):  # noqa: ANN001, ANN201
     return meta[M_SMALL_CAP] >= 1
 
 
-@njit(cache=True, nogil=True)
-def insert_nb(st, b, ghost_hit):  # noqa: ANN001, ANN201
-    meta, fmeta, where, prv, nxt, freq, prio, stamp, heap, hpos, cost = st
+@njit(cache=True, nogil=True, _nrt=False)
+def insert_nb(meta, fmeta, where, prv, nxt, freq, prio, stamp, heap, hpos, cost, b, ghost_hit):  # noqa: ANN001, ANN201
     if ghost_hit == 0:
         if meta[M_SMALL_CAP] <= 1:
             return False
@@ -104,9 +100,8 @@ def insert_nb(st, b, ghost_hit):  # noqa: ANN001, ANN201
     return True
 
 
-@njit(cache=True, nogil=True)
-def _ghost_add_nb(st, b):  # noqa: ANN001, ANN201
-    meta, fmeta, where, prv, nxt, freq, prio, stamp, heap, hpos, cost = st
+@njit(cache=True, nogil=True, _nrt=False)
+def _ghost_add_nb(meta, fmeta, where, prv, nxt, freq, prio, stamp, heap, hpos, cost, b):  # noqa: ANN001, ANN201
     if meta[M_GHOST_CAP] <= 0:
         where[b] = W_ABSENT
         return
@@ -120,9 +115,8 @@ def _ghost_add_nb(st, b):  # noqa: ANN001, ANN201
     meta[M_N_GHOST] += 1
 
 
-@njit(cache=True, nogil=True)
-def _evict_main_nb(st):  # noqa: ANN001, ANN201
-    meta, fmeta, where, prv, nxt, freq, prio, stamp, heap, hpos, cost = st
+@njit(cache=True, nogil=True, _nrt=False)
+def _evict_main_nb(meta, fmeta, where, prv, nxt, freq, prio, stamp, heap, hpos, cost):  # noqa: ANN001, ANN201
     while meta[M_N_MAIN] > 0:
         v = meta[M_TAIL]
         unlink_nb(meta, M_HEAD, M_TAIL, prv, nxt, v)
@@ -137,9 +131,8 @@ def _evict_main_nb(st):  # noqa: ANN001, ANN201
     return NIL
 
 
-@njit(cache=True, nogil=True)
-def _evict_small_nb(st):  # noqa: ANN001, ANN201
-    meta, fmeta, where, prv, nxt, freq, prio, stamp, heap, hpos, cost = st
+@njit(cache=True, nogil=True, _nrt=False)
+def _evict_small_nb(meta, fmeta, where, prv, nxt, freq, prio, stamp, heap, hpos, cost):  # noqa: ANN001, ANN201
     while meta[M_N_SMALL] > 0:
         v = meta[M_STAIL]
         unlink_nb(meta, M_SHEAD, M_STAIL, prv, nxt, v)
@@ -151,24 +144,22 @@ def _evict_small_nb(st):  # noqa: ANN001, ANN201
             freq[v] = 0
         else:
             freq[v] = 0
-            _ghost_add_nb(st, v)
+            _ghost_add_nb(meta, fmeta, where, prv, nxt, freq, prio, stamp, heap, hpos, cost, v)
             return v
     return NIL
 
 
-@njit(cache=True, nogil=True)
-def evict_nb(st):  # noqa: ANN001, ANN201
+@njit(cache=True, nogil=True, _nrt=False)
+def evict_nb(meta, fmeta, where, prv, nxt, freq, prio, stamp, heap, hpos, cost):  # noqa: ANN001, ANN201
     """One eviction step; returns the evicted block, or NIL if small emptied into main."""
-    meta = st[0]
     meta[M_HAS_EVICTED] = 1
     if meta[M_N_MAIN] > meta[M_MAIN_CAP] or meta[M_N_SMALL] == 0:
-        return _evict_main_nb(st)
-    return _evict_small_nb(st)
+        return _evict_main_nb(meta, fmeta, where, prv, nxt, freq, prio, stamp, heap, hpos, cost)
+    return _evict_small_nb(meta, fmeta, where, prv, nxt, freq, prio, stamp, heap, hpos, cost)
 
 
-@njit(cache=True, nogil=True)
-def remove_nb(st, b):  # noqa: ANN001, ANN201
-    meta, fmeta, where, prv, nxt, freq, prio, stamp, heap, hpos, cost = st
+@njit(cache=True, nogil=True, _nrt=False)
+def remove_nb(meta, fmeta, where, prv, nxt, freq, prio, stamp, heap, hpos, cost, b):  # noqa: ANN001, ANN201
     w = where[b]
     if w == W_SMALL:
         unlink_nb(meta, M_SHEAD, M_STAIL, prv, nxt, b)

@@ -20,24 +20,21 @@ DEFAULTS: dict[str, float] = {}
 DOC = "FIFO with a visited bit; the hand clears bits from old to new and evicts the first clear"
 
 
-@njit(cache=True, nogil=True)
-def hit_nb(st, b):  # noqa: ANN001, ANN201
-    meta, fmeta, where, prv, nxt, freq, prio, stamp, heap, hpos, cost = st
+@njit(cache=True, nogil=True, _nrt=False)
+def hit_nb(meta, fmeta, where, prv, nxt, freq, prio, stamp, heap, hpos, cost, b):  # noqa: ANN001, ANN201
     freq[b] = 1
 
 
-@njit(cache=True, nogil=True)
-def insert_nb(st, b):  # noqa: ANN001, ANN201
-    meta, fmeta, where, prv, nxt, freq, prio, stamp, heap, hpos, cost = st
+@njit(cache=True, nogil=True, _nrt=False)
+def insert_nb(meta, fmeta, where, prv, nxt, freq, prio, stamp, heap, hpos, cost, b):  # noqa: ANN001, ANN201
     where[b] = W_MAIN
     freq[b] = 0
     push_head_nb(meta, M_HEAD, M_TAIL, prv, nxt, b)
     return True
 
 
-@njit(cache=True, nogil=True)
-def evict_nb(st):  # noqa: ANN001, ANN201
-    meta, fmeta, where, prv, nxt, freq, prio, stamp, heap, hpos, cost = st
+@njit(cache=True, nogil=True, _nrt=False)
+def evict_nb(meta, fmeta, where, prv, nxt, freq, prio, stamp, heap, hpos, cost):  # noqa: ANN001, ANN201
     v = meta[M_HAND]
     if v == NIL:
         v = meta[M_TAIL]
@@ -52,9 +49,8 @@ def evict_nb(st):  # noqa: ANN001, ANN201
     return v
 
 
-@njit(cache=True, nogil=True)
-def remove_nb(st, b):  # noqa: ANN001, ANN201
-    meta, fmeta, where, prv, nxt, freq, prio, stamp, heap, hpos, cost = st
+@njit(cache=True, nogil=True, _nrt=False)
+def remove_nb(meta, fmeta, where, prv, nxt, freq, prio, stamp, heap, hpos, cost, b):  # noqa: ANN001, ANN201
     if meta[M_HAND] == b:
         meta[M_HAND] = prv[b]
     unlink_nb(meta, M_HEAD, M_TAIL, prv, nxt, b)
