@@ -166,7 +166,11 @@ def lru_stack_hits(
     start = warmup_start(trace.n_requests, warmup)
     hist = np.zeros(trace.n_blocks + 2, dtype=np.int64)
     semantics = enums.FLAT if flat else enums.PREFIX
-    lru_stack_hist_nb(trace.block_offsets, trace.block_ids, trace.n_blocks, semantics, start, hist)
+    tree = np.zeros(trace.n_block_refs + 1, dtype=np.int64)
+    last = np.zeros(trace.n_blocks, dtype=np.int64)
+    lru_stack_hist_nb(
+        trace.block_offsets, trace.block_ids, trace.n_blocks, semantics, start, tree, last, hist
+    )
     cum = np.cumsum(hist)
     return np.array([cum[min(c, trace.n_blocks)] for c in caps], dtype=np.int64)
 
