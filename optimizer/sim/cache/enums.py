@@ -31,7 +31,15 @@ FLAT = 1  # every block access stands alone, in request order (libCacheSim parit
 
 SEMANTICS_NAMES: dict[int, str] = {PREFIX: "prefix", FLAT: "flat"}
 
-# ---- where a block is, per tier (int8 array ``where``) ---------------------------------------
+# ---- lanes of the int32 per-block array ``blk`` (n_blocks, 4) ----------------------------------
+# One row per block keeps everything an access touches about a block on one cache line.
+L_PRV = 0  # link toward the list head (newer), NIL at the head
+L_NXT = 1  # link toward the list tail (older), NIL at the tail
+L_FREQ = 2  # policy counter: LFU/GDSF frequency, Sieve visited bit, S3-FIFO counter
+L_WHERE = 3  # one of the W_* codes below
+BLK_LANES = 4
+
+# ---- where a block is, per tier (lane L_WHERE of ``blk``) -------------------------------------
 W_ABSENT = 0
 W_MAIN = 1  # resident; the only resident place for every policy except S3-FIFO
 W_SMALL = 2  # resident in S3-FIFO's small FIFO

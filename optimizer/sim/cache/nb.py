@@ -4,7 +4,7 @@ Policies only provide primitives (``hit_nb``, ``insert_nb``, ``evict_nb``, ``rem
 ``optimizer.sim.cache.policies``); capacity rules live here, once. A tier's state is the tuple
 built by :func:`optimizer.sim.cache.state.TierState.arrays`::
 
-    (meta, fmeta, where, prv, nxt, freq, prio, stamp, heap, hpos, cost)
+    (meta, fmeta, blk, prio, stamp, heap, hpos, cost)
 
 Nothing here checks bounds: the Python wrappers check every block id and array before a call.
 Capacities are in blocks and every block has size 1.
@@ -24,6 +24,7 @@ from numba import njit
 from optimizer.sim.cache.enums import (
     FIFO,
     GDSF,
+    L_WHERE,
     LFU,
     LRU,
     M_CAPACITY,
@@ -42,64 +43,60 @@ from optimizer.sim.cache.policies import fifo, gdsf, lfu, lru, s3fifo, sieve
 
 
 @njit(cache=True, nogil=True, _nrt=False, inline="always")
-def contains_nb(meta, fmeta, where, prv, nxt, freq, prio, stamp, heap, hpos, cost, b):  # noqa: ANN001, ANN201
+def contains_nb(meta, fmeta, blk, prio, stamp, heap, hpos, cost, b):  # noqa: ANN001, ANN201
     """Is block ``b`` resident? Changes nothing (a ghost entry is not residency)."""
-    w = where[b]
+    w = blk[b, L_WHERE]
     return w == W_MAIN or w == W_SMALL  # noqa: SIM109 - two compares, no tuple, in numba
 
 
 @njit(cache=True, nogil=True, _nrt=False, inline="always")
-def _hit_nb(meta, fmeta, where, prv, nxt, freq, prio, stamp, heap, hpos, cost, pol, b):  # noqa: ANN001, ANN201
+def _hit_nb(meta, fmeta, blk, prio, stamp, heap, hpos, cost, pol, b):  # noqa: ANN001, ANN201
     if pol == LRU:
-        lru.hit_nb(meta, fmeta, where, prv, nxt, freq, prio, stamp, heap, hpos, cost, b)
+        lru.hit_nb(meta, fmeta, blk, prio, stamp, heap, hpos, cost, b)
     elif pol == FIFO:
-        fifo.hit_nb(meta, fmeta, where, prv, nxt, freq, prio, stamp, heap, hpos, cost, b)
+        fifo.hit_nb(meta, fmeta, blk, prio, stamp, heap, hpos, cost, b)
     elif pol == LFU:
-        lfu.hit_nb(meta, fmeta, where, prv, nxt, freq, prio, stamp, heap, hpos, cost, b)
+        lfu.hit_nb(meta, fmeta, blk, prio, stamp, heap, hpos, cost, b)
     elif pol == S3FIFO:
-        s3fifo.hit_nb(meta, fmeta, where, prv, nxt, freq, prio, stamp, heap, hpos, cost, b)
+        s3fifo.hit_nb(meta, fmeta, blk, prio, stamp, heap, hpos, cost, b)
     elif pol == SIEVE:
-        sieve.hit_nb(meta, fmeta, where, prv, nxt, freq, prio, stamp, heap, hpos, cost, b)
+        sieve.hit_nb(meta, fmeta, blk, prio, stamp, heap, hpos, cost, b)
     else:
-        gdsf.hit_nb(meta, fmeta, where, prv, nxt, freq, prio, stamp, heap, hpos, cost, b)
+        gdsf.hit_nb(meta, fmeta, blk, prio, stamp, heap, hpos, cost, b)
 
 
 @njit(cache=True, nogil=True, _nrt=False, inline="always")
-def _evict_nb(meta, fmeta, where, prv, nxt, freq, prio, stamp, heap, hpos, cost, pol):  # noqa: ANN001, ANN201
+def _evict_nb(meta, fmeta, blk, prio, stamp, heap, hpos, cost, pol):  # noqa: ANN001, ANN201
     if pol == LRU:
-        return lru.evict_nb(meta, fmeta, where, prv, nxt, freq, prio, stamp, heap, hpos, cost)
+        return lru.evict_nb(meta, fmeta, blk, prio, stamp, heap, hpos, cost)
     elif pol == FIFO:
-        return fifo.evict_nb(meta, fmeta, where, prv, nxt, freq, prio, stamp, heap, hpos, cost)
+        return fifo.evict_nb(meta, fmeta, blk, prio, stamp, heap, hpos, cost)
     elif pol == LFU:
-        return lfu.evict_nb(meta, fmeta, where, prv, nxt, freq, prio, stamp, heap, hpos, cost)
+        return lfu.evict_nb(meta, fmeta, blk, prio, stamp, heap, hpos, cost)
     elif pol == S3FIFO:
-        return s3fifo.evict_nb(meta, fmeta, where, prv, nxt, freq, prio, stamp, heap, hpos, cost)
+        return s3fifo.evict_nb(meta, fmeta, blk, prio, stamp, heap, hpos, cost)
     elif pol == SIEVE:
-        return sieve.evict_nb(meta, fmeta, where, prv, nxt, freq, prio, stamp, heap, hpos, cost)
-    return gdsf.evict_nb(meta, fmeta, where, prv, nxt, freq, prio, stamp, heap, hpos, cost)
+        return sieve.evict_nb(meta, fmeta, blk, prio, stamp, heap, hpos, cost)
+    return gdsf.evict_nb(meta, fmeta, blk, prio, stamp, heap, hpos, cost)
 
 
 @njit(cache=True, nogil=True, _nrt=False, inline="always")
-def _insert_nb(
-    meta, fmeta, where, prv, nxt, freq, prio, stamp, heap, hpos, cost, pol, b, ghost_hit
-):  # noqa: ANN001, ANN201
+def _insert_nb(meta, fmeta, blk, prio, stamp, heap, hpos, cost, pol, b, ghost_hit):  # noqa: ANN001, ANN201
     if pol == LRU:
-        return lru.insert_nb(meta, fmeta, where, prv, nxt, freq, prio, stamp, heap, hpos, cost, b)
+        return lru.insert_nb(meta, fmeta, blk, prio, stamp, heap, hpos, cost, b)
     elif pol == FIFO:
-        return fifo.insert_nb(meta, fmeta, where, prv, nxt, freq, prio, stamp, heap, hpos, cost, b)
+        return fifo.insert_nb(meta, fmeta, blk, prio, stamp, heap, hpos, cost, b)
     elif pol == LFU:
-        return lfu.insert_nb(meta, fmeta, where, prv, nxt, freq, prio, stamp, heap, hpos, cost, b)
+        return lfu.insert_nb(meta, fmeta, blk, prio, stamp, heap, hpos, cost, b)
     elif pol == S3FIFO:
-        return s3fifo.insert_nb(
-            meta, fmeta, where, prv, nxt, freq, prio, stamp, heap, hpos, cost, b, ghost_hit
-        )
+        return s3fifo.insert_nb(meta, fmeta, blk, prio, stamp, heap, hpos, cost, b, ghost_hit)
     elif pol == SIEVE:
-        return sieve.insert_nb(meta, fmeta, where, prv, nxt, freq, prio, stamp, heap, hpos, cost, b)
-    return gdsf.insert_nb(meta, fmeta, where, prv, nxt, freq, prio, stamp, heap, hpos, cost, b)
+        return sieve.insert_nb(meta, fmeta, blk, prio, stamp, heap, hpos, cost, b)
+    return gdsf.insert_nb(meta, fmeta, blk, prio, stamp, heap, hpos, cost, b)
 
 
 @njit(cache=True, nogil=True, _nrt=False, inline="always")
-def _access_nb(pol, meta, fmeta, where, prv, nxt, freq, prio, stamp, heap, hpos, cost, b):  # noqa: ANN001, ANN201
+def _access_nb(pol, meta, fmeta, blk, prio, stamp, heap, hpos, cost, b):  # noqa: ANN001, ANN201
     """Access block ``b``: a hit updates the policy, a miss admits it.
 
     Returns ``(hit, evicted)``: ``evicted`` is the block that left the tier to make room
@@ -108,17 +105,13 @@ def _access_nb(pol, meta, fmeta, where, prv, nxt, freq, prio, stamp, heap, hpos,
     admitted and lost to every resident block.
     """
     meta[M_CLOCK] += 1
-    if contains_nb(meta, fmeta, where, prv, nxt, freq, prio, stamp, heap, hpos, cost, b):
-        _hit_nb(meta, fmeta, where, prv, nxt, freq, prio, stamp, heap, hpos, cost, pol, b)
+    if contains_nb(meta, fmeta, blk, prio, stamp, heap, hpos, cost, b):
+        _hit_nb(meta, fmeta, blk, prio, stamp, heap, hpos, cost, pol, b)
         return True, NIL
     ghost_hit = 0
     if pol == S3FIFO:
-        ghost_hit = s3fifo.ghost_check_nb(
-            meta, fmeta, where, prv, nxt, freq, prio, stamp, heap, hpos, cost, b
-        )
-        if not s3fifo.can_admit_nb(
-            meta, fmeta, where, prv, nxt, freq, prio, stamp, heap, hpos, cost
-        ):
+        ghost_hit = s3fifo.ghost_check_nb(meta, fmeta, blk, prio, stamp, heap, hpos, cost, b)
+        if not s3fifo.can_admit_nb(meta, fmeta, blk, prio, stamp, heap, hpos, cost):
             return False, NIL
     if meta[M_CAPACITY] < 1:
         return False, NIL
@@ -126,53 +119,49 @@ def _access_nb(pol, meta, fmeta, where, prv, nxt, freq, prio, stamp, heap, hpos,
     if pol == GDSF:
         # GreedyDual admits first and then evicts the minimum, which may be the new block
         # itself (libCacheSim GDSF_get).
-        gdsf.insert_nb(meta, fmeta, where, prv, nxt, freq, prio, stamp, heap, hpos, cost, b)
+        gdsf.insert_nb(meta, fmeta, blk, prio, stamp, heap, hpos, cost, b)
         meta[M_SIZE] += 1
         while meta[M_SIZE] > meta[M_CAPACITY]:
-            victim = gdsf.evict_nb(
-                meta, fmeta, where, prv, nxt, freq, prio, stamp, heap, hpos, cost
-            )
+            victim = gdsf.evict_nb(meta, fmeta, blk, prio, stamp, heap, hpos, cost)
             meta[M_SIZE] -= 1
             meta[M_N_EVICTIONS] += 1
         return False, victim
     while meta[M_SIZE] + 1 > meta[M_CAPACITY]:
-        v = _evict_nb(meta, fmeta, where, prv, nxt, freq, prio, stamp, heap, hpos, cost, pol)
+        v = _evict_nb(meta, fmeta, blk, prio, stamp, heap, hpos, cost, pol)
         if v != NIL:
             victim = v
             meta[M_SIZE] -= 1
             meta[M_N_EVICTIONS] += 1
-    if _insert_nb(
-        meta, fmeta, where, prv, nxt, freq, prio, stamp, heap, hpos, cost, pol, b, ghost_hit
-    ):
+    if _insert_nb(meta, fmeta, blk, prio, stamp, heap, hpos, cost, pol, b, ghost_hit):
         meta[M_SIZE] += 1
     return False, victim
 
 
 @njit(cache=True, nogil=True, _nrt=False)
-def remove_nb(meta, fmeta, where, prv, nxt, freq, prio, stamp, heap, hpos, cost, b):  # noqa: ANN001, ANN201
+def remove_nb(meta, fmeta, blk, prio, stamp, heap, hpos, cost, b):  # noqa: ANN001, ANN201
     """Drop block ``b`` from the tier (and from S3-FIFO's ghost); True if it was resident."""
     pol = meta[M_POLICY]
-    resident = contains_nb(meta, fmeta, where, prv, nxt, freq, prio, stamp, heap, hpos, cost, b)
+    resident = contains_nb(meta, fmeta, blk, prio, stamp, heap, hpos, cost, b)
     if pol == S3FIFO:
-        s3fifo.remove_nb(meta, fmeta, where, prv, nxt, freq, prio, stamp, heap, hpos, cost, b)
+        s3fifo.remove_nb(meta, fmeta, blk, prio, stamp, heap, hpos, cost, b)
     elif resident:
         if pol == LRU:
-            lru.remove_nb(meta, fmeta, where, prv, nxt, freq, prio, stamp, heap, hpos, cost, b)
+            lru.remove_nb(meta, fmeta, blk, prio, stamp, heap, hpos, cost, b)
         elif pol == FIFO:
-            fifo.remove_nb(meta, fmeta, where, prv, nxt, freq, prio, stamp, heap, hpos, cost, b)
+            fifo.remove_nb(meta, fmeta, blk, prio, stamp, heap, hpos, cost, b)
         elif pol == LFU:
-            lfu.remove_nb(meta, fmeta, where, prv, nxt, freq, prio, stamp, heap, hpos, cost, b)
+            lfu.remove_nb(meta, fmeta, blk, prio, stamp, heap, hpos, cost, b)
         elif pol == SIEVE:
-            sieve.remove_nb(meta, fmeta, where, prv, nxt, freq, prio, stamp, heap, hpos, cost, b)
+            sieve.remove_nb(meta, fmeta, blk, prio, stamp, heap, hpos, cost, b)
         else:
-            gdsf.remove_nb(meta, fmeta, where, prv, nxt, freq, prio, stamp, heap, hpos, cost, b)
+            gdsf.remove_nb(meta, fmeta, blk, prio, stamp, heap, hpos, cost, b)
     if resident:
         meta[M_SIZE] -= 1
     return resident
 
 
 @njit(cache=True, nogil=True, _nrt=False)
-def access_nb(meta, fmeta, where, prv, nxt, freq, prio, stamp, heap, hpos, cost, b):  # noqa: ANN001, ANN201
+def access_nb(meta, fmeta, blk, prio, stamp, heap, hpos, cost, b):  # noqa: ANN001, ANN201
     """Access block ``b``: a hit updates the policy, a miss admits it.
 
     Returns ``(hit, evicted)``: ``evicted`` is the block that left the tier to make room
@@ -180,9 +169,7 @@ def access_nb(meta, fmeta, where, prv, nxt, freq, prio, stamp, heap, hpos, cost,
     tier below uses for write-back. Under GDSF the evicted block can be ``b`` itself: it was
     admitted and lost to every resident block.
     """
-    return _access_nb(
-        meta[M_POLICY], meta, fmeta, where, prv, nxt, freq, prio, stamp, heap, hpos, cost, b
-    )
+    return _access_nb(meta[M_POLICY], meta, fmeta, blk, prio, stamp, heap, hpos, cost, b)
 
 
 @njit(cache=True, nogil=True, _nrt=False, inline="always")
@@ -190,10 +177,7 @@ def _replay_loop_nb(
     pol,
     meta,
     fmeta,
-    where,
-    prv,
-    nxt,
-    freq,
+    blk,
     prio,
     stamp,
     heap,
@@ -211,18 +195,14 @@ def _replay_loop_nb(
         h = 0
         if semantics == PREFIX:
             while lo + h < hi and contains_nb(
-                meta, fmeta, where, prv, nxt, freq, prio, stamp, heap, hpos, cost, ids[lo + h]
+                meta, fmeta, blk, prio, stamp, heap, hpos, cost, ids[lo + h]
             ):
                 h += 1
             for j in range(hi - 1, lo - 1, -1):
-                _access_nb(
-                    pol, meta, fmeta, where, prv, nxt, freq, prio, stamp, heap, hpos, cost, ids[j]
-                )
+                _access_nb(pol, meta, fmeta, blk, prio, stamp, heap, hpos, cost, ids[j])
         else:
             for j in range(lo, hi):
-                hit, _ = _access_nb(
-                    pol, meta, fmeta, where, prv, nxt, freq, prio, stamp, heap, hpos, cost, ids[j]
-                )
+                hit, _ = _access_nb(pol, meta, fmeta, blk, prio, stamp, heap, hpos, cost, ids[j])
                 if hit:
                     h += 1
         hits_out[r] = h
@@ -232,10 +212,7 @@ def _replay_loop_nb(
 def replay_nb(
     meta,
     fmeta,
-    where,
-    prv,
-    nxt,
-    freq,
+    blk,
     prio,
     stamp,
     heap,
@@ -260,10 +237,7 @@ def replay_nb(
             LRU,
             meta,
             fmeta,
-            where,
-            prv,
-            nxt,
-            freq,
+            blk,
             prio,
             stamp,
             heap,
@@ -279,10 +253,7 @@ def replay_nb(
             FIFO,
             meta,
             fmeta,
-            where,
-            prv,
-            nxt,
-            freq,
+            blk,
             prio,
             stamp,
             heap,
@@ -298,10 +269,7 @@ def replay_nb(
             LFU,
             meta,
             fmeta,
-            where,
-            prv,
-            nxt,
-            freq,
+            blk,
             prio,
             stamp,
             heap,
@@ -317,10 +285,7 @@ def replay_nb(
             S3FIFO,
             meta,
             fmeta,
-            where,
-            prv,
-            nxt,
-            freq,
+            blk,
             prio,
             stamp,
             heap,
@@ -336,10 +301,7 @@ def replay_nb(
             SIEVE,
             meta,
             fmeta,
-            where,
-            prv,
-            nxt,
-            freq,
+            blk,
             prio,
             stamp,
             heap,
@@ -355,10 +317,7 @@ def replay_nb(
             GDSF,
             meta,
             fmeta,
-            where,
-            prv,
-            nxt,
-            freq,
+            blk,
             prio,
             stamp,
             heap,
@@ -376,10 +335,7 @@ def _access_many_loop_nb(
     pol,
     meta,
     fmeta,
-    where,
-    prv,
-    nxt,
-    freq,
+    blk,
     prio,
     stamp,
     heap,
@@ -390,17 +346,13 @@ def _access_many_loop_nb(
     evicted_out,
 ):  # noqa: ANN001, ANN201
     for j in range(len(ids)):
-        hit, v = _access_nb(
-            pol, meta, fmeta, where, prv, nxt, freq, prio, stamp, heap, hpos, cost, ids[j]
-        )
+        hit, v = _access_nb(pol, meta, fmeta, blk, prio, stamp, heap, hpos, cost, ids[j])
         hit_out[j] = hit
         evicted_out[j] = v
 
 
 @njit(cache=True, nogil=True, _nrt=False)
-def access_many_nb(
-    meta, fmeta, where, prv, nxt, freq, prio, stamp, heap, hpos, cost, ids, hit_out, evicted_out
-):  # noqa: ANN001, ANN201
+def access_many_nb(meta, fmeta, blk, prio, stamp, heap, hpos, cost, ids, hit_out, evicted_out):  # noqa: ANN001, ANN201
     """Access ``ids`` in order (flat), recording each hit flag and evicted block."""
     pol = meta[M_POLICY]
     if pol == LRU:
@@ -408,10 +360,7 @@ def access_many_nb(
             LRU,
             meta,
             fmeta,
-            where,
-            prv,
-            nxt,
-            freq,
+            blk,
             prio,
             stamp,
             heap,
@@ -426,10 +375,7 @@ def access_many_nb(
             FIFO,
             meta,
             fmeta,
-            where,
-            prv,
-            nxt,
-            freq,
+            blk,
             prio,
             stamp,
             heap,
@@ -444,10 +390,7 @@ def access_many_nb(
             LFU,
             meta,
             fmeta,
-            where,
-            prv,
-            nxt,
-            freq,
+            blk,
             prio,
             stamp,
             heap,
@@ -462,10 +405,7 @@ def access_many_nb(
             S3FIFO,
             meta,
             fmeta,
-            where,
-            prv,
-            nxt,
-            freq,
+            blk,
             prio,
             stamp,
             heap,
@@ -480,10 +420,7 @@ def access_many_nb(
             SIEVE,
             meta,
             fmeta,
-            where,
-            prv,
-            nxt,
-            freq,
+            blk,
             prio,
             stamp,
             heap,
@@ -498,10 +435,7 @@ def access_many_nb(
             GDSF,
             meta,
             fmeta,
-            where,
-            prv,
-            nxt,
-            freq,
+            blk,
             prio,
             stamp,
             heap,

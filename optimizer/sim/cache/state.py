@@ -33,10 +33,7 @@ class TierState:
     n_blocks: int
     meta: np.ndarray  # int64 (META_LEN,) scalars at the enums.M_* slots
     fmeta: np.ndarray  # float64 (FMETA_LEN,) GDSF inflation
-    where: np.ndarray  # int8 (n_blocks,) enums.W_*
-    prv: np.ndarray  # int32 (n_blocks,) link toward the list head (newer)
-    nxt: np.ndarray  # int32 (n_blocks,) link toward the list tail (older)
-    freq: np.ndarray  # int32 (n_blocks,) policy counter (LFU/GDSF freq, Sieve bit, S3-FIFO freq)
+    blk: np.ndarray  # int32 (n_blocks, 4): lanes enums.L_PRV, L_NXT, L_FREQ, L_WHERE
     prio: np.ndarray  # float64 (n_blocks,) heap priority (LFU, GDSF)
     stamp: np.ndarray  # int64 (n_blocks,) heap tie-break: virtual time of last access
     heap: np.ndarray  # int32 (heap slots,) LFU/GDSF heap; length 1 for other policies
@@ -48,10 +45,7 @@ class TierState:
         self._arrays = (
             self.meta,
             self.fmeta,
-            self.where,
-            self.prv,
-            self.nxt,
-            self.freq,
+            self.blk,
             self.prio,
             self.stamp,
             self.heap,
@@ -118,10 +112,7 @@ class TierState:
             n_blocks=n_blocks,
             meta=meta,
             fmeta=np.zeros(enums.FMETA_LEN, dtype=np.float64),
-            where=np.zeros(n_blocks, dtype=np.int8),
-            prv=np.full(n_blocks, enums.NIL, dtype=np.int32),
-            nxt=np.full(n_blocks, enums.NIL, dtype=np.int32),
-            freq=np.zeros(n_blocks, dtype=np.int32),
+            blk=_empty_blocks(n_blocks),
             prio=np.zeros(n_blocks, dtype=np.float64),
             stamp=np.zeros(n_blocks, dtype=np.int64),
             heap=np.zeros(heap_len, dtype=np.int32),
@@ -148,6 +139,13 @@ class TierState:
     def clock(self) -> int:
         """Accesses so far."""
         return int(self.meta[enums.M_CLOCK])
+
+    @property
+    def where(self) -> np.ndarray:
+        """Per block: enums.W_ABSENT / W_MAIN / W_SMALL / W_GHOST (a read-only view)."""
+        view = self.blk[:, enums.L_WHERE]
+        view.flags.writeable = False
+        return view
 
     def resident(self) -> np.ndarray:
         """Sorted ids of the resident blocks."""
@@ -179,6 +177,13 @@ class TierState:
         evicted = np.full(len(arr), enums.NIL, dtype=np.int32)
         nb.access_many_nb(*self._arrays, arr, hit, evicted)
         return hit, evicted
+
+
+def _empty_blocks(n_blocks: int) -> np.ndarray:
+    blk = np.zeros((n_blocks, enums.BLK_LANES), dtype=np.int32)
+    blk[:, enums.L_PRV] = enums.NIL
+    blk[:, enums.L_NXT] = enums.NIL
+    return blk
 
 
 def check_ids(ids: np.ndarray, n_blocks: int) -> np.ndarray:

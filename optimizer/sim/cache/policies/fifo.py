@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from numba import njit
 
-from optimizer.sim.cache.enums import M_HEAD, M_TAIL, W_ABSENT, W_MAIN
+from optimizer.sim.cache.enums import L_WHERE, M_HEAD, M_TAIL, W_ABSENT, W_MAIN
 from optimizer.sim.cache.lists import push_head_nb, unlink_nb
 
 NAME = "fifo"
@@ -17,26 +17,26 @@ DOC = "first in, first out; hits do not reorder"
 
 
 @njit(cache=True, nogil=True, _nrt=False)
-def hit_nb(meta, fmeta, where, prv, nxt, freq, prio, stamp, heap, hpos, cost, b):  # noqa: ANN001, ANN201
+def hit_nb(meta, fmeta, blk, prio, stamp, heap, hpos, cost, b):  # noqa: ANN001, ANN201
     pass
 
 
 @njit(cache=True, nogil=True, _nrt=False)
-def insert_nb(meta, fmeta, where, prv, nxt, freq, prio, stamp, heap, hpos, cost, b):  # noqa: ANN001, ANN201
-    where[b] = W_MAIN
-    push_head_nb(meta, M_HEAD, M_TAIL, prv, nxt, b)
+def insert_nb(meta, fmeta, blk, prio, stamp, heap, hpos, cost, b):  # noqa: ANN001, ANN201
+    blk[b, L_WHERE] = W_MAIN
+    push_head_nb(meta, M_HEAD, M_TAIL, blk, b)
     return True
 
 
 @njit(cache=True, nogil=True, _nrt=False)
-def evict_nb(meta, fmeta, where, prv, nxt, freq, prio, stamp, heap, hpos, cost):  # noqa: ANN001, ANN201
+def evict_nb(meta, fmeta, blk, prio, stamp, heap, hpos, cost):  # noqa: ANN001, ANN201
     v = meta[M_TAIL]
-    unlink_nb(meta, M_HEAD, M_TAIL, prv, nxt, v)
-    where[v] = W_ABSENT
+    unlink_nb(meta, M_HEAD, M_TAIL, blk, v)
+    blk[v, L_WHERE] = W_ABSENT
     return v
 
 
 @njit(cache=True, nogil=True, _nrt=False)
-def remove_nb(meta, fmeta, where, prv, nxt, freq, prio, stamp, heap, hpos, cost, b):  # noqa: ANN001, ANN201
-    unlink_nb(meta, M_HEAD, M_TAIL, prv, nxt, b)
-    where[b] = W_ABSENT
+def remove_nb(meta, fmeta, blk, prio, stamp, heap, hpos, cost, b):  # noqa: ANN001, ANN201
+    unlink_nb(meta, M_HEAD, M_TAIL, blk, b)
+    blk[b, L_WHERE] = W_ABSENT

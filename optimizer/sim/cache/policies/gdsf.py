@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from numba import njit
 
-from optimizer.sim.cache.enums import F_INFLATION, M_CLOCK, W_ABSENT, W_MAIN
+from optimizer.sim.cache.enums import F_INFLATION, L_FREQ, L_WHERE, M_CLOCK, W_ABSENT, W_MAIN
 from optimizer.sim.cache.heap import heap_pop_nb, heap_push_nb, heap_remove_nb, heap_update_nb
 
 NAME = "gdsf"
@@ -29,17 +29,17 @@ DOC = "greedy-dual size-frequency: H = L + cost * freq, evict min H, L = H of th
 
 
 @njit(cache=True, nogil=True, _nrt=False)
-def hit_nb(meta, fmeta, where, prv, nxt, freq, prio, stamp, heap, hpos, cost, b):  # noqa: ANN001, ANN201
-    freq[b] += 1
-    prio[b] = fmeta[F_INFLATION] + cost[b] * freq[b]
+def hit_nb(meta, fmeta, blk, prio, stamp, heap, hpos, cost, b):  # noqa: ANN001, ANN201
+    blk[b, L_FREQ] += 1
+    prio[b] = fmeta[F_INFLATION] + cost[b] * blk[b, L_FREQ]
     stamp[b] = meta[M_CLOCK]
     heap_update_nb(meta, heap, hpos, prio, stamp, b)
 
 
 @njit(cache=True, nogil=True, _nrt=False)
-def insert_nb(meta, fmeta, where, prv, nxt, freq, prio, stamp, heap, hpos, cost, b):  # noqa: ANN001, ANN201
-    where[b] = W_MAIN
-    freq[b] = 1
+def insert_nb(meta, fmeta, blk, prio, stamp, heap, hpos, cost, b):  # noqa: ANN001, ANN201
+    blk[b, L_WHERE] = W_MAIN
+    blk[b, L_FREQ] = 1
     prio[b] = fmeta[F_INFLATION] + cost[b] * 1
     stamp[b] = meta[M_CLOCK]
     heap_push_nb(meta, heap, hpos, prio, stamp, b)
@@ -47,16 +47,16 @@ def insert_nb(meta, fmeta, where, prv, nxt, freq, prio, stamp, heap, hpos, cost,
 
 
 @njit(cache=True, nogil=True, _nrt=False)
-def evict_nb(meta, fmeta, where, prv, nxt, freq, prio, stamp, heap, hpos, cost):  # noqa: ANN001, ANN201
+def evict_nb(meta, fmeta, blk, prio, stamp, heap, hpos, cost):  # noqa: ANN001, ANN201
     v = heap_pop_nb(meta, heap, hpos, prio, stamp)
     fmeta[F_INFLATION] = prio[v]
-    where[v] = W_ABSENT
-    freq[v] = 0
+    blk[v, L_WHERE] = W_ABSENT
+    blk[v, L_FREQ] = 0
     return v
 
 
 @njit(cache=True, nogil=True, _nrt=False)
-def remove_nb(meta, fmeta, where, prv, nxt, freq, prio, stamp, heap, hpos, cost, b):  # noqa: ANN001, ANN201
+def remove_nb(meta, fmeta, blk, prio, stamp, heap, hpos, cost, b):  # noqa: ANN001, ANN201
     heap_remove_nb(meta, heap, hpos, prio, stamp, b)
-    where[b] = W_ABSENT
-    freq[b] = 0
+    blk[b, L_WHERE] = W_ABSENT
+    blk[b, L_FREQ] = 0

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from numba import njit
 
-from optimizer.sim.cache.enums import M_CLOCK, W_ABSENT, W_MAIN
+from optimizer.sim.cache.enums import L_FREQ, L_WHERE, M_CLOCK, W_ABSENT, W_MAIN
 from optimizer.sim.cache.heap import heap_pop_nb, heap_push_nb, heap_remove_nb, heap_update_nb
 
 NAME = "lfu"
@@ -21,17 +21,17 @@ DOC = "least frequently used, ties by least recently used"
 
 
 @njit(cache=True, nogil=True, _nrt=False)
-def hit_nb(meta, fmeta, where, prv, nxt, freq, prio, stamp, heap, hpos, cost, b):  # noqa: ANN001, ANN201
-    freq[b] += 1
-    prio[b] = freq[b]
+def hit_nb(meta, fmeta, blk, prio, stamp, heap, hpos, cost, b):  # noqa: ANN001, ANN201
+    blk[b, L_FREQ] += 1
+    prio[b] = blk[b, L_FREQ]
     stamp[b] = meta[M_CLOCK]
     heap_update_nb(meta, heap, hpos, prio, stamp, b)
 
 
 @njit(cache=True, nogil=True, _nrt=False)
-def insert_nb(meta, fmeta, where, prv, nxt, freq, prio, stamp, heap, hpos, cost, b):  # noqa: ANN001, ANN201
-    where[b] = W_MAIN
-    freq[b] = 1
+def insert_nb(meta, fmeta, blk, prio, stamp, heap, hpos, cost, b):  # noqa: ANN001, ANN201
+    blk[b, L_WHERE] = W_MAIN
+    blk[b, L_FREQ] = 1
     prio[b] = 1.0
     stamp[b] = meta[M_CLOCK]
     heap_push_nb(meta, heap, hpos, prio, stamp, b)
@@ -39,15 +39,15 @@ def insert_nb(meta, fmeta, where, prv, nxt, freq, prio, stamp, heap, hpos, cost,
 
 
 @njit(cache=True, nogil=True, _nrt=False)
-def evict_nb(meta, fmeta, where, prv, nxt, freq, prio, stamp, heap, hpos, cost):  # noqa: ANN001, ANN201
+def evict_nb(meta, fmeta, blk, prio, stamp, heap, hpos, cost):  # noqa: ANN001, ANN201
     v = heap_pop_nb(meta, heap, hpos, prio, stamp)
-    where[v] = W_ABSENT
-    freq[v] = 0
+    blk[v, L_WHERE] = W_ABSENT
+    blk[v, L_FREQ] = 0
     return v
 
 
 @njit(cache=True, nogil=True, _nrt=False)
-def remove_nb(meta, fmeta, where, prv, nxt, freq, prio, stamp, heap, hpos, cost, b):  # noqa: ANN001, ANN201
+def remove_nb(meta, fmeta, blk, prio, stamp, heap, hpos, cost, b):  # noqa: ANN001, ANN201
     heap_remove_nb(meta, heap, hpos, prio, stamp, b)
-    where[b] = W_ABSENT
-    freq[b] = 0
+    blk[b, L_WHERE] = W_ABSENT
+    blk[b, L_FREQ] = 0

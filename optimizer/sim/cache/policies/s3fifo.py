@@ -27,6 +27,8 @@ from __future__ import annotations
 from numba import njit
 
 from optimizer.sim.cache.enums import (
+    L_FREQ,
+    L_WHERE,
     M_GHEAD,
     M_GHOST_CAP,
     M_GTAIL,
@@ -61,114 +63,114 @@ def sizes(capacity: int, small: float, ghost: float) -> tuple[int, int, int]:
 
 
 @njit(cache=True, nogil=True, _nrt=False)
-def hit_nb(meta, fmeta, where, prv, nxt, freq, prio, stamp, heap, hpos, cost, b):  # noqa: ANN001, ANN201
-    freq[b] += 1
+def hit_nb(meta, fmeta, blk, prio, stamp, heap, hpos, cost, b):  # noqa: ANN001, ANN201
+    blk[b, L_FREQ] += 1
 
 
 @njit(cache=True, nogil=True, _nrt=False)
-def ghost_check_nb(meta, fmeta, where, prv, nxt, freq, prio, stamp, heap, hpos, cost, b):  # noqa: ANN001, ANN201
+def ghost_check_nb(meta, fmeta, blk, prio, stamp, heap, hpos, cost, b):  # noqa: ANN001, ANN201
     """On a miss: drop ``b`` from the ghost; return 1 if it was there (then it goes to main)."""
-    if where[b] == W_GHOST:
-        unlink_nb(meta, M_GHEAD, M_GTAIL, prv, nxt, b)
+    if blk[b, L_WHERE] == W_GHOST:
+        unlink_nb(meta, M_GHEAD, M_GTAIL, blk, b)
         meta[M_N_GHOST] -= 1
-        where[b] = W_ABSENT
+        blk[b, L_WHERE] = W_ABSENT
         return 1
     return 0
 
 
 @njit(cache=True, nogil=True, _nrt=False)
-def can_admit_nb(meta, fmeta, where, prv, nxt, freq, prio, stamp, heap, hpos, cost):  # noqa: ANN001, ANN201
+def can_admit_nb(meta, fmeta, blk, prio, stamp, heap, hpos, cost):  # noqa: ANN001, ANN201
     return meta[M_SMALL_CAP] >= 1
 
 
 @njit(cache=True, nogil=True, _nrt=False)
-def insert_nb(meta, fmeta, where, prv, nxt, freq, prio, stamp, heap, hpos, cost, b, ghost_hit):  # noqa: ANN001, ANN201
+def insert_nb(meta, fmeta, blk, prio, stamp, heap, hpos, cost, b, ghost_hit):  # noqa: ANN001, ANN201
     if ghost_hit == 0:
         if meta[M_SMALL_CAP] <= 1:
             return False
         if meta[M_HAS_EVICTED] == 0 and meta[M_N_SMALL] >= meta[M_SMALL_CAP]:
             ghost_hit = 1  # before the first eviction a full small FIFO sends blocks to main
     if ghost_hit != 0:
-        push_head_nb(meta, M_HEAD, M_TAIL, prv, nxt, b)
-        where[b] = W_MAIN
+        push_head_nb(meta, M_HEAD, M_TAIL, blk, b)
+        blk[b, L_WHERE] = W_MAIN
         meta[M_N_MAIN] += 1
     else:
-        push_head_nb(meta, M_SHEAD, M_STAIL, prv, nxt, b)
-        where[b] = W_SMALL
+        push_head_nb(meta, M_SHEAD, M_STAIL, blk, b)
+        blk[b, L_WHERE] = W_SMALL
         meta[M_N_SMALL] += 1
-    freq[b] = 0
+    blk[b, L_FREQ] = 0
     return True
 
 
 @njit(cache=True, nogil=True, _nrt=False)
-def _ghost_add_nb(meta, fmeta, where, prv, nxt, freq, prio, stamp, heap, hpos, cost, b):  # noqa: ANN001, ANN201
+def _ghost_add_nb(meta, fmeta, blk, prio, stamp, heap, hpos, cost, b):  # noqa: ANN001, ANN201
     if meta[M_GHOST_CAP] <= 0:
-        where[b] = W_ABSENT
+        blk[b, L_WHERE] = W_ABSENT
         return
     while meta[M_N_GHOST] + 1 > meta[M_GHOST_CAP]:
         g = meta[M_GTAIL]
-        unlink_nb(meta, M_GHEAD, M_GTAIL, prv, nxt, g)
-        where[g] = W_ABSENT
+        unlink_nb(meta, M_GHEAD, M_GTAIL, blk, g)
+        blk[g, L_WHERE] = W_ABSENT
         meta[M_N_GHOST] -= 1
-    push_head_nb(meta, M_GHEAD, M_GTAIL, prv, nxt, b)
-    where[b] = W_GHOST
+    push_head_nb(meta, M_GHEAD, M_GTAIL, blk, b)
+    blk[b, L_WHERE] = W_GHOST
     meta[M_N_GHOST] += 1
 
 
 @njit(cache=True, nogil=True, _nrt=False)
-def _evict_main_nb(meta, fmeta, where, prv, nxt, freq, prio, stamp, heap, hpos, cost):  # noqa: ANN001, ANN201
+def _evict_main_nb(meta, fmeta, blk, prio, stamp, heap, hpos, cost):  # noqa: ANN001, ANN201
     while meta[M_N_MAIN] > 0:
         v = meta[M_TAIL]
-        unlink_nb(meta, M_HEAD, M_TAIL, prv, nxt, v)
-        f = freq[v]
+        unlink_nb(meta, M_HEAD, M_TAIL, blk, v)
+        f = blk[v, L_FREQ]
         if f >= 1:
-            push_head_nb(meta, M_HEAD, M_TAIL, prv, nxt, v)
-            freq[v] = min(f, 3) - 1
+            push_head_nb(meta, M_HEAD, M_TAIL, blk, v)
+            blk[v, L_FREQ] = min(f, 3) - 1
         else:
             meta[M_N_MAIN] -= 1
-            where[v] = W_ABSENT
+            blk[v, L_WHERE] = W_ABSENT
             return v
     return NIL
 
 
 @njit(cache=True, nogil=True, _nrt=False)
-def _evict_small_nb(meta, fmeta, where, prv, nxt, freq, prio, stamp, heap, hpos, cost):  # noqa: ANN001, ANN201
+def _evict_small_nb(meta, fmeta, blk, prio, stamp, heap, hpos, cost):  # noqa: ANN001, ANN201
     while meta[M_N_SMALL] > 0:
         v = meta[M_STAIL]
-        unlink_nb(meta, M_SHEAD, M_STAIL, prv, nxt, v)
+        unlink_nb(meta, M_SHEAD, M_STAIL, blk, v)
         meta[M_N_SMALL] -= 1
-        if freq[v] >= meta[M_THRESHOLD]:
-            push_head_nb(meta, M_HEAD, M_TAIL, prv, nxt, v)
-            where[v] = W_MAIN
+        if blk[v, L_FREQ] >= meta[M_THRESHOLD]:
+            push_head_nb(meta, M_HEAD, M_TAIL, blk, v)
+            blk[v, L_WHERE] = W_MAIN
             meta[M_N_MAIN] += 1
-            freq[v] = 0
+            blk[v, L_FREQ] = 0
         else:
-            freq[v] = 0
-            _ghost_add_nb(meta, fmeta, where, prv, nxt, freq, prio, stamp, heap, hpos, cost, v)
+            blk[v, L_FREQ] = 0
+            _ghost_add_nb(meta, fmeta, blk, prio, stamp, heap, hpos, cost, v)
             return v
     return NIL
 
 
 @njit(cache=True, nogil=True, _nrt=False)
-def evict_nb(meta, fmeta, where, prv, nxt, freq, prio, stamp, heap, hpos, cost):  # noqa: ANN001, ANN201
+def evict_nb(meta, fmeta, blk, prio, stamp, heap, hpos, cost):  # noqa: ANN001, ANN201
     """One eviction step; returns the evicted block, or NIL if small emptied into main."""
     meta[M_HAS_EVICTED] = 1
     if meta[M_N_MAIN] > meta[M_MAIN_CAP] or meta[M_N_SMALL] == 0:
-        return _evict_main_nb(meta, fmeta, where, prv, nxt, freq, prio, stamp, heap, hpos, cost)
-    return _evict_small_nb(meta, fmeta, where, prv, nxt, freq, prio, stamp, heap, hpos, cost)
+        return _evict_main_nb(meta, fmeta, blk, prio, stamp, heap, hpos, cost)
+    return _evict_small_nb(meta, fmeta, blk, prio, stamp, heap, hpos, cost)
 
 
 @njit(cache=True, nogil=True, _nrt=False)
-def remove_nb(meta, fmeta, where, prv, nxt, freq, prio, stamp, heap, hpos, cost, b):  # noqa: ANN001, ANN201
-    w = where[b]
+def remove_nb(meta, fmeta, blk, prio, stamp, heap, hpos, cost, b):  # noqa: ANN001, ANN201
+    w = blk[b, L_WHERE]
     if w == W_SMALL:
-        unlink_nb(meta, M_SHEAD, M_STAIL, prv, nxt, b)
+        unlink_nb(meta, M_SHEAD, M_STAIL, blk, b)
         meta[M_N_SMALL] -= 1
     elif w == W_MAIN:
-        unlink_nb(meta, M_HEAD, M_TAIL, prv, nxt, b)
+        unlink_nb(meta, M_HEAD, M_TAIL, blk, b)
         meta[M_N_MAIN] -= 1
     elif w == W_GHOST:
-        unlink_nb(meta, M_GHEAD, M_GTAIL, prv, nxt, b)
+        unlink_nb(meta, M_GHEAD, M_GTAIL, blk, b)
         meta[M_N_GHOST] -= 1
-    where[b] = W_ABSENT
-    freq[b] = 0
+    blk[b, L_WHERE] = W_ABSENT
+    blk[b, L_FREQ] = 0

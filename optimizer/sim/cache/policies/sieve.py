@@ -12,7 +12,17 @@ from __future__ import annotations
 
 from numba import njit
 
-from optimizer.sim.cache.enums import M_HAND, M_HEAD, M_TAIL, NIL, W_ABSENT, W_MAIN
+from optimizer.sim.cache.enums import (
+    L_FREQ,
+    L_PRV,
+    L_WHERE,
+    M_HAND,
+    M_HEAD,
+    M_TAIL,
+    NIL,
+    W_ABSENT,
+    W_MAIN,
+)
 from optimizer.sim.cache.lists import push_head_nb, unlink_nb
 
 NAME = "sieve"
@@ -21,38 +31,38 @@ DOC = "FIFO with a visited bit; the hand clears bits from old to new and evicts 
 
 
 @njit(cache=True, nogil=True, _nrt=False)
-def hit_nb(meta, fmeta, where, prv, nxt, freq, prio, stamp, heap, hpos, cost, b):  # noqa: ANN001, ANN201
-    freq[b] = 1
+def hit_nb(meta, fmeta, blk, prio, stamp, heap, hpos, cost, b):  # noqa: ANN001, ANN201
+    blk[b, L_FREQ] = 1
 
 
 @njit(cache=True, nogil=True, _nrt=False)
-def insert_nb(meta, fmeta, where, prv, nxt, freq, prio, stamp, heap, hpos, cost, b):  # noqa: ANN001, ANN201
-    where[b] = W_MAIN
-    freq[b] = 0
-    push_head_nb(meta, M_HEAD, M_TAIL, prv, nxt, b)
+def insert_nb(meta, fmeta, blk, prio, stamp, heap, hpos, cost, b):  # noqa: ANN001, ANN201
+    blk[b, L_WHERE] = W_MAIN
+    blk[b, L_FREQ] = 0
+    push_head_nb(meta, M_HEAD, M_TAIL, blk, b)
     return True
 
 
 @njit(cache=True, nogil=True, _nrt=False)
-def evict_nb(meta, fmeta, where, prv, nxt, freq, prio, stamp, heap, hpos, cost):  # noqa: ANN001, ANN201
+def evict_nb(meta, fmeta, blk, prio, stamp, heap, hpos, cost):  # noqa: ANN001, ANN201
     v = meta[M_HAND]
     if v == NIL:
         v = meta[M_TAIL]
-    while freq[v] > 0:
-        freq[v] -= 1
-        v = prv[v]
+    while blk[v, L_FREQ] > 0:
+        blk[v, L_FREQ] -= 1
+        v = blk[v, L_PRV]
         if v == NIL:
             v = meta[M_TAIL]
-    meta[M_HAND] = prv[v]
-    unlink_nb(meta, M_HEAD, M_TAIL, prv, nxt, v)
-    where[v] = W_ABSENT
+    meta[M_HAND] = blk[v, L_PRV]
+    unlink_nb(meta, M_HEAD, M_TAIL, blk, v)
+    blk[v, L_WHERE] = W_ABSENT
     return v
 
 
 @njit(cache=True, nogil=True, _nrt=False)
-def remove_nb(meta, fmeta, where, prv, nxt, freq, prio, stamp, heap, hpos, cost, b):  # noqa: ANN001, ANN201
+def remove_nb(meta, fmeta, blk, prio, stamp, heap, hpos, cost, b):  # noqa: ANN001, ANN201
     if meta[M_HAND] == b:
-        meta[M_HAND] = prv[b]
-    unlink_nb(meta, M_HEAD, M_TAIL, prv, nxt, b)
-    where[b] = W_ABSENT
-    freq[b] = 0
+        meta[M_HAND] = blk[b, L_PRV]
+    unlink_nb(meta, M_HEAD, M_TAIL, blk, b)
+    blk[b, L_WHERE] = W_ABSENT
+    blk[b, L_FREQ] = 0
