@@ -32,7 +32,7 @@ from optimizer.sim.cache import default_capacities, replay  # noqa: E402
 from optimizer.sim.cache.mrc import lru_stack_hits, working_set_blocks  # noqa: E402
 from optimizer.sim.cache.oracle import write_oracle_general  # noqa: E402
 from optimizer.trace.blocked import BlockedTrace  # noqa: E402
-from optimizer.trace.blocks import block_trace  # noqa: E402
+from optimizer.trace.blocks import block_trace, first_appearance_ids  # noqa: E402
 from optimizer.trace.io import read_trace  # noqa: E402
 
 LCS_NAMES = {
@@ -46,12 +46,17 @@ LCS_NAMES = {
 
 
 def zipf_trace(n: int, n_objects: int, alpha: float, seed: int) -> BlockedTrace:
-    """``n`` accesses, Zipf(alpha) popularity over ``n_objects`` ids in shuffled order."""
+    """``n`` accesses with Zipf(alpha) popularity over ``n_objects`` objects.
+
+    Ids are numbered by first appearance, as ``block_trace`` numbers the blocks of any trace;
+    libCacheSim reads the same ids (it hashes them, so their order does not matter to it).
+    """
     rng = np.random.default_rng(seed)
     p = np.arange(1, n_objects + 1, dtype=np.float64) ** -alpha
     p /= p.sum()
     ranks = rng.choice(n_objects, size=n, p=p)
-    ids = rng.permutation(n_objects).astype(np.int32)[ranks]
+    # dense ids in order of first appearance, as block_trace numbers every trace's blocks
+    ids, n_objects = first_appearance_ids(ranks.astype(np.int64), n_objects)
     per = 1000  # accesses per synthetic request; flat semantics ignores the grouping
     n_req = -(-n // per)
     offsets = np.minimum(np.arange(n_req + 1, dtype=np.int64) * per, n)
