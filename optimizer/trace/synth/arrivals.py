@@ -58,7 +58,7 @@ def arrival_times(
     requests: int | None = None,
     duration: float | None = None,
 ) -> np.ndarray:
-    """Sorted arrival times (float64 seconds from 0): ``requests`` of them, or all before ``duration``."""
+    """Sorted arrival times in seconds from 0: ``requests`` of them, or all before ``duration``."""
     check_arrival_options(process, rate, burstiness)
     if requests is not None:
         gaps = _gaps(rng, requests - 1, rate, process, burstiness)

@@ -194,7 +194,11 @@ def _zipf_choice(rng: np.random.Generator, n: int, d: int, m: int, s: float) -> 
     for lo in range(0, n, chunk):
         hi = min(n, lo + chunk)
         key = logw + rng.gumbel(size=(hi - lo, d))
-        top = np.argpartition(-key, m - 1, axis=1)[:, :m] if m < d else np.tile(np.arange(d), (hi - lo, 1))
+        top = (
+            np.argpartition(-key, m - 1, axis=1)[:, :m]
+            if m < d
+            else np.tile(np.arange(d), (hi - lo, 1))
+        )
         rank = np.argsort(-np.take_along_axis(key, top, axis=1), axis=1, kind="stable")
         out[lo:hi] = np.take_along_axis(top, rank, axis=1)
     return out
