@@ -66,7 +66,7 @@ def synthesize(
         duration=duration,
     )
     n = len(times)
-    prompts = BUILDERS[kind](rng, n, float(times[-1]), knobs)
+    prompts = BUILDERS[kind](rng, n, rate, knobs)
     input_tokens, offsets, hashes = prompt_hashes(
         prompts.seg_offsets, prompts.seg_ids, prompts.seg_lens, block_tokens
     )
