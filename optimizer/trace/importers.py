@@ -213,9 +213,10 @@ def _session_roots(chat_id: np.ndarray, parent: np.ndarray) -> np.ndarray | None
     for _ in range(64):
         nxt = up[up]
         if np.array_equal(nxt, up):
-            return up
+            break
         up = nxt
-    return None
+    # a true root has no parent in the trace; anything else sits on a cycle
+    return None if found[up].any() else up
 
 
 @_register("bailian")
