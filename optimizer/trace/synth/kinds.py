@@ -48,6 +48,7 @@ def _system_prompts(
 
 
 def build_chat(rng: np.random.Generator, n: int, rate: float, k: ChatKnobs) -> Prompts:
+    """Conversations: each turn re-sends the history (previous prompt + answer) plus new text."""
     sys_ids, sys_lens = _system_prompts(rng, k.system_prompts, k.system_tokens, k.length_sigma)
     plan = plan_sessions(rng, n, rate, k.sessions, k.turns_mean, k.turns_max, k.think_s)
     user = lengths(rng, k.user_tokens, k.length_sigma, plan.total)
@@ -56,6 +57,7 @@ def build_chat(rng: np.random.Generator, n: int, rate: float, k: ChatKnobs) -> P
 
 
 def build_agent(rng: np.random.Generator, n: int, rate: float, k: AgentKnobs) -> Prompts:
+    """Agent runs: each step appends the model's tool call and the tool's output."""
     sys_ids, sys_lens = _system_prompts(rng, k.system_prompts, k.system_tokens, k.length_sigma)
     plan = plan_sessions(rng, n, rate, k.sessions, k.steps_mean, k.steps_max, k.step_s)
     task = lengths(rng, k.task_tokens, k.length_sigma, plan.total)
@@ -65,6 +67,7 @@ def build_agent(rng: np.random.Generator, n: int, rate: float, k: AgentKnobs) ->
 
 
 def build_rag(rng: np.random.Generator, n: int, rate: float, k: RagKnobs) -> Prompts:
+    """System prompt, Zipf-popular documents, a unique question: shared content first."""
     del rate
     sys_ids, sys_lens = _system_prompts(rng, k.system_prompts, k.system_tokens, k.length_sigma)
     assert k.documents is not None and k.docs_per_request is not None
@@ -115,6 +118,7 @@ def _zipf_choice(rng: np.random.Generator, n: int, d: int, m: int, s: float) -> 
 
 
 def build_short(rng: np.random.Generator, n: int, rate: float, k: ShortKnobs) -> Prompts:
+    """A very short shared system prompt and a unique query: little to reuse."""
     del rate
     sys_ids, sys_lens = _system_prompts(rng, k.system_prompts, k.system_tokens, k.length_sigma)
     which_sys = rng.integers(0, len(sys_ids), size=n)

@@ -90,7 +90,14 @@ def plan_sessions(
             break
         horizon *= 2  # rare: the stream came out short; widen the window and draw again
     keep = inside[np.lexsort((turn[inside], sess[inside], ideal[inside]))][:n]
-    return SessionPlan(sizes, sess, turn, keep)
+    # Drop sessions without a turn in the trace (most of the warm-up at high rates), so that
+    # lengths and scripts are only drawn for sessions that matter.
+    used = np.zeros(len(sizes), dtype=bool)
+    used[sess[keep]] = True
+    mask = used[sess]
+    new_index = np.cumsum(mask) - 1
+    renumber = np.cumsum(used) - 1
+    return SessionPlan(sizes[used], renumber[sess[mask]], turn[mask], new_index[keep])
 
 
 def build_sessions(
