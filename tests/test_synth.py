@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 from click.testing import CliRunner
@@ -259,6 +261,19 @@ def test_poisson_gaps_have_unit_coefficient_of_variation_through_synthesize() ->
     assert trace.arrival_s[0] == 0.0
 
 
+def test_session_kinds_keep_the_arrival_process() -> None:
+    # Sessions only choose which request comes next; the gaps stay gamma with CV = burstiness.
+    small = {"system_tokens": 20, "user_tokens": 20, "answer_tokens": 20}
+    trace = synthesize(
+        "chat", requests=20_000, rate=8.0, arrivals="gamma", burstiness=3.0, seed=4, **small
+    )
+    gaps = np.diff(trace.arrival_s)
+    assert gaps.std() / gaps.mean() == pytest.approx(3.0, rel=0.1)
+    rng = np.random.default_rng(4)
+    expected = arrival_times(rng, rate=8.0, process="gamma", burstiness=3.0, requests=20_000)
+    np.testing.assert_array_equal(trace.arrival_s, expected)
+
+
 def test_duration_mode_keeps_arrivals_inside_the_duration() -> None:
     trace = synthesize("short", duration=300.0, rate=4.0, seed=2)
     assert trace.arrival_s.max() < 300.0
@@ -295,6 +310,12 @@ def test_bad_rag_and_kind_options_raise_input_error() -> None:
         synthesize("rag", requests=10, doc_order="random")
     with pytest.raises(InputError, match="unknown workload kind"):
         synthesize("batch", requests=10)
+
+
+def test_bundled_sample_is_what_its_documented_command_makes() -> None:
+    # traces/README.md: kvtier trace synth chat -o ... --requests 3000 --rate 5 --seed 1
+    sample = read_trace(Path(__file__).parent.parent / "traces" / "sample-chat.parquet")
+    assert sample.table.equals(synthesize("chat", requests=3000, rate=5.0, seed=1).table)
 
 
 # -- command line ------------------------------------------------------------------------------
