@@ -56,6 +56,9 @@ def synthesize(
     check_arrival_options(arrivals, rate, burstiness)
     if requests is None and duration is None:
         requests = DEFAULT_REQUESTS
+    # Whole numbers given as floats (from Python callers) become ints for numpy.
+    requests = None if requests is None else int(requests)
+    seed, block_tokens, passes = int(seed), int(block_tokens), int(passes)
     rng = np.random.default_rng(seed)
     times = arrival_times(
         rng,

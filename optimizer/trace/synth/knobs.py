@@ -190,7 +190,8 @@ def make_knobs(kind: str, values: dict[str, Any]) -> Any:
         given = {**defaults, **given}
     knobs = cls(**given)
     _validate(knobs)
-    return knobs
+    present = [n for n in _INTEGER_KNOBS if getattr(knobs, n, None) is not None]
+    return dataclasses.replace(knobs, **{n: int(getattr(knobs, n)) for n in present})
 
 
 _INTEGER_KNOBS = (
