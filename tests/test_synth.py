@@ -191,7 +191,7 @@ def test_sessions_knob_splits_requests_over_exactly_that_many_sessions() -> None
 
 def test_rag_long_inputs_are_lv_eval_like() -> None:
     trace = synthesize("rag", requests=300, seed=4, long=True)
-    assert trace.input_tokens.min() >= 16384  # LV-Eval's shortest length level is 16k
+    assert trace.input_tokens.min() >= 16384  # LV-Eval: length levels 16k-256k words
     assert trace.input_tokens.min() > 15000  # Beluga: all LV-Eval inputs > 15K tokens
 
 
