@@ -97,6 +97,7 @@ def _knob_options(command: Callable[..., Any]) -> Callable[..., Any]:
     show_default=True,
     help="seconds between the last arrival of a pass and the next pass",
 )
+@click.option("--json", "as_json", is_flag=True, help="Print a JSON summary instead of a line.")
 @_knob_options
 def trace_synth(
     kind: str,
@@ -110,11 +111,13 @@ def trace_synth(
     block_tokens: int,
     passes: int,
     pass_gap: float,
+    as_json: bool,
     **knobs: Any,
 ) -> None:
     """Write a synthetic trace of KIND: chat, rag, agent or short (see docs/workloads.md)."""
     from optimizer.trace.io import write_trace
     from optimizer.trace.synth import synthesize
+    from optimizer.trace.synth.core import META_PARAMS
 
     result = synthesize(
         kind,
@@ -130,9 +133,20 @@ def trace_synth(
         **knobs,
     )
     write_trace(result, output)
-    click.echo(
-        f"wrote {result.n_requests} {kind} requests over {result.duration_s:.1f} s to {output}"
-    )
+    if as_json:
+        summary = {
+            "path": output,
+            "kind": kind,
+            "requests": result.n_requests,
+            "duration_s": result.duration_s,
+            "block_tokens": result.block_tokens,
+            "params": json.loads(result.metadata[META_PARAMS]),
+        }
+        click.echo(json.dumps(summary, indent=2))
+    else:
+        click.echo(
+            f"wrote {result.n_requests} {kind} requests over {result.duration_s:.1f} s to {output}"
+        )
 
 
 @trace.command("import")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import numpy as np
@@ -332,6 +333,17 @@ def test_cli_writes_a_readable_trace(kind: str, tmp_path) -> None:  # noqa: ANN0
     trace = read_trace(out)
     assert trace.n_requests == 80
     assert trace.table.equals(synthesize(kind, requests=80, seed=3, rate=2.0).table)
+
+
+def test_cli_json_summary(tmp_path) -> None:  # noqa: ANN001
+    out = tmp_path / "a.parquet"
+    args = ["trace", "synth", "agent", "-o", str(out), "--requests", "30", "--steps-mean", "5"]
+    result = CliRunner().invoke(main, [*args, "--json"])
+    assert result.exit_code == 0, result.output
+    summary = json.loads(result.stdout)
+    assert summary["requests"] == 30 and summary["kind"] == "agent"
+    assert summary["params"]["knobs"]["steps_mean"] == 5.0
+    assert read_trace(out).metadata["synth.params"] == json.dumps(summary["params"], sort_keys=True)
 
 
 def test_cli_gamma_and_kind_knobs(tmp_path) -> None:  # noqa: ANN001
