@@ -13,8 +13,10 @@ from hypothesis import strategies as st
 
 from optimizer.cli import main
 from optimizer.errors import InputError
+from optimizer.trace.blocks import block_trace
 from optimizer.trace.format import Trace
 from optimizer.trace.io import read_trace
+from optimizer.trace.stats import trace_stats
 from optimizer.trace.synth import arrival_times, synthesize
 from optimizer.trace.synth.content import prompt_hashes
 
@@ -166,6 +168,14 @@ def test_each_kind_meets_its_stated_reuse(kind: str, seed: int) -> None:
 
 def test_rag_long_reuse_is_in_its_stated_range() -> None:
     assert 0.45 <= prefix_reuse(synthesize("rag", requests=600, seed=1, long=True)) <= 0.75
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_trace_stats_agree_with_the_brute_force_reuse(kind: str) -> None:
+    trace = synthesize(kind, requests=150, seed=11, passes=2)
+    blocked = block_trace(trace, trace.block_tokens)
+    stats = trace_stats(trace, blocked)
+    assert stats.reuse_ratio_tokens == pytest.approx(prefix_reuse(trace), abs=1e-12)
 
 
 @pytest.mark.parametrize("kind", ["chat", "agent"])
