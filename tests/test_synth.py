@@ -18,7 +18,7 @@ from optimizer.trace.format import Trace
 from optimizer.trace.io import read_trace
 from optimizer.trace.stats import trace_stats
 from optimizer.trace.synth import arrival_times, synthesize
-from optimizer.trace.synth.content import prompt_hashes
+from optimizer.trace.synth.content import block_content_ids, prompt_hashes
 
 KINDS = ("chat", "rag", "agent", "short")
 
@@ -109,6 +109,52 @@ def test_partial_tail_block_differs_from_the_full_block_that_extends_it() -> Non
     assert h[1] == h[5]  # but the same partial block twice is the same content
 
 
+_GOLDEN = np.uint64(0x9E3779B97F4A7C15)
+_M1 = np.uint64(0xBF58476D1CE4E5B9)
+_M2 = np.uint64(0x94D049BB133111EB)
+
+
+def mix64(x: np.ndarray) -> np.ndarray:
+    z = np.asarray(x, dtype=np.uint64) + _GOLDEN
+    z = (z ^ (z >> np.uint64(30))) * _M1
+    z = (z ^ (z >> np.uint64(27))) * _M2
+    return z ^ (z >> np.uint64(31))
+
+
+def numpy_block_content_ids(
+    seg_offsets: np.ndarray, seg_ids: np.ndarray, seg_lens: np.ndarray, g: int
+) -> np.ndarray:
+    """Reference for the kernel: cut prompts at every segment and block start, numpy only."""
+    seg_end = np.cumsum(seg_lens)
+    seg_start = seg_end - seg_lens
+    req_start = np.concatenate(([0], seg_end))[seg_offsets]
+    n_blocks = -(-np.diff(req_start) // g)
+    block_offsets = np.concatenate(([0], np.cumsum(n_blocks)))
+    block_req = np.repeat(np.arange(len(n_blocks)), n_blocks)
+    block_start = req_start[:-1][block_req] + g * (
+        np.arange(block_offsets[-1]) - block_offsets[:-1][block_req]
+    )
+    cuts = np.union1d(seg_start, block_start)
+    piece_end = np.append(cuts[1:], req_start[-1])
+    seg = np.searchsorted(seg_start, cuts, side="right") - 1
+    blk = np.searchsorted(block_start, cuts, side="right") - 1
+    length = (piece_end - cuts).astype(np.uint64)
+    in_seg = (cuts - seg_start[seg]).astype(np.uint64)
+    in_blk = (cuts - block_start[blk]).astype(np.uint64)
+    piece = mix64(seg_ids[seg] ^ mix64(in_seg ^ mix64((in_blk << np.uint64(32)) | length)))
+    return np.bitwise_xor.reduceat(piece, np.searchsorted(cuts, block_start))
+
+
+def test_kernel_inputs_are_checked_before_the_kernel_runs() -> None:
+    ids = np.array([1, 2], dtype=np.uint64)
+    with pytest.raises(ValueError, match="lengths"):
+        block_content_ids(np.array([0, 2]), ids, np.array([5, 0]), 16)
+    with pytest.raises(ValueError, match="seg_offsets"):
+        block_content_ids(np.array([0, 3]), ids, np.array([5, 5]), 16)
+    with pytest.raises(ValueError, match="block_tokens"):
+        block_content_ids(np.array([0, 2]), ids, np.array([5, 5]), 0)
+
+
 @st.composite
 def segment_prompts(draw: st.DrawFn) -> tuple[np.ndarray, np.ndarray, np.ndarray, int]:
     n = draw(st.integers(1, 6))
@@ -135,6 +181,8 @@ def test_equal_hash_exactly_when_prompts_agree_through_the_block(
             toks.extend((int(ids[s]), k) for k in range(int(lens[s])))
         tokens.append(toks)
     inp, off, h = prompt_hashes(seg_offsets, ids, lens, g)
+    _, _, content_ids = block_content_ids(seg_offsets, ids, lens, g)
+    np.testing.assert_array_equal(content_ids, numpy_block_content_ids(seg_offsets, ids, lens, g))
     keys: dict[int, tuple[tuple[int, int], ...]] = {}
     for r, toks in enumerate(tokens):
         assert inp[r] == len(toks)

@@ -1,11 +1,11 @@
-"""Prompt content -> chained block hashes, without a per-block Python loop.
+"""Prompt content -> chained block hashes, in one pass over segments and blocks.
 
 A synthetic prompt is a sequence of *segments*: a system prompt, a document, a user turn, a
 tool output. Each segment has a 64-bit content id and a length in tokens; token ``k`` of a
 segment is identified by ``(segment id, k)``, so two prompts hold the same tokens exactly where
 they hold the same segments at the same offsets. A native block (``G`` tokens) is cut into
-*pieces*, maximal runs of one segment inside the block, and its content id mixes every piece's
-``(segment id, offset in segment, position in block, length)``. Consequences:
+*pieces*, maximal runs of one segment inside the block, and its content id is the XOR of the
+pieces' hashes of ``(segment id, offset in segment, position in block, length)``. Consequences:
 
 * Blocks with the same tokens get the same content id, wherever they occur.
 * A partial last block differs from the full block of a longer prompt that extends it (its
@@ -20,25 +20,47 @@ reuse it either, which is the behaviour a realistic trace should have.
 from __future__ import annotations
 
 import numpy as np
+from numba import njit
 
-from optimizer.trace.hashing import chain_hashes
-
-_GOLDEN = np.uint64(0x9E3779B97F4A7C15)
-_M1 = np.uint64(0xBF58476D1CE4E5B9)
-_M2 = np.uint64(0x94D049BB133111EB)
-
-
-def mix64(x: np.ndarray) -> np.ndarray:
-    """SplitMix64's finaliser on a uint64 array (wrapping arithmetic), vectorised."""
-    z = np.asarray(x, dtype=np.uint64) + _GOLDEN
-    z = (z ^ (z >> np.uint64(30))) * _M1
-    z = (z ^ (z >> np.uint64(27))) * _M2
-    return z ^ (z >> np.uint64(31))
+from optimizer.trace.hashing import chain_hashes, mix64_nb
 
 
 def random_ids(rng: np.random.Generator, n: int) -> np.ndarray:
     """``n`` fresh 64-bit segment content ids."""
     return rng.integers(0, np.iinfo(np.uint64).max, size=n, dtype=np.uint64, endpoint=True)
+
+
+@njit(cache=True, nogil=True)
+def _block_content_ids_nb(
+    seg_offsets: np.ndarray,
+    seg_ids: np.ndarray,
+    seg_lens: np.ndarray,
+    g: int,
+    block_offsets: np.ndarray,
+    out: np.ndarray,
+) -> None:
+    shift = np.uint64(32)
+    for r in range(seg_offsets.shape[0] - 1):
+        b = block_offsets[r]
+        filled = 0  # tokens already in block b
+        acc = np.uint64(0)
+        for s in range(seg_offsets[r], seg_offsets[r + 1]):
+            length = seg_lens[s]
+            off = 0
+            while off < length:
+                take = min(length - off, g - filled)
+                key = (np.uint64(filled) << shift) | np.uint64(take)
+                inner = mix64_nb(np.uint64(off) ^ mix64_nb(key))
+                acc ^= mix64_nb(seg_ids[s] ^ inner)
+                off += take
+                filled += take
+                if filled == g:
+                    out[b] = acc
+                    b += 1
+                    filled = 0
+                    acc = np.uint64(0)
+        if filled > 0:
+            out[b] = acc
 
 
 def block_content_ids(
@@ -47,43 +69,28 @@ def block_content_ids(
     """Content ids of every native block of every prompt.
 
     Prompt ``r`` is the segments ``seg_offsets[r]:seg_offsets[r+1]`` of ``seg_ids`` /
-    ``seg_lens`` (lengths > 0). Returns ``(input_tokens, block_offsets, content_ids)``: each
-    prompt's length, CSR offsets of its ``ceil(length / block_tokens)`` blocks, and the blocks'
-    content ids (uint64).
+    ``seg_lens``. Returns ``(input_tokens, block_offsets, content_ids)``: each prompt's length,
+    CSR offsets of its ``ceil(length / block_tokens)`` blocks, and the blocks' content ids.
+    The layout is checked here because the kernel does no bounds checks.
     """
-    seg_offsets = np.asarray(seg_offsets, dtype=np.int64)
-    seg_lens = np.asarray(seg_lens, dtype=np.int64)
-    seg_ids = np.asarray(seg_ids, dtype=np.uint64)
-    n = len(seg_offsets) - 1
+    seg_offsets = np.ascontiguousarray(seg_offsets, dtype=np.int64)
+    seg_ids = np.ascontiguousarray(seg_ids, dtype=np.uint64)
+    seg_lens = np.ascontiguousarray(seg_lens, dtype=np.int64)
     g = int(block_tokens)
-    # Global token coordinates: prompts laid end to end.
-    seg_end = np.cumsum(seg_lens)
-    seg_start = seg_end - seg_lens
-    req_start = np.concatenate(([0], seg_end))[seg_offsets]  # (n + 1,)
-    input_tokens = np.diff(req_start)
-    n_blocks = (input_tokens + g - 1) // g
-    block_offsets = np.concatenate(([0], np.cumsum(n_blocks)))
-    block_req = np.repeat(np.arange(n, dtype=np.int64), n_blocks)
-    block_start = req_start[:-1][block_req] + g * (
-        np.arange(block_offsets[-1], dtype=np.int64) - block_offsets[:-1][block_req]
-    )
-    # Pieces start at every segment start and every block start (the union, sorted).
-    # Both inputs are sorted, so a stable (merge) sort plus a neighbour test beats np.union1d.
-    cuts = np.sort(np.concatenate((seg_start, block_start)), kind="stable")
-    cuts = cuts[np.concatenate(([True], cuts[1:] != cuts[:-1]))]
-    piece_end = np.empty_like(cuts)
-    piece_end[:-1] = cuts[1:]
-    piece_end[-1] = req_start[-1]
-    seg = np.searchsorted(seg_start, cuts, side="right") - 1
-    blk = np.searchsorted(block_start, cuts, side="right") - 1
-    length = (piece_end - cuts).astype(np.uint64)
-    in_seg = (cuts - seg_start[seg]).astype(np.uint64)
-    in_blk = (cuts - block_start[blk]).astype(np.uint64)
-    piece = mix64(seg_ids[seg] ^ mix64(in_seg ^ mix64((in_blk << np.uint64(32)) | length)))
-    # Pieces of one block are contiguous; XOR them (positions are part of each piece's hash).
-    first_piece = np.searchsorted(cuts, block_start)
-    content = np.bitwise_xor.reduceat(piece, first_piece) if len(piece) else piece
-    return input_tokens, block_offsets, content
+    if g < 1 or g >= 1 << 31:
+        raise ValueError(f"block_tokens must be in [1, 2^31), got {block_tokens}")
+    if seg_ids.shape != seg_lens.shape or seg_offsets.ndim != 1 or len(seg_offsets) < 1:
+        raise ValueError("seg_ids and seg_lens must have one entry per segment")
+    if seg_offsets[0] != 0 or seg_offsets[-1] != len(seg_ids) or np.any(np.diff(seg_offsets) < 1):
+        raise ValueError("seg_offsets must start at 0, end at the segment count and increase")
+    if np.any(seg_lens < 1) or np.any(seg_lens >= 1 << 31):
+        raise ValueError("segment lengths must be in [1, 2^31)")
+    lens_csum = np.concatenate(([0], np.cumsum(seg_lens)))
+    input_tokens = np.diff(lens_csum[seg_offsets])
+    block_offsets = np.concatenate(([0], np.cumsum(-(-input_tokens // g)))).astype(np.int64)
+    out = np.empty(block_offsets[-1], dtype=np.uint64)
+    _block_content_ids_nb(seg_offsets, seg_ids, seg_lens, g, block_offsets, out)
+    return input_tokens, block_offsets, out
 
 
 def prompt_hashes(
