@@ -25,7 +25,28 @@ def _one_line_warning(message, category, filename, lineno, file=None, line=None)
 
 
 class KvtierGroup(click.Group):
-    """A click group whose commands report bad input as one line and exit code 2."""
+    """A click group whose commands report bad input as one line and exit code 2.
+
+    Click's own usage errors (an unknown option, a value of the wrong type) get the same
+    treatment as :class:`InputError`: one line on stderr, exit code 2, no usage block.
+    """
+
+    def main(self, *args: Any, **kwargs: Any) -> Any:
+        if not kwargs.get("standalone_mode", True):
+            return super().main(*args, **kwargs)
+        try:
+            result = super().main(*args, standalone_mode=False, **kwargs)
+        except click.UsageError as err:
+            hint = f" (see '{err.ctx.command_path} --help')" if err.ctx is not None else ""
+            click.echo(f"error: {' '.join(err.format_message().split())}{hint}", err=True)
+            sys.exit(2)
+        except click.ClickException as err:
+            click.echo(f"error: {' '.join(err.format_message().split())}", err=True)
+            sys.exit(err.exit_code)
+        except click.Abort:
+            click.echo("aborted", err=True)
+            sys.exit(130)
+        sys.exit(result if isinstance(result, int) else 0)
 
     def invoke(self, ctx: click.Context) -> Any:
         warnings.showwarning = _one_line_warning
