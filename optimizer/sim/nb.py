@@ -1,0 +1,370 @@
+"""Numba kernels of the serving simulator: the same rules as :mod:`optimizer.sim.reference`.
+
+Everything is flat arrays indexed by request, instance or global slot (``k * capacity + s``);
+the per-instance prefix-cache map is ``slot_of[k * n_blocks + block]`` (-1 when not cached);
+the free queue is a circular doubly linked list with one sentinel per instance at index
+``n_instances * capacity + k``. The kernels do no bounds checks: :mod:`optimizer.sim.engine`
+validates every array before the call. Read the reference's docstring for the semantics.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit
+
+from optimizer.sim.timing import iteration_time
+
+iteration_time_nb = njit(cache=True, nogil=True)(iteration_time)
+
+ROUND_ROBIN, LEAST_LOADED, PREFIX_AFFINITY = 0, 1, 2
+
+
+@njit(cache=True, nogil=True)
+def _remove_nb(prev, nxt, x):
+    nxt[prev[x]] = nxt[x]
+    prev[nxt[x]] = prev[x]
+
+
+@njit(cache=True, nogil=True)
+def _push_tail_nb(prev, nxt, sent, x):
+    p = prev[sent]
+    nxt[p] = x
+    prev[x] = p
+    nxt[x] = sent
+    prev[sent] = x
+
+
+@njit(cache=True, nogil=True)
+def _push_head_nb(prev, nxt, sent, x):
+    h = nxt[sent]
+    prev[h] = x
+    nxt[x] = h
+    prev[x] = sent
+    nxt[sent] = x
+
+
+@njit(cache=True, nogil=True)
+def _lookup_nb(slot_of, base, block_ids, start, cap):
+    """Leading blocks of ``block_ids[start:start+cap]`` cached in the map at offset ``base``."""
+    h = 0
+    while h < cap and slot_of[base + block_ids[start + h]] >= 0:
+        h += 1
+    return h
+
+
+@njit(cache=True, nogil=True)
+def simulate_nb(
+    arrival,  # f8 (n,)
+    inp,  # i8 (n,)
+    out,  # i8 (n,)
+    boff,  # i8 (n+1,)
+    block_ids,  # i4 (refs,)
+    total_blocks,  # i8 (n,)
+    n_blocks,  # distinct block ids
+    n_inst,
+    cap,  # HBM slots per instance
+    B,
+    budget_max,
+    max_seqs,
+    router,
+    overload,
+    tparams,  # f8 (7,) iteration_time parameters
+    slo_on,
+    slo_thr,  # f8 (4,) mean, p99, p999 TTFT bounds, p99 TPOT bound
+    slo_lim,  # i8 (3,) over-limits for p99, p999, tpot p99
+    first,  # out f8 (n,) NaN-filled
+    finish,  # out f8 (n,) NaN-filled
+    hits_out,  # out i8 (n,)
+    inst_of,  # out i8 (n,) -1-filled
+    busy_time,  # out f8 (n_inst,)
+    stats,  # out f8 (3,): n_iterations, early_stopped, end time
+):
+    n = arrival.shape[0]
+    n_slots = n_inst * cap
+    # per-request state
+    slot_off = np.zeros(n + 1, dtype=np.int64)
+    for i in range(n):
+        slot_off[i + 1] = slot_off[i] + total_blocks[i]
+    slots = np.empty(slot_off[n], dtype=np.int32)
+    kv = np.zeros(n, dtype=np.int64)
+    gen = np.zeros(n, dtype=np.int64)
+    reg = np.zeros(n, dtype=np.int64)
+    qnext = np.full(n, -1, dtype=np.int64)
+    # per-instance state
+    q_head = np.full(n_inst, -1, dtype=np.int64)
+    q_tail = np.full(n_inst, -1, dtype=np.int64)
+    q_len = np.zeros(n_inst, dtype=np.int64)
+    run = np.empty((n_inst, max_seqs), dtype=np.int64)
+    run_len = np.zeros(n_inst, dtype=np.int64)
+    sched_q = np.zeros((n_inst, max_seqs), dtype=np.int64)
+    n_sched = np.zeros(n_inst, dtype=np.int64)
+    busy = np.zeros(n_inst, dtype=np.bool_)
+    busy_until = np.zeros(n_inst, dtype=np.float64)
+    # HBM pools
+    slot_block = np.full(n_slots, -1, dtype=np.int32)
+    ref = np.zeros(n_slots, dtype=np.int32)
+    stamp = np.full(n_slots, -1, dtype=np.int64)
+    prev = np.empty(n_slots + n_inst, dtype=np.int64)
+    nxt = np.empty(n_slots + n_inst, dtype=np.int64)
+    free_len = np.full(n_inst, cap, dtype=np.int64)
+    slot_of = np.full(n_inst * n_blocks, -1, dtype=np.int32)
+    for k in range(n_inst):
+        sent = n_slots + k
+        prev[sent] = sent
+        nxt[sent] = sent
+        for s in range(cap):
+            _push_tail_nb(prev, nxt, sent, k * cap + s)
+    # SLO tracking
+    sum_ttft = 0.0
+    over0 = 0
+    over1 = 0
+    over2 = 0
+    n_rej = 0
+    rr = 0
+    nx = 0
+    n_iter = 0
+    early = False
+    now = 0.0
+    stamp_ctr = 0
+
+    while True:
+        t_arr = arrival[nx] if nx < n else np.inf
+        t_end = np.inf
+        for k in range(n_inst):
+            if busy[k] and busy_until[k] < t_end:
+                t_end = busy_until[k]
+        now = t_arr if t_arr < t_end else t_end
+        if now == np.inf:
+            break
+        # ---- iteration ends, instances in index order
+        for k in range(n_inst):
+            if not busy[k] or busy_until[k] != now:
+                continue
+            base = k * n_blocks
+            sent = n_slots + k
+            m = n_sched[k]
+            n_done = 0
+            for pos in range(m):
+                i = run[k, pos]
+                q = sched_q[k, pos]
+                was_prefill = kv[i] < inp[i]
+                kv[i] += q
+                nb = boff[i + 1] - boff[i]
+                full = kv[i] // B
+                if full > nb:
+                    full = nb
+                for j in range(reg[i], full):
+                    b = block_ids[boff[i] + j]
+                    if slot_of[base + b] < 0:
+                        s = slots[slot_off[i] + j]
+                        slot_of[base + b] = s
+                        slot_block[s] = b
+                if full > reg[i]:
+                    reg[i] = full
+                done = False
+                if was_prefill:
+                    if kv[i] == inp[i]:
+                        gen[i] = 1
+                        first[i] = now
+                        if slo_on:
+                            ttft = now - arrival[i]
+                            sum_ttft += ttft
+                            if ttft > slo_thr[1]:
+                                over0 += 1
+                            if ttft > slo_thr[2]:
+                                over1 += 1
+                        if out[i] <= 1:
+                            done = True
+                else:
+                    gen[i] += 1
+                    if gen[i] >= out[i]:
+                        done = True
+                if done:
+                    finish[i] = now
+                    n_done += 1
+                    if slo_on:
+                        d = out[i] - 1
+                        if d < 1:
+                            d = 1
+                        if (now - first[i]) / d > slo_thr[3]:
+                            over2 += 1
+                    # release slots tail-first
+                    for j in range(slot_off[i + 1] - 1, slot_off[i] - 1, -1):
+                        s = slots[j]
+                        ref[s] -= 1
+                        if ref[s] == 0:
+                            free_len[k] += 1
+                            if slot_block[s] == -1:
+                                _push_head_nb(prev, nxt, sent, s)
+                            else:
+                                _push_tail_nb(prev, nxt, sent, s)
+                    run[k, pos] = -1
+            if n_done:
+                w = 0
+                for pos in range(run_len[k]):
+                    if run[k, pos] >= 0:
+                        run[k, w] = run[k, pos]
+                        w += 1
+                run_len[k] = w
+            n_sched[k] = 0
+            busy[k] = False
+        if slo_on and (
+            n_rej > 0
+            or sum_ttft / n > slo_thr[0]
+            or over0 >= slo_lim[0]
+            or over1 >= slo_lim[1]
+            or over2 >= slo_lim[2]
+        ):
+            early = True
+            break
+        # ---- arrivals at this instant, in trace order
+        while nx < n and arrival[nx] == now:
+            i = nx
+            nx += 1
+            if total_blocks[i] > cap:
+                n_rej += 1
+                continue
+            if router == ROUND_ROBIN:
+                k = rr % n_inst
+                rr += 1
+            elif router == LEAST_LOADED:
+                k = 0
+                best_load = q_len[0] + run_len[0]
+                for kk in range(1, n_inst):
+                    ld = q_len[kk] + run_len[kk]
+                    if ld < best_load:
+                        best_load = ld
+                        k = kk
+            else:
+                min_load = q_len[0] + run_len[0]
+                for kk in range(1, n_inst):
+                    ld = q_len[kk] + run_len[kk]
+                    if ld < min_load:
+                        min_load = ld
+                limit = min_load + overload
+                hcap = (inp[i] - 1) // B
+                nb = boff[i + 1] - boff[i]
+                if nb < hcap:
+                    hcap = nb
+                k = -1
+                best_hits = -1
+                best_load = 0
+                for kk in range(n_inst):
+                    ld = q_len[kk] + run_len[kk]
+                    if ld > limit:
+                        continue
+                    h = _lookup_nb(slot_of, kk * n_blocks, block_ids, boff[i], hcap)
+                    if h > best_hits or (h == best_hits and ld < best_load):
+                        k = kk
+                        best_hits = h
+                        best_load = ld
+            inst_of[i] = k
+            if q_tail[k] < 0:
+                q_head[k] = i
+            else:
+                qnext[q_tail[k]] = i
+            q_tail[k] = i
+            q_len[k] += 1
+        # ---- idle instances with work start an iteration
+        for k in range(n_inst):
+            if busy[k] or (run_len[k] == 0 and q_len[k] == 0):
+                continue
+            base = k * n_blocks
+            sent = n_slots + k
+            budget = budget_max
+            m = 0
+            for pos in range(run_len[k]):
+                if budget == 0:
+                    break
+                i = run[k, pos]
+                if kv[i] < inp[i]:
+                    q = inp[i] - kv[i]
+                    if q > budget:
+                        q = budget
+                else:
+                    q = 1
+                sched_q[k, pos] = q
+                budget -= q
+                m += 1
+            while budget > 0 and q_len[k] > 0 and run_len[k] < max_seqs:
+                i = q_head[k]
+                nb = boff[i + 1] - boff[i]
+                hcap = (inp[i] - 1) // B
+                if nb < hcap:
+                    hcap = nb
+                h = _lookup_nb(slot_of, base, block_ids, boff[i], hcap)
+                need = total_blocks[i] - h
+                stamp_ctr += 1
+                pinned_free = 0
+                for j in range(h):
+                    s = slot_of[base + block_ids[boff[i] + j]]
+                    if ref[s] == 0 and stamp[s] != stamp_ctr:
+                        stamp[s] = stamp_ctr
+                        pinned_free += 1
+                if need > free_len[k] - pinned_free:
+                    break
+                # admit: pin the hits, allocate the rest
+                so = slot_off[i]
+                for j in range(h):
+                    s = slot_of[base + block_ids[boff[i] + j]]
+                    if ref[s] == 0:
+                        _remove_nb(prev, nxt, s)
+                        free_len[k] -= 1
+                    ref[s] += 1
+                    slots[so + j] = s
+                for j in range(h, total_blocks[i]):
+                    s = nxt[sent]
+                    _remove_nb(prev, nxt, s)
+                    free_len[k] -= 1
+                    old = slot_block[s]
+                    if old != -1:
+                        slot_of[base + old] = -1
+                        slot_block[s] = -1
+                    ref[s] = 1
+                    slots[so + j] = s
+                kv[i] = h * B
+                reg[i] = h
+                hits_out[i] = h
+                q_head[k] = qnext[i]
+                if q_head[k] < 0:
+                    q_tail[k] = -1
+                q_len[k] -= 1
+                pos = run_len[k]
+                run[k, pos] = i
+                run_len[k] += 1
+                q = inp[i] - kv[i]
+                if q > budget:
+                    q = budget
+                sched_q[k, pos] = q
+                budget -= q
+                m += 1
+            tokens = 0
+            attn = 0
+            kv_read = 0
+            for pos in range(m):
+                i = run[k, pos]
+                q = sched_q[k, pos]
+                tokens += q
+                attn += q * (2 * kv[i] + q)
+                kv_read += kv[i] + q
+            dt = iteration_time_nb(
+                tokens,
+                attn,
+                kv_read,
+                tparams[0],
+                tparams[1],
+                tparams[2],
+                tparams[3],
+                tparams[4],
+                tparams[5],
+                tparams[6],
+            )
+            n_sched[k] = m
+            busy[k] = True
+            busy_until[k] = now + dt
+            busy_time[k] += dt
+            n_iter += 1
+
+    stats[0] = n_iter
+    stats[1] = 1.0 if early else 0.0
+    stats[2] = now
