@@ -6,19 +6,28 @@ code 2; the work itself lives in the subpackages.
 
 from __future__ import annotations
 
+import json
 import sys
+import warnings
 from typing import Any
 
 import click
+from rich.console import Console
+from rich.table import Table
 
 from optimizer import __version__
 from optimizer.errors import InputError
+
+
+def _one_line_warning(message, category, filename, lineno, file=None, line=None) -> None:  # noqa: ANN001
+    click.echo(f"warning: {' '.join(str(message).split())}", err=True)
 
 
 class KvtierGroup(click.Group):
     """A click group whose commands report bad input as one line and exit code 2."""
 
     def invoke(self, ctx: click.Context) -> Any:
+        warnings.showwarning = _one_line_warning
         try:
             return super().invoke(ctx)
         except InputError as err:
@@ -35,6 +44,125 @@ def main() -> None:
 @main.group(cls=KvtierGroup)
 def trace() -> None:
     """Import, synthesise and inspect request traces."""
+
+
+@trace.command("import")
+@click.option(
+    "--from",
+    "source_format",
+    required=True,
+    type=click.Choice(["mooncake", "bailian", "azure"]),
+    help="Public format of INPUT.",
+)
+@click.argument("input_path", metavar="INPUT", type=click.Path(dir_okay=False))
+@click.option(
+    "-o",
+    "--output",
+    required=True,
+    type=click.Path(dir_okay=False),
+    help="Trace file to write (.parquet or .arrow).",
+)
+def trace_import(source_format: str, input_path: str, output: str) -> None:
+    """Convert a public trace (Mooncake / Qwen-Bailian JSONL, Azure CSV) to request-trace/1."""
+    from optimizer.trace.importers import import_trace
+    from optimizer.trace.io import write_trace
+
+    imported = import_trace(source_format, input_path)
+    write_trace(imported, output)
+    click.echo(
+        f"wrote {imported.n_requests:,} requests over {imported.duration_s:,.1f} s "
+        f"({source_format}, {imported.block_tokens}-token blocks) to {output}"
+    )
+
+
+@trace.command("stats")
+@click.argument("trace_path", metavar="TRACE", type=click.Path(dir_okay=False))
+@click.option(
+    "--block-tokens",
+    "-B",
+    type=int,
+    default=None,
+    help="Block size for the reuse figures [default: the trace's native size].",
+)
+@click.option(
+    "--model",
+    default=None,
+    help="Model profile (name or TOML path): adds the bytes of distinct KV.",
+)
+@click.option(
+    "--share-across-tenants",
+    is_flag=True,
+    help="Let tenants share blocks (default: identities salted by tenant).",
+)
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
+def trace_stats_cmd(
+    trace_path: str,
+    block_tokens: int | None,
+    model: str | None,
+    share_across_tenants: bool,
+    as_json: bool,
+) -> None:
+    """Lengths, full-block reuse under the prefix rule, arrival peaks of TRACE."""
+    from optimizer.trace.blocks import block_trace
+    from optimizer.trace.io import read_trace
+    from optimizer.trace.stats import trace_stats
+
+    loaded = read_trace(trace_path)
+    blocked = block_trace(
+        loaded, block_tokens or loaded.block_tokens, share_across_tenants=share_across_tenants
+    )
+    kv_bytes = None
+    if model is not None:
+        from optimizer.hardware import load_model
+
+        kv_bytes = load_model(model).kv_bytes_per_token()
+    stats = trace_stats(loaded, blocked, model=model, kv_bytes_per_token=kv_bytes)
+    if as_json:
+        click.echo(json.dumps(stats.as_dict(), indent=2))
+        return
+    _print_stats(trace_path, stats)
+
+
+def _fmt_bytes(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if n < 1024 or unit == "TiB":
+            return f"{n:,.1f} {unit}"
+        n /= 1024
+    return f"{n:,.1f} TiB"
+
+
+def _print_stats(path: str, stats: Any) -> None:
+    table = Table(title=f"{path}", title_justify="left", show_header=False)
+    table.add_column("what", style="bold")
+    table.add_column("value", justify="right")
+    table.add_row("source", stats.source or "-")
+    table.add_row("requests", f"{stats.requests:,}")
+    table.add_row("duration", f"{stats.duration_s:,.1f} s")
+    table.add_row(
+        "mean / peak 60 s rate", f"{stats.mean_rate_rps:.2f} / {stats.peak_rate_60s_rps:.2f} req/s"
+    )
+    for name, s in (("input tokens", stats.input_tokens), ("output tokens", stats.output_tokens)):
+        table.add_row(
+            f"{name} mean / p50 / p90 / p99",
+            f"{s['mean']:,.0f} / {s['p50']:,.0f} / {s['p90']:,.0f} / {s['p99']:,.0f}",
+        )
+    if not stats.has_prefix_info:
+        table.add_row("prefix information", "none in this trace (no reuse figures)")
+    else:
+        table.add_row(
+            "block size (native)", f"{stats.block_tokens} ({stats.native_block_tokens}) tokens"
+        )
+        table.add_row("full-block references", f"{stats.block_refs:,}")
+        table.add_row("distinct blocks", f"{stats.distinct_blocks:,}")
+        table.add_row("reuse (infinite cache), blocks", f"{stats.reuse_ratio_blocks:.1%}")
+        table.add_row("reuse (infinite cache), tokens", f"{stats.reuse_ratio_tokens:.1%}")
+    if stats.sessions is not None:
+        table.add_row("sessions", f"{stats.sessions:,}")
+    if stats.tenants is not None:
+        table.add_row("tenants", f"{stats.tenants:,}")
+    if stats.distinct_kv_bytes is not None:
+        table.add_row(f"distinct KV ({stats.model})", _fmt_bytes(stats.distinct_kv_bytes))
+    Console().print(table)
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -106,6 +106,9 @@ def atomic_write(path: str | os.PathLike[str], write: Callable[[str], None]) -> 
     os.close(fd)
     try:
         write(tmp)
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes 0600; give the file normal permissions
         os.replace(tmp, target)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
