@@ -42,8 +42,9 @@ def simulate_raw(
     stop_early: bool = False,
     check_invariants: bool = False,
 ) -> RawResult:
-    """Per-request times from one engine; ``stop_early`` needs an ``slo``."""
-    check = SloCheck.from_slo(slo) if (stop_early and slo is not None) else None
+    """Per-request times from one engine; ``stop_early`` acts only with a non-empty ``slo``."""
+    use_slo = stop_early and slo is not None and not slo.is_empty()
+    check = SloCheck.from_slo(slo) if use_slo else None
     if engine == "numba":
         return simulate_engine(trace, cfg, slo=check)
     if engine == "reference":

@@ -1,10 +1,13 @@
 """Numba kernels of the serving simulator: the same rules as :mod:`optimizer.sim.reference`.
 
-Everything is flat arrays indexed by request, instance or global slot (``k * capacity + s``);
-the per-instance prefix-cache map is ``slot_of[k * n_blocks + block]`` (-1 when not cached);
-the free queue is a circular doubly linked list with one sentinel per instance at index
-``n_instances * capacity + k``. The kernels do no bounds checks: :mod:`optimizer.sim.engine`
-validates every array before the call. Read the reference's docstring for the semantics.
+Everything is flat arrays indexed by request, instance or global slot (``k * capacity + s``).
+The per-instance prefix-cache map is ``slot_of[k * n_blocks + block]``, holding the slot plus
+one (0 when not cached). It is allocated with ``numpy.zeros``, which the OS backs with lazily
+zeroed pages, so a replay pays only for the pages its instances touch, not for
+``instances x distinct blocks`` entries up front. The free queue is a circular doubly linked
+list with one sentinel per instance at index ``n_instances * capacity + k``. The kernels do
+no bounds checks: :mod:`optimizer.sim.engine` validates every array before the call. The
+semantics are in the docstring of :mod:`optimizer.sim.reference`.
 """
 
 from __future__ import annotations
@@ -44,10 +47,17 @@ def _push_head_nb(prev, nxt, sent, x):
 
 
 @njit(cache=True, nogil=True)
-def _lookup_nb(slot_of, base, block_ids, start, cap):
-    """Leading blocks of ``block_ids[start:start+cap]`` cached in the map at offset ``base``."""
+def _lookup_nb(slot_of, base, block_ids, start, cap, found):
+    """Leading blocks of ``block_ids[start:start+cap]`` cached in the map at offset ``base``.
+
+    Their slots go to ``found[0:h]`` (room for the longest prompt), saving a second look-up.
+    """
     h = 0
-    while h < cap and slot_of[base + block_ids[start + h]] >= 0:
+    while h < cap:
+        s1 = slot_of[base + block_ids[start + h]]
+        if s1 == 0:
+            break
+        found[h] = s1 - 1
         h += 1
     return h
 
@@ -107,7 +117,12 @@ def simulate_nb(
     prev = np.empty(n_slots + n_inst, dtype=np.int64)
     nxt = np.empty(n_slots + n_inst, dtype=np.int64)
     free_len = np.full(n_inst, cap, dtype=np.int64)
-    slot_of = np.full(n_inst * n_blocks, -1, dtype=np.int32)
+    slot_of = np.zeros(n_inst * n_blocks, dtype=np.int32)
+    max_nb = 0
+    for i in range(n):
+        if boff[i + 1] - boff[i] > max_nb:
+            max_nb = boff[i + 1] - boff[i]
+    found = np.empty(max_nb + 1, dtype=np.int32)
     for k in range(n_inst):
         sent = n_slots + k
         prev[sent] = sent
@@ -155,9 +170,9 @@ def simulate_nb(
                     full = nb
                 for j in range(reg[i], full):
                     b = block_ids[boff[i] + j]
-                    if slot_of[base + b] < 0:
+                    if slot_of[base + b] == 0:
                         s = slots[slot_off[i] + j]
-                        slot_of[base + b] = s
+                        slot_of[base + b] = s + 1
                         slot_block[s] = b
                 if full > reg[i]:
                     reg[i] = full
@@ -253,7 +268,7 @@ def simulate_nb(
                     ld = q_len[kk] + run_len[kk]
                     if ld > limit:
                         continue
-                    h = _lookup_nb(slot_of, kk * n_blocks, block_ids, boff[i], hcap)
+                    h = _lookup_nb(slot_of, kk * n_blocks, block_ids, boff[i], hcap, found)
                     if h > best_hits or (h == best_hits and ld < best_load):
                         k = kk
                         best_hits = h
@@ -292,12 +307,12 @@ def simulate_nb(
                 hcap = (inp[i] - 1) // B
                 if nb < hcap:
                     hcap = nb
-                h = _lookup_nb(slot_of, base, block_ids, boff[i], hcap)
+                h = _lookup_nb(slot_of, base, block_ids, boff[i], hcap, found)
                 need = total_blocks[i] - h
                 stamp_ctr += 1
                 pinned_free = 0
                 for j in range(h):
-                    s = slot_of[base + block_ids[boff[i] + j]]
+                    s = found[j]
                     if ref[s] == 0 and stamp[s] != stamp_ctr:
                         stamp[s] = stamp_ctr
                         pinned_free += 1
@@ -306,7 +321,7 @@ def simulate_nb(
                 # admit: pin the hits, allocate the rest
                 so = slot_off[i]
                 for j in range(h):
-                    s = slot_of[base + block_ids[boff[i] + j]]
+                    s = found[j]
                     if ref[s] == 0:
                         _remove_nb(prev, nxt, s)
                         free_len[k] -= 1
@@ -318,7 +333,7 @@ def simulate_nb(
                     free_len[k] -= 1
                     old = slot_block[s]
                     if old != -1:
-                        slot_of[base + old] = -1
+                        slot_of[base + old] = 0
                         slot_block[s] = -1
                     ref[s] = 1
                     slots[so + j] = s
