@@ -81,6 +81,7 @@ def simulate_engine(
         inst,
         busy,
         stats,
+        np.zeros(cfg.n_instances * n_blocks, dtype=np.int32),  # calloc: pages zeroed on touch
     )
     early = bool(stats[1])
     return RawResult(

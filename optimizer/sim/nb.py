@@ -2,12 +2,13 @@
 
 Everything is flat arrays indexed by request, instance or global slot (``k * capacity + s``).
 The per-instance prefix-cache map is ``slot_of[k * n_blocks + block]``, holding the slot plus
-one (0 when not cached). It is allocated with ``numpy.zeros``, which the OS backs with lazily
-zeroed pages, so a replay pays only for the pages its instances touch, not for
-``instances x distinct blocks`` entries up front. The free queue is a circular doubly linked
-list with one sentinel per instance at index ``n_instances * capacity + k``. The kernels do
-no bounds checks: :mod:`optimizer.sim.engine` validates every array before the call. The
-semantics are in the docstring of :mod:`optimizer.sim.reference`.
+one (0 when not cached). The wrapper allocates it with ``numpy.zeros`` (calloc: lazily zeroed
+pages, unlike an allocation inside a kernel, which numba fills eagerly), so a replay pays only
+for the pages its instances touch, not for ``instances x distinct blocks`` entries up front.
+The free queue is a circular doubly linked list with one sentinel per instance at index
+``n_instances * capacity + k``. The kernels do no bounds checks: :mod:`optimizer.sim.engine`
+validates every array before the call. The semantics are in the docstring of
+:mod:`optimizer.sim.reference`.
 """
 
 from __future__ import annotations
@@ -88,6 +89,7 @@ def simulate_nb(
     inst_of,  # out i8 (n,) -1-filled
     busy_time,  # out f8 (n_inst,)
     stats,  # out f8 (3,): n_iterations, early_stopped, end time
+    slot_of,  # scratch i4 (n_inst * n_blocks,), all zero
 ):
     n = arrival.shape[0]
     n_slots = n_inst * cap
@@ -117,7 +119,6 @@ def simulate_nb(
     prev = np.empty(n_slots + n_inst, dtype=np.int64)
     nxt = np.empty(n_slots + n_inst, dtype=np.int64)
     free_len = np.full(n_inst, cap, dtype=np.int64)
-    slot_of = np.zeros(n_inst * n_blocks, dtype=np.int32)
     max_nb = 0
     for i in range(n):
         if boff[i + 1] - boff[i] > max_nb:
