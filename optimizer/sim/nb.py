@@ -21,30 +21,35 @@ from optimizer.sim.timing import iteration_time
 iteration_time_nb = njit(cache=True, nogil=True)(iteration_time)
 
 ROUND_ROBIN, LEAST_LOADED, PREFIX_AFFINITY = 0, 1, 2
+# Fields of a slot record in ``sl`` (int32, 4 per slot, one cache line holds 4 slots): every
+# pool operation on a slot touches one record instead of four arrays.
+PREV, NEXT, REF, BLOCK = 0, 1, 2, 3
 
 
 @njit(cache=True, nogil=True)
-def _remove_nb(prev, nxt, x):
-    nxt[prev[x]] = nxt[x]
-    prev[nxt[x]] = prev[x]
+def _remove_nb(sl, x):
+    p = sl[4 * x + PREV]
+    q = sl[4 * x + NEXT]
+    sl[4 * p + NEXT] = q
+    sl[4 * q + PREV] = p
 
 
 @njit(cache=True, nogil=True)
-def _push_tail_nb(prev, nxt, sent, x):
-    p = prev[sent]
-    nxt[p] = x
-    prev[x] = p
-    nxt[x] = sent
-    prev[sent] = x
+def _push_tail_nb(sl, sent, x):
+    p = sl[4 * sent + PREV]
+    sl[4 * p + NEXT] = x
+    sl[4 * x + PREV] = p
+    sl[4 * x + NEXT] = sent
+    sl[4 * sent + PREV] = x
 
 
 @njit(cache=True, nogil=True)
-def _push_head_nb(prev, nxt, sent, x):
-    h = nxt[sent]
-    prev[h] = x
-    nxt[x] = h
-    prev[x] = sent
-    nxt[sent] = x
+def _push_head_nb(sl, sent, x):
+    h = sl[4 * sent + NEXT]
+    sl[4 * h + PREV] = x
+    sl[4 * x + NEXT] = h
+    sl[4 * x + PREV] = sent
+    sl[4 * sent + NEXT] = x
 
 
 @njit(cache=True, nogil=True)
@@ -113,11 +118,10 @@ def simulate_nb(
     busy = np.zeros(n_inst, dtype=np.bool_)
     busy_until = np.zeros(n_inst, dtype=np.float64)
     # HBM pools
-    slot_block = np.full(n_slots, -1, dtype=np.int32)
-    ref = np.zeros(n_slots, dtype=np.int32)
     stamp = np.full(n_slots, -1, dtype=np.int64)
-    prev = np.empty(n_slots + n_inst, dtype=np.int64)
-    nxt = np.empty(n_slots + n_inst, dtype=np.int64)
+    sl = np.zeros(4 * (n_slots + n_inst), dtype=np.int32)
+    for x in range(n_slots):
+        sl[4 * x + BLOCK] = -1
     free_len = np.full(n_inst, cap, dtype=np.int64)
     max_nb = 0
     for i in range(n):
@@ -126,10 +130,10 @@ def simulate_nb(
     found = np.empty(max_nb + 1, dtype=np.int32)
     for k in range(n_inst):
         sent = n_slots + k
-        prev[sent] = sent
-        nxt[sent] = sent
+        sl[4 * sent + PREV] = sent
+        sl[4 * sent + NEXT] = sent
         for s in range(cap):
-            _push_tail_nb(prev, nxt, sent, k * cap + s)
+            _push_tail_nb(sl, sent, k * cap + s)
     # SLO tracking
     sum_ttft = 0.0
     over0 = 0
@@ -174,7 +178,7 @@ def simulate_nb(
                     if slot_of[base + b] == 0:
                         s = slots[slot_off[i] + j]
                         slot_of[base + b] = s + 1
-                        slot_block[s] = b
+                        sl[4 * s + BLOCK] = b
                 if full > reg[i]:
                     reg[i] = full
                 done = False
@@ -207,13 +211,13 @@ def simulate_nb(
                     # release slots tail-first
                     for j in range(slot_off[i + 1] - 1, slot_off[i] - 1, -1):
                         s = slots[j]
-                        ref[s] -= 1
-                        if ref[s] == 0:
+                        sl[4 * s + REF] -= 1
+                        if sl[4 * s + REF] == 0:
                             free_len[k] += 1
-                            if slot_block[s] == -1:
-                                _push_head_nb(prev, nxt, sent, s)
+                            if sl[4 * s + BLOCK] == -1:
+                                _push_head_nb(sl, sent, s)
                             else:
-                                _push_tail_nb(prev, nxt, sent, s)
+                                _push_tail_nb(sl, sent, s)
                     run[k, pos] = -1
             if n_done:
                 w = 0
@@ -314,7 +318,7 @@ def simulate_nb(
                 pinned_free = 0
                 for j in range(h):
                     s = found[j]
-                    if ref[s] == 0 and stamp[s] != stamp_ctr:
+                    if sl[4 * s + REF] == 0 and stamp[s] != stamp_ctr:
                         stamp[s] = stamp_ctr
                         pinned_free += 1
                 if need > free_len[k] - pinned_free:
@@ -323,20 +327,20 @@ def simulate_nb(
                 so = slot_off[i]
                 for j in range(h):
                     s = found[j]
-                    if ref[s] == 0:
-                        _remove_nb(prev, nxt, s)
+                    if sl[4 * s + REF] == 0:
+                        _remove_nb(sl, s)
                         free_len[k] -= 1
-                    ref[s] += 1
+                    sl[4 * s + REF] += 1
                     slots[so + j] = s
                 for j in range(h, total_blocks[i]):
-                    s = nxt[sent]
-                    _remove_nb(prev, nxt, s)
+                    s = sl[4 * sent + NEXT]
+                    _remove_nb(sl, s)
                     free_len[k] -= 1
-                    old = slot_block[s]
+                    old = sl[4 * s + BLOCK]
                     if old != -1:
                         slot_of[base + old] = 0
-                        slot_block[s] = -1
-                    ref[s] = 1
+                        sl[4 * s + BLOCK] = -1
+                    sl[4 * s + REF] = 1
                     slots[so + j] = s
                 kv[i] = h * B
                 reg[i] = h
