@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import sys
 import warnings
+from collections.abc import Callable
 from typing import Any
 
 import click
@@ -24,7 +25,28 @@ def _one_line_warning(message, category, filename, lineno, file=None, line=None)
 
 
 class KvtierGroup(click.Group):
-    """A click group whose commands report bad input as one line and exit code 2."""
+    """A click group whose commands report bad input as one line and exit code 2.
+
+    Click's own usage errors (an unknown option, a value of the wrong type) get the same
+    treatment as :class:`InputError`: one line on stderr, exit code 2, no usage block.
+    """
+
+    def main(self, *args: Any, **kwargs: Any) -> Any:
+        if not kwargs.get("standalone_mode", True):
+            return super().main(*args, **kwargs)
+        try:
+            result = super().main(*args, standalone_mode=False, **kwargs)
+        except click.UsageError as err:
+            hint = f" (see '{err.ctx.command_path} --help')" if err.ctx is not None else ""
+            click.echo(f"error: {' '.join(err.format_message().split())}{hint}", err=True)
+            sys.exit(2)
+        except click.ClickException as err:
+            click.echo(f"error: {' '.join(err.format_message().split())}", err=True)
+            sys.exit(err.exit_code)
+        except click.Abort:
+            click.echo("aborted", err=True)
+            sys.exit(130)
+        sys.exit(result if isinstance(result, int) else 0)
 
     def invoke(self, ctx: click.Context) -> Any:
         warnings.showwarning = _one_line_warning
@@ -143,6 +165,108 @@ def _print_metrics(path: str, setup: Any, m: Any) -> None:
     if m.slo_met is not None:
         table.add_row("SLO met / attainment", f"{m.slo_met} / {m.slo_attainment:.1%}")
     Console().print(table)
+
+
+def _knob_options(command: Callable[..., Any]) -> Callable[..., Any]:
+    """Add one click option per synthesis knob, generated from the knob dataclasses."""
+    from optimizer.trace.synth.knobs import knob_specs, option_name
+
+    types = {"int": int, "float": float, "str": str}
+    for spec in reversed(knob_specs()):
+        if spec.kind_of_value == "bool":
+            option = click.option(option_name(spec.name), spec.name, is_flag=True, default=None)
+        else:
+            option = click.option(
+                option_name(spec.name), spec.name, type=types[spec.kind_of_value], default=None
+            )
+        command = option(command)
+        command.__click_params__[-1].help = spec.help  # type: ignore[attr-defined]
+    return command
+
+
+@trace.command("synth")
+@click.argument("kind", metavar="chat|rag|agent|short")
+@click.option("-o", "--output", required=True, help="trace file to write (.parquet or .arrow)")
+@click.option("--requests", type=int, default=None, help="requests per pass (default 1000)")
+@click.option("--duration", type=float, default=None, help="seconds of arrivals per pass")
+@click.option("--rate", type=float, default=1.0, show_default=True, help="requests per second")
+@click.option(
+    "--arrivals",
+    default="poisson",
+    show_default=True,
+    help="poisson, or gamma (inter-arrival coefficient of variation = --burstiness)",
+)
+@click.option(
+    "--burstiness",
+    type=float,
+    default=1.0,
+    show_default=True,
+    help="coefficient of variation of inter-arrival times (gamma arrivals)",
+)
+@click.option("--seed", type=int, default=0, show_default=True, help="random seed")
+@click.option(
+    "--block-tokens", type=int, default=16, show_default=True, help="native hash granularity G"
+)
+@click.option(
+    "--passes", type=int, default=1, show_default=True, help="replay the requests this many times"
+)
+@click.option(
+    "--pass-gap",
+    type=float,
+    default=60.0,
+    show_default=True,
+    help="seconds between the last arrival of a pass and the next pass",
+)
+@click.option("--json", "as_json", is_flag=True, help="Print a JSON summary instead of a line.")
+@_knob_options
+def trace_synth(
+    kind: str,
+    output: str,
+    requests: int | None,
+    duration: float | None,
+    rate: float,
+    arrivals: str,
+    burstiness: float,
+    seed: int,
+    block_tokens: int,
+    passes: int,
+    pass_gap: float,
+    as_json: bool,
+    **knobs: Any,
+) -> None:
+    """Write a synthetic trace of KIND: chat, rag, agent or short (see docs/workloads.md)."""
+    from optimizer.trace.io import write_trace
+    from optimizer.trace.synth import synthesize
+    from optimizer.trace.synth.core import META_PARAMS
+
+    result = synthesize(
+        kind,
+        requests=requests,
+        duration=duration,
+        rate=rate,
+        arrivals=arrivals,
+        burstiness=burstiness,
+        seed=seed,
+        block_tokens=block_tokens,
+        passes=passes,
+        pass_gap_s=pass_gap,
+        **knobs,
+    )
+    write_trace(result, output)
+    if as_json:
+        summary = {
+            "path": output,
+            "kind": kind,
+            "requests": result.n_requests,
+            "duration_s": result.duration_s,
+            "block_tokens": result.block_tokens,
+            "params": json.loads(result.metadata[META_PARAMS]),
+        }
+        click.echo(json.dumps(summary, indent=2))
+    else:
+        click.echo(
+            f"wrote {result.n_requests} {kind} requests over {result.duration_s:.1f} s to {output}"
+        )
 
 
 @trace.command("import")

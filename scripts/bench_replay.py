@@ -4,9 +4,10 @@ Measures, for Llama-3.1-8B on the ``h100-node`` profile (8 instances, B=16 by de
 * cold start: the first replay in a fresh process, once with an empty numba cache (compile)
   and once with the on-disk cache filled (load);
 * warm replay: median of ``--runs`` replays in one process (mapping excluded, done once);
-* the ratio to the pure-Python reference on the first ``--sample`` requests, where both run.
+* the ratio to the pure-Python reference on the first N requests for each N in ``--samples``
+  (the whole trace included: the reference runs it in well under a minute).
 
-Usage: ``PYTHONPATH=. python scripts/bench_replay.py [--runs 5] [--sample 400]``.
+Usage: ``PYTHONPATH=. python scripts/bench_replay.py [--runs 5] [--samples 1000,12031]``.
 """
 
 from __future__ import annotations
@@ -65,7 +66,7 @@ def main() -> None:
     ap.add_argument("--trace", type=Path, default=TRACE)
     ap.add_argument("--block-tokens", type=int, default=16)
     ap.add_argument("--runs", type=int, default=5)
-    ap.add_argument("--sample", type=int, default=400)
+    ap.add_argument("--samples", default="1000,12031")
     ap.add_argument("--reference-runs", type=int, default=3)
     args = ap.parse_args()
 
@@ -97,19 +98,23 @@ def main() -> None:
             f"TTFT p99 {m.ttft_p99_s:.2f} s, HBM hit {m.hit_ratio_tokens['hbm']:.1%}"
         )
 
-    sample = tr.head(args.sample)
     pol = replace(policy, serving=replace(policy.serving, routing="prefix_affinity"))
-    simulate(sample, hw, model, pol)
-    fast = timed(lambda: simulate(sample, hw, model, pol), args.runs)
-    slow = timed(lambda: simulate(sample, hw, model, pol, engine="reference"), args.reference_runs)
-    a = simulate(sample, hw, model, pol)
-    b = simulate(sample, hw, model, pol, engine="reference")
-    f, s = statistics.median(fast), statistics.median(slow)
-    print(
-        f"sample of {args.sample} requests ({sample.n_block_refs:,} block refs, "
-        f"{a.n_iterations:,} iterations), prefix_affinity: numba {f:.4f} s, reference "
-        f"{s:.2f} s, ratio {s / f:.0f}x; identical metrics: {a.same_as(b)}"
-    )
+    for n in (int(x) for x in args.samples.split(",")):
+        sample = tr.head(n)
+        a = simulate(sample, hw, model, pol)
+        fast = timed(lambda sample=sample: simulate(sample, hw, model, pol), args.runs)
+        slow = timed(
+            lambda sample=sample: simulate(sample, hw, model, pol, engine="reference"),
+            args.reference_runs,
+        )
+        b = simulate(sample, hw, model, pol, engine="reference")
+        f, s = statistics.median(fast), statistics.median(slow)
+        print(
+            f"first {sample.n_requests:,} requests ({sample.n_block_refs:,} block refs, "
+            f"{a.n_iterations:,} iterations), prefix_affinity: numba {f:.4f} s, reference "
+            f"{s:.2f} s, ratio {s / f:.0f}x; identical metrics: {a.same_as(b)}",
+            flush=True,
+        )
 
 
 if __name__ == "__main__":
