@@ -15,8 +15,10 @@ from optimizer.sim.nb import simulate_nb
 from optimizer.sim.result import RawResult, SloCheck, end_time
 from optimizer.trace.blocked import BlockedTrace
 
-# slot_of holds one int32 per (instance, block id); refuse what would not fit in memory.
-MAX_MAP_ENTRIES = 2_000_000_000
+# The cache map holds one int32 per (instance, block id); it is allocated lazily (calloc), but
+# refuse sizes whose touched pages could exhaust memory. Slot counts stay far inside int32.
+MAX_MAP_ENTRIES = 1 << 31
+MAX_SLOTS = 1 << 30
 
 
 def total_blocks(trace: BlockedTrace, block_tokens: int) -> np.ndarray:
@@ -41,7 +43,13 @@ def simulate_engine(
         raise ValueError("token_budget >= 1, router in 0..2, affinity_overload >= 0 required")
     if cfg.n_instances * n_blocks > MAX_MAP_ENTRIES:
         raise InputError(
-            f"{cfg.n_instances} instances x {n_blocks} block ids is too large a cache map"
+            f"{cfg.n_instances} instances x {n_blocks:,} distinct blocks is too large a cache "
+            "map; use a larger block size or fewer instances"
+        )
+    if cfg.n_instances * (cfg.capacity_blocks + 1) > MAX_SLOTS:
+        raise InputError(
+            f"{cfg.n_instances} instances x {cfg.capacity_blocks:,} HBM blocks is too many "
+            "slots; use a larger block size"
         )
     tparams = cfg.timing_params()
     if not np.all(np.isfinite(tparams)) or tparams[2] <= 0 or tparams[5] <= 0:

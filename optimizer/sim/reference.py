@@ -126,6 +126,7 @@ class HbmPool:
         assert pinned + len(self.free) == self.capacity, "HBM slots lost or double-counted"
         assert pinned <= self.capacity, "HBM capacity exceeded"
         assert sum(self.ref) == sum(len(r.slots) for r in running), "pin count mismatch"
+        assert all(len(r.slots) == r.total_blocks for r in running), "footprint not reserved"
         for block, slot in self.cached.items():
             assert self.slot_block[slot] == block
         assert all(self.ref[s] == 0 for s in self.free)
