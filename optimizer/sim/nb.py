@@ -27,7 +27,7 @@ PREV, NEXT, REF, BLOCK = 0, 1, 2, 3
 
 
 @njit(cache=True, nogil=True)
-def _remove_nb(sl, x):
+def _remove_nb(sl: np.ndarray, x: int) -> None:
     p = sl[4 * x + PREV]
     q = sl[4 * x + NEXT]
     sl[4 * p + NEXT] = q
@@ -35,7 +35,7 @@ def _remove_nb(sl, x):
 
 
 @njit(cache=True, nogil=True)
-def _push_tail_nb(sl, sent, x):
+def _push_tail_nb(sl: np.ndarray, sent: int, x: int) -> None:
     p = sl[4 * sent + PREV]
     sl[4 * p + NEXT] = x
     sl[4 * x + PREV] = p
@@ -44,7 +44,7 @@ def _push_tail_nb(sl, sent, x):
 
 
 @njit(cache=True, nogil=True)
-def _push_head_nb(sl, sent, x):
+def _push_head_nb(sl: np.ndarray, sent: int, x: int) -> None:
     h = sl[4 * sent + NEXT]
     sl[4 * h + PREV] = x
     sl[4 * x + NEXT] = h
@@ -53,7 +53,9 @@ def _push_head_nb(sl, sent, x):
 
 
 @njit(cache=True, nogil=True)
-def _lookup_nb(slot_of, base, block_ids, start, cap, found):
+def _lookup_nb(
+    slot_of: np.ndarray, base: int, block_ids: np.ndarray, start: int, cap: int, found: np.ndarray
+) -> int:
     """Leading blocks of ``block_ids[start:start+cap]`` cached in the map at offset ``base``.
 
     Their slots go to ``found[0:h]`` (room for the longest prompt), saving a second look-up.
@@ -70,32 +72,37 @@ def _lookup_nb(slot_of, base, block_ids, start, cap, found):
 
 @njit(cache=True, nogil=True)
 def simulate_nb(
-    arrival,  # f8 (n,)
-    inp,  # i8 (n,)
-    out,  # i8 (n,)
-    boff,  # i8 (n+1,)
-    block_ids,  # i4 (refs,)
-    total_blocks,  # i8 (n,)
-    n_blocks,  # distinct block ids
-    n_inst,
-    cap,  # HBM slots per instance
-    B,
-    budget_max,
-    max_seqs,
-    router,
-    overload,
-    tparams,  # f8 (7,) iteration_time parameters
-    slo_on,
-    slo_thr,  # f8 (4,) mean, p99, p999 TTFT bounds, p99 TPOT bound
-    slo_lim,  # i8 (3,) over-limits for p99, p999, tpot p99
-    first,  # out f8 (n,) NaN-filled
-    finish,  # out f8 (n,) NaN-filled
-    hits_out,  # out i8 (n,)
-    inst_of,  # out i8 (n,) -1-filled
-    busy_time,  # out f8 (n_inst,)
-    stats,  # out f8 (3,): n_iterations, early_stopped, end time
-    slot_of,  # scratch i4 (n_inst * n_blocks,), all zero
-):
+    arrival: np.ndarray,  # f8 (n,)
+    inp: np.ndarray,  # i8 (n,)
+    out: np.ndarray,  # i8 (n,)
+    boff: np.ndarray,  # i8 (n+1,)
+    block_ids: np.ndarray,  # i4 (refs,)
+    total_blocks: np.ndarray,  # i8 (n,)
+    n_blocks: int,  # distinct block ids
+    n_inst: int,
+    cap: int,  # HBM slots per instance
+    B: int,
+    budget_max: int,
+    max_seqs: int,
+    router: int,
+    overload: int,
+    tparams: np.ndarray,  # f8 (7,) iteration_time parameters
+    slo_on: bool,
+    slo_thr: np.ndarray,  # f8 (4,) mean, p99, p999 TTFT bounds, p99 TPOT bound
+    slo_lim: np.ndarray,  # i8 (3,) over-limits for p99, p999, tpot p99
+    first: np.ndarray,  # out f8 (n,) NaN-filled
+    finish: np.ndarray,  # out f8 (n,) NaN-filled
+    hits_out: np.ndarray,  # out i8 (n,)
+    inst_of: np.ndarray,  # out i8 (n,) -1-filled
+    busy_time: np.ndarray,  # out f8 (n_inst,)
+    stats: np.ndarray,  # out f8 (3,): n_iterations, early_stopped, end time
+    slot_of: np.ndarray,  # scratch i4 (n_inst * n_blocks,), all zero
+) -> None:
+    """Replay every request; write per-request times and counters into the output arrays.
+
+    One kernel call runs the whole replay so the event loop never returns to Python; all
+    state is local arrays sized from the inputs, which the wrapper has validated.
+    """
     n = arrival.shape[0]
     n_slots = n_inst * cap
     # per-request state
