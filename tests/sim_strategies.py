@@ -57,7 +57,7 @@ def sim_configs(draw: st.DrawFn, block_tokens: int) -> SimConfig:
     """Small pools (HBM pressure and rejections), small budgets (chunking), every router."""
     return SimConfig(
         n_instances=draw(st.integers(1, 4)),
-        capacity_blocks=draw(st.integers(1, 40)),
+        capacity_blocks=draw(st.one_of(st.integers(1, 12), st.integers(12, 80))),
         block_tokens=block_tokens,
         token_budget=draw(st.sampled_from([1, 2, 3, 8, 16, 64, 4096])),
         max_seqs=draw(st.integers(1, 5)),
