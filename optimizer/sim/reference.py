@@ -223,7 +223,7 @@ def simulate_reference(
         hits_out[req.idx] = h
         return True
 
-    def start(k: int, inst: Instance, t: float) -> None:
+    def start(inst: Instance, t: float) -> None:
         nonlocal n_iter
         budget = cfg.token_budget
         sched: list[tuple[Request, int]] = []
@@ -312,9 +312,9 @@ def simulate_reference(
             k = route(req)
             inst_of[req.idx] = k
             instances[k].waiting.append(req)
-        for k, inst in enumerate(instances):
+        for inst in instances:
             if inst.busy_until is None and (inst.running or inst.waiting):
-                start(k, inst, now)
+                start(inst, now)
 
     return RawResult(
         first_token_s=first,
