@@ -19,6 +19,7 @@ from optimizer.trace.blocked import BlockedTrace
 # refuse sizes whose touched pages could exhaust memory. Slot counts stay far inside int32.
 MAX_MAP_ENTRIES = 1 << 31
 MAX_SLOTS = 1 << 30
+MAX_SEQS = 1 << 20  # per-instance running-request tables are n_instances x max_seqs
 
 
 def total_blocks(trace: BlockedTrace, block_tokens: int) -> np.ndarray:
@@ -41,6 +42,8 @@ def simulate_engine(
         raise ValueError("n_instances, capacity_blocks and max_seqs must be >= 1")
     if cfg.token_budget < 1 or cfg.router not in (0, 1, 2) or cfg.affinity_overload < 0:
         raise ValueError("token_budget >= 1, router in 0..2, affinity_overload >= 0 required")
+    if cfg.max_seqs > MAX_SEQS:
+        raise InputError(f"max_num_seqs {cfg.max_seqs} is above the supported {MAX_SEQS}")
     if cfg.n_instances * n_blocks > MAX_MAP_ENTRIES:
         raise InputError(
             f"{cfg.n_instances} instances x {n_blocks:,} distinct blocks is too large a cache "
