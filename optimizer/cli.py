@@ -68,6 +68,105 @@ def trace() -> None:
     """Import, synthesise and inspect request traces."""
 
 
+@main.command("replay")
+@click.option(
+    "--trace",
+    "trace_path",
+    required=True,
+    type=click.Path(dir_okay=False),
+    help="Request trace (.parquet or .arrow).",
+)
+@click.option(
+    "--hardware",
+    default=None,
+    help="Hardware profile name or TOML path [default: the policy's, else h100-node].",
+)
+@click.option(
+    "--model",
+    default=None,
+    help="Model profile name or TOML path [default: the policy's, else Llama-3.1-8B].",
+)
+@click.option(
+    "--policy",
+    "policy_path",
+    default=None,
+    type=click.Path(dir_okay=False),
+    help="Policy TOML file [default: vLLM-like defaults, HBM prefix cache].",
+)
+@click.option(
+    "--block-tokens",
+    "-B",
+    type=int,
+    default=None,
+    help="KV block size in tokens [default: the policy's, 16].",
+)
+@click.option(
+    "--rate-scale",
+    type=float,
+    default=1.0,
+    show_default=True,
+    help="Replay arrivals this many times as fast.",
+)
+@click.option(
+    "--engine",
+    type=click.Choice(["numba", "reference"]),
+    default="numba",
+    show_default=True,
+    help="Simulator implementation (same results).",
+)
+@click.option("--json", "as_json", is_flag=True, help="Print the metrics as one JSON object.")
+def replay_cmd(
+    trace_path: str,
+    hardware: str | None,
+    model: str | None,
+    policy_path: str | None,
+    block_tokens: int | None,
+    rate_scale: float,
+    engine: str,
+    as_json: bool,
+) -> None:
+    """Replay a trace through the serving simulator and print latency, throughput and cost."""
+    from optimizer.sim.replay import prepare, replay
+
+    setup = prepare(
+        trace_path,
+        hardware=hardware,
+        model=model,
+        policy_path=policy_path,
+        block_tokens=block_tokens,
+        rate_scale=rate_scale,
+    )
+    metrics = replay(setup, engine=engine)
+    if as_json:
+        click.echo(metrics.to_json(indent=2))
+        return
+    _print_metrics(trace_path, setup, metrics)
+
+
+def _print_metrics(path: str, setup: Any, m: Any) -> None:
+    cfg = f"{setup.hardware.name}, {setup.model.name}, B={setup.policy.block_tokens}, "
+    cfg += f"{m.instances} instances, {setup.policy.serving.routing}"
+    table = Table(title=f"{path} ({cfg})", title_justify="left", show_header=False)
+    table.add_column("metric", style="bold")
+    table.add_column("value", justify="right")
+    table.add_row("requests served / rejected", f"{m.n_served:,} / {m.n_rejected:,}")
+    table.add_row(
+        "TTFT mean / p50 / p90", f"{m.ttft_mean_s:.3f} / {m.ttft_p50_s:.3f} / {m.ttft_p90_s:.3f} s"
+    )
+    table.add_row("TTFT p99 / p99.9", f"{m.ttft_p99_s:.3f} / {m.ttft_p999_s:.3f} s")
+    table.add_row("TPOT mean / p99", f"{m.tpot_mean_s * 1e3:.2f} / {m.tpot_p99_s * 1e3:.2f} ms")
+    table.add_row("end-to-end mean", f"{m.e2e_mean_s:.3f} s")
+    table.add_row("throughput", f"{m.throughput_rps:.2f} req/s, {m.throughput_tps:,.0f} tok/s")
+    table.add_row("HBM prefix hit ratio (tokens)", f"{m.hit_ratio_tokens['hbm']:.1%}")
+    table.add_row("prefill tokens saved", f"{m.prefill_tokens_saved:,}")
+    table.add_row("GPU busy", f"{m.gpu_busy_fraction:.1%}")
+    table.add_row("cost", f"${m.cost_per_hour:,.2f}/h, ${m.cost_per_mtok:.4f} per 1M tokens")
+    table.add_row("simulated span / iterations", f"{m.duration_s:,.1f} s / {m.n_iterations:,}")
+    if m.slo_met is not None:
+        table.add_row("SLO met / attainment", f"{m.slo_met} / {m.slo_attainment:.1%}")
+    Console().print(table)
+
+
 def _knob_options(command: Callable[..., Any]) -> Callable[..., Any]:
     """Add one click option per synthesis knob, generated from the knob dataclasses."""
     from optimizer.trace.synth.knobs import knob_specs, option_name
