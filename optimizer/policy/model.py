@@ -7,8 +7,9 @@ A policy is nested so that later parts can extend it without reshaping it: servi
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
+from typing import Any
 
 from optimizer.toml_fields import Table, read_toml
 
@@ -92,7 +93,31 @@ class Policy:
 def load_policy(path: str | Path) -> Policy:
     """Read and validate a policy TOML file; bad content raises :class:`InputError`."""
     path = Path(path)
-    t = Table(read_toml(path), str(path))
+    return policy_from_dict(read_toml(path), str(path))
+
+
+def policy_to_dict(policy: Policy) -> dict[str, Any]:
+    """The policy as the plain dict a policy file holds (``policy_from_dict`` inverts it)."""
+    data: dict[str, Any] = {
+        "format": POLICY_FORMAT,
+        "block_tokens": policy.block_tokens,
+        "kv_dtype": policy.kv_dtype,
+    }
+    if policy.hardware is not None:
+        data["hardware"] = policy.hardware
+    if policy.model is not None:
+        data["model"] = policy.model
+    serving = {k: v for k, v in asdict(policy.serving).items() if v is not None}
+    data["serving"] = serving
+    data["tiers"] = [{k: v for k, v in asdict(t).items() if v is not None} for t in policy.tiers]
+    if policy.slo is not None and not policy.slo.is_empty():
+        data["slo"] = {k: v for k, v in asdict(policy.slo).items() if v is not None}
+    return data
+
+
+def policy_from_dict(data: dict[str, Any], source: str = "<policy>") -> Policy:
+    """Validate a policy given as a plain dict (a parsed file, or an optimizer's overlay)."""
+    t = Table(data, source)
     fmt = t.string("format", POLICY_FORMAT)
     if fmt != POLICY_FORMAT:
         raise t.error("format", f"must be {POLICY_FORMAT!r}, got {fmt!r}")
