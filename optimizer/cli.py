@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import sys
 import warnings
+from collections.abc import Callable
 from typing import Any
 
 import click
@@ -23,16 +24,45 @@ def _one_line_warning(message, category, filename, lineno, file=None, line=None)
     click.echo(f"warning: {' '.join(str(message).split())}", err=True)
 
 
-class KvtierGroup(click.Group):
-    """A click group whose commands report bad input as one line and exit code 2."""
+class OneLineErrors:
+    """Mixin for click commands and groups: bad input as one line and exit code 2.
+
+    Click's own usage errors (an unknown option, a value of the wrong type) get the same
+    treatment as :class:`InputError`: one line on stderr, exit code 2, no usage block.
+    """
+
+    def main(self, *args: Any, **kwargs: Any) -> Any:
+        if not kwargs.get("standalone_mode", True):
+            return super().main(*args, **kwargs)  # type: ignore[misc]
+        try:
+            result = super().main(*args, standalone_mode=False, **kwargs)  # type: ignore[misc]
+        except click.UsageError as err:
+            hint = f" (see '{err.ctx.command_path} --help')" if err.ctx is not None else ""
+            click.echo(f"error: {' '.join(err.format_message().split())}{hint}", err=True)
+            sys.exit(2)
+        except click.ClickException as err:
+            click.echo(f"error: {' '.join(err.format_message().split())}", err=True)
+            sys.exit(err.exit_code)
+        except click.Abort:
+            click.echo("aborted", err=True)
+            sys.exit(130)
+        sys.exit(result if isinstance(result, int) else 0)
 
     def invoke(self, ctx: click.Context) -> Any:
         warnings.showwarning = _one_line_warning
         try:
-            return super().invoke(ctx)
+            return super().invoke(ctx)  # type: ignore[misc]
         except InputError as err:
             click.echo(f"error: {err}", err=True)
             sys.exit(2)
+
+
+class KvtierGroup(OneLineErrors, click.Group):
+    """The ``kvtier`` group and its subgroups."""
+
+
+class KvtierCommand(OneLineErrors, click.Command):
+    """A stand-alone console script (``optimize``)."""
 
 
 @click.group(cls=KvtierGroup)
@@ -44,6 +74,212 @@ def main() -> None:
 @main.group(cls=KvtierGroup)
 def trace() -> None:
     """Import, synthesise and inspect request traces."""
+
+
+@main.command("replay")
+@click.option(
+    "--trace",
+    "trace_path",
+    required=True,
+    type=click.Path(dir_okay=False),
+    help="Request trace (.parquet or .arrow).",
+)
+@click.option(
+    "--hardware",
+    default=None,
+    help="Hardware profile name or TOML path [default: the policy's, else h100-node].",
+)
+@click.option(
+    "--model",
+    default=None,
+    help="Model profile name or TOML path [default: the policy's, else Llama-3.1-8B].",
+)
+@click.option(
+    "--policy",
+    "policy_path",
+    default=None,
+    type=click.Path(dir_okay=False),
+    help="Policy TOML file [default: vLLM-like defaults, HBM prefix cache].",
+)
+@click.option(
+    "--block-tokens",
+    "-B",
+    type=int,
+    default=None,
+    help="KV block size in tokens [default: the policy's, 16].",
+)
+@click.option(
+    "--rate-scale",
+    type=float,
+    default=None,
+    help="Replay arrivals this many times as fast [default: the policy file's load, else 1].",
+)
+@click.option(
+    "--engine",
+    type=click.Choice(["numba", "reference"]),
+    default="numba",
+    show_default=True,
+    help="Simulator implementation (same results).",
+)
+@click.option("--json", "as_json", is_flag=True, help="Print the metrics as one JSON object.")
+def replay_cmd(
+    trace_path: str,
+    hardware: str | None,
+    model: str | None,
+    policy_path: str | None,
+    block_tokens: int | None,
+    rate_scale: float | None,
+    engine: str,
+    as_json: bool,
+) -> None:
+    """Replay a trace through the serving simulator and print latency, throughput and cost."""
+    from optimizer.sim.replay import prepare, replay
+
+    if rate_scale is None:
+        rate_scale = 1.0
+        if policy_path is not None:
+            from optimizer.policy.file import read_policy_file
+
+            rate_scale = read_policy_file(policy_path).rate_scale
+    setup = prepare(
+        trace_path,
+        hardware=hardware,
+        model=model,
+        policy_path=policy_path,
+        block_tokens=block_tokens,
+        rate_scale=rate_scale,
+    )
+    metrics = replay(setup, engine=engine)
+    if as_json:
+        click.echo(metrics.to_json(indent=2))
+        return
+    _print_metrics(trace_path, setup, metrics)
+
+
+def _print_metrics(path: str, setup: Any, m: Any) -> None:
+    cfg = f"{setup.hardware.name}, {setup.model.name}, B={setup.policy.block_tokens}, "
+    cfg += f"{m.instances} instances, {setup.policy.serving.routing}"
+    table = Table(title=f"{path} ({cfg})", title_justify="left", show_header=False)
+    table.add_column("metric", style="bold")
+    table.add_column("value", justify="right")
+    table.add_row("requests served / rejected", f"{m.n_served:,} / {m.n_rejected:,}")
+    table.add_row(
+        "TTFT mean / p50 / p90", f"{m.ttft_mean_s:.3f} / {m.ttft_p50_s:.3f} / {m.ttft_p90_s:.3f} s"
+    )
+    table.add_row("TTFT p99 / p99.9", f"{m.ttft_p99_s:.3f} / {m.ttft_p999_s:.3f} s")
+    table.add_row("TPOT mean / p99", f"{m.tpot_mean_s * 1e3:.2f} / {m.tpot_p99_s * 1e3:.2f} ms")
+    table.add_row("end-to-end mean", f"{m.e2e_mean_s:.3f} s")
+    table.add_row("throughput", f"{m.throughput_rps:.2f} req/s, {m.throughput_tps:,.0f} tok/s")
+    table.add_row("HBM prefix hit ratio (tokens)", f"{m.hit_ratio_tokens['hbm']:.1%}")
+    table.add_row("prefill tokens saved", f"{m.prefill_tokens_saved:,}")
+    table.add_row("GPU busy", f"{m.gpu_busy_fraction:.1%}")
+    table.add_row("cost", f"${m.cost_per_hour:,.2f}/h, ${m.cost_per_mtok:.4f} per 1M tokens")
+    table.add_row("simulated span / iterations", f"{m.duration_s:,.1f} s / {m.n_iterations:,}")
+    if m.slo_met is not None:
+        table.add_row("SLO met / attainment", f"{m.slo_met} / {m.slo_attainment:.1%}")
+    Console().print(table)
+
+
+def _knob_options(command: Callable[..., Any]) -> Callable[..., Any]:
+    """Add one click option per synthesis knob, generated from the knob dataclasses."""
+    from optimizer.trace.synth.knobs import knob_specs, option_name
+
+    types = {"int": int, "float": float, "str": str}
+    for spec in reversed(knob_specs()):
+        if spec.kind_of_value == "bool":
+            option = click.option(option_name(spec.name), spec.name, is_flag=True, default=None)
+        else:
+            option = click.option(
+                option_name(spec.name), spec.name, type=types[spec.kind_of_value], default=None
+            )
+        command = option(command)
+        command.__click_params__[-1].help = spec.help  # type: ignore[attr-defined]
+    return command
+
+
+@trace.command("synth")
+@click.argument("kind", metavar="chat|rag|agent|short")
+@click.option("-o", "--output", required=True, help="trace file to write (.parquet or .arrow)")
+@click.option("--requests", type=int, default=None, help="requests per pass (default 1000)")
+@click.option("--duration", type=float, default=None, help="seconds of arrivals per pass")
+@click.option("--rate", type=float, default=1.0, show_default=True, help="requests per second")
+@click.option(
+    "--arrivals",
+    default="poisson",
+    show_default=True,
+    help="poisson, or gamma (inter-arrival coefficient of variation = --burstiness)",
+)
+@click.option(
+    "--burstiness",
+    type=float,
+    default=1.0,
+    show_default=True,
+    help="coefficient of variation of inter-arrival times (gamma arrivals)",
+)
+@click.option("--seed", type=int, default=0, show_default=True, help="random seed")
+@click.option(
+    "--block-tokens", type=int, default=16, show_default=True, help="native hash granularity G"
+)
+@click.option(
+    "--passes", type=int, default=1, show_default=True, help="replay the requests this many times"
+)
+@click.option(
+    "--pass-gap",
+    type=float,
+    default=60.0,
+    show_default=True,
+    help="seconds between the last arrival of a pass and the next pass",
+)
+@click.option("--json", "as_json", is_flag=True, help="Print a JSON summary instead of a line.")
+@_knob_options
+def trace_synth(
+    kind: str,
+    output: str,
+    requests: int | None,
+    duration: float | None,
+    rate: float,
+    arrivals: str,
+    burstiness: float,
+    seed: int,
+    block_tokens: int,
+    passes: int,
+    pass_gap: float,
+    as_json: bool,
+    **knobs: Any,
+) -> None:
+    """Write a synthetic trace of KIND: chat, rag, agent or short (see docs/workloads.md)."""
+    from optimizer.trace.io import write_trace
+    from optimizer.trace.synth import synthesize
+    from optimizer.trace.synth.core import META_PARAMS
+
+    result = synthesize(
+        kind,
+        requests=requests,
+        duration=duration,
+        rate=rate,
+        arrivals=arrivals,
+        burstiness=burstiness,
+        seed=seed,
+        block_tokens=block_tokens,
+        passes=passes,
+        pass_gap_s=pass_gap,
+        **knobs,
+    )
+    write_trace(result, output)
+    if as_json:
+        summary = {
+            "path": output,
+            "kind": kind,
+            "requests": result.n_requests,
+            "duration_s": result.duration_s,
+            "block_tokens": result.block_tokens,
+            "params": json.loads(result.metadata[META_PARAMS]),
+        }
+        click.echo(json.dumps(summary, indent=2))
+    else:
+        click.echo(
+            f"wrote {result.n_requests} {kind} requests over {result.duration_s:.1f} s to {output}"
+        )
 
 
 @trace.command("import")
@@ -258,6 +494,186 @@ def trace_mrc_cmd(
     Console().print(table)
     if plot_path is not None:
         click.echo(f"wrote {plot_path}")
+
+
+def _optimize_options(command: Callable[..., Any]) -> Callable[..., Any]:
+    options = [
+        click.option(
+            "--trace",
+            "trace_path",
+            required=True,
+            type=click.Path(dir_okay=False),
+            help="Request trace (request-trace/1: .parquet or .arrow).",
+        ),
+        click.option(
+            "--hardware",
+            default=None,
+            help="Hardware profile name or TOML path [default: h100-node].",
+        ),
+        click.option(
+            "--model", default=None, help="Model profile name or TOML path [default: Llama-3.1-8B]."
+        ),
+        click.option(
+            "--space",
+            default="default",
+            show_default=True,
+            help="Search space: a name in policies/spaces or a TOML path.",
+        ),
+        click.option(
+            "--pin",
+            "pins",
+            multiple=True,
+            metavar="NAME=VALUE",
+            help="Fix a parameter, e.g. --pin block_tokens=64 (repeatable).",
+        ),
+        click.option(
+            "--slo",
+            "slo_text",
+            default=None,
+            help="Constraints in seconds, e.g. ttft_p99=5,ttft_mean=2,tpot_p99=0.1 "
+            "[default: ttft_p99=2,tpot_p99=0.1].",
+        ),
+        click.option(
+            "--load",
+            type=click.Choice(["trace", "capacity"]),
+            default="trace",
+            show_default=True,
+            help="trace: serve the trace as recorded; capacity: the largest load "
+            "meeting the SLO, priced at that rate.",
+        ),
+        click.option(
+            "--rate-scale",
+            type=float,
+            default=1.0,
+            show_default=True,
+            help="With --load trace: replay arrivals this many times as fast.",
+        ),
+        click.option(
+            "--trials",
+            "n_trials",
+            type=click.IntRange(min=1),
+            default=60,
+            show_default=True,
+            help="Trials to run (in addition to earlier ones).",
+        ),
+        click.option(
+            "--timeout",
+            type=click.FloatRange(min=0, min_open=True),
+            default=None,
+            help="Stop starting trials after this many seconds.",
+        ),
+        click.option(
+            "--jobs",
+            "n_jobs",
+            type=click.IntRange(min=1),
+            default=1,
+            show_default=True,
+            help="Trials run at once, in threads.",
+        ),
+        click.option("--seed", type=int, default=0, show_default=True, help="Sampler seed."),
+        click.option(
+            "--pareto", is_flag=True, help="NSGA-II on cost and TTFT P99; prints the Pareto front."
+        ),
+        click.option(
+            "--study",
+            "study_name",
+            default=None,
+            help="Study name; running the same name again continues it "
+            "[default: from trace, hardware and model].",
+        ),
+        click.option(
+            "--storage",
+            default=None,
+            help="Optuna storage URL [default: sqlite:///runs/STUDY.db]; "
+            "postgresql://... for many machines.",
+        ),
+        click.option(
+            "--no-warm-start",
+            "warm_start",
+            is_flag=True,
+            flag_value=False,
+            default=True,
+            help="Do not enqueue trials at the miss-ratio curve's knees.",
+        ),
+        click.option(
+            "--out",
+            default=None,
+            type=click.Path(dir_okay=False),
+            help="Policy file to write [default: policies/STUDY.toml].",
+        ),
+        click.option("--json", "as_json", is_flag=True, help="Print the result as JSON."),
+    ]
+    for option in reversed(options):
+        command = option(command)
+    return command
+
+
+def _run_optimize(**kwargs: Any) -> None:
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from optimizer.search.run import optimize
+    from optimizer.search.space import parse_pin
+
+    as_json = kwargs.pop("as_json")
+    pins = dict(parse_pin(p) for p in kwargs.pop("pins"))
+    n_trials = kwargs["n_trials"]
+    console = Console(stderr=True)
+    progress = Progress(
+        TextColumn("[bold]optimizing"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        TextColumn("{task.fields[best]}"),
+        console=console,
+        disable=as_json or not console.is_terminal,
+    )
+    task = progress.add_task("trials", total=n_trials, best="")
+
+    def on_trial(done: int, best: Any) -> None:
+        text = (
+            f"best ${best.metrics['cost_per_mtok']:.4f}/Mtok" if best else "no feasible trial yet"
+        )
+        progress.update(task, completed=done, best=text)
+
+    try:
+        with progress:
+            result = optimize(pins=pins, on_trial=on_trial, **kwargs)
+    except KeyboardInterrupt:
+        click.echo(
+            "interrupted: finished trials are kept in the study; run the same command again "
+            "(same --study) to continue it",
+            err=True,
+        )
+        sys.exit(130)
+    from optimizer.report.optimize import print_result, result_json
+
+    if as_json:
+        click.echo(json.dumps(result_json(result), indent=2))
+    else:
+        print_result(result, Console())
+    if result.best is None:
+        sys.exit(1)
+
+
+@main.command("optimize")
+@_optimize_options
+def optimize_cmd(**kwargs: Any) -> None:
+    """Find the cheapest policy per token that meets the SLO on a trace; write a policy file."""
+    _run_optimize(**kwargs)
+
+
+@click.command(
+    "optimize",
+    cls=type(
+        "OptimizeCommand",
+        (click.Command,),
+        {"main": KvtierGroup.main, "invoke": KvtierGroup.invoke},
+    ),
+)
+@_optimize_options
+def optimize_main(**kwargs: Any) -> None:
+    """Find the cheapest policy per token that meets the SLO on a trace; write a policy file."""
+    _run_optimize(**kwargs)
 
 
 if __name__ == "__main__":  # pragma: no cover

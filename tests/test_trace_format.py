@@ -228,3 +228,15 @@ def test_hash_arrays_match_table() -> None:
     lists = t.table.column("block_hashes").to_pylist()
     assert offsets.tolist() == np.cumsum([0] + [len(x) for x in lists]).tolist()
     assert hashes.tolist() == [h for x in lists for h in x]
+
+
+def test_click_usage_errors_are_one_line() -> None:
+    assert_one_line_error(
+        run_cli("trace", "synth", "chat", "-o", "x.parquet", "--requests", "abc"),
+        "--requests",
+        "--help",
+    )
+    assert_one_line_error(run_cli("trace", "nosuchcommand"), "No such command")
+    assert_one_line_error(run_cli("trace", "stats"), "TRACE")
+    ok = run_cli("trace", "--help")
+    assert ok.code == 0 and "stats" in ok.stdout

@@ -1,1 +1,30 @@
-"""kvtier.hardware."""
+"""Model, GPU and hardware profiles (TOML in package data) as frozen dataclasses."""
+
+from __future__ import annotations
+
+from optimizer.hardware.loader import builtin_names, load_gpu, load_hardware, load_model
+from optimizer.hardware.types import (
+    GB,
+    KV_DTYPE_BYTES,
+    MLA,
+    Efficiency,
+    GPUProfile,
+    Hardware,
+    ModelProfile,
+    Topology,
+)
+
+__all__ = [
+    "GB",
+    "KV_DTYPE_BYTES",
+    "MLA",
+    "Efficiency",
+    "GPUProfile",
+    "Hardware",
+    "ModelProfile",
+    "Topology",
+    "builtin_names",
+    "load_gpu",
+    "load_hardware",
+    "load_model",
+]

@@ -1,1 +1,78 @@
-"""kvtier.sim."""
+"""The serving simulator: a pure-Python reference and a numba engine with one semantics.
+
+``simulate(blocked_trace, hardware, model, policy)`` replays a trace on the deployment and
+returns :class:`Metrics`. ``engine="reference"`` runs the executable specification
+(:mod:`optimizer.sim.reference`), ``engine="numba"`` the fast kernel; both give identical
+metrics on every trace.
+"""
+
+from __future__ import annotations
+
+from optimizer.errors import InputError
+from optimizer.hardware.types import Hardware, ModelProfile
+from optimizer.policy.model import SLO, Policy
+from optimizer.sim.config import SimConfig, build_config
+from optimizer.sim.engine import simulate_engine
+from optimizer.sim.metrics import Metrics, compute_metrics
+from optimizer.sim.reference import simulate_reference
+from optimizer.sim.result import RawResult, SloCheck
+from optimizer.trace.blocked import BlockedTrace
+
+ENGINES = ("numba", "reference")
+
+__all__ = [
+    "ENGINES",
+    "Metrics",
+    "RawResult",
+    "SimConfig",
+    "SloCheck",
+    "build_config",
+    "compute_metrics",
+    "simulate",
+    "simulate_raw",
+]
+
+
+def simulate_raw(
+    trace: BlockedTrace,
+    cfg: SimConfig,
+    *,
+    engine: str = "numba",
+    slo: SLO | None = None,
+    stop_early: bool = False,
+    check_invariants: bool = False,
+) -> RawResult:
+    """Per-request times from one engine; ``stop_early`` acts only with a non-empty ``slo``."""
+    use_slo = stop_early and slo is not None and not slo.is_empty()
+    check = SloCheck.from_slo(slo) if use_slo else None
+    if engine == "numba":
+        return simulate_engine(trace, cfg, slo=check)
+    if engine == "reference":
+        return simulate_reference(trace, cfg, slo=check, check_invariants=check_invariants)
+    raise InputError(f"unknown engine {engine!r} (choose from {', '.join(ENGINES)})")
+
+
+def simulate(
+    trace: BlockedTrace,
+    hardware: Hardware,
+    model: ModelProfile,
+    policy: Policy,
+    *,
+    engine: str = "numba",
+    slo: SLO | None = None,
+    stop_early: bool = False,
+) -> Metrics:
+    """Replay ``trace`` on ``hardware`` serving ``model`` under ``policy``.
+
+    ``slo`` defaults to the policy's. With ``stop_early`` the run ends as soon as that SLO is
+    certainly missed (``Metrics.early_stopped``), which is all an optimizer needs to know.
+    """
+    if trace.block_tokens != policy.block_tokens:
+        raise InputError(
+            f"trace is blocked at B={trace.block_tokens} but the policy says "
+            f"B={policy.block_tokens}"
+        )
+    slo = slo if slo is not None else policy.slo
+    cfg = build_config(hardware, model, policy)
+    raw = simulate_raw(trace, cfg, engine=engine, slo=slo, stop_early=stop_early)
+    return compute_metrics(trace, raw, cost_per_hour=cfg.cost_per_hour, slo=slo, engine=engine)

@@ -59,9 +59,15 @@ def prefix_hits(blocked: BlockedTrace) -> np.ndarray:
 
 
 def peak_rate(arrival_s: np.ndarray, window_s: float = PEAK_WINDOW_S) -> float:
-    """Largest number of arrivals in any ``window_s`` window starting at an arrival, per second."""
+    """Largest number of arrivals in any ``window_s`` window starting at an arrival, per second.
+
+    A trace spanning at most one window is one window: its peak is its mean rate over its span.
+    """
     if len(arrival_s) == 0:
         return 0.0
+    span = float(arrival_s[-1] - arrival_s[0])
+    if 0 < span <= window_s:
+        return len(arrival_s) / span
     ends = np.searchsorted(arrival_s, arrival_s + window_s, side="left")
     return float((ends - np.arange(len(arrival_s))).max() / window_s)
 

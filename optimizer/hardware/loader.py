@@ -1,0 +1,163 @@
+"""Load model, GPU and hardware profiles by name or by path.
+
+A name is looked up first in the directories of ``$KVTIER_PROFILE_PATH`` (``:``-separated, each
+holding ``models/``, ``gpus/``, ``hardware/``), then among the built-in profiles shipped in
+``optimizer/hardware/profiles``; so a user's file overrides a built-in one of the same name.
+Anything that ends in ``.toml`` or names an existing file is read as a path. Names match file
+stems case-insensitively (``Llama-3.1-8B`` finds ``llama-3.1-8b.toml``).
+"""
+
+from __future__ import annotations
+
+import os
+from importlib import resources
+from pathlib import Path
+
+from optimizer.errors import InputError
+from optimizer.hardware.types import (
+    GB,
+    MLA,
+    Efficiency,
+    GPUProfile,
+    Hardware,
+    ModelProfile,
+    Topology,
+)
+from optimizer.toml_fields import Table, read_toml
+
+KINDS = ("models", "gpus", "hardware")
+
+
+def _builtin_dir(kind: str) -> Path:
+    return Path(str(resources.files("optimizer.hardware"))) / "profiles" / kind
+
+
+def _search_dirs(kind: str) -> list[Path]:
+    dirs = [Path(p) / kind for p in os.environ.get("KVTIER_PROFILE_PATH", "").split(":") if p]
+    return [*dirs, _builtin_dir(kind)]
+
+
+def builtin_names(kind: str) -> list[str]:
+    """Stems of the built-in profiles of one kind, sorted."""
+    return sorted(p.stem for p in _builtin_dir(kind).glob("*.toml"))
+
+
+def resolve(kind: str, name_or_path: str | Path, *, base: Path | None = None) -> Path:
+    """The file a profile reference points to; :class:`InputError` if there is none."""
+    text = str(name_or_path)
+    candidate = Path(text)
+    if base is not None and not candidate.is_absolute():
+        relative = base / candidate
+        if relative.is_file():
+            return relative
+    if candidate.is_file() or text.endswith(".toml"):
+        if not candidate.is_file():
+            raise InputError(f"{kind} profile file not found", path=text)
+        return candidate
+    stem = text.lower()
+    for directory in _search_dirs(kind):
+        path = directory / f"{stem}.toml"
+        if path.is_file():
+            return path
+    known = ", ".join(builtin_names(kind))
+    raise InputError(f"unknown {kind} profile {text!r} (built-in: {known})")
+
+
+def load_model(name_or_path: str | Path) -> ModelProfile:
+    """A model profile (shape, parameter counts, weight dtype), validated."""
+    path = resolve("models", name_or_path)
+    t = Table(read_toml(path), str(path))
+    mla_table = t.table("mla")
+    mla = None
+    if mla_table is not None:
+        mla = MLA(mla_table.integer("kv_lora_rank"), mla_table.integer("rope_dim"))
+        mla_table.done()
+    params = t.number("params", positive=True)
+    model = ModelProfile(
+        name=t.string("name"),
+        layers=t.integer("layers"),
+        attention_heads=t.integer("attention_heads"),
+        kv_heads=t.integer("kv_heads"),
+        head_dim=t.integer("head_dim"),
+        params=params,
+        active_params=t.number("active_params", positive=True, at_most=params),
+        weight_dtype_bytes=t.number("weight_dtype_bytes", positive=True),
+        mla=mla,
+        source=str(path),
+    )
+    t.done()
+    return model
+
+
+def load_gpu(name_or_path: str | Path, *, base: Path | None = None) -> GPUProfile:
+    """A GPU profile; numbers in the file are GB, GB/s, TFLOPS and $ per hour."""
+    path = resolve("gpus", name_or_path, base=base)
+    t = Table(read_toml(path), str(path))
+    gpu = GPUProfile(
+        name=t.string("name"),
+        hbm_bytes=t.number("hbm_gb", positive=True) * GB,
+        hbm_bw=t.number("hbm_bw_gbps", positive=True) * GB,
+        peak_flops=t.number("bf16_tflops", positive=True) * 1e12,
+        pcie_bw=t.number("pcie_gbps", positive=True) * GB,
+        price_per_hour=t.number("price_per_hour", nonneg=True),
+        source=str(path),
+    )
+    t.done()
+    return gpu
+
+
+def load_hardware(name_or_path: str | Path) -> Hardware:
+    """A hardware profile with its GPU profile resolved (by name, or path relative to the file)."""
+    path = resolve("hardware", name_or_path)
+    t = Table(read_toml(path), str(path))
+    name = t.string("name")
+    gpu_ref = t.string("gpu")
+    try:
+        gpu = load_gpu(gpu_ref, base=path.parent)
+    except InputError as err:
+        raise InputError(f"key 'gpu': {err}", path=str(path)) from None
+    topo = t.table("topology", required=True)
+    eff = t.table("efficiency", required=True)
+    mem = t.table("memory")
+    prices = t.table("prices")
+    assert topo is not None and eff is not None
+    topology = Topology(
+        hosts=topo.integer("hosts"),
+        gpus_per_host=topo.integer("gpus_per_host"),
+        tp=topo.integer("tp"),
+    )
+    topo.done()
+    if topology.gpus % topology.tp:
+        raise InputError(
+            f"key 'topology.tp': {topology.gpus} GPUs do not split into instances of {topology.tp}",
+            path=str(path),
+        )
+    efficiency = Efficiency(
+        mfu=eff.number("mfu", positive=True, at_most=1.0),
+        mbu=eff.number("mbu", positive=True, at_most=1.0),
+        step_overhead_s=eff.number("step_overhead_s", nonneg=True),
+    )
+    eff.done()
+    gmu, reserve = 0.9, 0.0
+    if mem is not None:
+        gmu = mem.number("gpu_memory_utilization", 0.9, positive=True, at_most=1.0)
+        reserve = mem.number("activation_reserve_gb", 0.0, nonneg=True) * GB
+        mem.done()
+    host_fixed = 0.0
+    if prices is not None:
+        host_fixed = prices.number("host_fixed_per_hour", 0.0, nonneg=True)
+        if prices.has("gpu_price_per_hour"):
+            price = prices.number("gpu_price_per_hour", nonneg=True)
+            gpu = GPUProfile(**{**gpu.__dict__, "price_per_hour": price})
+        prices.done()
+    t.done()
+    return Hardware(
+        name=name,
+        gpu=gpu,
+        topology=topology,
+        efficiency=efficiency,
+        gpu_memory_utilization=gmu,
+        activation_reserve_bytes=reserve,
+        host_fixed_per_hour=host_fixed,
+        source=str(path),
+    )

@@ -1,0 +1,125 @@
+"""Frozen dataclasses for model, GPU and hardware profiles, and the KV geometry.
+
+Profiles are data (TOML files with a source for every number); these types are what the rest
+of kvtier sees after :mod:`optimizer.hardware.loader` has validated a file. Sizes are in bytes
+and rates in bytes or FLOPs per second, so the simulator never converts units.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+GB = 1e9  # profiles give decimal gigabytes, as GPU data sheets do
+
+KV_DTYPE_BYTES: dict[str, float] = {"bf16": 2.0, "fp16": 2.0, "fp8": 1.0, "int4": 0.5}
+
+
+@dataclass(frozen=True)
+class MLA:
+    """Multi-head latent attention: one compressed latent plus a RoPE key per token and layer."""
+
+    kv_lora_rank: int
+    rope_dim: int
+
+
+@dataclass(frozen=True)
+class ModelProfile:
+    """Transformer shape and size: what sets KV bytes per token, FLOPs and weight bytes."""
+
+    name: str
+    layers: int
+    attention_heads: int  # query heads, for attention FLOPs
+    kv_heads: int
+    head_dim: int
+    params: float  # total parameters (weights held in HBM)
+    active_params: float  # parameters used per token (MoE: the activated experts)
+    weight_dtype_bytes: float
+    mla: MLA | None = None
+    source: str = ""
+
+    def kv_bytes_per_token(self, kv_dtype: str = "bf16") -> int:
+        """KV-cache bytes per token over all layers (DESIGN.md 4.5).
+
+        ``2 * layers * kv_heads * head_dim * dtype_bytes`` (a K and a V vector per KV head), or
+        for MLA models ``layers * (kv_lora_rank + rope_dim) * dtype_bytes`` (one latent).
+        Rounded up to whole bytes, which only matters for int4.
+        """
+        dtype_bytes = KV_DTYPE_BYTES[kv_dtype]
+        if self.mla is not None:
+            per_layer = self.mla.kv_lora_rank + self.mla.rope_dim
+            return math.ceil(self.layers * per_layer * dtype_bytes)
+        return math.ceil(2 * self.layers * self.kv_heads * self.head_dim * dtype_bytes)
+
+    @property
+    def weight_bytes(self) -> float:
+        """Bytes of all weights of one replica."""
+        return self.params * self.weight_dtype_bytes
+
+
+@dataclass(frozen=True)
+class GPUProfile:
+    """One accelerator's memory, bandwidths, dense BF16 throughput and rental price."""
+
+    name: str
+    hbm_bytes: float
+    hbm_bw: float  # bytes/s
+    peak_flops: float  # dense BF16 FLOP/s
+    pcie_bw: float  # bytes/s, host link of one GPU
+    price_per_hour: float  # $ per GPU-hour
+    source: str = ""
+
+
+@dataclass(frozen=True)
+class Topology:
+    """``hosts x gpus_per_host`` GPUs, cut into instances of ``tp`` GPUs (one replica each)."""
+
+    hosts: int
+    gpus_per_host: int
+    tp: int
+
+    @property
+    def gpus(self) -> int:
+        return self.hosts * self.gpus_per_host
+
+    @property
+    def max_instances(self) -> int:
+        return self.gpus // self.tp
+
+
+@dataclass(frozen=True)
+class Efficiency:
+    """How far below the data sheet a real serving stack runs (DESIGN.md 4.2)."""
+
+    mfu: float  # share of peak FLOPs reached (compute-bound work)
+    mbu: float  # share of peak HBM bandwidth reached (memory-bound work)
+    step_overhead_s: float  # fixed seconds per scheduler iteration
+
+
+@dataclass(frozen=True)
+class Hardware:
+    """A deployment: GPU type, topology, efficiency factors, memory reserve and prices."""
+
+    name: str
+    gpu: GPUProfile
+    topology: Topology
+    efficiency: Efficiency
+    gpu_memory_utilization: float  # share of HBM the serving engine manages
+    activation_reserve_bytes: float  # per GPU, kept for activations
+    host_fixed_per_hour: float  # $ per host-hour for NICs, adapters, switch share
+    source: str = ""
+
+    def kv_capacity_bytes(self, model: ModelProfile) -> float:
+        """HBM bytes left for KV blocks in one instance (``tp`` GPUs): HBM - weights - reserve.
+
+        The weights are split evenly over the instance's GPUs, as tensor parallelism does.
+        """
+        tp = self.topology.tp
+        per_gpu = self.gpu.hbm_bytes * self.gpu_memory_utilization - self.activation_reserve_bytes
+        return tp * per_gpu - model.weight_bytes
+
+    def cost_per_hour(self, instances: int) -> float:
+        """Dollars per hour for ``instances`` replicas: their GPUs plus the hosts they occupy."""
+        gpus = instances * self.topology.tp
+        hosts = -(-gpus // self.topology.gpus_per_host)
+        return gpus * self.gpu.price_per_hour + hosts * self.host_fixed_per_hour

@@ -1,0 +1,260 @@
+"""Search spaces: which policy parameters the optimizer may change, and over what range.
+
+A space is a TOML file (``policies/spaces/*.toml``, format ``kvtier-space/1``):
+
+.. code-block:: toml
+
+    format = "kvtier-space/1"
+    description = "..."
+
+    [params.block_tokens]
+    choices = [16, 64, 256]
+
+    [params."serving.max_num_batched_tokens"]
+    low = 2048
+    high = 16384
+    log = true            # integer when low and high are integers
+
+    [params."tiers.cxl.capacity_gb"]
+    low = 64.0
+    high = 8192.0
+    log = true
+    when = { "tiers.cxl.enabled" = true }   # only sampled when that holds
+
+    [pinned]
+    kv_dtype = "bf16"
+
+Parameter names are dotted paths into the policy file (``optimizer/policy``), so a space can
+name anything a policy can say, and a trial's parameters are a policy overlay. ``pinned``
+fixes values; ``--pin name=value`` on the command line adds to it. Conditional parameters
+(``when``) are sampled only when their condition holds, which Optuna's define-by-run API
+expresses directly.
+"""
+
+from __future__ import annotations
+
+import math
+import tomllib
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from optimizer.errors import InputError
+
+SPACE_FORMAT = "kvtier-space/1"
+SPACES_DIR = Path(__file__).resolve().parents[2] / "policies" / "spaces"
+
+Value = bool | int | float | str
+
+
+@dataclass(frozen=True)
+class Param:
+    """One searchable parameter: a categorical choice or a numeric range."""
+
+    name: str
+    choices: tuple[Value, ...] | None = None
+    low: float | None = None
+    high: float | None = None
+    log: bool = False
+    step: float | None = None
+    integer: bool = False
+    when: tuple[tuple[str, Value], ...] = ()
+
+    def __post_init__(self) -> None:
+        if self.choices is not None:
+            if not self.choices:
+                raise ValueError(f"{self.name}: choices must not be empty")
+            return
+        if self.low is None or self.high is None:
+            raise ValueError(f"{self.name}: needs choices, or low and high")
+        if not self.low <= self.high:
+            raise ValueError(
+                f"{self.name}: low <= high must hold, but got low={self.low}, high={self.high}"
+            )
+        if self.log and self.low <= 0:
+            raise ValueError(f"{self.name}: a log range needs low > 0, got low={self.low}")
+
+    def active(self, values: Mapping[str, Any]) -> bool:
+        return all(values.get(k) == v for k, v in self.when)
+
+    def suggest(self, trial: Any) -> Value:
+        """Ask an Optuna trial for a value."""
+        if self.choices is not None:
+            return trial.suggest_categorical(self.name, list(self.choices))
+        if self.integer:
+            return trial.suggest_int(
+                self.name, int(self.low), int(self.high), log=self.log, step=int(self.step or 1)
+            )
+        return trial.suggest_float(
+            self.name, float(self.low), float(self.high), log=self.log, step=self.step
+        )
+
+    def grid(self) -> list[Value]:
+        """Every value of a discrete parameter (for exhaustive search of small spaces)."""
+        if self.choices is not None:
+            return list(self.choices)
+        if self.integer:
+            if self.log:
+                raise ValueError(f"{self.name}: a log-scaled range has no grid; use choices")
+            return list(range(int(self.low), int(self.high) + 1, int(self.step or 1)))
+        if self.step:
+            n = int(math.floor((self.high - self.low) / self.step + 1e-9))
+            return [self.low + i * self.step for i in range(n + 1)]
+        raise ValueError(f"{self.name}: a continuous range has no grid")
+
+    def check(self, value: Value) -> None:
+        """Refuse a pinned value outside the parameter's domain."""
+        if self.choices is not None:
+            if value not in self.choices:
+                raise ValueError(f"{self.name}: {value!r} is not one of {list(self.choices)}")
+            return
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise ValueError(f"{self.name}: expected a number, got {value!r}")
+        if not self.low <= value <= self.high:
+            raise ValueError(f"{self.name}: {value} is outside [{self.low}, {self.high}]")
+
+
+@dataclass(frozen=True)
+class SearchSpace:
+    """Parameters to search and values pinned; built from TOML, extended by ``--pin``."""
+
+    params: tuple[Param, ...]
+    pinned: dict[str, Value] = field(default_factory=dict)
+    description: str = ""
+    source: str = ""
+
+    def free(self) -> tuple[Param, ...]:
+        return tuple(p for p in self.params if p.name not in self.pinned)
+
+    def suggest(self, trial: Any) -> dict[str, Value]:
+        """All values of one trial: pinned ones, then the free ones whose condition holds."""
+        values: dict[str, Value] = dict(self.pinned)
+        for p in self.free():
+            if p.active(values):
+                values[p.name] = p.suggest(trial)
+        return values
+
+    def with_pins(self, pins: Mapping[str, Value]) -> SearchSpace:
+        known = {p.name: p for p in self.params}
+        for name, value in pins.items():
+            if name in known:
+                try:
+                    known[name].check(value)
+                except ValueError as err:
+                    raise InputError(str(err), column=f"--pin {name}") from None
+        return SearchSpace(self.params, {**self.pinned, **pins}, self.description, self.source)
+
+    def size(self) -> int | None:
+        """Number of points of a fully discrete space without conditions, else None."""
+        total = 1
+        for p in self.free():
+            if p.when:
+                return None
+            try:
+                total *= len(p.grid())
+            except ValueError:
+                return None
+        return total
+
+    def grid(self) -> list[dict[str, Value]]:
+        """Every point of a discrete space (conditions respected)."""
+        points: list[dict[str, Value]] = [dict(self.pinned)]
+        for p in self.free():
+            nxt: list[dict[str, Value]] = []
+            for point in points:
+                if p.active(point):
+                    nxt.extend({**point, p.name: v} for v in p.grid())
+                else:
+                    nxt.append(point)
+            points = nxt
+        return points
+
+
+def _parse_param(name: str, spec: Any, path: str) -> Param:
+    where = f"params.{name}"
+    if not isinstance(spec, dict):
+        raise InputError("must be a table", path=path, column=where)
+    unknown = set(spec) - {"choices", "low", "high", "log", "step", "when"}
+    if unknown:
+        raise InputError(f"unknown key(s) {sorted(unknown)}", path=path, column=where)
+    when = spec.get("when", {})
+    if not isinstance(when, dict):
+        raise InputError("'when' must be a table of name = value", path=path, column=where)
+    try:
+        if "choices" in spec:
+            choices = spec["choices"]
+            if not isinstance(choices, list):
+                raise ValueError("choices must be a list")
+            return Param(name, choices=tuple(choices), when=tuple(when.items()))
+        low, high = spec.get("low"), spec.get("high")
+        for key, v in (("low", low), ("high", high), ("step", spec.get("step"))):
+            if v is not None and (isinstance(v, bool) or not isinstance(v, int | float)):
+                raise ValueError(f"{key} must be a number, got {v!r}")
+        log = spec.get("log", False)
+        if not isinstance(log, bool):
+            raise ValueError(f"log must be true or false, got {log!r}")
+        integer = isinstance(low, int) and isinstance(high, int)
+        return Param(
+            name,
+            low=low,
+            high=high,
+            log=log,
+            step=spec.get("step"),
+            integer=integer,
+            when=tuple(when.items()),
+        )
+    except ValueError as err:
+        raise InputError(str(err), path=path, column=where) from None
+
+
+def load_space(name_or_path: str | Path) -> SearchSpace:
+    """A space by file path, or by name from ``policies/spaces`` (``default``, ...)."""
+    path = Path(name_or_path)
+    if not path.suffix and not path.exists():
+        path = SPACES_DIR / f"{name_or_path}.toml"
+    spath = str(path)
+    try:
+        data = tomllib.loads(path.read_text())
+    except FileNotFoundError:
+        known = sorted(p.stem for p in SPACES_DIR.glob("*.toml"))
+        raise InputError(
+            f"no such search space (built-in: {', '.join(known)})", path=spath
+        ) from None
+    except tomllib.TOMLDecodeError as err:
+        raise InputError(f"invalid TOML: {err}", path=spath) from None
+    except (OSError, UnicodeDecodeError) as err:
+        raise InputError(f"cannot read: {err}", path=spath) from None
+    fmt = data.get("format")
+    if fmt != SPACE_FORMAT:
+        raise InputError(f"must be '{SPACE_FORMAT}', got {fmt!r}", path=spath, column="format")
+    unknown = set(data) - {"format", "description", "params", "pinned"}
+    if unknown:
+        raise InputError(f"unknown key(s) {sorted(unknown)}", path=spath)
+    params_spec = data.get("params", {})
+    if not isinstance(params_spec, dict) or not params_spec:
+        raise InputError("needs at least one [params.NAME] table", path=spath, column="params")
+    params = tuple(_parse_param(k, v, spath) for k, v in params_spec.items())
+    pinned = data.get("pinned", {})
+    if not isinstance(pinned, dict):
+        raise InputError("must be a table", path=spath, column="pinned")
+    space = SearchSpace(params, {}, str(data.get("description", "")), spath)
+    try:
+        return space.with_pins(pinned)
+    except InputError as err:
+        raise InputError(err.message, path=spath, column="pinned." + (err.column or "")) from None
+
+
+def parse_pin(text: str) -> tuple[str, Value]:
+    """``name=value`` from the command line; value parsed as TOML (numbers, booleans) or text."""
+    name, sep, raw = text.partition("=")
+    name, raw = name.strip(), raw.strip()
+    if not sep or not name or not raw:
+        raise InputError(f"--pin takes name=value, got {text!r}", column="--pin")
+    try:
+        value = tomllib.loads(f"v = {raw}")["v"]
+    except tomllib.TOMLDecodeError:
+        value = raw
+    if isinstance(value, list | dict):
+        raise InputError(f"--pin {name}: a single value is needed, got {raw!r}", column="--pin")
+    return name, value

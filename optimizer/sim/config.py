@@ -1,0 +1,98 @@
+"""``SimConfig``: the numbers both simulators run on, derived once from hardware, model, policy.
+
+Both the reference and the numba engine read the same ``SimConfig``, so a profile or policy is
+turned into block counts and rates in exactly one place. Router codes are small integers so the
+jitted engine can branch on them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from optimizer.errors import InputError
+from optimizer.hardware.types import GB, Hardware, ModelProfile
+from optimizer.policy.model import ROUTERS, Policy
+
+ROUTER_CODES = {name: code for code, name in enumerate(ROUTERS)}  # round_robin=0, ...
+
+
+@dataclass(frozen=True)
+class SimConfig:
+    """Integer and float parameters of one replay (see DESIGN.md 4.2 for the formulas)."""
+
+    n_instances: int
+    capacity_blocks: int  # HBM KV blocks per instance
+    block_tokens: int
+    token_budget: int  # max_num_batched_tokens
+    max_seqs: int  # max_num_seqs
+    router: int  # ROUTER_CODES
+    affinity_overload: int
+    # iteration time: max((flops_per_token*tokens + attn_coef*attn) / compute_rate,
+    #                     (weight_bytes + kv_bytes_per_token*kv_tokens) / mem_rate) + overhead
+    flops_per_token: float  # 2 * active params
+    attn_coef: float  # 2 * layers * query heads * head_dim (attn = sum q*(2*ctx + q))
+    compute_rate: float  # tp * peak FLOP/s * MFU
+    weight_bytes: float  # whole replica
+    kv_bytes_per_token: float
+    mem_rate: float  # tp * HBM bytes/s * MBU
+    step_overhead_s: float
+    cost_per_hour: float
+
+    def timing_params(self) -> np.ndarray:
+        """The seven floats of the iteration-time formula, in :func:`iteration_time` order."""
+        return np.array(
+            [
+                self.flops_per_token,
+                self.attn_coef,
+                self.compute_rate,
+                self.weight_bytes,
+                self.kv_bytes_per_token,
+                self.mem_rate,
+                self.step_overhead_s,
+            ],
+            dtype=np.float64,
+        )
+
+
+def build_config(hardware: Hardware, model: ModelProfile, policy: Policy) -> SimConfig:
+    """Derive a :class:`SimConfig`; impossible deployments raise :class:`InputError`."""
+    topo = hardware.topology
+    serving = policy.serving
+    n_inst = serving.instances if serving.instances is not None else topo.max_instances
+    if n_inst > topo.max_instances:
+        raise InputError(
+            f"policy asks for {n_inst} instances but hardware {hardware.name!r} has only "
+            f"{topo.max_instances} (tp={topo.tp})"
+        )
+    kvb = model.kv_bytes_per_token(policy.kv_dtype)
+    block_bytes = policy.block_tokens * kvb
+    hbm_tier = policy.tiers[0]
+    if hbm_tier.capacity_gb is not None:
+        kv_bytes = hbm_tier.capacity_gb * GB
+    else:
+        kv_bytes = hardware.kv_capacity_bytes(model)
+    if kv_bytes < block_bytes:
+        raise InputError(
+            f"model {model.name!r} leaves no room for KV blocks on {hardware.name!r}: "
+            f"{kv_bytes / GB:.1f} GB after weights per instance of tp={topo.tp}"
+        )
+    eff = hardware.efficiency
+    return SimConfig(
+        n_instances=n_inst,
+        capacity_blocks=int(kv_bytes // block_bytes),
+        block_tokens=policy.block_tokens,
+        token_budget=serving.max_num_batched_tokens,
+        max_seqs=serving.max_num_seqs,
+        router=ROUTER_CODES[serving.routing],
+        affinity_overload=serving.affinity_overload,
+        flops_per_token=2.0 * model.active_params,
+        attn_coef=2.0 * model.layers * model.attention_heads * model.head_dim,
+        compute_rate=topo.tp * hardware.gpu.peak_flops * eff.mfu,
+        weight_bytes=model.weight_bytes,
+        kv_bytes_per_token=float(kvb),
+        mem_rate=topo.tp * hardware.gpu.hbm_bw * eff.mbu,
+        step_overhead_s=eff.step_overhead_s,
+        cost_per_hour=hardware.cost_per_hour(n_inst),
+    )

@@ -1,0 +1,107 @@
+"""The numba serving engine: validate and lay out arrays once, then one kernel call.
+
+The kernel (:func:`optimizer.sim.nb.simulate_nb`) does no bounds checks, so everything it
+indexes is checked here: the trace's own invariants come from :class:`BlockedTrace`, the rest
+(dtypes, sizes of the configuration, memory the per-instance maps need) below.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from optimizer.errors import InputError
+from optimizer.sim.config import SimConfig
+from optimizer.sim.nb import simulate_nb
+from optimizer.sim.result import RawResult, SloCheck, end_time
+from optimizer.trace.blocked import BlockedTrace
+
+# The cache map holds one int32 per (instance, block id); it is allocated lazily (calloc), but
+# refuse sizes whose touched pages could exhaust memory. Slot counts stay far inside int32.
+MAX_MAP_ENTRIES = 1 << 31
+MAX_SLOTS = 1 << 30
+MAX_SEQS = 1 << 20  # per-instance running-request tables are n_instances x max_seqs
+
+
+def total_blocks(trace: BlockedTrace, block_tokens: int) -> np.ndarray:
+    """Per request, ``ceil((input + max(output - 1, 0)) / B)`` HBM blocks (int64)."""
+    tokens = trace.input_tokens + np.maximum(trace.output_tokens - 1, 0)
+    return -(-tokens // block_tokens)
+
+
+def simulate_engine(
+    trace: BlockedTrace, cfg: SimConfig, *, slo: SloCheck | None = None
+) -> RawResult:
+    """Replay ``trace`` with the numba kernel; same result as the reference simulator."""
+    if trace.block_tokens != cfg.block_tokens:
+        raise InputError(
+            f"trace is blocked at B={trace.block_tokens} but the policy says B={cfg.block_tokens}"
+        )
+    n = trace.n_requests
+    n_blocks = max(int(trace.n_blocks), 1)
+    if cfg.n_instances < 1 or cfg.capacity_blocks < 1 or cfg.max_seqs < 1:
+        raise ValueError("n_instances, capacity_blocks and max_seqs must be >= 1")
+    if cfg.token_budget < 1 or cfg.router not in (0, 1, 2) or cfg.affinity_overload < 0:
+        raise ValueError("token_budget >= 1, router in 0..2, affinity_overload >= 0 required")
+    if cfg.max_seqs > MAX_SEQS:
+        raise InputError(f"max_num_seqs {cfg.max_seqs} is above the supported {MAX_SEQS}")
+    if cfg.n_instances * n_blocks > MAX_MAP_ENTRIES:
+        raise InputError(
+            f"{cfg.n_instances} instances x {n_blocks:,} distinct blocks is too large a cache "
+            "map; use a larger block size or fewer instances"
+        )
+    if cfg.n_instances * (cfg.capacity_blocks + 1) > MAX_SLOTS:
+        raise InputError(
+            f"{cfg.n_instances} instances x {cfg.capacity_blocks:,} HBM blocks is too many "
+            "slots; use a larger block size"
+        )
+    tparams = cfg.timing_params()
+    if not np.all(np.isfinite(tparams)) or tparams[2] <= 0 or tparams[5] <= 0:
+        raise ValueError("iteration-time parameters must be finite with positive rates")
+    tb = total_blocks(trace, cfg.block_tokens)
+    slo_on = slo is not None
+    thr = slo.thresholds() if slo is not None else np.full(4, np.inf)
+    lim = slo.limits(n) if slo is not None else np.ones(3, dtype=np.int64)
+    first = np.full(n, np.nan)
+    finish = np.full(n, np.nan)
+    hits = np.zeros(n, dtype=np.int64)
+    inst = np.full(n, -1, dtype=np.int64)
+    busy = np.zeros(cfg.n_instances, dtype=np.float64)
+    stats = np.zeros(3, dtype=np.float64)
+    simulate_nb(
+        trace.arrival_s,
+        trace.input_tokens,
+        trace.output_tokens,
+        trace.block_offsets,
+        trace.block_ids,
+        tb,
+        n_blocks,
+        cfg.n_instances,
+        cfg.capacity_blocks,
+        cfg.block_tokens,
+        cfg.token_budget,
+        cfg.max_seqs,
+        cfg.router,
+        cfg.affinity_overload,
+        tparams,
+        slo_on,
+        thr,
+        lim,
+        first,
+        finish,
+        hits,
+        inst,
+        busy,
+        stats,
+        np.zeros(cfg.n_instances * n_blocks, dtype=np.int32),  # calloc: pages zeroed on touch
+    )
+    early = bool(stats[1])
+    return RawResult(
+        first_token_s=first,
+        finish_s=finish,
+        hit_blocks=hits,
+        instance=inst,
+        busy_s=busy,
+        n_iterations=int(stats[0]),
+        early_stopped=early,
+        end_s=end_time(finish, early, stats[2]),
+    )

@@ -1,0 +1,181 @@
+"""``Metrics``: what one replay achieved, computed from a :class:`RawResult`, to and from JSON.
+
+Definitions (DESIGN.md 4.2, 4.6): TTFT = first token - arrival; TPOT = (finish - first token) /
+max(1, output_tokens - 1), over every served request; E2E = finish - arrival. Percentiles are
+``numpy.quantile(x, q, method="linear")`` over served requests. Throughput counts served
+requests and their input + output tokens over the span from the first arrival to the last
+finish. ``cost_per_mtok = cost_per_hour / (tokens per hour / 1e6)``.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import asdict, dataclass, field, fields
+from typing import Any
+
+import numpy as np
+
+from optimizer.policy.model import SLO
+from optimizer.sim.result import RawResult
+from optimizer.trace.blocked import BlockedTrace
+
+
+@dataclass(frozen=True)
+class Metrics:
+    """Latency, throughput, cache and cost figures of one replay."""
+
+    n_requests: int
+    n_served: int  # requests that finished
+    n_rejected: int  # requests larger than an instance's HBM pool
+    ttft_mean_s: float
+    ttft_p50_s: float
+    ttft_p90_s: float
+    ttft_p99_s: float
+    ttft_p999_s: float
+    tpot_mean_s: float
+    tpot_p99_s: float
+    e2e_mean_s: float
+    throughput_rps: float
+    throughput_tps: float
+    hit_ratio_tokens: dict[str, float]  # per tier: prompt tokens served from it / prompt tokens
+    prefill_tokens_saved: int
+    gpu_busy_fraction: float
+    cost_per_hour: float
+    cost_per_mtok: float
+    duration_s: float
+    n_iterations: int
+    instances: int
+    early_stopped: bool = False  # the run stopped once the SLO was certainly missed
+    slo_met: bool | None = None  # None without an SLO
+    slo_attainment: float | None = None  # share of requests meeting every per-request bound
+    engine: str = ""
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    def to_json(self, **kwargs: Any) -> str:
+        return json.dumps(self.to_dict(), allow_nan=True, **kwargs)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Metrics:
+        names = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in data.items() if k in names})
+
+    @classmethod
+    def from_json(cls, text: str) -> Metrics:
+        return cls.from_dict(json.loads(text))
+
+    def same_as(self, other: Metrics) -> bool:
+        """Equality that treats NaN as equal to NaN and ignores the engine name."""
+        a, b = self.to_dict(), other.to_dict()
+        a.pop("engine"), b.pop("engine")
+        return _nan_equal(a, b)
+
+
+def _nan_equal(a: Any, b: Any) -> bool:
+    if isinstance(a, dict) and isinstance(b, dict):
+        return a.keys() == b.keys() and all(_nan_equal(a[k], b[k]) for k in a)
+    if isinstance(a, float) and isinstance(b, float) and math.isnan(a) and math.isnan(b):
+        return True
+    return a == b
+
+
+def _q(x: np.ndarray, q: float) -> float:
+    return float(np.quantile(x, q, method="linear")) if len(x) else math.nan
+
+
+def _mean(x: np.ndarray) -> float:
+    return float(np.mean(x)) if len(x) else math.nan
+
+
+def compute_metrics(
+    trace: BlockedTrace,
+    raw: RawResult,
+    *,
+    cost_per_hour: float,
+    slo: SLO | None = None,
+    engine: str = "",
+) -> Metrics:
+    """Turn per-request times into :class:`Metrics` (the same code for both simulators)."""
+    n = trace.n_requests
+    served = ~np.isnan(raw.finish_s)
+    has_first = ~np.isnan(raw.first_token_s)
+    rejected = raw.instance < 0
+    arrival = trace.arrival_s
+    out = trace.output_tokens
+    inp = trace.input_tokens
+    ttft = raw.first_token_s[has_first] - arrival[has_first]
+    gen = raw.finish_s[served] - raw.first_token_s[served]
+    tpot = gen / np.maximum(1, out[served] - 1)
+    e2e = raw.finish_s[served] - arrival[served]
+    if n and served.any():
+        duration = float(np.max(raw.finish_s[served]) - arrival[0])
+    else:
+        duration = raw.end_s - (float(arrival[0]) if n else 0.0)
+    tokens = int(inp[served].sum() + out[served].sum())
+    n_served = int(served.sum())
+    rps = n_served / duration if duration > 0 else math.nan
+    tps = tokens / duration if duration > 0 else math.nan
+    saved = int(raw.hit_blocks.sum()) * trace.block_tokens
+    admitted_input = int(inp[raw.instance >= 0].sum())
+    hit_ratio = saved / admitted_input if admitted_input else 0.0
+    n_inst = len(raw.busy_s)
+    busy = float(raw.busy_s.sum()) / (n_inst * duration) if duration > 0 and n_inst else math.nan
+    cost_mtok = cost_per_hour / (tps * 3600 / 1e6) if tps and tps > 0 else math.inf
+    metrics = Metrics(
+        n_requests=n,
+        n_served=n_served,
+        n_rejected=int(rejected.sum()),
+        ttft_mean_s=_mean(ttft),
+        ttft_p50_s=_q(ttft, 0.5),
+        ttft_p90_s=_q(ttft, 0.9),
+        ttft_p99_s=_q(ttft, 0.99),
+        ttft_p999_s=_q(ttft, 0.999),
+        tpot_mean_s=_mean(tpot),
+        tpot_p99_s=_q(tpot, 0.99),
+        e2e_mean_s=_mean(e2e),
+        throughput_rps=rps,
+        throughput_tps=tps,
+        hit_ratio_tokens={"hbm": hit_ratio},
+        prefill_tokens_saved=saved,
+        gpu_busy_fraction=busy,
+        cost_per_hour=cost_per_hour,
+        cost_per_mtok=cost_mtok,
+        duration_s=duration,
+        n_iterations=raw.n_iterations,
+        instances=n_inst,
+        early_stopped=raw.early_stopped,
+        engine=engine,
+    )
+    if slo is None or slo.is_empty():
+        return metrics
+    return _with_slo(metrics, slo, raw, trace, ttft_all=raw.first_token_s - arrival)
+
+
+def _with_slo(
+    m: Metrics, slo: SLO, raw: RawResult, trace: BlockedTrace, ttft_all: np.ndarray
+) -> Metrics:
+    """Add ``slo_met`` and ``slo_attainment``; rejected or unfinished requests miss the SLO."""
+    checks = [
+        (slo.ttft_mean_s, m.ttft_mean_s),
+        (slo.ttft_p99_s, m.ttft_p99_s),
+        (slo.ttft_p999_s, m.ttft_p999_s),
+        (slo.tpot_p99_s, m.tpot_p99_s),
+    ]
+    met = (
+        not raw.early_stopped
+        and m.n_served == m.n_requests
+        and all(bound is None or value <= bound for bound, value in checks)
+    )
+    ttft_bounds = [b for b in (slo.ttft_p99_s, slo.ttft_p999_s, slo.ttft_mean_s) if b is not None]
+    ok = ~np.isnan(raw.finish_s)
+    if ttft_bounds:
+        ok &= np.nan_to_num(ttft_all, nan=math.inf) <= min(ttft_bounds)
+    if slo.tpot_p99_s is not None:
+        gen = raw.finish_s - raw.first_token_s
+        tpot = gen / np.maximum(1, trace.output_tokens - 1)
+        ok &= np.nan_to_num(tpot, nan=math.inf) <= slo.tpot_p99_s
+    attainment = float(ok.mean()) if len(ok) else math.nan
+    return Metrics(**{**m.__dict__, "slo_met": met, "slo_attainment": attainment})

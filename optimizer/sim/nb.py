@@ -1,0 +1,397 @@
+"""Numba kernels of the serving simulator: the same rules as :mod:`optimizer.sim.reference`.
+
+Everything is flat arrays indexed by request, instance or global slot (``k * capacity + s``).
+The per-instance prefix-cache map is ``slot_of[k * n_blocks + block]``, holding the slot plus
+one (0 when not cached). The wrapper allocates it with ``numpy.zeros`` (calloc: lazily zeroed
+pages, unlike an allocation inside a kernel, which numba fills eagerly), so a replay pays only
+for the pages its instances touch, not for ``instances x distinct blocks`` entries up front.
+The free queue is a circular doubly linked list with one sentinel per instance at index
+``n_instances * capacity + k``. The kernels do no bounds checks: :mod:`optimizer.sim.engine`
+validates every array before the call. The semantics are in the docstring of
+:mod:`optimizer.sim.reference`.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit
+
+from optimizer.sim.timing import iteration_time
+
+iteration_time_nb = njit(cache=True, nogil=True)(iteration_time)
+
+ROUND_ROBIN, LEAST_LOADED, PREFIX_AFFINITY = 0, 1, 2
+# Fields of a slot record in ``sl`` (int32, 4 per slot, one cache line holds 4 slots): every
+# pool operation on a slot touches one record instead of four arrays.
+PREV, NEXT, REF, BLOCK = 0, 1, 2, 3
+
+
+@njit(cache=True, nogil=True)
+def _remove_nb(sl: np.ndarray, x: int) -> None:
+    p = sl[4 * x + PREV]
+    q = sl[4 * x + NEXT]
+    sl[4 * p + NEXT] = q
+    sl[4 * q + PREV] = p
+
+
+@njit(cache=True, nogil=True)
+def _push_tail_nb(sl: np.ndarray, sent: int, x: int) -> None:
+    p = sl[4 * sent + PREV]
+    sl[4 * p + NEXT] = x
+    sl[4 * x + PREV] = p
+    sl[4 * x + NEXT] = sent
+    sl[4 * sent + PREV] = x
+
+
+@njit(cache=True, nogil=True)
+def _push_head_nb(sl: np.ndarray, sent: int, x: int) -> None:
+    h = sl[4 * sent + NEXT]
+    sl[4 * h + PREV] = x
+    sl[4 * x + NEXT] = h
+    sl[4 * x + PREV] = sent
+    sl[4 * sent + NEXT] = x
+
+
+@njit(cache=True, nogil=True)
+def _lookup_nb(
+    slot_of: np.ndarray, base: int, block_ids: np.ndarray, start: int, cap: int, found: np.ndarray
+) -> int:
+    """Leading blocks of ``block_ids[start:start+cap]`` cached in the map at offset ``base``.
+
+    Their slots go to ``found[0:h]`` (room for the longest prompt), saving a second look-up.
+    """
+    h = 0
+    while h < cap:
+        s1 = slot_of[base + block_ids[start + h]]
+        if s1 == 0:
+            break
+        found[h] = s1 - 1
+        h += 1
+    return h
+
+
+@njit(cache=True, nogil=True)
+def simulate_nb(
+    arrival: np.ndarray,  # f8 (n,)
+    inp: np.ndarray,  # i8 (n,)
+    out: np.ndarray,  # i8 (n,)
+    boff: np.ndarray,  # i8 (n+1,)
+    block_ids: np.ndarray,  # i4 (refs,)
+    total_blocks: np.ndarray,  # i8 (n,)
+    n_blocks: int,  # distinct block ids
+    n_inst: int,
+    cap: int,  # HBM slots per instance
+    B: int,
+    budget_max: int,
+    max_seqs: int,
+    router: int,
+    overload: int,
+    tparams: np.ndarray,  # f8 (7,) iteration_time parameters
+    slo_on: bool,
+    slo_thr: np.ndarray,  # f8 (4,) mean, p99, p999 TTFT bounds, p99 TPOT bound
+    slo_lim: np.ndarray,  # i8 (3,) over-limits for p99, p999, tpot p99
+    first: np.ndarray,  # out f8 (n,) NaN-filled
+    finish: np.ndarray,  # out f8 (n,) NaN-filled
+    hits_out: np.ndarray,  # out i8 (n,)
+    inst_of: np.ndarray,  # out i8 (n,) -1-filled
+    busy_time: np.ndarray,  # out f8 (n_inst,)
+    stats: np.ndarray,  # out f8 (3,): n_iterations, early_stopped, end time
+    slot_of: np.ndarray,  # scratch i4 (n_inst * n_blocks,), all zero
+) -> None:
+    """Replay every request; write per-request times and counters into the output arrays.
+
+    One kernel call runs the whole replay so the event loop never returns to Python; all
+    state is local arrays sized from the inputs, which the wrapper has validated.
+    """
+    n = arrival.shape[0]
+    n_slots = n_inst * cap
+    # per-request state
+    slot_off = np.zeros(n + 1, dtype=np.int64)
+    for i in range(n):
+        slot_off[i + 1] = slot_off[i] + total_blocks[i]
+    slots = np.empty(slot_off[n], dtype=np.int32)
+    kv = np.zeros(n, dtype=np.int64)
+    gen = np.zeros(n, dtype=np.int64)
+    reg = np.zeros(n, dtype=np.int64)
+    qnext = np.full(n, -1, dtype=np.int64)
+    # per-instance state
+    q_head = np.full(n_inst, -1, dtype=np.int64)
+    q_tail = np.full(n_inst, -1, dtype=np.int64)
+    q_len = np.zeros(n_inst, dtype=np.int64)
+    run = np.empty((n_inst, max_seqs), dtype=np.int64)
+    run_len = np.zeros(n_inst, dtype=np.int64)
+    sched_q = np.zeros((n_inst, max_seqs), dtype=np.int64)
+    n_sched = np.zeros(n_inst, dtype=np.int64)
+    busy = np.zeros(n_inst, dtype=np.bool_)
+    busy_until = np.zeros(n_inst, dtype=np.float64)
+    # HBM pools
+    stamp = np.full(n_slots, -1, dtype=np.int64)
+    sl = np.zeros(4 * (n_slots + n_inst), dtype=np.int32)
+    for x in range(n_slots):
+        sl[4 * x + BLOCK] = -1
+    free_len = np.full(n_inst, cap, dtype=np.int64)
+    max_nb = 0
+    for i in range(n):
+        if boff[i + 1] - boff[i] > max_nb:
+            max_nb = boff[i + 1] - boff[i]
+    found = np.empty(max_nb + 1, dtype=np.int32)
+    for k in range(n_inst):
+        sent = n_slots + k
+        sl[4 * sent + PREV] = sent
+        sl[4 * sent + NEXT] = sent
+        for s in range(cap):
+            _push_tail_nb(sl, sent, k * cap + s)
+    # SLO tracking
+    sum_ttft = 0.0
+    over0 = 0
+    over1 = 0
+    over2 = 0
+    n_rej = 0
+    rr = 0
+    nx = 0
+    n_iter = 0
+    early = False
+    now = 0.0
+    stamp_ctr = 0
+
+    while True:
+        t_arr = arrival[nx] if nx < n else np.inf
+        t_end = np.inf
+        for k in range(n_inst):
+            if busy[k] and busy_until[k] < t_end:
+                t_end = busy_until[k]
+        now = t_arr if t_arr < t_end else t_end
+        if now == np.inf:
+            break
+        # ---- iteration ends, instances in index order
+        for k in range(n_inst):
+            if not busy[k] or busy_until[k] != now:
+                continue
+            base = k * n_blocks
+            sent = n_slots + k
+            m = n_sched[k]
+            n_done = 0
+            for pos in range(m):
+                i = run[k, pos]
+                q = sched_q[k, pos]
+                was_prefill = kv[i] < inp[i]
+                kv[i] += q
+                nb = boff[i + 1] - boff[i]
+                full = kv[i] // B
+                if full > nb:
+                    full = nb
+                for j in range(reg[i], full):
+                    b = block_ids[boff[i] + j]
+                    if slot_of[base + b] == 0:
+                        s = slots[slot_off[i] + j]
+                        slot_of[base + b] = s + 1
+                        sl[4 * s + BLOCK] = b
+                if full > reg[i]:
+                    reg[i] = full
+                done = False
+                if was_prefill:
+                    if kv[i] == inp[i]:
+                        gen[i] = 1
+                        first[i] = now
+                        if slo_on:
+                            ttft = now - arrival[i]
+                            sum_ttft += ttft
+                            if ttft > slo_thr[1]:
+                                over0 += 1
+                            if ttft > slo_thr[2]:
+                                over1 += 1
+                        if out[i] <= 1:
+                            done = True
+                else:
+                    gen[i] += 1
+                    if gen[i] >= out[i]:
+                        done = True
+                if done:
+                    finish[i] = now
+                    n_done += 1
+                    if slo_on:
+                        d = out[i] - 1
+                        if d < 1:
+                            d = 1
+                        if (now - first[i]) / d > slo_thr[3]:
+                            over2 += 1
+                    # release slots tail-first
+                    for j in range(slot_off[i + 1] - 1, slot_off[i] - 1, -1):
+                        s = slots[j]
+                        sl[4 * s + REF] -= 1
+                        if sl[4 * s + REF] == 0:
+                            free_len[k] += 1
+                            if sl[4 * s + BLOCK] == -1:
+                                _push_head_nb(sl, sent, s)
+                            else:
+                                _push_tail_nb(sl, sent, s)
+                    run[k, pos] = -1
+            if n_done:
+                w = 0
+                for pos in range(run_len[k]):
+                    if run[k, pos] >= 0:
+                        run[k, w] = run[k, pos]
+                        w += 1
+                run_len[k] = w
+            n_sched[k] = 0
+            busy[k] = False
+        if slo_on and (
+            n_rej > 0
+            or sum_ttft / n > slo_thr[0]
+            or over0 >= slo_lim[0]
+            or over1 >= slo_lim[1]
+            or over2 >= slo_lim[2]
+        ):
+            early = True
+            break
+        # ---- arrivals at this instant, in trace order
+        while nx < n and arrival[nx] == now:
+            i = nx
+            nx += 1
+            if total_blocks[i] > cap:
+                n_rej += 1
+                continue
+            if router == ROUND_ROBIN:
+                k = rr % n_inst
+                rr += 1
+            elif router == LEAST_LOADED:
+                k = 0
+                best_load = q_len[0] + run_len[0]
+                for kk in range(1, n_inst):
+                    ld = q_len[kk] + run_len[kk]
+                    if ld < best_load:
+                        best_load = ld
+                        k = kk
+            else:
+                min_load = q_len[0] + run_len[0]
+                for kk in range(1, n_inst):
+                    ld = q_len[kk] + run_len[kk]
+                    if ld < min_load:
+                        min_load = ld
+                limit = min_load + overload
+                hcap = (inp[i] - 1) // B
+                nb = boff[i + 1] - boff[i]
+                if nb < hcap:
+                    hcap = nb
+                k = -1
+                best_hits = -1
+                best_load = 0
+                for kk in range(n_inst):
+                    ld = q_len[kk] + run_len[kk]
+                    if ld > limit:
+                        continue
+                    h = _lookup_nb(slot_of, kk * n_blocks, block_ids, boff[i], hcap, found)
+                    if h > best_hits or (h == best_hits and ld < best_load):
+                        k = kk
+                        best_hits = h
+                        best_load = ld
+            inst_of[i] = k
+            if q_tail[k] < 0:
+                q_head[k] = i
+            else:
+                qnext[q_tail[k]] = i
+            q_tail[k] = i
+            q_len[k] += 1
+        # ---- idle instances with work start an iteration
+        for k in range(n_inst):
+            if busy[k] or (run_len[k] == 0 and q_len[k] == 0):
+                continue
+            base = k * n_blocks
+            sent = n_slots + k
+            budget = budget_max
+            m = 0
+            for pos in range(run_len[k]):
+                if budget == 0:
+                    break
+                i = run[k, pos]
+                if kv[i] < inp[i]:
+                    q = inp[i] - kv[i]
+                    if q > budget:
+                        q = budget
+                else:
+                    q = 1
+                sched_q[k, pos] = q
+                budget -= q
+                m += 1
+            while budget > 0 and q_len[k] > 0 and run_len[k] < max_seqs:
+                i = q_head[k]
+                nb = boff[i + 1] - boff[i]
+                hcap = (inp[i] - 1) // B
+                if nb < hcap:
+                    hcap = nb
+                h = _lookup_nb(slot_of, base, block_ids, boff[i], hcap, found)
+                need = total_blocks[i] - h
+                stamp_ctr += 1
+                pinned_free = 0
+                for j in range(h):
+                    s = found[j]
+                    if sl[4 * s + REF] == 0 and stamp[s] != stamp_ctr:
+                        stamp[s] = stamp_ctr
+                        pinned_free += 1
+                if need > free_len[k] - pinned_free:
+                    break
+                # admit: pin the hits, allocate the rest
+                so = slot_off[i]
+                for j in range(h):
+                    s = found[j]
+                    if sl[4 * s + REF] == 0:
+                        _remove_nb(sl, s)
+                        free_len[k] -= 1
+                    sl[4 * s + REF] += 1
+                    slots[so + j] = s
+                for j in range(h, total_blocks[i]):
+                    s = sl[4 * sent + NEXT]
+                    _remove_nb(sl, s)
+                    free_len[k] -= 1
+                    old = sl[4 * s + BLOCK]
+                    if old != -1:
+                        slot_of[base + old] = 0
+                        sl[4 * s + BLOCK] = -1
+                    sl[4 * s + REF] = 1
+                    slots[so + j] = s
+                kv[i] = h * B
+                reg[i] = h
+                hits_out[i] = h
+                q_head[k] = qnext[i]
+                if q_head[k] < 0:
+                    q_tail[k] = -1
+                q_len[k] -= 1
+                pos = run_len[k]
+                run[k, pos] = i
+                run_len[k] += 1
+                q = inp[i] - kv[i]
+                if q > budget:
+                    q = budget
+                sched_q[k, pos] = q
+                budget -= q
+                m += 1
+            tokens = 0
+            attn = 0
+            kv_read = 0
+            for pos in range(m):
+                i = run[k, pos]
+                q = sched_q[k, pos]
+                tokens += q
+                attn += q * (2 * kv[i] + q)
+                kv_read += kv[i] + q
+            dt = iteration_time_nb(
+                tokens,
+                attn,
+                kv_read,
+                tparams[0],
+                tparams[1],
+                tparams[2],
+                tparams[3],
+                tparams[4],
+                tparams[5],
+                tparams[6],
+            )
+            n_sched[k] = m
+            busy[k] = True
+            busy_until[k] = now + dt
+            busy_time[k] += dt
+            n_iter += 1
+
+    stats[0] = n_iter
+    stats[1] = 1.0 if early else 0.0
+    stats[2] = now

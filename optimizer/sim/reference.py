@@ -1,0 +1,328 @@
+"""The reference serving simulator: the executable specification of DESIGN.md 4.2 (HBM only).
+
+Plain Python, one object per request and per instance, slow on purpose so that every rule is
+visible. The numba engine (:mod:`optimizer.sim.nb`) must produce *identical* per-request times;
+any change here changes it too, in the same commit. The rules, in the order they apply:
+
+Events. Time advances to the next event: the end of an instance's iteration or an arrival. At
+one instant, iteration ends are processed first (instances in index order), then arrivals (trace
+order), then every idle instance with work starts its next iteration. A busy instance starts its
+next iteration at the end of the current one, so requests that arrive in the same instant join
+the same iteration.
+
+Routing (at arrival). A request whose prompt plus output can never fit an instance's HBM
+(``total_blocks > capacity``) is rejected. Otherwise ``load`` = waiting + running requests:
+``round_robin`` takes instances in turn; ``least_loaded`` the lowest load; ``prefix_affinity``
+the most HBM-resident prefix blocks among instances whose load is at most the minimum load plus
+``affinity_overload``, ties by lower load, then lower index.
+
+HBM (per instance, vLLM's block pool). ``capacity`` slots. A slot holds a cached block id or
+nothing. Unpinned slots wait in one free queue: allocation pops its head (evicting the cached
+block there, if any); a freed slot holding a block id joins the tail, a freed anonymous slot
+the head (vLLM's block_pool.free_blocks). A request frees its slots in reverse order, so its
+tail leaves before its prefix (DESIGN.md 4.3).
+
+Admission (FCFS, at iteration start, after the running requests took their tokens, while
+budget and ``max_num_seqs`` allow). The head of the queue looks up its prefix: the longest run
+of its full blocks from block 0 cached on the instance, capped at ``(input - 1) // B`` blocks
+(vLLM recomputes at least one prompt token). It needs ``total_blocks - hits`` fresh slots, where
+``total_blocks = ceil((input + max(output - 1, 0)) / B)``: the whole prompt and every generated
+token's KV are reserved at admission, so no running request is ever preempted. If the free queue
+(minus the hit slots it holds) is too short, admission stops for this iteration (head-of-line
+blocking, as vLLM). Otherwise the hit slots are pinned and the fresh slots allocated.
+
+Iteration. Running requests in admission order take ``min(remaining prompt, budget)`` prefill
+tokens or one decode token until the budget is spent; then admissions take prefill chunks. Its
+time is :func:`optimizer.sim.timing.iteration_time`. At its end each scheduled request adds its
+tokens to its KV; a full prompt block whose tokens are all computed gets its id registered in
+the instance's cache (unless that id is already cached: then its slot stays anonymous). A
+request whose prompt completes emits its first token at the iteration's end; each decode step
+emits one more; after ``max(output, 1)`` tokens it finishes and frees its slots.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict, deque
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from optimizer.sim.config import SimConfig
+from optimizer.sim.result import RawResult, SloCheck, end_time
+from optimizer.sim.timing import iteration_time
+from optimizer.trace.blocked import BlockedTrace
+
+ROUND_ROBIN, LEAST_LOADED, PREFIX_AFFINITY = 0, 1, 2
+
+
+@dataclass
+class Request:
+    idx: int
+    arrival: float
+    input_tokens: int
+    output_tokens: int
+    blocks: list[int]  # full prompt block ids
+    total_blocks: int
+    kv: int = 0  # tokens whose KV is computed (prefix hits included)
+    generated: int = 0
+    registered: int = 0  # prompt blocks [0, registered) are cached or were offered to the cache
+    slots: list[int] = field(default_factory=list)  # prompt blocks' slots, then anonymous ones
+
+
+class HbmPool:
+    """One instance's KV block slots, its prefix cache map and its free queue."""
+
+    def __init__(self, capacity: int) -> None:
+        self.capacity = capacity
+        self.slot_block = [-1] * capacity
+        self.ref = [0] * capacity
+        self.free: OrderedDict[int, None] = OrderedDict((s, None) for s in range(capacity))
+        self.cached: dict[int, int] = {}  # block id -> slot
+
+    def lookup(self, blocks: list[int], cap: int) -> int:
+        """Number of leading blocks cached here (the reusable prefix), at most ``cap``."""
+        hits = 0
+        while hits < cap and blocks[hits] in self.cached:
+            hits += 1
+        return hits
+
+    def can_admit(self, blocks: list[int], hits: int, need: int) -> bool:
+        """Whether ``need`` fresh slots remain after pinning the ``hits`` cached slots."""
+        pinned_from_free = {self.cached[b] for b in blocks[:hits] if self.ref[self.cached[b]] == 0}
+        return need <= len(self.free) - len(pinned_from_free)
+
+    def pin(self, block: int) -> int:
+        slot = self.cached[block]
+        if self.ref[slot] == 0:
+            del self.free[slot]
+        self.ref[slot] += 1
+        return slot
+
+    def allocate(self) -> int:
+        slot, _ = self.free.popitem(last=False)
+        old = self.slot_block[slot]
+        if old != -1:
+            del self.cached[old]
+            self.slot_block[slot] = -1
+        self.ref[slot] = 1
+        return slot
+
+    def register(self, slot: int, block: int) -> None:
+        if block not in self.cached:
+            self.cached[block] = slot
+            self.slot_block[slot] = block
+
+    def release(self, slots: list[int]) -> None:
+        for slot in reversed(slots):
+            self.ref[slot] -= 1
+            if self.ref[slot] == 0:
+                self.free[slot] = None
+                if self.slot_block[slot] == -1:
+                    self.free.move_to_end(slot, last=False)
+
+    def check(self, running: list[Request]) -> None:
+        """Capacity invariant: pinned + free == capacity, pins match the running requests."""
+        pinned = sum(1 for r in self.ref if r > 0)
+        assert pinned + len(self.free) == self.capacity, "HBM slots lost or double-counted"
+        assert pinned <= self.capacity, "HBM capacity exceeded"
+        assert sum(self.ref) == sum(len(r.slots) for r in running), "pin count mismatch"
+        assert all(len(r.slots) == r.total_blocks for r in running), "footprint not reserved"
+        for block, slot in self.cached.items():
+            assert self.slot_block[slot] == block
+        assert all(self.ref[s] == 0 for s in self.free)
+
+
+class Instance:
+    def __init__(self, capacity: int) -> None:
+        self.pool = HbmPool(capacity)
+        self.waiting: deque[Request] = deque()
+        self.running: list[Request] = []
+        self.busy_until: float | None = None
+        self.scheduled: list[tuple[Request, int]] = []
+        self.busy_time = 0.0
+
+    @property
+    def load(self) -> int:
+        return len(self.waiting) + len(self.running)
+
+
+def total_blocks_of(input_tokens: int, output_tokens: int, block_tokens: int) -> int:
+    """HBM blocks a request holds at its largest: prompt plus every generated token but the last."""
+    tokens = input_tokens + max(output_tokens - 1, 0)
+    return -(-tokens // block_tokens)
+
+
+def simulate_reference(
+    trace: BlockedTrace,
+    cfg: SimConfig,
+    *,
+    slo: SloCheck | None = None,
+    check_invariants: bool = False,
+) -> RawResult:
+    """Replay ``trace``; per-request first-token and finish times (NaN when not reached)."""
+    n = trace.n_requests
+    B = cfg.block_tokens
+    tp = cfg.timing_params()
+    params = [float(x) for x in tp]
+    first = np.full(n, np.nan)
+    finish = np.full(n, np.nan)
+    hits_out = np.zeros(n, dtype=np.int64)
+    inst_of = np.full(n, -1, dtype=np.int64)
+    instances = [Instance(cfg.capacity_blocks) for _ in range(cfg.n_instances)]
+    requests = [
+        Request(
+            idx=i,
+            arrival=float(trace.arrival_s[i]),
+            input_tokens=int(trace.input_tokens[i]),
+            output_tokens=int(trace.output_tokens[i]),
+            blocks=trace.request_blocks(i).tolist(),
+            total_blocks=total_blocks_of(
+                int(trace.input_tokens[i]), int(trace.output_tokens[i]), B
+            ),
+        )
+        for i in range(n)
+    ]
+    tracker = slo.tracker(n) if slo is not None else None
+    rr = 0
+    nxt = 0
+    n_iter = 0
+    early = False
+    now = 0.0
+
+    def route(req: Request) -> int:
+        nonlocal rr
+        if cfg.router == ROUND_ROBIN:
+            k = rr % cfg.n_instances
+            rr += 1
+            return k
+        loads = [inst.load for inst in instances]
+        if cfg.router == LEAST_LOADED:
+            return loads.index(min(loads))
+        limit = min(loads) + cfg.affinity_overload
+        cap = (req.input_tokens - 1) // B
+        best, best_hits, best_load = -1, -1, 0
+        for k, inst in enumerate(instances):
+            if loads[k] > limit:
+                continue
+            h = inst.pool.lookup(req.blocks, min(cap, len(req.blocks)))
+            if h > best_hits or (h == best_hits and loads[k] < best_load):
+                best, best_hits, best_load = k, h, loads[k]
+        return best
+
+    def admit(inst: Instance, req: Request) -> bool:
+        pool = inst.pool
+        cap = min((req.input_tokens - 1) // B, len(req.blocks))
+        h = pool.lookup(req.blocks, cap)
+        need = req.total_blocks - h
+        if not pool.can_admit(req.blocks, h, need):
+            return False
+        req.slots = [pool.pin(b) for b in req.blocks[:h]]
+        req.slots += [pool.allocate() for _ in range(need)]
+        req.kv = h * B
+        req.registered = h
+        hits_out[req.idx] = h
+        return True
+
+    def start(inst: Instance, t: float) -> None:
+        nonlocal n_iter
+        budget = cfg.token_budget
+        sched: list[tuple[Request, int]] = []
+        tokens = attn = kv_read = 0
+        for req in inst.running:
+            if budget == 0:
+                break
+            q = min(req.input_tokens - req.kv, budget) if req.kv < req.input_tokens else 1
+            sched.append((req, q))
+            budget -= q
+        while budget > 0 and inst.waiting and len(inst.running) < cfg.max_seqs:
+            req = inst.waiting[0]
+            if not admit(inst, req):
+                break
+            inst.waiting.popleft()
+            inst.running.append(req)
+            q = min(req.input_tokens - req.kv, budget)
+            sched.append((req, q))
+            budget -= q
+        for req, q in sched:
+            tokens += q
+            attn += q * (2 * req.kv + q)
+            kv_read += req.kv + q
+        dt = iteration_time(tokens, attn, kv_read, *params)
+        inst.scheduled = sched
+        inst.busy_until = t + dt
+        inst.busy_time += dt
+        n_iter += 1
+        if check_invariants:
+            inst.pool.check(inst.running)
+
+    def end(inst: Instance, t: float) -> None:
+        pool = inst.pool
+        done: list[Request] = []
+        for req, q in inst.scheduled:
+            was_prefill = req.kv < req.input_tokens
+            req.kv += q
+            full = min(req.kv // B, len(req.blocks))
+            for j in range(req.registered, full):
+                pool.register(req.slots[j], req.blocks[j])
+            req.registered = max(req.registered, full)
+            if was_prefill:
+                if req.kv == req.input_tokens:
+                    req.generated = 1
+                    first[req.idx] = t
+                    if tracker is not None:
+                        tracker.first_token(t - req.arrival)
+                    if req.output_tokens <= 1:
+                        done.append(req)
+            else:
+                req.generated += 1
+                if req.generated >= req.output_tokens:
+                    done.append(req)
+            if done and done[-1] is req:
+                finish[req.idx] = t
+                if tracker is not None:
+                    tracker.finished(t - first[req.idx], req.output_tokens)
+                pool.release(req.slots)
+        for req in done:
+            inst.running.remove(req)
+        inst.scheduled = []
+        inst.busy_until = None
+        if check_invariants:
+            pool.check(inst.running)
+
+    while True:
+        t_arr = requests[nxt].arrival if nxt < n else np.inf
+        busy = [inst.busy_until for inst in instances if inst.busy_until is not None]
+        t_end = min(busy) if busy else np.inf
+        now = min(t_arr, t_end)
+        if now == np.inf:
+            break
+        for inst in instances:
+            if inst.busy_until is not None and inst.busy_until == now:
+                end(inst, now)
+        if tracker is not None and tracker.missed():
+            early = True
+            break
+        while nxt < n and requests[nxt].arrival == now:
+            req = requests[nxt]
+            nxt += 1
+            if req.total_blocks > cfg.capacity_blocks:
+                if tracker is not None:
+                    tracker.rejected()
+                continue
+            k = route(req)
+            inst_of[req.idx] = k
+            instances[k].waiting.append(req)
+        for inst in instances:
+            if inst.busy_until is None and (inst.running or inst.waiting):
+                start(inst, now)
+
+    return RawResult(
+        first_token_s=first,
+        finish_s=finish,
+        hit_blocks=hits_out,
+        instance=inst_of,
+        busy_s=np.array([inst.busy_time for inst in instances]),
+        n_iterations=n_iter,
+        early_stopped=early,
+        end_s=end_time(finish, early, now),
+    )

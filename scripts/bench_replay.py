@@ -1,0 +1,121 @@
+"""Benchmark the serving simulator on the Mooncake conversation trace.
+
+Measures, for Llama-3.1-8B on the ``h100-node`` profile (8 instances, B=16 by default):
+* cold start: the first replay in a fresh process, once with an empty numba cache (compile)
+  and once with the on-disk cache filled (load);
+* warm replay: median of ``--runs`` replays in one process (mapping excluded, done once);
+* the ratio to the pure-Python reference on the first N requests for each N in ``--samples``
+  (the whole trace included: the reference runs it in well under a minute).
+
+Usage: ``PYTHONPATH=. python scripts/bench_replay.py [--runs 5] [--samples 1000,12031]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import replace
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+TRACE = ROOT / "traces" / "mooncake-conversation.parquet"
+
+COLD = """
+import time
+t0 = time.perf_counter()
+from optimizer.sim.replay import prepare, replay
+setup = prepare({trace!r}, block_tokens={B})
+t1 = time.perf_counter()
+replay(setup)
+t2 = time.perf_counter()
+print(t1 - t0, t2 - t1)
+"""
+
+
+def cold_start(trace: Path, B: int, cache_dir: str | None) -> tuple[float, float]:
+    """(load + map seconds, first replay seconds) in a fresh interpreter."""
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    if cache_dir is not None:
+        env["NUMBA_CACHE_DIR"] = cache_dir
+    out = subprocess.run(
+        [sys.executable, "-c", COLD.format(trace=str(trace), B=B)],
+        env=env,
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout.split()
+    return float(out[-2]), float(out[-1])
+
+
+def timed(fn, runs: int) -> list[float]:
+    times = []
+    for _ in range(runs):
+        t = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t)
+    return times
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--trace", type=Path, default=TRACE)
+    ap.add_argument("--block-tokens", type=int, default=16)
+    ap.add_argument("--runs", type=int, default=5)
+    ap.add_argument("--samples", default="1000,12031")
+    ap.add_argument("--reference-runs", type=int, default=3)
+    args = ap.parse_args()
+
+    sys.path.insert(0, str(ROOT))
+    from optimizer.sim import simulate
+    from optimizer.sim.replay import prepare
+
+    B = args.block_tokens
+    with tempfile.TemporaryDirectory() as empty_cache:
+        map_s, compile_s = cold_start(args.trace, B, empty_cache)
+    _, cached_s = cold_start(args.trace, B, None)
+    _, cached_s = cold_start(args.trace, B, None)  # the first run may have filled the cache
+
+    setup = prepare(str(args.trace), block_tokens=B)
+    tr, hw, model, policy = setup.trace, setup.hardware, setup.model, setup.policy
+    print(
+        f"trace {args.trace.name}: {tr.n_requests:,} requests, {tr.n_block_refs:,} block refs, "
+        f"{tr.n_blocks:,} distinct blocks at B={B}"
+    )
+    print(f"cold start, empty numba cache (compile): {compile_s:.2f} s (load + map {map_s:.2f} s)")
+    print(f"cold start, numba cache on disk:         {cached_s:.2f} s")
+    for routing in ("round_robin", "least_loaded", "prefix_affinity"):
+        pol = replace(policy, serving=replace(policy.serving, routing=routing))
+        m = simulate(tr, hw, model, pol)
+        times = timed(lambda pol=pol: simulate(tr, hw, model, pol), args.runs)
+        print(
+            f"warm replay {routing:15s}: median {statistics.median(times):.3f} s "
+            f"(runs {', '.join(f'{t:.3f}' for t in times)}); {m.n_iterations:,} iterations, "
+            f"TTFT p99 {m.ttft_p99_s:.2f} s, HBM hit {m.hit_ratio_tokens['hbm']:.1%}"
+        )
+
+    pol = replace(policy, serving=replace(policy.serving, routing="prefix_affinity"))
+    for n in (int(x) for x in args.samples.split(",")):
+        sample = tr.head(n)
+        a = simulate(sample, hw, model, pol)
+        fast = timed(lambda sample=sample: simulate(sample, hw, model, pol), args.runs)
+        slow = timed(
+            lambda sample=sample: simulate(sample, hw, model, pol, engine="reference"),
+            args.reference_runs,
+        )
+        b = simulate(sample, hw, model, pol, engine="reference")
+        f, s = statistics.median(fast), statistics.median(slow)
+        print(
+            f"first {sample.n_requests:,} requests ({sample.n_block_refs:,} block refs, "
+            f"{a.n_iterations:,} iterations), prefix_affinity: numba {f:.4f} s, reference "
+            f"{s:.2f} s, ratio {s / f:.0f}x; identical metrics: {a.same_as(b)}",
+            flush=True,
+        )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,159 @@
+"""Hardware, GPU and model profiles: KV geometry, loading by name/path, bad files."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from optimizer.errors import InputError
+from optimizer.hardware import (
+    GB,
+    builtin_names,
+    load_gpu,
+    load_hardware,
+    load_model,
+)
+
+KIB = 1024
+GIB = 1024**3
+
+# REFERENCE.md, "Models (KV bytes per token at BF16)": KiB per token.
+KV_KIB = {
+    "Llama-3.1-8B": 128,
+    "Qwen3-8B": 144,
+    "Qwen3-32B": 256,
+    "Llama-3.1-70B": 320,
+    "Llama-3.1-405B": 504,
+}
+
+
+@pytest.mark.parametrize(("name", "kib"), sorted(KV_KIB.items()))
+def test_kv_bytes_per_token_matches_reference_table(name: str, kib: int) -> None:
+    assert load_model(name).kv_bytes_per_token() == kib * KIB
+
+
+def test_mla_geometry_deepseek_v3() -> None:
+    model = load_model("DeepSeek-V3")
+    # 61 layers x (512 + 64) latent x 2 bytes = 70272 B = 68.625 KiB ("68.6" in REFERENCE.md)
+    assert model.kv_bytes_per_token() == 61 * 576 * 2
+    assert round(model.kv_bytes_per_token() / KIB, 1) == 68.6
+    assert model.kv_bytes_per_token("fp8") == 61 * 576
+
+
+def test_reference_checks_at_128k_context() -> None:
+    assert load_model("Llama-3.1-70B").kv_bytes_per_token() * 131072 == 40 * GIB
+    assert load_model("Llama-3.1-405B").kv_bytes_per_token() * 131072 == 63 * GIB
+
+
+def test_kv_dtype_scales_bytes() -> None:
+    m = load_model("Llama-3.1-8B")
+    assert m.kv_bytes_per_token("fp8") * 2 == m.kv_bytes_per_token("bf16")
+    assert m.kv_bytes_per_token("int4") * 4 == m.kv_bytes_per_token("bf16")
+
+
+def test_every_builtin_profile_loads() -> None:
+    assert len(builtin_names("models")) >= 7
+    assert {"h20", "h100-sxm", "h200", "b200", "l40s"} <= set(builtin_names("gpus"))
+    assert "h100-node" in builtin_names("hardware")
+    for name in builtin_names("models"):
+        load_model(name)
+    for name in builtin_names("gpus"):
+        load_gpu(name)
+    for name in builtin_names("hardware"):
+        hw = load_hardware(name)
+        assert hw.topology.max_instances >= 1
+
+
+def test_h100_node_numbers() -> None:
+    hw = load_hardware("h100-node")
+    assert hw.gpu.hbm_bytes == 80 * GB
+    assert hw.gpu.peak_flops == 989e12
+    assert hw.topology.max_instances == 8
+    model = load_model("llama-3.1-8b")  # names are case-insensitive
+    # 80 GB * 0.9 - 2 GB reserve - 8.03e9 * 2 B of weights
+    assert hw.kv_capacity_bytes(model) == pytest.approx(72e9 - 2e9 - 16.06e9)
+    assert hw.cost_per_hour(8) == pytest.approx(8 * 4.25)
+
+
+def test_every_number_in_builtin_profiles_has_a_source_comment() -> None:
+    root = Path(load_hardware("h100-node").source).parent.parent
+    for path in root.glob("*/*.toml"):
+        for line in path.read_text().splitlines():
+            code = line.split("#", 1)[0]
+            value = code.split("=", 1)[1].strip() if "=" in code else ""
+            if value and value[0] in "0123456789.-":
+                assert "#" in line, f"{path.name}: number without a source: {line!r}"
+
+
+def _write(tmp: Path, rel: str, text: str) -> Path:
+    path = tmp / rel
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+    return path
+
+
+GPU_TOML = """name = "X"
+hbm_gb = 10
+hbm_bw_gbps = 100
+bf16_tflops = 10
+pcie_gbps = 10
+price_per_hour = 1
+"""
+
+
+def test_load_by_path_and_user_override(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    path = _write(tmp_path, "gpus/h100-sxm.toml", GPU_TOML)
+    assert load_gpu(str(path)).hbm_bytes == 10 * GB
+    assert load_gpu("h100-sxm").hbm_bytes == 80 * GB
+    monkeypatch.setenv("KVTIER_PROFILE_PATH", str(tmp_path))
+    assert load_gpu("h100-sxm").hbm_bytes == 10 * GB  # the user's file wins
+    # a hardware profile picks the overridden GPU up by name too
+    assert load_hardware("h100-node").gpu.hbm_bytes == 10 * GB
+
+
+@pytest.mark.parametrize(
+    ("text", "key"),
+    [
+        (GPU_TOML.replace("hbm_gb = 10", "hbm_gb = -1"), "hbm_gb"),
+        (GPU_TOML.replace("hbm_gb = 10", 'hbm_gb = "ten"'), "hbm_gb"),
+        (GPU_TOML.replace("hbm_gb = 10\n", ""), "hbm_gb"),
+        (GPU_TOML + "hbm_gbb = 3\n", "hbm_gbb"),
+    ],
+)
+def test_bad_gpu_file_names_file_and_key(tmp_path: Path, text: str, key: str) -> None:
+    path = _write(tmp_path, "bad.toml", text)
+    with pytest.raises(InputError) as err:
+        load_gpu(str(path))
+    msg = str(err.value)
+    assert str(path) in msg and f"key '{key}'" in msg and "\n" not in msg
+
+
+def test_bad_hardware_keys(tmp_path: Path) -> None:
+    base = Path(load_hardware("h100-node").source).read_text()
+    path = _write(tmp_path, "hw.toml", base.replace("tp = 1", "tp = 3"))
+    with pytest.raises(InputError, match=r"key 'topology.tp'"):
+        load_hardware(str(path))
+    path = _write(tmp_path, "hw2.toml", base.replace("mfu = 0.5", "mfu = 1.5"))
+    with pytest.raises(InputError, match=r"hw2.toml: key 'efficiency.mfu': must be <= 1"):
+        load_hardware(str(path))
+    path = _write(tmp_path, "hw3.toml", base.replace('gpu = "h100-sxm"', 'gpu = "nope"'))
+    with pytest.raises(InputError, match=r"key 'gpu'"):
+        load_hardware(str(path))
+
+
+def test_bad_toml_syntax_and_missing(tmp_path: Path) -> None:
+    path = _write(tmp_path, "m.toml", "name = \n")
+    with pytest.raises(InputError, match="invalid TOML"):
+        load_model(str(path))
+    with pytest.raises(InputError, match="unknown models profile"):
+        load_model("no-such-model")
+    with pytest.raises(InputError, match="not found"):
+        load_model(str(tmp_path / "absent.toml"))
+
+
+def test_model_active_params_cannot_exceed_params(tmp_path: Path) -> None:
+    text = Path(load_model("Qwen3-8B").source).read_text()
+    path = _write(tmp_path, "m.toml", text.replace("active_params = 8.2e9", "active_params = 9e9"))
+    with pytest.raises(InputError, match=r"key 'active_params'"):
+        load_model(str(path))

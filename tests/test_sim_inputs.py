@@ -1,0 +1,64 @@
+"""Inputs the simulator refuses, with errors instead of crashes."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from optimizer.errors import InputError
+from optimizer.hardware import load_hardware, load_model
+from optimizer.policy import Policy
+from optimizer.sim import build_config, simulate, simulate_raw
+from optimizer.trace.blocked import BlockedTrace
+
+TRACE = BlockedTrace.from_lists([0.0, 1.0], [40, 20], [3, 2], [[0, 1], [0]], 16)
+
+
+@pytest.fixture(scope="module")
+def cfg():
+    return build_config(load_hardware("h100-node"), load_model("Llama-3.1-8B"), Policy())
+
+
+def test_block_size_mismatch(cfg) -> None:
+    hw, model = load_hardware("h100-node"), load_model("Llama-3.1-8B")
+    with pytest.raises(InputError, match="B=16 but the policy says B=32"):
+        simulate(TRACE, hw, model, Policy(block_tokens=32))
+    with pytest.raises(InputError, match="blocked at B=16"):
+        simulate_raw(TRACE, replace(cfg, block_tokens=32))
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        {"capacity_blocks": 0},
+        {"n_instances": 0},
+        {"max_seqs": 0},
+        {"token_budget": 0},
+        {"router": 7},
+        {"mem_rate": 0.0},
+        {"compute_rate": float("nan")},
+    ],
+)
+def test_bad_config_never_reaches_the_kernel(cfg, change) -> None:
+    with pytest.raises(ValueError):
+        simulate_raw(TRACE, replace(cfg, **change))
+
+
+def test_model_that_does_not_fit() -> None:
+    with pytest.raises(InputError, match="leaves no room for KV blocks"):
+        build_config(load_hardware("h100-node"), load_model("Llama-3.1-405B"), Policy())
+
+
+def test_unknown_engine(cfg) -> None:
+    with pytest.raises(InputError, match="unknown engine"):
+        simulate_raw(TRACE, cfg, engine="gpu")
+
+
+def test_empty_trace_on_both_engines(cfg) -> None:
+    empty = BlockedTrace.from_lists([], [], [], [], 16)
+    for engine in ("numba", "reference"):
+        m = simulate(
+            empty, load_hardware("h100-node"), load_model("Llama-3.1-8B"), Policy(), engine=engine
+        )
+        assert m.n_requests == 0 and m.n_served == 0 and m.n_iterations == 0
