@@ -662,14 +662,7 @@ def optimize_cmd(**kwargs: Any) -> None:
     _run_optimize(**kwargs)
 
 
-@click.command(
-    "optimize",
-    cls=type(
-        "OptimizeCommand",
-        (click.Command,),
-        {"main": KvtierGroup.main, "invoke": KvtierGroup.invoke},
-    ),
-)
+@click.command("optimize", cls=KvtierCommand)
 @_optimize_options
 def optimize_main(**kwargs: Any) -> None:
     """Find the cheapest policy per token that meets the SLO on a trace; write a policy file."""

@@ -243,3 +243,36 @@ def test_slo_parsing() -> None:
         ttft_mean_s=2.0, ttft_p99_s=5.0, tpot_p99_s=0.1
     )
     assert parse_slo(None).ttft_p99_s is not None
+
+
+def test_optimize_console_script(trace_path, tmp_path) -> None:
+    """The stand-alone `optimize` entry point, in a subprocess, as installed."""
+    import subprocess
+    import sys
+
+    from tests.helpers import REPO
+
+    code = "from optimizer.cli import optimize_main; optimize_main()"
+    base = [
+        sys.executable,
+        "-c",
+        code,
+        "--trace",
+        str(trace_path),
+        "--trials",
+        "3",
+        "--slo",
+        SLO_TEXT,
+        "--storage",
+        f"sqlite:///{tmp_path / 's.db'}",
+        "--out",
+        str(tmp_path / "o.toml"),
+    ]
+    env = {"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin"}
+    ok = subprocess.run(base, capture_output=True, text=True, env=env, cwd=tmp_path)
+    assert ok.returncode == 0, ok.stderr
+    assert "cheaper per token" in ok.stdout or "does not meet" in ok.stdout
+    bad = subprocess.run(
+        [*base, "--jobs", "0"], capture_output=True, text=True, env=env, cwd=tmp_path
+    )
+    assert bad.returncode == 2 and len(bad.stderr.strip().splitlines()) == 1
