@@ -1,0 +1,257 @@
+"""Miss-ratio curves: exact one-pass LRU from stack distances, replay sweeps for the rest.
+
+LRU with demand insertion is a stack algorithm: at capacity ``C`` the resident blocks are the
+top ``C`` of one recency stack, so a block is resident iff its stack distance (distinct blocks
+touched since its last touch, itself included) is ``<= C``. One pass computes every access's
+distance by counting the "latest touch" marks at or after the block's last touch time
+(O(N log N)), then a histogram gives the hits at every capacity at once. The marks are a bitmap
+over touch times with a Fenwick tree over its 64-bit words: 9M touches take 1.1 MB of bits and a
+1.1 MB tree, which stay in cache, where a Fenwick tree over the times themselves took 72 MB.
+
+- Flat semantics: access ``j`` hits at capacity ``C`` iff ``d_j <= C``.
+- Prefix semantics: all distances of a request are taken before its touches; block ``j`` is a
+  prefix hit iff ``max(d_0..d_j) <= C`` (the prefix is contiguous), so the histogram counts the
+  running maximum. Touches then go tail-first, exactly as the replay does.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+from numba import njit
+
+from optimizer.errors import InputError
+from optimizer.sim.cache import enums
+from optimizer.sim.cache.policies import PolicySpec, parse_policy
+from optimizer.sim.cache.replay import replay, warmup_start
+from optimizer.trace.blocked import BlockedTrace
+
+
+@njit(cache=True, nogil=True, _nrt=False)
+def _popcount_nb(x):  # noqa: ANN001, ANN201
+    """Set bits of a uint64 (SWAR)."""
+    x = x - ((x >> np.uint64(1)) & np.uint64(0x5555555555555555))
+    x = (x & np.uint64(0x3333333333333333)) + ((x >> np.uint64(2)) & np.uint64(0x3333333333333333))
+    x = (x + (x >> np.uint64(4))) & np.uint64(0x0F0F0F0F0F0F0F0F)
+    return np.int64((x * np.uint64(0x0101010101010101)) >> np.uint64(56))
+
+
+@njit(cache=True, nogil=True, _nrt=False)
+def _marked_before_nb(bits, tree, t):  # noqa: ANN001, ANN201
+    """Marked touch times ``< t``: Fenwick sum over whole 64-bit words, popcount of the rest."""
+    w = t >> 6
+    s = 0
+    i = w
+    while i > 0:
+        s += tree[i]
+        i -= i & (-i)
+    r = t & 63
+    if r:
+        s += _popcount_nb(bits[w] & ((np.uint64(1) << np.uint64(r)) - np.uint64(1)))
+    return s
+
+
+@njit(cache=True, nogil=True, _nrt=False)
+def _flip_nb(bits, tree, t, v):  # noqa: ANN001, ANN201
+    """Mark (v=1) or unmark (v=-1) touch time ``t``."""
+    w = t >> 6
+    bits[w] ^= np.uint64(1) << np.uint64(t & 63)
+    i = w + 1
+    n = len(tree)
+    while i < n:
+        tree[i] += v
+        i += i & (-i)
+
+
+@njit(cache=True, nogil=True, _nrt=False)
+def _touch_nb(bits, tree, last, b, t):  # noqa: ANN001, ANN201
+    """Block ``b`` touched at time ``t``; returns 1 if it was never touched before."""
+    new = 0
+    if last[b] >= 0:
+        _flip_nb(bits, tree, last[b], -1)
+    else:
+        new = 1
+    _flip_nb(bits, tree, t, 1)
+    last[b] = t
+    return new
+
+
+@njit(cache=True, nogil=True, _nrt=False)
+def lru_stack_hist_nb(offsets, ids, semantics, first_measured, bits, tree, last, hist):  # noqa: ANN001, ANN201
+    """Histogram of hit distances: ``hist[d]`` = measured block lookups that hit iff C >= d.
+
+    ``hist`` has ``n_blocks + 2`` slots; slot ``n_blocks + 1`` collects cold misses. Scratch:
+    ``bits`` (uint64, one bit per touch time, zeroed), ``tree`` (int64 Fenwick tree over the
+    words of ``bits``, zeroed, ``len(bits) + 1``), ``last`` (int64 per block, filled with -1).
+    The distance of a block last touched at ``t`` is the number of marked times ``>= t``.
+    """
+    inf = len(hist) - 1
+    marked = 0
+    t = 0
+    n = len(offsets) - 1
+    for r in range(n):
+        lo = offsets[r]
+        hi = offsets[r + 1]
+        measured = r >= first_measured
+        if semantics == enums.PREFIX:
+            m = 0
+            for j in range(lo, hi):
+                if m < inf:
+                    tb = last[ids[j]]
+                    d = inf if tb < 0 else marked - _marked_before_nb(bits, tree, tb)
+                    if d > m:
+                        m = d
+                # once a cold block is met, the rest of the request misses at every capacity
+                if measured:
+                    hist[m] += 1
+            for j in range(hi - 1, lo - 1, -1):
+                marked += _touch_nb(bits, tree, last, ids[j], t)
+                t += 1
+        else:
+            for j in range(lo, hi):
+                b = ids[j]
+                tb = last[b]
+                d = inf if tb < 0 else marked - _marked_before_nb(bits, tree, tb)
+                if measured:
+                    hist[d] += 1
+                marked += _touch_nb(bits, tree, last, b, t)
+                t += 1
+
+
+@dataclass(frozen=True)
+class MrcPoint:
+    capacity_blocks: int
+    hits: int
+    hit_ratio_blocks: float
+    hit_ratio_tokens: float
+
+
+@dataclass(frozen=True)
+class MrcResult:
+    """A hit-ratio curve of one policy over capacities (blocks)."""
+
+    policy: str
+    flat: bool
+    method: str  # "stack" or "replay"
+    block_tokens: int
+    warmup: float
+    accesses: int  # measured block lookups
+    points: list[MrcPoint] = field(default_factory=list)
+
+    def to_json(self) -> dict[str, object]:
+        return {
+            "policy": self.policy,
+            "semantics": "flat" if self.flat else "prefix",
+            "method": self.method,
+            "block_tokens": self.block_tokens,
+            "warmup": self.warmup,
+            "points": [
+                {
+                    "capacity_blocks": p.capacity_blocks,
+                    "hit_ratio_blocks": p.hit_ratio_blocks,
+                    "hit_ratio_tokens": p.hit_ratio_tokens,
+                }
+                for p in self.points
+            ],
+        }
+
+
+def working_set_blocks(trace: BlockedTrace) -> int:
+    """Distinct block ids the trace references."""
+    if trace.n_block_refs == 0:
+        return 0
+    return int(np.count_nonzero(np.bincount(trace.block_ids, minlength=trace.n_blocks)))
+
+
+def default_capacities(working_set: int, n: int = 20) -> list[int]:
+    """Up to ``n`` log-spaced capacities from 1 block to the working set, distinct, ascending."""
+    if working_set <= 1:
+        return [1]
+    caps = np.unique(np.rint(np.geomspace(1, working_set, n)).astype(np.int64))
+    return [int(c) for c in caps]
+
+
+def _check_capacities(capacities: list[int]) -> list[int]:
+    out: list[int] = []
+    for c in capacities:
+        if isinstance(c, bool) or int(c) != c or c < 0:
+            raise InputError(f"capacities must be integers >= 0 blocks, but got {c!r}")
+        out.append(int(c))
+    if not out:
+        raise InputError("at least one capacity is needed")
+    return out
+
+
+def lru_stack_hits(
+    trace: BlockedTrace, capacities: list[int], *, flat: bool = False, warmup: float = 0.0
+) -> np.ndarray:
+    """Exact LRU hit blocks (measured requests) at each capacity, in one pass."""
+    caps = _check_capacities(capacities)
+    start = warmup_start(trace.n_requests, warmup)
+    hist = np.zeros(trace.n_blocks + 2, dtype=np.int64)
+    semantics = enums.FLAT if flat else enums.PREFIX
+    words = trace.n_block_refs // 64 + 1
+    bits = np.zeros(words, dtype=np.uint64)
+    tree = np.zeros(words + 1, dtype=np.int64)
+    last = np.full(trace.n_blocks, -1, dtype=np.int64)
+    lru_stack_hist_nb(
+        trace.block_offsets, trace.block_ids, semantics, start, bits, tree, last, hist
+    )
+    cum = np.cumsum(hist)
+    return np.array([cum[min(c, trace.n_blocks)] for c in caps], dtype=np.int64)
+
+
+def miss_ratio_curve(
+    trace: BlockedTrace,
+    policy: str | PolicySpec = "lru",
+    capacities: list[int] | None = None,
+    *,
+    flat: bool = False,
+    warmup: float = 0.0,
+    method: str | None = None,
+    cost: np.ndarray | None = None,
+) -> MrcResult:
+    """Hit ratios of ``policy`` at each capacity (default: log-spaced up to the working set).
+
+    ``method="stack"`` (LRU only, the default for LRU) is the exact one-pass curve;
+    ``"replay"`` replays the trace once per capacity.
+    """
+    spec = parse_policy(policy)
+    if method is None:
+        method = "stack" if spec.code == enums.LRU else "replay"
+    if method not in ("stack", "replay"):
+        raise InputError(f"method must be 'stack' or 'replay', but got {method!r}")
+    if method == "stack" and spec.code != enums.LRU:
+        raise InputError(f"method 'stack' is exact for lru only, not {spec.name}; use 'replay'")
+    caps = _check_capacities(
+        capacities if capacities is not None else default_capacities(working_set_blocks(trace))
+    )
+    start = warmup_start(trace.n_requests, warmup)
+    accesses = int(trace.blocks_per_request[start:].sum())
+    tokens = int(trace.input_tokens[start:].sum())
+    if method == "stack":
+        hits = lru_stack_hits(trace, caps, flat=flat, warmup=warmup)
+    else:
+        hits = np.array(
+            [replay(trace, spec, c, flat=flat, warmup=warmup, cost=cost).hits for c in caps],
+            dtype=np.int64,
+        )
+    points = [
+        MrcPoint(
+            capacity_blocks=c,
+            hits=int(h),
+            hit_ratio_blocks=int(h) / accesses if accesses else 0.0,
+            hit_ratio_tokens=int(h) * trace.block_tokens / tokens if tokens else 0.0,
+        )
+        for c, h in zip(caps, hits, strict=True)
+    ]
+    return MrcResult(
+        policy=spec.name,
+        flat=flat,
+        method=method,
+        block_tokens=trace.block_tokens,
+        warmup=warmup,
+        accesses=accesses,
+        points=points,
+    )

@@ -1,0 +1,62 @@
+"""GDSF (GreedyDual-Size-Frequency): cost-aware eviction with inflation.
+
+Semantics (libCacheSim ``cpp/GDSF.cpp`` as built in the ``libcachesim`` 0.3 wheels, with the
+recompute cost made explicit): every resident block has priority ``H = L + cost[b] * freq /
+size``; an inserted block has ``freq = 1``, a hit adds 1 and recomputes ``H`` with the current
+``L``. A missed block is admitted *first* (with the current ``L``) and then the tier evicts
+while it is over capacity, so the new block competes and may itself be the victim (its stamp is
+the newest, so only when its ``H`` is strictly the smallest). The victim has the smallest ``H``,
+ties going to the smaller virtual time of the last access (``abstractRank.hpp``); evicting it
+sets ``L`` to its ``H``, so blocks that stop being used age relative to new ones. (An older
+libCacheSim evicted before inserting, and set ``L`` before computing the new block's ``H``.) All
+blocks of a tier have the same size (``B`` tokens), so ``size`` is 1 block and ``cost[b]``
+carries the recompute seconds saved per block (DESIGN.md 4.3: seconds saved x frequency /
+bytes). libCacheSim has no cost and uses ``1e6 / obj_size``; with unit costs the two orderings
+are identical, because all priorities are then integers held exactly in float64. No parameters;
+costs come from an array.
+"""
+
+from __future__ import annotations
+
+from numba import njit
+
+from optimizer.sim.cache.enums import F_INFLATION, L_FREQ, L_WHERE, M_CLOCK, W_ABSENT, W_MAIN
+from optimizer.sim.cache.heap import heap_pop_nb, heap_push_nb, heap_remove_nb, heap_update_nb
+
+NAME = "gdsf"
+DEFAULTS: dict[str, float] = {}
+DOC = "greedy-dual size-frequency: H = L + cost * freq, evict min H, L = H of the victim"
+
+
+@njit(cache=True, nogil=True, _nrt=False)
+def hit_nb(meta, fmeta, blk, prio, stamp, heap, hpos, cost, b):  # noqa: ANN001, ANN201
+    blk[b, L_FREQ] += 1
+    prio[b] = fmeta[F_INFLATION] + cost[b] * blk[b, L_FREQ]
+    stamp[b] = meta[M_CLOCK]
+    heap_update_nb(meta, heap, hpos, prio, stamp, b)
+
+
+@njit(cache=True, nogil=True, _nrt=False)
+def insert_nb(meta, fmeta, blk, prio, stamp, heap, hpos, cost, b):  # noqa: ANN001, ANN201
+    blk[b, L_WHERE] = W_MAIN
+    blk[b, L_FREQ] = 1
+    prio[b] = fmeta[F_INFLATION] + cost[b] * 1
+    stamp[b] = meta[M_CLOCK]
+    heap_push_nb(meta, heap, hpos, prio, stamp, b)
+    return True
+
+
+@njit(cache=True, nogil=True, _nrt=False)
+def evict_nb(meta, fmeta, blk, prio, stamp, heap, hpos, cost):  # noqa: ANN001, ANN201
+    v = heap_pop_nb(meta, heap, hpos, prio, stamp)
+    fmeta[F_INFLATION] = prio[v]
+    blk[v, L_WHERE] = W_ABSENT
+    blk[v, L_FREQ] = 0
+    return v
+
+
+@njit(cache=True, nogil=True, _nrt=False)
+def remove_nb(meta, fmeta, blk, prio, stamp, heap, hpos, cost, b):  # noqa: ANN001, ANN201
+    heap_remove_nb(meta, heap, hpos, prio, stamp, b)
+    blk[b, L_WHERE] = W_ABSENT
+    blk[b, L_FREQ] = 0

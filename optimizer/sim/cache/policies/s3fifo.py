@@ -1,0 +1,176 @@
+"""S3-FIFO: a small probationary FIFO, a main FIFO with a 2-bit clock, and a ghost FIFO.
+
+Semantics (libCacheSim ``S3FIFO.c``, the December 2024 version that the ``libcachesim`` 0.3
+wheels build). With capacity ``C`` blocks: small FIFO ``S = int(C * small)``, main FIFO
+``M = C - S``, ghost FIFO ``G = int(C * ghost)`` ids (float products truncated, as in C).
+
+- Hit (block in small or main): its counter ``freq`` goes up by 1 (not capped here).
+- Miss: if the id is in the ghost, it leaves the ghost and the block goes to main. Otherwise it
+  goes to small, except that before the first eviction a full small FIFO sends new blocks to
+  main. A block is admitted only if ``S >= 1``; libCacheSim also refuses to put a block into
+  small unless ``1 < S`` (``obj_size >= small size`` returns without inserting, after making
+  room), so with ``S <= 1`` only ghost hits could be admitted and the cache stays empty: the
+  smallest useful capacity at ``small=0.1`` is 20 blocks. kvtier keeps this for parity.
+- Inserted blocks start with ``freq = 0``.
+- Evict (until ``small + main`` fits): if main holds more than ``M`` blocks or small is empty,
+  take main's tail: with ``freq >= 1`` it goes back to main's head with
+  ``freq = min(freq, 3) - 1``, else it is evicted. Otherwise take small's tail: with
+  ``freq >= threshold`` it moves to main's head (``freq = 0``), else it is evicted and its id
+  enters the ghost head (the ghost drops its own tail when it holds ``G`` ids); repeat until one
+  block left small as an eviction or small is empty.
+
+Parameters: ``small`` (0.1), ``ghost`` (0.9), ``threshold`` (2): libCacheSim's defaults.
+"""
+
+from __future__ import annotations
+
+from numba import njit
+
+from optimizer.sim.cache.enums import (
+    L_FREQ,
+    L_WHERE,
+    M_GHEAD,
+    M_GHOST_CAP,
+    M_GTAIL,
+    M_HAS_EVICTED,
+    M_HEAD,
+    M_MAIN_CAP,
+    M_N_GHOST,
+    M_N_MAIN,
+    M_N_SMALL,
+    M_SHEAD,
+    M_SMALL_CAP,
+    M_STAIL,
+    M_TAIL,
+    M_THRESHOLD,
+    NIL,
+    W_ABSENT,
+    W_GHOST,
+    W_MAIN,
+    W_SMALL,
+)
+from optimizer.sim.cache.lists import push_head_nb, unlink_nb
+
+NAME = "s3fifo"
+DEFAULTS: dict[str, float] = {"small": 0.1, "ghost": 0.9, "threshold": 2}
+DOC = "small FIFO + main FIFO (2-bit clock) + ghost; libCacheSim defaults"
+
+
+def sizes(capacity: int, small: float, ghost: float) -> tuple[int, int, int]:
+    """(small, main, ghost) sizes in blocks, computed as libCacheSim's ``S3FIFO_init`` does."""
+    s = int(capacity * small)
+    return s, capacity - s, int(capacity * ghost)
+
+
+@njit(cache=True, nogil=True, _nrt=False)
+def hit_nb(meta, fmeta, blk, prio, stamp, heap, hpos, cost, b):  # noqa: ANN001, ANN201
+    blk[b, L_FREQ] += 1
+
+
+@njit(cache=True, nogil=True, _nrt=False)
+def ghost_check_nb(meta, fmeta, blk, prio, stamp, heap, hpos, cost, b):  # noqa: ANN001, ANN201
+    """On a miss: drop ``b`` from the ghost; return 1 if it was there (then it goes to main)."""
+    if blk[b, L_WHERE] == W_GHOST:
+        unlink_nb(meta, M_GHEAD, M_GTAIL, blk, b)
+        meta[M_N_GHOST] -= 1
+        blk[b, L_WHERE] = W_ABSENT
+        return 1
+    return 0
+
+
+@njit(cache=True, nogil=True, _nrt=False)
+def can_admit_nb(meta, fmeta, blk, prio, stamp, heap, hpos, cost):  # noqa: ANN001, ANN201
+    return meta[M_SMALL_CAP] >= 1
+
+
+@njit(cache=True, nogil=True, _nrt=False)
+def insert_nb(meta, fmeta, blk, prio, stamp, heap, hpos, cost, b, ghost_hit):  # noqa: ANN001, ANN201
+    if ghost_hit == 0:
+        if meta[M_SMALL_CAP] <= 1:
+            return False
+        if meta[M_HAS_EVICTED] == 0 and meta[M_N_SMALL] >= meta[M_SMALL_CAP]:
+            ghost_hit = 1  # before the first eviction a full small FIFO sends blocks to main
+    if ghost_hit != 0:
+        push_head_nb(meta, M_HEAD, M_TAIL, blk, b)
+        blk[b, L_WHERE] = W_MAIN
+        meta[M_N_MAIN] += 1
+    else:
+        push_head_nb(meta, M_SHEAD, M_STAIL, blk, b)
+        blk[b, L_WHERE] = W_SMALL
+        meta[M_N_SMALL] += 1
+    blk[b, L_FREQ] = 0
+    return True
+
+
+@njit(cache=True, nogil=True, _nrt=False)
+def _ghost_add_nb(meta, fmeta, blk, prio, stamp, heap, hpos, cost, b):  # noqa: ANN001, ANN201
+    if meta[M_GHOST_CAP] <= 0:
+        blk[b, L_WHERE] = W_ABSENT
+        return
+    while meta[M_N_GHOST] + 1 > meta[M_GHOST_CAP]:
+        g = meta[M_GTAIL]
+        unlink_nb(meta, M_GHEAD, M_GTAIL, blk, g)
+        blk[g, L_WHERE] = W_ABSENT
+        meta[M_N_GHOST] -= 1
+    push_head_nb(meta, M_GHEAD, M_GTAIL, blk, b)
+    blk[b, L_WHERE] = W_GHOST
+    meta[M_N_GHOST] += 1
+
+
+@njit(cache=True, nogil=True, _nrt=False)
+def _evict_main_nb(meta, fmeta, blk, prio, stamp, heap, hpos, cost):  # noqa: ANN001, ANN201
+    while meta[M_N_MAIN] > 0:
+        v = meta[M_TAIL]
+        unlink_nb(meta, M_HEAD, M_TAIL, blk, v)
+        f = blk[v, L_FREQ]
+        if f >= 1:
+            push_head_nb(meta, M_HEAD, M_TAIL, blk, v)
+            blk[v, L_FREQ] = min(f, 3) - 1
+        else:
+            meta[M_N_MAIN] -= 1
+            blk[v, L_WHERE] = W_ABSENT
+            return v
+    return NIL
+
+
+@njit(cache=True, nogil=True, _nrt=False)
+def _evict_small_nb(meta, fmeta, blk, prio, stamp, heap, hpos, cost):  # noqa: ANN001, ANN201
+    while meta[M_N_SMALL] > 0:
+        v = meta[M_STAIL]
+        unlink_nb(meta, M_SHEAD, M_STAIL, blk, v)
+        meta[M_N_SMALL] -= 1
+        if blk[v, L_FREQ] >= meta[M_THRESHOLD]:
+            push_head_nb(meta, M_HEAD, M_TAIL, blk, v)
+            blk[v, L_WHERE] = W_MAIN
+            meta[M_N_MAIN] += 1
+            blk[v, L_FREQ] = 0
+        else:
+            blk[v, L_FREQ] = 0
+            _ghost_add_nb(meta, fmeta, blk, prio, stamp, heap, hpos, cost, v)
+            return v
+    return NIL
+
+
+@njit(cache=True, nogil=True, _nrt=False)
+def evict_nb(meta, fmeta, blk, prio, stamp, heap, hpos, cost):  # noqa: ANN001, ANN201
+    """One eviction step; returns the evicted block, or NIL if small emptied into main."""
+    meta[M_HAS_EVICTED] = 1
+    if meta[M_N_MAIN] > meta[M_MAIN_CAP] or meta[M_N_SMALL] == 0:
+        return _evict_main_nb(meta, fmeta, blk, prio, stamp, heap, hpos, cost)
+    return _evict_small_nb(meta, fmeta, blk, prio, stamp, heap, hpos, cost)
+
+
+@njit(cache=True, nogil=True, _nrt=False)
+def remove_nb(meta, fmeta, blk, prio, stamp, heap, hpos, cost, b):  # noqa: ANN001, ANN201
+    w = blk[b, L_WHERE]
+    if w == W_SMALL:
+        unlink_nb(meta, M_SHEAD, M_STAIL, blk, b)
+        meta[M_N_SMALL] -= 1
+    elif w == W_MAIN:
+        unlink_nb(meta, M_HEAD, M_TAIL, blk, b)
+        meta[M_N_MAIN] -= 1
+    elif w == W_GHOST:
+        unlink_nb(meta, M_GHEAD, M_GTAIL, blk, b)
+        meta[M_N_GHOST] -= 1
+    blk[b, L_WHERE] = W_ABSENT
+    blk[b, L_FREQ] = 0

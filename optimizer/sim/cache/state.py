@@ -1,0 +1,196 @@
+"""``TierState``: one cache tier as preallocated arrays, plus its Python-facing primitives.
+
+A tier is a capacity in blocks and an eviction policy over dense block ids ``0..n_blocks-1``.
+All state lives in numpy arrays (struct of arrays) so kernels can hold several tiers at once
+and pass ``tier.arrays()`` to :mod:`optimizer.sim.cache.nb`; a serving engine asks a tier
+whether a block is resident (:meth:`contains`), accesses or inserts blocks (:meth:`access`,
+which reports the block evicted to make room, for write-back to the tier below), and removes
+blocks that move up in an exclusive hierarchy (:meth:`remove`). The Python methods check bounds;
+the kernels do not.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TypeAlias
+
+import numpy as np
+
+from optimizer.errors import InputError
+from optimizer.sim.cache import enums, nb
+from optimizer.sim.cache.policies import PolicySpec, parse_policy
+from optimizer.sim.cache.policies.s3fifo import sizes as s3fifo_sizes
+
+StateArrays: TypeAlias = tuple[np.ndarray, ...]
+
+
+@dataclass(eq=False)
+class TierState:
+    """A tier's arrays. Build with :meth:`create`; do not edit the arrays by hand."""
+
+    policy: PolicySpec
+    capacity: int
+    n_blocks: int
+    meta: np.ndarray  # int64 (META_LEN,) scalars at the enums.M_* slots
+    fmeta: np.ndarray  # float64 (FMETA_LEN,) GDSF inflation
+    blk: np.ndarray  # int32 (n_blocks, 4): lanes enums.L_PRV, L_NXT, L_FREQ, L_WHERE
+    prio: np.ndarray  # float64 (n_blocks,) heap priority (LFU, GDSF)
+    stamp: np.ndarray  # int64 (n_blocks,) heap tie-break: virtual time of last access
+    heap: np.ndarray  # int32 (heap slots,) LFU/GDSF heap; length 1 for other policies
+    hpos: np.ndarray  # int32 (n_blocks,) index in heap or -1
+    cost: np.ndarray  # float64 (n_blocks,) GDSF per-block cost (ones by default)
+    _arrays: StateArrays = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        self._arrays = (
+            self.meta,
+            self.fmeta,
+            self.blk,
+            self.prio,
+            self.stamp,
+            self.heap,
+            self.hpos,
+            self.cost,
+        )
+
+    @classmethod
+    def create(
+        cls,
+        policy: str | PolicySpec,
+        capacity: int,
+        n_blocks: int,
+        *,
+        cost: np.ndarray | None = None,
+    ) -> TierState:
+        """An empty tier of ``capacity`` blocks over ids ``0..n_blocks-1``.
+
+        ``cost`` (GDSF only; float64, finite, >= 0, one per block) is the recompute cost a
+        block saves; it defaults to 1 for every block.
+        """
+        spec = parse_policy(policy)
+        if isinstance(capacity, bool) or int(capacity) != capacity or capacity < 0:
+            raise InputError(f"capacity must be an integer >= 0 blocks, but got {capacity!r}")
+        if int(n_blocks) != n_blocks or n_blocks < 0:
+            raise InputError(f"n_blocks must be an integer >= 0, but got {n_blocks!r}")
+        capacity, n_blocks = int(capacity), int(n_blocks)
+        if n_blocks >= np.iinfo(np.int32).max:
+            raise InputError(f"n_blocks must be < 2**31 - 1, but got {n_blocks}")
+        if cost is None:
+            cost_arr = np.ones(n_blocks, dtype=np.float64)
+        else:
+            cost_arr = np.ascontiguousarray(cost, dtype=np.float64)
+            if cost_arr.shape != (n_blocks,):
+                raise InputError(
+                    f"cost must have one value per block ({n_blocks}), got shape {cost_arr.shape}"
+                )
+            if not np.all(np.isfinite(cost_arr)) or (n_blocks and cost_arr.min() < 0):
+                raise InputError("cost must be finite and >= 0 for every block")
+        meta = np.zeros(enums.META_LEN, dtype=np.int64)
+        meta[enums.M_POLICY] = spec.code
+        meta[enums.M_CAPACITY] = capacity
+        for slot in (
+            enums.M_HEAD,
+            enums.M_TAIL,
+            enums.M_SHEAD,
+            enums.M_STAIL,
+            enums.M_GHEAD,
+            enums.M_GTAIL,
+            enums.M_HAND,
+        ):
+            meta[slot] = enums.NIL
+        if spec.code == enums.S3FIFO:
+            s, m, g = s3fifo_sizes(capacity, spec.param("small"), spec.param("ghost"))
+            meta[enums.M_SMALL_CAP] = s
+            meta[enums.M_MAIN_CAP] = m
+            meta[enums.M_GHOST_CAP] = g
+            meta[enums.M_THRESHOLD] = int(spec.param("threshold"))
+        uses_heap = spec.code in (enums.LFU, enums.GDSF)
+        heap_len = min(capacity, n_blocks) + 1 if uses_heap else 1
+        return cls(
+            policy=spec,
+            capacity=capacity,
+            n_blocks=n_blocks,
+            meta=meta,
+            fmeta=np.zeros(enums.FMETA_LEN, dtype=np.float64),
+            blk=_empty_blocks(n_blocks),
+            prio=np.zeros(n_blocks, dtype=np.float64),
+            stamp=np.zeros(n_blocks, dtype=np.int64),
+            heap=np.zeros(heap_len, dtype=np.int32),
+            hpos=np.full(n_blocks, enums.NIL, dtype=np.int32),
+            cost=cost_arr,
+        )
+
+    # ---- kernel view ---------------------------------------------------------------------
+    def arrays(self) -> StateArrays:
+        """The state tuple every kernel in :mod:`optimizer.sim.cache.nb` takes."""
+        return self._arrays
+
+    # ---- scalars -------------------------------------------------------------------------
+    @property
+    def size(self) -> int:
+        """Resident blocks."""
+        return int(self.meta[enums.M_SIZE])
+
+    @property
+    def n_evictions(self) -> int:
+        return int(self.meta[enums.M_N_EVICTIONS])
+
+    @property
+    def clock(self) -> int:
+        """Accesses so far."""
+        return int(self.meta[enums.M_CLOCK])
+
+    @property
+    def where(self) -> np.ndarray:
+        """Per block: enums.W_ABSENT / W_MAIN / W_SMALL / W_GHOST (a read-only view)."""
+        view = self.blk[:, enums.L_WHERE]
+        view.flags.writeable = False
+        return view
+
+    def resident(self) -> np.ndarray:
+        """Sorted ids of the resident blocks."""
+        return np.flatnonzero((self.where == enums.W_MAIN) | (self.where == enums.W_SMALL))
+
+    # ---- primitives (bounds-checked) -----------------------------------------------------
+    def _check(self, b: int) -> int:
+        if isinstance(b, bool) or int(b) != b or not 0 <= b < self.n_blocks:
+            raise InputError(f"block id must be an integer in [0, {self.n_blocks}), but got {b!r}")
+        return int(b)
+
+    def contains(self, b: int) -> bool:
+        """Is block ``b`` resident? Does not count as an access."""
+        return bool(nb.contains_nb(*self._arrays, self._check(b)))
+
+    def access(self, b: int) -> tuple[bool, int]:
+        """Access (touch, or admit on a miss) block ``b``; returns (hit, evicted id or -1)."""
+        hit, victim = nb.access_nb(*self._arrays, self._check(b))
+        return bool(hit), int(victim)
+
+    def remove(self, b: int) -> bool:
+        """Drop block ``b`` (e.g. it moved up in an exclusive hierarchy); True if resident."""
+        return bool(nb.remove_nb(*self._arrays, self._check(b)))
+
+    def access_many(self, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Access ``ids`` in order; per access the hit flag (bool) and evicted id (-1 if none)."""
+        arr = check_ids(ids, self.n_blocks)
+        hit = np.zeros(len(arr), dtype=np.bool_)
+        evicted = np.full(len(arr), enums.NIL, dtype=np.int32)
+        nb.access_many_nb(*self._arrays, arr, hit, evicted)
+        return hit, evicted
+
+
+def _empty_blocks(n_blocks: int) -> np.ndarray:
+    blk = np.zeros((n_blocks, enums.BLK_LANES), dtype=np.int32)
+    blk[:, enums.L_PRV] = enums.NIL
+    blk[:, enums.L_NXT] = enums.NIL
+    return blk
+
+
+def check_ids(ids: np.ndarray, n_blocks: int) -> np.ndarray:
+    """``ids`` as a C-contiguous int32 array with every id in ``[0, n_blocks)``."""
+    arr = np.asarray(ids)
+    if arr.ndim != 1 or (arr.size and not np.issubdtype(arr.dtype, np.integer)):
+        raise InputError("block ids must be a 1-D integer array")
+    if arr.size and (int(arr.min()) < 0 or int(arr.max()) >= n_blocks):
+        raise InputError(f"block ids must lie in [0, {n_blocks})")
+    return np.ascontiguousarray(arr, dtype=np.int32)
