@@ -10,9 +10,11 @@ from __future__ import annotations
 import numpy as np
 
 from optimizer.errors import InputError
+from optimizer.sim.cache.state import TierState
 from optimizer.sim.config import SimConfig
 from optimizer.sim.nb import simulate_nb
 from optimizer.sim.result import RawResult, SloCheck, end_time
+from optimizer.sim.tiers import TierConfig
 from optimizer.trace.blocked import BlockedTrace
 
 # The cache map holds one int32 per (instance, block id); it is allocated lazily (calloc), but
@@ -61,6 +63,8 @@ def simulate_engine(
     slo_on = slo is not None
     thr = slo.thresholds() if slo is not None else np.full(4, np.inf)
     lim = slo.limits(n) if slo is not None else np.ones(3, dtype=np.int64)
+    tier_args, counters = _tier_arrays(cfg.tiers, n_blocks, cfg.n_instances)
+    load_s = np.zeros(n)
     first = np.full(n, np.nan)
     finish = np.full(n, np.nan)
     hits = np.zeros(n, dtype=np.int64)
@@ -93,6 +97,8 @@ def simulate_engine(
         busy,
         stats,
         np.zeros(cfg.n_instances * n_blocks, dtype=np.int32),  # calloc: pages zeroed on touch
+        *tier_args,
+        load_s,
     )
     early = bool(stats[1])
     return RawResult(
@@ -104,4 +110,105 @@ def simulate_engine(
         n_iterations=int(stats[0]),
         early_stopped=early,
         end_s=end_time(finish, early, stats[2]),
+        **_tier_result(cfg.tiers, counters, load_s),
     )
+
+
+def _tier_arrays(tiers: TierConfig | None, n_blocks: int, n_instances: int) -> tuple[tuple, tuple]:
+    """Kernel arguments for the lower tiers: (n_tiers, ts, tp, lk, sightings), and lk.
+
+    Each pool is a cache-engine :class:`TierState`; their arrays are stacked on a leading pool
+    axis. Per-block arrays that only LFU and GDSF read are one element wide when no pool uses
+    those policies, so LRU / FIFO / S3-FIFO / Sieve tiers cost 16 bytes per block and pool.
+    """
+    if tiers is None:
+        i1, f1 = np.zeros(1, dtype=np.int64), np.zeros(1)
+        ts = tuple(np.zeros((1, 1), dtype=dt) for dt in (np.int64, np.float64))
+        ts = (
+            ts[0],
+            ts[1],
+            np.zeros((1, 1, 4), dtype=np.int32),
+            ts[1],
+            ts[0],
+            np.zeros((1, 1), dtype=np.int32),
+            np.zeros((1, 1), dtype=np.int32),
+            ts[1],
+        )
+        tp = (
+            np.zeros(1, dtype=np.bool_),
+            i1,
+            np.zeros(n_instances, dtype=np.int64),
+            f1,
+            f1,
+            f1,
+            f1,
+            f1,
+            i1,
+            np.zeros((1, 1), dtype=np.int64),
+            i1,
+            np.zeros(6, dtype=np.int64),
+            0.0,
+        )
+        lk = (f1.copy(), f1.copy(), f1.copy(), i1.copy(), f1.copy(), f1.copy())
+        return (0, ts, tp, lk, np.zeros(1, dtype=np.int64)), lk
+    if n_instances != len(tiers.inst_host):
+        raise ValueError("tier configuration was built for another instance count")
+    if tiers.n_pools * n_blocks * 16 > (1 << 40):
+        raise InputError(f"{tiers.n_pools} lower-tier pools x {n_blocks:,} blocks is too large")
+    states = []
+    for t in range(tiers.n_tiers):
+        pools = tiers.n_hosts if tiers.per_host[t] else 1
+        cap = int(tiers.capacity_blocks[t])
+        states += [TierState.create(tiers.evictions[t], cap, n_blocks) for _ in range(pools)]
+    wide = any(s.policy.base in ("lfu", "gdsf") for s in states)
+    heap_len = max(len(s.heap) for s in states)
+    width = n_blocks if wide else 1
+    meta = np.stack([s.meta for s in states])
+    fmeta = np.stack([s.fmeta for s in states])
+    blk = np.stack([s.blk for s in states])
+    prio = np.zeros((len(states), width))
+    stamp = np.zeros((len(states), width), dtype=np.int64)
+    hpos = np.full((len(states), width), -1, dtype=np.int32)
+    cost = np.ones((len(states), width))
+    heap = np.zeros((len(states), heap_len), dtype=np.int32)
+    ts = (meta, fmeta, blk, prio, stamp, heap, hpos, cost)
+    tp = (
+        tiers.per_host,
+        tiers.pool_base,
+        tiers.inst_host,
+        tiers.op_s,
+        tiers.lat_s,
+        tiers.cap_bw,
+        tiers.link_bw_read,
+        tiers.link_bw_write,
+        tiers.link_ops,
+        tiers.port_link,
+        tiers.pool_link,
+        tiers.int_params(),
+        float(tiers.block_bytes),
+    )
+    nl, nt = tiers.n_links, tiers.n_tiers
+    lk = (
+        np.zeros(nl),
+        np.zeros(nl),
+        np.zeros(nl),
+        np.zeros(nt, dtype=np.int64),
+        np.zeros(nt),
+        np.zeros(nt),
+    )
+    if not (np.all(tiers.link_bw_read > 0) and np.all(tiers.link_bw_write > 0)):
+        raise ValueError("link bandwidths must be > 0")
+    return (nt, ts, tp, lk, np.zeros(n_blocks, dtype=np.int64)), lk
+
+
+def _tier_result(tiers: TierConfig | None, lk: tuple, load_s: np.ndarray) -> dict:
+    if tiers is None:
+        return {}
+    return {
+        "tier_hit_blocks": lk[3],
+        "tier_bytes_read": lk[4],
+        "tier_bytes_written": lk[5],
+        "link_busy_s": lk[1],
+        "link_bytes": lk[2],
+        "load_s": load_s,
+    }
