@@ -94,6 +94,11 @@ def trace() -> None:
     help="Policy TOML file [default: vLLM-like defaults, HBM prefix cache].",
 )
 @click.option(
+    "--preset",
+    default=None,
+    help="Built-in policy of a known system (policies/presets/NAME.toml), e.g. beluga-cxl.",
+)
+@click.option(
     "--block-tokens",
     "-B",
     type=int,
@@ -120,6 +125,7 @@ def replay_cmd(
     hardware: str | None,
     model: str | None,
     policy_path: str | None,
+    preset: str | None,
     block_tokens: int | None,
     rate_scale: float,
     engine: str,
@@ -128,11 +134,14 @@ def replay_cmd(
     """Replay a trace through the serving simulator and print latency, throughput and cost."""
     from optimizer.sim.replay import prepare, replay
 
+    if preset is not None and policy_path is not None:
+        raise click.UsageError("give --policy or --preset, not both")
     setup = prepare(
         trace_path,
         hardware=hardware,
         model=model,
         policy_path=policy_path,
+        preset=preset,
         block_tokens=block_tokens,
         rate_scale=rate_scale,
     )
@@ -158,6 +167,16 @@ def _print_metrics(path: str, setup: Any, m: Any) -> None:
     table.add_row("end-to-end mean", f"{m.e2e_mean_s:.3f} s")
     table.add_row("throughput", f"{m.throughput_rps:.2f} req/s, {m.throughput_tps:,.0f} tok/s")
     table.add_row("HBM prefix hit ratio (tokens)", f"{m.hit_ratio_tokens['hbm']:.1%}")
+    for name, blocks in m.tier_hit_blocks.items():
+        table.add_row(
+            f"{name}: hit ratio / read / written",
+            f"{m.hit_ratio_tokens[name]:.1%} ({blocks:,} blocks) / "
+            f"{m.tier_bytes_read[name] / 1e9:,.1f} GB / {m.tier_bytes_written[name] / 1e9:,.1f} GB",
+        )
+    if m.tier_hit_blocks:
+        busiest = max(m.link_utilisation.items(), key=lambda kv: kv[1])
+        table.add_row("TTFT share spent loading", f"{m.load_share_of_ttft:.1%}")
+        table.add_row("busiest link", f"{busiest[0]} {busiest[1]:.1%}")
     table.add_row("prefill tokens saved", f"{m.prefill_tokens_saved:,}")
     table.add_row("GPU busy", f"{m.gpu_busy_fraction:.1%}")
     table.add_row("cost", f"${m.cost_per_hour:,.2f}/h, ${m.cost_per_mtok:.4f} per 1M tokens")

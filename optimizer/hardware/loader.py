@@ -195,6 +195,7 @@ def _tier_hardware(name: str, t: Table) -> TierHardware:
         devices=t.integer("devices", 1),
         interleave=t.boolean("interleave", True),
         price_per_gb_hour=t.number("price_per_gb_hour", 0.0, nonneg=True),
+        shared=t.boolean("shared") if t.has("shared") else None,
     )
     t.done()
     return tier

@@ -100,7 +100,8 @@ class Efficiency:
 class TierHardware:
     """The memory below HBM of one kind (``dram``, ``cxl``, ``rdma``, ``ssd``) and its path.
 
-    ``capacity_bytes`` is per host for ``dram`` and ``ssd``, for the whole pool for ``cxl`` and
+    ``capacity_bytes`` is per pool: per host for ``dram``, ``ssd`` and a CXL expander (``shared =
+    false``), for the whole pool for a shared ``cxl`` and
     ``rdma``. ``port_read_bw`` / ``port_write_bw`` are one host's access link to the tier
     (its CXL adapters together, its NICs together, its NVMe drives, its DRAM channels); every
     transfer also crosses the GPU's PCIe link. A pooled tier may add one link shared by all
@@ -121,10 +122,13 @@ class TierHardware:
     devices: int = 1
     interleave: bool = True
     price_per_gb_hour: float = 0.0
+    shared: bool | None = None  # None: cxl and rdma are shared pools, dram and ssd per host
 
     @property
     def per_host(self) -> bool:
-        """dram and ssd are one per host; cxl and rdma pools are shared by every host."""
+        """One pool per host (dram, ssd, a CXL expander) or one shared by every host."""
+        if self.shared is not None:
+            return not self.shared
         return self.name in ("dram", "ssd")
 
 
