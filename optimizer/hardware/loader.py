@@ -154,14 +154,13 @@ def load_hardware(name_or_path: str | Path) -> Hardware:
     tiers: dict[str, TierHardware] = {}
     tt = t.table("tiers")
     if tt is not None:
-        for name in list(tt.data):
-            if name not in LOWER_TIER_NAMES:
-                raise tt.error(
-                    f"tiers.{name}", f"unknown tier (one of {', '.join(LOWER_TIER_NAMES)})"
-                )
-            sub = tt.table(name)
+        for tier_name in list(tt.data):
+            if tier_name not in LOWER_TIER_NAMES:
+                known = ", ".join(LOWER_TIER_NAMES)
+                raise tt.error(f"tiers.{tier_name}", f"unknown tier (one of {known})")
+            sub = tt.table(tier_name)
             assert sub is not None
-            tiers[name] = _tier_hardware(name, sub)
+            tiers[tier_name] = _tier_hardware(tier_name, sub)
         tt.done()
     t.done()
     return Hardware(
