@@ -24,8 +24,8 @@ def _one_line_warning(message, category, filename, lineno, file=None, line=None)
     click.echo(f"warning: {' '.join(str(message).split())}", err=True)
 
 
-class KvtierGroup(click.Group):
-    """A click group whose commands report bad input as one line and exit code 2.
+class OneLineErrors:
+    """Mixin for click commands and groups: bad input as one line and exit code 2.
 
     Click's own usage errors (an unknown option, a value of the wrong type) get the same
     treatment as :class:`InputError`: one line on stderr, exit code 2, no usage block.
@@ -33,9 +33,9 @@ class KvtierGroup(click.Group):
 
     def main(self, *args: Any, **kwargs: Any) -> Any:
         if not kwargs.get("standalone_mode", True):
-            return super().main(*args, **kwargs)
+            return super().main(*args, **kwargs)  # type: ignore[misc]
         try:
-            result = super().main(*args, standalone_mode=False, **kwargs)
+            result = super().main(*args, standalone_mode=False, **kwargs)  # type: ignore[misc]
         except click.UsageError as err:
             hint = f" (see '{err.ctx.command_path} --help')" if err.ctx is not None else ""
             click.echo(f"error: {' '.join(err.format_message().split())}{hint}", err=True)
@@ -51,10 +51,18 @@ class KvtierGroup(click.Group):
     def invoke(self, ctx: click.Context) -> Any:
         warnings.showwarning = _one_line_warning
         try:
-            return super().invoke(ctx)
+            return super().invoke(ctx)  # type: ignore[misc]
         except InputError as err:
             click.echo(f"error: {err}", err=True)
             sys.exit(2)
+
+
+class KvtierGroup(OneLineErrors, click.Group):
+    """The ``kvtier`` group and its subgroups."""
+
+
+class KvtierCommand(OneLineErrors, click.Command):
+    """A stand-alone console script (``optimize``)."""
 
 
 @click.group(cls=KvtierGroup)
@@ -108,9 +116,8 @@ def trace() -> None:
 @click.option(
     "--rate-scale",
     type=float,
-    default=1.0,
-    show_default=True,
-    help="Replay arrivals this many times as fast.",
+    default=None,
+    help="Replay arrivals this many times as fast [default: the policy file's load, else 1].",
 )
 @click.option(
     "--engine",
@@ -127,7 +134,7 @@ def replay_cmd(
     policy_path: str | None,
     preset: str | None,
     block_tokens: int | None,
-    rate_scale: float,
+    rate_scale: float | None,
     engine: str,
     as_json: bool,
 ) -> None:
@@ -136,6 +143,12 @@ def replay_cmd(
 
     if preset is not None and policy_path is not None:
         raise click.UsageError("give --policy or --preset, not both")
+    if rate_scale is None:
+        rate_scale = 1.0
+        if policy_path is not None:
+            from optimizer.policy.file import read_policy_file
+
+            rate_scale = read_policy_file(policy_path).rate_scale
     setup = prepare(
         trace_path,
         hardware=hardware,
@@ -500,6 +513,179 @@ def trace_mrc_cmd(
     Console().print(table)
     if plot_path is not None:
         click.echo(f"wrote {plot_path}")
+
+
+def _optimize_options(command: Callable[..., Any]) -> Callable[..., Any]:
+    options = [
+        click.option(
+            "--trace",
+            "trace_path",
+            required=True,
+            type=click.Path(dir_okay=False),
+            help="Request trace (request-trace/1: .parquet or .arrow).",
+        ),
+        click.option(
+            "--hardware",
+            default=None,
+            help="Hardware profile name or TOML path [default: h100-node].",
+        ),
+        click.option(
+            "--model", default=None, help="Model profile name or TOML path [default: Llama-3.1-8B]."
+        ),
+        click.option(
+            "--space",
+            default="default",
+            show_default=True,
+            help="Search space: a name in policies/spaces or a TOML path.",
+        ),
+        click.option(
+            "--pin",
+            "pins",
+            multiple=True,
+            metavar="NAME=VALUE",
+            help="Fix a parameter, e.g. --pin block_tokens=64 (repeatable).",
+        ),
+        click.option(
+            "--slo",
+            "slo_text",
+            default=None,
+            help="Constraints in seconds, e.g. ttft_p99=5,ttft_mean=2,tpot_p99=0.1 "
+            "[default: ttft_p99=2,tpot_p99=0.1].",
+        ),
+        click.option(
+            "--load",
+            type=click.Choice(["trace", "capacity"]),
+            default="trace",
+            show_default=True,
+            help="trace: serve the trace as recorded; capacity: the largest load "
+            "meeting the SLO, priced at that rate.",
+        ),
+        click.option(
+            "--rate-scale",
+            type=float,
+            default=1.0,
+            show_default=True,
+            help="With --load trace: replay arrivals this many times as fast.",
+        ),
+        click.option(
+            "--trials",
+            "n_trials",
+            type=click.IntRange(min=1),
+            default=60,
+            show_default=True,
+            help="Trials to run (in addition to earlier ones).",
+        ),
+        click.option(
+            "--timeout",
+            type=click.FloatRange(min=0, min_open=True),
+            default=None,
+            help="Stop starting trials after this many seconds.",
+        ),
+        click.option(
+            "--jobs",
+            "n_jobs",
+            type=click.IntRange(min=1),
+            default=1,
+            show_default=True,
+            help="Trials run at once, in threads.",
+        ),
+        click.option("--seed", type=int, default=0, show_default=True, help="Sampler seed."),
+        click.option(
+            "--pareto", is_flag=True, help="NSGA-II on cost and TTFT P99; prints the Pareto front."
+        ),
+        click.option(
+            "--study",
+            "study_name",
+            default=None,
+            help="Study name; running the same name again continues it "
+            "[default: from trace, hardware and model].",
+        ),
+        click.option(
+            "--storage",
+            default=None,
+            help="Optuna storage URL [default: sqlite:///runs/STUDY.db]; "
+            "postgresql://... for many machines.",
+        ),
+        click.option(
+            "--no-warm-start",
+            "warm_start",
+            is_flag=True,
+            flag_value=False,
+            default=True,
+            help="Do not enqueue trials at the miss-ratio curve's knees.",
+        ),
+        click.option(
+            "--out",
+            default=None,
+            type=click.Path(dir_okay=False),
+            help="Policy file to write [default: policies/STUDY.toml].",
+        ),
+        click.option("--json", "as_json", is_flag=True, help="Print the result as JSON."),
+    ]
+    for option in reversed(options):
+        command = option(command)
+    return command
+
+
+def _run_optimize(**kwargs: Any) -> None:
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from optimizer.search.run import optimize
+    from optimizer.search.space import parse_pin
+
+    as_json = kwargs.pop("as_json")
+    pins = dict(parse_pin(p) for p in kwargs.pop("pins"))
+    n_trials = kwargs["n_trials"]
+    console = Console(stderr=True)
+    progress = Progress(
+        TextColumn("[bold]optimizing"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        TextColumn("{task.fields[best]}"),
+        console=console,
+        disable=as_json or not console.is_terminal,
+    )
+    task = progress.add_task("trials", total=n_trials, best="")
+
+    def on_trial(done: int, best: Any) -> None:
+        text = (
+            f"best ${best.metrics['cost_per_mtok']:.4f}/Mtok" if best else "no feasible trial yet"
+        )
+        progress.update(task, completed=done, best=text)
+
+    try:
+        with progress:
+            result = optimize(pins=pins, on_trial=on_trial, **kwargs)
+    except KeyboardInterrupt:
+        click.echo(
+            "interrupted: finished trials are kept in the study; run the same command again "
+            "(same --study) to continue it",
+            err=True,
+        )
+        sys.exit(130)
+    from optimizer.report.optimize import print_result, result_json
+
+    if as_json:
+        click.echo(json.dumps(result_json(result), indent=2))
+    else:
+        print_result(result, Console())
+    if result.best is None:
+        sys.exit(1)
+
+
+@main.command("optimize")
+@_optimize_options
+def optimize_cmd(**kwargs: Any) -> None:
+    """Find the cheapest policy per token that meets the SLO on a trace; write a policy file."""
+    _run_optimize(**kwargs)
+
+
+@click.command("optimize", cls=KvtierCommand)
+@_optimize_options
+def optimize_main(**kwargs: Any) -> None:
+    """Find the cheapest policy per token that meets the SLO on a trace; write a policy file."""
+    _run_optimize(**kwargs)
 
 
 if __name__ == "__main__":  # pragma: no cover

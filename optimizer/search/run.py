@@ -1,0 +1,228 @@
+"""``optimize``: the main job, from a trace file to a policy file.
+
+Loads the trace and profiles, builds the evaluator and the study, warm-starts it, runs the
+trials (threads share one process; the numba engine releases the GIL), picks the cheapest
+policy per token that meets the SLO, evaluates the baselines on the same trace, and writes the
+winner as a policy file with its metrics and provenance.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+import optuna
+
+from optimizer import __version__
+from optimizer.errors import InputError
+from optimizer.hardware import load_hardware, load_model
+from optimizer.policy.file import sha256_of, write_policy_file
+from optimizer.policy.model import SLO, Policy, policy_from_dict
+from optimizer.search.objective import SLO_TERMS, Evaluation, Evaluator, binding_term
+from optimizer.search.space import SearchSpace, load_space
+from optimizer.search.study import (
+    TrialSummary,
+    best_feasible,
+    closest,
+    make_objective,
+    open_study,
+    pareto_front,
+)
+from optimizer.search.warmstart import warm_start_trials
+
+DEFAULT_SLO = SLO(ttft_p99_s=2.0, tpot_p99_s=0.1)
+DEFAULT_HARDWARE = "h100-node"
+DEFAULT_MODEL = "Llama-3.1-8B"
+SLO_ALIASES = {
+    "ttft_mean": "ttft_mean_s",
+    "ttft_p99": "ttft_p99_s",
+    "ttft_p999": "ttft_p999_s",
+    "tpot_p99": "tpot_p99_s",
+}
+
+
+def parse_slo(text: str | None) -> SLO:
+    """``ttft_p99=5,ttft_mean=2,tpot_p99=0.1`` (seconds); empty or None gives the default."""
+    if not text:
+        return DEFAULT_SLO
+    values: dict[str, float] = {}
+    for part in text.split(","):
+        name, sep, raw = part.partition("=")
+        key = SLO_ALIASES.get(name.strip(), name.strip())
+        if not sep or key not in SLO_TERMS:
+            raise InputError(
+                f"--slo takes terms like ttft_p99=5,ttft_mean=2,tpot_p99=0.1 "
+                f"(known: {', '.join(SLO_ALIASES)}), got {part.strip()!r}",
+                column="--slo",
+            )
+        try:
+            value = float(raw)
+        except ValueError:
+            value = math.nan
+        if not (math.isfinite(value) and value > 0):
+            raise InputError(
+                f"--slo {name.strip()} must be a positive number of seconds, got {raw.strip()!r}",
+                column="--slo",
+            )
+        values[key] = value
+    return SLO(**values)
+
+
+@dataclass
+class Baseline:
+    name: str
+    evaluation: Evaluation | None
+    error: str | None = None
+
+
+@dataclass
+class OptimizeResult:
+    study_name: str
+    storage: str
+    n_trials: int
+    best: TrialSummary | None
+    closest: TrialSummary | None
+    binding: str | None
+    front: list[TrialSummary]
+    baselines: list[Baseline]
+    policy_path: Path | None
+    slo: SLO
+    seconds: float
+    new_trials: int
+    warm_started: int = 0
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+def baseline_policies(base: Policy) -> dict[str, Policy]:
+    """What the best policy is compared with: the serving stack's defaults on all instances."""
+    return {"vllm-defaults": base}
+
+
+def optimize(
+    trace_path: str,
+    *,
+    hardware: str | None = None,
+    model: str | None = None,
+    space: str = "default",
+    pins: dict[str, Any] | None = None,
+    slo_text: str | None = None,
+    load: str = "trace",
+    rate_scale: float = 1.0,
+    study_name: str | None = None,
+    storage: str | None = None,
+    seed: int = 0,
+    n_trials: int = 60,
+    timeout: float | None = None,
+    n_jobs: int = 1,
+    pareto: bool = False,
+    warm_start: bool = True,
+    out: str | None = None,
+    runs_dir: Path = Path("runs"),
+    on_trial: Callable[[int, TrialSummary | None], None] | None = None,
+) -> OptimizeResult:
+    from optimizer.trace.io import read_trace
+
+    started = time.perf_counter()
+    trace = read_trace(trace_path)
+    hardware = hardware or DEFAULT_HARDWARE
+    model = model or DEFAULT_MODEL
+    hw = load_hardware(hardware)
+    mdl = load_model(model)
+    slo = parse_slo(slo_text)
+    search_space: SearchSpace = load_space(space).with_pins(pins or {})
+    base = policy_from_dict({"hardware": hardware, "model": model}, "<defaults>")
+    base = replace(base, slo=slo)
+    evaluator = Evaluator(trace, hw, mdl, base, slo, load=load, rate_scale=rate_scale)
+
+    name = study_name or f"{Path(trace_path).stem}-{hw.name}-{mdl.name}".lower()
+    if storage is None:
+        runs_dir.mkdir(parents=True, exist_ok=True)
+        storage = f"sqlite:///{runs_dir / (name + '.db')}"
+    study = open_study(name, storage=storage, seed=seed, pareto=pareto)
+    digest = sha256_of(trace_path)
+    recorded = study.user_attrs.get("trace_sha256")
+    if recorded is not None and recorded != digest:
+        raise InputError(
+            f"study {name!r} in {storage} was run on a different trace "
+            f"(sha256 {recorded[:12]}...); choose another --study name",
+            column="--study",
+        )
+    study.set_user_attr("trace_sha256", digest)
+
+    warmed = 0
+    if warm_start and len(study.trials) == 0:
+        first_b = search_space.pinned.get("block_tokens", base.block_tokens)
+        blocked = evaluator.blocked(int(first_b))  # type: ignore[arg-type]
+        for values in warm_start_trials(search_space, blocked, mdl, base):
+            study.enqueue_trial(values, skip_if_exists=True)
+            warmed += 1
+
+    before = len(study.trials)
+    objective = make_objective(evaluator, search_space, pareto=pareto)
+    callbacks = []
+    if on_trial is not None:
+
+        def report(st: optuna.Study, _trial: optuna.trial.FrozenTrial) -> None:
+            on_trial(len(st.trials) - before, best_feasible(st))
+
+        callbacks.append(report)
+    study.optimize(
+        objective, n_trials=n_trials, timeout=timeout, n_jobs=n_jobs, callbacks=callbacks, catch=()
+    )
+
+    best = best_feasible(study)
+    bounds = {t: getattr(slo, t) for t in SLO_TERMS if getattr(slo, t) is not None}
+    near = None if best is not None else closest(study, bounds)
+    binding = binding_term(near.violations, slo) if near is not None else None
+
+    baselines = []
+    for bname, policy in baseline_policies(base).items():
+        try:
+            baselines.append(Baseline(bname, evaluator.evaluate_policy(policy)))
+        except InputError as err:
+            baselines.append(Baseline(bname, None, str(err)))
+
+    policy_path = None
+    if best is not None:
+        policy_path = Path(out) if out else Path("policies") / f"{name}.toml"
+        best_trial = study.trials[best.number]
+        write_policy_file(
+            policy_path,
+            policy_from_dict(best.policy, f"{name} trial {best.number}"),
+            metrics=best.metrics,
+            provenance={
+                "trace": str(trace_path),
+                "trace_sha256": digest,
+                "kvtier_version": __version__,
+                "study": name,
+                "storage": storage,
+                "trial": best.number,
+                "seed": seed,
+                "hardware": hardware,
+                "model": model,
+                "load": load,
+                "rate_scale": best.rate_scale,
+                "space": search_space.source,
+                "params": best_trial.user_attrs.get("params", {}),
+            },
+        )
+    return OptimizeResult(
+        study_name=name,
+        storage=storage,
+        n_trials=len(study.trials),
+        best=best,
+        closest=near,
+        binding=binding,
+        front=pareto_front(study) if pareto else [],
+        baselines=baselines,
+        policy_path=policy_path,
+        slo=slo,
+        seconds=time.perf_counter() - started,
+        new_trials=len(study.trials) - before,
+        warm_started=warmed,
+        extra={"trace": trace_path},
+    )

@@ -1,0 +1,172 @@
+"""The Optuna study: sampler, storage, resumption, threads, and reading results back.
+
+* Sampler: TPE, feasibility-aware through the constraints each trial sets with
+  ``Trial.set_constraint`` (Optuna 5's successor of ``constraints_func``), or NSGA-II on cost
+  and TTFT P99 for ``pareto``; both seeded.
+* Storage: an SQLite file under ``runs/`` by default, so an interrupted study resumes when the
+  same study name runs again; any Optuna storage URL (PostgreSQL for many machines).
+* Every trial stores its parameters, the full policy, its metrics, the SLO violations and the
+  load it was priced at as user attributes, so any trial can be exported and replayed.
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import optuna
+
+from optimizer.errors import InputError
+from optimizer.policy.model import policy_to_dict
+from optimizer.search.objective import Evaluation, Evaluator
+from optimizer.search.space import SearchSpace
+
+RUNS_DIR = Path("runs")
+
+
+def default_storage(study_name: str, runs_dir: Path = RUNS_DIR) -> str:
+    runs_dir.mkdir(parents=True, exist_ok=True)
+    return f"sqlite:///{runs_dir / (study_name + '.db')}"
+
+
+def make_sampler(
+    *, seed: int, pareto: bool, n_startup_trials: int = 10
+) -> optuna.samplers.BaseSampler:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+        if pareto:
+            return optuna.samplers.NSGAIISampler(seed=seed)
+        return optuna.samplers.TPESampler(
+            seed=seed, n_startup_trials=n_startup_trials, multivariate=True
+        )
+
+
+def open_study(study_name: str, *, storage: str | None, seed: int, pareto: bool) -> optuna.Study:
+    """Create the study, or load it to continue when it exists."""
+    url = storage or default_storage(study_name)
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    directions = ["minimize", "minimize"] if pareto else ["minimize"]
+    try:
+        study = optuna.create_study(
+            study_name=study_name,
+            storage=url,
+            sampler=make_sampler(seed=seed, pareto=pareto),
+            directions=directions,
+            load_if_exists=True,
+        )
+    except (ValueError, ImportError, optuna.exceptions.OptunaError) as err:
+        raise InputError(
+            f"cannot open study {study_name!r} at {url}: {err}", column="--storage"
+        ) from None
+    if len(study.directions) != len(directions):
+        raise InputError(
+            f"study {study_name!r} exists with {len(study.directions)} objective(s); "
+            f"{'--pareto needs' if pareto else 'a single-objective run needs'} a new --study name",
+            column="--study",
+        )
+    return study
+
+
+def record(trial: optuna.Trial, ev: Evaluation) -> None:
+    trial.set_user_attr("params", ev.values)
+    trial.set_user_attr("policy", policy_to_dict(ev.policy))
+    trial.set_user_attr("metrics", ev.metrics.to_dict())
+    trial.set_user_attr("violations", ev.violations)
+    for key, value in zip(ev.violations, ev.constraints(), strict=True):
+        trial.set_constraint(key, value)  # <= 0 is satisfied; the samplers read these
+    trial.set_user_attr("feasible", ev.feasible)
+    trial.set_user_attr("rate_scale", ev.rate_scale)
+    trial.set_user_attr("replays", ev.replays)
+
+
+def make_objective(
+    evaluator: Evaluator, space: SearchSpace, *, pareto: bool
+) -> Callable[[optuna.Trial], Any]:
+    def objective(trial: optuna.Trial) -> Any:
+        values = space.suggest(trial)
+        try:
+            ev = evaluator.evaluate(values)
+        except InputError as err:  # an impossible combination (e.g. the model does not fit)
+            trial.set_user_attr("error", str(err))
+            raise optuna.TrialPruned(str(err)) from None
+        record(trial, ev)
+        cost = ev.cost_per_mtok if math.isfinite(ev.cost_per_mtok) else 1e18
+        if pareto:
+            p99 = ev.metrics.ttft_p99_s
+            return cost, (p99 if math.isfinite(p99) else 1e18)
+        return cost
+
+    return objective
+
+
+@dataclass(frozen=True)
+class TrialSummary:
+    number: int
+    params: dict[str, Any]
+    policy: dict[str, Any]
+    metrics: dict[str, Any]
+    violations: dict[str, float]
+    feasible: bool
+    rate_scale: float
+
+
+def summaries(study: optuna.Study) -> list[TrialSummary]:
+    out = []
+    for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,)):
+        if "metrics" not in t.user_attrs:
+            continue
+        a = t.user_attrs
+        out.append(
+            TrialSummary(
+                t.number,
+                a["params"],
+                a["policy"],
+                a["metrics"],
+                a["violations"],
+                bool(a["feasible"]),
+                float(a["rate_scale"]),
+            )
+        )
+    return out
+
+
+def best_feasible(study: optuna.Study) -> TrialSummary | None:
+    """Cheapest trial per token that meets the SLO (ties: the earlier trial)."""
+    feasible = [s for s in summaries(study) if s.feasible]
+    if not feasible:
+        return None
+    return min(feasible, key=lambda s: (s.metrics["cost_per_mtok"], s.number))
+
+
+def closest(study: optuna.Study, slo_bounds: dict[str, float]) -> TrialSummary | None:
+    """The trial that misses the SLO by the least (relative violations summed)."""
+
+    def miss(s: TrialSummary) -> float:
+        total = 0.0
+        for term, v in s.violations.items():
+            if v > 0:
+                total += v / slo_bounds[term] if slo_bounds.get(term) else v
+        return total
+
+    done = summaries(study)
+    return min(done, key=lambda s: (miss(s), s.number)) if done else None
+
+
+def pareto_front(study: optuna.Study) -> list[TrialSummary]:
+    """Feasible trials not dominated on (cost per token, TTFT P99)."""
+    points = [s for s in summaries(study) if s.feasible]
+    front = []
+    for s in points:
+        c, t = s.metrics["cost_per_mtok"], s.metrics["ttft_p99_s"]
+        if not any(
+            o.metrics["cost_per_mtok"] <= c
+            and o.metrics["ttft_p99_s"] <= t
+            and (o.metrics["cost_per_mtok"] < c or o.metrics["ttft_p99_s"] < t)
+            for o in points
+        ):
+            front.append(s)
+    return sorted(front, key=lambda s: s.metrics["cost_per_mtok"])

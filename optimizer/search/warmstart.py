@@ -1,0 +1,80 @@
+"""Warm start: enqueue trials at the knees of the trace's LRU miss-ratio curve.
+
+A cache much smaller than a curve's knee wastes its hits; one much larger buys little. So the
+first trials try each tier capacity of the space at the capacities where the exact one-pass
+LRU curve (``optimizer.sim.cache``) bends: the point farthest from the chord of the curve on a
+log-capacity axis (the "Kneedle" rule of Satopaa et al., 2011), and where the curve reaches
+90% and 99% of the hit ratio an unbounded cache gets.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from optimizer.hardware.types import ModelProfile
+from optimizer.policy.model import Policy
+from optimizer.search.space import Param, SearchSpace
+from optimizer.trace.blocked import BlockedTrace
+
+GB = 1e9
+
+
+def curve_knees(capacities: np.ndarray, hit_ratio: np.ndarray) -> list[int]:
+    """Capacities (blocks) at the curve's knee and at 90% / 99% of its final hit ratio."""
+    caps = np.asarray(capacities, dtype=np.float64)
+    hits = np.asarray(hit_ratio, dtype=np.float64)
+    if len(caps) < 3 or hits[-1] <= 0:
+        return []
+    x = (np.log(caps) - np.log(caps[0])) / max(np.log(caps[-1]) - np.log(caps[0]), 1e-12)
+    y = (hits - hits[0]) / max(hits[-1] - hits[0], 1e-12)
+    knees = {int(caps[int(np.argmax(y - x))])}
+    for share in (0.9, 0.99):
+        knees.add(int(caps[int(np.argmax(hits >= share * hits[-1]))]))
+    return sorted(knees)
+
+
+def knee_capacities_gb(
+    blocked: BlockedTrace, model: ModelProfile, kv_dtype: str = "bf16", points: int = 40
+) -> list[float]:
+    """The knees of ``blocked``'s LRU curve (prefix semantics) in GB of KV."""
+    from optimizer.sim.cache import default_capacities, miss_ratio_curve
+    from optimizer.sim.cache.mrc import working_set_blocks
+
+    working = working_set_blocks(blocked)
+    if working < 3:
+        return []
+    curve = miss_ratio_curve(blocked, "lru", default_capacities(working, points))
+    caps = np.array([p.capacity_blocks for p in curve.points])
+    ratio = np.array([p.hit_ratio_tokens for p in curve.points])
+    block_bytes = blocked.block_tokens * model.kv_bytes_per_token(kv_dtype)
+    return [c * block_bytes / GB for c in curve_knees(caps, ratio)]
+
+
+def _clip(param: Param, value: float) -> float | int:
+    v = min(max(value, float(param.low)), float(param.high))  # type: ignore[arg-type]
+    return int(round(v)) if param.integer else v
+
+
+def warm_start_trials(
+    space: SearchSpace, blocked: BlockedTrace, model: ModelProfile, policy: Policy
+) -> list[dict[str, Any]]:
+    """Parameter sets to enqueue: each free capacity parameter at each knee, tier switched on."""
+    capacity_params = [
+        p for p in space.free() if p.name.endswith(".capacity_gb") and p.choices is None
+    ]
+    if not capacity_params:
+        return []
+    knees = knee_capacities_gb(blocked, model, policy.kv_dtype)
+    free_names = {p.name for p in space.free()}
+    trials = []
+    for param in capacity_params:
+        enabled = param.name.rsplit(".", 1)[0] + ".enabled"
+        for gb in knees:
+            values: dict[str, Any] = {param.name: _clip(param, gb)}
+            if enabled in free_names:
+                values[enabled] = True
+            values.update({k: v for k, v in param.when if k in free_names})
+            trials.append(values)
+    return trials

@@ -1,0 +1,278 @@
+"""The optimizer end to end: optimum quality, exact replay of exports, failures and resumption."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from optimizer.hardware import load_hardware, load_model
+from optimizer.policy.file import read_policy_file
+from optimizer.policy.model import SLO, Policy
+from optimizer.search.objective import Evaluator
+from optimizer.search.run import optimize, parse_slo
+from optimizer.search.space import load_space
+from optimizer.trace.io import read_trace, write_trace
+from optimizer.trace.synth import synthesize
+from tests.helpers import assert_one_line_error, invoke
+
+# The enumerable space of the optimum test: 4 block sizes x 8 instance counts x 3 routers
+# x 3 token budgets = 288 points.
+SMALL_SPACE = """
+format = "kvtier-space/1"
+description = "288 points: block size, instances, routing, token budget"
+[params.block_tokens]
+choices = [16, 32, 64, 128]
+[params."serving.instances"]
+low = 1
+high = 8
+[params."serving.routing"]
+choices = ["round_robin", "least_loaded", "prefix_affinity"]
+[params."serving.max_num_batched_tokens"]
+choices = [1024, 4096, 16384]
+"""
+
+
+@pytest.fixture(scope="module")
+def trace_path(tmp_path_factory) -> Path:
+    path = tmp_path_factory.mktemp("opt") / "chat.parquet"
+    write_trace(synthesize("chat", requests=400, rate=12.0, seed=3), path)
+    return path
+
+
+@pytest.fixture()
+def space_path(tmp_path) -> Path:
+    path = tmp_path / "small.toml"
+    path.write_text(SMALL_SPACE)
+    return path
+
+
+SLO_TEXT = "ttft_p99=0.5,tpot_p99=0.05"
+
+
+def test_tpe_finds_the_exhaustive_optimum_within_two_percent(
+    trace_path, space_path, tmp_path
+) -> None:
+    space = load_space(space_path)
+    assert space.size() == 288
+    slo = parse_slo(SLO_TEXT)
+    base = Policy(hardware="h100-node", model="Llama-3.1-8B", slo=slo)
+    evaluator = Evaluator(
+        read_trace(trace_path), load_hardware("h100-node"), load_model("Llama-3.1-8B"), base, slo
+    )
+    costs = [ev.cost_per_mtok for ev in map(evaluator.evaluate, space.grid()) if ev.feasible]
+    optimum = min(costs)
+    assert len(costs) < 288  # the SLO binds: some points are infeasible
+    assert max(costs) > 3 * optimum  # and the space is not flat: a random pick is far off
+    result = optimize(
+        str(trace_path),
+        space=str(space_path),
+        slo_text=SLO_TEXT,
+        n_trials=100,
+        seed=7,
+        runs_dir=tmp_path / "runs",
+        out=str(tmp_path / "best.toml"),
+    )
+    assert result.best is not None
+    assert result.best.metrics["cost_per_mtok"] <= optimum * 1.02
+
+
+def test_exported_policy_replays_to_its_metrics(trace_path, tmp_path) -> None:
+    out = tmp_path / "p.toml"
+    for load in ("trace", "capacity"):
+        result = invoke(
+            "optimize",
+            "--trace",
+            str(trace_path),
+            "--trials",
+            "6",
+            "--load",
+            load,
+            "--slo",
+            SLO_TEXT,
+            "--out",
+            str(out),
+            "--study",
+            f"exp-{load}",
+            "--storage",
+            f"sqlite:///{tmp_path / 'runs.db'}",
+        )
+        assert result.code == 0, result.stderr
+        stored = read_policy_file(out)
+        assert stored.provenance["trial"] >= 0 and len(stored.provenance["trace_sha256"]) == 64
+        replayed = invoke("replay", "--policy", str(out), "--trace", str(trace_path), "--json")
+        assert replayed.code == 0, replayed.stderr
+        metrics = json.loads(replayed.stdout)
+        for key, value in stored.metrics.items():
+            if key != "engine":
+                assert metrics[key] == value, key
+
+
+def test_unmeetable_slo_names_closest_trial_and_binding_constraint(trace_path, tmp_path) -> None:
+    result = invoke(
+        "optimize",
+        "--trace",
+        str(trace_path),
+        "--trials",
+        "4",
+        "--slo",
+        "ttft_p99=0.000001,tpot_p99=10",
+        "--storage",
+        f"sqlite:///{tmp_path / 'r.db'}",
+        "--out",
+        str(tmp_path / "none.toml"),
+    )
+    assert result.code == 1
+    assert "no trial met the SLO" in result.stdout
+    assert "Closest: trial" in result.stdout and "ttft_p99_s" in result.stdout
+    assert not (tmp_path / "none.toml").exists()
+
+
+@pytest.mark.parametrize(
+    ("args", "needle"),
+    [
+        (["--pin", "block_tokens"], "--pin takes name=value"),
+        (["--pin", "serving.instances=99"], "outside"),
+        (["--space", "no-such-space"], "no such search space"),
+        (["--slo", "ttft_p42=3"], "--slo takes terms"),
+        (["--slo", "ttft_p99=-1"], "positive number"),
+        (["--hardware", "no-such-gpu-box"], "no-such-gpu-box"),
+    ],
+)
+def test_bad_options_are_one_line_errors(trace_path, tmp_path, args, needle) -> None:
+    result = invoke(
+        "optimize",
+        "--trace",
+        str(trace_path),
+        "--trials",
+        "1",
+        "--storage",
+        f"sqlite:///{tmp_path / 'x.db'}",
+        *args,
+    )
+    assert_one_line_error(result, needle)
+
+
+def test_rerun_continues_the_study(trace_path, tmp_path) -> None:
+    common = dict(
+        slo_text=SLO_TEXT,
+        study_name="again",
+        runs_dir=tmp_path / "runs",
+        out=str(tmp_path / "a.toml"),
+        seed=1,
+    )
+    first = optimize(str(trace_path), n_trials=3, **common)
+    second = optimize(str(trace_path), n_trials=4, **common)
+    assert (first.n_trials, second.n_trials, second.new_trials) == (3, 7, 4)
+    assert (tmp_path / "runs" / "again.db").exists()
+
+
+def test_interrupt_leaves_a_resumable_study(trace_path, tmp_path, monkeypatch) -> None:
+    import optimizer.search.study as study_mod
+
+    calls = {"n": 0}
+    original = study_mod.record
+
+    def interrupt_on_third(trial, ev):
+        calls["n"] += 1
+        if calls["n"] == 3:
+            raise KeyboardInterrupt
+        original(trial, ev)
+
+    monkeypatch.setattr(study_mod, "record", interrupt_on_third)
+    args = [
+        "optimize",
+        "--trace",
+        str(trace_path),
+        "--trials",
+        "10",
+        "--slo",
+        SLO_TEXT,
+        "--study",
+        "cut",
+        "--storage",
+        f"sqlite:///{tmp_path / 'cut.db'}",
+        "--out",
+        str(tmp_path / "c.toml"),
+    ]
+    cut = invoke(*args)
+    assert cut.code == 130 and "run the same command again" in cut.stderr
+    monkeypatch.setattr(study_mod, "record", original)
+    resumed = invoke(*args, "--json")
+    assert resumed.code == 0, resumed.stderr
+    data = json.loads(resumed.stdout)
+    assert data["trials"] == 3 + 10 and data["new_trials"] == 10
+
+
+def test_pareto_and_threads(trace_path, tmp_path) -> None:
+    result = optimize(
+        str(trace_path),
+        slo_text=SLO_TEXT,
+        n_trials=8,
+        n_jobs=2,
+        pareto=True,
+        runs_dir=tmp_path / "runs",
+        out=str(tmp_path / "p.toml"),
+    )
+    assert result.front
+    costs = [s.metrics["cost_per_mtok"] for s in result.front]
+    p99s = [s.metrics["ttft_p99_s"] for s in result.front]
+    assert costs == sorted(costs) and p99s == sorted(p99s, reverse=True)
+
+
+def test_trace_changed_under_a_study_is_refused(trace_path, tmp_path) -> None:
+    other = tmp_path / "other.parquet"
+    write_trace(synthesize("short", requests=50, rate=5.0, seed=1), other)
+    common = dict(
+        slo_text=SLO_TEXT,
+        study_name="same",
+        runs_dir=tmp_path / "runs",
+        n_trials=1,
+        out=str(tmp_path / "o.toml"),
+    )
+    optimize(str(trace_path), **common)
+    from optimizer.errors import InputError
+
+    with pytest.raises(InputError, match="different trace"):
+        optimize(str(other), **common)
+
+
+def test_slo_parsing() -> None:
+    assert parse_slo("ttft_p99=5,ttft_mean=2,tpot_p99=0.1") == SLO(
+        ttft_mean_s=2.0, ttft_p99_s=5.0, tpot_p99_s=0.1
+    )
+    assert parse_slo(None).ttft_p99_s is not None
+
+
+def test_optimize_console_script(trace_path, tmp_path) -> None:
+    """The stand-alone `optimize` entry point, in a subprocess, as installed."""
+    import subprocess
+    import sys
+
+    from tests.helpers import REPO
+
+    code = "from optimizer.cli import optimize_main; optimize_main()"
+    base = [
+        sys.executable,
+        "-c",
+        code,
+        "--trace",
+        str(trace_path),
+        "--trials",
+        "3",
+        "--slo",
+        SLO_TEXT,
+        "--storage",
+        f"sqlite:///{tmp_path / 's.db'}",
+        "--out",
+        str(tmp_path / "o.toml"),
+    ]
+    env = {"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin"}
+    ok = subprocess.run(base, capture_output=True, text=True, env=env, cwd=tmp_path)
+    assert ok.returncode == 0, ok.stderr
+    assert "cheaper per token" in ok.stdout or "does not meet" in ok.stdout
+    bad = subprocess.run(
+        [*base, "--jobs", "0"], capture_output=True, text=True, env=env, cwd=tmp_path
+    )
+    assert bad.returncode == 2 and len(bad.stderr.strip().splitlines()) == 1
