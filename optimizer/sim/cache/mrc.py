@@ -29,7 +29,7 @@ from optimizer.trace.blocked import BlockedTrace
 
 
 @njit(cache=True, nogil=True, _nrt=False)
-def _popcount_nb(x):  # noqa: ANN001, ANN201
+def _popcount_nb(x: int) -> int:
     """Set bits of a uint64 (SWAR)."""
     x = x - ((x >> np.uint64(1)) & np.uint64(0x5555555555555555))
     x = (x & np.uint64(0x3333333333333333)) + ((x >> np.uint64(2)) & np.uint64(0x3333333333333333))
@@ -38,7 +38,7 @@ def _popcount_nb(x):  # noqa: ANN001, ANN201
 
 
 @njit(cache=True, nogil=True, _nrt=False)
-def _marked_before_nb(bits, tree, t):  # noqa: ANN001, ANN201
+def _marked_before_nb(bits: np.ndarray, tree: np.ndarray, t: int) -> int:
     """Marked touch times ``< t``: Fenwick sum over whole 64-bit words, popcount of the rest."""
     w = t >> 6
     s = 0
@@ -53,7 +53,7 @@ def _marked_before_nb(bits, tree, t):  # noqa: ANN001, ANN201
 
 
 @njit(cache=True, nogil=True, _nrt=False)
-def _flip_nb(bits, tree, t, v):  # noqa: ANN001, ANN201
+def _flip_nb(bits: np.ndarray, tree: np.ndarray, t: int, v: int) -> None:
     """Mark (v=1) or unmark (v=-1) touch time ``t``."""
     w = t >> 6
     bits[w] ^= np.uint64(1) << np.uint64(t & 63)
@@ -65,7 +65,7 @@ def _flip_nb(bits, tree, t, v):  # noqa: ANN001, ANN201
 
 
 @njit(cache=True, nogil=True, _nrt=False)
-def _touch_nb(bits, tree, last, b, t):  # noqa: ANN001, ANN201
+def _touch_nb(bits: np.ndarray, tree: np.ndarray, last: np.ndarray, b: int, t: int) -> int:
     """Block ``b`` touched at time ``t``; returns 1 if it was never touched before."""
     new = 0
     if last[b] >= 0:
@@ -78,7 +78,16 @@ def _touch_nb(bits, tree, last, b, t):  # noqa: ANN001, ANN201
 
 
 @njit(cache=True, nogil=True, _nrt=False)
-def lru_stack_hist_nb(offsets, ids, semantics, first_measured, bits, tree, last, hist):  # noqa: ANN001, ANN201
+def lru_stack_hist_nb(
+    offsets: np.ndarray,
+    ids: np.ndarray,
+    semantics: int,
+    first_measured: int,
+    bits: np.ndarray,
+    tree: np.ndarray,
+    last: np.ndarray,
+    hist: np.ndarray,
+) -> None:
     """Histogram of hit distances: ``hist[d]`` = measured block lookups that hit iff C >= d.
 
     ``hist`` has ``n_blocks + 2`` slots; slot ``n_blocks + 1`` collects cold misses. Scratch:

@@ -19,6 +19,7 @@ dispatching per access cost another factor of about three.
 
 from __future__ import annotations
 
+import numpy as np
 from numba import njit
 
 from optimizer.sim.cache.enums import (
@@ -43,14 +44,35 @@ from optimizer.sim.cache.policies import fifo, gdsf, lfu, lru, s3fifo, sieve
 
 
 @njit(cache=True, nogil=True, _nrt=False, inline="always")
-def contains_nb(meta, fmeta, blk, prio, stamp, heap, hpos, cost, b):  # noqa: ANN001, ANN201
+def contains_nb(
+    meta: np.ndarray,
+    fmeta: np.ndarray,
+    blk: np.ndarray,
+    prio: np.ndarray,
+    stamp: np.ndarray,
+    heap: np.ndarray,
+    hpos: np.ndarray,
+    cost: np.ndarray,
+    b: int,
+) -> bool:
     """Is block ``b`` resident? Changes nothing (a ghost entry is not residency)."""
     w = blk[b, L_WHERE]
     return w == W_MAIN or w == W_SMALL  # noqa: SIM109 - two compares, no tuple, in numba
 
 
 @njit(cache=True, nogil=True, _nrt=False, inline="always")
-def _hit_nb(meta, fmeta, blk, prio, stamp, heap, hpos, cost, pol, b):  # noqa: ANN001, ANN201
+def _hit_nb(
+    meta: np.ndarray,
+    fmeta: np.ndarray,
+    blk: np.ndarray,
+    prio: np.ndarray,
+    stamp: np.ndarray,
+    heap: np.ndarray,
+    hpos: np.ndarray,
+    cost: np.ndarray,
+    pol: int,
+    b: int,
+) -> None:
     if pol == LRU:
         lru.hit_nb(meta, fmeta, blk, prio, stamp, heap, hpos, cost, b)
     elif pol == FIFO:
@@ -66,7 +88,17 @@ def _hit_nb(meta, fmeta, blk, prio, stamp, heap, hpos, cost, pol, b):  # noqa: A
 
 
 @njit(cache=True, nogil=True, _nrt=False, inline="always")
-def _evict_nb(meta, fmeta, blk, prio, stamp, heap, hpos, cost, pol):  # noqa: ANN001, ANN201
+def _evict_nb(
+    meta: np.ndarray,
+    fmeta: np.ndarray,
+    blk: np.ndarray,
+    prio: np.ndarray,
+    stamp: np.ndarray,
+    heap: np.ndarray,
+    hpos: np.ndarray,
+    cost: np.ndarray,
+    pol: int,
+) -> int:
     if pol == LRU:
         return lru.evict_nb(meta, fmeta, blk, prio, stamp, heap, hpos, cost)
     elif pol == FIFO:
@@ -81,7 +113,19 @@ def _evict_nb(meta, fmeta, blk, prio, stamp, heap, hpos, cost, pol):  # noqa: AN
 
 
 @njit(cache=True, nogil=True, _nrt=False, inline="always")
-def _insert_nb(meta, fmeta, blk, prio, stamp, heap, hpos, cost, pol, b, ghost_hit):  # noqa: ANN001, ANN201
+def _insert_nb(
+    meta: np.ndarray,
+    fmeta: np.ndarray,
+    blk: np.ndarray,
+    prio: np.ndarray,
+    stamp: np.ndarray,
+    heap: np.ndarray,
+    hpos: np.ndarray,
+    cost: np.ndarray,
+    pol: int,
+    b: int,
+    ghost_hit: int,
+) -> bool:
     if pol == LRU:
         return lru.insert_nb(meta, fmeta, blk, prio, stamp, heap, hpos, cost, b)
     elif pol == FIFO:
@@ -96,7 +140,18 @@ def _insert_nb(meta, fmeta, blk, prio, stamp, heap, hpos, cost, pol, b, ghost_hi
 
 
 @njit(cache=True, nogil=True, _nrt=False, inline="always")
-def _access_nb(pol, meta, fmeta, blk, prio, stamp, heap, hpos, cost, b):  # noqa: ANN001, ANN201
+def _access_nb(
+    pol: int,
+    meta: np.ndarray,
+    fmeta: np.ndarray,
+    blk: np.ndarray,
+    prio: np.ndarray,
+    stamp: np.ndarray,
+    heap: np.ndarray,
+    hpos: np.ndarray,
+    cost: np.ndarray,
+    b: int,
+) -> tuple[bool, int]:
     """Access block ``b``: a hit updates the policy, a miss admits it.
 
     Returns ``(hit, evicted)``: ``evicted`` is the block that left the tier to make room
@@ -138,7 +193,17 @@ def _access_nb(pol, meta, fmeta, blk, prio, stamp, heap, hpos, cost, b):  # noqa
 
 
 @njit(cache=True, nogil=True, _nrt=False)
-def remove_nb(meta, fmeta, blk, prio, stamp, heap, hpos, cost, b):  # noqa: ANN001, ANN201
+def remove_nb(
+    meta: np.ndarray,
+    fmeta: np.ndarray,
+    blk: np.ndarray,
+    prio: np.ndarray,
+    stamp: np.ndarray,
+    heap: np.ndarray,
+    hpos: np.ndarray,
+    cost: np.ndarray,
+    b: int,
+) -> None:
     """Drop block ``b`` from the tier (and from S3-FIFO's ghost); True if it was resident."""
     pol = meta[M_POLICY]
     resident = contains_nb(meta, fmeta, blk, prio, stamp, heap, hpos, cost, b)
@@ -161,7 +226,17 @@ def remove_nb(meta, fmeta, blk, prio, stamp, heap, hpos, cost, b):  # noqa: ANN0
 
 
 @njit(cache=True, nogil=True, _nrt=False)
-def access_nb(meta, fmeta, blk, prio, stamp, heap, hpos, cost, b):  # noqa: ANN001, ANN201
+def access_nb(
+    meta: np.ndarray,
+    fmeta: np.ndarray,
+    blk: np.ndarray,
+    prio: np.ndarray,
+    stamp: np.ndarray,
+    heap: np.ndarray,
+    hpos: np.ndarray,
+    cost: np.ndarray,
+    b: int,
+) -> tuple[bool, int]:
     """Access block ``b``: a hit updates the policy, a miss admits it.
 
     Returns ``(hit, evicted)``: ``evicted`` is the block that left the tier to make room
@@ -174,20 +249,20 @@ def access_nb(meta, fmeta, blk, prio, stamp, heap, hpos, cost, b):  # noqa: ANN0
 
 @njit(cache=True, nogil=True, _nrt=False, inline="always")
 def _replay_loop_nb(
-    pol,
-    meta,
-    fmeta,
-    blk,
-    prio,
-    stamp,
-    heap,
-    hpos,
-    cost,
-    offsets,
-    ids,
-    semantics,
-    hits_out,
-):  # noqa: ANN001, ANN201
+    pol: int,
+    meta: np.ndarray,
+    fmeta: np.ndarray,
+    blk: np.ndarray,
+    prio: np.ndarray,
+    stamp: np.ndarray,
+    heap: np.ndarray,
+    hpos: np.ndarray,
+    cost: np.ndarray,
+    offsets: np.ndarray,
+    ids: np.ndarray,
+    semantics: int,
+    hits_out: np.ndarray,
+) -> None:
     n = len(offsets) - 1
     for r in range(n):
         lo = offsets[r]
@@ -210,19 +285,19 @@ def _replay_loop_nb(
 
 @njit(cache=True, nogil=True, _nrt=False)
 def replay_nb(
-    meta,
-    fmeta,
-    blk,
-    prio,
-    stamp,
-    heap,
-    hpos,
-    cost,
-    offsets,
-    ids,
-    semantics,
-    hits_out,
-):  # noqa: ANN001, ANN201
+    meta: np.ndarray,
+    fmeta: np.ndarray,
+    blk: np.ndarray,
+    prio: np.ndarray,
+    stamp: np.ndarray,
+    heap: np.ndarray,
+    hpos: np.ndarray,
+    cost: np.ndarray,
+    offsets: np.ndarray,
+    ids: np.ndarray,
+    semantics: int,
+    hits_out: np.ndarray,
+) -> None:
     """Replay requests ``offsets``/``ids`` (CSR) through one tier; hit blocks per request.
 
     PREFIX: the hits of a request are its longest run of resident blocks from block 0, looked
@@ -332,19 +407,19 @@ def replay_nb(
 
 @njit(cache=True, nogil=True, _nrt=False, inline="always")
 def _access_many_loop_nb(
-    pol,
-    meta,
-    fmeta,
-    blk,
-    prio,
-    stamp,
-    heap,
-    hpos,
-    cost,
-    ids,
-    hit_out,
-    evicted_out,
-):  # noqa: ANN001, ANN201
+    pol: int,
+    meta: np.ndarray,
+    fmeta: np.ndarray,
+    blk: np.ndarray,
+    prio: np.ndarray,
+    stamp: np.ndarray,
+    heap: np.ndarray,
+    hpos: np.ndarray,
+    cost: np.ndarray,
+    ids: np.ndarray,
+    hit_out: np.ndarray,
+    evicted_out: np.ndarray,
+) -> None:
     for j in range(len(ids)):
         hit, v = _access_nb(pol, meta, fmeta, blk, prio, stamp, heap, hpos, cost, ids[j])
         hit_out[j] = hit
@@ -352,7 +427,19 @@ def _access_many_loop_nb(
 
 
 @njit(cache=True, nogil=True, _nrt=False)
-def access_many_nb(meta, fmeta, blk, prio, stamp, heap, hpos, cost, ids, hit_out, evicted_out):  # noqa: ANN001, ANN201
+def access_many_nb(
+    meta: np.ndarray,
+    fmeta: np.ndarray,
+    blk: np.ndarray,
+    prio: np.ndarray,
+    stamp: np.ndarray,
+    heap: np.ndarray,
+    hpos: np.ndarray,
+    cost: np.ndarray,
+    ids: np.ndarray,
+    hit_out: np.ndarray,
+    evicted_out: np.ndarray,
+) -> None:
     """Access ``ids`` in order (flat), recording each hit flag and evicted block."""
     pol = meta[M_POLICY]
     if pol == LRU:

@@ -18,6 +18,7 @@ costs come from an array.
 
 from __future__ import annotations
 
+import numpy as np
 from numba import njit
 
 from optimizer.sim.cache.enums import F_INFLATION, L_FREQ, L_WHERE, M_CLOCK, W_ABSENT, W_MAIN
@@ -29,7 +30,17 @@ DOC = "greedy-dual size-frequency: H = L + cost * freq, evict min H, L = H of th
 
 
 @njit(cache=True, nogil=True, _nrt=False)
-def hit_nb(meta, fmeta, blk, prio, stamp, heap, hpos, cost, b):  # noqa: ANN001, ANN201
+def hit_nb(
+    meta: np.ndarray,
+    fmeta: np.ndarray,
+    blk: np.ndarray,
+    prio: np.ndarray,
+    stamp: np.ndarray,
+    heap: np.ndarray,
+    hpos: np.ndarray,
+    cost: np.ndarray,
+    b: int,
+) -> None:
     blk[b, L_FREQ] += 1
     prio[b] = fmeta[F_INFLATION] + cost[b] * blk[b, L_FREQ]
     stamp[b] = meta[M_CLOCK]
@@ -37,7 +48,17 @@ def hit_nb(meta, fmeta, blk, prio, stamp, heap, hpos, cost, b):  # noqa: ANN001,
 
 
 @njit(cache=True, nogil=True, _nrt=False)
-def insert_nb(meta, fmeta, blk, prio, stamp, heap, hpos, cost, b):  # noqa: ANN001, ANN201
+def insert_nb(
+    meta: np.ndarray,
+    fmeta: np.ndarray,
+    blk: np.ndarray,
+    prio: np.ndarray,
+    stamp: np.ndarray,
+    heap: np.ndarray,
+    hpos: np.ndarray,
+    cost: np.ndarray,
+    b: int,
+) -> bool:
     blk[b, L_WHERE] = W_MAIN
     blk[b, L_FREQ] = 1
     prio[b] = fmeta[F_INFLATION] + cost[b] * 1
@@ -47,7 +68,16 @@ def insert_nb(meta, fmeta, blk, prio, stamp, heap, hpos, cost, b):  # noqa: ANN0
 
 
 @njit(cache=True, nogil=True, _nrt=False)
-def evict_nb(meta, fmeta, blk, prio, stamp, heap, hpos, cost):  # noqa: ANN001, ANN201
+def evict_nb(
+    meta: np.ndarray,
+    fmeta: np.ndarray,
+    blk: np.ndarray,
+    prio: np.ndarray,
+    stamp: np.ndarray,
+    heap: np.ndarray,
+    hpos: np.ndarray,
+    cost: np.ndarray,
+) -> int:
     v = heap_pop_nb(meta, heap, hpos, prio, stamp)
     fmeta[F_INFLATION] = prio[v]
     blk[v, L_WHERE] = W_ABSENT
@@ -56,7 +86,17 @@ def evict_nb(meta, fmeta, blk, prio, stamp, heap, hpos, cost):  # noqa: ANN001, 
 
 
 @njit(cache=True, nogil=True, _nrt=False)
-def remove_nb(meta, fmeta, blk, prio, stamp, heap, hpos, cost, b):  # noqa: ANN001, ANN201
+def remove_nb(
+    meta: np.ndarray,
+    fmeta: np.ndarray,
+    blk: np.ndarray,
+    prio: np.ndarray,
+    stamp: np.ndarray,
+    heap: np.ndarray,
+    hpos: np.ndarray,
+    cost: np.ndarray,
+    b: int,
+) -> None:
     heap_remove_nb(meta, heap, hpos, prio, stamp, b)
     blk[b, L_WHERE] = W_ABSENT
     blk[b, L_FREQ] = 0

@@ -10,6 +10,7 @@ No parameters.
 
 from __future__ import annotations
 
+import numpy as np
 from numba import njit
 
 from optimizer.sim.cache.enums import L_FREQ, L_WHERE, M_CLOCK, W_ABSENT, W_MAIN
@@ -21,7 +22,17 @@ DOC = "least frequently used, ties by least recently used"
 
 
 @njit(cache=True, nogil=True, _nrt=False)
-def hit_nb(meta, fmeta, blk, prio, stamp, heap, hpos, cost, b):  # noqa: ANN001, ANN201
+def hit_nb(
+    meta: np.ndarray,
+    fmeta: np.ndarray,
+    blk: np.ndarray,
+    prio: np.ndarray,
+    stamp: np.ndarray,
+    heap: np.ndarray,
+    hpos: np.ndarray,
+    cost: np.ndarray,
+    b: int,
+) -> None:
     blk[b, L_FREQ] += 1
     prio[b] = blk[b, L_FREQ]
     stamp[b] = meta[M_CLOCK]
@@ -29,7 +40,17 @@ def hit_nb(meta, fmeta, blk, prio, stamp, heap, hpos, cost, b):  # noqa: ANN001,
 
 
 @njit(cache=True, nogil=True, _nrt=False)
-def insert_nb(meta, fmeta, blk, prio, stamp, heap, hpos, cost, b):  # noqa: ANN001, ANN201
+def insert_nb(
+    meta: np.ndarray,
+    fmeta: np.ndarray,
+    blk: np.ndarray,
+    prio: np.ndarray,
+    stamp: np.ndarray,
+    heap: np.ndarray,
+    hpos: np.ndarray,
+    cost: np.ndarray,
+    b: int,
+) -> bool:
     blk[b, L_WHERE] = W_MAIN
     blk[b, L_FREQ] = 1
     prio[b] = 1.0
@@ -39,7 +60,16 @@ def insert_nb(meta, fmeta, blk, prio, stamp, heap, hpos, cost, b):  # noqa: ANN0
 
 
 @njit(cache=True, nogil=True, _nrt=False)
-def evict_nb(meta, fmeta, blk, prio, stamp, heap, hpos, cost):  # noqa: ANN001, ANN201
+def evict_nb(
+    meta: np.ndarray,
+    fmeta: np.ndarray,
+    blk: np.ndarray,
+    prio: np.ndarray,
+    stamp: np.ndarray,
+    heap: np.ndarray,
+    hpos: np.ndarray,
+    cost: np.ndarray,
+) -> int:
     v = heap_pop_nb(meta, heap, hpos, prio, stamp)
     blk[v, L_WHERE] = W_ABSENT
     blk[v, L_FREQ] = 0
@@ -47,7 +77,17 @@ def evict_nb(meta, fmeta, blk, prio, stamp, heap, hpos, cost):  # noqa: ANN001, 
 
 
 @njit(cache=True, nogil=True, _nrt=False)
-def remove_nb(meta, fmeta, blk, prio, stamp, heap, hpos, cost, b):  # noqa: ANN001, ANN201
+def remove_nb(
+    meta: np.ndarray,
+    fmeta: np.ndarray,
+    blk: np.ndarray,
+    prio: np.ndarray,
+    stamp: np.ndarray,
+    heap: np.ndarray,
+    hpos: np.ndarray,
+    cost: np.ndarray,
+    b: int,
+) -> None:
     heap_remove_nb(meta, heap, hpos, prio, stamp, b)
     blk[b, L_WHERE] = W_ABSENT
     blk[b, L_FREQ] = 0

@@ -6,6 +6,7 @@ inserts it at the head; eviction takes the tail. No parameters.
 
 from __future__ import annotations
 
+import numpy as np
 from numba import njit
 
 from optimizer.sim.cache.enums import L_WHERE, M_HEAD, M_TAIL, W_ABSENT, W_MAIN
@@ -17,20 +18,49 @@ DOC = "least recently used; a hit moves the block to the head, eviction takes th
 
 
 @njit(cache=True, nogil=True, _nrt=False)
-def hit_nb(meta, fmeta, blk, prio, stamp, heap, hpos, cost, b):  # noqa: ANN001, ANN201 - numba tuple state
+def hit_nb(
+    meta: np.ndarray,
+    fmeta: np.ndarray,
+    blk: np.ndarray,
+    prio: np.ndarray,
+    stamp: np.ndarray,
+    heap: np.ndarray,
+    hpos: np.ndarray,
+    cost: np.ndarray,
+    b: int,
+) -> None:
     unlink_nb(meta, M_HEAD, M_TAIL, blk, b)
     push_head_nb(meta, M_HEAD, M_TAIL, blk, b)
 
 
 @njit(cache=True, nogil=True, _nrt=False)
-def insert_nb(meta, fmeta, blk, prio, stamp, heap, hpos, cost, b):  # noqa: ANN001, ANN201
+def insert_nb(
+    meta: np.ndarray,
+    fmeta: np.ndarray,
+    blk: np.ndarray,
+    prio: np.ndarray,
+    stamp: np.ndarray,
+    heap: np.ndarray,
+    hpos: np.ndarray,
+    cost: np.ndarray,
+    b: int,
+) -> bool:
     blk[b, L_WHERE] = W_MAIN
     push_head_nb(meta, M_HEAD, M_TAIL, blk, b)
     return True
 
 
 @njit(cache=True, nogil=True, _nrt=False)
-def evict_nb(meta, fmeta, blk, prio, stamp, heap, hpos, cost):  # noqa: ANN001, ANN201
+def evict_nb(
+    meta: np.ndarray,
+    fmeta: np.ndarray,
+    blk: np.ndarray,
+    prio: np.ndarray,
+    stamp: np.ndarray,
+    heap: np.ndarray,
+    hpos: np.ndarray,
+    cost: np.ndarray,
+) -> int:
     v = meta[M_TAIL]
     unlink_nb(meta, M_HEAD, M_TAIL, blk, v)
     blk[v, L_WHERE] = W_ABSENT
@@ -38,6 +68,16 @@ def evict_nb(meta, fmeta, blk, prio, stamp, heap, hpos, cost):  # noqa: ANN001, 
 
 
 @njit(cache=True, nogil=True, _nrt=False)
-def remove_nb(meta, fmeta, blk, prio, stamp, heap, hpos, cost, b):  # noqa: ANN001, ANN201
+def remove_nb(
+    meta: np.ndarray,
+    fmeta: np.ndarray,
+    blk: np.ndarray,
+    prio: np.ndarray,
+    stamp: np.ndarray,
+    heap: np.ndarray,
+    hpos: np.ndarray,
+    cost: np.ndarray,
+    b: int,
+) -> None:
     unlink_nb(meta, M_HEAD, M_TAIL, blk, b)
     blk[b, L_WHERE] = W_ABSENT

@@ -24,6 +24,7 @@ Parameters: ``small`` (0.1), ``ghost`` (0.9), ``threshold`` (2): libCacheSim's d
 
 from __future__ import annotations
 
+import numpy as np
 from numba import njit
 
 from optimizer.sim.cache.enums import (
@@ -63,12 +64,32 @@ def sizes(capacity: int, small: float, ghost: float) -> tuple[int, int, int]:
 
 
 @njit(cache=True, nogil=True, _nrt=False)
-def hit_nb(meta, fmeta, blk, prio, stamp, heap, hpos, cost, b):  # noqa: ANN001, ANN201
+def hit_nb(
+    meta: np.ndarray,
+    fmeta: np.ndarray,
+    blk: np.ndarray,
+    prio: np.ndarray,
+    stamp: np.ndarray,
+    heap: np.ndarray,
+    hpos: np.ndarray,
+    cost: np.ndarray,
+    b: int,
+) -> None:
     blk[b, L_FREQ] += 1
 
 
 @njit(cache=True, nogil=True, _nrt=False)
-def ghost_check_nb(meta, fmeta, blk, prio, stamp, heap, hpos, cost, b):  # noqa: ANN001, ANN201
+def ghost_check_nb(
+    meta: np.ndarray,
+    fmeta: np.ndarray,
+    blk: np.ndarray,
+    prio: np.ndarray,
+    stamp: np.ndarray,
+    heap: np.ndarray,
+    hpos: np.ndarray,
+    cost: np.ndarray,
+    b: int,
+) -> int:
     """On a miss: drop ``b`` from the ghost; return 1 if it was there (then it goes to main)."""
     if blk[b, L_WHERE] == W_GHOST:
         unlink_nb(meta, M_GHEAD, M_GTAIL, blk, b)
@@ -79,12 +100,32 @@ def ghost_check_nb(meta, fmeta, blk, prio, stamp, heap, hpos, cost, b):  # noqa:
 
 
 @njit(cache=True, nogil=True, _nrt=False)
-def can_admit_nb(meta, fmeta, blk, prio, stamp, heap, hpos, cost):  # noqa: ANN001, ANN201
+def can_admit_nb(
+    meta: np.ndarray,
+    fmeta: np.ndarray,
+    blk: np.ndarray,
+    prio: np.ndarray,
+    stamp: np.ndarray,
+    heap: np.ndarray,
+    hpos: np.ndarray,
+    cost: np.ndarray,
+) -> bool:
     return meta[M_SMALL_CAP] >= 1
 
 
 @njit(cache=True, nogil=True, _nrt=False)
-def insert_nb(meta, fmeta, blk, prio, stamp, heap, hpos, cost, b, ghost_hit):  # noqa: ANN001, ANN201
+def insert_nb(
+    meta: np.ndarray,
+    fmeta: np.ndarray,
+    blk: np.ndarray,
+    prio: np.ndarray,
+    stamp: np.ndarray,
+    heap: np.ndarray,
+    hpos: np.ndarray,
+    cost: np.ndarray,
+    b: int,
+    ghost_hit: int,
+) -> bool:
     if ghost_hit == 0:
         if meta[M_SMALL_CAP] <= 1:
             return False
@@ -103,7 +144,17 @@ def insert_nb(meta, fmeta, blk, prio, stamp, heap, hpos, cost, b, ghost_hit):  #
 
 
 @njit(cache=True, nogil=True, _nrt=False)
-def _ghost_add_nb(meta, fmeta, blk, prio, stamp, heap, hpos, cost, b):  # noqa: ANN001, ANN201
+def _ghost_add_nb(
+    meta: np.ndarray,
+    fmeta: np.ndarray,
+    blk: np.ndarray,
+    prio: np.ndarray,
+    stamp: np.ndarray,
+    heap: np.ndarray,
+    hpos: np.ndarray,
+    cost: np.ndarray,
+    b: int,
+) -> None:
     if meta[M_GHOST_CAP] <= 0:
         blk[b, L_WHERE] = W_ABSENT
         return
@@ -118,7 +169,16 @@ def _ghost_add_nb(meta, fmeta, blk, prio, stamp, heap, hpos, cost, b):  # noqa: 
 
 
 @njit(cache=True, nogil=True, _nrt=False)
-def _evict_main_nb(meta, fmeta, blk, prio, stamp, heap, hpos, cost):  # noqa: ANN001, ANN201
+def _evict_main_nb(
+    meta: np.ndarray,
+    fmeta: np.ndarray,
+    blk: np.ndarray,
+    prio: np.ndarray,
+    stamp: np.ndarray,
+    heap: np.ndarray,
+    hpos: np.ndarray,
+    cost: np.ndarray,
+) -> int:
     while meta[M_N_MAIN] > 0:
         v = meta[M_TAIL]
         unlink_nb(meta, M_HEAD, M_TAIL, blk, v)
@@ -134,7 +194,16 @@ def _evict_main_nb(meta, fmeta, blk, prio, stamp, heap, hpos, cost):  # noqa: AN
 
 
 @njit(cache=True, nogil=True, _nrt=False)
-def _evict_small_nb(meta, fmeta, blk, prio, stamp, heap, hpos, cost):  # noqa: ANN001, ANN201
+def _evict_small_nb(
+    meta: np.ndarray,
+    fmeta: np.ndarray,
+    blk: np.ndarray,
+    prio: np.ndarray,
+    stamp: np.ndarray,
+    heap: np.ndarray,
+    hpos: np.ndarray,
+    cost: np.ndarray,
+) -> int:
     while meta[M_N_SMALL] > 0:
         v = meta[M_STAIL]
         unlink_nb(meta, M_SHEAD, M_STAIL, blk, v)
@@ -152,7 +221,16 @@ def _evict_small_nb(meta, fmeta, blk, prio, stamp, heap, hpos, cost):  # noqa: A
 
 
 @njit(cache=True, nogil=True, _nrt=False)
-def evict_nb(meta, fmeta, blk, prio, stamp, heap, hpos, cost):  # noqa: ANN001, ANN201
+def evict_nb(
+    meta: np.ndarray,
+    fmeta: np.ndarray,
+    blk: np.ndarray,
+    prio: np.ndarray,
+    stamp: np.ndarray,
+    heap: np.ndarray,
+    hpos: np.ndarray,
+    cost: np.ndarray,
+) -> int:
     """One eviction step; returns the evicted block, or NIL if small emptied into main."""
     meta[M_HAS_EVICTED] = 1
     if meta[M_N_MAIN] > meta[M_MAIN_CAP] or meta[M_N_SMALL] == 0:
@@ -161,7 +239,17 @@ def evict_nb(meta, fmeta, blk, prio, stamp, heap, hpos, cost):  # noqa: ANN001, 
 
 
 @njit(cache=True, nogil=True, _nrt=False)
-def remove_nb(meta, fmeta, blk, prio, stamp, heap, hpos, cost, b):  # noqa: ANN001, ANN201
+def remove_nb(
+    meta: np.ndarray,
+    fmeta: np.ndarray,
+    blk: np.ndarray,
+    prio: np.ndarray,
+    stamp: np.ndarray,
+    heap: np.ndarray,
+    hpos: np.ndarray,
+    cost: np.ndarray,
+    b: int,
+) -> None:
     w = blk[b, L_WHERE]
     if w == W_SMALL:
         unlink_nb(meta, M_SHEAD, M_STAIL, blk, b)

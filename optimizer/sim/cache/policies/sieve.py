@@ -10,6 +10,7 @@ the block under the hand moves the hand to its newer neighbour. No parameters.
 
 from __future__ import annotations
 
+import numpy as np
 from numba import njit
 
 from optimizer.sim.cache.enums import (
@@ -31,12 +32,32 @@ DOC = "FIFO with a visited bit; the hand clears bits from old to new and evicts 
 
 
 @njit(cache=True, nogil=True, _nrt=False)
-def hit_nb(meta, fmeta, blk, prio, stamp, heap, hpos, cost, b):  # noqa: ANN001, ANN201
+def hit_nb(
+    meta: np.ndarray,
+    fmeta: np.ndarray,
+    blk: np.ndarray,
+    prio: np.ndarray,
+    stamp: np.ndarray,
+    heap: np.ndarray,
+    hpos: np.ndarray,
+    cost: np.ndarray,
+    b: int,
+) -> None:
     blk[b, L_FREQ] = 1
 
 
 @njit(cache=True, nogil=True, _nrt=False)
-def insert_nb(meta, fmeta, blk, prio, stamp, heap, hpos, cost, b):  # noqa: ANN001, ANN201
+def insert_nb(
+    meta: np.ndarray,
+    fmeta: np.ndarray,
+    blk: np.ndarray,
+    prio: np.ndarray,
+    stamp: np.ndarray,
+    heap: np.ndarray,
+    hpos: np.ndarray,
+    cost: np.ndarray,
+    b: int,
+) -> bool:
     blk[b, L_WHERE] = W_MAIN
     blk[b, L_FREQ] = 0
     push_head_nb(meta, M_HEAD, M_TAIL, blk, b)
@@ -44,7 +65,16 @@ def insert_nb(meta, fmeta, blk, prio, stamp, heap, hpos, cost, b):  # noqa: ANN0
 
 
 @njit(cache=True, nogil=True, _nrt=False)
-def evict_nb(meta, fmeta, blk, prio, stamp, heap, hpos, cost):  # noqa: ANN001, ANN201
+def evict_nb(
+    meta: np.ndarray,
+    fmeta: np.ndarray,
+    blk: np.ndarray,
+    prio: np.ndarray,
+    stamp: np.ndarray,
+    heap: np.ndarray,
+    hpos: np.ndarray,
+    cost: np.ndarray,
+) -> int:
     v = meta[M_HAND]
     if v == NIL:
         v = meta[M_TAIL]
@@ -60,7 +90,17 @@ def evict_nb(meta, fmeta, blk, prio, stamp, heap, hpos, cost):  # noqa: ANN001, 
 
 
 @njit(cache=True, nogil=True, _nrt=False)
-def remove_nb(meta, fmeta, blk, prio, stamp, heap, hpos, cost, b):  # noqa: ANN001, ANN201
+def remove_nb(
+    meta: np.ndarray,
+    fmeta: np.ndarray,
+    blk: np.ndarray,
+    prio: np.ndarray,
+    stamp: np.ndarray,
+    heap: np.ndarray,
+    hpos: np.ndarray,
+    cost: np.ndarray,
+    b: int,
+) -> None:
     if meta[M_HAND] == b:
         meta[M_HAND] = blk[b, L_PRV]
     unlink_nb(meta, M_HEAD, M_TAIL, blk, b)
