@@ -10,11 +10,12 @@ from __future__ import annotations
 import numpy as np
 
 from optimizer.errors import InputError
+from optimizer.sim.cache.enums import BLK_LANES, L_NXT, L_PRV, L_WHERE, NIL, W_ABSENT
 from optimizer.sim.cache.state import TierState
 from optimizer.sim.config import SimConfig
 from optimizer.sim.nb import simulate_nb
 from optimizer.sim.result import RawResult, SloCheck, end_time
-from optimizer.sim.tiers import TierConfig
+from optimizer.sim.tiers import WRITE_SELECTIVE, TierConfig
 from optimizer.trace.blocked import BlockedTrace
 
 # The cache map holds one int32 per (instance, block id); it is allocated lazily (calloc), but
@@ -155,22 +156,29 @@ def _tier_arrays(tiers: TierConfig | None, n_blocks: int, n_instances: int) -> t
         raise ValueError("tier configuration was built for another instance count")
     if tiers.n_pools * n_blocks * 16 > (1 << 40):
         raise InputError(f"{tiers.n_pools} lower-tier pools x {n_blocks:,} blocks is too large")
-    states = []
+    specs = []  # (policy, capacity) per pool, pools in TierConfig order
     for t in range(tiers.n_tiers):
         pools = tiers.n_hosts if tiers.per_host[t] else 1
-        cap = int(tiers.capacity_blocks[t])
-        states += [TierState.create(tiers.evictions[t], cap, n_blocks) for _ in range(pools)]
-    wide = any(s.policy.base in ("lfu", "gdsf") for s in states)
-    heap_len = max(len(s.heap) for s in states)
+        specs += [(tiers.evictions[t], int(tiers.capacity_blocks[t]))] * pools
+    # Scalars from the cache engine's own constructor (an empty id space costs nothing); the
+    # per-block arrays are allocated here once, stacked, instead of per pool and then copied.
+    empty = [TierState.create(policy, cap, 0) for policy, cap in specs]
+    wide = any(e.policy.base in ("lfu", "gdsf") for e in empty)
     width = n_blocks if wide else 1
-    meta = np.stack([s.meta for s in states])
-    fmeta = np.stack([s.fmeta for s in states])
-    blk = np.stack([s.blk for s in states])
-    prio = np.zeros((len(states), width))
-    stamp = np.zeros((len(states), width), dtype=np.int64)
-    hpos = np.full((len(states), width), -1, dtype=np.int32)
-    cost = np.ones((len(states), width))
-    heap = np.zeros((len(states), heap_len), dtype=np.int32)
+    heap_len = max(min(cap, n_blocks) + 1 for _, cap in specs) if wide else 1
+    P = len(specs)
+    meta = np.stack([e.meta for e in empty])
+    fmeta = np.stack([e.fmeta for e in empty])
+    row = np.zeros(BLK_LANES, dtype=np.int32)  # one pass over the memory, as TierState does
+    row[L_PRV] = row[L_NXT] = NIL
+    row[L_WHERE] = W_ABSENT
+    blk = np.empty((P, n_blocks, BLK_LANES), dtype=np.int32)
+    blk.reshape(-1, BLK_LANES)[:] = row
+    prio = np.zeros((P, width))
+    stamp = np.zeros((P, width), dtype=np.int64)
+    hpos = np.full((P, width), NIL, dtype=np.int32)
+    cost = np.ones((P, width))
+    heap = np.zeros((P, heap_len), dtype=np.int32)
     ts = (meta, fmeta, blk, prio, stamp, heap, hpos, cost)
     tp = (
         tiers.per_host,
@@ -198,7 +206,9 @@ def _tier_arrays(tiers: TierConfig | None, n_blocks: int, n_instances: int) -> t
     )
     if not (np.all(tiers.link_bw_read > 0) and np.all(tiers.link_bw_write > 0)):
         raise ValueError("link bandwidths must be > 0")
-    return (nt, ts, tp, lk, np.zeros(n_blocks, dtype=np.int64)), lk
+    selective = tiers.write_policy == WRITE_SELECTIVE
+    sightings = np.zeros(n_blocks if selective else 1, dtype=np.int64)
+    return (nt, ts, tp, lk, sightings), lk
 
 
 def _tier_result(tiers: TierConfig | None, lk: tuple, load_s: np.ndarray) -> dict:

@@ -24,6 +24,7 @@ from optimizer.sim.nb_tiers import (
     lookup_nb,
     sighted_nb,
 )
+from optimizer.sim.tiers import WRITE_SELECTIVE
 from optimizer.sim.timing import iteration_time
 
 iteration_time_nb = njit(cache=True, nogil=True)(iteration_time)
@@ -160,6 +161,7 @@ def simulate_nb(
     hitbuf = np.empty(max_nb + 1, dtype=np.int32)
     evbuf = np.empty(cap + 1, dtype=np.int32)
     wbuf = np.empty(budget_max // B + max_seqs + 2, dtype=np.int32)
+    selective = n_tiers > 0 and tp[11][0] == WRITE_SELECTIVE
     comp = np.empty(3, dtype=np.float64)
     comp[0] = tparams[0]
     comp[1] = tparams[1]
@@ -220,7 +222,7 @@ def simulate_nb(
                         s = slots[slot_off[i] + j]
                         slot_of[base + b] = s + 1
                         sl[4 * s + BLOCK] = b
-                    if j >= comp_from[i]:
+                    if n_tiers > 0 and j >= comp_from[i]:
                         wbuf[nw] = b
                         nw += 1
                 if full > reg[i]:
@@ -272,7 +274,7 @@ def simulate_nb(
                 run_len[k] = w
             n_sched[k] = 0
             busy[k] = False
-            if n_tiers > 0:
+            if nw > 0:  # (a call passes every tier array: skip it when there is nothing)
                 computed_nb(ts, tp, lk, n_tiers, k, now, wbuf, nw, sightings, path)
         if slo_on and (
             n_rej > 0
@@ -396,21 +398,11 @@ def simulate_nb(
                             path,
                         )
                         load_s[i] = ready[i] - now
-                    sighted_nb(
-                        ts,
-                        tp,
-                        lk,
-                        n_tiers,
-                        k,
-                        now,
-                        block_ids,
-                        boff[i],
-                        nb,
-                        h,
-                        sightings,
-                        hitbuf,
-                        path,
-                    )
+                    if selective:  # only write_through_selective reads the sightings
+                        sighted_nb(
+                            ts, tp, lk, n_tiers, k, now, block_ids, boff[i], nb, h, sightings,
+                            hitbuf, path,
+                        )  # fmt: skip
                 # admit: pin the hits, allocate the rest
                 ne = 0
                 so = slot_off[i]
@@ -433,7 +425,7 @@ def simulate_nb(
                         ne += 1
                     sl[4 * s + REF] = 1
                     slots[so + j] = s
-                if n_tiers > 0:
+                if ne > 0 and n_tiers > 0:
                     hbm_evicted_nb(ts, tp, lk, n_tiers, k, now, evbuf, ne, path)
                 kv[i] = (h + loaded) * B
                 reg[i] = h

@@ -21,15 +21,15 @@ from optimizer.sim.cache.nb import access_nb, contains_nb, remove_nb
 from optimizer.sim.tiers import WRITE_BACK, WRITE_SELECTIVE, WRITE_THROUGH
 from optimizer.sim.transfer import estimate, n_ops, prefill_estimate, transfer
 
-transfer_nb = njit(cache=True, nogil=True)(transfer)
-estimate_nb = njit(cache=True, nogil=True)(estimate)
+transfer_nb = njit(cache=True, nogil=True, _nrt=False)(transfer)
+estimate_nb = njit(cache=True, nogil=True, _nrt=False)(estimate)
 n_ops_nb = njit(cache=True, nogil=True)(n_ops)
 prefill_estimate_nb = njit(cache=True, nogil=True)(prefill_estimate)
 
 I_WRITE, I_K, I_EXCL, I_COST, I_FRAG, I_COAL = 0, 1, 2, 3, 4, 5
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, _nrt=False)
 def pool_nb(tp, t, k):  # noqa: ANN001, ANN201
     """Pool of tier ``t`` reached by instance ``k``."""
     if tp[0][t]:
@@ -37,14 +37,14 @@ def pool_nb(tp, t, k):  # noqa: ANN001, ANN201
     return tp[1][t]
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, _nrt=False)
 def has_nb(ts, p, b):  # noqa: ANN001, ANN201
     return contains_nb(
         ts[0][p], ts[1][p], ts[2][p], ts[3][p], ts[4][p], ts[5][p], ts[6][p], ts[7][p], b
     )
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, _nrt=False)
 def touch_nb(ts, p, b):  # noqa: ANN001, ANN201
     """Access ``b`` in pool ``p``; returns the evicted block or -1."""
     _, victim = access_nb(
@@ -53,12 +53,12 @@ def touch_nb(ts, p, b):  # noqa: ANN001, ANN201
     return victim
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, _nrt=False)
 def drop_nb(ts, p, b):  # noqa: ANN001, ANN201
     remove_nb(ts[0][p], ts[1][p], ts[2][p], ts[3][p], ts[4][p], ts[5][p], ts[6][p], ts[7][p], b)
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, _nrt=False)
 def gpu_path_nb(tp, k, t, path):  # noqa: ANN001, ANN201
     path[0] = k
     path[1] = tp[9][t, tp[2][k]]
@@ -66,7 +66,7 @@ def gpu_path_nb(tp, k, t, path):  # noqa: ANN001, ANN201
     path[3] = -1
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, _nrt=False)
 def tier_path_nb(tp, k, a, b, path):  # noqa: ANN001, ANN201
     h = tp[2][k]
     path[0] = tp[9][a, h]
@@ -75,7 +75,7 @@ def tier_path_nb(tp, k, a, b, path):  # noqa: ANN001, ANN201
     path[3] = tp[10][b]
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, _nrt=False)
 def lookup_nb(ts, tp, n_tiers, k, block_ids, bo, start, cap, src):  # noqa: ANN001, ANN201
     """Source tier of blocks ``start..`` (into ``src``) until one is found nowhere; the count."""
     n = 0
@@ -93,7 +93,7 @@ def lookup_nb(ts, tp, n_tiers, k, block_ids, bo, start, cap, src):  # noqa: ANN0
     return n
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, _nrt=False)
 def _cost_nb(tp, lk, n_tiers, k, now, counts, q, ctx, comp, path):  # noqa: ANN001, ANN201
     ints = tp[11]
     load = 0.0
@@ -116,7 +116,7 @@ def _cost_nb(tp, lk, n_tiers, k, now, counts, q, ctx, comp, path):  # noqa: ANN0
     return load + prefill_estimate_nb(q, ctx, comp[0], comp[1], comp[2])
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, _nrt=False)
 def choose_nb(tp, lk, n_tiers, k, now, src, n_src, hbm_hits, B, counts, comp, path):  # noqa: ANN001, ANN201
     """How many found blocks to load: all, or the cost-aware choice (ties: load more)."""
     if tp[11][I_COST] == 0:
@@ -136,7 +136,7 @@ def choose_nb(tp, lk, n_tiers, k, now, src, n_src, hbm_hits, B, counts, comp, pa
     return best_c
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, _nrt=False)
 def load_nb(ts, tp, lk, n_tiers, k, now, block_ids, bo, start, src, c, counts, path):  # noqa: ANN001, ANN201
     """Touch (or remove) the ``c`` loaded blocks tail first, one transfer per source tier."""
     ints = tp[11]
@@ -179,7 +179,7 @@ def load_nb(ts, tp, lk, n_tiers, k, now, block_ids, bo, start, src, c, counts, p
     return ready
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, _nrt=False)
 def insert_nb(ts, tp, lk, n_tiers, k, now, t, b, path):  # noqa: ANN001, ANN201
     """Admit ``b`` into tier ``t``; victims cascade down under write-back or exclusive."""
     ints = tp[11]
@@ -213,7 +213,7 @@ def insert_nb(ts, tp, lk, n_tiers, k, now, t, b, path):  # noqa: ANN001, ANN201
         b = victim
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, _nrt=False)
 def write_down_nb(ts, tp, lk, n_tiers, k, now, buf, nbuf, n_targets, path):  # noqa: ANN001, ANN201
     """Copy ``buf[:nbuf]`` into the first ``n_targets`` tiers, one transfer per tier."""
     ints = tp[11]
@@ -245,12 +245,12 @@ def write_down_nb(ts, tp, lk, n_tiers, k, now, buf, nbuf, n_targets, path):  # n
             lk[5][t] += nbytes
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, _nrt=False)
 def new_targets_nb(tp, n_tiers):  # noqa: ANN001, ANN201
     return 1 if tp[11][I_EXCL] == 1 else n_tiers
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, _nrt=False)
 def sighted_nb(ts, tp, lk, n_tiers, k, now, block_ids, bo, nb, hbm_hits, sightings, buf, path):  # noqa: ANN001, ANN201
     """One sighting of each block of an admitted request; selective copies of HBM hits at k."""
     ints = tp[11]
@@ -265,7 +265,7 @@ def sighted_nb(ts, tp, lk, n_tiers, k, now, block_ids, bo, nb, hbm_hits, sightin
         write_down_nb(ts, tp, lk, n_tiers, k, now, buf, n, new_targets_nb(tp, n_tiers), path)
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, _nrt=False)
 def computed_nb(ts, tp, lk, n_tiers, k, now, buf, nbuf, sightings, path):  # noqa: ANN001, ANN201
     """Newly computed blocks ``buf[:nbuf]``: copy down per the write policy."""
     ints = tp[11]
@@ -284,7 +284,7 @@ def computed_nb(ts, tp, lk, n_tiers, k, now, buf, nbuf, sightings, path):  # noq
         write_down_nb(ts, tp, lk, n_tiers, k, now, buf, n, new_targets_nb(tp, n_tiers), path)
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, _nrt=False)
 def hbm_evicted_nb(ts, tp, lk, n_tiers, k, now, buf, nbuf, path):  # noqa: ANN001, ANN201
     ints = tp[11]
     if (ints[I_WRITE] == WRITE_BACK or ints[I_EXCL] == 1) and nbuf > 0:
