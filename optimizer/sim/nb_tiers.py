@@ -17,7 +17,8 @@ from __future__ import annotations
 
 from numba import njit
 
-from optimizer.sim.cache.nb import access_nb, contains_nb, remove_nb
+from optimizer.sim.cache.enums import L_WHERE, W_MAIN, W_SMALL
+from optimizer.sim.cache.nb import access_nb, remove_nb
 from optimizer.sim.tiers import WRITE_BACK, WRITE_SELECTIVE, WRITE_THROUGH
 from optimizer.sim.transfer import estimate, n_ops, prefill_estimate, transfer
 
@@ -39,9 +40,11 @@ def pool_nb(tp, t, k):  # noqa: ANN001, ANN201
 
 @njit(cache=True, nogil=True, _nrt=False)
 def has_nb(ts, p, b):  # noqa: ANN001, ANN201
-    return contains_nb(
-        ts[0][p], ts[1][p], ts[2][p], ts[3][p], ts[4][p], ts[5][p], ts[6][p], ts[7][p], b
-    )
+    """Is ``b`` resident in pool ``p``? The cache engine's ``contains_nb`` rule (main or
+    S3-FIFO small queue; a ghost entry is not residency), read from the block's row directly
+    so that no per-pool array views are built for the most frequent question."""
+    w = ts[2][p, b, L_WHERE]
+    return w == W_MAIN or w == W_SMALL  # noqa: SIM109
 
 
 @njit(cache=True, nogil=True, _nrt=False)
