@@ -180,11 +180,11 @@ def _print_metrics(path: str, setup: Any, m: Any) -> None:
     table.add_row("end-to-end mean", f"{m.e2e_mean_s:.3f} s")
     table.add_row("throughput", f"{m.throughput_rps:.2f} req/s, {m.throughput_tps:,.0f} tok/s")
     table.add_row("HBM prefix hit ratio (tokens)", f"{m.hit_ratio_tokens['hbm']:.1%}")
-    for name, blocks in m.tier_hit_blocks.items():
+    for name in m.tier_hit_blocks:
         table.add_row(
-            f"{name}: hit ratio / read / written",
-            f"{m.hit_ratio_tokens[name]:.1%} ({blocks:,} blocks) / "
-            f"{m.tier_bytes_read[name] / 1e9:,.1f} GB / {m.tier_bytes_written[name] / 1e9:,.1f} GB",
+            f"{name} hit ratio / GB read / written",
+            f"{m.hit_ratio_tokens[name]:.1%} / {m.tier_bytes_read[name] / 1e9:,.0f} / "
+            f"{m.tier_bytes_written[name] / 1e9:,.0f}",
         )
     if m.tier_hit_blocks:
         busiest = max(m.link_utilisation.items(), key=lambda kv: kv[1])
