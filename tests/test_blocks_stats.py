@@ -150,3 +150,19 @@ def test_stats_cli_json(tmp_path) -> None:
     assert data["sessions"] == 2 and data["tenants"] == 2
     table = invoke("trace", "stats", str(tmp_path / "t.arrow"))
     assert table.code == 0 and "reuse" in table.stdout
+
+
+def test_stats_model_gives_distinct_kv_bytes(tmp_path) -> None:
+    from optimizer.trace.io import write_trace
+
+    trace = make_trace([[1] * 9, [1] * 9, [2] * 3], G)
+    write_trace(trace, tmp_path / "t.parquet")
+    result = invoke("trace", "stats", str(tmp_path / "t.parquet"), "--json", "-B", "2",
+                    "--model", "Llama-3.1-8B")
+    assert result.code == 0, result.stderr
+    data = __import__("json").loads(result.stdout)
+    # Llama-3.1-8B: 2 x 32 layers x 8 KV heads x 128 dims x 2 bytes = 128 KiB per token
+    assert data["kv_bytes_per_token"] == 131_072
+    assert data["distinct_kv_bytes"] == data["distinct_blocks"] * 2 * 131_072
+    bad = invoke("trace", "stats", str(tmp_path / "t.parquet"), "--model", "no-such-model")
+    assert bad.code == 2 and "no-such-model" in bad.stderr

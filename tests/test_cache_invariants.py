@@ -169,3 +169,14 @@ def test_bad_tier_arguments() -> None:
         tier.access_many(np.array([0, 3]))
     with pytest.raises(InputError, match="warmup"):
         replay(BlockedTrace.from_lists([0.0], [32], [1], [[0]], 16), "lru", 1, warmup=1.0)
+
+
+def test_replay_through_a_warm_tier() -> None:
+    trace = BlockedTrace.from_lists([0.0, 1.0], [48, 48], [1, 1], [[0, 1, 2], [0, 1, 2]], 16)
+    tier = TierState.create("lru", 8, 3)
+    assert replay(trace, "lru", 0, tier=tier).hit_blocks.tolist() == [0, 3]
+    assert replay(trace, "lru", 0, tier=tier).hit_blocks.tolist() == [3, 3]  # still warm
+    with pytest.raises(InputError, match="does not match"):
+        replay(trace, "fifo", 8, tier=tier)
+    with pytest.raises(InputError, match="block ids"):
+        replay(trace, "lru", 8, tier=TierState.create("lru", 8, 2))

@@ -68,3 +68,27 @@ def test_process_trace_on_oracle_general_file(policy: str, tmp_path: Path) -> No
     miss_ratio, _ = MAKERS[policy](300).process_trace(reader)
     hits, _ = TierState.create(policy, 300, 2000).access_many(ids)
     assert round((1 - miss_ratio) * len(ids)) == int(hits.sum())
+
+
+@pytest.mark.parametrize(
+    ("small", "ghost", "threshold"), [(0.2, 0.9, 1), (0.1, 0.0, 2), (0.3, 0.5, 3), (0.05, 1.5, 2)]
+)
+@pytest.mark.parametrize("capacity", [40, 120])
+def test_s3fifo_parameters_match(small: float, ghost: float, threshold: int, capacity: int) -> None:
+    """Small-queue ratio, ghost size (0 = no ghost) and move threshold mean the same."""
+    ids = random_ids(capacity, 4000, 400, zipf=True)
+    name = f"s3fifo(small={small},ghost={ghost},threshold={threshold})"
+    ours, _ = TierState.create(name, capacity, 400).access_many(ids)
+    cache = lcs.S3FIFO(
+        capacity,
+        small_size_ratio=small,
+        ghost_size_ratio=ghost,
+        move_to_main_threshold=threshold,
+    )
+    req = lcs.Request()
+    req.obj_size = 1
+    theirs = np.zeros(len(ids), dtype=bool)
+    for j, b in enumerate(ids):
+        req.obj_id = int(b)
+        theirs[j] = cache.get(req)
+    assert np.array_equal(ours, theirs)

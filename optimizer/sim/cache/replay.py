@@ -75,7 +75,10 @@ def replay(
     cost: np.ndarray | None = None,
     tier: TierState | None = None,
 ) -> ReplayResult:
-    """Replay ``trace`` through a tier of ``capacity`` blocks (or through ``tier``, warm).
+    """Replay ``trace`` through a tier of ``capacity`` blocks, or through ``tier`` as it stands.
+
+    A given ``tier`` keeps its contents (a warm cache) and its own capacity; ``capacity`` is then
+    ignored and ``policy`` must name the tier's policy.
 
     Prefix semantics by default; ``flat=True`` treats every block access alone (libCacheSim
     parity). ``cost`` is GDSF's per-block recompute cost (default 1).
@@ -86,6 +89,8 @@ def replay(
         tier = TierState.create(spec, capacity, trace.n_blocks, cost=cost)
     elif tier.n_blocks < trace.n_blocks:
         raise InputError(f"tier covers {tier.n_blocks} block ids, the trace uses {trace.n_blocks}")
+    elif tier.policy != spec:
+        raise InputError(f"policy {spec.name} does not match the tier's {tier.policy.name}")
     hits = np.zeros(trace.n_requests, dtype=np.int64)
     semantics = enums.FLAT if flat else enums.PREFIX
     nb.replay_nb(*tier.arrays(), trace.block_offsets, trace.block_ids, semantics, hits)

@@ -1,0 +1,73 @@
+"""Warm start at the knees of the trace's miss-ratio curve."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from optimizer.hardware import load_model
+from optimizer.policy.model import Policy
+from optimizer.search.space import Param, SearchSpace
+from optimizer.search.warmstart import curve_knees, knee_capacities_gb, warm_start_trials
+from optimizer.trace.blocks import block_trace
+from optimizer.trace.synth import synthesize
+
+
+def test_knees_of_a_known_curve() -> None:
+    caps = np.geomspace(1, 1024, 11)  # 1, 2, 4, ..., 1024
+    # hit ratio saturates at 0.5 from 64 blocks on
+    hits = np.minimum(np.log2(caps) / 6, 1.0) * 0.5
+    knees = curve_knees(caps, hits)
+    assert int(caps[6]) in knees  # 64: farthest from the chord, and 99% of the final ratio
+    assert all(k <= 64 for k in knees)
+    assert curve_knees(caps[:2], hits[:2]) == []
+
+
+def test_warm_start_enqueues_capacity_params() -> None:
+    trace = synthesize("chat", requests=300, rate=5.0, seed=2)
+    blocked = block_trace(trace, 16)
+    model = load_model("Llama-3.1-8B")
+    knees = knee_capacities_gb(blocked, model)
+    assert knees and all(k > 0 for k in knees)
+    block_gb = 16 * model.kv_bytes_per_token() / 1e9
+    assert max(knees) <= blocked.n_blocks * block_gb + 1e-9
+    space = SearchSpace(
+        (
+            Param("tiers.hbm.capacity_gb", low=0.01, high=1000.0, log=True),
+            Param("serving.routing", choices=("round_robin", "least_loaded")),
+        )
+    )
+    trials = warm_start_trials(space, blocked, model, Policy())
+    assert [t["tiers.hbm.capacity_gb"] for t in trials] == [max(0.01, k) for k in knees]
+    pinned = space.with_pins({"tiers.hbm.capacity_gb": 5.0})
+    assert warm_start_trials(pinned, blocked, model, Policy()) == []
+
+
+def test_optimize_runs_the_enqueued_trials_first(tmp_path) -> None:
+    import optuna
+
+    from optimizer.search.run import optimize
+    from optimizer.trace.io import write_trace
+
+    path = tmp_path / "t.parquet"
+    write_trace(synthesize("chat", requests=200, rate=5.0, seed=4), path)
+    space = tmp_path / "s.toml"
+    space.write_text(
+        'format = "kvtier-space/1"\n[params."tiers.hbm.capacity_gb"]\nlow = 0.05\nhigh = 40.0\n'
+        'log = true\n[params."serving.instances"]\nlow = 1\nhigh = 2\n'
+    )
+    result = optimize(
+        str(path),
+        space=str(space),
+        n_trials=6,
+        study_name="w",
+        runs_dir=tmp_path / "runs",
+        out=str(tmp_path / "p.toml"),
+    )
+    assert 0 < result.warm_started <= 3
+    study = optuna.load_study(study_name="w", storage=result.storage)
+    firsts = [t.params["tiers.hbm.capacity_gb"] for t in study.trials[: result.warm_started]]
+    knees = knee_capacities_gb(
+        block_trace(synthesize("chat", requests=200, rate=5.0, seed=4), 16),
+        load_model("Llama-3.1-8B"),
+    )
+    assert firsts == [min(max(k, 0.05), 40.0) for k in knees]
