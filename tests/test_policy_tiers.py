@@ -127,3 +127,19 @@ def test_replay_with_a_preset_and_errors(tmp_path: Path) -> None:
     policy.write_text('[[tiers]]\nname = "hbm"\n[[tiers]]\nname = "cxl"\n')
     res = invoke("replay", "--trace", trace, "--policy", str(policy), "--hardware", "h100-node")
     assert_one_line_error(res, "cxl", "h100-node")
+
+
+def test_tenancy_follows_the_policy(tmp_path: Path) -> None:
+    """Two tenants with the same prompt share blocks only when the policy allows it."""
+    from optimizer.sim.replay import prepare
+    from optimizer.trace.io import write_trace
+    from tests.helpers import make_trace
+
+    trace = make_trace([list(range(64)), list(range(64))], 16, tenants=["a", "b"])
+    path = tmp_path / "t.parquet"
+    write_trace(trace, path)
+    for share, distinct in ((False, 8), (True, 4)):
+        policy = tmp_path / f"p{share}.toml"
+        policy.write_text(f"share_across_tenants = {str(share).lower()}\n")
+        setup = prepare(str(path), policy_path=str(policy))
+        assert setup.trace.n_blocks == distinct
