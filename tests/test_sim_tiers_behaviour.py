@@ -170,3 +170,14 @@ def test_cost_aware_recomputes_when_loading_is_slower() -> None:
     assert raw.tier_hit_blocks.sum() == 0 and raw.load_s[1] == 0
     raw, _ = replay(hw, tiered("rdma", 256, load_rule="cost_aware"), same_prompt_twice(256))
     assert raw.tier_hit_blocks.sum() == PROMPT // 256
+
+
+def test_gdsf_cost_is_the_recompute_time_saved() -> None:
+    from optimizer.sim.tiers import recompute_costs
+
+    trace = same_prompt_twice(256)
+    costs = recompute_costs(
+        trace.block_offsets, trace.block_ids, trace.n_blocks, 256, 2.0, 1.0, 10.0
+    )
+    assert costs[0] == (2.0 * 256 + 256 * 256) / 10.0
+    assert np.all(np.diff(costs) > 0)  # later blocks attend to more context

@@ -15,7 +15,7 @@ from optimizer.sim.cache.state import TierState
 from optimizer.sim.config import SimConfig
 from optimizer.sim.nb import simulate_nb
 from optimizer.sim.result import RawResult, SloCheck, end_time
-from optimizer.sim.tiers import WRITE_SELECTIVE, TierConfig
+from optimizer.sim.tiers import WRITE_SELECTIVE, TierConfig, recompute_costs
 from optimizer.trace.blocked import BlockedTrace
 
 # The cache map holds one int32 per (instance, block id); it is allocated lazily (calloc), but
@@ -64,7 +64,12 @@ def simulate_engine(
     slo_on = slo is not None
     thr = slo.thresholds() if slo is not None else np.full(4, np.inf)
     lim = slo.limits(n) if slo is not None else np.ones(3, dtype=np.int64)
-    tier_args, counters = _tier_arrays(cfg.tiers, n_blocks, cfg.n_instances)
+    costs = None
+    if cfg.tiers is not None and "gdsf" in cfg.tiers.evictions:
+        costs = recompute_costs(
+            trace.block_offsets, trace.block_ids, n_blocks, cfg.block_tokens, *tparams[:3]
+        )
+    tier_args, counters = _tier_arrays(cfg.tiers, n_blocks, cfg.n_instances, costs)
     load_s = np.zeros(n)
     first = np.full(n, np.nan)
     finish = np.full(n, np.nan)
@@ -115,7 +120,9 @@ def simulate_engine(
     )
 
 
-def _tier_arrays(tiers: TierConfig | None, n_blocks: int, n_instances: int) -> tuple[tuple, tuple]:
+def _tier_arrays(
+    tiers: TierConfig | None, n_blocks: int, n_instances: int, costs: np.ndarray | None = None
+) -> tuple[tuple, tuple]:
     """Kernel arguments for the lower tiers: (n_tiers, ts, tp, lk, sightings), and lk.
 
     Each pool is a cache-engine :class:`TierState`; their arrays are stacked on a leading pool
@@ -178,6 +185,8 @@ def _tier_arrays(tiers: TierConfig | None, n_blocks: int, n_instances: int) -> t
     stamp = np.zeros((P, width), dtype=np.int64)
     hpos = np.full((P, width), NIL, dtype=np.int32)
     cost = np.ones((P, width))
+    if costs is not None:  # GDSF pools read them (recompute seconds per block)
+        cost[:] = costs[:width]
     heap = np.zeros((P, heap_len), dtype=np.int32)
     ts = (meta, fmeta, blk, prio, stamp, heap, hpos, cost)
     tp = (

@@ -50,6 +50,7 @@ import numpy as np
 from optimizer.sim.config import SimConfig
 from optimizer.sim.reference_tiers import LowerTiers
 from optimizer.sim.result import RawResult, SloCheck, end_time
+from optimizer.sim.tiers import recompute_costs
 from optimizer.sim.timing import iteration_time
 from optimizer.trace.blocked import BlockedTrace
 
@@ -189,11 +190,13 @@ def simulate_reference(
         for i in range(n)
     ]
     tracker = slo.tracker(n) if slo is not None else None
-    lower = (
-        LowerTiers(cfg.tiers, trace.n_blocks, (params[0], params[1], params[2]))
-        if cfg.tiers is not None
-        else None
-    )
+    lower = None
+    if cfg.tiers is not None:
+        compute = (params[0], params[1], params[2])
+        costs = recompute_costs(
+            trace.block_offsets, trace.block_ids, trace.n_blocks, B, *compute
+        )  # GDSF's cost per block
+        lower = LowerTiers(cfg.tiers, trace.n_blocks, compute, costs)
     load_s = np.zeros(n)
     rr = 0
     nxt = 0

@@ -33,13 +33,20 @@ from optimizer.sim.transfer import estimate, n_ops, prefill_estimate, transfer
 class LowerTiers:
     """Every pool of every lower tier, the links, and the per-tier counters."""
 
-    def __init__(self, cfg: TierConfig, n_blocks: int, compute: tuple[float, float, float]):
+    def __init__(
+        self,
+        cfg: TierConfig,
+        n_blocks: int,
+        compute: tuple[float, float, float],
+        costs: np.ndarray,
+    ) -> None:
         self.cfg = cfg
         self.compute = compute  # flops_per_token, attn_coef, compute_rate
         self.pools: list[RefTier] = []
         for t in range(cfg.n_tiers):
             n = cfg.n_hosts if cfg.per_host[t] else 1
-            self.pools += [RefTier(cfg.evictions[t], int(cfg.capacity_blocks[t])) for _ in range(n)]
+            cap = int(cfg.capacity_blocks[t])
+            self.pools += [RefTier(cfg.evictions[t], cap, cost=costs) for _ in range(n)]
         self.free = np.zeros(cfg.n_links)
         self.busy = np.zeros(cfg.n_links)
         self.moved = np.zeros(cfg.n_links)

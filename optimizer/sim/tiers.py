@@ -181,3 +181,33 @@ def build_tiers(
         block_bytes=block_bytes,
         tier_gb=tier_gb,
     )
+
+
+def recompute_costs(
+    block_offsets: np.ndarray,
+    block_ids: np.ndarray,
+    n_blocks: int,
+    block_tokens: int,
+    flops_per_token: float,
+    attn_coef: float,
+    compute_rate: float,
+) -> np.ndarray:
+    """GDSF's per-block cost (DESIGN.md 4.3): the prefill seconds a cached block saves.
+
+    Block ``j`` of a prompt costs ``B`` tokens of compute after ``j * B`` tokens of context
+    (the compute term of the iteration time, ``optimizer.sim.transfer.prefill_estimate``), at
+    the position where its id first appears in the trace (a chained id always sits at the same
+    position). Every block has the same size, so GDSF's ``cost * freq / size`` needs no size.
+    Computed once, in numpy, and handed to both engines.
+    """
+    costs = np.ones(max(n_blocks, 1), dtype=np.float64)
+    refs = len(block_ids)
+    if refs == 0:
+        return costs
+    req = np.repeat(np.arange(len(block_offsets) - 1), np.diff(block_offsets))
+    pos = np.arange(refs, dtype=np.int64) - block_offsets[req]
+    ids, first = np.unique(block_ids, return_index=True)
+    q = block_tokens
+    ctx = pos[first] * block_tokens
+    costs[ids] = (flops_per_token * q + attn_coef * (q * (2 * ctx + q))) / compute_rate
+    return costs
