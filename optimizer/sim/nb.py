@@ -8,7 +8,9 @@ for the pages its instances touch, not for ``instances x distinct blocks`` entri
 The free queue is a circular doubly linked list with one sentinel per instance at index
 ``n_instances * capacity + k``. The kernels do no bounds checks: :mod:`optimizer.sim.engine`
 validates every array before the call. The semantics are in the docstring of
-:mod:`optimizer.sim.reference`.
+:mod:`optimizer.sim.reference`. Lower tiers are kernels in :mod:`optimizer.sim.nb_tiers`,
+called at the same hooks as the reference's ``LowerTiers`` and only when there is work for
+them (each call hands over every tier array, which numba reference-counts).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The reference serving simulator: the executable specification of DESIGN.md 4.2 (HBM only).
+"""The reference serving simulator: the executable specification of DESIGN.md 4.2-4.4.
 
 Plain Python, one object per request and per instance, slow on purpose so that every rule is
 visible. The numba engine (:mod:`optimizer.sim.nb`) must produce *identical* per-request times;
@@ -8,7 +8,14 @@ Events. Time advances to the next event: the end of an instance's iteration or a
 one instant, iteration ends are processed first (instances in index order), then arrivals (trace
 order), then every idle instance with work starts its next iteration. A busy instance starts its
 next iteration at the end of the current one, so requests that arrive in the same instant join
-the same iteration.
+the same iteration. An idle instance whose running requests are all still loading blocks from
+a lower tier wakes when the first of them is ready (a third kind of event instant).
+
+Lower tiers (``cfg.tiers``) are :class:`optimizer.sim.reference_tiers.LowerTiers`; its
+docstring has their rules. Hooks: at admission (after the HBM fit check) the lower-tier look-up,
+the load rule, the loads (the request's ``ready`` time) and the sightings, then HBM's evictions
+(write-back); at an iteration's end the newly computed blocks (write-through). A request still
+loading takes no tokens.
 
 Routing (at arrival). A request whose prompt plus output can never fit an instance's HBM
 (``total_blocks > capacity``) is rejected. Otherwise ``load`` = waiting + running requests:
