@@ -7,6 +7,8 @@ indexes is checked here: the trace's own invariants come from :class:`BlockedTra
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from optimizer.errors import InputError
@@ -159,8 +161,7 @@ def _tier_arrays(
         )
         lk = (f1.copy(), f1.copy(), f1.copy(), i1.copy(), f1.copy(), f1.copy())
         return (0, ts, tp, lk, np.zeros(1, dtype=np.int64)), lk
-    if n_instances != len(tiers.inst_host):
-        raise ValueError("tier configuration was built for another instance count")
+    _check_tiers(tiers, n_instances)
     if tiers.n_pools * n_blocks * 16 > (1 << 40):
         raise InputError(f"{tiers.n_pools} lower-tier pools x {n_blocks:,} blocks is too large")
     specs = []  # (policy, capacity) per pool, pools in TierConfig order
@@ -213,11 +214,39 @@ def _tier_arrays(
         np.zeros(nt),
         np.zeros(nt),
     )
-    if not (np.all(tiers.link_bw_read > 0) and np.all(tiers.link_bw_write > 0)):
-        raise ValueError("link bandwidths must be > 0")
     selective = tiers.write_policy == WRITE_SELECTIVE
     sightings = np.zeros(n_blocks if selective else 1, dtype=np.int64)
     return (nt, ts, tp, lk, sightings), lk
+
+
+def _check_tiers(c: TierConfig, n_instances: int) -> None:
+    """Everything the tier kernels index or divide by, checked once (they check nothing)."""
+    T, L = c.n_tiers, c.n_links
+    if len(c.inst_host) != n_instances or n_instances > L:
+        raise ValueError("tier configuration was built for another instance count")
+    if c.inst_host.min() < 0 or c.inst_host.max() >= c.n_hosts:
+        raise ValueError("inst_host must lie in [0, n_hosts)")
+    pools = np.where(c.per_host, c.n_hosts, 1)
+    if not np.array_equal(c.pool_base, np.concatenate([[0], np.cumsum(pools)[:-1]])):
+        raise ValueError("pool_base must number the pools of each tier consecutively")
+    if int(pools.sum()) != c.n_pools or c.port_link.shape != (T, c.n_hosts):
+        raise ValueError("n_pools and port_link must match the tiers and hosts")
+    if c.port_link.min() < 0 or c.port_link.max() >= L or c.pool_link.max() >= L:
+        raise ValueError("link indices must lie in [0, n_links)")
+    if c.pool_link.min() < -1 or np.any(c.capacity_blocks < 0):
+        raise ValueError("pool_link >= -1 and capacities >= 0 required")
+    for arr in (c.op_s, c.lat_s):
+        if len(arr) != T or not np.all(np.isfinite(arr)) or np.any(arr < 0):
+            raise ValueError("per-operation overheads and latencies must be finite and >= 0")
+    if len(c.cap_bw) != T or not np.all(c.cap_bw > 0):
+        raise ValueError("per-transfer bandwidth caps must be > 0")
+    bws = (c.link_bw_read, c.link_bw_write)
+    if any(len(b) != L or not np.all(np.isfinite(b)) or not np.all(b > 0) for b in bws):
+        raise ValueError("link bandwidths must be finite and > 0")
+    if len(c.link_ops) != L or c.fragments < 1 or c.coalesce < 1 or c.selective_k < 1:
+        raise ValueError("link_ops per link; fragments, coalesce and selective_k >= 1")
+    if not (math.isfinite(c.block_bytes) and c.block_bytes > 0) or c.write_policy not in (0, 1, 2):
+        raise ValueError("block_bytes > 0 and a known write policy required")
 
 
 def _tier_result(tiers: TierConfig | None, lk: tuple, load_s: np.ndarray) -> dict:
