@@ -102,6 +102,11 @@ def trace() -> None:
     help="Policy TOML file [default: vLLM-like defaults, HBM prefix cache].",
 )
 @click.option(
+    "--preset",
+    default=None,
+    help="Built-in policy of a known system (policies/presets/NAME.toml), e.g. beluga-cxl.",
+)
+@click.option(
     "--block-tokens",
     "-B",
     type=int,
@@ -127,6 +132,7 @@ def replay_cmd(
     hardware: str | None,
     model: str | None,
     policy_path: str | None,
+    preset: str | None,
     block_tokens: int | None,
     rate_scale: float | None,
     engine: str,
@@ -135,6 +141,8 @@ def replay_cmd(
     """Replay a trace through the serving simulator and print latency, throughput and cost."""
     from optimizer.sim.replay import prepare, replay
 
+    if preset is not None and policy_path is not None:
+        raise click.UsageError("give --policy or --preset, not both")
     if rate_scale is None:
         rate_scale = 1.0
         if policy_path is not None:
@@ -146,6 +154,7 @@ def replay_cmd(
         hardware=hardware,
         model=model,
         policy_path=policy_path,
+        preset=preset,
         block_tokens=block_tokens,
         rate_scale=rate_scale,
     )
@@ -171,6 +180,16 @@ def _print_metrics(path: str, setup: Any, m: Any) -> None:
     table.add_row("end-to-end mean", f"{m.e2e_mean_s:.3f} s")
     table.add_row("throughput", f"{m.throughput_rps:.2f} req/s, {m.throughput_tps:,.0f} tok/s")
     table.add_row("HBM prefix hit ratio (tokens)", f"{m.hit_ratio_tokens['hbm']:.1%}")
+    for name in m.tier_hit_blocks:
+        table.add_row(
+            f"{name} hit ratio / GB read / written",
+            f"{m.hit_ratio_tokens[name]:.1%} / {m.tier_bytes_read[name] / 1e9:,.0f} / "
+            f"{m.tier_bytes_written[name] / 1e9:,.0f}",
+        )
+    if m.tier_hit_blocks:
+        busiest = max(m.link_utilisation.items(), key=lambda kv: kv[1])
+        table.add_row("TTFT share spent loading", f"{m.load_share_of_ttft:.1%}")
+        table.add_row("busiest link", f"{busiest[0]} {busiest[1]:.1%}")
     table.add_row("prefill tokens saved", f"{m.prefill_tokens_saved:,}")
     table.add_row("GPU busy", f"{m.gpu_busy_fraction:.1%}")
     table.add_row("cost", f"${m.cost_per_hour:,.2f}/h, ${m.cost_per_mtok:.4f} per 1M tokens")

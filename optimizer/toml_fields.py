@@ -84,6 +84,12 @@ class Table:
             raise self.error(self._key(key), f"must be <= {at_most}, got {value}")
         return float(value)
 
+    def boolean(self, key: str, default: bool | None = None) -> bool:
+        value = self._get(key, default, default is None)
+        if not isinstance(value, bool):
+            raise self.error(self._key(key), f"must be true or false, got {value!r}")
+        return value
+
     def integer(self, key: str, default: int | None = None, *, minimum: int = 1) -> int:
         value = self._get(key, default, default is None)
         if isinstance(value, bool) or not isinstance(value, int):

@@ -5,9 +5,14 @@ Measures, for Llama-3.1-8B on the ``h100-node`` profile (8 instances, B=16 by de
   and once with the on-disk cache filled (load);
 * warm replay: median of ``--runs`` replays in one process (mapping excluded, done once);
 * the ratio to the pure-Python reference on the first N requests for each N in ``--samples``
-  (the whole trace included: the reference runs it in well under a minute).
+  (the whole trace included: the reference runs it in well under a minute);
+* with lower tiers (``--tiers``): Llama-3.1-8B on ``beluga-testbed`` (16 instances on 2 hosts)
+  with DRAM (500 GB per host), the shared CXL pool (2 TB) and SSD on, write-through and
+  write-back: warm replay median, and the ratio to the reference on the first N requests for
+  each N in ``--tier-samples``.
 
-Usage: ``PYTHONPATH=. python scripts/bench_replay.py [--runs 5] [--samples 1000,12031]``.
+Usage: ``PYTHONPATH=. python scripts/bench_replay.py [--runs 5] [--samples 1000,12031]
+[--tiers] [--tier-samples 500,2000]``.
 """
 
 from __future__ import annotations
@@ -68,7 +73,12 @@ def main() -> None:
     ap.add_argument("--runs", type=int, default=5)
     ap.add_argument("--samples", default="1000,12031")
     ap.add_argument("--reference-runs", type=int, default=3)
+    ap.add_argument("--tiers", action="store_true", help="Only the lower-tier benchmark.")
+    ap.add_argument("--tier-samples", default="500,2000")
     args = ap.parse_args()
+    if args.tiers:
+        bench_tiers(args)
+        return
 
     sys.path.insert(0, str(ROOT))
     from optimizer.sim import simulate
@@ -115,6 +125,60 @@ def main() -> None:
             f"{s:.2f} s, ratio {s / f:.0f}x; identical metrics: {a.same_as(b)}",
             flush=True,
         )
+
+
+def bench_tiers(args: argparse.Namespace) -> None:
+    """Mooncake at B=16 on 16 instances with DRAM + CXL + SSD (issue 5's benchmark)."""
+    sys.path.insert(0, str(ROOT))
+    from optimizer.policy.model import Policy, ServingPolicy, TierPolicy
+    from optimizer.sim import simulate
+    from optimizer.sim.replay import prepare
+
+    B = args.block_tokens
+    setup = prepare(
+        str(args.trace), hardware="beluga-testbed", model="Llama-3.1-8B", block_tokens=B
+    )
+    tr, hw, model = setup.trace, setup.hardware, setup.model
+    tiers = (
+        TierPolicy(),
+        TierPolicy(name="dram", capacity_gb=500.0),
+        TierPolicy(name="cxl", capacity_gb=2000.0),
+        TierPolicy(name="ssd"),
+    )
+    print(
+        f"trace {args.trace.name}: {tr.n_requests:,} requests, {tr.n_blocks:,} distinct blocks "
+        f"at B={B}; beluga-testbed, Llama-3.1-8B, 16 instances, DRAM + CXL + SSD"
+    )
+    for wp in ("write_through", "write_back"):
+        pol = Policy(
+            block_tokens=B,
+            write_policy=wp,
+            serving=ServingPolicy(instances=16, routing="prefix_affinity"),
+            tiers=tiers,
+        )
+        m = simulate(tr, hw, model, pol)
+        times = timed(lambda pol=pol: simulate(tr, hw, model, pol), args.runs)
+        hits = ", ".join(f"{k} {v:.1%}" for k, v in m.hit_ratio_tokens.items())
+        written = sum(m.tier_bytes_written.values()) / 1e12
+        print(
+            f"warm replay {wp:13s}: median {statistics.median(times):.3f} s "
+            f"(runs {', '.join(f'{t:.3f}' for t in times)}); hits {hits}; "
+            f"{written:.1f} TB written below",
+            flush=True,
+        )
+        for n in (int(x) for x in args.tier_samples.split(",")):
+            sample = tr.head(n)
+            a = simulate(sample, hw, model, pol)
+            fast = timed(lambda sample=sample, pol=pol: simulate(sample, hw, model, pol), args.runs)
+            t = time.perf_counter()
+            b = simulate(sample, hw, model, pol, engine="reference")
+            slow = time.perf_counter() - t
+            f = statistics.median(fast)
+            print(
+                f"  first {n:,} requests: numba {f:.4f} s, reference {slow:.2f} s, "
+                f"ratio {slow / f:.0f}x; identical metrics: {a.same_as(b)}",
+                flush=True,
+            )
 
 
 if __name__ == "__main__":

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 from hypothesis import strategies as st
 
 from optimizer.sim.config import SimConfig
+from optimizer.sim.tiers import TierConfig
 from optimizer.trace.blocked import BlockedTrace
 
 
@@ -72,3 +75,77 @@ def sim_configs(draw: st.DrawFn, block_tokens: int) -> SimConfig:
         step_overhead_s=draw(st.sampled_from([0.0, 1e-3])),
         cost_per_hour=10.0,
     )
+
+
+@st.composite
+def tier_configs(draw: st.DrawFn, n_instances: int, block_tokens: int) -> TierConfig:
+    """Every lower tier on (or a random subset), tiny pools, slow links: evictions, cascades
+    and queueing on every link happen within a few requests."""
+    names = ["dram", "cxl", "rdma", "ssd"]
+    if draw(st.booleans()):
+        names = [x for x in names if draw(st.booleans())] or ["cxl"]
+    gpus_per_host = draw(st.sampled_from([1, 2, 4]))
+    inst_host = np.array([k // gpus_per_host for k in range(n_instances)], dtype=np.int64)
+    n_hosts = int(inst_host.max()) + 1
+    per_host = np.array([x in ("dram", "ssd") for x in names], dtype=np.bool_)
+    pools = [n_hosts if ph else 1 for ph in per_host]
+    pool_base = np.concatenate([[0], np.cumsum(pools)[:-1]]).astype(np.int64)
+    bw = st.sampled_from([1.0, 50.0, 1e4])
+    link_r = [draw(bw) for _ in range(n_instances)]
+    link_w = list(link_r)
+    link_ops = [1] * n_instances
+    port = np.full((len(names), n_hosts), -1, dtype=np.int64)
+    pool_link = np.full(len(names), -1, dtype=np.int64)
+    for t, name in enumerate(names):
+        for h in range(n_hosts):
+            port[t, h] = len(link_r)
+            link_r.append(draw(bw))
+            link_w.append(draw(bw))
+            link_ops.append(1)
+        if name == "cxl" and draw(st.booleans()):
+            pool_link[t] = len(link_r)
+            link_r.append(draw(bw))
+            link_w.append(link_r[-1])
+            link_ops.append(0)
+    return TierConfig(
+        names=tuple(names),
+        evictions=tuple(draw(st.sampled_from(POLICIES)) for _ in names),
+        capacity_blocks=np.array([draw(st.integers(1, 10)) for _ in names], dtype=np.int64),
+        per_host=per_host,
+        pool_base=pool_base,
+        n_pools=int(sum(pools)),
+        n_hosts=n_hosts,
+        inst_host=inst_host,
+        op_s=np.array([draw(st.sampled_from([0.0, 1e-4, 1e-2])) for _ in names]),
+        lat_s=np.array([draw(st.sampled_from([0.0, 1e-3])) for _ in names]),
+        cap_bw=np.array([draw(st.sampled_from([np.inf, 1.0])) for _ in names]),
+        link_bw_read=np.array(link_r),
+        link_bw_write=np.array(link_w),
+        link_ops=np.array(link_ops, dtype=np.int64),
+        link_names=tuple(f"l{j}" for j in range(len(link_r))),
+        port_link=port,
+        pool_link=pool_link,
+        write_policy=draw(st.integers(0, 2)),
+        selective_k=draw(st.integers(1, 3)),
+        exclusive=draw(st.booleans()),
+        cost_aware=draw(st.booleans()),
+        fragments=draw(st.sampled_from([1, 4])),
+        coalesce=draw(st.sampled_from([1, 3])),
+        block_bytes=float(block_tokens) * draw(st.sampled_from([0.01, 0.3])),
+        tier_gb={name: 1.0 for name in names},
+    )
+
+
+POLICIES = ("lru", "fifo", "lfu", "s3fifo", "sieve", "gdsf")
+
+
+@st.composite
+def tiered_configs(draw: st.DrawFn, block_tokens: int) -> SimConfig:
+    """:func:`sim_configs` with lower tiers attached."""
+    cfg = draw(sim_configs(block_tokens))
+    # HBM pools just large enough for a request or two, so prefixes leave HBM and come back
+    # from below; more instances, so other instances' blocks are found below.
+    cfg = replace(
+        cfg, capacity_blocks=draw(st.integers(4, 24)), n_instances=draw(st.integers(1, 6))
+    )
+    return replace(cfg, tiers=draw(tier_configs(cfg.n_instances, block_tokens)))

@@ -157,8 +157,16 @@ def test_stats_model_gives_distinct_kv_bytes(tmp_path) -> None:
 
     trace = make_trace([[1] * 9, [1] * 9, [2] * 3], G)
     write_trace(trace, tmp_path / "t.parquet")
-    result = invoke("trace", "stats", str(tmp_path / "t.parquet"), "--json", "-B", "2",
-                    "--model", "Llama-3.1-8B")
+    result = invoke(
+        "trace",
+        "stats",
+        str(tmp_path / "t.parquet"),
+        "--json",
+        "-B",
+        "2",
+        "--model",
+        "Llama-3.1-8B",
+    )
     assert result.code == 0, result.stderr
     data = __import__("json").loads(result.stdout)
     # Llama-3.1-8B: 2 x 32 layers x 8 KV heads x 128 dims x 2 bytes = 128 KiB per token

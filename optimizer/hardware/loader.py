@@ -21,6 +21,7 @@ from optimizer.hardware.types import (
     GPUProfile,
     Hardware,
     ModelProfile,
+    TierHardware,
     Topology,
 )
 from optimizer.toml_fields import Table, read_toml
@@ -150,6 +151,17 @@ def load_hardware(name_or_path: str | Path) -> Hardware:
             price = prices.number("gpu_price_per_hour", nonneg=True)
             gpu = GPUProfile(**{**gpu.__dict__, "price_per_hour": price})
         prices.done()
+    tiers: dict[str, TierHardware] = {}
+    tt = t.table("tiers")
+    if tt is not None:
+        for tier_name in list(tt.data):
+            if tier_name not in LOWER_TIER_NAMES:
+                known = ", ".join(LOWER_TIER_NAMES)
+                raise tt.error(f"tiers.{tier_name}", f"unknown tier (one of {known})")
+            sub = tt.table(tier_name)
+            assert sub is not None
+            tiers[tier_name] = _tier_hardware(tier_name, sub)
+        tt.done()
     t.done()
     return Hardware(
         name=name,
@@ -160,4 +172,29 @@ def load_hardware(name_or_path: str | Path) -> Hardware:
         activation_reserve_bytes=reserve,
         host_fixed_per_hour=host_fixed,
         source=str(path),
+        tiers=tiers,
     )
+
+
+LOWER_TIER_NAMES = ("dram", "cxl", "rdma", "ssd")
+
+
+def _tier_hardware(name: str, t: Table) -> TierHardware:
+    """One ``[tiers.NAME]`` table: GB, GB/s, microseconds, $ per GB-hour."""
+    read = t.number("port_read_gbps", positive=True) * GB
+    tier = TierHardware(
+        name=name,
+        capacity_bytes=t.number("capacity_gb", positive=True) * GB,
+        port_read_bw=read,
+        port_write_bw=t.number("port_write_gbps", read / GB, positive=True) * GB,
+        op_overhead_s=t.number("op_overhead_us", nonneg=True) * 1e-6,
+        latency_s=t.number("latency_us", 0.0, nonneg=True) * 1e-6,
+        pool_bw=t.number("pool_gbps", 0.0, nonneg=True) * GB,
+        device_bw=t.number("device_gbps", 0.0, nonneg=True) * GB,
+        devices=t.integer("devices", 1),
+        interleave=t.boolean("interleave", True),
+        price_per_gb_hour=t.number("price_per_gb_hour", 0.0, nonneg=True),
+        shared=t.boolean("shared") if t.has("shared") else None,
+    )
+    t.done()
+    return tier

@@ -8,7 +8,7 @@ and rates in bytes or FLOPs per second, so the simulator never converts units.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 GB = 1e9  # profiles give decimal gigabytes, as GPU data sheets do
 
@@ -97,6 +97,42 @@ class Efficiency:
 
 
 @dataclass(frozen=True)
+class TierHardware:
+    """The memory below HBM of one kind (``dram``, ``cxl``, ``rdma``, ``ssd``) and its path.
+
+    ``capacity_bytes`` is per pool: per host for ``dram``, ``ssd`` and a CXL expander (``shared =
+    false``), for the whole pool for a shared ``cxl`` and
+    ``rdma``. ``port_read_bw`` / ``port_write_bw`` are one host's access link to the tier
+    (its CXL adapters together, its NICs together, its NVMe drives, its DRAM channels); every
+    transfer also crosses the GPU's PCIe link. A pooled tier may add one link shared by all
+    hosts (``pool_bw``, 0 = none) and a per-transfer cap (``device_bw``, one memory device,
+    when data is not interleaved over the pool's ``devices``). ``op_overhead_s`` is paid per
+    transfer operation (one fragment, or ``coalesce`` fragments), ``latency_s`` once per
+    transfer. ``price_per_gb_hour`` prices the tier's capacity.
+    """
+
+    name: str
+    capacity_bytes: float
+    port_read_bw: float
+    port_write_bw: float
+    op_overhead_s: float
+    latency_s: float
+    pool_bw: float = 0.0
+    device_bw: float = 0.0
+    devices: int = 1
+    interleave: bool = True
+    price_per_gb_hour: float = 0.0
+    shared: bool | None = None  # None: cxl and rdma are shared pools, dram and ssd per host
+
+    @property
+    def per_host(self) -> bool:
+        """One pool per host (dram, ssd, a CXL expander) or one shared by every host."""
+        if self.shared is not None:
+            return not self.shared
+        return self.name in ("dram", "ssd")
+
+
+@dataclass(frozen=True)
 class Hardware:
     """A deployment: GPU type, topology, efficiency factors, memory reserve and prices."""
 
@@ -108,6 +144,7 @@ class Hardware:
     activation_reserve_bytes: float  # per GPU, kept for activations
     host_fixed_per_hour: float  # $ per host-hour for NICs, adapters, switch share
     source: str = ""
+    tiers: dict[str, TierHardware] = field(default_factory=dict)
 
     def kv_capacity_bytes(self, model: ModelProfile) -> float:
         """HBM bytes left for KV blocks in one instance (``tp`` GPUs): HBM - weights - reserve.
@@ -118,8 +155,15 @@ class Hardware:
         per_gpu = self.gpu.hbm_bytes * self.gpu_memory_utilization - self.activation_reserve_bytes
         return tp * per_gpu - model.weight_bytes
 
-    def cost_per_hour(self, instances: int) -> float:
-        """Dollars per hour for ``instances`` replicas: their GPUs plus the hosts they occupy."""
+    def cost_per_hour(self, instances: int, tier_gb: dict[str, float] | None = None) -> float:
+        """Dollars per hour for ``instances`` replicas: their GPUs plus the hosts they occupy.
+
+        ``tier_gb`` adds lower tiers: total GB of each (all hosts' DRAM, the whole pool) at
+        the profile's price per GB-hour (DESIGN.md 4.6).
+        """
         gpus = instances * self.topology.tp
         hosts = -(-gpus // self.topology.gpus_per_host)
-        return gpus * self.gpu.price_per_hour + hosts * self.host_fixed_per_hour
+        cost = gpus * self.gpu.price_per_hour + hosts * self.host_fixed_per_hour
+        for name, gb in (tier_gb or {}).items():
+            cost += gb * self.tiers[name].price_per_gb_hour
+        return cost

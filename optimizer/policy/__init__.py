@@ -1,4 +1,4 @@
-"""Policy files: the ``Policy`` dataclass and its TOML loader."""
+"""Policy files: the ``Policy`` dataclass, its TOML loader, dict conversion and presets."""
 
 from __future__ import annotations
 
@@ -10,7 +10,10 @@ from optimizer.policy.model import (
     ServingPolicy,
     TierPolicy,
     load_policy,
+    policy_from_dict,
+    policy_to_dict,
 )
+from optimizer.policy.presets import load_preset, preset_names, preset_path
 
 __all__ = [
     "POLICY_FORMAT",
@@ -20,4 +23,9 @@ __all__ = [
     "ServingPolicy",
     "TierPolicy",
     "load_policy",
+    "load_preset",
+    "policy_from_dict",
+    "policy_to_dict",
+    "preset_names",
+    "preset_path",
 ]

@@ -1,8 +1,11 @@
 """The ``Policy`` dataclass (what a deployment runs) and its TOML loader.
 
 A policy is nested so that later parts can extend it without reshaping it: serving knobs live in
-``serving``, cache tiers in the ``tiers`` list (issue 4 knows only ``hbm``), the optional SLO in
-``slo``. Numbers default to what vLLM does on an H100 when nothing is set.
+``serving``, cache tiers in the ``tiers`` list (``hbm`` first, then any of ``dram``, ``cxl``,
+``rdma``, ``ssd``; a tier that is listed is on), the write / load / hierarchy rules at the top
+level, the optional SLO in ``slo``. Numbers default to what vLLM does on an H100 when nothing is
+set. ``policy_from_dict`` and ``policy_to_dict`` convert to and from the plain dict a policy file
+holds, so an optimizer can overlay dotted parameters (``tiers.cxl.capacity_gb``) on a dict.
 """
 
 from __future__ import annotations
@@ -15,9 +18,15 @@ from optimizer.toml_fields import Table, read_toml
 
 POLICY_FORMAT = "kvtier-policy/1"
 ROUTERS = ("round_robin", "least_loaded", "prefix_affinity")
-TIER_NAMES = ("hbm",)
-EVICTIONS = ("lru",)
+TIER_NAMES = ("hbm", "dram", "cxl", "rdma", "ssd")
+LOWER_TIERS = TIER_NAMES[1:]  # in lookup order: fastest path first
+EVICTIONS = ("lru", "fifo", "lfu", "s3fifo", "sieve", "gdsf")  # the cache engine's policies
+HBM_EVICTIONS = ("lru",)  # HBM is vLLM's block pool (LRU over unpinned blocks)
 KV_DTYPES = ("bf16", "fp8", "int4")
+WRITE_POLICIES = ("write_through", "write_back", "write_through_selective")
+HIERARCHIES = ("inclusive", "exclusive")
+LOAD_RULES = ("always_load", "cost_aware")
+KV_LAYOUTS = ("per_layer", "contiguous")
 
 
 @dataclass(frozen=True)
@@ -46,11 +55,29 @@ class ServingPolicy:
 
 @dataclass(frozen=True)
 class TierPolicy:
-    """One cache tier. Issue 4 has only ``hbm`` (its size follows from the hardware)."""
+    """One cache tier: which one, its size and its eviction policy.
+
+    ``capacity_gb`` is per instance for ``hbm`` (default: HBM - weights - reserve), per host for
+    ``dram`` and ``ssd``, for the whole pool for ``cxl`` and ``rdma`` (default: the hardware
+    profile's). ``interleave`` (cxl only) overrides the profile's device interleaving.
+    """
 
     name: str = "hbm"
     eviction: str = "lru"
-    capacity_gb: float | None = None  # None: what the hardware leaves (HBM - weights - reserve)
+    capacity_gb: float | None = None
+    interleave: bool | None = None
+
+    def __post_init__(self) -> None:
+        if self.name not in TIER_NAMES:
+            raise ValueError(f"tier name must be one of {TIER_NAMES}, got {self.name!r}")
+        if self.eviction not in EVICTIONS:
+            raise ValueError(f"eviction must be one of {EVICTIONS}, got {self.eviction!r}")
+        if self.name == "hbm" and self.eviction not in HBM_EVICTIONS:
+            raise ValueError("the hbm tier evicts lru (vLLM's free queue)")
+        if self.capacity_gb is not None and not self.capacity_gb > 0:
+            raise ValueError(f"capacity_gb must be > 0, got {self.capacity_gb}")
+        if self.interleave is not None and self.name != "cxl":
+            raise ValueError("interleave applies to the cxl tier only")
 
 
 @dataclass(frozen=True)
@@ -77,6 +104,14 @@ class Policy:
     slo: SLO | None = None
     hardware: str | None = None  # profile names, used when the CLI is not told otherwise
     model: str | None = None
+    # Lower tiers (DESIGN.md 4.3, 4.4); they matter only when a tier below hbm is listed.
+    write_policy: str = "write_through"  # LMCache and Mooncake store every computed chunk
+    selective_k: int = 2  # write_through_selective: sightings before a block is copied down
+    hierarchy: str = "inclusive"
+    load_rule: str = "always_load"
+    kv_layout: str = "per_layer"  # vLLM's per-layer K and V tensors: 2 x layers fragments
+    coalesce: int = 1  # fragments merged into one transfer operation
+    share_across_tenants: bool = False
 
     def __post_init__(self) -> None:
         if self.block_tokens < 1:
@@ -85,6 +120,28 @@ class Policy:
             raise ValueError(f"kv_dtype must be one of {KV_DTYPES}, got {self.kv_dtype!r}")
         if not self.tiers or self.tiers[0].name != "hbm":
             raise ValueError("the first tier must be hbm")
+        names = [t.name for t in self.tiers]
+        if len(set(names)) != len(names) or "hbm" in names[1:]:
+            raise ValueError(f"each tier may appear once, hbm first, got {names}")
+        for name, value, choices in (
+            ("write_policy", self.write_policy, WRITE_POLICIES),
+            ("hierarchy", self.hierarchy, HIERARCHIES),
+            ("load_rule", self.load_rule, LOAD_RULES),
+            ("kv_layout", self.kv_layout, KV_LAYOUTS),
+        ):
+            if value not in choices:
+                raise ValueError(f"{name} must be one of {choices}, got {value!r}")
+        if self.selective_k < 1 or self.coalesce < 1:
+            raise ValueError("selective_k and coalesce must be >= 1")
+
+    def tier(self, name: str) -> TierPolicy | None:
+        """The listed tier of that name, or None when it is off."""
+        return next((t for t in self.tiers if t.name == name), None)
+
+    @property
+    def lower_tiers(self) -> tuple[TierPolicy, ...]:
+        """Listed tiers below HBM, in lookup order (dram, cxl, rdma, ssd)."""
+        return tuple(t for name in LOWER_TIERS if (t := self.tier(name)) is not None)
 
     def with_block_tokens(self, block_tokens: int) -> Policy:
         return replace(self, block_tokens=block_tokens)
@@ -107,6 +164,16 @@ def policy_to_dict(policy: Policy) -> dict[str, Any]:
         data["hardware"] = policy.hardware
     if policy.model is not None:
         data["model"] = policy.model
+    for key in (
+        "write_policy",
+        "selective_k",
+        "hierarchy",
+        "load_rule",
+        "kv_layout",
+        "coalesce",
+        "share_across_tenants",
+    ):
+        data[key] = getattr(policy, key)
     serving = {k: v for k, v in asdict(policy.serving).items() if v is not None}
     data["serving"] = serving
     data["tiers"] = [{k: v for k, v in asdict(t).items() if v is not None} for t in policy.tiers]
@@ -138,12 +205,23 @@ def policy_from_dict(data: dict[str, Any], source: str = "<policy>") -> Policy:
         )
         st.done()
     tiers: list[TierPolicy] = []
-    for tt in t.tables("tiers"):
+    for i, tt in enumerate(t.tables("tiers")):
+        name = tt.string("name", choices=TIER_NAMES)
+        if any(x.name == name for x in tiers):
+            raise tt.error(f"tiers[{i}].name", f"tier {name!r} is listed twice")
+        interleave = None
+        if tt.has("interleave"):
+            if name != "cxl":
+                raise tt.error(f"tiers[{i}].interleave", "applies to the cxl tier only")
+            interleave = tt.boolean("interleave")
         tiers.append(
             TierPolicy(
-                name=tt.string("name", choices=TIER_NAMES),
-                eviction=tt.string("eviction", "lru", choices=EVICTIONS),
+                name=name,
+                eviction=tt.string(
+                    "eviction", "lru", choices=HBM_EVICTIONS if name == "hbm" else EVICTIONS
+                ),
                 capacity_gb=tt.optional_number("capacity_gb"),
+                interleave=interleave,
             )
         )
         tt.done()
@@ -167,6 +245,13 @@ def policy_from_dict(data: dict[str, Any], source: str = "<policy>") -> Policy:
         slo=slo,
         hardware=t.string("hardware") if t.has("hardware") else None,
         model=t.string("model") if t.has("model") else None,
+        write_policy=t.string("write_policy", "write_through", choices=WRITE_POLICIES),
+        selective_k=t.integer("selective_k", 2),
+        hierarchy=t.string("hierarchy", "inclusive", choices=HIERARCHIES),
+        load_rule=t.string("load_rule", "always_load", choices=LOAD_RULES),
+        kv_layout=t.string("kv_layout", "per_layer", choices=KV_LAYOUTS),
+        coalesce=t.integer("coalesce", 1),
+        share_across_tenants=t.boolean("share_across_tenants", False),
     )
     for key in ("hardware", "model"):
         t.used.add(key)

@@ -75,4 +75,6 @@ def simulate(
     slo = slo if slo is not None else policy.slo
     cfg = build_config(hardware, model, policy)
     raw = simulate_raw(trace, cfg, engine=engine, slo=slo, stop_early=stop_early)
-    return compute_metrics(trace, raw, cost_per_hour=cfg.cost_per_hour, slo=slo, engine=engine)
+    return compute_metrics(
+        trace, raw, cost_per_hour=cfg.cost_per_hour, slo=slo, engine=engine, tiers=cfg.tiers
+    )

@@ -14,6 +14,7 @@ import numpy as np
 from optimizer.errors import InputError
 from optimizer.hardware.types import GB, Hardware, ModelProfile
 from optimizer.policy.model import ROUTERS, Policy
+from optimizer.sim.tiers import TierConfig, build_tiers
 
 ROUTER_CODES = {name: code for code, name in enumerate(ROUTERS)}  # round_robin=0, ...
 
@@ -39,6 +40,7 @@ class SimConfig:
     mem_rate: float  # tp * HBM bytes/s * MBU
     step_overhead_s: float
     cost_per_hour: float
+    tiers: TierConfig | None = None  # tiers below HBM (None: HBM only)
 
     def timing_params(self) -> np.ndarray:
         """The seven floats of the iteration-time formula, in :func:`iteration_time` order."""
@@ -79,6 +81,7 @@ def build_config(hardware: Hardware, model: ModelProfile, policy: Policy) -> Sim
             f"{kv_bytes / GB:.1f} GB after weights per instance of tp={topo.tp}"
         )
     eff = hardware.efficiency
+    tiers = build_tiers(hardware, model, policy, n_inst)
     return SimConfig(
         n_instances=n_inst,
         capacity_blocks=int(kv_bytes // block_bytes),
@@ -94,5 +97,6 @@ def build_config(hardware: Hardware, model: ModelProfile, policy: Policy) -> Sim
         kv_bytes_per_token=float(kvb),
         mem_rate=topo.tp * hardware.gpu.hbm_bw * eff.mbu,
         step_overhead_s=eff.step_overhead_s,
-        cost_per_hour=hardware.cost_per_hour(n_inst),
+        cost_per_hour=hardware.cost_per_hour(n_inst, tiers.tier_gb if tiers else None),
+        tiers=tiers,
     )

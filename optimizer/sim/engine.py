@@ -7,12 +7,17 @@ indexes is checked here: the trace's own invariants come from :class:`BlockedTra
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from optimizer.errors import InputError
+from optimizer.sim.cache.enums import BLK_LANES, L_NXT, L_PRV, L_WHERE, NIL, W_ABSENT
+from optimizer.sim.cache.state import TierState
 from optimizer.sim.config import SimConfig
 from optimizer.sim.nb import simulate_nb
 from optimizer.sim.result import RawResult, SloCheck, end_time
+from optimizer.sim.tiers import WRITE_SELECTIVE, TierConfig, recompute_costs
 from optimizer.trace.blocked import BlockedTrace
 
 # The cache map holds one int32 per (instance, block id); it is allocated lazily (calloc), but
@@ -61,6 +66,13 @@ def simulate_engine(
     slo_on = slo is not None
     thr = slo.thresholds() if slo is not None else np.full(4, np.inf)
     lim = slo.limits(n) if slo is not None else np.ones(3, dtype=np.int64)
+    costs = None
+    if cfg.tiers is not None and "gdsf" in cfg.tiers.evictions:
+        costs = recompute_costs(
+            trace.block_offsets, trace.block_ids, n_blocks, cfg.block_tokens, *tparams[:3]
+        )
+    tier_args, counters = _tier_arrays(cfg.tiers, n_blocks, cfg.n_instances, costs)
+    load_s = np.zeros(n)
     first = np.full(n, np.nan)
     finish = np.full(n, np.nan)
     hits = np.zeros(n, dtype=np.int64)
@@ -93,6 +105,8 @@ def simulate_engine(
         busy,
         stats,
         np.zeros(cfg.n_instances * n_blocks, dtype=np.int32),  # calloc: pages zeroed on touch
+        *tier_args,
+        load_s,
     )
     early = bool(stats[1])
     return RawResult(
@@ -104,4 +118,145 @@ def simulate_engine(
         n_iterations=int(stats[0]),
         early_stopped=early,
         end_s=end_time(finish, early, stats[2]),
+        **_tier_result(cfg.tiers, counters, load_s),
     )
+
+
+def _tier_arrays(
+    tiers: TierConfig | None, n_blocks: int, n_instances: int, costs: np.ndarray | None = None
+) -> tuple[tuple, tuple]:
+    """Kernel arguments for the lower tiers: (n_tiers, ts, tp, lk, sightings), and lk.
+
+    Each pool is a cache-engine :class:`TierState`; their arrays are stacked on a leading pool
+    axis. Per-block arrays that only LFU and GDSF read are one element wide when no pool uses
+    those policies, so LRU / FIFO / S3-FIFO / Sieve tiers cost 16 bytes per block and pool.
+    """
+    if tiers is None:
+        i1, f1 = np.zeros(1, dtype=np.int64), np.zeros(1)
+        ts = tuple(np.zeros((1, 1), dtype=dt) for dt in (np.int64, np.float64))
+        ts = (
+            ts[0],
+            ts[1],
+            np.zeros((1, 1, 4), dtype=np.int32),
+            ts[1],
+            ts[0],
+            np.zeros((1, 1), dtype=np.int32),
+            np.zeros((1, 1), dtype=np.int32),
+            ts[1],
+        )
+        tp = (
+            np.zeros(1, dtype=np.bool_),
+            i1,
+            np.zeros(n_instances, dtype=np.int64),
+            f1,
+            f1,
+            f1,
+            f1,
+            f1,
+            i1,
+            np.zeros((1, 1), dtype=np.int64),
+            i1,
+            np.zeros(6, dtype=np.int64),
+            0.0,
+        )
+        lk = (f1.copy(), f1.copy(), f1.copy(), i1.copy(), f1.copy(), f1.copy())
+        return (0, ts, tp, lk, np.zeros(1, dtype=np.int64)), lk
+    _check_tiers(tiers, n_instances)
+    if tiers.n_pools * n_blocks * 16 > (1 << 40):
+        raise InputError(f"{tiers.n_pools} lower-tier pools x {n_blocks:,} blocks is too large")
+    specs = []  # (policy, capacity) per pool, pools in TierConfig order
+    for t in range(tiers.n_tiers):
+        pools = tiers.n_hosts if tiers.per_host[t] else 1
+        specs += [(tiers.evictions[t], int(tiers.capacity_blocks[t]))] * pools
+    # Scalars from the cache engine's own constructor (an empty id space costs nothing); the
+    # per-block arrays are allocated here once, stacked, instead of per pool and then copied.
+    empty = [TierState.create(policy, cap, 0) for policy, cap in specs]
+    wide = any(e.policy.base in ("lfu", "gdsf") for e in empty)
+    width = n_blocks if wide else 1
+    heap_len = max(min(cap, n_blocks) + 1 for _, cap in specs) if wide else 1
+    P = len(specs)
+    meta = np.stack([e.meta for e in empty])
+    fmeta = np.stack([e.fmeta for e in empty])
+    row = np.zeros(BLK_LANES, dtype=np.int32)  # one pass over the memory, as TierState does
+    row[L_PRV] = row[L_NXT] = NIL
+    row[L_WHERE] = W_ABSENT
+    blk = np.empty((P, n_blocks, BLK_LANES), dtype=np.int32)
+    blk.reshape(-1, BLK_LANES)[:] = row
+    prio = np.zeros((P, width))
+    stamp = np.zeros((P, width), dtype=np.int64)
+    hpos = np.full((P, width), NIL, dtype=np.int32)
+    cost = np.ones((P, width))
+    if costs is not None:  # GDSF pools read them (recompute seconds per block)
+        cost[:] = costs[:width]
+    heap = np.zeros((P, heap_len), dtype=np.int32)
+    ts = (meta, fmeta, blk, prio, stamp, heap, hpos, cost)
+    tp = (
+        tiers.per_host,
+        tiers.pool_base,
+        tiers.inst_host,
+        tiers.op_s,
+        tiers.lat_s,
+        tiers.cap_bw,
+        tiers.link_bw_read,
+        tiers.link_bw_write,
+        tiers.link_ops,
+        tiers.port_link,
+        tiers.pool_link,
+        tiers.int_params(),
+        float(tiers.block_bytes),
+    )
+    nl, nt = tiers.n_links, tiers.n_tiers
+    lk = (
+        np.zeros(nl),
+        np.zeros(nl),
+        np.zeros(nl),
+        np.zeros(nt, dtype=np.int64),
+        np.zeros(nt),
+        np.zeros(nt),
+    )
+    selective = tiers.write_policy == WRITE_SELECTIVE
+    sightings = np.zeros(n_blocks if selective else 1, dtype=np.int64)
+    return (nt, ts, tp, lk, sightings), lk
+
+
+def _check_tiers(c: TierConfig, n_instances: int) -> None:
+    """Everything the tier kernels index or divide by, checked once (they check nothing)."""
+    T, L = c.n_tiers, c.n_links
+    if len(c.inst_host) != n_instances or n_instances > L:
+        raise ValueError("tier configuration was built for another instance count")
+    if c.inst_host.min() < 0 or c.inst_host.max() >= c.n_hosts:
+        raise ValueError("inst_host must lie in [0, n_hosts)")
+    pools = np.where(c.per_host, c.n_hosts, 1)
+    if not np.array_equal(c.pool_base, np.concatenate([[0], np.cumsum(pools)[:-1]])):
+        raise ValueError("pool_base must number the pools of each tier consecutively")
+    if int(pools.sum()) != c.n_pools or c.port_link.shape != (T, c.n_hosts):
+        raise ValueError("n_pools and port_link must match the tiers and hosts")
+    if c.port_link.min() < 0 or c.port_link.max() >= L or c.pool_link.max() >= L:
+        raise ValueError("link indices must lie in [0, n_links)")
+    if c.pool_link.min() < -1 or np.any(c.capacity_blocks < 0):
+        raise ValueError("pool_link >= -1 and capacities >= 0 required")
+    for arr in (c.op_s, c.lat_s):
+        if len(arr) != T or not np.all(np.isfinite(arr)) or np.any(arr < 0):
+            raise ValueError("per-operation overheads and latencies must be finite and >= 0")
+    if len(c.cap_bw) != T or not np.all(c.cap_bw > 0):
+        raise ValueError("per-transfer bandwidth caps must be > 0")
+    bws = (c.link_bw_read, c.link_bw_write)
+    if any(len(b) != L or not np.all(np.isfinite(b)) or not np.all(b > 0) for b in bws):
+        raise ValueError("link bandwidths must be finite and > 0")
+    if len(c.link_ops) != L or c.fragments < 1 or c.coalesce < 1 or c.selective_k < 1:
+        raise ValueError("link_ops per link; fragments, coalesce and selective_k >= 1")
+    if not (math.isfinite(c.block_bytes) and c.block_bytes > 0) or c.write_policy not in (0, 1, 2):
+        raise ValueError("block_bytes > 0 and a known write policy required")
+
+
+def _tier_result(tiers: TierConfig | None, lk: tuple, load_s: np.ndarray) -> dict:
+    if tiers is None:
+        return {}
+    return {
+        "tier_hit_blocks": lk[3],
+        "tier_bytes_read": lk[4],
+        "tier_bytes_written": lk[5],
+        "link_busy_s": lk[1],
+        "link_bytes": lk[2],
+        "load_s": load_s,
+    }

@@ -18,6 +18,7 @@ import numpy as np
 
 from optimizer.policy.model import SLO
 from optimizer.sim.result import RawResult
+from optimizer.sim.tiers import TierConfig
 from optimizer.trace.blocked import BlockedTrace
 
 
@@ -51,6 +52,13 @@ class Metrics:
     slo_attainment: float | None = None  # share of requests meeting every per-request bound
     engine: str = ""
     extra: dict[str, Any] = field(default_factory=dict)
+    # Tiers below HBM (empty without them), keyed by tier name or link name.
+    tier_hit_blocks: dict[str, int] = field(default_factory=dict)  # blocks loaded from each
+    tier_hit_tokens: dict[str, int] = field(default_factory=dict)
+    tier_bytes_read: dict[str, float] = field(default_factory=dict)  # loads and cascades out
+    tier_bytes_written: dict[str, float] = field(default_factory=dict)  # copies in
+    link_utilisation: dict[str, float] = field(default_factory=dict)  # busy seconds / duration
+    load_share_of_ttft: float = 0.0  # summed load time / summed TTFT of served requests
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -97,8 +105,13 @@ def compute_metrics(
     cost_per_hour: float,
     slo: SLO | None = None,
     engine: str = "",
+    tiers: TierConfig | None = None,
 ) -> Metrics:
-    """Turn per-request times into :class:`Metrics` (the same code for both simulators)."""
+    """Turn per-request times into :class:`Metrics` (the same code for both simulators).
+
+    With ``tiers``, blocks loaded from a lower tier count as saved prefill tokens and as that
+    tier's hits (``hit_ratio_tokens[name]``: its tokens over admitted prompt tokens).
+    """
     n = trace.n_requests
     served = ~np.isnan(raw.finish_s)
     has_first = ~np.isnan(raw.first_token_s)
@@ -118,9 +131,31 @@ def compute_metrics(
     n_served = int(served.sum())
     rps = n_served / duration if duration > 0 else math.nan
     tps = tokens / duration if duration > 0 else math.nan
-    saved = int(raw.hit_blocks.sum()) * trace.block_tokens
+    B = trace.block_tokens
+    hbm_saved = int(raw.hit_blocks.sum()) * B
     admitted_input = int(inp[raw.instance >= 0].sum())
-    hit_ratio = saved / admitted_input if admitted_input else 0.0
+    hit_ratio = {"hbm": hbm_saved / admitted_input if admitted_input else 0.0}
+    tier_fields: dict[str, Any] = {}
+    saved = hbm_saved
+    if tiers is not None and len(raw.tier_hit_blocks):
+        names = tiers.names
+        blocks = {x: int(v) for x, v in zip(names, raw.tier_hit_blocks, strict=True)}
+        saved += sum(blocks.values()) * B
+        for x in names:
+            hit_ratio[x] = blocks[x] * B / admitted_input if admitted_input else 0.0
+        load = raw.load_s if raw.load_s is not None else np.zeros(n)
+        ttft_sum = float(ttft.sum())
+        span = duration if duration > 0 else math.nan
+        tier_fields = {
+            "tier_hit_blocks": blocks,
+            "tier_hit_tokens": {x: v * B for x, v in blocks.items()},
+            "tier_bytes_read": dict(zip(names, map(float, raw.tier_bytes_read), strict=True)),
+            "tier_bytes_written": dict(zip(names, map(float, raw.tier_bytes_written), strict=True)),
+            "link_utilisation": {
+                x: float(b) / span for x, b in zip(tiers.link_names, raw.link_busy_s, strict=True)
+            },
+            "load_share_of_ttft": float(load[has_first].sum()) / ttft_sum if ttft_sum > 0 else 0.0,
+        }
     n_inst = len(raw.busy_s)
     busy = float(raw.busy_s.sum()) / (n_inst * duration) if duration > 0 and n_inst else math.nan
     cost_mtok = cost_per_hour / (tps * 3600 / 1e6) if tps and tps > 0 else math.inf
@@ -138,7 +173,7 @@ def compute_metrics(
         e2e_mean_s=_mean(e2e),
         throughput_rps=rps,
         throughput_tps=tps,
-        hit_ratio_tokens={"hbm": hit_ratio},
+        hit_ratio_tokens=hit_ratio,
         prefill_tokens_saved=saved,
         gpu_busy_fraction=busy,
         cost_per_hour=cost_per_hour,
@@ -148,6 +183,7 @@ def compute_metrics(
         instances=n_inst,
         early_stopped=raw.early_stopped,
         engine=engine,
+        **tier_fields,
     )
     if slo is None or slo.is_empty():
         return metrics

@@ -8,7 +8,9 @@ for the pages its instances touch, not for ``instances x distinct blocks`` entri
 The free queue is a circular doubly linked list with one sentinel per instance at index
 ``n_instances * capacity + k``. The kernels do no bounds checks: :mod:`optimizer.sim.engine`
 validates every array before the call. The semantics are in the docstring of
-:mod:`optimizer.sim.reference`.
+:mod:`optimizer.sim.reference`. Lower tiers are kernels in :mod:`optimizer.sim.nb_tiers`,
+called at the same hooks as the reference's ``LowerTiers`` and only when there is work for
+them (each call hands over every tier array, which numba reference-counts).
 """
 
 from __future__ import annotations
@@ -16,6 +18,15 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
+from optimizer.sim.nb_tiers import (
+    choose_nb,
+    computed_nb,
+    hbm_evicted_nb,
+    load_nb,
+    lookup_nb,
+    sighted_nb,
+)
+from optimizer.sim.tiers import WRITE_SELECTIVE
 from optimizer.sim.timing import iteration_time
 
 iteration_time_nb = njit(cache=True, nogil=True)(iteration_time)
@@ -97,6 +108,12 @@ def simulate_nb(
     busy_time: np.ndarray,  # out f8 (n_inst,)
     stats: np.ndarray,  # out f8 (3,): n_iterations, early_stopped, end time
     slot_of: np.ndarray,  # scratch i4 (n_inst * n_blocks,), all zero
+    n_tiers: int,  # lower tiers (0: HBM only; the tier arguments are then placeholders)
+    ts: tuple,  # stacked cache-engine state of every lower-tier pool (see nb_tiers)
+    tp: tuple,  # lower-tier parameters (see nb_tiers)
+    lk: tuple,  # link and tier counters (see nb_tiers)
+    sightings: np.ndarray,  # scratch i8 (n_blocks,), zero
+    load_s: np.ndarray,  # out f8 (n,) zero-filled: seconds from admission to loaded
 ) -> None:
     """Replay every request; write per-request times and counters into the output arrays.
 
@@ -113,6 +130,8 @@ def simulate_nb(
     kv = np.zeros(n, dtype=np.int64)
     gen = np.zeros(n, dtype=np.int64)
     reg = np.zeros(n, dtype=np.int64)
+    comp_from = np.zeros(n, dtype=np.int64)
+    ready = np.zeros(n, dtype=np.float64)
     qnext = np.full(n, -1, dtype=np.int64)
     # per-instance state
     q_head = np.full(n_inst, -1, dtype=np.int64)
@@ -121,6 +140,8 @@ def simulate_nb(
     run = np.empty((n_inst, max_seqs), dtype=np.int64)
     run_len = np.zeros(n_inst, dtype=np.int64)
     sched_q = np.zeros((n_inst, max_seqs), dtype=np.int64)
+    sched_pos = np.zeros((n_inst, max_seqs), dtype=np.int64)
+    wake = np.full(n_inst, np.inf)
     n_sched = np.zeros(n_inst, dtype=np.int64)
     busy = np.zeros(n_inst, dtype=np.bool_)
     busy_until = np.zeros(n_inst, dtype=np.float64)
@@ -135,6 +156,18 @@ def simulate_nb(
         if boff[i + 1] - boff[i] > max_nb:
             max_nb = boff[i + 1] - boff[i]
     found = np.empty(max_nb + 1, dtype=np.int32)
+    # lower-tier scratch: sources of found blocks, per-tier counts, a link path, block buffers
+    src = np.empty(max_nb + 1, dtype=np.int32)
+    counts = np.zeros(n_tiers + 1, dtype=np.int64)
+    path = np.full(4, -1, dtype=np.int64)
+    hitbuf = np.empty(max_nb + 1, dtype=np.int32)
+    evbuf = np.empty(cap + 1, dtype=np.int32)
+    wbuf = np.empty(budget_max // B + max_seqs + 2, dtype=np.int32)
+    selective = n_tiers > 0 and tp[11][0] == WRITE_SELECTIVE
+    comp = np.empty(3, dtype=np.float64)
+    comp[0] = tparams[0]
+    comp[1] = tparams[1]
+    comp[2] = tparams[2]
     for k in range(n_inst):
         sent = n_slots + k
         sl[4 * sent + PREV] = sent
@@ -158,8 +191,11 @@ def simulate_nb(
         t_arr = arrival[nx] if nx < n else np.inf
         t_end = np.inf
         for k in range(n_inst):
-            if busy[k] and busy_until[k] < t_end:
-                t_end = busy_until[k]
+            if busy[k]:
+                if busy_until[k] < t_end:
+                    t_end = busy_until[k]
+            elif wake[k] < t_end:
+                t_end = wake[k]
         now = t_arr if t_arr < t_end else t_end
         if now == np.inf:
             break
@@ -171,9 +207,11 @@ def simulate_nb(
             sent = n_slots + k
             m = n_sched[k]
             n_done = 0
-            for pos in range(m):
+            nw = 0
+            for idx in range(m):
+                pos = sched_pos[k, idx]
                 i = run[k, pos]
-                q = sched_q[k, pos]
+                q = sched_q[k, idx]
                 was_prefill = kv[i] < inp[i]
                 kv[i] += q
                 nb = boff[i + 1] - boff[i]
@@ -186,6 +224,9 @@ def simulate_nb(
                         s = slots[slot_off[i] + j]
                         slot_of[base + b] = s + 1
                         sl[4 * s + BLOCK] = b
+                    if n_tiers > 0 and j >= comp_from[i]:
+                        wbuf[nw] = b
+                        nw += 1
                 if full > reg[i]:
                     reg[i] = full
                 done = False
@@ -235,6 +276,8 @@ def simulate_nb(
                 run_len[k] = w
             n_sched[k] = 0
             busy[k] = False
+            if nw > 0:  # (a call passes every tier array: skip it when there is nothing)
+                computed_nb(ts, tp, lk, n_tiers, k, now, wbuf, nw, sightings, path)
         if slo_on and (
             n_rej > 0
             or sum_ttft / n > slo_thr[0]
@@ -304,13 +347,16 @@ def simulate_nb(
                 if budget == 0:
                     break
                 i = run[k, pos]
+                if ready[i] > now:
+                    continue
                 if kv[i] < inp[i]:
                     q = inp[i] - kv[i]
                     if q > budget:
                         q = budget
                 else:
                     q = 1
-                sched_q[k, pos] = q
+                sched_pos[k, m] = pos
+                sched_q[k, m] = q
                 budget -= q
                 m += 1
             while budget > 0 and q_len[k] > 0 and run_len[k] < max_seqs:
@@ -330,7 +376,37 @@ def simulate_nb(
                         pinned_free += 1
                 if need > free_len[k] - pinned_free:
                     break
+                loaded = 0
+                ready[i] = now
+                if n_tiers > 0:
+                    n_src = lookup_nb(ts, tp, n_tiers, k, block_ids, boff[i], h, hcap, src)
+                    loaded = choose_nb(
+                        tp, lk, n_tiers, k, now, src, n_src, h, B, counts, comp, path
+                    )
+                    if loaded > 0:
+                        ready[i] = load_nb(
+                            ts,
+                            tp,
+                            lk,
+                            n_tiers,
+                            k,
+                            now,
+                            block_ids,
+                            boff[i],
+                            h,
+                            src,
+                            loaded,
+                            counts,
+                            path,
+                        )
+                        load_s[i] = ready[i] - now
+                    if selective:  # only write_through_selective reads the sightings
+                        sighted_nb(
+                            ts, tp, lk, n_tiers, k, now, block_ids, boff[i], nb, h, sightings,
+                            hitbuf, path,
+                        )  # fmt: skip
                 # admit: pin the hits, allocate the rest
+                ne = 0
                 so = slot_off[i]
                 for j in range(h):
                     s = found[j]
@@ -347,10 +423,15 @@ def simulate_nb(
                     if old != -1:
                         slot_of[base + old] = 0
                         sl[4 * s + BLOCK] = -1
+                        evbuf[ne] = old
+                        ne += 1
                     sl[4 * s + REF] = 1
                     slots[so + j] = s
-                kv[i] = h * B
+                if ne > 0 and n_tiers > 0:
+                    hbm_evicted_nb(ts, tp, lk, n_tiers, k, now, evbuf, ne, path)
+                kv[i] = (h + loaded) * B
                 reg[i] = h
+                comp_from[i] = h + loaded
                 hits_out[i] = h
                 q_head[k] = qnext[i]
                 if q_head[k] < 0:
@@ -359,18 +440,30 @@ def simulate_nb(
                 pos = run_len[k]
                 run[k, pos] = i
                 run_len[k] += 1
+                if ready[i] > now:
+                    continue
                 q = inp[i] - kv[i]
                 if q > budget:
                     q = budget
-                sched_q[k, pos] = q
+                sched_pos[k, m] = pos
+                sched_q[k, m] = q
                 budget -= q
                 m += 1
+            if m == 0:
+                # every running request is loading: idle until the first one is ready
+                w = np.inf
+                for pos in range(run_len[k]):
+                    if ready[run[k, pos]] < w:
+                        w = ready[run[k, pos]]
+                wake[k] = w
+                continue
+            wake[k] = np.inf
             tokens = 0
             attn = 0
             kv_read = 0
-            for pos in range(m):
-                i = run[k, pos]
-                q = sched_q[k, pos]
+            for idx in range(m):
+                i = run[k, sched_pos[k, idx]]
+                q = sched_q[k, idx]
                 tokens += q
                 attn += q * (2 * kv[i] + q)
                 kv_read += kv[i] + q

@@ -1,4 +1,4 @@
-"""The reference serving simulator: the executable specification of DESIGN.md 4.2 (HBM only).
+"""The reference serving simulator: the executable specification of DESIGN.md 4.2-4.4.
 
 Plain Python, one object per request and per instance, slow on purpose so that every rule is
 visible. The numba engine (:mod:`optimizer.sim.nb`) must produce *identical* per-request times;
@@ -8,7 +8,14 @@ Events. Time advances to the next event: the end of an instance's iteration or a
 one instant, iteration ends are processed first (instances in index order), then arrivals (trace
 order), then every idle instance with work starts its next iteration. A busy instance starts its
 next iteration at the end of the current one, so requests that arrive in the same instant join
-the same iteration.
+the same iteration. An idle instance whose running requests are all still loading blocks from
+a lower tier wakes when the first of them is ready (a third kind of event instant).
+
+Lower tiers (``cfg.tiers``) are :class:`optimizer.sim.reference_tiers.LowerTiers`; its
+docstring has their rules. Hooks: at admission (after the HBM fit check) the lower-tier look-up,
+the load rule, the loads (the request's ``ready`` time) and the sightings, then HBM's evictions
+(write-back); at an iteration's end the newly computed blocks (write-through). A request still
+loading takes no tokens.
 
 Routing (at arrival). A request whose prompt plus output can never fit an instance's HBM
 (``total_blocks > capacity``) is rejected. Otherwise ``load`` = waiting + running requests:
@@ -48,7 +55,9 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from optimizer.sim.config import SimConfig
+from optimizer.sim.reference_tiers import LowerTiers
 from optimizer.sim.result import RawResult, SloCheck, end_time
+from optimizer.sim.tiers import recompute_costs
 from optimizer.sim.timing import iteration_time
 from optimizer.trace.blocked import BlockedTrace
 
@@ -66,6 +75,8 @@ class Request:
     kv: int = 0  # tokens whose KV is computed (prefix hits included)
     generated: int = 0
     registered: int = 0  # prompt blocks [0, registered) are cached or were offered to the cache
+    computed_from: int = 0  # prompt blocks from here on are computed (not hits, not loaded)
+    ready: float = 0.0  # its prefill may start once loaded blocks have arrived
     slots: list[int] = field(default_factory=list)  # prompt blocks' slots, then anonymous ones
 
 
@@ -98,12 +109,14 @@ class HbmPool:
         self.ref[slot] += 1
         return slot
 
-    def allocate(self) -> int:
+    def allocate(self, evicted: list[int]) -> int:
+        """Take the free queue's head; a block cached there is evicted (appended to ``evicted``)."""
         slot, _ = self.free.popitem(last=False)
         old = self.slot_block[slot]
         if old != -1:
             del self.cached[old]
             self.slot_block[slot] = -1
+            evicted.append(old)
         self.ref[slot] = 1
         return slot
 
@@ -140,6 +153,7 @@ class Instance:
         self.busy_until: float | None = None
         self.scheduled: list[tuple[Request, int]] = []
         self.busy_time = 0.0
+        self.wake = np.inf  # while idle: when a loading request becomes ready
 
     @property
     def load(self) -> int:
@@ -183,6 +197,14 @@ def simulate_reference(
         for i in range(n)
     ]
     tracker = slo.tracker(n) if slo is not None else None
+    lower = None
+    if cfg.tiers is not None:
+        compute = (params[0], params[1], params[2])
+        costs = recompute_costs(
+            trace.block_offsets, trace.block_ids, trace.n_blocks, B, *compute
+        )  # GDSF's cost per block
+        lower = LowerTiers(cfg.tiers, trace.n_blocks, compute, costs)
+    load_s = np.zeros(n)
     rr = 0
     nxt = 0
     n_iter = 0
@@ -209,21 +231,36 @@ def simulate_reference(
                 best, best_hits, best_load = k, h, loads[k]
         return best
 
-    def admit(inst: Instance, req: Request) -> bool:
+    def admit(inst: Instance, k: int, req: Request, now: float) -> bool:
         pool = inst.pool
         cap = min((req.input_tokens - 1) // B, len(req.blocks))
         h = pool.lookup(req.blocks, cap)
         need = req.total_blocks - h
         if not pool.can_admit(req.blocks, h, need):
             return False
+        loaded = 0
+        req.ready = now
+        if lower is not None:
+            src = lower.lookup(k, req.blocks, h, cap)
+            loaded = lower.choose(k, now, src, h, B)
+            if loaded:
+                req.ready = lower.load(k, now, req.blocks, h, src[:loaded])
+                load_s[req.idx] = req.ready - now
+            lower.sighted(k, now, req.blocks, h)
+        evicted: list[int] = []
         req.slots = [pool.pin(b) for b in req.blocks[:h]]
-        req.slots += [pool.allocate() for _ in range(need)]
-        req.kv = h * B
+        req.slots += [pool.allocate(evicted) for _ in range(need)]
+        if lower is not None:
+            lower.hbm_evicted(k, now, evicted)
+        req.kv = (h + loaded) * B
         req.registered = h
+        req.computed_from = h + loaded
         hits_out[req.idx] = h
         return True
 
-    def start(inst: Instance, t: float) -> None:
+    def start(inst: Instance, k: int, t: float) -> None:
+        """Schedule an iteration; requests still loading take no tokens. With nothing to run
+        (every running request is loading) the instance stays idle until the first is ready."""
         nonlocal n_iter
         budget = cfg.token_budget
         sched: list[tuple[Request, int]] = []
@@ -231,18 +268,28 @@ def simulate_reference(
         for req in inst.running:
             if budget == 0:
                 break
+            if req.ready > t:
+                continue
             q = min(req.input_tokens - req.kv, budget) if req.kv < req.input_tokens else 1
             sched.append((req, q))
             budget -= q
         while budget > 0 and inst.waiting and len(inst.running) < cfg.max_seqs:
             req = inst.waiting[0]
-            if not admit(inst, req):
+            if not admit(inst, k, req, t):
                 break
             inst.waiting.popleft()
             inst.running.append(req)
+            if req.ready > t:
+                continue
             q = min(req.input_tokens - req.kv, budget)
             sched.append((req, q))
             budget -= q
+        if check_invariants and lower is not None:
+            lower.check()
+        if not sched:
+            inst.wake = min(r.ready for r in inst.running)
+            return
+        inst.wake = np.inf
         for req, q in sched:
             tokens += q
             attn += q * (2 * req.kv + q)
@@ -255,15 +302,18 @@ def simulate_reference(
         if check_invariants:
             inst.pool.check(inst.running)
 
-    def end(inst: Instance, t: float) -> None:
+    def end(inst: Instance, k: int, t: float) -> None:
         pool = inst.pool
         done: list[Request] = []
+        computed: list[int] = []
         for req, q in inst.scheduled:
             was_prefill = req.kv < req.input_tokens
             req.kv += q
             full = min(req.kv // B, len(req.blocks))
             for j in range(req.registered, full):
                 pool.register(req.slots[j], req.blocks[j])
+                if j >= req.computed_from:
+                    computed.append(req.blocks[j])
             req.registered = max(req.registered, full)
             if was_prefill:
                 if req.kv == req.input_tokens:
@@ -286,19 +336,25 @@ def simulate_reference(
             inst.running.remove(req)
         inst.scheduled = []
         inst.busy_until = None
+        if lower is not None:
+            lower.computed(k, t, computed)
         if check_invariants:
             pool.check(inst.running)
+            if lower is not None:
+                lower.check()
 
     while True:
         t_arr = requests[nxt].arrival if nxt < n else np.inf
         busy = [inst.busy_until for inst in instances if inst.busy_until is not None]
         t_end = min(busy) if busy else np.inf
-        now = min(t_arr, t_end)
+        wakes = [inst.wake for inst in instances if inst.busy_until is None]
+        t_wake = min(wakes) if wakes else np.inf
+        now = min(t_arr, t_end, t_wake)
         if now == np.inf:
             break
-        for inst in instances:
+        for k, inst in enumerate(instances):
             if inst.busy_until is not None and inst.busy_until == now:
-                end(inst, now)
+                end(inst, k, now)
         if tracker is not None and tracker.missed():
             early = True
             break
@@ -312,9 +368,9 @@ def simulate_reference(
             k = route(req)
             inst_of[req.idx] = k
             instances[k].waiting.append(req)
-        for inst in instances:
+        for k, inst in enumerate(instances):
             if inst.busy_until is None and (inst.running or inst.waiting):
-                start(inst, now)
+                start(inst, k, now)
 
     return RawResult(
         first_token_s=first,
@@ -325,4 +381,5 @@ def simulate_reference(
         n_iterations=n_iter,
         early_stopped=early,
         end_s=end_time(finish, early, now),
+        **(lower.result(load_s) if lower is not None else {}),
     )

@@ -47,21 +47,32 @@ def prepare(
     hardware: str | None = None,
     model: str | None = None,
     policy_path: str | None = None,
+    preset: str | None = None,
     block_tokens: int | None = None,
     rate_scale: float = 1.0,
 ) -> ReplaySetup:
     """Load and map everything a replay needs; bad input raises :class:`InputError`."""
+    from optimizer.policy.presets import load_preset
     from optimizer.trace.blocks import block_trace
     from optimizer.trace.io import read_trace
 
-    policy = load_policy(policy_path) if policy_path else Policy()
+    if policy_path:
+        policy = load_policy(policy_path)
+    elif preset:
+        policy = load_preset(preset)
+    else:
+        policy = Policy()
     if block_tokens is not None:
         if block_tokens < 1:
             raise InputError(f"--block-tokens must be >= 1, got {block_tokens}")
         policy = policy.with_block_tokens(block_tokens)
     hw = load_hardware(hardware or policy.hardware or DEFAULT_HARDWARE)
     mdl = load_model(model or policy.model or DEFAULT_MODEL)
-    blocked = block_trace(read_trace(trace_path), policy.block_tokens)
+    blocked = block_trace(
+        read_trace(trace_path),
+        policy.block_tokens,
+        share_across_tenants=policy.share_across_tenants,
+    )
     return ReplaySetup(scale_arrivals(blocked, rate_scale), hw, mdl, policy)
 
 

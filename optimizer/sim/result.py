@@ -9,7 +9,7 @@ integer limits computed here once for both simulators.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -26,6 +26,13 @@ class RawResult:
     n_iterations: int
     early_stopped: bool
     end_s: float  # simulated time at which the run ended
+    # Lower tiers (empty without them): per tier in TierConfig order, per link, per request.
+    tier_hit_blocks: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
+    tier_bytes_read: np.ndarray = field(default_factory=lambda: np.zeros(0))
+    tier_bytes_written: np.ndarray = field(default_factory=lambda: np.zeros(0))
+    link_busy_s: np.ndarray = field(default_factory=lambda: np.zeros(0))
+    link_bytes: np.ndarray = field(default_factory=lambda: np.zeros(0))
+    load_s: np.ndarray | None = None  # float64 (n,): admission to last loaded block arriving
 
 
 def end_time(finish_s: np.ndarray, early_stopped: bool, now: float) -> float:

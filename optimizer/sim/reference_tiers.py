@@ -1,0 +1,263 @@
+"""The tiers below HBM in the reference simulator: plain Python, one rule per method.
+
+The numba engine (:mod:`optimizer.sim.nb`) implements the same rules over stacked arrays; both
+use the cache engine's eviction policies (here its reference ``RefTier``) and the shared
+formulas of :mod:`optimizer.sim.transfer`. The rules (docs/model.md, "Tiers below HBM"):
+
+- Lookup: after the HBM prefix, each further block is looked for in the tiers in order
+  (dram, cxl, rdma, ssd), in the pool this instance reaches; the run ends at the first block
+  found nowhere. The first tier that holds a block is its source.
+- Load rule: ``always_load`` loads the whole run; ``cost_aware`` loads the first ``c`` blocks,
+  ``c`` minimising estimated load time plus the time to recompute the rest (ties: load more).
+- Loading touches each loaded block in its source, tail first (``inclusive``), or removes it
+  there (``exclusive``: it moves up); then one transfer per source tier; the request's prefill
+  waits for the last one.
+- Writes down: ``write_through`` copies every newly computed block, at the end of the iteration
+  that computed it, into every lower tier (only the first under ``exclusive``);
+  ``write_through_selective`` does so only for blocks seen at admission at least ``k`` times,
+  and copies an HBM-resident block when its ``k``-th sighting is a hit; ``write_back`` copies
+  a block into the first lower tier when HBM evicts it. Under ``write_back`` or ``exclusive`` a
+  block a lower tier evicts is copied into the next tier (cascade). A block already resident in
+  the target is not copied. Copies occupy links but delay no request directly.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from optimizer.sim.cache.reference import RefTier
+from optimizer.sim.tiers import WRITE_BACK, WRITE_SELECTIVE, WRITE_THROUGH, TierConfig
+from optimizer.sim.transfer import estimate, n_ops, prefill_estimate, transfer
+
+
+class LowerTiers:
+    """Every pool of every lower tier, the links, and the per-tier counters."""
+
+    def __init__(
+        self,
+        cfg: TierConfig,
+        n_blocks: int,
+        compute: tuple[float, float, float],
+        costs: np.ndarray,
+    ) -> None:
+        self.cfg = cfg
+        self.compute = compute  # flops_per_token, attn_coef, compute_rate
+        self.pools: list[RefTier] = []
+        for t in range(cfg.n_tiers):
+            n = cfg.n_hosts if cfg.per_host[t] else 1
+            cap = int(cfg.capacity_blocks[t])
+            self.pools += [RefTier(cfg.evictions[t], cap, cost=costs) for _ in range(n)]
+        self.free = np.zeros(cfg.n_links)
+        self.busy = np.zeros(cfg.n_links)
+        self.moved = np.zeros(cfg.n_links)
+        self.hits = np.zeros(cfg.n_tiers, dtype=np.int64)
+        self.bytes_read = np.zeros(cfg.n_tiers)
+        self.bytes_written = np.zeros(cfg.n_tiers)
+        self.sightings = np.zeros(max(n_blocks, 1), dtype=np.int64)
+        self.cascade = cfg.write_policy == WRITE_BACK or cfg.exclusive
+
+    # ---- wiring ------------------------------------------------------------------------------
+    def pool(self, t: int, inst: int) -> RefTier:
+        return self.pools[self.cfg.pool_of(t, inst)]
+
+    def gpu_path(self, inst: int, t: int) -> np.ndarray:
+        h = self.cfg.inst_host[inst]
+        return np.array([inst, self.cfg.port_link[t, h], self.cfg.pool_link[t], -1], dtype=np.int64)
+
+    def tier_path(self, inst: int, a: int, b: int) -> np.ndarray:
+        c = self.cfg
+        h = c.inst_host[inst]
+        return np.array(
+            [c.port_link[a, h], c.pool_link[a], c.port_link[b, h], c.pool_link[b]], dtype=np.int64
+        )
+
+    def ops(self, blocks: int) -> int:
+        return n_ops(blocks, self.cfg.fragments, self.cfg.coalesce)
+
+    # ---- lookup and loads --------------------------------------------------------------------
+    def lookup(self, inst: int, blocks: list[int], start: int, cap: int) -> list[int]:
+        """Source tier of each block after the HBM prefix, up to the first block found nowhere."""
+        src: list[int] = []
+        for j in range(start, cap):
+            found = next(
+                (t for t in range(self.cfg.n_tiers) if self.pool(t, inst).contains(blocks[j])), -1
+            )
+            if found < 0:
+                break
+            src.append(found)
+        return src
+
+    def choose(self, inst: int, now: float, src: list[int], hbm_hits: int, B: int) -> int:
+        """How many of the found blocks to load (the load rule)."""
+        c = self.cfg
+        if not c.cost_aware:
+            return len(src)
+        counts = [0] * c.n_tiers
+        best_c = 0
+        best = self._cost(inst, now, counts, len(src) * B, hbm_hits * B)
+        for k in range(1, len(src) + 1):
+            counts[src[k - 1]] += 1
+            v = self._cost(inst, now, counts, (len(src) - k) * B, (hbm_hits + k) * B)
+            if v <= best:
+                best, best_c = v, k
+        return best_c
+
+    def _cost(self, inst: int, now: float, counts: list[int], q: int, ctx: int) -> float:
+        c = self.cfg
+        load = 0.0
+        for t in range(c.n_tiers):
+            if counts[t] > 0:
+                fin = estimate(
+                    now,
+                    counts[t] * c.block_bytes,
+                    self.ops(counts[t]),
+                    c.op_s[t],
+                    c.lat_s[t],
+                    c.cap_bw[t],
+                    self.gpu_path(inst, t),
+                    c.link_bw_read,
+                    self.free,
+                )
+                if fin - now > load:
+                    load = fin - now
+        return load + prefill_estimate(q, ctx, *self.compute)
+
+    def load(self, inst: int, now: float, blocks: list[int], start: int, src: list[int]) -> float:
+        """Move the blocks ``blocks[start:start+len(src)]`` up; returns when the last arrives."""
+        c = self.cfg
+        for j in range(len(src) - 1, -1, -1):
+            pool = self.pool(src[j], inst)
+            if c.exclusive:
+                pool.remove(blocks[start + j])
+            else:
+                pool.access(blocks[start + j])
+        ready = now
+        for t in range(c.n_tiers):
+            cnt = src.count(t)
+            if cnt == 0:
+                continue
+            nbytes = cnt * c.block_bytes
+            fin = transfer(
+                now,
+                nbytes,
+                self.ops(cnt),
+                c.op_s[t],
+                c.lat_s[t],
+                c.cap_bw[t],
+                self.gpu_path(inst, t),
+                c.link_bw_read,
+                c.link_ops,
+                self.free,
+                self.busy,
+                self.moved,
+            )
+            self.hits[t] += cnt
+            self.bytes_read[t] += nbytes
+            if fin > ready:
+                ready = fin
+        return ready
+
+    # ---- writes down -------------------------------------------------------------------------
+    def sighted(self, inst: int, now: float, blocks: list[int], hbm_hits: int) -> None:
+        """Count one sighting of every block of an admitted request (selective write-through)."""
+        k = self.cfg.selective_k
+        reached: list[int] = []
+        for j, b in enumerate(blocks):
+            self.sightings[b] += 1
+            if j < hbm_hits and self.sightings[b] == k:
+                reached.append(b)
+        if self.cfg.write_policy == WRITE_SELECTIVE and reached:
+            self.write_down(inst, now, reached, self.new_block_targets())
+
+    def computed(self, inst: int, now: float, blocks: list[int]) -> None:
+        """Blocks an iteration has just computed on ``inst``: copy them down per write policy."""
+        wp = self.cfg.write_policy
+        if wp == WRITE_THROUGH:
+            chosen = blocks
+        elif wp == WRITE_SELECTIVE:
+            chosen = [b for b in blocks if self.sightings[b] >= self.cfg.selective_k]
+        else:
+            return
+        if chosen:
+            self.write_down(inst, now, chosen, self.new_block_targets())
+
+    def hbm_evicted(self, inst: int, now: float, blocks: list[int]) -> None:
+        """Blocks HBM evicted during one admission: copied to the first lower tier if cascading."""
+        if self.cascade and blocks:
+            self.write_down(inst, now, blocks, 1)
+
+    def new_block_targets(self) -> int:
+        """How many tiers (from the top) a copy of a new block goes to."""
+        return 1 if self.cfg.exclusive else self.cfg.n_tiers
+
+    def write_down(self, inst: int, now: float, blocks: list[int], n_targets: int) -> None:
+        c = self.cfg
+        for t in range(n_targets):
+            pool = self.pool(t, inst)
+            cnt = 0
+            for b in blocks:
+                if not pool.contains(b):
+                    self.insert(inst, now, t, b)
+                    cnt += 1
+            if cnt:
+                nbytes = cnt * c.block_bytes
+                transfer(
+                    now,
+                    nbytes,
+                    self.ops(cnt),
+                    c.op_s[t],
+                    c.lat_s[t],
+                    c.cap_bw[t],
+                    self.gpu_path(inst, t),
+                    c.link_bw_write,
+                    c.link_ops,
+                    self.free,
+                    self.busy,
+                    self.moved,
+                )
+                self.bytes_written[t] += nbytes
+
+    def insert(self, inst: int, now: float, t: int, b: int) -> None:
+        """Admit ``b`` into tier ``t``; a victim cascades down while the policy says so."""
+        c = self.cfg
+        while True:
+            _, victim = self.pool(t, inst).access(b)
+            if victim < 0 or not self.cascade or t + 1 >= c.n_tiers:
+                return
+            nxt = t + 1
+            if self.pool(nxt, inst).contains(victim):
+                return
+            cap = c.cap_bw[t] if c.cap_bw[t] < c.cap_bw[nxt] else c.cap_bw[nxt]
+            transfer(
+                now,
+                c.block_bytes,
+                self.ops(1),
+                c.op_s[nxt],
+                c.lat_s[nxt],
+                cap,
+                self.tier_path(inst, t, nxt),
+                c.link_bw_write,
+                c.link_ops,
+                self.free,
+                self.busy,
+                self.moved,
+            )
+            self.bytes_read[t] += c.block_bytes
+            self.bytes_written[nxt] += c.block_bytes
+            t, b = nxt, victim
+
+    def check(self) -> None:
+        """Capacity invariant of every pool (run after each event when checking)."""
+        for pool in self.pools:
+            assert 0 <= pool.size <= pool.capacity, "lower-tier capacity exceeded"
+
+    def result(self, load_s: np.ndarray) -> dict[str, np.ndarray]:
+        """The lower-tier fields of :class:`optimizer.sim.result.RawResult`."""
+        return {
+            "tier_hit_blocks": self.hits.copy(),
+            "tier_bytes_read": self.bytes_read.copy(),
+            "tier_bytes_written": self.bytes_written.copy(),
+            "link_busy_s": self.busy.copy(),
+            "link_bytes": self.moved.copy(),
+            "load_s": load_s,
+        }

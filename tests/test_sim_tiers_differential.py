@@ -1,0 +1,70 @@
+"""Reference and numba engine with lower tiers on: identical results on generated traces."""
+
+from __future__ import annotations
+
+import numpy as np
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from optimizer.policy.model import SLO
+from optimizer.sim import compute_metrics, simulate_raw
+from tests.sim_strategies import blocked_traces, tiered_configs
+from tests.test_sim_differential import assert_same
+
+SETTINGS = settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+
+
+@st.composite
+def cases(draw: st.DrawFn):
+    trace = draw(blocked_traces())
+    return trace, draw(tiered_configs(trace.block_tokens))
+
+
+def assert_same_tiers(a, b) -> None:
+    assert_same(a, b)
+    np.testing.assert_array_equal(a.tier_hit_blocks, b.tier_hit_blocks)
+    np.testing.assert_array_equal(a.tier_bytes_read, b.tier_bytes_read)
+    np.testing.assert_array_equal(a.tier_bytes_written, b.tier_bytes_written)
+    np.testing.assert_array_equal(a.link_busy_s, b.link_busy_s)
+    np.testing.assert_array_equal(a.link_bytes, b.link_bytes)
+    np.testing.assert_array_equal(a.load_s, b.load_s)
+
+
+@SETTINGS
+@given(cases())
+def test_engines_agree_with_tiers(case) -> None:
+    trace, cfg = case
+    ref = simulate_raw(trace, cfg, engine="reference", check_invariants=True)
+    fast = simulate_raw(trace, cfg, engine="numba")
+    assert_same_tiers(ref, fast)
+    m_ref = compute_metrics(trace, ref, cost_per_hour=cfg.cost_per_hour, tiers=cfg.tiers)
+    m_fast = compute_metrics(trace, fast, cost_per_hour=cfg.cost_per_hour, tiers=cfg.tiers)
+    assert m_ref.same_as(m_fast)
+    served = ~np.isnan(ref.finish_s)
+    assert np.array_equal(served, ref.instance >= 0)
+    assert np.all(ref.first_token_s[served] >= trace.arrival_s[served] + ref.load_s[served])
+
+
+@SETTINGS
+@given(cases())
+def test_every_byte_below_crosses_its_tier_port(case) -> None:
+    """Bytes read from and written to a tier equal the bytes its port links carried."""
+    trace, cfg = case
+    raw = simulate_raw(trace, cfg, engine="numba")
+    tiers = cfg.tiers
+    if tiers is None:
+        return
+    for t in range(tiers.n_tiers):
+        carried = raw.link_bytes[tiers.port_link[t]].sum()
+        expected = raw.tier_bytes_read[t] + raw.tier_bytes_written[t]
+        assert np.isclose(carried, expected, rtol=1e-12, atol=0)
+
+
+@SETTINGS
+@given(cases(), st.sampled_from([0.001, 0.01]))
+def test_engines_agree_with_tiers_and_early_stop(case, p99) -> None:
+    trace, cfg = case
+    slo = SLO(ttft_p99_s=p99)
+    ref = simulate_raw(trace, cfg, engine="reference", slo=slo, stop_early=True)
+    fast = simulate_raw(trace, cfg, engine="numba", slo=slo, stop_early=True)
+    assert_same_tiers(ref, fast)
