@@ -607,6 +607,19 @@ def _optimize_options(command: Callable[..., Any]) -> Callable[..., Any]:
             "postgresql://... for many machines.",
         ),
         click.option(
+            "--allow-lossy-kv",
+            is_flag=True,
+            help="Let the search store KV in fp8 (changes model outputs slightly).",
+        ),
+        click.option(
+            "--no-presets",
+            "compare_presets",
+            is_flag=True,
+            flag_value=False,
+            default=True,
+            help="Do not evaluate the built-in presets for comparison.",
+        ),
+        click.option(
             "--no-warm-start",
             "warm_start",
             is_flag=True,

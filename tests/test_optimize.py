@@ -276,3 +276,56 @@ def test_optimize_console_script(trace_path, tmp_path) -> None:
         [*base, "--jobs", "0"], capture_output=True, text=True, env=env, cwd=tmp_path
     )
     assert bad.returncode == 2 and len(bad.stderr.strip().splitlines()) == 1
+
+
+def test_space_is_fitted_to_the_hardware() -> None:
+    from optimizer.search.run import fit_space_to_hardware
+
+    space = fit_space_to_hardware(load_space("default"), load_hardware("h100-node"))
+    assert space.pinned["tiers.cxl.enabled"] is False  # h100-node has no CXL pool
+    assert "tiers.dram.enabled" not in space.pinned
+    instances = next(p for p in space.params if p.name == "serving.instances")
+    assert instances.high == 8
+
+
+def test_presets_are_compared_on_the_same_trace(trace_path, tmp_path) -> None:
+    result = invoke(
+        "optimize",
+        "--trace",
+        str(trace_path),
+        "--trials",
+        "4",
+        "--slo",
+        SLO_TEXT,
+        "--storage",
+        f"sqlite:///{tmp_path / 'p.db'}",
+        "--out",
+        str(tmp_path / "p.toml"),
+        "--json",
+    )
+    assert result.code == 0, result.stderr
+    data = json.loads(result.stdout)
+    by_name = {b["name"]: b for b in data["baselines"]}
+    assert {"vllm-hbm", "mooncake-rdma", "beluga-cxl"} <= set(by_name)
+    assert by_name["vllm-hbm"]["metrics"]["n_served"] == 400  # replayed in full
+    assert "cxl" in by_name["beluga-cxl"]["error"]  # h100-node has no CXL pool
+
+
+def test_cxl_sizing_space_on_a_pooled_testbed(tmp_path) -> None:
+    path = tmp_path / "rag.parquet"
+    write_trace(synthesize("rag", requests=60, rate=2.0, seed=5), path)
+    result = optimize(
+        str(path),
+        hardware="beluga-testbed",
+        model="Qwen3-32B",
+        space="cxl-sizing",
+        slo_text="ttft_p99=30",
+        n_trials=3,
+        runs_dir=tmp_path / "runs",
+        out=str(tmp_path / "c.toml"),
+        compare_presets=False,
+    )
+    assert result.n_trials == 3
+    assert result.best is not None
+    tiers = {t["name"] for t in result.best.policy["tiers"]}
+    assert "cxl" in tiers

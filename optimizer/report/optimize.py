@@ -7,19 +7,19 @@ from dataclasses import asdict
 from typing import Any
 
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from optimizer.search.objective import SLO_TERMS
 
 ROWS = (
-    ("cost per 1M tokens", "cost_per_mtok", "${:.4f}"),
-    ("cost per hour", "cost_per_hour", "${:,.2f}"),
-    ("TTFT mean", "ttft_mean_s", "{:.3f} s"),
-    ("TTFT p99", "ttft_p99_s", "{:.3f} s"),
-    ("TPOT p99", "tpot_p99_s", "{:.4f} s"),
-    ("throughput", "throughput_tps", "{:,.0f} tok/s"),
-    ("instances", "instances", "{}"),
-    ("GPU busy", "gpu_busy_fraction", "{:.1%}"),
+    ("$ per 1M tok", "cost_per_mtok", "{:.4f}"),
+    ("$ per hour", "cost_per_hour", "{:,.2f}"),
+    ("TTFT mean s", "ttft_mean_s", "{:.3f}"),
+    ("TTFT p99 s", "ttft_p99_s", "{:.3f}"),
+    ("TPOT p99 s", "tpot_p99_s", "{:.4f}"),
+    ("tok/s", "throughput_tps", "{:,.0f}"),
+    ("inst.", "instances", "{}"),
 )
 
 
@@ -62,46 +62,52 @@ def print_result(result: Any, console: Console) -> None:
             "Relax it, allow more hardware in the space, or lower --rate-scale."
         )
         return
-    table = Table(title="best policy vs baselines on the same trace and SLO", title_justify="left")
-    table.add_column("metric", style="bold")
-    table.add_column(f"best (trial {best.number})", justify="right")
-    for b in result.baselines:
-        table.add_column(b.name, justify="right")
-    for label, key, fmt in ROWS:
-        row = [label, _fmt(fmt, best.metrics.get(key))]
-        for b in result.baselines:
-            row.append(_fmt(fmt, getattr(b.evaluation.metrics, key)) if b.evaluation else "-")
-        table.add_row(*row)
-    row = ["meets SLO", "yes"]
+    table = Table(
+        title="best policy and the presets, on this trace, hardware, model and SLO",
+        title_justify="left",
+    )
+    table.add_column("policy", style="bold")
+    for label, _, _ in ROWS:
+        table.add_column(label, justify="right")
+    table.add_column("meets SLO")
+    table.add_row(
+        f"best (trial {best.number})",
+        *(_fmt(fmt, best.metrics.get(key)) for _, key, fmt in ROWS),
+        "yes",
+    )
     for b in result.baselines:
         if b.evaluation is None:
-            row.append(f"error: {b.error}")
-        else:
-            row.append(
-                "yes" if b.evaluation.feasible else "no: " + _misses(b.evaluation.violations)
-            )
-    table.add_row(*row)
+            table.add_row(b.name, *("-" for _ in ROWS), escape(f"n/a: {b.error}"))
+            continue
+        m = b.evaluation.metrics
+        verdict = "yes" if b.evaluation.feasible else "no: " + _misses(b.evaluation.violations)
+        table.add_row(
+            b.name, *(_fmt(fmt, getattr(m, key)) for _, key, fmt in ROWS), escape(verdict)
+        )
     console.print(table)
     params = Table(title="chosen parameters", title_justify="left", show_header=False)
     params.add_column("name", style="bold")
     params.add_column("value", justify="right")
     for k, v in sorted(best.params.items()):
-        params.add_row(k, str(v))
+        params.add_row(k, f"{v:.4g}" if isinstance(v, float) else str(v))
     if result.best.rate_scale != 1.0:
         params.add_row("load (rate scale)", f"{best.rate_scale:.3g}x the trace's arrival rate")
     console.print(params)
-    for b in result.baselines:
-        if b.evaluation is None:
-            continue
-        cost = b.evaluation.cost_per_mtok
-        if b.evaluation.feasible and cost > 0:
-            saving = 1 - best.metrics["cost_per_mtok"] / cost
-            console.print(f"{saving:.0%} cheaper per token than {b.name} at the same SLO.")
-        else:
-            console.print(
-                f"{b.name} does not meet the SLO on this trace "
-                f"(misses {_misses(b.evaluation.violations)})."
-            )
+    feasible = {
+        b.name: b.evaluation
+        for b in result.baselines
+        if b.evaluation is not None and b.evaluation.feasible
+    }
+    if feasible:
+        cheapest = min(feasible, key=lambda n: feasible[n].cost_per_mtok)
+        named = [n for n in ("vllm-hbm", cheapest) if n in feasible]
+        for name in dict.fromkeys(named):
+            saving = 1 - best.metrics["cost_per_mtok"] / feasible[name].cost_per_mtok
+            word = "cheaper" if saving >= 0 else "more expensive"
+            label = f"{name} (the cheapest preset that meets it)" if name == cheapest else name
+            console.print(f"{abs(saving):.0%} {word} per token than {label} at the same SLO.")
+    elif result.baselines:
+        console.print("No preset meets the SLO on this trace and hardware.")
     if result.front:
         front = Table(title="Pareto front (cost vs TTFT p99)", title_justify="left")
         for col in ("trial", "cost per 1M tokens", "TTFT p99"):
@@ -114,9 +120,10 @@ def print_result(result: Any, console: Console) -> None:
             )
         console.print(front)
     if result.policy_path is not None:
+        trace = result.extra.get("trace", "TRACE")
         console.print(
             f"policy written to [bold]{result.policy_path}[/]; reproduce with "
-            f"kvtier replay --policy {result.policy_path} --trace <trace>"
+            f"kvtier replay --policy {result.policy_path} --trace {trace}"
         )
 
 

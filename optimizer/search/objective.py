@@ -144,12 +144,14 @@ class Evaluator:
             values, policy, metrics, scale, violations, feasible, metrics.cost_per_mtok, replays
         )
 
-    def evaluate_policy(self, policy: Policy, values: dict[str, Any] | None = None) -> Evaluation:
+    def evaluate_policy(
+        self, policy: Policy, values: dict[str, Any] | None = None, *, full: bool = False
+    ) -> Evaluation:
+        """Evaluate ``policy``; ``full`` replays to the end even once the SLO is missed."""
         values = dict(values or {})
         if self.load == "trace":
-            return self._judge(
-                values, policy, self.replay(policy, self.rate_scale), self.rate_scale, 1
-            )
+            metrics = self.replay(policy, self.rate_scale, stop_early=not full)
+            return self._judge(values, policy, metrics, self.rate_scale, 1)
         return self._capacity(policy, values)
 
     def evaluate(self, values: dict[str, Any]) -> Evaluation:

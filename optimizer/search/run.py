@@ -97,9 +97,61 @@ class OptimizeResult:
     extra: dict[str, Any] = field(default_factory=dict)
 
 
-def baseline_policies(base: Policy) -> dict[str, Policy]:
-    """What the best policy is compared with: the serving stack's defaults on all instances."""
-    return {"vllm-defaults": base}
+LOWER_TIERS = ("dram", "cxl", "rdma", "ssd")
+
+
+def _finished(study: optuna.Study) -> int:
+    """Trials that ran (complete, pruned or failed); enqueued ones still waiting do not count."""
+    return sum(1 for t in study.trials if t.state.is_finished())
+
+
+def baseline_policies(base: Policy) -> dict[str, Policy | InputError]:
+    """What the best policy is compared with: every built-in preset, on the user's hardware.
+
+    A preset keeps its policy (block size, tiers, write policy, ...) but runs on the hardware
+    and model being optimized, at the same SLO, with all instances; its tier capacities are its
+    own. A preset that needs a tier the hardware lacks is reported as not applicable.
+    """
+    from optimizer.policy.presets import load_preset, preset_names
+
+    out: dict[str, Policy | InputError] = {}
+    for name in preset_names():
+        try:
+            preset = load_preset(name)
+            out[name] = replace(
+                preset,
+                hardware=base.hardware,
+                model=base.model,
+                slo=base.slo,
+                serving=replace(preset.serving, instances=None),
+            )
+        except InputError as err:
+            out[name] = err
+    return out
+
+
+def fit_space_to_hardware(space: SearchSpace, hardware: Any) -> SearchSpace:
+    """Switch off tiers the hardware lacks; cap the instance count at what it has."""
+    most = hardware.topology.max_instances
+    fitted = []
+    for p in space.params:
+        if p.name == "serving.instances" and p.choices is None and p.high is not None:
+            high = min(p.high, most)
+            p = replace(p, low=min(p.low, high), high=high)
+        elif p.name == "serving.instances" and p.choices is not None:
+            kept = tuple(c for c in p.choices if isinstance(c, int) and c <= most)
+            p = replace(p, choices=kept or (most,))
+        fitted.append(p)
+    space = replace(space, params=tuple(fitted))
+    params = {p.name for p in space.params}
+    pins = {
+        f"tiers.{tier}.enabled": False
+        for tier in LOWER_TIERS
+        if tier not in hardware.tiers
+        and f"tiers.{tier}.enabled" in params
+        and f"tiers.{tier}.enabled" not in space.pinned
+    }
+    return space.with_pins(pins) if pins else space
 
 
 def optimize(
@@ -120,6 +172,8 @@ def optimize(
     n_jobs: int = 1,
     pareto: bool = False,
     warm_start: bool = True,
+    allow_lossy_kv: bool = False,
+    compare_presets: bool = True,
     out: str | None = None,
     runs_dir: Path = Path("runs"),
     on_trial: Callable[[int, TrialSummary | None], None] | None = None,
@@ -133,7 +187,12 @@ def optimize(
     hw = load_hardware(hardware)
     mdl = load_model(model)
     slo = parse_slo(slo_text)
-    search_space: SearchSpace = load_space(space).with_pins(pins or {})
+    search_space: SearchSpace = load_space(space)
+    if allow_lossy_kv:
+        search_space = replace(
+            search_space, pinned={k: v for k, v in search_space.pinned.items() if k != "kv_dtype"}
+        )
+    search_space = fit_space_to_hardware(search_space.with_pins(pins or {}), hw)
     base = policy_from_dict({"hardware": hardware, "model": model}, "<defaults>")
     base = replace(base, slo=slo)
     evaluator = Evaluator(trace, hw, mdl, base, slo, load=load, rate_scale=rate_scale)
@@ -161,13 +220,13 @@ def optimize(
             study.enqueue_trial(values, skip_if_exists=True)
             warmed += 1
 
-    before = len(study.trials)
+    before = _finished(study)
     objective = make_objective(evaluator, search_space, pareto=pareto)
     callbacks = []
     if on_trial is not None:
 
         def report(st: optuna.Study, _trial: optuna.trial.FrozenTrial) -> None:
-            on_trial(len(st.trials) - before, best_feasible(st))
+            on_trial(_finished(st) - before, best_feasible(st))
 
         callbacks.append(report)
     study.optimize(
@@ -180,11 +239,15 @@ def optimize(
     binding = binding_term(near.violations, slo) if near is not None else None
 
     baselines = []
-    for bname, policy in baseline_policies(base).items():
-        try:
-            baselines.append(Baseline(bname, evaluator.evaluate_policy(policy)))
-        except InputError as err:
-            baselines.append(Baseline(bname, None, str(err)))
+    if compare_presets:
+        for bname, policy in baseline_policies(base).items():
+            if isinstance(policy, InputError):
+                baselines.append(Baseline(bname, None, policy.message))
+                continue
+            try:
+                baselines.append(Baseline(bname, evaluator.evaluate_policy(policy, full=True)))
+            except InputError as err:
+                baselines.append(Baseline(bname, None, err.message))
 
     policy_path = None
     if best is not None:
@@ -213,7 +276,7 @@ def optimize(
     return OptimizeResult(
         study_name=name,
         storage=storage,
-        n_trials=len(study.trials),
+        n_trials=_finished(study),
         best=best,
         closest=near,
         binding=binding,
@@ -222,7 +285,7 @@ def optimize(
         policy_path=policy_path,
         slo=slo,
         seconds=time.perf_counter() - started,
-        new_trials=len(study.trials) - before,
+        new_trials=_finished(study) - before,
         warm_started=warmed,
         extra={"trace": trace_path},
     )

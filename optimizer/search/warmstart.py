@@ -61,13 +61,23 @@ def warm_start_trials(
     space: SearchSpace, blocked: BlockedTrace, model: ModelProfile, policy: Policy
 ) -> list[dict[str, Any]]:
     """Parameter sets to enqueue: each free capacity parameter at each knee, tier switched on."""
+    free_names = {p.name for p in space.free()}
+
+    def reachable(p: Param) -> bool:
+        # its conditions can hold: each is on a free parameter, or pinned to the needed value
+        return all(k in free_names or space.pinned.get(k) == v for k, v in p.when)
+
     capacity_params = [
-        p for p in space.free() if p.name.endswith(".capacity_gb") and p.choices is None
+        p
+        for p in space.free()
+        if p.name.endswith(".capacity_gb")
+        and p.choices is None
+        and reachable(p)
+        and space.pinned.get(p.name.rsplit(".", 1)[0] + ".enabled", True) is not False
     ]
     if not capacity_params:
         return []
     knees = knee_capacities_gb(blocked, model, policy.kv_dtype)
-    free_names = {p.name for p in space.free()}
     trials = []
     for param in capacity_params:
         enabled = param.name.rsplit(".", 1)[0] + ".enabled"
