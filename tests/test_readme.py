@@ -29,3 +29,15 @@ def test_main_job_trace_is_bundled() -> None:
     main_job = readme_commands()[0]
     trace = re.search(r"(traces/\S+)", main_job).group(1)
     assert (REPO / trace).is_file()
+
+
+def test_no_merge_conflict_markers_in_tracked_text() -> None:
+    import subprocess
+
+    files = subprocess.run(["git", "ls-files"], cwd=REPO, capture_output=True, text=True).stdout
+    for name in files.split():
+        path = REPO / name
+        if path.suffix not in {".py", ".md", ".toml", ".txt", ""} or not path.is_file():
+            continue
+        for line in path.read_text(errors="replace").splitlines():
+            assert not line.startswith(("<<<<<<< ", ">>>>>>> ")), f"conflict marker in {name}"
