@@ -76,6 +76,35 @@ def trace() -> None:
     """Import, synthesise and inspect request traces."""
 
 
+@main.group(cls=KvtierGroup)
+def validate() -> None:
+    """Reproduce published results with the model and compare (docs/validation.md)."""
+
+
+@validate.command("beluga")
+@click.option("--json", "as_json", is_flag=True, help="Print the result as one JSON object.")
+@click.option(
+    "--markdown",
+    "markdown_path",
+    default=None,
+    help="Also write the full report (docs/validation.md) to this file.",
+)
+def validate_beluga(as_json: bool, markdown_path: str | None) -> None:
+    """The Beluga paper's LV-Eval comparison: MoonCake, Beluga, vLLM, paper beside model."""
+    import json
+
+    from optimizer.report.validation import run_beluga, to_markdown, to_text
+
+    result = run_beluga()
+    if markdown_path is not None:
+        with open(markdown_path, "w") as f:
+            f.write(to_markdown(result))
+    if as_json:
+        click.echo(json.dumps(result, indent=2))
+        return
+    click.echo(to_text(result))
+
+
 @main.command("replay")
 @click.option(
     "--trace",
