@@ -229,9 +229,23 @@ def optimize(
             on_trial(_finished(st) - before, best_feasible(st))
 
         callbacks.append(report)
-    study.optimize(
-        objective, n_trials=n_trials, timeout=timeout, n_jobs=n_jobs, callbacks=callbacks, catch=()
-    )
+    # Enqueued (warm-start) trials run on one thread: with several threads, two can take the
+    # same waiting trial from an SQLite storage and the second then fails to report it.
+    waiting = sum(1 for t in study.trials if t.state == optuna.trial.TrialState.WAITING)
+    first = min(waiting, n_trials) if n_jobs > 1 else 0
+    deadline = None if timeout is None else time.monotonic() + timeout
+    if first:
+        study.optimize(objective, n_trials=first, timeout=timeout, callbacks=callbacks, catch=())
+    left = None if deadline is None else max(0.0, deadline - time.monotonic())
+    if n_trials - first > 0 and (left is None or left > 0):
+        study.optimize(
+            objective,
+            n_trials=n_trials - first,
+            timeout=left,
+            n_jobs=n_jobs,
+            callbacks=callbacks,
+            catch=(),
+        )
 
     best = best_feasible(study)
     bounds = {t: getattr(slo, t) for t in SLO_TERMS if getattr(slo, t) is not None}
