@@ -1,0 +1,22 @@
+"""The code base stays ruff-clean (lint and format), as the project's standards require."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+from tests.helpers import REPO
+
+
+def _ruff() -> list[str]:
+    exe = shutil.which("ruff")
+    return [exe] if exe else [sys.executable, "-m", "ruff"]
+
+
+@pytest.mark.parametrize("args", [["check", "."], ["format", "--check", "."]])
+def test_ruff(args: list[str]) -> None:
+    proc = subprocess.run([*_ruff(), *args], cwd=REPO, capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
