@@ -203,7 +203,7 @@ def remove_nb(
     hpos: np.ndarray,
     cost: np.ndarray,
     b: int,
-) -> None:
+) -> bool:
     """Drop block ``b`` from the tier (and from S3-FIFO's ghost); True if it was resident."""
     pol = meta[M_POLICY]
     resident = contains_nb(meta, fmeta, blk, prio, stamp, heap, hpos, cost, b)

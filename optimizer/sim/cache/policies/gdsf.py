@@ -22,7 +22,10 @@ import numpy as np
 from numba import njit
 
 from optimizer.sim.cache.enums import F_INFLATION, L_FREQ, L_WHERE, M_CLOCK, W_ABSENT, W_MAIN
-from optimizer.sim.cache.heap import heap_pop_nb, heap_push_nb, heap_remove_nb, heap_update_nb
+from optimizer.sim.cache.heap import heap_pop_nb, heap_push_nb, heap_update_nb
+
+# Removal is LFU's: take the block out of the heap and forget its count.
+from optimizer.sim.cache.policies.lfu import remove_nb  # noqa: F401
 
 NAME = "gdsf"
 DEFAULTS: dict[str, float] = {}
@@ -83,20 +86,3 @@ def evict_nb(
     blk[v, L_WHERE] = W_ABSENT
     blk[v, L_FREQ] = 0
     return v
-
-
-@njit(cache=True, nogil=True, _nrt=False)
-def remove_nb(
-    meta: np.ndarray,
-    fmeta: np.ndarray,
-    blk: np.ndarray,
-    prio: np.ndarray,
-    stamp: np.ndarray,
-    heap: np.ndarray,
-    hpos: np.ndarray,
-    cost: np.ndarray,
-    b: int,
-) -> None:
-    heap_remove_nb(meta, heap, hpos, prio, stamp, b)
-    blk[b, L_WHERE] = W_ABSENT
-    blk[b, L_FREQ] = 0
