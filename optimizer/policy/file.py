@@ -21,7 +21,7 @@ from typing import Any
 
 import tomli_w
 
-from optimizer.policy.model import Policy, load_policy, policy_to_dict
+from optimizer.policy.model import Policy, policy_from_dict, policy_to_dict
 from optimizer.toml_fields import read_toml
 
 
@@ -78,8 +78,8 @@ def write_policy_file(
 
 def read_policy_file(path: str | Path) -> PolicyFile:
     """The policy (validated strictly) with its metrics and provenance sections."""
-    policy = load_policy(path)
     data = read_toml(Path(path))
+    policy = policy_from_dict(data, str(path))
     metrics = data.get("metrics", {})
     provenance = data.get("provenance", {})
     return PolicyFile(
