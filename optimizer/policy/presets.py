@@ -1,5 +1,7 @@
 """Built-in presets: policy files of known systems in ``policies/presets/`` (policy + hardware).
 
+(Installed from a wheel, the directory is found by :func:`optimizer.builtin.policies_dir`.)
+
 Each preset is an ordinary policy file naming its hardware and model profiles, with a first
 comment line saying what it models and a source for every parameter. ``kvtier replay --preset
 NAME`` loads one; ``$KVTIER_PRESET_PATH`` (``:``-separated directories) is searched first, so a
@@ -11,10 +13,11 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from optimizer.builtin import policies_dir
 from optimizer.errors import InputError
 from optimizer.policy.model import Policy, load_policy
 
-BUILTIN_DIR = Path(__file__).resolve().parents[2] / "policies" / "presets"
+BUILTIN_DIR = policies_dir() / "presets"
 
 
 def _dirs() -> list[Path]:

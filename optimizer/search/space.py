@@ -40,10 +40,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from optimizer.builtin import policies_dir
 from optimizer.errors import InputError
 
 SPACE_FORMAT = "kvtier-space/1"
-SPACES_DIR = Path(__file__).resolve().parents[2] / "policies" / "spaces"
+SPACES_DIR = policies_dir() / "spaces"
 
 Value = bool | int | float | str
 
