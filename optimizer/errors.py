@@ -13,7 +13,7 @@ class InputError(Exception):
 
     The message reads ``FILE: row R, column 'C': what is wrong`` with the parts that are known;
     rows are 0-based row indices of the table (or 1-based line numbers for text formats, which
-    then say ``line``).
+    then say ``line``). A bad command-line value names its ``option`` instead.
     """
 
     def __init__(
@@ -24,12 +24,14 @@ class InputError(Exception):
         row: int | None = None,
         column: str | None = None,
         line: int | None = None,
+        option: str | None = None,
     ) -> None:
         self.message = message
         self.path = path
         self.row = row
         self.column = column
         self.line = line
+        self.option = option
         super().__init__(self.format())
 
     def format(self) -> str:
@@ -40,6 +42,8 @@ class InputError(Exception):
             where.append(f"row {self.row}")
         if self.column is not None:
             where.append(f"column '{self.column}'")
+        if self.option is not None:
+            where.append(f"option {self.option}")
         text = " ".join(self.message.split())  # always one line
         prefix = f"{self.path}: " if self.path else ""
         loc = ", ".join(where)

@@ -97,9 +97,9 @@ class Evaluator:
         engine: str = "numba",
     ) -> None:
         if load not in LOAD_MODES:
-            raise InputError(f"--load must be one of {LOAD_MODES}, got {load!r}", column="--load")
+            raise InputError(f"--load must be one of {LOAD_MODES}, got {load!r}", option="--load")
         if not (math.isfinite(rate_scale) and rate_scale > 0):
-            raise InputError(f"--rate-scale must be > 0, got {rate_scale}", column="--rate-scale")
+            raise InputError(f"--rate-scale must be > 0, got {rate_scale}", option="--rate-scale")
         self.trace = trace
         self.hardware = hardware
         self.model = model

@@ -57,7 +57,7 @@ def parse_slo(text: str | None) -> SLO:
             raise InputError(
                 f"--slo takes terms like ttft_p99=5,ttft_mean=2,tpot_p99=0.1 "
                 f"(known: {', '.join(SLO_ALIASES)}), got {part.strip()!r}",
-                column="--slo",
+                option="--slo",
             )
         try:
             value = float(raw)
@@ -66,7 +66,7 @@ def parse_slo(text: str | None) -> SLO:
         if not (math.isfinite(value) and value > 0):
             raise InputError(
                 f"--slo {name.strip()} must be a positive number of seconds, got {raw.strip()!r}",
-                column="--slo",
+                option="--slo",
             )
         values[key] = value
     return SLO(**values)
@@ -208,7 +208,7 @@ def optimize(
         raise InputError(
             f"study {name!r} in {storage} was run on a different trace "
             f"(sha256 {recorded[:12]}...); choose another --study name",
-            column="--study",
+            option="--study",
         )
     study.set_user_attr("trace_sha256", digest)
 

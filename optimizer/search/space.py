@@ -251,11 +251,11 @@ def parse_pin(text: str) -> tuple[str, Value]:
     name, sep, raw = text.partition("=")
     name, raw = name.strip(), raw.strip()
     if not sep or not name or not raw:
-        raise InputError(f"--pin takes name=value, got {text!r}", column="--pin")
+        raise InputError(f"--pin takes name=value, got {text!r}", option="--pin")
     try:
         value = tomllib.loads(f"v = {raw}")["v"]
     except tomllib.TOMLDecodeError:
         value = raw
     if isinstance(value, list | dict):
-        raise InputError(f"--pin {name}: a single value is needed, got {raw!r}", column="--pin")
+        raise InputError(f"--pin {name}: a single value is needed, got {raw!r}", option="--pin")
     return name, value

@@ -12,6 +12,8 @@
 from __future__ import annotations
 
 import math
+import random
+import time
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -19,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import optuna
+import sqlalchemy.exc
 
 from optimizer.errors import InputError
 from optimizer.policy.model import policy_to_dict
@@ -45,30 +48,68 @@ def make_sampler(
         )
 
 
+OPEN_ATTEMPTS = 6  # workers starting together on a new database race to create its schema
+
+
 def open_study(study_name: str, *, storage: str | None, seed: int, pareto: bool) -> optuna.Study:
-    """Create the study, or load it to continue when it exists."""
+    """Create the study, or load it to continue when it exists.
+
+    Many workers (``optimize`` on many machines) may open one study on a shared database at
+    the same moment. Optuna creates the schema and the study on first use, and concurrent
+    creators can collide (a unique-constraint violation on PostgreSQL, "database is locked" on
+    SQLite); the loser retries after a short random wait and then finds both in place.
+    """
     url = storage or default_storage(study_name)
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     directions = ["minimize", "minimize"] if pareto else ["minimize"]
-    try:
-        study = optuna.create_study(
-            study_name=study_name,
-            storage=url,
-            sampler=make_sampler(seed=seed, pareto=pareto),
-            directions=directions,
-            load_if_exists=True,
-        )
-    except (ValueError, ImportError, optuna.exceptions.OptunaError) as err:
-        raise InputError(
-            f"cannot open study {study_name!r} at {url}: {err}", column="--storage"
-        ) from None
+    for attempt in range(OPEN_ATTEMPTS):
+        try:
+            study = optuna.create_study(
+                study_name=study_name,
+                storage=url,
+                sampler=make_sampler(seed=seed, pareto=pareto),
+                directions=directions,
+                load_if_exists=True,
+            )
+            break
+        except (
+            sqlalchemy.exc.IntegrityError,
+            sqlalchemy.exc.OperationalError,
+            optuna.exceptions.DuplicatedStudyError,
+        ) as err:
+            if attempt + 1 == OPEN_ATTEMPTS or not _creation_race(err):
+                raise _storage_error(study_name, url, err) from None
+            time.sleep(random.uniform(0.2, 1.0) * (attempt + 1))
+        except (
+            ValueError,
+            ImportError,
+            optuna.exceptions.OptunaError,
+            sqlalchemy.exc.SQLAlchemyError,
+        ) as err:
+            raise _storage_error(study_name, url, err) from None
     if len(study.directions) != len(directions):
         raise InputError(
             f"study {study_name!r} exists with {len(study.directions)} objective(s); "
             f"{'--pareto needs' if pareto else 'a single-objective run needs'} a new --study name",
-            column="--study",
+            option="--study",
         )
     return study
+
+
+def _creation_race(err: Exception) -> bool:
+    """Did ``err`` come from another worker creating the same schema or study just now?"""
+    if isinstance(err, sqlalchemy.exc.IntegrityError | optuna.exceptions.DuplicatedStudyError):
+        return True
+    text = str(err).lower()
+    return "already exists" in text or "database is locked" in text
+
+
+def _storage_error(study_name: str, url: str, err: Exception) -> InputError:
+    """One line: the database's own first line, and the driver to install when one is missing."""
+    first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+    if isinstance(err, ImportError) and url.startswith("postgresql"):
+        first += " (pip install 'kvtier[postgres]')"
+    return InputError(f"cannot open study {study_name!r} at {url}: {first}", option="--storage")
 
 
 def record(trial: optuna.Trial, ev: Evaluation) -> None:

@@ -37,7 +37,7 @@ def check_arrival_options(process: str, rate: float, burstiness: float) -> None:
     if process not in PROCESSES:
         raise InputError(
             f"unknown arrival process {process!r}; choose one of {', '.join(PROCESSES)}",
-            column="--arrivals",
+            option="--arrivals",
         )
     if not (np.isfinite(rate) and rate > 0):
         raise InputError(f"--rate must be a finite number > 0, got {rate}")

@@ -1,0 +1,159 @@
+"""Studies shared by concurrent workers: SQLite by default, PostgreSQL for many machines.
+
+Workers started together on a new database race to create Optuna's schema; every worker must
+still run its trials into the one study. Unreachable databases are one-line errors.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sqlite3
+import subprocess
+import sys
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from optimizer.trace.io import write_trace
+from optimizer.trace.synth import synthesize
+from tests.helpers import REPO, assert_one_line_error, run_cli
+
+WORKERS = 3
+TRIALS = 2
+
+
+@pytest.fixture(scope="module")
+def trace_path(tmp_path_factory) -> Path:
+    path = tmp_path_factory.mktemp("storage") / "chat.parquet"
+    write_trace(synthesize("chat", requests=150, rate=8.0, seed=5), path)
+    return path
+
+
+def start_workers(trace: Path, storage: str, cwd: Path) -> list[subprocess.CompletedProcess]:
+    """``WORKERS`` optimize processes on one study, started at the same moment."""
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    procs = [
+        subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "optimizer.cli",
+                "optimize",
+                "--trace",
+                str(trace),
+                "--trials",
+                str(TRIALS),
+                "--study",
+                "shared",
+                "--storage",
+                storage,
+                "--seed",
+                str(i),
+                "--no-presets",
+                "--out",
+                str(cwd / f"policy-{i}.toml"),
+            ],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=env,
+            cwd=cwd,
+        )
+        for i in range(WORKERS)
+    ]
+    done = []
+    for p in procs:
+        out, err = p.communicate(timeout=600)
+        done.append(subprocess.CompletedProcess(p.args, p.returncode, out, err))
+    return done
+
+
+def test_concurrent_workers_share_a_new_sqlite_study(trace_path, tmp_path) -> None:
+    db = tmp_path / "shared.db"
+    for r in start_workers(trace_path, f"sqlite:///{db}", tmp_path):
+        assert r.returncode == 0, r.stderr
+    with sqlite3.connect(db) as con:
+        states = dict(con.execute("select state, count(*) from trials group by state"))
+    assert states == {"COMPLETE": WORKERS * TRIALS}
+
+
+def test_unreachable_postgresql_is_a_one_line_error(trace_path, tmp_path) -> None:
+    result = run_cli(
+        "optimize",
+        "--trace",
+        str(trace_path),
+        "--trials",
+        "1",
+        "--storage",
+        "postgresql://kvtier@127.0.0.1:1/kvtier",
+        cwd=str(tmp_path),
+    )
+    assert_one_line_error(result, "option --storage", "cannot open study")
+
+
+def _pg_bin() -> Path | None:
+    found = sorted(Path("/usr/lib/postgresql").glob("*/bin/initdb"))
+    if found:
+        return found[-1].parent
+    initdb = shutil.which("initdb")
+    return Path(initdb).parent if initdb else None
+
+
+@pytest.fixture(scope="module")
+def postgres_url() -> Iterator[str]:
+    """A throw-away PostgreSQL cluster on a free local port, when the machine has one."""
+    pytest.importorskip("psycopg", reason="the 'postgres' extra is not installed")
+    bindir = _pg_bin()
+    if bindir is None:
+        pytest.skip("no PostgreSQL server binaries on this machine")
+    as_user: list[str] = []
+    if os.geteuid() == 0:  # the server refuses to run as root
+        if shutil.which("runuser") is None:
+            pytest.skip("running as root without runuser")
+        as_user = ["runuser", "-u", "postgres", "--"]
+    # Not under pytest's base directory, which only its owner may enter.
+    root = Path(tempfile.mkdtemp(prefix="kvtier-pg-"))
+    root.chmod(0o755)
+    data = root / "data"
+    data.mkdir()
+    if as_user:
+        shutil.chown(data, "postgres")
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    init = subprocess.run(
+        [*as_user, str(bindir / "initdb"), "-D", str(data), "-A", "trust", "-U", "postgres"],
+        capture_output=True,
+        text=True,
+    )
+    if init.returncode != 0:
+        pytest.skip(f"initdb failed: {init.stderr.strip()[:200]}")
+    opts = f"-p {port} -k {data} -c listen_addresses=127.0.0.1"
+    ctl = [*as_user, str(bindir / "pg_ctl"), "-D", str(data)]
+    start = subprocess.run(
+        [*ctl, "-o", opts, "-l", str(data / "log"), "-w", "start"], capture_output=True
+    )
+    if start.returncode != 0:
+        pytest.skip("the PostgreSQL server did not start")
+    try:
+        yield f"postgresql://postgres@127.0.0.1:{port}/postgres"
+    finally:
+        subprocess.run([*ctl, "-m", "fast", "stop"], capture_output=True)
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def test_concurrent_workers_share_a_new_postgresql_study(
+    postgres_url, trace_path, tmp_path
+) -> None:
+    import psycopg
+
+    for r in start_workers(trace_path, postgres_url, tmp_path):
+        assert r.returncode == 0, r.stderr
+    with psycopg.connect(postgres_url) as con:
+        states = dict(con.execute("select state, count(*) from trials group by state").fetchall())
+    assert states == {"COMPLETE": WORKERS * TRIALS}
