@@ -669,43 +669,53 @@ def _optimize_options(command: Callable[..., Any]) -> Callable[..., Any]:
     return command
 
 
-def _run_optimize(**kwargs: Any) -> None:
+def _trial_progress(console: Console, disable: bool) -> Any:
+    """A rich progress bar of trials (on a terminal only) and the ``on_trial`` hook feeding it."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from optimizer.search.run import optimize
-    from optimizer.search.space import parse_pin
-
-    as_json = kwargs.pop("as_json")
-    pins = dict(parse_pin(p) for p in kwargs.pop("pins"))
-    n_trials = kwargs["n_trials"]
-    console = Console(stderr=True)
-    progress = Progress(
-        TextColumn("[bold]optimizing"),
+    return Progress(
+        TextColumn("[bold]{task.description}"),
         BarColumn(),
         MofNCompleteColumn(),
         TimeElapsedColumn(),
         TextColumn("{task.fields[best]}"),
         console=console,
-        disable=as_json or not console.is_terminal,
+        disable=disable or not console.is_terminal,
     )
-    task = progress.add_task("trials", total=n_trials, best="")
 
+
+def _on_trial(progress: Any, task: Any) -> Callable[[int, Any], None]:
     def on_trial(done: int, best: Any) -> None:
         text = (
             f"best ${best.metrics['cost_per_mtok']:.4f}/Mtok" if best else "no feasible trial yet"
         )
         progress.update(task, completed=done, best=text)
 
+    return on_trial
+
+
+def _interrupted() -> None:
+    click.echo(
+        "interrupted: finished trials are kept in the study; run the same command again "
+        "(same --study) to continue it",
+        err=True,
+    )
+    sys.exit(130)
+
+
+def _run_optimize(**kwargs: Any) -> None:
+    from optimizer.search.run import optimize
+    from optimizer.search.space import parse_pin
+
+    as_json = kwargs.pop("as_json")
+    pins = dict(parse_pin(p) for p in kwargs.pop("pins"))
+    progress = _trial_progress(Console(stderr=True), as_json)
+    task = progress.add_task("optimizing", total=kwargs["n_trials"], best="")
     try:
         with progress:
-            result = optimize(pins=pins, on_trial=on_trial, **kwargs)
+            result = optimize(pins=pins, on_trial=_on_trial(progress, task), **kwargs)
     except KeyboardInterrupt:
-        click.echo(
-            "interrupted: finished trials are kept in the study; run the same command again "
-            "(same --study) to continue it",
-            err=True,
-        )
-        sys.exit(130)
+        _interrupted()
     from optimizer.report.optimize import print_result, result_json
 
     if as_json:
@@ -714,6 +724,12 @@ def _run_optimize(**kwargs: Any) -> None:
         print_result(result, Console())
     if result.best is None:
         sys.exit(1)
+
+
+def _without(command: Any, *flags: str) -> Any:
+    """Drop the options spelled ``flags`` from a function decorated with click options."""
+    command.__click_params__ = [p for p in command.__click_params__ if not set(p.opts) & set(flags)]
+    return command
 
 
 @main.command("optimize")
@@ -728,6 +744,63 @@ def optimize_cmd(**kwargs: Any) -> None:
 def optimize_main(**kwargs: Any) -> None:
     """Find the cheapest policy per token that meets the SLO on a trace; write a policy file."""
     _run_optimize(**kwargs)
+
+
+@main.command("batch")
+@click.argument("traces", nargs=-1, required=True, type=click.Path(dir_okay=False))
+@click.option(
+    "--out-dir",
+    default="policies",
+    show_default=True,
+    type=click.Path(file_okay=False),
+    help="Directory of the policy files, one per trace (STUDY.toml).",
+)
+@click.option(
+    "--study-prefix",
+    default="",
+    help="Prefix of every study name (the rest: TRACE-HARDWARE-MODEL).",
+)
+@lambda f: _without(_optimize_options(f), "--trace", "--study", "--out")
+def batch_cmd(traces: tuple[str, ...], out_dir: str, study_prefix: str, **kwargs: Any) -> None:
+    """Optimize every trace given (one study and one policy file each); a summary table.
+
+    All traces are checked before the first trial. On many machines, run the same command
+    with one shared --storage and a different --seed each: the workers add their trials to
+    the same studies. Exit code 1 when some trace found no policy meeting the SLO.
+    """
+    from pathlib import Path
+
+    from optimizer.report.batch import batch_json, print_batch
+    from optimizer.search.batch import plan_batch, run_batch
+    from optimizer.search.space import parse_pin
+
+    as_json = kwargs.pop("as_json")
+    kwargs.pop("trace_path", None)
+    pins = dict(parse_pin(p) for p in kwargs.pop("pins"))
+    items = plan_batch(
+        traces,
+        hardware=kwargs["hardware"],
+        model=kwargs["model"],
+        out_dir=Path(out_dir),
+        study_prefix=study_prefix,
+    )
+    progress = _trial_progress(Console(stderr=True), as_json)
+
+    def on_start(i: int, item: Any) -> Callable[[int, Any], None]:
+        label = f"{i + 1}/{len(items)} {Path(item.trace).name}"
+        return _on_trial(progress, progress.add_task(label, total=kwargs["n_trials"], best=""))
+
+    try:
+        with progress:
+            run_batch(items, on_start=on_start, pins=pins, **kwargs)
+    except KeyboardInterrupt:
+        _interrupted()
+    if as_json:
+        click.echo(json.dumps(batch_json(items), indent=2))
+    else:
+        print_batch(items, Console())
+    if any(item.result is None or item.result.best is None for item in items):
+        sys.exit(1)
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -1,0 +1,78 @@
+"""``kvtier batch``: one optimize study per trace, for tuning jobs over many traces.
+
+Every trace gets its own study (named like ``optimize`` names it, optionally prefixed) and its
+own policy file in ``out_dir``. All traces are read and checked before the first trial, so a
+bad file stops the batch at once rather than hours in. Run the same command on many machines
+with one shared ``--storage`` (PostgreSQL) and different seeds: the workers go through the
+traces in the same order and add their trials to the same studies; running it again continues
+every study.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from optimizer.errors import InputError
+from optimizer.hardware import load_hardware, load_model
+from optimizer.search.run import DEFAULT_HARDWARE, DEFAULT_MODEL, OptimizeResult, optimize
+
+
+@dataclass
+class BatchItem:
+    trace: str
+    study: str
+    policy_path: Path
+    result: OptimizeResult | None = None
+
+
+def plan_batch(
+    traces: Sequence[str],
+    *,
+    hardware: str | None,
+    model: str | None,
+    out_dir: Path,
+    study_prefix: str = "",
+) -> list[BatchItem]:
+    """Check every trace and name its study and policy file; nothing runs yet."""
+    from optimizer.trace.io import read_trace
+
+    if not traces:
+        raise InputError("no trace given")
+    hw = load_hardware(hardware or DEFAULT_HARDWARE)
+    mdl = load_model(model or DEFAULT_MODEL)
+    items: list[BatchItem] = []
+    seen: dict[str, str] = {}
+    for path in traces:
+        read_trace(path)  # validates; raises a one-line InputError naming file, row, column
+        study = f"{study_prefix}{Path(path).stem}-{hw.name}-{mdl.name}".lower()
+        if study in seen:
+            raise InputError(
+                f"traces {seen[study]} and {path} would share study {study!r} (same file "
+                "name); rename one or run them in separate batches with --study-prefix",
+                path=path,
+            )
+        seen[study] = path
+        items.append(BatchItem(trace=path, study=study, policy_path=out_dir / f"{study}.toml"))
+    return items
+
+
+def run_batch(
+    items: list[BatchItem],
+    *,
+    on_start: Callable[[int, BatchItem], Any] | None = None,
+    **optimize_kwargs: Any,
+) -> list[BatchItem]:
+    """Optimize each planned trace in turn; ``optimize_kwargs`` as :func:`optimize` takes."""
+    for i, item in enumerate(items):
+        hook = on_start(i, item) if on_start is not None else None
+        item.result = optimize(
+            item.trace,
+            study_name=item.study,
+            out=str(item.policy_path),
+            on_trial=hook,
+            **optimize_kwargs,
+        )
+    return items
