@@ -746,6 +746,81 @@ def optimize_main(**kwargs: Any) -> None:
     _run_optimize(**kwargs)
 
 
+@main.command("compare")
+@click.option(
+    "--trace",
+    "trace_path",
+    required=True,
+    type=click.Path(dir_okay=False),
+    help="Request trace (.parquet or .arrow).",
+)
+@click.option(
+    "--preset",
+    "presets",
+    multiple=True,
+    help="A built-in preset to include (repeatable) [default: every preset, when no --policy].",
+)
+@click.option(
+    "--policy",
+    "policy_paths",
+    multiple=True,
+    type=click.Path(dir_okay=False),
+    help="A policy file to include (repeatable), e.g. one that optimize wrote.",
+)
+@click.option(
+    "--hardware",
+    default=None,
+    help="Run every policy on this hardware profile [default: each policy's own].",
+)
+@click.option(
+    "--model", default=None, help="Serve this model in every policy [default: each policy's own]."
+)
+@click.option(
+    "--slo",
+    "slo_text",
+    default=None,
+    help="Report whether each meets it, e.g. ttft_p99=5,tpot_p99=0.1.",
+)
+@click.option(
+    "--rate-scale",
+    type=float,
+    default=1.0,
+    show_default=True,
+    help="Replay arrivals this many times as fast.",
+)
+@click.option("--json", "as_json", is_flag=True, help="Print the comparison as one JSON object.")
+def compare_cmd(
+    trace_path: str,
+    presets: tuple[str, ...],
+    policy_paths: tuple[str, ...],
+    hardware: str | None,
+    model: str | None,
+    slo_text: str | None,
+    rate_scale: float,
+    as_json: bool,
+) -> None:
+    """Replay several policies on one trace and show their cost and latency side by side."""
+    from optimizer.policy.presets import preset_names
+    from optimizer.report.compare import compare_policies, comparison_json, print_comparison
+    from optimizer.search.run import parse_slo
+
+    chosen = [("preset", p) for p in presets] + [("policy", p) for p in policy_paths]
+    if not chosen:
+        chosen = [("preset", p) for p in preset_names()]
+    rows = compare_policies(
+        trace_path,
+        chosen,
+        hardware=hardware,
+        model=model,
+        slo=parse_slo(slo_text) if slo_text else None,
+        rate_scale=rate_scale,
+    )
+    if as_json:
+        click.echo(json.dumps(comparison_json(rows), indent=2))
+    else:
+        print_comparison(trace_path, rows, Console())
+
+
 @main.command("batch")
 @click.argument("traces", nargs=-1, required=True, type=click.Path(dir_okay=False))
 @click.option(

@@ -1,0 +1,164 @@
+"""``kvtier compare``: several policies replayed on one trace, side by side.
+
+The quick what-if before a search: vLLM alone against an LMCache CPU tier, a CXL pool or an
+RDMA pool, or two exported policies against each other. Every policy is replayed to the end on
+the same trace (no early stop), each on its own hardware and model profile unless one is
+given for all, so cost per token compares whole systems.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+from typing import Any
+
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
+
+from optimizer.errors import InputError
+from optimizer.hardware import load_hardware, load_model
+from optimizer.policy.model import SLO, Policy, load_policy
+from optimizer.sim.metrics import Metrics
+from optimizer.sim.replay import DEFAULT_HARDWARE, DEFAULT_MODEL, scale_arrivals
+
+COLUMNS = (
+    ("B", "block_tokens", "{:.0f}"),
+    ("$/1M tok", "cost_per_mtok", "{:.4f}"),
+    ("TTFT mean", "ttft_mean_s", "{:.3f}"),
+    ("TTFT p99", "ttft_p99_s", "{:.3f}"),
+    ("TPOT p99 ms", "tpot_p99_ms", "{:.1f}"),
+    ("tok/s", "throughput_tps", "{:,.0f}"),
+    ("hit", "hit_total", "{:.1%}"),
+)
+
+
+@dataclass
+class Compared:
+    """One policy's row: its label, where it ran, and its metrics or why it could not run."""
+
+    label: str
+    hardware: str
+    model: str
+    block_tokens: int
+    metrics: Metrics | None = None
+    error: str | None = None
+
+    def value(self, key: str) -> float | None:
+        m = self.metrics
+        if key == "block_tokens":
+            return float(self.block_tokens)
+        if m is None:
+            return None
+        if key == "tpot_p99_ms":
+            return m.tpot_p99_s * 1e3
+        if key == "hit_total":
+            return sum(m.hit_ratio_tokens.values())
+        return float(getattr(m, key))
+
+
+def compare_policies(
+    trace_path: str,
+    policies: list[tuple[str, str]],
+    *,
+    hardware: str | None = None,
+    model: str | None = None,
+    slo: SLO | None = None,
+    rate_scale: float = 1.0,
+    engine: str = "numba",
+) -> list[Compared]:
+    """Replay each ``(kind, name)`` (kind ``preset`` or ``policy`` file) on the trace.
+
+    A preset that needs a tier the chosen hardware lacks becomes a row with its reason rather
+    than stopping the comparison; a policy file the user named that cannot be read is an error.
+    """
+    from optimizer.policy.presets import load_preset
+    from optimizer.sim import simulate
+    from optimizer.trace.blocks import block_trace
+    from optimizer.trace.io import read_trace
+
+    trace = read_trace(trace_path)
+    blocked: dict[tuple[int, bool], Any] = {}
+    rows: list[Compared] = []
+    for kind, name in policies:
+        policy: Policy = load_preset(name) if kind == "preset" else load_policy(name)
+        if slo is not None:
+            policy = replace(policy, slo=slo)
+        hw_name = hardware or policy.hardware or DEFAULT_HARDWARE
+        model_name = model or policy.model or DEFAULT_MODEL
+        row = Compared(name, hw_name, model_name, policy.block_tokens)
+        rows.append(row)
+        try:
+            hw = load_hardware(hw_name)
+            mdl = load_model(model_name)
+            key = (policy.block_tokens, policy.share_across_tenants)
+            if key not in blocked:
+                blocked[key] = scale_arrivals(
+                    block_trace(trace, key[0], share_across_tenants=key[1]), rate_scale
+                )
+            row.metrics = simulate(blocked[key], hw, mdl, policy, engine=engine)
+        except InputError as err:
+            if kind == "policy":
+                raise err.with_path(name) from None
+            row.error = err.message
+    return rows
+
+
+def _fmt(fmt: str, value: float | None) -> str:
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "-"
+    return fmt.format(value)
+
+
+def print_comparison(trace_path: str, rows: list[Compared], console: Console) -> None:
+    table = Table(title=f"{trace_path}: policies side by side (times in s)", title_justify="left")
+    table.add_column("policy", style="bold", no_wrap=True)
+    for label, _, _ in COLUMNS:
+        table.add_column(label, justify="right")
+    with_slo = any(r.metrics is not None and r.metrics.slo_met is not None for r in rows)
+    if with_slo:
+        table.add_column("SLO")
+    for r in rows:
+        if r.metrics is None:
+            cells = [_fmt(COLUMNS[0][2], r.value("block_tokens"))]
+            table.add_row(f"{r.label} *", *cells, *["-"] * (len(COLUMNS) - 1 + with_slo))
+            continue
+        cells = [_fmt(fmt, r.value(key)) for _, key, fmt in COLUMNS]
+        if with_slo:
+            cells.append("met" if r.metrics.slo_met else f"{r.metrics.slo_attainment:.0%}")
+        table.add_row(r.label, *cells)
+    console.print(table)
+    groups: dict[tuple[str, str], list[str]] = {}
+    for r in rows:
+        groups.setdefault((r.hardware, r.model), []).append(r.label)
+    for (hw, model), labels in groups.items():
+        console.print(f"on {hw}, {model}: {', '.join(labels)}")
+    if len({model for _, model in groups}) > 1:
+        console.print(
+            "[yellow]the policies serve different models; pass --model to compare like with like[/]"
+        )
+    if with_slo:
+        console.print("SLO: met, or the share of requests meeting every bound")
+    for r in rows:
+        if r.metrics is None:
+            console.print(f"* {r.label} could not run: {escape(str(r.error))}")
+    priced = [r for r in rows if r.metrics is not None and r.metrics.n_served > 0]
+    if len(priced) > 1:
+        cheapest = min(priced, key=lambda r: r.metrics.cost_per_mtok)  # type: ignore[union-attr]
+        console.print(f"cheapest per token: [bold]{cheapest.label}[/]")
+
+
+def comparison_json(rows: list[Compared]) -> dict[str, Any]:
+    return {
+        "policies": [
+            {
+                "policy": r.label,
+                "hardware": r.hardware,
+                "model": r.model,
+                "block_tokens": r.block_tokens,
+                "error": r.error,
+                "metrics": r.metrics.to_dict() if r.metrics is not None else None,
+            }
+            for r in rows
+        ]
+    }

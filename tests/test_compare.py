@@ -1,0 +1,85 @@
+"""``kvtier compare``: each row is exactly what ``kvtier replay`` gives for that policy."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from optimizer.policy.presets import preset_names
+from optimizer.trace.io import write_trace
+from optimizer.trace.synth import synthesize
+from tests.helpers import assert_one_line_error, invoke
+
+
+@pytest.fixture(scope="module")
+def trace_path(tmp_path_factory) -> Path:
+    path = tmp_path_factory.mktemp("compare") / "rag.parquet"
+    write_trace(synthesize("rag", requests=120, rate=4.0, seed=7), path)
+    return path
+
+
+def test_every_preset_by_default_each_equal_to_its_replay(trace_path) -> None:
+    r = invoke("compare", "--trace", str(trace_path), "--json")
+    assert r.code == 0, r.stderr
+    rows = json.loads(r.stdout)["policies"]
+    assert [row["policy"] for row in rows] == preset_names()
+    for row in rows[:3]:
+        alone = invoke("replay", "--trace", str(trace_path), "--preset", row["policy"], "--json")
+        assert alone.code == 0, alone.stderr
+        assert row["error"] is None
+        assert row["metrics"] == json.loads(alone.stdout)
+
+
+def test_a_preset_the_hardware_cannot_run_is_a_row_not_a_failure(trace_path) -> None:
+    r = invoke(
+        "compare",
+        "--trace",
+        str(trace_path),
+        "--hardware",
+        "h100-node",
+        "--model",
+        "Llama-3.1-8B",
+        "--preset",
+        "beluga-cxl",
+        "--preset",
+        "vllm-hbm",
+        "--slo",
+        "ttft_p99=2",
+    )
+    assert r.code == 0, r.stderr
+    assert "beluga-cxl could not run" in r.stdout and "cxl" in r.stdout
+    data = json.loads(
+        invoke(
+            "compare",
+            "--trace",
+            str(trace_path),
+            "--hardware",
+            "h100-node",
+            "--preset",
+            "vllm-hbm",
+            "--slo",
+            "ttft_p99=2",
+            "--json",
+        ).stdout
+    )
+    (row,) = data["policies"]
+    assert row["hardware"] == "h100-node" and row["metrics"]["slo_met"] in (True, False)
+
+
+def test_policy_files_and_bad_ones(trace_path, tmp_path) -> None:
+    good = tmp_path / "p.toml"
+    good.write_text('format = "kvtier-policy/1"\nblock_tokens = 32\n')
+    r = invoke("compare", "--trace", str(trace_path), "--policy", str(good), "--json")
+    assert r.code == 0, r.stderr
+    assert json.loads(r.stdout)["policies"][0]["block_tokens"] == 32
+    bad = tmp_path / "bad.toml"
+    bad.write_text('format = "kvtier-policy/1"\nblock_tokens = "many"\n')
+    assert_one_line_error(
+        invoke("compare", "--trace", str(trace_path), "--policy", str(bad)), "bad.toml"
+    )
+    assert_one_line_error(
+        invoke("compare", "--trace", str(trace_path), "--preset", "no-such-system"),
+        "no-such-system",
+    )
