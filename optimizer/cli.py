@@ -821,6 +821,46 @@ def compare_cmd(
         print_comparison(trace_path, rows, Console())
 
 
+@main.command("report")
+@click.option("--study", "study_name", required=True, help="Study name (as optimize named it).")
+@click.option(
+    "--storage",
+    default=None,
+    help="Optuna storage URL [default: sqlite:///runs/STUDY.db, which must exist].",
+)
+@click.option(
+    "--top", type=click.IntRange(min=1), default=10, show_default=True, help="Trials listed."
+)
+@click.option(
+    "--plot",
+    "plot_path",
+    default=None,
+    type=click.Path(dir_okay=False),
+    help="Write a PNG of every trial's cost against TTFT p99.",
+)
+@click.option("--json", "as_json", is_flag=True, help="Print the report as one JSON object.")
+def report_cmd(
+    study_name: str, storage: str | None, top: int, plot_path: str | None, as_json: bool
+) -> None:
+    """What a study has found so far: best policy, next best, Pareto front, what mattered."""
+    from optimizer.report.study import (
+        load_existing_study,
+        plot_study,
+        print_study_report,
+        study_report,
+    )
+
+    rep = study_report(load_existing_study(study_name, storage), top=top)
+    if plot_path is not None:
+        plot_study(rep, plot_path)
+    if as_json:
+        click.echo(json.dumps(rep, indent=2))
+    else:
+        print_study_report(rep, Console())
+        if plot_path is not None:
+            click.echo(f"wrote {plot_path}")
+
+
 @main.command("batch")
 @click.argument("traces", nargs=-1, required=True, type=click.Path(dir_okay=False))
 @click.option(

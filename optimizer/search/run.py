@@ -211,6 +211,19 @@ def optimize(
             option="--study",
         )
     study.set_user_attr("trace_sha256", digest)
+    # What the latest run searched, for `kvtier report` (each trial also keeps its own policy).
+    study.set_user_attr(
+        "setup",
+        {
+            "trace": str(trace_path),
+            "hardware": hardware,
+            "model": model,
+            "slo": {t: getattr(slo, t) for t in SLO_TERMS if getattr(slo, t) is not None},
+            "load": load,
+            "rate_scale": rate_scale,
+            "space": search_space.source,
+        },
+    )
 
     warmed = 0
     if warm_start and len(study.trials) == 0:

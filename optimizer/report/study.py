@@ -1,0 +1,241 @@
+"""``kvtier report``: what a study has found, read back from its storage.
+
+The optimize run prints its result once; a study lives on (resumed, shared by workers on many
+machines), so this reads any study at any time: the trial counts, the cheapest policy that met
+the SLO (or the trial that came closest), the next best ones, the Pareto front of cost against
+TTFT P99, which parameters mattered (Optuna's PED-ANOVA importance for cost per token), and
+optionally a PNG of every trial's cost against TTFT P99.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import warnings
+from collections import Counter
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+import optuna
+import sqlalchemy.exc
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
+
+from optimizer.errors import InputError
+from optimizer.search.study import TrialSummary, best_feasible, closest, pareto_front, summaries
+from optimizer.trace.io import atomic_write
+
+
+def load_existing_study(name: str, storage: str | None, runs_dir: Path = Path("runs")) -> Any:
+    """Open study ``name`` without creating anything; one-line errors when it is not there."""
+    if storage is None:
+        path = runs_dir / f"{name}.db"
+        if not path.is_file():
+            known = sorted(p.stem for p in runs_dir.glob("*.db")) if runs_dir.is_dir() else []
+            hint = f" (studies in {runs_dir}/: {', '.join(known)})" if known else ""
+            raise InputError(f"no study {name!r}: {path} does not exist{hint}", option="--study")
+        storage = f"sqlite:///{path}"
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    try:
+        return optuna.load_study(study_name=name, storage=storage)
+    except KeyError:
+        raise InputError(f"no study {name!r} in {storage}", option="--study") from None
+    except (ImportError, ValueError, sqlalchemy.exc.SQLAlchemyError) as err:
+        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        raise InputError(f"cannot read {storage}: {first}", option="--storage") from None
+
+
+def _importances(study: Any, done: list[TrialSummary]) -> dict[str, float] | str:
+    """Importance of each parameter for cost per token, or why there is none.
+
+    PED-ANOVA (Optuna's ``PedAnovaImportanceEvaluator``, Watanabe et al., IJCAI 2023) asks
+    which parameters set the cheapest 10% of trials apart from the rest; unlike fANOVA it
+    needs no scikit-learn, and it reads the question a user has ("what made the good ones
+    good") directly.
+    """
+    if len(done) < 4:
+        return "too few finished trials (fewer than 4)"
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            result = optuna.importance.get_param_importances(
+                study,
+                target=lambda t: t.values[0],
+                evaluator=optuna.importance.PedAnovaImportanceEvaluator(),
+            )
+    except (RuntimeError, ValueError, ImportError) as err:
+        return f"not computable: {err}"
+    return {k: float(v) for k, v in result.items()}
+
+
+def study_report(study: Any, *, top: int = 10) -> dict[str, Any]:
+    """Everything ``kvtier report`` shows, as plain data (the ``--json`` output)."""
+    states = Counter(t.state.name.lower() for t in study.get_trials(deepcopy=False))
+    done = summaries(study)
+    setup = dict(study.user_attrs.get("setup", {}))
+    slo = setup.get("slo") or {}
+    best = best_feasible(study)
+    feasible = sorted(
+        (s for s in done if s.feasible), key=lambda s: (s.metrics["cost_per_mtok"], s.number)
+    )
+    near = closest(study, slo) if best is None else None
+    return {
+        "study": study.study_name,
+        "setup": setup,
+        "trials": dict(states),
+        "finished": len(done),
+        "feasible": len(feasible),
+        "best": asdict(best) if best else None,
+        "closest": asdict(near) if near else None,
+        "top": [asdict(s) for s in feasible[:top]],
+        "pareto_front": [asdict(s) for s in pareto_front(study)],
+        "importance": _importances(study, done),
+        "points": [
+            {
+                "trial": s.number,
+                "cost_per_mtok": s.metrics["cost_per_mtok"],
+                "ttft_p99_s": s.metrics["ttft_p99_s"],
+                "feasible": s.feasible,
+            }
+            for s in done
+        ],
+    }
+
+
+def _num(value: Any, fmt: str) -> str:
+    if value is None or (isinstance(value, float) and not math.isfinite(value)):
+        return "-"
+    return fmt.format(value)
+
+
+def _param_text(value: Any) -> str:
+    return f"{value:.4g}" if isinstance(value, float) else str(value)
+
+
+def _tiers_text(policy: dict[str, Any]) -> str:
+    """``hbm + dram 64 GB (lru) + ssd 2000 GB (fifo)``: the tiers a trial's policy lists."""
+    parts = []
+    for t in policy.get("tiers", []):
+        name = t.get("name", "?")
+        if name == "hbm":
+            parts.append("hbm")
+            continue
+        cap = t.get("capacity_gb")
+        size = f" {cap:,.0f} GB" if isinstance(cap, int | float) else ""
+        parts.append(f"{name}{size} ({t.get('eviction', 'lru')})")
+    return " + ".join(parts)
+
+
+def print_study_report(rep: dict[str, Any], console: Console) -> None:
+    setup = rep["setup"]
+    counts = ", ".join(f"{n} {state}" for state, n in sorted(rep["trials"].items()))
+    console.print(f"study [bold]{rep['study']}[/]: {counts}; {rep['feasible']} meet the SLO")
+    if setup:
+        slo = ", ".join(f"{k[:-2]} <= {v:g} s" for k, v in setup.get("slo", {}).items())
+        console.print(
+            f"trace {setup.get('trace')}, {setup.get('hardware')}, {setup.get('model')}, "
+            f"load {setup.get('load')}, SLO: {slo or 'none'}"
+        )
+    if rep["best"] is None:
+        near = rep["closest"]
+        if near is None:
+            console.print("[red]no trial has finished[/]")
+            return
+        misses = ", ".join(f"{k} by {v:.3g}" for k, v in near["violations"].items() if v > 0)
+        console.print(
+            f"[red]no trial meets the SLO[/]; closest: trial {near['number']}, "
+            f"which misses {misses}"
+        )
+    if rep["top"]:
+        table = Table(title="cheapest trials that meet the SLO", title_justify="left")
+        for col in ("trial", "$/1M tok", "TTFT p99 s", "TPOT p99 ms", "inst.", "B", "tiers"):
+            table.add_column(col, justify="left" if col == "tiers" else "right")
+        for s in rep["top"]:
+            m, pol = s["metrics"], s["policy"]
+            table.add_row(
+                str(s["number"]),
+                _num(m["cost_per_mtok"], "{:.4f}"),
+                _num(m["ttft_p99_s"], "{:.3f}"),
+                _num(m["tpot_p99_s"] * 1e3, "{:.1f}"),
+                str(m.get("instances", "-")),
+                str(pol.get("block_tokens", "-")),
+                escape(_tiers_text(pol)),
+            )
+        console.print(table)
+        best = rep["best"]
+        params = Table(
+            title=f"parameters of the best trial ({best['number']})",
+            title_justify="left",
+            show_header=False,
+        )
+        params.add_column("name", style="bold")
+        params.add_column("value", justify="right")
+        for k, v in sorted(best["params"].items()):
+            params.add_row(k, escape(_param_text(v)))
+        console.print(params)
+    if len(rep["pareto_front"]) > 1:
+        front = Table(title="Pareto front (cost vs TTFT p99)", title_justify="left")
+        for col in ("trial", "$/1M tok", "TTFT p99 s"):
+            front.add_column(col, justify="right")
+        for s in rep["pareto_front"]:
+            front.add_row(
+                str(s["number"]),
+                _num(s["metrics"]["cost_per_mtok"], "{:.4f}"),
+                _num(s["metrics"]["ttft_p99_s"], "{:.3f}"),
+            )
+        console.print(front)
+    imp = rep["importance"]
+    if isinstance(imp, dict) and imp:
+        table = Table(title="what set the cheapest trials apart (PED-ANOVA)", title_justify="left")
+        table.add_column("parameter")
+        table.add_column("importance", justify="right")
+        for k, v in imp.items():
+            table.add_row(k, f"{v:.1%}")
+        console.print(table)
+    elif isinstance(imp, str):
+        console.print(f"parameter importance: {imp}")
+
+
+def plot_study(rep: dict[str, Any], path: str | os.PathLike[str]) -> None:
+    """Every finished trial's cost against TTFT P99 (feasible ones marked), written atomically."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        raise InputError(
+            "--plot needs matplotlib; install it with: pip install 'kvtier[plot]'"
+        ) from None
+    pts = [p for p in rep["points"] if math.isfinite(p["ttft_p99_s"])]
+    if not pts:
+        raise InputError("no finished trial to plot", option="--plot")
+    fig, ax = plt.subplots(figsize=(7, 4.5), dpi=120)
+    for ok, style in ((False, dict(c="0.6", marker="x")), (True, dict(c="C0", marker="o"))):
+        sel = [p for p in pts if p["feasible"] is ok]
+        ax.scatter(
+            [p["ttft_p99_s"] for p in sel],
+            [p["cost_per_mtok"] for p in sel],
+            label="meets the SLO" if ok else "misses it",
+            s=18,
+            **style,
+        )
+    front = rep["pareto_front"]
+    if front:
+        ax.plot(
+            [s["metrics"]["ttft_p99_s"] for s in front],
+            [s["metrics"]["cost_per_mtok"] for s in front],
+            c="C3",
+            lw=1,
+            label="Pareto front",
+        )
+    ax.set_xlabel("TTFT p99 (s)")
+    ax.set_ylabel("$ per 1M tokens")
+    ax.set_title(f"study {rep['study']}: {len(pts)} trials")
+    ax.grid(alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    atomic_write(path, lambda tmp: fig.savefig(tmp, format="png"))
+    plt.close(fig)
