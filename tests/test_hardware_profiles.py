@@ -1,11 +1,13 @@
-"""Hardware, GPU and model profiles: KV geometry, loading by name/path, bad files."""
+"""Hardware, GPU and model profiles: KV geometry, loading by name/path, bad files, sources."""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
 
+from optimizer.builtin import policies_dir
 from optimizer.errors import InputError
 from optimizer.hardware import (
     GB,
@@ -14,11 +16,13 @@ from optimizer.hardware import (
     load_hardware,
     load_model,
 )
+from tests.helpers import REPO
 
 KIB = 1024
 GIB = 1024**3
 
-# REFERENCE.md, "Models (KV bytes per token at BF16)": KiB per token.
+# KiB per token at BF16 from the Hugging Face config.json geometry (docs/sources.md, "Model
+# configurations").
 KV_KIB = {
     "Llama-3.1-8B": 128,
     "Qwen3-8B": 144,
@@ -35,7 +39,7 @@ def test_kv_bytes_per_token_matches_reference_table(name: str, kib: int) -> None
 
 def test_mla_geometry_deepseek_v3() -> None:
     model = load_model("DeepSeek-V3")
-    # 61 layers x (512 + 64) latent x 2 bytes = 70272 B = 68.625 KiB ("68.6" in REFERENCE.md)
+    # 61 layers x (512 + 64) latent x 2 bytes = 70272 B = 68.625 KiB ("68.6" in docs/sources.md)
     assert model.kv_bytes_per_token() == 61 * 576 * 2
     assert round(model.kv_bytes_per_token() / KIB, 1) == 68.6
     assert model.kv_bytes_per_token("fp8") == 61 * 576
@@ -84,6 +88,89 @@ def test_every_number_in_builtin_profiles_has_a_source_comment() -> None:
             value = code.split("=", 1)[1].strip() if "=" in code else ""
             if value and value[0] in "0123456789.-":
                 assert "#" in line, f"{path.name}: number without a source: {line!r}"
+
+
+SOURCES = REPO / "docs" / "sources.md"
+# A source is defined by a heading "### [Key]" or a table row "| [Key] | ..." of docs/sources.md.
+SOURCE_DEF = re.compile(r"^(?:#{2,4} |\| )\[([^\]\s]+)\]", re.MULTILINE)
+CITATION = re.compile(r"\[([^\]\s]*)\]")
+# A confidence tag: a lone V, S or R (not part of a word such as "RDMA-RC" or "x16").
+TAG = re.compile(r"(?<![\w.-])[VSR](?![\w-])")
+
+
+def _source_keys() -> set[str]:
+    keys = SOURCE_DEF.findall(SOURCES.read_text())
+    assert len(keys) == len(set(keys)), "a source key is defined twice in docs/sources.md"
+    return set(keys)
+
+
+def _comments(text: str) -> list[tuple[int, str]]:
+    """Each comment with its continuation lines, as (first line number, joined comment text).
+
+    A comment-only line continues the comment of the line above when that line has one.
+    """
+    groups: list[tuple[int, str]] = []
+    previous = 0
+    for number, line in enumerate(text.splitlines(), 1):
+        if "#" not in line:
+            continue
+        code, comment = line.split("#", 1)
+        if not code.strip() and groups and previous == number - 1:
+            groups[-1] = (groups[-1][0], groups[-1][1] + " " + comment.strip())
+        else:
+            groups.append((number, comment.strip()))
+        previous = number
+    return groups
+
+
+def _citation_problems(name: str, text: str, keys: set[str]) -> list[str]:
+    """Cited keys missing from docs/sources.md, and tagged figures that cite no source."""
+    problems: list[str] = []
+    for number, comment in _comments(text):
+        cited = CITATION.findall(comment)
+        for key in cited:
+            if key not in keys:
+                problems.append(f"{name}:{number}: [{key}] is not a source in docs/sources.md")
+        if TAG.search(comment) and not cited:
+            problems.append(f"{name}:{number}: tagged V/S/R but cites no source: {comment!r}")
+    return problems
+
+
+def _sourced_files() -> list[Path]:
+    profiles = Path(load_hardware("h100-node").source).parent.parent
+    presets = policies_dir() / "presets"
+    return sorted(profiles.glob("*/*.toml")) + sorted(presets.rglob("*.toml"))
+
+
+def test_every_cited_source_is_in_docs_sources() -> None:
+    keys = _source_keys()
+    assert {"Beluga", "Vidur", "HF-Qwen3-32B", "NVIDIA-H100"} <= keys
+    files = _sourced_files()
+    assert len(files) >= 20
+    problems: list[str] = []
+    for path in files:
+        text = path.read_text()
+        problems += _citation_problems(path.name, text, keys)
+        if not CITATION.search(text):
+            problems.append(f"{path.name}: cites no source from docs/sources.md")
+    assert not problems, "\n".join(problems)
+
+
+def test_citation_check_catches_unknown_keys_and_uncited_tags() -> None:
+    text = (
+        "# header [Beluga], S\n"
+        "a = 1   # [Nowhere], S\n"
+        "b = 2   # from the notes, V\n"
+        "c = 3   # first line of a comment\n"
+        "        # continued, R\n"
+        "d = 4   # RDMA-RC round trip over x16 (assumption)\n"
+    )
+    problems = _citation_problems("x.toml", text, {"Beluga"})
+    assert problems == [
+        "x.toml:2: [Nowhere] is not a source in docs/sources.md",
+        "x.toml:3: tagged V/S/R but cites no source: 'from the notes, V'",
+        "x.toml:4: tagged V/S/R but cites no source: 'first line of a comment continued, R'",
+    ]
 
 
 def _write(tmp: Path, rel: str, text: str) -> Path:

@@ -28,7 +28,7 @@ def test_mooncake_conversation_trace(tmp_path) -> None:
     assert trace.n_requests == 12_031
     assert trace.duration_s == pytest.approx(3_537.0, abs=0.5)
     assert trace.block_tokens == 512
-    assert trace.input_tokens.mean() == pytest.approx(12_035, abs=1)  # REFERENCE.md
+    assert trace.input_tokens.mean() == pytest.approx(12_035, abs=1)  # traces/README.md
     first = json.loads(MOONCAKE.read_text().splitlines()[0])
     assert trace.table.column("block_hashes")[0].as_py() == first["hash_ids"]
     assert trace.input_tokens[0] == first["input_length"]

@@ -24,7 +24,7 @@ from optimizer.report.validation import (
 )
 from optimizer.trace.synth import synthesize
 
-# REFERENCE.md models table: layers / KV heads / head dim -> KiB per token at BF16.
+# docs/sources.md, model configurations: layers / KV heads / head dim -> KiB per token at BF16.
 KV_BYTES = {
     "Llama-3.1-8B": 128 * 1024,
     "Qwen3-8B": 144 * 1024,
@@ -75,7 +75,7 @@ def test_json_shape(result: tuple[dict[str, Any], str]) -> None:
         assert c["metric"] in ("ttft_mean_s", "ttft_p99_s", "tpot_mean_s", "tpot_p99_s", "qps")
         assert c["paper"] is None or isinstance(c["paper"], float)
         assert isinstance(c["model"], float) and c["model"] > 0
-    # paper values as in REFERENCE.md; cells the paper does not give are null
+    # paper values as in the Beluga paper (docs/sources.md); cells it does not give are null
     assert _cell(res, "beluga", "full-hit", "qps")["paper"] == 11.32
     assert _cell(res, "mooncake", "first", "ttft_p99_s")["paper"] == 41.65
     assert _cell(res, "vllm", "full-hit", "ttft_mean_s")["paper"] == 18.23
