@@ -33,7 +33,7 @@ def workloads(draw: st.DrawFn):
 
 
 def identity(prompt: list[int], tenant: str, j: int, B: int, shared: bool) -> tuple:
-    """What block j of ``prompt`` stands for, by DESIGN.md section 3.
+    """What block j of ``prompt`` stands for, by docs/design.md section 3.
 
     B = m*G: the prompt through the block's end. B = G/m: the content of the native block
     that holds it (as hashed: possibly partial) with everything before, plus its index in it.

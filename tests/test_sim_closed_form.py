@@ -1,4 +1,4 @@
-"""Closed-form checks of the serving model (DESIGN.md 4.2) on real profiles."""
+"""Closed-form checks of the serving model (docs/design.md 4.2) on real profiles."""
 
 from __future__ import annotations
 
@@ -29,7 +29,7 @@ def model() -> ModelProfile:
 
 
 def prefill_seconds(hw: Hardware, m: ModelProfile, q: int, ctx: int) -> float:
-    """DESIGN.md 4.2 for one chunk of q tokens after ctx cached ones, written out by hand."""
+    """docs/design.md 4.2 for one chunk of q tokens after ctx cached ones, written out by hand."""
     tp = hw.topology.tp
     compute = (
         2 * m.active_params * q + 4 * m.layers * m.attention_heads * m.head_dim * q * (ctx + q / 2)

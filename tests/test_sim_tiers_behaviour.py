@@ -1,6 +1,6 @@
 """Behaviour the tier model must show (issue 5 acceptance), on the built-in profiles.
 
-These follow from DESIGN.md 4.4's transfer formula and the sourced Beluga figures, not from
+These follow from docs/design.md 4.4's transfer formula and the sourced Beluga figures, not from
 calibrated values: per-operation overhead dominates small per-layer fragments over RDMA and
 not over CXL; write-back copies fewer blocks than write-through; a shared pool serves other
 hosts while a per-host tier does not.

@@ -39,7 +39,7 @@ class ModelProfile:
     source: str = ""
 
     def kv_bytes_per_token(self, kv_dtype: str = "bf16") -> int:
-        """KV-cache bytes per token over all layers (DESIGN.md 4.5).
+        """KV-cache bytes per token over all layers (docs/design.md 4.5).
 
         ``2 * layers * kv_heads * head_dim * dtype_bytes`` (a K and a V vector per KV head), or
         for MLA models ``layers * (kv_lora_rank + rope_dim) * dtype_bytes`` (one latent).
@@ -89,7 +89,7 @@ class Topology:
 
 @dataclass(frozen=True)
 class Efficiency:
-    """How far below the data sheet a real serving stack runs (DESIGN.md 4.2)."""
+    """How far below the data sheet a real serving stack runs (docs/design.md 4.2)."""
 
     mfu: float  # share of peak FLOPs reached (compute-bound work)
     mbu: float  # share of peak HBM bandwidth reached (memory-bound work)
@@ -159,7 +159,7 @@ class Hardware:
         """Dollars per hour for ``instances`` replicas: their GPUs plus the hosts they occupy.
 
         ``tier_gb`` adds lower tiers: total GB of each (all hosts' DRAM, the whole pool) at
-        the profile's price per GB-hour (DESIGN.md 4.6).
+        the profile's price per GB-hour (docs/design.md 4.6).
         """
         gpus = instances * self.topology.tp
         hosts = -(-gpus // self.topology.gpus_per_host)

@@ -104,7 +104,7 @@ class Policy:
     slo: SLO | None = None
     hardware: str | None = None  # profile names, used when the CLI is not told otherwise
     model: str | None = None
-    # Lower tiers (DESIGN.md 4.3, 4.4); they matter only when a tier below hbm is listed.
+    # Lower tiers (docs/design.md 4.3, 4.4); they matter only when a tier below hbm is listed.
     write_policy: str = "write_through"  # LMCache and Mooncake store every computed chunk
     selective_k: int = 2  # write_through_selective: sightings before a block is copied down
     hierarchy: str = "inclusive"

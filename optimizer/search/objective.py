@@ -1,6 +1,6 @@
 """The optimizer's objective: cost per 1M tokens of a policy, under SLO constraints.
 
-Two load modes (DESIGN.md section 5):
+Two load modes (docs/design.md section 5):
 
 * ``trace``: the trace is served as recorded (arrivals divided by ``rate_scale``); the
   policy's cost per token at that load is the objective, the SLO a set of constraints.

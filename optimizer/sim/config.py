@@ -21,7 +21,7 @@ ROUTER_CODES = {name: code for code, name in enumerate(ROUTERS)}  # round_robin=
 
 @dataclass(frozen=True)
 class SimConfig:
-    """Integer and float parameters of one replay (see DESIGN.md 4.2 for the formulas)."""
+    """Integer and float parameters of one replay (see docs/design.md 4.2 for the formulas)."""
 
     n_instances: int
     capacity_blocks: int  # HBM KV blocks per instance

@@ -1,6 +1,6 @@
 """``Metrics``: what one replay achieved, computed from a :class:`RawResult`, to and from JSON.
 
-Definitions (DESIGN.md 4.2, 4.6): TTFT = first token - arrival; TPOT = (finish - first token) /
+Definitions (docs/design.md 4.2, 4.6): TTFT = first token - arrival; TPOT = (finish - first token) /
 max(1, output_tokens - 1), over every served request; E2E = finish - arrival. Percentiles are
 ``numpy.quantile(x, q, method="linear")`` over served requests. Throughput counts served
 requests and their input + output tokens over the span from the first arrival to the last

@@ -1,4 +1,4 @@
-"""The reference serving simulator: the executable specification of DESIGN.md 4.2-4.4.
+"""The reference serving simulator: the executable specification of docs/design.md 4.2-4.4.
 
 Plain Python, one object per request and per instance, slow on purpose so that every rule is
 visible. The numba engine (:mod:`optimizer.sim.nb`) must produce *identical* per-request times;
@@ -27,7 +27,7 @@ HBM (per instance, vLLM's block pool). ``capacity`` slots. A slot holds a cached
 nothing. Unpinned slots wait in one free queue: allocation pops its head (evicting the cached
 block there, if any); a freed slot holding a block id joins the tail, a freed anonymous slot
 the head (vLLM's block_pool.free_blocks). A request frees its slots in reverse order, so its
-tail leaves before its prefix (DESIGN.md 4.3).
+tail leaves before its prefix (docs/design.md 4.3).
 
 Admission (FCFS, at iteration start, after the running requests took their tokens, while
 budget and ``max_num_seqs`` allow). The head of the queue looks up its prefix: the longest run

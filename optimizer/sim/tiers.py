@@ -1,6 +1,6 @@
 """``TierConfig``: the tiers below HBM, their pools and the links between them, as arrays.
 
-Derived once from the hardware profile and the policy (DESIGN.md 4.1, 4.4) so that both
+Derived once from the hardware profile and the policy (docs/design.md 4.1, 4.4) so that both
 simulators read the same numbers. Pools: a per-host tier (``dram``, ``ssd``) has one pool per
 host, a shared tier (``cxl``, ``rdma``) one pool; pool ``pool_base[t] + p``. Links, each a FIFO
 server with a read and a write bandwidth:
@@ -89,7 +89,7 @@ class TierConfig:
 
 def fragments_per_block(model: ModelProfile, kv_layout: str) -> int:
     """Separate memory regions one block occupies: a K and a V tensor per layer in vLLM's
-    layout (one latent per layer for MLA), or one for a contiguous chunk (DESIGN.md 4.4)."""
+    layout (one latent per layer for MLA), or one for a contiguous chunk (docs/design.md 4.4)."""
     if kv_layout == "contiguous":
         return 1
     return model.layers * (1 if model.mla is not None else 2)
@@ -192,7 +192,7 @@ def recompute_costs(
     attn_coef: float,
     compute_rate: float,
 ) -> np.ndarray:
-    """GDSF's per-block cost (DESIGN.md 4.3): the prefill seconds a cached block saves.
+    """GDSF's per-block cost (docs/design.md 4.3): the prefill seconds a cached block saves.
 
     Block ``j`` of a prompt costs ``B`` tokens of compute after ``j * B`` tokens of context
     (the compute term of the iteration time, ``optimizer.sim.transfer.prefill_estimate``), at

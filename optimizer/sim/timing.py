@@ -22,7 +22,7 @@ def iteration_time(
     mem_rate: float,
     step_overhead_s: float,
 ) -> float:
-    """Seconds of one iteration: ``max(compute, memory) + overhead`` (DESIGN.md 4.2).
+    """Seconds of one iteration: ``max(compute, memory) + overhead`` (docs/design.md 4.2).
 
     ``tokens`` are the iteration's prefill and decode tokens, ``attn`` the integer attention
     sum above, ``kv_tokens`` the KV tokens read (context plus new tokens of every request).

@@ -1,4 +1,4 @@
-"""Transfer and estimate formulas, written once for both simulators (DESIGN.md 4.4).
+"""Transfer and estimate formulas, written once for both simulators (docs/design.md 4.4).
 
 The numba engine compiles these very functions (as :func:`optimizer.sim.timing.iteration_time`
 is compiled), the reference calls them as Python, so link times agree to the bit.
@@ -90,5 +90,5 @@ def estimate(
 def prefill_estimate(
     q: int, ctx: int, flops_per_token: float, attn_coef: float, compute_rate: float
 ) -> float:
-    """Seconds to compute ``q`` prompt tokens after ``ctx`` (the compute term of DESIGN.md 4.2)."""
+    """Seconds to compute ``q`` prompt tokens after ``ctx`` (compute term, docs/design.md 4.2)."""
     return (flops_per_token * q + attn_coef * (q * (2 * ctx + q))) / compute_rate

@@ -1,6 +1,6 @@
 """Block mapping: a ``Trace`` at native granularity G to a ``BlockedTrace`` at block size B.
 
-Semantics (DESIGN.md section 3):
+Semantics (docs/design.md section 3):
 
 * ``B = m*G``: block j covers native blocks ``[j*m, (j+1)*m)``; its identity is the chained
   hash of its last native block (which stands for the whole prefix).

@@ -2,7 +2,7 @@
 
 ``reuse_ratio_blocks`` and ``reuse_ratio_tokens`` are what an *infinite* cache would serve:
 each request reuses the longest run of its full blocks, from block 0, that earlier requests
-have already produced (DESIGN.md 4.3). They bound from above what any tier configuration can
+have already produced (docs/design.md 4.3). They bound from above what any tier configuration can
 save on the trace, at that block size.
 """
 

@@ -313,7 +313,7 @@ def replay_reference(
     flat: bool = False,
     cost: np.ndarray | None = None,
 ) -> list[int]:
-    """Hit blocks of every request (warm-up included), by the rules of DESIGN.md 4.3.
+    """Hit blocks of every request (warm-up included), by the rules of docs/design.md 4.3.
 
     Prefix: look up the blocks in order and count the longest resident run from block 0; then
     access every block from the last to the first. Flat: access each block in order and count

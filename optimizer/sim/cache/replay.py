@@ -1,8 +1,8 @@
 """Replay a :class:`BlockedTrace` through one tier and account hits per request.
 
-Accounting (DESIGN.md 4.3): *block-weighted* hit ratio = hit blocks / full blocks of the measured
-requests; *token-weighted* = hit blocks x B / prompt tokens of the measured requests (the partial
-last block of a prompt is never cacheable, so it always counts as a miss). The first
+Accounting (docs/design.md 4.3): *block-weighted* hit ratio = hit blocks / full blocks of the
+measured requests; *token-weighted* = hit blocks x B / prompt tokens of the measured requests
+(the partial last block of a prompt is never cacheable, so it always counts as a miss). The first
 ``floor(warmup * n_requests)`` requests run through the cache but are not measured.
 """
 

@@ -10,7 +10,7 @@ ties going to the smaller virtual time of the last access (``abstractRank.hpp``)
 sets ``L`` to its ``H``, so blocks that stop being used age relative to new ones. (An older
 libCacheSim evicted before inserting, and set ``L`` before computing the new block's ``H``.) All
 blocks of a tier have the same size (``B`` tokens), so ``size`` is 1 block and ``cost[b]``
-carries the recompute seconds saved per block (DESIGN.md 4.3: seconds saved x frequency /
+carries the recompute seconds saved per block (docs/design.md 4.3: seconds saved x frequency /
 bytes). libCacheSim has no cost and uses ``1e6 / obj_size``; with unit costs the two orderings
 are identical, because all priorities are then integers held exactly in float64. No parameters;
 costs come from an array.
