@@ -138,6 +138,12 @@ def gb(n_bytes: float, digits: int = 3) -> float:
     return math.floor(n_bytes / GB * scale) / scale
 
 
+def decimal(x: float) -> str:
+    """``x`` in plain decimal notation without trailing zeros (``:g`` would round 1000.125)."""
+    text = f"{x:.6f}".rstrip("0").rstrip(".")
+    return text or "0"
+
+
 def shell_command(env: dict[str, str], argv: list[str], comments: list[str]) -> str:
     """A POSIX ``sh`` script: comment lines, exported variables, one command, one flag a line.
 

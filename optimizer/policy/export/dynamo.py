@@ -26,6 +26,7 @@ import json
 from optimizer.policy.export.common import (
     Deployment,
     ExportResult,
+    decimal,
     env_file,
     gb,
     model_word,
@@ -51,9 +52,9 @@ def kvbm_env(deploy: Deployment) -> tuple[dict[str, str], list[str]]:
     env: dict[str, str] = {}
     notes: list[str] = []
     if deploy.has("dram"):
-        env["DYN_KVBM_CPU_CACHE_GB"] = f"{gb(deploy.per_instance_bytes('dram')):g}"
+        env["DYN_KVBM_CPU_CACHE_GB"] = decimal(gb(deploy.per_instance_bytes("dram")))
     if deploy.has("ssd"):
-        env["DYN_KVBM_DISK_CACHE_GB"] = f"{gb(deploy.per_instance_bytes('ssd')):g}"
+        env["DYN_KVBM_DISK_CACHE_GB"] = decimal(gb(deploy.per_instance_bytes("ssd")))
         env["DYN_KVBM_DISK_CACHE_DIR"] = DISK_DIR
         notes.append(f"DYN_KVBM_DISK_CACHE_DIR is a placeholder ({DISK_DIR}): use the SSD.")
         _disk_filter(deploy, env, notes)
