@@ -332,6 +332,14 @@ def test_sglang_small_dram_uses_a_ratio_and_int4_is_left_out() -> None:
     assert "kv_dtype = int4" in text and "larger than the device pool" in text
 
 
+def test_sglang_explicit_hbm_is_tokens() -> None:
+    p = Policy(tiers=(TierPolicy(capacity_gb=30.0),), kv_dtype="fp8")
+    _, f, _ = sglang_command(p)
+    assert f["--max-total-tokens"] == str(30_000_000_000 // (MODEL.kv_bytes_per_token("fp8")))
+    assert f["--kv-cache-dtype"] == "fp8_e4m3"
+    assert "--enable-hierarchical-cache" not in f
+
+
 def test_sglang_selective_threshold_and_evictions() -> None:
     p = policy(
         TierPolicy(name="dram", eviction="s3fifo"),
