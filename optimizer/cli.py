@@ -7,6 +7,7 @@ code 2; the work itself lives in the subpackages.
 from __future__ import annotations
 
 import json
+import os
 import sys
 import warnings
 from collections.abc import Callable
@@ -226,6 +227,106 @@ def _print_metrics(path: str, setup: Any, m: Any) -> None:
     if m.slo_met is not None:
         table.add_row("SLO met / attainment", f"{m.slo_met} / {m.slo_attainment:.1%}")
     Console().print(table)
+
+
+EXPORT_TARGETS = ("vllm", "lmcache", "sglang", "dynamo", "mooncake")  # optimizer.policy.export
+
+
+@main.command("export")
+@click.argument("policy_path", metavar="POLICY.toml", type=click.Path(dir_okay=False))
+@click.option(
+    "--target",
+    required=True,
+    type=click.Choice([*EXPORT_TARGETS, "all"]),
+    help="Serving system to export for, or all of them.",
+)
+@click.option(
+    "-o",
+    "--output",
+    "out_dir",
+    default=None,
+    type=click.Path(file_okay=False),
+    help="Write the files to this directory (all: one subdirectory per target) "
+    "[default: print them].",
+)
+@click.option(
+    "--hardware",
+    default=None,
+    help="Hardware profile name or TOML path [default: the policy's, else h100-node].",
+)
+@click.option(
+    "--model",
+    default=None,
+    help="Model profile name or TOML path [default: the policy's, else Llama-3.1-8B].",
+)
+@click.option("--json", "as_json", is_flag=True, help="Print target, files and notes as JSON.")
+def export_cmd(
+    policy_path: str,
+    target: str,
+    out_dir: str | None,
+    hardware: str | None,
+    model: str | None,
+    as_json: bool,
+) -> None:
+    """Turn a policy file into the configuration vLLM, LMCache, SGLang, Dynamo or Mooncake
+    loads, with notes on every setting the target cannot express (docs/export.md)."""
+    from optimizer.hardware import load_hardware, load_model
+    from optimizer.policy.export import export
+    from optimizer.policy.file import read_policy_file
+    from optimizer.sim.replay import DEFAULT_HARDWARE, DEFAULT_MODEL
+
+    policy = read_policy_file(policy_path).policy
+    hw = load_hardware(hardware or policy.hardware or DEFAULT_HARDWARE)
+    mdl = load_model(model or policy.model or DEFAULT_MODEL)
+    targets = EXPORT_TARGETS if target == "all" else (target,)
+    try:
+        results = [export(policy, t, hw, mdl) for t in targets]
+    except InputError as err:
+        raise err.with_path(policy_path) from None
+    written: dict[str, list[str]] = {}
+    if out_dir is not None:
+        for r in results:
+            sub = os.path.join(out_dir, r.target) if target == "all" else out_dir
+            written[r.target] = _write_export(sub, r)
+    if as_json:
+        docs = [
+            {**r.as_json(), **({"written": written[r.target]} if written else {})} for r in results
+        ]
+        click.echo(json.dumps(docs[0] if len(docs) == 1 else docs, indent=2))
+        return
+    console = Console()
+    for r in results:
+        if out_dir is None:
+            for name, text in r.files.items():
+                console.rule(f"[bold]{r.target}[/bold]: {name}", align="left")
+                click.echo(text, nl=False)  # verbatim: rich would wrap long lines
+        else:
+            for path in written[r.target]:
+                click.echo(f"wrote {path}")
+        console.rule(f"[bold]{r.target}[/bold]: what it cannot express", align="left")
+        for note in r.notes:
+            console.print(f"- {note}", markup=False, highlight=False)
+
+
+def _write_export(directory: str, result: Any) -> list[str]:
+    """Write ``result``'s files and its notes (``notes.txt``) into ``directory`` atomically."""
+    from pathlib import Path
+
+    from optimizer.trace.io import atomic_write
+
+    files = dict(result.files)
+    files["notes.txt"] = "".join(f"- {n}\n" for n in result.notes)
+    paths = []
+    for name, text in files.items():
+        path = Path(directory) / name
+        try:
+            atomic_write(path, lambda tmp, text=text: Path(tmp).write_text(text))
+        except OSError as err:
+            raise InputError(f"cannot write {path}: {err.strerror or err}", option="-o") from None
+        if name.endswith(".sh"):
+            path.chmod(path.stat().st_mode | 0o111)
+        paths.append(str(path))
+    return paths
 
 
 def _knob_options(command: Callable[..., Any]) -> Callable[..., Any]:

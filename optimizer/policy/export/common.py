@@ -1,0 +1,227 @@
+"""What every exporter shares: the result type, the deployment a policy describes, size helpers.
+
+A kvtier policy sizes its tiers the way the simulator pools them (``docs/policy.md``): HBM per
+instance, ``dram`` and ``ssd`` per host, ``cxl`` and ``rdma`` for the whole pool. Serving systems
+size per process instead (one vLLM or SGLang instance, one tensor-parallel rank, one Mooncake
+store client), so :class:`Deployment` places the instances on hosts exactly as the simulator does
+(``optimizer/sim/tiers.py``: instance ``k`` runs on host ``k * tp // gpus_per_host``) and splits
+every pool into those shares. Exporters then only convert units and spell keys.
+"""
+
+from __future__ import annotations
+
+import math
+import shlex
+from collections import Counter
+from dataclasses import dataclass, field
+
+from optimizer.errors import InputError
+from optimizer.hardware.types import GB, Hardware, ModelProfile
+from optimizer.policy.model import Policy
+
+GIB = float(1 << 30)
+
+
+@dataclass(frozen=True)
+class ExportResult:
+    """Files a target loads (name -> text) and plain notes on what it cannot express."""
+
+    target: str
+    files: dict[str, str] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
+
+    def as_json(self) -> dict[str, object]:
+        return {"target": self.target, "files": dict(self.files), "notes": list(self.notes)}
+
+
+@dataclass(frozen=True)
+class Deployment:
+    """A policy placed on a hardware profile: instances, hosts, and each tier's pool bytes."""
+
+    policy: Policy
+    hardware: Hardware
+    model: ModelProfile
+    instances: int
+    tp: int
+    instances_per_host: int  # on the fullest host; the last host may hold fewer
+    hosts: int
+    uneven: bool  # the last host holds fewer instances than the others
+    hbm_kv_bytes: float  # per instance
+    pool_bytes: dict[str, float]  # per pool: per host for per-host tiers, else the whole pool
+    per_host: dict[str, bool]
+
+    @property
+    def kv_bytes_per_token(self) -> int:
+        return self.model.kv_bytes_per_token(self.policy.kv_dtype)
+
+    def has(self, tier: str) -> bool:
+        return tier in self.pool_bytes
+
+    def per_instance_bytes(self, tier: str) -> float:
+        """An instance's share of a tier: its host's pool over the host's instances, or the
+        shared pool over all instances (sized for the fullest host when hosts are uneven)."""
+        if self.per_host[tier]:
+            return self.pool_bytes[tier] / self.instances_per_host
+        return self.pool_bytes[tier] / self.instances
+
+    def per_rank_bytes(self, tier: str) -> float:
+        """A tensor-parallel rank's share: the instance share over ``tp`` (KV is sharded)."""
+        return self.per_instance_bytes(tier) / self.tp
+
+    def per_host_bytes(self, tier: str) -> float:
+        """A host's share: its own pool, or the shared pool spread evenly over the hosts."""
+        if self.per_host[tier]:
+            return self.pool_bytes[tier]
+        return self.pool_bytes[tier] / self.hosts
+
+    def describe(self) -> str:
+        uneven = " (the last host fewer)" if self.uneven else ""
+        return (
+            f"{self.instances} instance(s) of tp={self.tp} on {self.hosts} host(s), "
+            f"{self.instances_per_host} per host{uneven}"
+        )
+
+
+def deployment(policy: Policy, hardware: Hardware, model: ModelProfile) -> Deployment:
+    """Place ``policy`` on ``hardware``; impossible placements raise :class:`InputError`,
+    with the same checks (and messages) as the simulator."""
+    topo = hardware.topology
+    n = policy.serving.instances if policy.serving.instances is not None else topo.max_instances
+    if n > topo.max_instances:
+        raise InputError(
+            f"policy asks for {n} instances but hardware {hardware.name!r} has only "
+            f"{topo.max_instances} (tp={topo.tp})"
+        )
+    hosts_of = Counter((k * topo.tp) // topo.gpus_per_host for k in range(n))
+    hbm = policy.tiers[0]
+    hbm_bytes = hbm.capacity_gb * GB if hbm.capacity_gb is not None else None
+    if hbm_bytes is None:
+        hbm_bytes = hardware.kv_capacity_bytes(model)
+    pools: dict[str, float] = {}
+    per_host: dict[str, bool] = {}
+    for tier in policy.lower_tiers:
+        hw = hardware.tiers.get(tier.name)
+        if hw is None:
+            raise InputError(
+                f"policy lists tier {tier.name!r} but hardware {hardware.name!r} has no "
+                f"[tiers.{tier.name}] table"
+            )
+        pools[tier.name] = (
+            tier.capacity_gb * GB if tier.capacity_gb is not None else hw.capacity_bytes
+        )
+        per_host[tier.name] = hw.per_host
+    counts = list(hosts_of.values())
+    return Deployment(
+        policy=policy,
+        hardware=hardware,
+        model=model,
+        instances=n,
+        tp=topo.tp,
+        instances_per_host=max(counts),
+        hosts=len(counts),
+        uneven=min(counts) != max(counts),
+        hbm_kv_bytes=float(hbm_bytes),
+        pool_bytes=pools,
+        per_host=per_host,
+    )
+
+
+def gib(n_bytes: float, digits: int = 3) -> float:
+    """Bytes as GiB (2**30), rounded down to ``digits`` decimals so a size never grows."""
+    scale = 10**digits
+    return math.floor(n_bytes / GIB * scale) / scale
+
+
+def gb(n_bytes: float, digits: int = 3) -> float:
+    """Bytes as decimal GB (1e9), rounded down to ``digits`` decimals."""
+    scale = 10**digits
+    return math.floor(n_bytes / GB * scale) / scale
+
+
+def decimal(x: float) -> str:
+    """``x`` in plain decimal notation without trailing zeros (``:g`` would round 1000.125)."""
+    text = f"{x:.6f}".rstrip("0").rstrip(".")
+    return text or "0"
+
+
+def shell_command(env: dict[str, str], argv: list[str], comments: list[str]) -> str:
+    """A POSIX ``sh`` script: comment lines, exported variables, one command, one flag a line.
+
+    Words are quoted with :func:`shlex.quote`, except a ``"${VAR:?...}"`` word, which comes
+    already quoted so the script stops with a plain message when the variable is unset.
+    """
+
+    def q(word: str) -> str:
+        return word if word.startswith('"${') else shlex.quote(word)
+
+    lines = ["#!/bin/sh", *(f"# {c}" for c in comments)]
+    lines += [f"export {k}={shlex.quote(v)}" for k, v in env.items()]
+    head: list[str] = []
+    flags: list[str] = []
+    i = 0
+    while i < len(argv) and not argv[i].startswith("--"):
+        head.append(q(argv[i]))
+        i += 1
+    while i < len(argv):
+        word = argv[i]
+        nxt = argv[i + 1] if i + 1 < len(argv) else None
+        if nxt is not None and not nxt.startswith("--"):
+            flags.append(f"{q(word)} {q(nxt)}")
+            i += 2
+        else:
+            flags.append(q(word))
+            i += 1
+    body = " ".join(head)
+    if flags:
+        body += " \\\n  " + " \\\n  ".join(flags)
+    lines.append(f"exec {body}")
+    return "\n".join(lines) + "\n"
+
+
+def env_file(env: dict[str, str], comments: list[str]) -> str:
+    """``KEY=value`` lines (usable with ``set -a; . FILE`` or a container ``--env-file``)."""
+    lines = [f"# {c}" for c in comments]
+    lines += [f"{k}={v}" for k, v in env.items()]
+    return "\n".join(lines) + "\n"
+
+
+def model_word(deploy: Deployment) -> str:
+    """The served-model argument: the user's ``$MODEL``, which must be set."""
+    return f'"${{MODEL:?set MODEL to the checkpoint of {deploy.model.name}}}"'
+
+
+def shared_notes(deploy: Deployment, target: str) -> list[str]:
+    """Notes that hold for every target: kvtier settings no serving system reads."""
+    p = deploy.policy
+    notes = [
+        f"Sizes assume {deploy.describe()} on hardware {deploy.hardware.name!r}, "
+        f"model {deploy.model.name!r} ({deploy.kv_bytes_per_token:,} KV bytes per token, "
+        f"{p.kv_dtype})."
+    ]
+    if p.load_rule == "cost_aware":
+        notes.append(
+            f"load_rule = cost_aware (load a hit only when faster than recomputing it) is a "
+            f"kvtier rule; {target} has no equivalent setting and loads every hit it finds."
+        )
+    if p.coalesce != 1:
+        notes.append(
+            f"coalesce = {p.coalesce} (fragments merged per transfer) is not a setting of "
+            f"{target}; transfer batching is internal to it."
+        )
+    if p.share_across_tenants:
+        notes.append(
+            f"share_across_tenants = true needs no setting in {target}: blocks are shared "
+            "whenever prompts match."
+        )
+    else:
+        notes.append(
+            f"share_across_tenants = false (tenants never share blocks) is not a setting of "
+            f"{target}: isolate tenants with separate deployments or per-request cache salts."
+        )
+    cxl = p.tier("cxl")
+    if cxl is not None and cxl.interleave is not None:
+        notes.append(
+            f"cxl interleave = {str(cxl.interleave).lower()} is a property of the CXL "
+            "device configuration, not of the serving software; it is not exported."
+        )
+    return notes

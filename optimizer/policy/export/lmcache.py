@@ -1,0 +1,148 @@
+"""LMCache: the YAML file ``LMCACHE_CONFIG_FILE`` points to (in-process LMCache under vLLM).
+
+Keys, units and defaults, read in LMCache's source and docs (``LMCache/LMCache``, dev branch,
+``lmcache/v1/config.py`` and ``lmcache/v1/storage_backend/cache_policy/__init__.py`` at commit
+000620e; docs ``docs/source/api_reference/configurations.rst``,
+``docs/source/kv_cache/storage_backends/{local_storage,mooncake}.rst``):
+
+* ``chunk_size`` (tokens, default 256) <- ``block_tokens``.
+* ``local_cpu`` (bool, default true), ``max_local_cpu_size`` (default 5.0) <- the ``dram`` tier.
+  The allocator reserves ``int(max_local_cpu_size * 1024**3)`` bytes, so the unit is GiB, and
+  every tensor-parallel rank builds its own engine (maintainers, LMCache issue #2901), so the
+  value is per rank: the host's DRAM over its instances over ``tp``.
+* ``local_disk`` (``"file:///path/"``), ``max_local_disk_size`` (GiB, ``* 1024**3`` in the disk
+  backend, default 0) <- the ``ssd`` tier, per rank as above.
+* ``remote_url: "mooncakestore://host:port/"`` with ``extra_config`` keys ``local_hostname``,
+  ``metadata_server``, ``master_server_address``, ``protocol``, ``device_name``,
+  ``global_segment_size`` (bytes, "memory contributed by each vLLM worker") and
+  ``local_buffer_size`` (bytes, default 1073741824) <- the ``rdma`` tier (a Mooncake Store pool).
+* ``cache_policy`` (``LRU`` default, ``LFU``, ``FIFO``, ``MRU``): one policy shared by the CPU
+  and disk backends.
+* ``use_layerwise`` (bool, default false): layer-by-layer store and retrieve, the closest
+  setting to kvtier's ``kv_layout = "per_layer"``.
+
+Not exported: a ``cxl`` tier. LMCache has no CXL tier of its own; the CXL backends it can load
+(Maru shared memory, a Device-DAX storage plugin) are spelt differently from one version to the
+next (``maru_path``/``maru_pool_size`` in config.py against ``remote_url: maru://`` with
+``extra_config.maru_pool_size`` in Maru's own examples), so they are left to the user. Newer
+LMCache also recommends its multi-process server (``lmcache server --l1-size-gb ...``); this
+exporter writes the in-process configuration that vLLM's ``LMCacheConnectorV1`` reads.
+"""
+
+from __future__ import annotations
+
+import yaml
+
+from optimizer.policy.export.common import Deployment, ExportResult, gib, shared_notes
+
+FILE = "lmcache.yaml"
+CACHE_POLICIES = {"lru": "LRU", "lfu": "LFU", "fifo": "FIFO"}
+STAGING_GIB = 5.0  # LMCache's max_local_cpu_size default: its pinned staging buffer
+DISK_PATH = "file:///var/cache/lmcache/"
+MOONCAKE_BUFFER = 1073741824  # extra_config.local_buffer_size default (bytes)
+
+
+def lmcache_config(deploy: Deployment) -> tuple[dict[str, object], list[str]]:
+    """The LMCache settings of ``deploy`` and notes on what they cannot say."""
+    p = deploy.policy
+    notes: list[str] = []
+    cfg: dict[str, object] = {"chunk_size": p.block_tokens}
+    if deploy.has("dram"):
+        cfg["local_cpu"] = True
+        cfg["max_local_cpu_size"] = gib(deploy.per_rank_bytes("dram"))
+    else:
+        cfg["local_cpu"] = False
+        cfg["max_local_cpu_size"] = STAGING_GIB
+        notes.append(
+            "No dram tier: local_cpu is false, but LMCache still pins max_local_cpu_size "
+            f"({STAGING_GIB:g} GiB, its default) per rank as a staging buffer."
+        )
+    if deploy.has("ssd"):
+        cfg["local_disk"] = DISK_PATH
+        cfg["max_local_disk_size"] = gib(deploy.per_rank_bytes("ssd"))
+        notes.append(f"local_disk is a placeholder ({DISK_PATH}): point it at the SSD.")
+    if deploy.has("rdma"):
+        cfg["remote_url"] = "mooncakestore://localhost:50051/"
+        cfg["remote_serde"] = "naive"
+        cfg["extra_config"] = {
+            "local_hostname": "localhost",
+            "metadata_server": "P2PHANDSHAKE",
+            "master_server_address": "localhost:50051",
+            "protocol": "rdma",
+            "device_name": "",
+            "global_segment_size": int(deploy.pool_bytes["rdma"] / (deploy.instances * deploy.tp)),
+            "local_buffer_size": MOONCAKE_BUFFER,
+        }
+        notes.append(
+            "The rdma tier is a Mooncake Store pool reached through remote_url; every rank "
+            "contributes global_segment_size bytes (the pool over instances x tp). Host names, "
+            "the master address and device_name are placeholders; start mooncake_master first "
+            "(see the mooncake target)."
+        )
+    if deploy.has("cxl"):
+        notes.append(
+            "The cxl tier is not exported: LMCache has no CXL tier of its own, and the "
+            "third-party CXL backends it can load (Maru, Device-DAX) use keys that differ "
+            "between versions."
+        )
+    cfg.update(_eviction(deploy, notes))
+    if p.kv_layout == "per_layer":
+        cfg["use_layerwise"] = True
+        notes.append(
+            "kv_layout = per_layer maps to use_layerwise = true (store and load one layer at "
+            "a time); LMCache still moves K and V of a layer together."
+        )
+    if p.write_policy != "write_through":
+        notes.append(
+            f"write_policy = {p.write_policy} cannot be expressed: LMCache writes every "
+            "stored chunk to each enabled backend (write-through)."
+        )
+    if p.hierarchy == "exclusive":
+        notes.append(
+            "hierarchy = exclusive cannot be expressed: LMCache keeps a chunk in every "
+            "backend it was written to (inclusive)."
+        )
+    return cfg, notes
+
+
+def _eviction(deploy: Deployment, notes: list[str]) -> dict[str, object]:
+    """One ``cache_policy`` for CPU and disk: the dram tier's choice, else the ssd tier's."""
+    local = [t for t in deploy.policy.lower_tiers if t.name in ("dram", "ssd")]
+    for t in deploy.policy.lower_tiers:
+        if t.name == "rdma" and t.eviction != "lru":
+            notes.append(
+                f"rdma eviction = {t.eviction} cannot be expressed: the Mooncake master evicts "
+                "approximately least-recently-used objects."
+            )
+    if not local:
+        return {}
+    chosen = local[0].eviction
+    if any(t.eviction != chosen for t in local):
+        notes.append(
+            "LMCache has one cache_policy for CPU and disk; the tiers' different evictions "
+            f"are exported as the {local[0].name} tier's ({chosen})."
+        )
+    if chosen not in CACHE_POLICIES:
+        notes.append(
+            f"eviction = {chosen} has no LMCache cache_policy (LRU, LFU, FIFO, MRU); "
+            "exported as LRU."
+        )
+    return {"cache_policy": CACHE_POLICIES.get(chosen, "LRU")}
+
+
+def lmcache_yaml(cfg: dict[str, object]) -> str:
+    header = (
+        "# LMCache configuration exported by kvtier; load it with "
+        "LMCACHE_CONFIG_FILE=lmcache.yaml under vLLM's LMCacheConnectorV1.\n"
+        "# Sizes in GiB per tensor-parallel rank.\n"
+    )
+    return header + yaml.safe_dump(cfg, sort_keys=False)
+
+
+def export_lmcache(deploy: Deployment) -> ExportResult:
+    """LMCache YAML for one vLLM instance of ``deploy`` (every rank reads the same file)."""
+    cfg, notes = lmcache_config(deploy)
+    if not deploy.policy.lower_tiers:
+        notes.insert(0, "The policy has no tier below HBM: LMCache would add nothing to it.")
+    files = {FILE: lmcache_yaml(cfg)}
+    return ExportResult("lmcache", files, [*shared_notes(deploy, "LMCache"), *notes])

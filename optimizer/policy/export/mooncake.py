@@ -1,0 +1,135 @@
+"""Mooncake Store: the store-client JSON of each host contributing to the pool, and the master.
+
+Keys and flags, read in Mooncake's repository (``kvcache-ai/Mooncake`` at 3b5a594,
+v0.3.12.post1-245, 2026-08-22): ``mooncake-wheel/mooncake/mooncake_config.py``
+(``MooncakeConfig.from_file``), ``docs/source/deployment/mooncake-store-deployment-guide.md``,
+``docs/source/deployment/ssd/ssd-offload.md`` and ``docs/source/design/store/mooncake-store.md``:
+
+* ``mooncake.json`` for ``python -m mooncake.mooncake_store_service --config=mooncake.json``:
+  ``local_hostname``, ``metadata_server`` (``P2PHANDSHAKE`` needs no metadata service),
+  ``master_server_address``, ``protocol`` (``rdma``), ``device_name``, ``global_segment_size``
+  (bytes of DRAM a client contributes) <- the ``rdma`` pool spread over the hosts,
+  ``local_buffer_size`` (bytes, 1 GiB default), and for an ``ssd`` tier ``enable_ssd_offload``
+  and ``ssd_offload_path``.
+* ``MOONCAKE_OFFLOAD_TOTAL_SIZE_LIMIT_BYTES`` (disk bytes per client, default 2 TB), read by the
+  client's file storage <- the ``ssd`` tier per host.
+* ``mooncake_master`` flags: ``--rpc_port`` (50051); ``--enable_offload=true`` (SSD persistence
+  after each put, i.e. write-through) and ``--offload_on_evict=true`` (persist only what memory
+  evicts, i.e. write-back).
+* Eviction is fixed: "an approximate LRU policy" triggered at ``--eviction_high_watermark_ratio``
+  (0.90) freeing ``--eviction_ratio`` (0.05); only the watermarks are settings.
+
+Not exported: the ``cxl`` tier. The master can prefer a CXL device for new objects
+(``--enable_cxl``, ``--cxl_path``, ``--cxl_size`` in bytes, ``--allocation_strategy=cxl``), which
+makes CXL the pool rather than a tier below DRAM, so it is only named in the notes.
+"""
+
+from __future__ import annotations
+
+import json
+
+from optimizer.policy.export.common import (
+    Deployment,
+    ExportResult,
+    env_file,
+    shared_notes,
+    shell_command,
+)
+
+CLIENT_FILE = "mooncake.json"
+CLIENT_ENV = "mooncake-store.env"
+MASTER_FILE = "mooncake-master.sh"
+LOCAL_BUFFER = 1073741824  # MooncakeConfig's local_buffer_size default (1 GiB)
+OFFLOAD_DIR = "/var/cache/mooncake-offload"
+
+
+def _client(deploy: Deployment) -> dict[str, object]:
+    cfg: dict[str, object] = {
+        "local_hostname": "localhost",
+        "metadata_server": "P2PHANDSHAKE",
+        "master_server_address": "localhost:50051",
+        "protocol": "rdma",
+        "device_name": "",
+        "global_segment_size": int(deploy.per_host_bytes("rdma")),
+        "local_buffer_size": LOCAL_BUFFER,
+    }
+    if deploy.has("ssd"):
+        cfg["enable_ssd_offload"] = True
+        cfg["ssd_offload_path"] = OFFLOAD_DIR
+    return cfg
+
+
+def _master(deploy: Deployment, notes: list[str]) -> list[str]:
+    p = deploy.policy
+    argv = ["mooncake_master", "--rpc_port=50051"]
+    if deploy.has("ssd"):
+        argv.append("--enable_offload=true")
+        if p.write_policy == "write_back":
+            argv.append("--offload_on_evict=true")
+        if p.write_policy == "write_through_selective":
+            notes.append(
+                "write_through_selective cannot be expressed for SSD offload: Mooncake "
+                "persists every object (--enable_offload) or every evicted one "
+                "(--offload_on_evict); exported as write-through."
+            )
+        if p.hierarchy == "exclusive" and p.write_policy != "write_back":
+            notes.append(
+                "hierarchy = exclusive: Mooncake keeps SSD copies of objects still in memory; "
+                "--offload_on_evict (write_back) is the closest, not exported here."
+            )
+    return argv
+
+
+def export_mooncake(deploy: Deployment) -> ExportResult:
+    """Client JSON (one per host), its SSD variables, and the master command."""
+    notes: list[str] = []
+    p = deploy.policy
+    if not deploy.has("rdma"):
+        notes.append(
+            "The policy has no rdma tier, so there is no Mooncake Store pool to configure; "
+            "no files are written."
+        )
+        if deploy.has("cxl"):
+            notes.append(
+                "A cxl pool could be offered through the master's --enable_cxl, --cxl_size "
+                "(bytes) and --allocation_strategy=cxl; not exported (unverified semantics)."
+            )
+        return ExportResult("mooncake", {}, [*shared_notes(deploy, "Mooncake"), *notes])
+    files: dict[str, str] = {
+        CLIENT_FILE: json.dumps(_client(deploy), indent=2) + "\n",
+    }
+    notes.append(
+        f"Run one store client per host ({deploy.hosts}), each contributing "
+        f"global_segment_size = {deploy.per_host_bytes('rdma'):,.0f} bytes (the rdma pool "
+        "over the hosts); local_hostname, the master address and device_name are "
+        "placeholders. The vllm/lmcache and sglang targets also let each serving rank "
+        "contribute a segment: size the pool with these clients or with those, not both."
+    )
+    if deploy.has("ssd"):
+        env = {
+            "MOONCAKE_OFFLOAD_FILE_STORAGE_PATH": OFFLOAD_DIR,
+            "MOONCAKE_OFFLOAD_TOTAL_SIZE_LIMIT_BYTES": str(int(deploy.per_host_bytes("ssd"))),
+        }
+        comments = ["Mooncake store-client SSD offload, exported by kvtier; per host."]
+        files[CLIENT_ENV] = env_file(env, comments)
+        notes.append(f"ssd_offload_path is a placeholder ({OFFLOAD_DIR}): use the SSD.")
+    argv = _master(deploy, notes)
+    master_comments = ["Mooncake master exported by kvtier; one per cluster."]
+    files[MASTER_FILE] = shell_command({}, argv, master_comments)
+    for t in p.lower_tiers:
+        if t.name in ("rdma", "ssd") and t.eviction != "lru":
+            notes.append(
+                f"{t.name} eviction = {t.eviction} cannot be expressed: Mooncake evicts "
+                "approximately least-recently-used objects."
+            )
+    for name in ("dram", "cxl"):
+        if deploy.has(name):
+            notes.append(
+                f"The {name} tier is not Mooncake's: it is configured on the serving side "
+                "(see the vllm, lmcache or sglang targets)."
+            )
+    notes.append(
+        "Mooncake stores what its clients put: block size, write policy into the pool and "
+        "the load rule are the serving side's (LMCache or SGLang)."
+    )
+    return ExportResult("mooncake", files, [*shared_notes(deploy, "Mooncake"), *notes])

@@ -1,0 +1,199 @@
+"""SGLang: a ``sglang.launch_server`` command line with HiCache flags.
+
+Flags, read in SGLang's source and docs (``sgl-project/sglang``, main after the
+``arg_groups`` split: ``python/sglang/srt/arg_groups/fields/memory.py`` at 00fe477,
+``fields/schedule.py`` at 001b886, ``choices.py`` at 0099dee, the ``tp_size`` and
+``kv_cache_dtype`` fields of ``server_args.py``; ``docs/advanced_features/
+hicache_best_practices.md``; ``python/sglang/srt/mem_cache/storage/mooncake_store/README.md``;
+the host pools in ``mem_cache/memory_pool_host.py`` and ``hiradix_cache.py``):
+
+* ``--page-size`` (tokens) <- ``block_tokens``; ``--tp-size`` <- the hardware's ``tp``.
+* ``--kv-cache-dtype`` (``auto``, ``bf16``, ``fp8_e4m3``, ``fp8_e5m2``, 4-bit float formats):
+  ``bf16`` -> ``bf16``, ``fp8`` -> ``fp8_e4m3``; ``int4`` has no counterpart.
+* ``--chunked-prefill-size`` <- ``max_num_batched_tokens`` (prefill tokens per chunk);
+  ``--max-running-requests`` <- ``max_num_seqs``.
+* ``--max-total-tokens`` (tokens in the device pool) <- an explicit hbm ``capacity_gb``.
+* ``--radix-eviction-policy`` (``lru``, ``lfu``, ``slru``, ``priority``, ``tlru``) <- ``lru``,
+  the HBM tier's (one policy for the radix tree).
+* ``--enable-hierarchical-cache``; ``--hicache-size`` (integer GB: the host pool holds
+  ``hicache_size * 1e9 // size_per_token`` tokens, built by every tensor-parallel rank, so the
+  value is per rank) <- the ``dram`` tier; ``--hicache-ratio`` (host pool over device pool,
+  default 2) when a rank's share is under 1 GB.
+* ``--hicache-write-policy`` (``write_through``, ``write_through_selective``, ``write_back``)
+  <- ``write_policy``; the selective threshold is fixed at 2 hits in ``hiradix_cache.py``.
+* ``--hicache-mem-layout`` (``layer_first``, ``page_first``, ...) <- ``kv_layout``.
+* ``--hicache-storage-backend``: ``mooncake`` <- the ``rdma`` tier, configured by the
+  ``MOONCAKE_*`` variables of its README (``MOONCAKE_GLOBAL_SEGMENT_SIZE`` in bytes);
+  ``file`` <- the ``ssd`` tier, its directory from ``SGLANG_HICACHE_FILE_BACKEND_STORAGE_DIR``
+  (``HiCacheFile`` in ``mem_cache/hicache_storage.py``).
+"""
+
+from __future__ import annotations
+
+import math
+
+from optimizer.hardware.types import GB
+from optimizer.policy.export.common import (
+    Deployment,
+    ExportResult,
+    model_word,
+    shared_notes,
+    shell_command,
+)
+
+FILE = "sglang-serve.sh"
+KV_DTYPES = {"bf16": "bf16", "fp8": "fp8_e4m3"}
+LAYOUTS = {"contiguous": "page_first", "per_layer": "layer_first"}
+SELECTIVE_THRESHOLD = 2  # hiradix_cache.py: write_through_threshold for the other policies
+FILE_DIR = "/var/cache/sglang-hicache"
+
+
+def _host_pool(deploy: Deployment, args: list[str], notes: list[str]) -> None:
+    """Size the host (L2) pool from the dram tier; SGLang wants it larger than the device's."""
+    if not deploy.has("dram"):
+        notes.append(
+            "The policy has no dram tier, but SGLang stages every L3 transfer through a host "
+            "pool (default --hicache-ratio 2, twice the device pool); that pool is not modelled."
+        )
+        return
+    per_rank = deploy.per_rank_bytes("dram")
+    size = math.floor(per_rank / GB)
+    if size >= 1:
+        args += ["--hicache-size", str(size)]
+        if size * GB != per_rank:
+            notes.append(
+                f"--hicache-size takes whole GB per rank: {per_rank / GB:.3f} GB rounded "
+                f"down to {size}."
+            )
+    else:
+        ratio = deploy.per_instance_bytes("dram") / deploy.hbm_kv_bytes
+        args += ["--hicache-ratio", f"{ratio:.3f}"]
+        notes.append(
+            f"A rank's dram share ({per_rank / GB:.3f} GB) is under SGLang's 1 GB step; "
+            "exported as --hicache-ratio (host pool over device pool)."
+        )
+    if deploy.per_instance_bytes("dram") <= deploy.hbm_kv_bytes:
+        notes.append(
+            "SGLang expects the host pool to be larger than the device pool (older versions "
+            "refuse to start, newer ones warn); this policy's dram share is not."
+        )
+
+
+def _storage(deploy: Deployment, args: list[str], env: dict[str, str], notes: list[str]) -> None:
+    """One L3 backend: Mooncake for an rdma tier, else the file backend for an ssd tier."""
+    if deploy.has("rdma"):
+        args += ["--hicache-storage-backend", "mooncake"]
+        segment = int(deploy.pool_bytes["rdma"] / (deploy.instances * deploy.tp))
+        env.update(
+            {
+                "MOONCAKE_MASTER": "localhost:50051",
+                "MOONCAKE_TE_META_DATA_SERVER": "P2PHANDSHAKE",
+                "MOONCAKE_PROTOCOL": "rdma",
+                "MOONCAKE_DEVICE": "",
+                "MOONCAKE_GLOBAL_SEGMENT_SIZE": str(segment),
+            }
+        )
+        notes.append(
+            "The rdma tier is a Mooncake Store pool: every rank contributes "
+            "MOONCAKE_GLOBAL_SEGMENT_SIZE bytes (the pool over instances x tp); the master "
+            "address and MOONCAKE_DEVICE are placeholders."
+        )
+        if deploy.has("ssd"):
+            notes.append(
+                "SGLang takes one storage backend: the ssd tier is not exported next to "
+                "Mooncake (Mooncake's own SSD offload can hold it, see the mooncake target)."
+            )
+    elif deploy.has("ssd"):
+        args += ["--hicache-storage-backend", "file"]
+        env["SGLANG_HICACHE_FILE_BACKEND_STORAGE_DIR"] = FILE_DIR
+        notes.append(
+            f"The ssd tier is SGLang's file backend in {FILE_DIR} (a placeholder); its size "
+            f"({deploy.per_host_bytes('ssd') / GB:,.0f} GB per host) is not exported: the "
+            "file backend has no size setting in the versions read (newer ones read "
+            "SGLANG_HICACHE_FILE_BACKEND_MAX_SIZE, whose unit could not be verified)."
+        )
+    if deploy.has("cxl"):
+        notes.append("The cxl tier is not exported: SGLang HiCache has no CXL backend.")
+
+
+def _write_notes(deploy: Deployment, notes: list[str]) -> None:
+    p = deploy.policy
+    if p.write_policy == "write_through_selective" and p.selective_k != SELECTIVE_THRESHOLD:
+        notes.append(
+            f"selective_k = {p.selective_k}: SGLang's write_through_selective copies a page "
+            f"down after {SELECTIVE_THRESHOLD} hits (fixed in hiradix_cache.py)."
+        )
+    if p.hierarchy == "exclusive":
+        notes.append(
+            "hierarchy = exclusive is not a SGLang setting: host copies are kept; with "
+            "write_back a page is copied down only when HBM evicts it, the closest behaviour."
+        )
+    for t in p.lower_tiers:
+        if t.eviction != "lru":
+            notes.append(
+                f"{t.name} eviction = {t.eviction} cannot be expressed: SGLang has one "
+                "--radix-eviction-policy for the radix tree, exported as lru (the HBM tier's)."
+            )
+
+
+def export_sglang(deploy: Deployment) -> ExportResult:
+    """``python3 -m sglang.launch_server`` for one instance of ``deploy``."""
+    p = deploy.policy
+    notes: list[str] = []
+    env: dict[str, str] = {}
+    args = [
+        "--page-size",
+        str(p.block_tokens),
+        "--tp-size",
+        str(deploy.tp),
+        "--chunked-prefill-size",
+        str(p.serving.max_num_batched_tokens),
+        "--max-running-requests",
+        str(p.serving.max_num_seqs),
+        "--radix-eviction-policy",
+        "lru",
+    ]
+    if p.kv_dtype in KV_DTYPES:
+        args += ["--kv-cache-dtype", KV_DTYPES[p.kv_dtype]]
+    else:
+        notes.append(
+            "kv_dtype = int4 has no SGLang counterpart (its 4-bit KV formats are floating "
+            "point: nvfp4, fp4_mx_block16); --kv-cache-dtype is left at auto."
+        )
+    if p.tiers[0].capacity_gb is not None:
+        tokens = int(deploy.hbm_kv_bytes // deploy.kv_bytes_per_token)
+        args += ["--max-total-tokens", str(tokens)]
+    else:
+        notes.append(
+            "The device KV pool is left to SGLang (--mem-fraction-static); kvtier assumes "
+            f"{deploy.hbm_kv_bytes / GB:.1f} GB per instance."
+        )
+    notes.append(
+        "max_num_batched_tokens maps to --chunked-prefill-size, which bounds prefill tokens "
+        "per chunk; SGLang schedules decode tokens outside that budget."
+    )
+    if p.lower_tiers:
+        args += ["--enable-hierarchical-cache"]
+        _host_pool(deploy, args, notes)
+        args += ["--hicache-write-policy", p.write_policy]
+        layout = LAYOUTS[p.kv_layout]
+        if deploy.has("rdma") and layout != "page_first":
+            notes.append(
+                "kv_layout = per_layer: exported as page_first, the only layout SGLang's "
+                "Mooncake backend supports (its README)."
+            )
+            layout = "page_first"
+        args += ["--hicache-mem-layout", layout]
+        _storage(deploy, args, env, notes)
+        _write_notes(deploy, notes)
+    notes.append(
+        f"Run the command once per instance ({deploy.describe()}); routing = "
+        f"{p.serving.routing} is the job of SGLang's separate router, not configured here."
+    )
+    comments = [
+        "SGLang launch command exported by kvtier: one instance; run one per instance.",
+        "MODEL is the checkpoint to serve (a Hugging Face id or a path).",
+    ]
+    argv = ["python3", "-m", "sglang.launch_server", "--model-path", model_word(deploy), *args]
+    files = {FILE: shell_command(env, argv, comments)}
+    return ExportResult("sglang", files, [*shared_notes(deploy, "SGLang"), *notes])

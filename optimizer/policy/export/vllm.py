@@ -1,0 +1,142 @@
+"""vLLM: a ``vllm serve`` command line, with LMCache behind ``--kv-transfer-config``.
+
+Flags, read in vLLM's source (``vllm-project/vllm``: ``vllm/engine/arg_utils.py`` at commit
+99d7eb5, ``vllm/config/cache.py`` at 002f10e, ``vllm/config/kv_transfer.py`` and
+``vllm/distributed/kv_transfer/kv_connector/factory.py`` at 007c643; the same page is
+docs.vllm.ai ``api/vllm/config/cache``, v0.29.0 and latest):
+
+* ``--block-size`` (tokens; default 16 on CUDA) <- ``block_tokens``.
+* ``--enable-prefix-caching``: the HBM tier is vLLM's prefix cache (its free-block queue is LRU).
+* ``--max-num-batched-tokens``, ``--max-num-seqs`` <- ``serving``.
+* ``--kv-cache-dtype`` (``CacheDType``: ``auto``, ``fp8``, ..., ``int4_per_token_head``, ...):
+  ``bf16`` -> ``auto`` (the model's own dtype; ``bfloat16`` is documented as valid only for
+  models that default to fp8), ``fp8`` -> ``fp8``, ``int4`` -> ``int4_per_token_head``.
+* ``--tensor-parallel-size`` <- the hardware profile's ``tp``.
+* ``--kv-cache-memory-bytes`` (bytes of KV cache per GPU; overrides
+  ``--gpu-memory-utilization``) <- an explicit hbm ``capacity_gb`` over ``tp``; otherwise
+  ``--gpu-memory-utilization`` <- the hardware profile's share (vLLM's own default is 0.92).
+* ``--kv-transfer-config`` JSON (``KVTransferConfig``: ``kv_connector``, ``kv_role``) with the
+  registered connector ``LMCacheConnectorV1`` and role ``kv_both`` when the policy has lower
+  tiers; their configuration is the LMCache target's file (``lmcache.py``).
+
+vLLM's own CPU offloading (``--kv-offloading-size`` in GiB, ``--kv-offloading-backend
+native|lmcache``, cache.py at 002f10e) can replace LMCache for a DRAM-only policy; it is named
+in the notes, not exported, because older releases lack it.
+"""
+
+from __future__ import annotations
+
+import json
+
+from optimizer.policy.export.common import (
+    Deployment,
+    ExportResult,
+    model_word,
+    shared_notes,
+    shell_command,
+)
+from optimizer.policy.export.lmcache import FILE as LMCACHE_FILE
+from optimizer.policy.export.lmcache import lmcache_config, lmcache_yaml
+
+FILE = "vllm-serve.sh"
+KV_DTYPES = {"bf16": "auto", "fp8": "fp8", "int4": "int4_per_token_head"}
+CONNECTOR = {"kv_connector": "LMCacheConnectorV1", "kv_role": "kv_both"}
+OLD_BLOCK_SIZES = (1, 8, 16, 32, 64, 128)  # vLLM 0.9-0.10's BlockSize literal
+
+
+def vllm_args(deploy: Deployment) -> tuple[list[str], list[str]]:
+    """The ``vllm serve`` flags of ``deploy`` (without the model) and notes."""
+    p = deploy.policy
+    notes: list[str] = []
+    args = [
+        "--block-size",
+        str(p.block_tokens),
+        "--enable-prefix-caching",
+        "--max-num-batched-tokens",
+        str(p.serving.max_num_batched_tokens),
+        "--max-num-seqs",
+        str(p.serving.max_num_seqs),
+        "--kv-cache-dtype",
+        KV_DTYPES[p.kv_dtype],
+        "--tensor-parallel-size",
+        str(deploy.tp),
+    ]
+    hbm = p.tiers[0]
+    if hbm.capacity_gb is not None:
+        args += ["--kv-cache-memory-bytes", str(int(deploy.hbm_kv_bytes / deploy.tp))]
+    else:
+        args += ["--gpu-memory-utilization", f"{deploy.hardware.gpu_memory_utilization:g}"]
+        notes.append(
+            "HBM KV capacity is left to vLLM (its share of HBM minus weights and activations), "
+            f"as kvtier models it: {deploy.hbm_kv_bytes / 1e9:.1f} GB per instance."
+        )
+    if p.block_tokens not in OLD_BLOCK_SIZES:
+        notes.append(
+            f"--block-size {p.block_tokens}: vLLM 0.9-0.10 accept only "
+            f"{', '.join(map(str, OLD_BLOCK_SIZES))}; newer releases accept any size, but "
+            "attention backends may restrict it."
+        )
+    if p.kv_dtype == "int4":
+        notes.append(
+            "kv_dtype = int4 maps to int4_per_token_head, present only in recent vLLM source "
+            "(cache.py at 002f10e); older releases have no 4-bit KV cache."
+        )
+    if p.kv_dtype == "bf16":
+        notes.append("kv_dtype = bf16 maps to --kv-cache-dtype auto (the model's dtype).")
+    if lmcache_tiers(deploy):
+        args += ["--kv-transfer-config", json.dumps(CONNECTOR, separators=(",", ":"))]
+    elif deploy.has("cxl"):
+        notes.append(
+            "The cxl tier cannot be expressed: vLLM has no CXL tier and LMCache none of its "
+            "own, so the command serves from HBM only, without a KV connector."
+        )
+    return args, notes
+
+
+def lmcache_tiers(deploy: Deployment) -> list[str]:
+    """The lower tiers LMCache can hold for vLLM."""
+    return [t for t in ("dram", "ssd", "rdma") if deploy.has(t)]
+
+
+def _routing_notes(deploy: Deployment) -> list[str]:
+    s = deploy.policy.serving
+    notes = [
+        f"Run the command once per instance ({deploy.describe()}); vLLM has no setting for "
+        f"the router in front of them (routing = {s.routing})."
+    ]
+    if s.routing == "prefix_affinity":
+        notes.append(
+            f"affinity_overload = {s.affinity_overload} belongs to the router, not to vLLM."
+        )
+    return notes
+
+
+def export_vllm(deploy: Deployment) -> ExportResult:
+    """``vllm serve`` for one instance, plus ``lmcache.yaml`` when lower tiers exist."""
+    p = deploy.policy
+    args, notes = vllm_args(deploy)
+    files: dict[str, str] = {}
+    env: dict[str, str] = {}
+    comments = [
+        "vLLM serve command exported by kvtier: one instance; run one per instance.",
+        "MODEL is the checkpoint to serve (a Hugging Face id or a path).",
+    ]
+    if lmcache_tiers(deploy):
+        cfg, lm_notes = lmcache_config(deploy)
+        files[LMCACHE_FILE] = lmcache_yaml(cfg)
+        env["LMCACHE_CONFIG_FILE"] = LMCACHE_FILE
+        notes.append(
+            "Tiers below HBM are LMCache's (LMCacheConnectorV1, kv_role kv_both), configured "
+            "by lmcache.yaml; vLLM's HBM prefix cache stays LRU."
+        )
+        notes += [f"LMCache: {n}" for n in lm_notes]
+        if [t.name for t in p.lower_tiers] == ["dram"]:
+            notes.append(
+                "For a DRAM-only policy recent vLLM can offload without LMCache: "
+                "--kv-offloading-size (GiB, summed over TP ranks) with "
+                "--kv-offloading-backend native."
+            )
+    files[FILE] = shell_command(env, ["vllm", "serve", model_word(deploy), *args], comments)
+    return ExportResult(
+        "vllm", files, [*shared_notes(deploy, "vLLM"), *_routing_notes(deploy), *notes]
+    )
