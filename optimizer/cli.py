@@ -58,6 +58,29 @@ class OneLineErrors:
             sys.exit(2)
 
 
+trace_option = click.option(
+    "--trace",
+    "trace_path",
+    required=True,
+    type=click.Path(dir_okay=False),
+    help="Request trace (request-trace/1: .parquet or .arrow).",
+)
+
+
+def policy_profile_options(command: Callable[..., Any]) -> Callable[..., Any]:
+    """``--hardware`` and ``--model``, defaulting to the policy file's profiles."""
+    command = click.option(
+        "--model",
+        default=None,
+        help="Model profile name or TOML path [default: the policy's, else Llama-3.1-8B].",
+    )(command)
+    return click.option(
+        "--hardware",
+        default=None,
+        help="Hardware profile name or TOML path [default: the policy's, else h100-node].",
+    )(command)
+
+
 class KvtierGroup(OneLineErrors, click.Group):
     """The ``kvtier`` group and its subgroups."""
 
@@ -107,23 +130,8 @@ def validate_beluga(as_json: bool, markdown_path: str | None) -> None:
 
 
 @main.command("replay")
-@click.option(
-    "--trace",
-    "trace_path",
-    required=True,
-    type=click.Path(dir_okay=False),
-    help="Request trace (.parquet or .arrow).",
-)
-@click.option(
-    "--hardware",
-    default=None,
-    help="Hardware profile name or TOML path [default: the policy's, else h100-node].",
-)
-@click.option(
-    "--model",
-    default=None,
-    help="Model profile name or TOML path [default: the policy's, else Llama-3.1-8B].",
-)
+@trace_option
+@policy_profile_options
 @click.option(
     "--policy",
     "policy_path",
@@ -249,16 +257,7 @@ EXPORT_TARGETS = ("vllm", "lmcache", "sglang", "dynamo", "mooncake")  # optimize
     help="Write the files to this directory (all: one subdirectory per target) "
     "[default: print them].",
 )
-@click.option(
-    "--hardware",
-    default=None,
-    help="Hardware profile name or TOML path [default: the policy's, else h100-node].",
-)
-@click.option(
-    "--model",
-    default=None,
-    help="Model profile name or TOML path [default: the policy's, else Llama-3.1-8B].",
-)
+@policy_profile_options
 @click.option("--json", "as_json", is_flag=True, help="Print target, files and notes as JSON.")
 def export_cmd(
     policy_path: str,
@@ -647,13 +646,7 @@ def trace_mrc_cmd(
 
 def _optimize_options(command: Callable[..., Any]) -> Callable[..., Any]:
     options = [
-        click.option(
-            "--trace",
-            "trace_path",
-            required=True,
-            type=click.Path(dir_okay=False),
-            help="Request trace (request-trace/1: .parquet or .arrow).",
-        ),
+        trace_option,
         click.option(
             "--hardware",
             default=None,
@@ -848,13 +841,7 @@ def optimize_main(**kwargs: Any) -> None:
 
 
 @main.command("compare")
-@click.option(
-    "--trace",
-    "trace_path",
-    required=True,
-    type=click.Path(dir_okay=False),
-    help="Request trace (.parquet or .arrow).",
-)
+@trace_option
 @click.option(
     "--preset",
     "presets",

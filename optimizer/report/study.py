@@ -24,6 +24,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from optimizer.errors import InputError
+from optimizer.plotting import pyplot
 from optimizer.search.study import TrialSummary, best_feasible, closest, pareto_front, summaries
 from optimizer.trace.io import atomic_write
 
@@ -200,15 +201,7 @@ def print_study_report(rep: dict[str, Any], console: Console) -> None:
 
 def plot_study(rep: dict[str, Any], path: str | os.PathLike[str]) -> None:
     """Every finished trial's cost against TTFT P99 (feasible ones marked), written atomically."""
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        raise InputError(
-            "--plot needs matplotlib; install it with: pip install 'kvtier[plot]'"
-        ) from None
+    plt = pyplot()
     pts = [p for p in rep["points"] if math.isfinite(p["ttft_p99_s"])]
     if not pts:
         raise InputError("no finished trial to plot", option="--plot")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from typing import TYPE_CHECKING
 
-from optimizer.errors import InputError
+from optimizer.plotting import pyplot
 from optimizer.trace.io import atomic_write
 
 if TYPE_CHECKING:
@@ -14,15 +14,7 @@ if TYPE_CHECKING:
 
 def plot_curve(result: MrcResult, path: str | os.PathLike[str]) -> None:
     """Hit ratio (tokens and blocks) against capacity in blocks, log x axis, written atomically."""
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        raise InputError(
-            "--plot needs matplotlib; install it with: pip install 'kvtier[plot]'"
-        ) from None
+    plt = pyplot()
     caps = [p.capacity_blocks for p in result.points]
     fig, ax = plt.subplots(figsize=(7, 4.5), dpi=120)
     ax.plot(caps, [p.hit_ratio_tokens for p in result.points], marker="o", label="tokens")
