@@ -10,20 +10,35 @@ it.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from llvmlite import ir
 from numba import types
 from numba.core import cgutils
+from numba.core.base import BaseContext
+from numba.core.typing.templates import Signature
 from numba.extending import intrinsic
 
 
 @intrinsic
-def prefetch(typingctx, arr, i):  # type: ignore[no-untyped-def]  # numba's intrinsic protocol
-    """Prefetch ``arr[i]`` for writing into every cache level; no bounds check, no effect."""
+def prefetch(
+    typingctx: object, arr: types.Type, i: types.Type
+) -> tuple[Signature, Callable[..., object]] | None:
+    """Prefetch ``arr[i]`` for writing into every cache level; no bounds check, no effect.
+
+    numba calls this at typing time with the argument types; the returned ``codegen`` emits
+    the LLVM IR into the calling kernel.
+    """
     if not isinstance(arr, types.Array) or arr.ndim != 1 or not isinstance(i, types.Integer):
         return None
     sig = types.void(arr, i)
 
-    def codegen(context, builder, signature, args):  # type: ignore[no-untyped-def]
+    def codegen(
+        context: BaseContext,
+        builder: ir.IRBuilder,
+        signature: Signature,
+        args: tuple[ir.Value, ...],
+    ) -> object:
         arr_val, idx = args
         ary = context.make_array(signature.args[0])(context, builder, arr_val)
         i64 = ir.IntType(64)
