@@ -3,7 +3,8 @@
 Workloads (flat semantics, one access per block reference, so both simulators see the same
 sequence): the Mooncake conversation trace at B=16 (9,044,013 accesses) and a 10M-access Zipf
 sequence. libCacheSim runs its C path (``process_trace``) over an oracleGeneral binary file that
-this script writes; kvtier replays the same ids through ``replay_nb`` (``optimizer.sim.cache``).
+this script writes; kvtier replays the same ids through ``optimizer.sim.cache.replay`` (the ring
+kernels of ``optimizer.sim.cache.ring`` for LRU and FIFO, ``replay_nb`` for the others).
 Hit counts of both are printed and must agree. Each measurement is the median of ``--runs``,
 alternating the two simulators; numba's compilation is excluded by a warm-up call. Also times
 the exact one-pass LRU curve for 20 capacities against 20 LRU replays (prefix semantics).

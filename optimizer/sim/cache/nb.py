@@ -14,7 +14,8 @@ compiled with ``_nrt=False`` because none of them allocates, and with numba's re
 on, the incref/decref of the eleven state arrays at each primitive call made an access about ten
 times slower. The batch kernels branch on the policy once and inline a loop specialised to it
 (``_replay_loop_nb(LRU, ...)``), so LLVM drops the other policies' code from the hot loop;
-dispatching per access cost another factor of about three.
+dispatching per access cost another factor of about three. Flat LRU and FIFO replays from an
+empty tier do not come here: :mod:`optimizer.sim.cache.ring` runs them without link rows.
 """
 
 from __future__ import annotations

@@ -68,23 +68,7 @@ class TierState:
         block saves; it defaults to 1 for every block.
         """
         spec = parse_policy(policy)
-        if isinstance(capacity, bool) or int(capacity) != capacity or capacity < 0:
-            raise InputError(f"capacity must be an integer >= 0 blocks, but got {capacity!r}")
-        if int(n_blocks) != n_blocks or n_blocks < 0:
-            raise InputError(f"n_blocks must be an integer >= 0, but got {n_blocks!r}")
-        capacity, n_blocks = int(capacity), int(n_blocks)
-        if n_blocks >= np.iinfo(np.int32).max:
-            raise InputError(f"n_blocks must be < 2**31 - 1, but got {n_blocks}")
-        if cost is None:
-            cost_arr = np.ones(n_blocks, dtype=np.float64)
-        else:
-            cost_arr = np.ascontiguousarray(cost, dtype=np.float64)
-            if cost_arr.shape != (n_blocks,):
-                raise InputError(
-                    f"cost must have one value per block ({n_blocks}), got shape {cost_arr.shape}"
-                )
-            if not np.all(np.isfinite(cost_arr)) or (n_blocks and cost_arr.min() < 0):
-                raise InputError("cost must be finite and >= 0 for every block")
+        capacity, n_blocks, cost_arr = check_tier_args(capacity, n_blocks, cost)
         meta = np.zeros(enums.META_LEN, dtype=np.int64)
         meta[enums.M_POLICY] = spec.code
         meta[enums.M_CAPACITY] = capacity
@@ -112,6 +96,8 @@ class TierState:
         per_block = n_blocks if uses_heap else 1
         if spec.code != enums.GDSF:
             cost_arr = np.ones(1, dtype=np.float64)
+        elif cost_arr is None:
+            cost_arr = np.ones(n_blocks, dtype=np.float64)
         return cls(
             policy=spec,
             capacity=capacity,
@@ -183,6 +169,33 @@ class TierState:
         evicted = np.full(len(arr), enums.NIL, dtype=np.int32)
         nb.access_many_nb(*self._arrays, arr, hit, evicted)
         return hit, evicted
+
+
+def check_tier_args(
+    capacity: int, n_blocks: int, cost: np.ndarray | None
+) -> tuple[int, int, np.ndarray | None]:
+    """``capacity`` and ``n_blocks`` as ints and ``cost`` as float64 (None stays None), checked.
+
+    Shared by :meth:`TierState.create` and the replays that need no tier, so both reject the
+    same arguments.
+    """
+    if isinstance(capacity, bool) or int(capacity) != capacity or capacity < 0:
+        raise InputError(f"capacity must be an integer >= 0 blocks, but got {capacity!r}")
+    if int(n_blocks) != n_blocks or n_blocks < 0:
+        raise InputError(f"n_blocks must be an integer >= 0, but got {n_blocks!r}")
+    capacity, n_blocks = int(capacity), int(n_blocks)
+    if n_blocks >= np.iinfo(np.int32).max:
+        raise InputError(f"n_blocks must be < 2**31 - 1, but got {n_blocks}")
+    if cost is None:
+        return capacity, n_blocks, None
+    cost_arr = np.ascontiguousarray(cost, dtype=np.float64)
+    if cost_arr.shape != (n_blocks,):
+        raise InputError(
+            f"cost must have one value per block ({n_blocks}), got shape {cost_arr.shape}"
+        )
+    if not np.all(np.isfinite(cost_arr)) or (n_blocks and cost_arr.min() < 0):
+        raise InputError("cost must be finite and >= 0 for every block")
+    return capacity, n_blocks, cost_arr
 
 
 def _empty_blocks(n_blocks: int) -> np.ndarray:
