@@ -11,6 +11,12 @@ State is passed as three tuples of arrays so the serving kernel can hand them on
 - ``lk``: counters ``(link_free, link_busy, link_bytes, tier_hits, bytes_read, bytes_written)``.
 
 No bounds checks: :mod:`optimizer.sim.engine` builds and checks every array.
+
+The per-block helpers (pool choice, residency, touch, insert) are inlined into their callers
+(``inline="always"``). A call between two kernels passes each array of the three tuples as
+separate machine words, about 220 of them; with one such call per block copied below, the
+argument copying was most of a replay's time. Inlined, the only per-block call left is the
+cache engine's ``access_nb`` (one pool's eight arrays).
 """
 
 from __future__ import annotations
@@ -30,7 +36,7 @@ prefill_estimate_nb = njit(cache=True, nogil=True)(prefill_estimate)
 I_WRITE, I_K, I_EXCL, I_COST, I_FRAG, I_COAL = 0, 1, 2, 3, 4, 5
 
 
-@njit(cache=True, nogil=True, _nrt=False)
+@njit(cache=True, nogil=True, _nrt=False, inline="always")
 def pool_nb(tp, t, k):  # noqa: ANN001, ANN201
     """Pool of tier ``t`` reached by instance ``k``."""
     if tp[0][t]:
@@ -38,7 +44,7 @@ def pool_nb(tp, t, k):  # noqa: ANN001, ANN201
     return tp[1][t]
 
 
-@njit(cache=True, nogil=True, _nrt=False)
+@njit(cache=True, nogil=True, _nrt=False, inline="always")
 def has_nb(ts, p, b):  # noqa: ANN001, ANN201
     """Is ``b`` resident in pool ``p``? The cache engine's ``contains_nb`` rule (main or
     S3-FIFO small queue; a ghost entry is not residency), read from the block's row directly
@@ -47,7 +53,7 @@ def has_nb(ts, p, b):  # noqa: ANN001, ANN201
     return w == W_MAIN or w == W_SMALL  # noqa: SIM109
 
 
-@njit(cache=True, nogil=True, _nrt=False)
+@njit(cache=True, nogil=True, _nrt=False, inline="always")
 def touch_nb(ts, p, b):  # noqa: ANN001, ANN201
     """Access ``b`` in pool ``p``; returns the evicted block or -1."""
     _, victim = access_nb(
@@ -56,12 +62,12 @@ def touch_nb(ts, p, b):  # noqa: ANN001, ANN201
     return victim
 
 
-@njit(cache=True, nogil=True, _nrt=False)
+@njit(cache=True, nogil=True, _nrt=False, inline="always")
 def drop_nb(ts, p, b):  # noqa: ANN001, ANN201
     remove_nb(ts[0][p], ts[1][p], ts[2][p], ts[3][p], ts[4][p], ts[5][p], ts[6][p], ts[7][p], b)
 
 
-@njit(cache=True, nogil=True, _nrt=False)
+@njit(cache=True, nogil=True, _nrt=False, inline="always")
 def gpu_path_nb(tp, k, t, path):  # noqa: ANN001, ANN201
     path[0] = k
     path[1] = tp[9][t, tp[2][k]]
@@ -69,7 +75,7 @@ def gpu_path_nb(tp, k, t, path):  # noqa: ANN001, ANN201
     path[3] = -1
 
 
-@njit(cache=True, nogil=True, _nrt=False)
+@njit(cache=True, nogil=True, _nrt=False, inline="always")
 def tier_path_nb(tp, k, a, b, path):  # noqa: ANN001, ANN201
     h = tp[2][k]
     path[0] = tp[9][a, h]
@@ -182,7 +188,7 @@ def load_nb(ts, tp, lk, n_tiers, k, now, block_ids, bo, start, src, c, counts, p
     return ready
 
 
-@njit(cache=True, nogil=True, _nrt=False)
+@njit(cache=True, nogil=True, _nrt=False, inline="always")
 def insert_nb(ts, tp, lk, n_tiers, k, now, t, b, path):  # noqa: ANN001, ANN201
     """Admit ``b`` into tier ``t``; victims cascade down under write-back or exclusive."""
     ints = tp[11]
@@ -248,7 +254,7 @@ def write_down_nb(ts, tp, lk, n_tiers, k, now, buf, nbuf, n_targets, path):  # n
             lk[5][t] += nbytes
 
 
-@njit(cache=True, nogil=True, _nrt=False)
+@njit(cache=True, nogil=True, _nrt=False, inline="always")
 def new_targets_nb(tp, n_tiers):  # noqa: ANN001, ANN201
     return 1 if tp[11][I_EXCL] == 1 else n_tiers
 
