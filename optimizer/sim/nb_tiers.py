@@ -21,6 +21,7 @@ cache engine's ``access_nb`` (one pool's eight arrays).
 
 from __future__ import annotations
 
+import numpy as np
 from numba import njit
 
 from optimizer.sim.cache.enums import L_WHERE, W_MAIN, W_SMALL
@@ -298,3 +299,18 @@ def hbm_evicted_nb(ts, tp, lk, n_tiers, k, now, buf, nbuf, path):  # noqa: ANN00
     ints = tp[11]
     if (ints[I_WRITE] == WRITE_BACK or ints[I_EXCL] == 1) and nbuf > 0:
         write_down_nb(ts, tp, lk, n_tiers, k, now, buf, nbuf, 1, path)
+
+
+@njit(cache=True, nogil=True, _nrt=False)
+def fill_rows_nb(rows: np.ndarray, row: np.ndarray) -> None:
+    """Set every row of ``rows`` (n, 4) to ``row``: the empty block row of every pool.
+
+    One pass of four stores per row; numpy's broadcast assignment of a 4-lane row runs about
+    four times slower, which matters at hundreds of MB per replay.
+    """
+    a, b, c, d = row[0], row[1], row[2], row[3]
+    for x in range(rows.shape[0]):
+        rows[x, 0] = a
+        rows[x, 1] = b
+        rows[x, 2] = c
+        rows[x, 3] = d
