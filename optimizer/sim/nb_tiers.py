@@ -24,8 +24,8 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-from optimizer.sim.cache.enums import L_WHERE, W_MAIN, W_SMALL
-from optimizer.sim.cache.nb import access_nb, remove_nb
+from optimizer.sim.cache.enums import L_WHERE, M_POLICY, W_MAIN, W_SMALL
+from optimizer.sim.cache.nb import _access_nb, remove_nb
 from optimizer.sim.tiers import WRITE_BACK, WRITE_SELECTIVE, WRITE_THROUGH
 from optimizer.sim.transfer import estimate, n_ops, prefill_estimate, transfer
 
@@ -56,10 +56,16 @@ def has_nb(ts, p, b):  # noqa: ANN001, ANN201
 
 @njit(cache=True, nogil=True, _nrt=False, inline="always")
 def touch_nb(ts, p, b):  # noqa: ANN001, ANN201
-    """Access ``b`` in pool ``p``; returns the evicted block or -1."""
-    _, victim = access_nb(
-        ts[0][p], ts[1][p], ts[2][p], ts[3][p], ts[4][p], ts[5][p], ts[6][p], ts[7][p], b
-    )
+    """Access ``b`` in pool ``p``; returns the evicted block or -1.
+
+    The cache engine's access is inlined here, dispatching on the pool's policy, rather than
+    called: a call passes the pool's eight arrays as about sixty machine words, once per block
+    copied below."""
+    meta = ts[0][p]
+    _, victim = _access_nb(
+        meta[M_POLICY], meta, ts[1][p], ts[2][p], ts[3][p], ts[4][p], ts[5][p], ts[6][p],
+        ts[7][p], b,
+    )  # fmt: skip
     return victim
 
 
