@@ -147,6 +147,7 @@ def simulate_nb(
     n_sched = np.zeros(n_inst, dtype=np.int64)
     busy = np.zeros(n_inst, dtype=np.bool_)
     busy_until = np.zeros(n_inst, dtype=np.float64)
+    act = np.empty(n_inst, dtype=np.int64)  # instances that act at this event, in index order
     # HBM pools
     stamp = np.full(n_slots, -1, dtype=np.int64)
     sl = np.zeros(4 * (n_slots + n_inst), dtype=np.int32)
@@ -201,10 +202,16 @@ def simulate_nb(
         now = t_arr if t_arr < t_end else t_end
         if now == np.inf:
             break
-        # ---- iteration ends, instances in index order
+        # ---- iteration ends, instances in index order. Which instances act is found first in
+        # a loop of its own (handling one changes no other instance's state), so the scan over
+        # every instance at every event does not carry the large body's per-instance pointers.
+        n_act = 0
         for k in range(n_inst):
-            if not busy[k] or busy_until[k] != now:
-                continue
+            if busy[k] and busy_until[k] == now:
+                act[n_act] = k
+                n_act += 1
+        for a in range(n_act):
+            k = act[a]
             base = k * n_blocks
             sent = n_slots + k
             m = n_sched[k]
@@ -337,10 +344,14 @@ def simulate_nb(
                 qnext[q_tail[k]] = i
             q_tail[k] = i
             q_len[k] += 1
-        # ---- idle instances with work start an iteration
+        # ---- idle instances with work start an iteration (found first, as above)
+        n_act = 0
         for k in range(n_inst):
-            if busy[k] or (run_len[k] == 0 and q_len[k] == 0):
-                continue
+            if not busy[k] and (run_len[k] > 0 or q_len[k] > 0):
+                act[n_act] = k
+                n_act += 1
+        for a in range(n_act):
+            k = act[a]
             base = k * n_blocks
             sent = n_slots + k
             budget = budget_max
