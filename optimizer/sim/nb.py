@@ -286,7 +286,7 @@ def simulate_nb(
             n_sched[k] = 0
             busy[k] = False
             if nw > 0:  # (a call passes every tier array: skip it when there is nothing)
-                computed_nb(ts, tp, lk, n_tiers, k, now, wbuf, nw, sightings, path)
+                computed_nb(ts, tp, lk, n_tiers, k, now, wbuf, np.int64(nw), sightings, path)
         if slo_on and (
             n_rej > 0
             or sum_ttft / n > slo_thr[0]
@@ -441,7 +441,7 @@ def simulate_nb(
                     sl[4 * s + REF] = 1
                     slots[so + j] = s
                 if ne > 0 and n_tiers > 0:
-                    hbm_evicted_nb(ts, tp, lk, n_tiers, k, now, evbuf, ne, path)
+                    hbm_evicted_nb(ts, tp, lk, n_tiers, k, now, evbuf, np.int64(ne), path)
                 kv[i] = (h + loaded) * B
                 reg[i] = h
                 comp_from[i] = h + loaded

@@ -12,6 +12,11 @@ State is passed as three tuples of arrays so the serving kernel can hand them on
 
 No bounds checks: :mod:`optimizer.sim.engine` builds and checks every array.
 
+Counts handed to another kernel are wrapped in ``np.int64(...)``: numba compiles a separate
+specialisation of the callee for an argument typed as a literal (a constant, or a counter
+that starts at 0), and each specialisation of :func:`write_down_nb` carries an inlined copy
+of every eviction policy, so literals there cost compile time and nothing else.
+
 The per-block helpers (pool choice, residency, touch, insert) are inlined into their callers
 (``inline="always"``). A call between two kernels passes each array of the three tuples as
 separate machine words, about 220 of them; with one such call per block copied below, the
@@ -278,7 +283,8 @@ def sighted_nb(ts, tp, lk, n_tiers, k, now, block_ids, bo, nb, hbm_hits, sightin
             buf[n] = b
             n += 1
     if ints[I_WRITE] == WRITE_SELECTIVE and n > 0:
-        write_down_nb(ts, tp, lk, n_tiers, k, now, buf, n, new_targets_nb(tp, n_tiers), path)
+        targets = new_targets_nb(tp, n_tiers)
+        write_down_nb(ts, tp, lk, n_tiers, k, now, buf, np.int64(n), np.int64(targets), path)
 
 
 @njit(cache=True, nogil=True, _nrt=False)
@@ -297,14 +303,15 @@ def computed_nb(ts, tp, lk, n_tiers, k, now, buf, nbuf, sightings, path):  # noq
     else:
         return
     if n > 0:
-        write_down_nb(ts, tp, lk, n_tiers, k, now, buf, n, new_targets_nb(tp, n_tiers), path)
+        targets = new_targets_nb(tp, n_tiers)
+        write_down_nb(ts, tp, lk, n_tiers, k, now, buf, np.int64(n), np.int64(targets), path)
 
 
 @njit(cache=True, nogil=True, _nrt=False)
 def hbm_evicted_nb(ts, tp, lk, n_tiers, k, now, buf, nbuf, path):  # noqa: ANN001, ANN201
     ints = tp[11]
     if (ints[I_WRITE] == WRITE_BACK or ints[I_EXCL] == 1) and nbuf > 0:
-        write_down_nb(ts, tp, lk, n_tiers, k, now, buf, nbuf, 1, path)
+        write_down_nb(ts, tp, lk, n_tiers, k, now, buf, np.int64(nbuf), np.int64(1), path)
 
 
 @njit(cache=True, nogil=True, _nrt=False)
