@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from concurrent.futures import ThreadPoolExecutor
+
 import numpy as np
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -87,3 +89,15 @@ def test_kept_scratch_arrays_give_fresh_results(first, second, p99) -> None:
     assert_same_tiers(fresh, again)
     kept = SCRATCH.take("slot_of", (cfg.n_instances * max(trace.n_blocks, 1),), np.int32)
     assert kept is not None and not kept.any()
+
+
+@settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(cases())
+def test_concurrent_replays_do_not_share_kept_arrays(case) -> None:
+    """Replays in threads (as ``optimize --jobs`` runs them) each get their own arrays."""
+    trace, cfg = case
+    expected = simulate_raw(trace, cfg, engine="numba")
+    with ThreadPoolExecutor(max_workers=4) as pool:
+        results = list(pool.map(lambda _: simulate_raw(trace, cfg, engine="numba"), range(8)))
+    for got in results:
+        assert_same_tiers(expected, got)
