@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+from concurrent.futures import ThreadPoolExecutor
+
 import numpy as np
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from optimizer.policy.model import SLO
 from optimizer.sim import compute_metrics, simulate_raw
+from optimizer.sim.engine import SCRATCH
 from tests.sim_strategies import blocked_traces, tiered_configs
 from tests.test_sim_differential import assert_same
 
@@ -68,3 +71,33 @@ def test_engines_agree_with_tiers_and_early_stop(case, p99) -> None:
     ref = simulate_raw(trace, cfg, engine="reference", slo=slo, stop_early=True)
     fast = simulate_raw(trace, cfg, engine="numba", slo=slo, stop_early=True)
     assert_same_tiers(ref, fast)
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(cases(), cases(), st.sampled_from([None, 0.001]))
+def test_kept_scratch_arrays_give_fresh_results(first, second, p99) -> None:
+    """A replay on arrays kept from earlier replays (same shape, other traces and configs, early
+    stops) gives what a replay on freshly allocated arrays gives, and leaves the kept
+    prefix-cache map all zero."""
+    trace, cfg = first
+    slo = SLO(ttft_p99_s=p99) if p99 is not None else None
+    SCRATCH.clear()
+    fresh = simulate_raw(trace, cfg, engine="numba", slo=slo, stop_early=True)
+    simulate_raw(*second, engine="numba", slo=slo, stop_early=True)
+    simulate_raw(trace, cfg, engine="numba", slo=slo, stop_early=True)
+    again = simulate_raw(trace, cfg, engine="numba", slo=slo, stop_early=True)
+    assert_same_tiers(fresh, again)
+    kept = SCRATCH.take("slot_of", (cfg.n_instances * max(trace.n_blocks, 1),), np.int32)
+    assert kept is not None and not kept.any()
+
+
+@settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(cases())
+def test_concurrent_replays_do_not_share_kept_arrays(case) -> None:
+    """Replays in threads (as ``optimize --jobs`` runs them) each get their own arrays."""
+    trace, cfg = case
+    expected = simulate_raw(trace, cfg, engine="numba")
+    with ThreadPoolExecutor(max_workers=4) as pool:
+        results = list(pool.map(lambda _: simulate_raw(trace, cfg, engine="numba"), range(8)))
+    for got in results:
+        assert_same_tiers(expected, got)

@@ -3,11 +3,15 @@
 The kernel (:func:`optimizer.sim.nb.simulate_nb`) does no bounds checks, so everything it
 indexes is checked here: the trace's own invariants come from :class:`BlockedTrace`, the rest
 (dtypes, sizes of the configuration, memory the per-instance maps need) below.
+
+The per-block state (the per-instance prefix-cache maps and the lower-tier pools' block rows)
+is kept in :data:`SCRATCH` between replays; see :class:`Scratch`.
 """
 
 from __future__ import annotations
 
 import math
+import threading
 
 import numpy as np
 
@@ -16,6 +20,7 @@ from optimizer.sim.cache.enums import BLK_LANES, L_NXT, L_PRV, L_WHERE, NIL, W_A
 from optimizer.sim.cache.state import TierState
 from optimizer.sim.config import SimConfig
 from optimizer.sim.nb import simulate_nb
+from optimizer.sim.nb_tiers import fill_rows_nb
 from optimizer.sim.result import RawResult, SloCheck, end_time
 from optimizer.sim.tiers import WRITE_SELECTIVE, TierConfig, recompute_costs
 from optimizer.trace.blocked import BlockedTrace
@@ -25,6 +30,52 @@ from optimizer.trace.blocked import BlockedTrace
 MAX_MAP_ENTRIES = 1 << 31
 MAX_SLOTS = 1 << 30
 MAX_SEQS = 1 << 20  # per-instance running-request tables are n_instances x max_seqs
+
+
+class Scratch:
+    """Large per-block arrays kept from one replay for the next replay of the same shape.
+
+    A replay over millions of distinct blocks uses about 1 GB of per-block state: the
+    per-instance prefix-cache maps (``instances x blocks`` int32) and, with lower tiers, one
+    16-byte row per block and pool. Allocated fresh, every page of it is faulted in and zeroed
+    by the operating system on each replay, which took about a third of a warm replay with
+    lower tiers; a kept array costs one pass of stores to reset (the map none: the kernel
+    clears the entries it set). One array per role is kept, of the latest shape, so at most
+    one configuration's worth of memory stays allocated. A replay that finds no fitting array
+    (the first one, another shape, or another thread holding it) allocates its own, so
+    concurrent replays never share an array.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._arrays: dict[str, np.ndarray] = {}
+
+    def take(self, role: str, shape: tuple[int, ...], dtype: type) -> np.ndarray | None:
+        """The kept array for ``role`` if it has this shape and dtype (it is then no longer
+        kept: the caller owns it until :meth:`give`), else None (and a misfit is dropped)."""
+        with self._lock:
+            arr = self._arrays.pop(role, None)
+        if arr is None or arr.shape != shape or arr.dtype != np.dtype(dtype):
+            return None
+        return arr
+
+    def give(self, role: str, arr: np.ndarray) -> None:
+        """Keep ``arr`` for the next replay that needs ``role`` in its shape."""
+        with self._lock:
+            self._arrays[role] = arr
+
+    def clear(self) -> None:
+        """Free every kept array (the next replay allocates afresh)."""
+        with self._lock:
+            self._arrays.clear()
+
+    def nbytes(self) -> int:
+        """Bytes currently kept."""
+        with self._lock:
+            return sum(a.nbytes for a in self._arrays.values())
+
+
+SCRATCH = Scratch()
 
 
 def total_blocks(trace: BlockedTrace, block_tokens: int) -> np.ndarray:
@@ -71,7 +122,13 @@ def simulate_engine(
         costs = recompute_costs(
             trace.block_offsets, trace.block_ids, n_blocks, cfg.block_tokens, *tparams[:3]
         )
-    tier_args, counters = _tier_arrays(cfg.tiers, n_blocks, cfg.n_instances, costs)
+    kept: dict[str, np.ndarray] = {}
+    tier_args, counters = _tier_arrays(cfg.tiers, n_blocks, cfg.n_instances, costs, kept)
+    map_shape = (cfg.n_instances * n_blocks,)
+    slot_of = SCRATCH.take("slot_of", map_shape, np.int32)  # all zero: see simulate_nb
+    if slot_of is None:
+        slot_of = np.zeros(map_shape, dtype=np.int32)  # calloc: pages zeroed on touch
+    kept["slot_of"] = slot_of
     load_s = np.zeros(n)
     first = np.full(n, np.nan)
     finish = np.full(n, np.nan)
@@ -104,10 +161,12 @@ def simulate_engine(
         inst,
         busy,
         stats,
-        np.zeros(cfg.n_instances * n_blocks, dtype=np.int32),  # calloc: pages zeroed on touch
+        slot_of,
         *tier_args,
         load_s,
     )
+    for role, arr in kept.items():  # only after a completed call: the map is zero again
+        SCRATCH.give(role, arr)
     early = bool(stats[1])
     return RawResult(
         first_token_s=first,
@@ -123,13 +182,19 @@ def simulate_engine(
 
 
 def _tier_arrays(
-    tiers: TierConfig | None, n_blocks: int, n_instances: int, costs: np.ndarray | None = None
+    tiers: TierConfig | None,
+    n_blocks: int,
+    n_instances: int,
+    costs: np.ndarray | None = None,
+    kept: dict[str, np.ndarray] | None = None,
 ) -> tuple[tuple, tuple]:
     """Kernel arguments for the lower tiers: (n_tiers, ts, tp, lk, sightings), and lk.
 
     Each pool is a cache-engine :class:`TierState`; their arrays are stacked on a leading pool
     axis. Per-block arrays that only LFU and GDSF read are one element wide when no pool uses
     those policies, so LRU / FIFO / S3-FIFO / Sieve tiers cost 16 bytes per block and pool.
+    The per-block arrays come from :data:`SCRATCH` when it holds them in this shape, and are
+    added to ``kept`` (role -> array) for the caller to hand back after the replay.
     """
     if tiers is None:
         i1, f1 = np.zeros(1, dtype=np.int64), np.zeros(1)
@@ -177,18 +242,31 @@ def _tier_arrays(
     P = len(specs)
     meta = np.stack([e.meta for e in empty])
     fmeta = np.stack([e.fmeta for e in empty])
-    row = np.zeros(BLK_LANES, dtype=np.int32)  # one pass over the memory, as TierState does
+    kept = {} if kept is None else kept
+
+    def filled(role: str, shape: tuple[int, ...], dtype: type, value: float) -> np.ndarray:
+        arr = SCRATCH.take(role, shape, dtype)
+        if arr is None:
+            arr = np.empty(shape, dtype=dtype)
+        arr.fill(value)
+        kept[role] = arr
+        return arr
+
+    row = np.zeros(BLK_LANES, dtype=np.int32)  # as TierState does, in one pass of stores
     row[L_PRV] = row[L_NXT] = NIL
     row[L_WHERE] = W_ABSENT
-    blk = np.empty((P, n_blocks, BLK_LANES), dtype=np.int32)
-    blk.reshape(-1, BLK_LANES)[:] = row
-    prio = np.zeros((P, width))
-    stamp = np.zeros((P, width), dtype=np.int64)
-    hpos = np.full((P, width), NIL, dtype=np.int32)
-    cost = np.ones((P, width))
+    blk = SCRATCH.take("blk", (P, n_blocks, BLK_LANES), np.int32)
+    if blk is None:
+        blk = np.empty((P, n_blocks, BLK_LANES), dtype=np.int32)
+    fill_rows_nb(blk.reshape(-1, BLK_LANES), row)
+    kept["blk"] = blk
+    prio = filled("prio", (P, width), np.float64, 0.0)
+    stamp = filled("stamp", (P, width), np.int64, 0)
+    hpos = filled("hpos", (P, width), np.int32, NIL)
+    cost = filled("cost", (P, width), np.float64, 1.0)
     if costs is not None:  # GDSF pools read them (recompute seconds per block)
         cost[:] = costs[:width]
-    heap = np.zeros((P, heap_len), dtype=np.int32)
+    heap = filled("heap", (P, heap_len), np.int32, 0)
     ts = (meta, fmeta, blk, prio, stamp, heap, hpos, cost)
     tp = (
         tiers.per_host,
@@ -215,7 +293,7 @@ def _tier_arrays(
         np.zeros(nt),
     )
     selective = tiers.write_policy == WRITE_SELECTIVE
-    sightings = np.zeros(n_blocks if selective else 1, dtype=np.int64)
+    sightings = filled("sightings", (n_blocks if selective else 1,), np.int64, 0)
     return (nt, ts, tp, lk, sightings), lk
 
 

@@ -3,8 +3,10 @@
 Everything is flat arrays indexed by request, instance or global slot (``k * capacity + s``).
 The per-instance prefix-cache map is ``slot_of[k * n_blocks + block]``, holding the slot plus
 one (0 when not cached). The wrapper allocates it with ``numpy.zeros`` (calloc: lazily zeroed
-pages, unlike an allocation inside a kernel, which numba fills eagerly), so a replay pays only
-for the pages its instances touch, not for ``instances x distinct blocks`` entries up front.
+pages, unlike an allocation inside a kernel, which numba fills eagerly), so a first replay pays
+only for the pages its instances touch, not for ``instances x distinct blocks`` entries up
+front. The kernel clears the entries it set before it returns, so the wrapper keeps the map for
+the next replay of the same shape instead of faulting in fresh zeroed pages each time.
 The free queue is a circular doubly linked list with one sentinel per instance at index
 ``n_instances * capacity + k``. The kernels do no bounds checks: :mod:`optimizer.sim.engine`
 validates every array before the call. The semantics are in the docstring of
@@ -107,7 +109,7 @@ def simulate_nb(
     inst_of: np.ndarray,  # out i8 (n,) -1-filled
     busy_time: np.ndarray,  # out f8 (n_inst,)
     stats: np.ndarray,  # out f8 (3,): n_iterations, early_stopped, end time
-    slot_of: np.ndarray,  # scratch i4 (n_inst * n_blocks,), all zero
+    slot_of: np.ndarray,  # scratch i4 (n_inst * n_blocks,), all zero; all zero on return
     n_tiers: int,  # lower tiers (0: HBM only; the tier arguments are then placeholders)
     ts: tuple,  # stacked cache-engine state of every lower-tier pool (see nb_tiers)
     tp: tuple,  # lower-tier parameters (see nb_tiers)
@@ -145,6 +147,7 @@ def simulate_nb(
     n_sched = np.zeros(n_inst, dtype=np.int64)
     busy = np.zeros(n_inst, dtype=np.bool_)
     busy_until = np.zeros(n_inst, dtype=np.float64)
+    act = np.empty(n_inst, dtype=np.int64)  # instances that act at this event, in index order
     # HBM pools
     stamp = np.full(n_slots, -1, dtype=np.int64)
     sl = np.zeros(4 * (n_slots + n_inst), dtype=np.int32)
@@ -199,10 +202,16 @@ def simulate_nb(
         now = t_arr if t_arr < t_end else t_end
         if now == np.inf:
             break
-        # ---- iteration ends, instances in index order
+        # ---- iteration ends, instances in index order. Which instances act is found first in
+        # a loop of its own (handling one changes no other instance's state), so the scan over
+        # every instance at every event does not carry the large body's per-instance pointers.
+        n_act = 0
         for k in range(n_inst):
-            if not busy[k] or busy_until[k] != now:
-                continue
+            if busy[k] and busy_until[k] == now:
+                act[n_act] = k
+                n_act += 1
+        for a in range(n_act):
+            k = act[a]
             base = k * n_blocks
             sent = n_slots + k
             m = n_sched[k]
@@ -277,7 +286,7 @@ def simulate_nb(
             n_sched[k] = 0
             busy[k] = False
             if nw > 0:  # (a call passes every tier array: skip it when there is nothing)
-                computed_nb(ts, tp, lk, n_tiers, k, now, wbuf, nw, sightings, path)
+                computed_nb(ts, tp, lk, n_tiers, k, now, wbuf, np.int64(nw), sightings, path)
         if slo_on and (
             n_rej > 0
             or sum_ttft / n > slo_thr[0]
@@ -335,10 +344,14 @@ def simulate_nb(
                 qnext[q_tail[k]] = i
             q_tail[k] = i
             q_len[k] += 1
-        # ---- idle instances with work start an iteration
+        # ---- idle instances with work start an iteration (found first, as above)
+        n_act = 0
         for k in range(n_inst):
-            if busy[k] or (run_len[k] == 0 and q_len[k] == 0):
-                continue
+            if not busy[k] and (run_len[k] > 0 or q_len[k] > 0):
+                act[n_act] = k
+                n_act += 1
+        for a in range(n_act):
+            k = act[a]
             base = k * n_blocks
             sent = n_slots + k
             budget = budget_max
@@ -428,7 +441,7 @@ def simulate_nb(
                     sl[4 * s + REF] = 1
                     slots[so + j] = s
                 if ne > 0 and n_tiers > 0:
-                    hbm_evicted_nb(ts, tp, lk, n_tiers, k, now, evbuf, ne, path)
+                    hbm_evicted_nb(ts, tp, lk, n_tiers, k, now, evbuf, np.int64(ne), path)
                 kv[i] = (h + loaded) * B
                 reg[i] = h
                 comp_from[i] = h + loaded
@@ -485,6 +498,13 @@ def simulate_nb(
             busy_time[k] += dt
             n_iter += 1
 
+    # Leave the map all zero again so the caller can reuse it for the next replay: every
+    # non-zero entry is the map entry of a slot's registered block, so clearing those entries
+    # costs one pass over the slots instead of one over instances x distinct blocks.
+    for x in range(n_slots):
+        b = sl[4 * x + BLOCK]
+        if b != -1:
+            slot_of[(x // cap) * n_blocks + b] = 0
     stats[0] = n_iter
     stats[1] = 1.0 if early else 0.0
     stats[2] = now

@@ -11,14 +11,26 @@ State is passed as three tuples of arrays so the serving kernel can hand them on
 - ``lk``: counters ``(link_free, link_busy, link_bytes, tier_hits, bytes_read, bytes_written)``.
 
 No bounds checks: :mod:`optimizer.sim.engine` builds and checks every array.
+
+Counts handed to another kernel are wrapped in ``np.int64(...)``: numba compiles a separate
+specialisation of the callee for an argument typed as a literal (a constant, or a counter
+that starts at 0), and each specialisation of :func:`write_down_nb` carries an inlined copy
+of every eviction policy, so literals there cost compile time and nothing else.
+
+The per-block helpers (pool choice, residency, touch, insert) are inlined into their callers
+(``inline="always"``). A call between two kernels passes each array of the three tuples as
+separate machine words, about 220 of them; with one such call per block copied below, the
+argument copying was most of a replay's time. Inlined, the only per-block call left is the
+cache engine's ``access_nb`` (one pool's eight arrays).
 """
 
 from __future__ import annotations
 
+import numpy as np
 from numba import njit
 
-from optimizer.sim.cache.enums import L_WHERE, W_MAIN, W_SMALL
-from optimizer.sim.cache.nb import access_nb, remove_nb
+from optimizer.sim.cache.enums import L_WHERE, M_POLICY, W_MAIN, W_SMALL
+from optimizer.sim.cache.nb import _access_nb, remove_nb
 from optimizer.sim.tiers import WRITE_BACK, WRITE_SELECTIVE, WRITE_THROUGH
 from optimizer.sim.transfer import estimate, n_ops, prefill_estimate, transfer
 
@@ -30,7 +42,7 @@ prefill_estimate_nb = njit(cache=True, nogil=True)(prefill_estimate)
 I_WRITE, I_K, I_EXCL, I_COST, I_FRAG, I_COAL = 0, 1, 2, 3, 4, 5
 
 
-@njit(cache=True, nogil=True, _nrt=False)
+@njit(cache=True, nogil=True, _nrt=False, inline="always")
 def pool_nb(tp, t, k):  # noqa: ANN001, ANN201
     """Pool of tier ``t`` reached by instance ``k``."""
     if tp[0][t]:
@@ -38,7 +50,7 @@ def pool_nb(tp, t, k):  # noqa: ANN001, ANN201
     return tp[1][t]
 
 
-@njit(cache=True, nogil=True, _nrt=False)
+@njit(cache=True, nogil=True, _nrt=False, inline="always")
 def has_nb(ts, p, b):  # noqa: ANN001, ANN201
     """Is ``b`` resident in pool ``p``? The cache engine's ``contains_nb`` rule (main or
     S3-FIFO small queue; a ghost entry is not residency), read from the block's row directly
@@ -47,21 +59,27 @@ def has_nb(ts, p, b):  # noqa: ANN001, ANN201
     return w == W_MAIN or w == W_SMALL  # noqa: SIM109
 
 
-@njit(cache=True, nogil=True, _nrt=False)
+@njit(cache=True, nogil=True, _nrt=False, inline="always")
 def touch_nb(ts, p, b):  # noqa: ANN001, ANN201
-    """Access ``b`` in pool ``p``; returns the evicted block or -1."""
-    _, victim = access_nb(
-        ts[0][p], ts[1][p], ts[2][p], ts[3][p], ts[4][p], ts[5][p], ts[6][p], ts[7][p], b
-    )
+    """Access ``b`` in pool ``p``; returns the evicted block or -1.
+
+    The cache engine's access is inlined here, dispatching on the pool's policy, rather than
+    called: a call passes the pool's eight arrays as about sixty machine words, once per block
+    copied below."""
+    meta = ts[0][p]
+    _, victim = _access_nb(
+        meta[M_POLICY], meta, ts[1][p], ts[2][p], ts[3][p], ts[4][p], ts[5][p], ts[6][p],
+        ts[7][p], b,
+    )  # fmt: skip
     return victim
 
 
-@njit(cache=True, nogil=True, _nrt=False)
+@njit(cache=True, nogil=True, _nrt=False, inline="always")
 def drop_nb(ts, p, b):  # noqa: ANN001, ANN201
     remove_nb(ts[0][p], ts[1][p], ts[2][p], ts[3][p], ts[4][p], ts[5][p], ts[6][p], ts[7][p], b)
 
 
-@njit(cache=True, nogil=True, _nrt=False)
+@njit(cache=True, nogil=True, _nrt=False, inline="always")
 def gpu_path_nb(tp, k, t, path):  # noqa: ANN001, ANN201
     path[0] = k
     path[1] = tp[9][t, tp[2][k]]
@@ -69,7 +87,7 @@ def gpu_path_nb(tp, k, t, path):  # noqa: ANN001, ANN201
     path[3] = -1
 
 
-@njit(cache=True, nogil=True, _nrt=False)
+@njit(cache=True, nogil=True, _nrt=False, inline="always")
 def tier_path_nb(tp, k, a, b, path):  # noqa: ANN001, ANN201
     h = tp[2][k]
     path[0] = tp[9][a, h]
@@ -182,7 +200,7 @@ def load_nb(ts, tp, lk, n_tiers, k, now, block_ids, bo, start, src, c, counts, p
     return ready
 
 
-@njit(cache=True, nogil=True, _nrt=False)
+@njit(cache=True, nogil=True, _nrt=False, inline="always")
 def insert_nb(ts, tp, lk, n_tiers, k, now, t, b, path):  # noqa: ANN001, ANN201
     """Admit ``b`` into tier ``t``; victims cascade down under write-back or exclusive."""
     ints = tp[11]
@@ -248,7 +266,7 @@ def write_down_nb(ts, tp, lk, n_tiers, k, now, buf, nbuf, n_targets, path):  # n
             lk[5][t] += nbytes
 
 
-@njit(cache=True, nogil=True, _nrt=False)
+@njit(cache=True, nogil=True, _nrt=False, inline="always")
 def new_targets_nb(tp, n_tiers):  # noqa: ANN001, ANN201
     return 1 if tp[11][I_EXCL] == 1 else n_tiers
 
@@ -265,7 +283,8 @@ def sighted_nb(ts, tp, lk, n_tiers, k, now, block_ids, bo, nb, hbm_hits, sightin
             buf[n] = b
             n += 1
     if ints[I_WRITE] == WRITE_SELECTIVE and n > 0:
-        write_down_nb(ts, tp, lk, n_tiers, k, now, buf, n, new_targets_nb(tp, n_tiers), path)
+        targets = new_targets_nb(tp, n_tiers)
+        write_down_nb(ts, tp, lk, n_tiers, k, now, buf, np.int64(n), np.int64(targets), path)
 
 
 @njit(cache=True, nogil=True, _nrt=False)
@@ -284,11 +303,27 @@ def computed_nb(ts, tp, lk, n_tiers, k, now, buf, nbuf, sightings, path):  # noq
     else:
         return
     if n > 0:
-        write_down_nb(ts, tp, lk, n_tiers, k, now, buf, n, new_targets_nb(tp, n_tiers), path)
+        targets = new_targets_nb(tp, n_tiers)
+        write_down_nb(ts, tp, lk, n_tiers, k, now, buf, np.int64(n), np.int64(targets), path)
 
 
 @njit(cache=True, nogil=True, _nrt=False)
 def hbm_evicted_nb(ts, tp, lk, n_tiers, k, now, buf, nbuf, path):  # noqa: ANN001, ANN201
     ints = tp[11]
     if (ints[I_WRITE] == WRITE_BACK or ints[I_EXCL] == 1) and nbuf > 0:
-        write_down_nb(ts, tp, lk, n_tiers, k, now, buf, nbuf, 1, path)
+        write_down_nb(ts, tp, lk, n_tiers, k, now, buf, np.int64(nbuf), np.int64(1), path)
+
+
+@njit(cache=True, nogil=True, _nrt=False)
+def fill_rows_nb(rows: np.ndarray, row: np.ndarray) -> None:
+    """Set every row of ``rows`` (n, 4) to ``row``: the empty block row of every pool.
+
+    One pass of four stores per row; numpy's broadcast assignment of a 4-lane row runs about
+    four times slower, which matters at hundreds of MB per replay.
+    """
+    a, b, c, d = row[0], row[1], row[2], row[3]
+    for x in range(rows.shape[0]):
+        rows[x, 0] = a
+        rows[x, 1] = b
+        rows[x, 2] = c
+        rows[x, 3] = d
