@@ -926,12 +926,25 @@ def compare_cmd(
     type=click.Path(dir_okay=False),
     help="Write a PNG of every trial's cost against TTFT p99.",
 )
+@click.option(
+    "--html",
+    "html_path",
+    default=None,
+    type=click.Path(dir_okay=False),
+    help="Write the report as one self-contained HTML page (plot embedded).",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print the report as one JSON object.")
 def report_cmd(
-    study_name: str, storage: str | None, top: int, plot_path: str | None, as_json: bool
+    study_name: str,
+    storage: str | None,
+    top: int,
+    plot_path: str | None,
+    html_path: str | None,
+    as_json: bool,
 ) -> None:
     """What a study has found so far: best policy, next best, Pareto front, what mattered."""
     from optimizer.report.study import (
+        html_study_report,
         load_existing_study,
         plot_study,
         print_study_report,
@@ -941,12 +954,15 @@ def report_cmd(
     rep = study_report(load_existing_study(study_name, storage), top=top)
     if plot_path is not None:
         plot_study(rep, plot_path)
+    if html_path is not None:
+        html_study_report(rep, html_path)
     if as_json:
         click.echo(json.dumps(rep, indent=2))
     else:
         print_study_report(rep, Console())
-        if plot_path is not None:
-            click.echo(f"wrote {plot_path}")
+        for written in (plot_path, html_path):
+            if written is not None:
+                click.echo(f"wrote {written}")
 
 
 @main.command("batch")

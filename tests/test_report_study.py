@@ -103,3 +103,33 @@ def test_missing_study_is_a_one_line_error_and_creates_nothing(tmp_path, monkeyp
     db = tmp_path / "other.db"
     run_optimize_db = invoke("report", "--study", "nope", "--storage", f"sqlite:///{db}")
     assert_one_line_error(run_optimize_db, "no study 'nope'")
+
+
+def test_html_page_carries_the_tables_and_the_plot(study_dir, tmp_path) -> None:
+    from html.parser import HTMLParser
+
+    run_optimize(study_dir, "paged", "ttft_p99=2", trials=4)
+    rep = json.loads(report(study_dir, "paged", "--json").stdout)
+    page = tmp_path / "study.html"
+    r = report(study_dir, "paged", "--html", str(page))
+    assert r.code == 0, r.stderr
+    text = page.read_text()
+
+    class Cells(HTMLParser):
+        def __init__(self) -> None:
+            super().__init__()
+            self.cells: list[str] = []
+            self.tags: list[str] = []
+
+        def handle_starttag(self, tag: str, attrs) -> None:  # noqa: ANN001
+            self.tags.append(tag)
+
+        def handle_data(self, data: str) -> None:
+            self.cells.append(data)
+
+    parsed = Cells()
+    parsed.feed(text)
+    assert "img" in parsed.tags and "data:image/png;base64," in text
+    best = rep["best"]
+    assert f"Parameters of the best trial ({best['number']})" in parsed.cells
+    assert f"{best['metrics']['cost_per_mtok']:.4f}" in parsed.cells

@@ -9,8 +9,11 @@ optionally a PNG of every trial's cost against TTFT P99.
 
 from __future__ import annotations
 
+import base64
+import html
 import math
 import os
+import tempfile
 import warnings
 from collections import Counter
 from dataclasses import asdict
@@ -232,3 +235,126 @@ def plot_study(rep: dict[str, Any], path: str | os.PathLike[str]) -> None:
     fig.tight_layout()
     atomic_write(path, lambda tmp: fig.savefig(tmp, format="png"))
     plt.close(fig)
+
+
+def _html_table(headers: list[str], rows: list[list[Any]]) -> str:
+    head = "".join(f"<th>{html.escape(str(h))}</th>" for h in headers)
+    body = "".join(
+        "<tr>" + "".join(f"<td>{html.escape(str(c))}</td>" for c in row) + "</tr>" for row in rows
+    )
+    return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
+
+
+def html_study_report(rep: dict[str, Any], path: str | os.PathLike[str]) -> None:
+    """One self-contained HTML page of the report (the plot embedded), written atomically.
+
+    For sharing a study's result with people who will not run kvtier; without matplotlib the
+    page has the tables and says the plot is missing.
+    """
+    setup = rep["setup"]
+    parts = [
+        f"<h1>kvtier study {html.escape(rep['study'])}</h1>",
+        "<p>"
+        + html.escape(
+            ", ".join(f"{n} {state}" for state, n in sorted(rep["trials"].items()))
+            + f"; {rep['feasible']} meet the SLO"
+        )
+        + "</p>",
+    ]
+    if setup:
+        slo = ", ".join(f"{k[:-2]} &lt;= {v:g} s" for k, v in setup.get("slo", {}).items())
+        parts.append(
+            "<p>"
+            + html.escape(
+                f"trace {setup.get('trace')}, hardware {setup.get('hardware')}, "
+                f"model {setup.get('model')}, load {setup.get('load')}, SLO: "
+            )
+            + (slo or "none")
+            + "</p>"
+        )
+    if rep["top"]:
+        parts.append("<h2>Cheapest trials that meet the SLO</h2>")
+        parts.append(
+            _html_table(
+                [
+                    "trial",
+                    "$ per 1M tokens",
+                    "TTFT p99 (s)",
+                    "TPOT p99 (ms)",
+                    "instances",
+                    "B",
+                    "tiers",
+                ],
+                [
+                    [
+                        s["number"],
+                        _num(s["metrics"]["cost_per_mtok"], "{:.4f}"),
+                        _num(s["metrics"]["ttft_p99_s"], "{:.3f}"),
+                        _num(s["metrics"]["tpot_p99_s"] * 1e3, "{:.1f}"),
+                        s["metrics"].get("instances", "-"),
+                        s["policy"].get("block_tokens", "-"),
+                        _tiers_text(s["policy"]),
+                    ]
+                    for s in rep["top"]
+                ],
+            )
+        )
+        best = rep["best"]
+        parts.append(f"<h2>Parameters of the best trial ({best['number']})</h2>")
+        parts.append(
+            _html_table(
+                ["parameter", "value"],
+                [[k, _param_text(v)] for k, v in sorted(best["params"].items())],
+            )
+        )
+    elif rep["closest"] is not None:
+        near = rep["closest"]
+        misses = ", ".join(f"{k} by {v:.3g}" for k, v in near["violations"].items() if v > 0)
+        parts.append(
+            f"<p><b>No trial meets the SLO.</b> Closest: trial {near['number']}, "
+            f"which misses {html.escape(misses)}.</p>"
+        )
+    if rep["pareto_front"]:
+        parts.append("<h2>Pareto front (cost against TTFT p99)</h2>")
+        parts.append(
+            _html_table(
+                ["trial", "$ per 1M tokens", "TTFT p99 (s)"],
+                [
+                    [
+                        s["number"],
+                        _num(s["metrics"]["cost_per_mtok"], "{:.4f}"),
+                        _num(s["metrics"]["ttft_p99_s"], "{:.3f}"),
+                    ]
+                    for s in rep["pareto_front"]
+                ],
+            )
+        )
+    imp = rep["importance"]
+    parts.append("<h2>What set the cheapest trials apart (PED-ANOVA)</h2>")
+    if isinstance(imp, dict) and imp:
+        parts.append(
+            _html_table(["parameter", "importance"], [[k, f"{v:.1%}"] for k, v in imp.items()])
+        )
+    else:
+        parts.append(f"<p>{html.escape(str(imp))}</p>")
+    try:
+        with tempfile.TemporaryDirectory() as tmp:
+            png = Path(tmp) / "trials.png"
+            plot_study(rep, png)
+            data = base64.b64encode(png.read_bytes()).decode("ascii")
+        parts.append("<h2>Every trial</h2>")
+        parts.append(f'<img alt="cost against TTFT p99" src="data:image/png;base64,{data}">')
+    except InputError as err:
+        parts.append(f"<p>(no plot: {html.escape(err.message)})</p>")
+    style = (
+        "body{font-family:system-ui,sans-serif;max-width:60em;margin:2em auto;padding:0 1em}"
+        "table{border-collapse:collapse;margin:.5em 0}"
+        "td,th{border:1px solid #ccc;padding:.2em .6em;text-align:right}"
+        "th{background:#f4f4f4}img{max-width:100%}"
+    )
+    page = (
+        '<!DOCTYPE html><html lang="en"><head><meta charset="utf-8">'
+        f"<title>kvtier study {html.escape(rep['study'])}</title><style>{style}</style>"
+        f"</head><body>{''.join(parts)}</body></html>\n"
+    )
+    atomic_write(path, lambda tmp: Path(tmp).write_text(page, encoding="utf-8"))
