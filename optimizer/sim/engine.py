@@ -29,6 +29,7 @@ from optimizer.trace.blocked import BlockedTrace
 # refuse sizes whose touched pages could exhaust memory. Slot counts stay far inside int32.
 MAX_MAP_ENTRIES = 1 << 31
 MAX_SLOTS = 1 << 30
+MAX_CAP = (1 << 30) - 16  # a free ring of 2 x capacity + 16 entries is indexed by int32
 MAX_SEQS = 1 << 20  # per-instance running-request tables are n_instances x max_seqs
 
 
@@ -105,7 +106,7 @@ def simulate_engine(
             f"{cfg.n_instances} instances x {n_blocks:,} distinct blocks is too large a cache "
             "map; use a larger block size or fewer instances"
         )
-    if cfg.n_instances * (cfg.capacity_blocks + 1) > MAX_SLOTS:
+    if cfg.n_instances * (cfg.capacity_blocks + 1) > MAX_SLOTS or cfg.capacity_blocks > MAX_CAP:
         raise InputError(
             f"{cfg.n_instances} instances x {cfg.capacity_blocks:,} HBM blocks is too many "
             "slots; use a larger block size"

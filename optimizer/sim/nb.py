@@ -7,12 +7,21 @@ pages, unlike an allocation inside a kernel, which numba fills eagerly), so a fi
 only for the pages its instances touch, not for ``instances x distinct blocks`` entries up
 front. The kernel clears the entries it set before it returns, so the wrapper keeps the map for
 the next replay of the same shape instead of faulting in fresh zeroed pages each time.
-The free queue is a circular doubly linked list with one sentinel per instance at index
-``n_instances * capacity + k``. The kernels do no bounds checks: :mod:`optimizer.sim.engine`
-validates every array before the call. The semantics are in the docstring of
-:mod:`optimizer.sim.reference`. Lower tiers are kernels in :mod:`optimizer.sim.nb_tiers`,
-called at the same hooks as the reference's ``LowerTiers`` and only when there is work for
-them (each call hands over every tier array, which numba reference-counts).
+The free queue of instance ``k`` is a ring of slot ids, ``ring[k * R:(k + 1) * R]`` with
+``R = 2 * capacity + 16``, read from its head: a freed slot is written at the tail (or just
+before the head), and a free slot that a request pins is not moved but marked (its record's
+``POS`` no longer names its ring entry), so the entry is skipped when the head reaches it; a
+full ring is compacted. Allocation thus reads slot ids in sequence and can prefetch the
+records (and evicted blocks' map entries) of the slots it will take next, instead of walking
+a linked list in which each record names the next one (a dependent miss per slot). The
+order of the queue is the same as that of the reference's OrderedDict. The kernels do no
+bounds checks: :mod:`optimizer.sim.engine` validates every array before the call. The
+semantics are in the docstring of :mod:`optimizer.sim.reference`. Lower tiers are kernels in
+:mod:`optimizer.sim.nb_tiers`, called at the same hooks as the reference's ``LowerTiers`` and
+only when there is work for them (each call hands over every tier array, which numba
+reference-counts; for the same reason the ring's push code is written out in the kernel
+rather than in helpers taking the ring arrays, whose reference counting cost more than the
+pushes themselves).
 """
 
 from __future__ import annotations
@@ -20,6 +29,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
+from optimizer.sim.cache.prefetch import prefetch
 from optimizer.sim.nb_tiers import (
     choose_nb,
     computed_nb,
@@ -35,34 +45,45 @@ iteration_time_nb = njit(cache=True, nogil=True)(iteration_time)
 
 ROUND_ROBIN, LEAST_LOADED, PREFIX_AFFINITY = 0, 1, 2
 # Fields of a slot record in ``sl`` (int32, 4 per slot, one cache line holds 4 slots): every
-# pool operation on a slot touches one record instead of four arrays.
-PREV, NEXT, REF, BLOCK = 0, 1, 2, 3
+# pool operation on a slot touches one record instead of several arrays. POS is the slot's
+# index in its instance's free ring while it is free (-1 while pinned); field 1 is unused.
+POS, REF, BLOCK = 0, 2, 3
+# Entries between prefetching a slot record (ring or request order) and using it, and half
+# that for the map entry of the block cached in a slot about to be taken: far enough for a
+# miss to arrive meanwhile. The ring (2 * capacity + 16 entries) is longer than AHEAD, which
+# the allocation loop's wrap of ``r + AHEAD`` relies on.
+AHEAD = 16
 
 
 @njit(cache=True, nogil=True)
-def _remove_nb(sl: np.ndarray, x: int) -> None:
-    p = sl[4 * x + PREV]
-    q = sl[4 * x + NEXT]
-    sl[4 * p + NEXT] = q
-    sl[4 * q + PREV] = p
+def _compact_nb(
+    sl: np.ndarray, ring: np.ndarray, rh: np.ndarray, rn: np.ndarray, k: int, R: int
+) -> None:
+    """Drop the stale entries of instance ``k``'s full free ring, keeping the order.
 
-
-@njit(cache=True, nogil=True)
-def _push_tail_nb(sl: np.ndarray, sent: int, x: int) -> None:
-    p = sl[4 * sent + PREV]
-    sl[4 * p + NEXT] = x
-    sl[4 * x + PREV] = p
-    sl[4 * x + NEXT] = sent
-    sl[4 * sent + PREV] = x
-
-
-@njit(cache=True, nogil=True)
-def _push_head_nb(sl: np.ndarray, sent: int, x: int) -> None:
-    h = sl[4 * sent + NEXT]
-    sl[4 * h + PREV] = x
-    sl[4 * x + NEXT] = h
-    sl[4 * x + PREV] = sent
-    sl[4 * sent + NEXT] = x
+    At most ``capacity`` entries are live (one per free slot) and the ring has room for
+    ``2 * capacity + 16``, so a compaction frees more than half the ring: its cost is
+    amortised over at least as many pushes. It is rare (stale entries come only from pinning
+    free slots that hold a cached block), so it is a call of its own, off the hot loops.
+    """
+    o = k * R
+    e = ring.shape[0] - R  # scratch area after the last instance's ring
+    h = rh[k]
+    m = 0
+    for t in range(rn[k]):
+        r = h + t
+        if r >= R:
+            r -= R
+        s = ring[o + r]
+        if sl[4 * s + POS] == r:
+            ring[e + m] = s
+            m += 1
+    for t in range(m):
+        s = ring[e + t]
+        ring[o + t] = s
+        sl[4 * s + POS] = t
+    rh[k] = 0
+    rn[k] = m
 
 
 @njit(cache=True, nogil=True)
@@ -150,9 +171,17 @@ def simulate_nb(
     act = np.empty(n_inst, dtype=np.int64)  # instances that act at this event, in index order
     # HBM pools
     stamp = np.full(n_slots, -1, dtype=np.int64)
-    sl = np.zeros(4 * (n_slots + n_inst), dtype=np.int32)
+    sl = np.zeros(4 * n_slots, dtype=np.int32)
+    # free rings: instance k's at ring[k * R:(k + 1) * R], head index rh[k], rn[k] entries
+    # (live and stale) from the head on; a compaction scratch area after the last one
+    R = 2 * cap + 16
+    ring = np.zeros((n_inst + 1) * R, dtype=np.int32)
+    rh = np.zeros(n_inst, dtype=np.int64)
+    rn = np.full(n_inst, cap, dtype=np.int64)
     for x in range(n_slots):
+        sl[4 * x + POS] = x % cap
         sl[4 * x + BLOCK] = -1
+        ring[(x // cap) * R + x % cap] = x
     free_len = np.full(n_inst, cap, dtype=np.int64)
     max_nb = 0
     for i in range(n):
@@ -171,12 +200,6 @@ def simulate_nb(
     comp[0] = tparams[0]
     comp[1] = tparams[1]
     comp[2] = tparams[2]
-    for k in range(n_inst):
-        sent = n_slots + k
-        sl[4 * sent + PREV] = sent
-        sl[4 * sent + NEXT] = sent
-        for s in range(cap):
-            _push_tail_nb(sl, sent, k * cap + s)
     # SLO tracking
     sum_ttft = 0.0
     over0 = 0
@@ -213,7 +236,6 @@ def simulate_nb(
         for a in range(n_act):
             k = act[a]
             base = k * n_blocks
-            sent = n_slots + k
             m = n_sched[k]
             n_done = 0
             nw = 0
@@ -267,14 +289,26 @@ def simulate_nb(
                             over2 += 1
                     # release slots tail-first
                     for j in range(slot_off[i + 1] - 1, slot_off[i] - 1, -1):
+                        if j - AHEAD >= slot_off[i]:
+                            prefetch(sl, 4 * slots[j - AHEAD])
                         s = slots[j]
                         sl[4 * s + REF] -= 1
                         if sl[4 * s + REF] == 0:
                             free_len[k] += 1
-                            if sl[4 * s + BLOCK] == -1:
-                                _push_head_nb(sl, sent, s)
-                            else:
-                                _push_tail_nb(sl, sent, s)
+                            if rn[k] == R:
+                                _compact_nb(sl, ring, rh, rn, k, R)
+                            if sl[4 * s + BLOCK] == -1:  # anonymous: to the head
+                                r = rh[k] - 1
+                                if r < 0:
+                                    r += R
+                                rh[k] = r
+                            else:  # to the tail
+                                r = rh[k] + rn[k]
+                                if r >= R:
+                                    r -= R
+                            ring[k * R + r] = s
+                            sl[4 * s + POS] = r
+                            rn[k] += 1
                     run[k, pos] = -1
             if n_done:
                 w = 0
@@ -328,6 +362,9 @@ def simulate_nb(
                 k = -1
                 best_hits = -1
                 best_load = 0
+                if hcap > 0:  # each instance's first look-up misses: let the misses overlap
+                    for kk in range(n_inst):
+                        prefetch(slot_of, kk * n_blocks + block_ids[boff[i]])
                 for kk in range(n_inst):
                     ld = q_len[kk] + run_len[kk]
                     if ld > limit:
@@ -353,9 +390,12 @@ def simulate_nb(
         for a in range(n_act):
             k = act[a]
             base = k * n_blocks
-            sent = n_slots + k
             budget = budget_max
             m = 0
+            # the iteration's sums (tokens, attention, KV read) as requests are scheduled
+            tokens = 0
+            attn = 0
+            kv_read = 0
             for pos in range(run_len[k]):
                 if budget == 0:
                     break
@@ -372,6 +412,9 @@ def simulate_nb(
                 sched_q[k, m] = q
                 budget -= q
                 m += 1
+                tokens += q
+                attn += q * (2 * kv[i] + q)
+                kv_read += kv[i] + q
             while budget > 0 and q_len[k] > 0 and run_len[k] < max_seqs:
                 i = q_head[k]
                 nb = boff[i + 1] - boff[i]
@@ -424,13 +467,36 @@ def simulate_nb(
                 for j in range(h):
                     s = found[j]
                     if sl[4 * s + REF] == 0:
-                        _remove_nb(sl, s)
+                        sl[4 * s + POS] = -1  # its ring entry is now stale
                         free_len[k] -= 1
                     sl[4 * s + REF] += 1
                     slots[so + j] = s
+                # take slots from the ring's head, skipping stale entries; the records (and
+                # the map entries of their blocks) of later entries are prefetched
+                o = k * R
+                r = rh[k]
+                left = rn[k]
                 for j in range(h, total_blocks[i]):
-                    s = sl[4 * sent + NEXT]
-                    _remove_nb(sl, s)
+                    while True:
+                        t = r + AHEAD
+                        if t >= R:
+                            t -= R
+                        prefetch(sl, 4 * ring[o + t])
+                        t = r + AHEAD // 2
+                        if t >= R:
+                            t -= R
+                        bt = sl[4 * ring[o + t] + BLOCK]
+                        if bt != -1:
+                            prefetch(slot_of, base + bt)
+                        s = ring[o + r]
+                        live = sl[4 * s + POS] == r
+                        r += 1
+                        if r == R:
+                            r = 0
+                        left -= 1
+                        if live:
+                            break
+                    sl[4 * s + POS] = -1
                     free_len[k] -= 1
                     old = sl[4 * s + BLOCK]
                     if old != -1:
@@ -440,6 +506,8 @@ def simulate_nb(
                         ne += 1
                     sl[4 * s + REF] = 1
                     slots[so + j] = s
+                rh[k] = r
+                rn[k] = left
                 if ne > 0 and n_tiers > 0:
                     hbm_evicted_nb(ts, tp, lk, n_tiers, k, now, evbuf, np.int64(ne), path)
                 kv[i] = (h + loaded) * B
@@ -462,6 +530,9 @@ def simulate_nb(
                 sched_q[k, m] = q
                 budget -= q
                 m += 1
+                tokens += q
+                attn += q * (2 * kv[i] + q)
+                kv_read += kv[i] + q
             if m == 0:
                 # every running request is loading: idle until the first one is ready
                 w = np.inf
@@ -471,15 +542,6 @@ def simulate_nb(
                 wake[k] = w
                 continue
             wake[k] = np.inf
-            tokens = 0
-            attn = 0
-            kv_read = 0
-            for idx in range(m):
-                i = run[k, sched_pos[k, idx]]
-                q = sched_q[k, idx]
-                tokens += q
-                attn += q * (2 * kv[i] + q)
-                kv_read += kv[i] + q
             dt = iteration_time_nb(
                 tokens,
                 attn,
