@@ -19,7 +19,7 @@ from optimizer.errors import InputError
 from optimizer.sim.cache.enums import BLK_LANES, L_NXT, L_PRV, L_WHERE, NIL, W_ABSENT
 from optimizer.sim.cache.state import TierState
 from optimizer.sim.config import SimConfig
-from optimizer.sim.nb import simulate_nb
+from optimizer.sim.nb import AHEAD, simulate_nb
 from optimizer.sim.nb_tiers import fill_rows_nb
 from optimizer.sim.result import RawResult, SloCheck, end_time
 from optimizer.sim.tiers import WRITE_SELECTIVE, TierConfig, recompute_costs
@@ -30,7 +30,17 @@ from optimizer.trace.blocked import BlockedTrace
 MAX_MAP_ENTRIES = 1 << 31
 MAX_SLOTS = 1 << 30
 MAX_CAP = (1 << 30) - 16  # a free ring of 2 x capacity + 16 entries is indexed by int32
-MAX_SEQS = 1 << 20  # per-instance running-request tables are n_instances x max_seqs
+MAX_SEQS = 1 << 20
+
+
+def free_ring_length(capacity: int) -> int:
+    """Entries of an instance's free ring in the kernel (:mod:`optimizer.sim.nb`).
+
+    Twice the capacity plus the prefetch distance, so a compaction (dropping entries of free
+    slots that hits have pinned) frees more than half the ring and stays rare. Any length
+    above ``max(capacity, AHEAD)`` is correct; the tests shorten it to force compactions.
+    """
+    return 2 * capacity + 16  # per-instance running-request tables are n_instances x max_seqs
 
 
 class Scratch:
@@ -111,6 +121,9 @@ def simulate_engine(
             f"{cfg.n_instances} instances x {cfg.capacity_blocks:,} HBM blocks is too many "
             "slots; use a larger block size"
         )
+    ring_len = free_ring_length(cfg.capacity_blocks)
+    if not (max(cfg.capacity_blocks, AHEAD) < ring_len < 1 << 31):
+        raise ValueError(f"free ring of {ring_len} entries for {cfg.capacity_blocks} slots")
     tparams = cfg.timing_params()
     if not np.all(np.isfinite(tparams)) or tparams[2] <= 0 or tparams[5] <= 0:
         raise ValueError("iteration-time parameters must be finite with positive rates")
@@ -147,6 +160,7 @@ def simulate_engine(
         n_blocks,
         cfg.n_instances,
         cfg.capacity_blocks,
+        ring_len,
         cfg.block_tokens,
         cfg.token_budget,
         cfg.max_seqs,

@@ -8,7 +8,8 @@ only for the pages its instances touch, not for ``instances x distinct blocks`` 
 front. The kernel clears the entries it set before it returns, so the wrapper keeps the map for
 the next replay of the same shape instead of faulting in fresh zeroed pages each time.
 The free queue of instance ``k`` is a ring of slot ids, ``ring[k * R:(k + 1) * R]`` with
-``R = 2 * capacity + 16``, read from its head: a freed slot is written at the tail (or just
+``R = 2 * capacity + 16`` entries (any ``R > max(capacity, AHEAD)`` is correct; a short
+ring only compacts more often), read from its head: a freed slot is written at the tail (or just
 before the head), and a free slot that a request pins is not moved but marked (its record's
 ``POS`` no longer names its ring entry), so the entry is skipped when the head reaches it; a
 full ring is compacted. Allocation thus reads slot ids in sequence and can prefetch the
@@ -115,6 +116,7 @@ def simulate_nb(
     n_blocks: int,  # distinct block ids
     n_inst: int,
     cap: int,  # HBM slots per instance
+    R: int,  # entries of each instance's free ring (engine.free_ring_length: 2 * cap + 16)
     B: int,
     budget_max: int,
     max_seqs: int,
@@ -174,7 +176,6 @@ def simulate_nb(
     sl = np.zeros(4 * n_slots, dtype=np.int32)
     # free rings: instance k's at ring[k * R:(k + 1) * R], head index rh[k], rn[k] entries
     # (live and stale) from the head on; a compaction scratch area after the last one
-    R = 2 * cap + 16
     ring = np.zeros((n_inst + 1) * R, dtype=np.int32)
     rh = np.zeros(n_inst, dtype=np.int64)
     rn = np.full(n_inst, cap, dtype=np.int64)
