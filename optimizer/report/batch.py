@@ -8,7 +8,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from optimizer.report.optimize import _fmt, _misses, result_json
+from optimizer.report.optimize import _misses, fmt_cell, result_json
 
 
 def _cheapest_feasible_preset(result: Any) -> tuple[str, float] | None:
@@ -44,9 +44,9 @@ def print_batch(items: list[Any], console: Console) -> None:
         cells = [
             item.trace,
             str(r.n_trials),
-            _fmt("{:.4f}", m.get("cost_per_mtok")),
-            _fmt("{:.3f}", m.get("ttft_p99_s")),
-            _fmt("{:.4f}", m.get("tpot_p99_s")),
+            fmt_cell("{:.4f}", m.get("cost_per_mtok")),
+            fmt_cell("{:.3f}", m.get("ttft_p99_s")),
+            fmt_cell("{:.4f}", m.get("tpot_p99_s")),
             preset_text,
             str(r.policy_path),
         ]

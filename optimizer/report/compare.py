@@ -8,7 +8,6 @@ given for all, so cost per token compares whole systems.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -19,6 +18,7 @@ from rich.table import Table
 from optimizer.errors import InputError
 from optimizer.hardware import load_hardware, load_model
 from optimizer.policy.model import SLO, Policy, load_policy
+from optimizer.report.optimize import fmt_cell
 from optimizer.sim.metrics import Metrics
 from optimizer.sim.replay import DEFAULT_HARDWARE, DEFAULT_MODEL, scale_arrivals
 
@@ -104,12 +104,6 @@ def compare_policies(
     return rows
 
 
-def _fmt(fmt: str, value: float | None) -> str:
-    if value is None or (isinstance(value, float) and math.isnan(value)):
-        return "-"
-    return fmt.format(value)
-
-
 def print_comparison(trace_path: str, rows: list[Compared], console: Console) -> None:
     table = Table(title=f"{trace_path}: policies side by side (times in s)", title_justify="left")
     table.add_column("policy", style="bold", no_wrap=True)
@@ -120,10 +114,10 @@ def print_comparison(trace_path: str, rows: list[Compared], console: Console) ->
         table.add_column("SLO")
     for r in rows:
         if r.metrics is None:
-            cells = [_fmt(COLUMNS[0][2], r.value("block_tokens"))]
+            cells = [fmt_cell(COLUMNS[0][2], r.value("block_tokens"))]
             table.add_row(f"{r.label} *", *cells, *["-"] * (len(COLUMNS) - 1 + with_slo))
             continue
-        cells = [_fmt(fmt, r.value(key)) for _, key, fmt in COLUMNS]
+        cells = [fmt_cell(fmt, r.value(key)) for _, key, fmt in COLUMNS]
         if with_slo:
             cells.append("met" if r.metrics.slo_met else f"{r.metrics.slo_attainment:.0%}")
         table.add_row(r.label, *cells)

@@ -23,8 +23,9 @@ ROWS = (
 )
 
 
-def _fmt(fmt: str, value: Any) -> str:
-    if value is None or (isinstance(value, float) and math.isnan(value)):
+def fmt_cell(fmt: str, value: Any) -> str:
+    """A table cell: ``value`` formatted, or ``-`` when there is none (None, NaN, infinite)."""
+    if value is None or (isinstance(value, float) and not math.isfinite(value)):
         return "-"
     return fmt.format(value)
 
@@ -72,7 +73,7 @@ def print_result(result: Any, console: Console) -> None:
     table.add_column("meets SLO")
     table.add_row(
         f"best (trial {best.number})",
-        *(_fmt(fmt, best.metrics.get(key)) for _, key, fmt in ROWS),
+        *(fmt_cell(fmt, best.metrics.get(key)) for _, key, fmt in ROWS),
         "yes",
     )
     for b in result.baselines:
@@ -82,7 +83,7 @@ def print_result(result: Any, console: Console) -> None:
         m = b.evaluation.metrics
         verdict = "yes" if b.evaluation.feasible else "no: " + _misses(b.evaluation.violations)
         table.add_row(
-            b.name, *(_fmt(fmt, getattr(m, key)) for _, key, fmt in ROWS), escape(verdict)
+            b.name, *(fmt_cell(fmt, getattr(m, key)) for _, key, fmt in ROWS), escape(verdict)
         )
     console.print(table)
     params = Table(title="chosen parameters", title_justify="left", show_header=False)

@@ -16,7 +16,7 @@ import os
 import tempfile
 import warnings
 from collections import Counter
-from dataclasses import asdict
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +28,7 @@ from rich.table import Table
 
 from optimizer.errors import InputError
 from optimizer.plotting import pyplot
+from optimizer.report.optimize import fmt_cell
 from optimizer.search.study import TrialSummary, best_feasible, closest, pareto_front, summaries
 from optimizer.trace.io import atomic_write
 
@@ -108,12 +109,6 @@ def study_report(study: Any, *, top: int = 10) -> dict[str, Any]:
     }
 
 
-def _num(value: Any, fmt: str) -> str:
-    if value is None or (isinstance(value, float) and not math.isfinite(value)):
-        return "-"
-    return fmt.format(value)
-
-
 def _param_text(value: Any) -> str:
     return f"{value:.4g}" if isinstance(value, float) else str(value)
 
@@ -132,74 +127,109 @@ def _tiers_text(policy: dict[str, Any]) -> str:
     return " + ".join(parts)
 
 
-def print_study_report(rep: dict[str, Any], console: Console) -> None:
-    setup = rep["setup"]
+@dataclass
+class Section:
+    """One table of the report, or a line of text when ``headers`` is empty."""
+
+    title: str
+    headers: list[str] = field(default_factory=list)
+    rows: list[list[str]] = field(default_factory=list)
+    left: tuple[int, ...] = (0,)  # columns aligned left; the others are numbers
+    alert: bool = False
+
+
+def report_sections(rep: dict[str, Any]) -> list[Section]:
+    """The report as text lines and tables, in order: what the terminal and HTML both show."""
     counts = ", ".join(f"{n} {state}" for state, n in sorted(rep["trials"].items()))
-    console.print(f"study [bold]{rep['study']}[/]: {counts}; {rep['feasible']} meet the SLO")
+    out = [Section(f"study {rep['study']}: {counts}; {rep['feasible']} meet the SLO")]
+    setup = rep["setup"]
     if setup:
         slo = ", ".join(f"{k[:-2]} <= {v:g} s" for k, v in setup.get("slo", {}).items())
-        console.print(
-            f"trace {setup.get('trace')}, {setup.get('hardware')}, {setup.get('model')}, "
-            f"load {setup.get('load')}, SLO: {slo or 'none'}"
+        out.append(
+            Section(
+                f"trace {setup.get('trace')}, {setup.get('hardware')}, {setup.get('model')}, "
+                f"load {setup.get('load')}, SLO: {slo or 'none'}"
+            )
         )
     if rep["best"] is None:
         near = rep["closest"]
         if near is None:
-            console.print("[red]no trial has finished[/]")
-            return
+            return [*out, Section("no trial has finished", alert=True)]
         misses = ", ".join(f"{k} by {v:.3g}" for k, v in near["violations"].items() if v > 0)
-        console.print(
-            f"[red]no trial meets the SLO[/]; closest: trial {near['number']}, "
-            f"which misses {misses}"
+        out.append(
+            Section(
+                f"no trial meets the SLO; closest: trial {near['number']}, which misses {misses}",
+                alert=True,
+            )
         )
     if rep["top"]:
-        table = Table(title="cheapest trials that meet the SLO", title_justify="left")
-        for col in ("trial", "$/1M tok", "TTFT p99 s", "TPOT p99 ms", "inst.", "B", "tiers"):
-            table.add_column(col, justify="left" if col == "tiers" else "right")
-        for s in rep["top"]:
-            m, pol = s["metrics"], s["policy"]
-            table.add_row(
-                str(s["number"]),
-                _num(m["cost_per_mtok"], "{:.4f}"),
-                _num(m["ttft_p99_s"], "{:.3f}"),
-                _num(m["tpot_p99_s"] * 1e3, "{:.1f}"),
-                str(m.get("instances", "-")),
-                str(pol.get("block_tokens", "-")),
-                escape(_tiers_text(pol)),
+        rows = []
+        for t in rep["top"]:
+            m, pol = t["metrics"], t["policy"]
+            rows.append(
+                [
+                    str(t["number"]),
+                    fmt_cell("{:.4f}", m["cost_per_mtok"]),
+                    fmt_cell("{:.3f}", m["ttft_p99_s"]),
+                    fmt_cell("{:.1f}", m["tpot_p99_s"] * 1e3),
+                    str(m.get("instances", "-")),
+                    str(pol.get("block_tokens", "-")),
+                    _tiers_text(pol),
+                ]
             )
-        console.print(table)
-        best = rep["best"]
-        params = Table(
-            title=f"parameters of the best trial ({best['number']})",
-            title_justify="left",
-            show_header=False,
+        out.append(
+            Section(
+                "cheapest trials that meet the SLO",
+                ["trial", "$/1M tok", "TTFT p99 s", "TPOT p99 ms", "inst.", "B", "tiers"],
+                rows,
+                left=(6,),
+            )
         )
-        params.add_column("name", style="bold")
-        params.add_column("value", justify="right")
-        for k, v in sorted(best["params"].items()):
-            params.add_row(k, escape(_param_text(v)))
-        console.print(params)
-    if len(rep["pareto_front"]) > 1:
-        front = Table(title="Pareto front (cost vs TTFT p99)", title_justify="left")
-        for col in ("trial", "$/1M tok", "TTFT p99 s"):
-            front.add_column(col, justify="right")
-        for s in rep["pareto_front"]:
-            front.add_row(
-                str(s["number"]),
-                _num(s["metrics"]["cost_per_mtok"], "{:.4f}"),
-                _num(s["metrics"]["ttft_p99_s"], "{:.3f}"),
+        best = rep["best"]
+        out.append(
+            Section(
+                f"parameters of the best trial ({best['number']})",
+                ["parameter", "value"],
+                [[k, _param_text(v)] for k, v in sorted(best["params"].items())],
             )
-        console.print(front)
+        )
+    if len(rep["pareto_front"]) > 1:
+        rows = [
+            [
+                str(t["number"]),
+                fmt_cell("{:.4f}", t["metrics"]["cost_per_mtok"]),
+                fmt_cell("{:.3f}", t["metrics"]["ttft_p99_s"]),
+            ]
+            for t in rep["pareto_front"]
+        ]
+        out.append(
+            Section("Pareto front (cost vs TTFT p99)", ["trial", "$/1M tok", "TTFT p99 s"], rows)
+        )
     imp = rep["importance"]
     if isinstance(imp, dict) and imp:
-        table = Table(title="what set the cheapest trials apart (PED-ANOVA)", title_justify="left")
-        table.add_column("parameter")
-        table.add_column("importance", justify="right")
-        for k, v in imp.items():
-            table.add_row(k, f"{v:.1%}")
-        console.print(table)
+        out.append(
+            Section(
+                "what set the cheapest trials apart (PED-ANOVA)",
+                ["parameter", "importance"],
+                [[k, f"{v:.1%}"] for k, v in imp.items()],
+            )
+        )
     elif isinstance(imp, str):
-        console.print(f"parameter importance: {imp}")
+        out.append(Section(f"parameter importance: {imp}"))
+    return out
+
+
+def print_study_report(rep: dict[str, Any], console: Console) -> None:
+    for sec in report_sections(rep):
+        if not sec.headers:
+            console.print(f"[red]{escape(sec.title)}[/]" if sec.alert else escape(sec.title))
+            continue
+        table = Table(title=sec.title, title_justify="left")
+        for j, col in enumerate(sec.headers):
+            table.add_column(col, justify="left" if j in sec.left else "right")
+        for row in sec.rows:
+            table.add_row(*(escape(c) for c in row))
+        console.print(table)
 
 
 def plot_study(rep: dict[str, Any], path: str | os.PathLike[str]) -> None:
@@ -237,10 +267,10 @@ def plot_study(rep: dict[str, Any], path: str | os.PathLike[str]) -> None:
     plt.close(fig)
 
 
-def _html_table(headers: list[str], rows: list[list[Any]]) -> str:
-    head = "".join(f"<th>{html.escape(str(h))}</th>" for h in headers)
+def _html_table(headers: list[str], rows: list[list[str]]) -> str:
+    head = "".join(f"<th>{html.escape(h)}</th>" for h in headers)
     body = "".join(
-        "<tr>" + "".join(f"<td>{html.escape(str(c))}</td>" for c in row) + "</tr>" for row in rows
+        "<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in row) + "</tr>" for row in rows
     )
     return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
 
@@ -251,92 +281,15 @@ def html_study_report(rep: dict[str, Any], path: str | os.PathLike[str]) -> None
     For sharing a study's result with people who will not run kvtier; without matplotlib the
     page has the tables and says the plot is missing.
     """
-    setup = rep["setup"]
-    parts = [
-        f"<h1>kvtier study {html.escape(rep['study'])}</h1>",
-        "<p>"
-        + html.escape(
-            ", ".join(f"{n} {state}" for state, n in sorted(rep["trials"].items()))
-            + f"; {rep['feasible']} meet the SLO"
-        )
-        + "</p>",
-    ]
-    if setup:
-        slo = ", ".join(f"{k[:-2]} &lt;= {v:g} s" for k, v in setup.get("slo", {}).items())
-        parts.append(
-            "<p>"
-            + html.escape(
-                f"trace {setup.get('trace')}, hardware {setup.get('hardware')}, "
-                f"model {setup.get('model')}, load {setup.get('load')}, SLO: "
-            )
-            + (slo or "none")
-            + "</p>"
-        )
-    if rep["top"]:
-        parts.append("<h2>Cheapest trials that meet the SLO</h2>")
-        parts.append(
-            _html_table(
-                [
-                    "trial",
-                    "$ per 1M tokens",
-                    "TTFT p99 (s)",
-                    "TPOT p99 (ms)",
-                    "instances",
-                    "B",
-                    "tiers",
-                ],
-                [
-                    [
-                        s["number"],
-                        _num(s["metrics"]["cost_per_mtok"], "{:.4f}"),
-                        _num(s["metrics"]["ttft_p99_s"], "{:.3f}"),
-                        _num(s["metrics"]["tpot_p99_s"] * 1e3, "{:.1f}"),
-                        s["metrics"].get("instances", "-"),
-                        s["policy"].get("block_tokens", "-"),
-                        _tiers_text(s["policy"]),
-                    ]
-                    for s in rep["top"]
-                ],
-            )
-        )
-        best = rep["best"]
-        parts.append(f"<h2>Parameters of the best trial ({best['number']})</h2>")
-        parts.append(
-            _html_table(
-                ["parameter", "value"],
-                [[k, _param_text(v)] for k, v in sorted(best["params"].items())],
-            )
-        )
-    elif rep["closest"] is not None:
-        near = rep["closest"]
-        misses = ", ".join(f"{k} by {v:.3g}" for k, v in near["violations"].items() if v > 0)
-        parts.append(
-            f"<p><b>No trial meets the SLO.</b> Closest: trial {near['number']}, "
-            f"which misses {html.escape(misses)}.</p>"
-        )
-    if rep["pareto_front"]:
-        parts.append("<h2>Pareto front (cost against TTFT p99)</h2>")
-        parts.append(
-            _html_table(
-                ["trial", "$ per 1M tokens", "TTFT p99 (s)"],
-                [
-                    [
-                        s["number"],
-                        _num(s["metrics"]["cost_per_mtok"], "{:.4f}"),
-                        _num(s["metrics"]["ttft_p99_s"], "{:.3f}"),
-                    ]
-                    for s in rep["pareto_front"]
-                ],
-            )
-        )
-    imp = rep["importance"]
-    parts.append("<h2>What set the cheapest trials apart (PED-ANOVA)</h2>")
-    if isinstance(imp, dict) and imp:
-        parts.append(
-            _html_table(["parameter", "importance"], [[k, f"{v:.1%}"] for k, v in imp.items()])
-        )
-    else:
-        parts.append(f"<p>{html.escape(str(imp))}</p>")
+    parts = [f"<h1>kvtier study {html.escape(rep['study'])}</h1>"]
+    for sec in report_sections(rep):
+        if not sec.headers:
+            text = html.escape(sec.title)
+            parts.append(f"<p><b>{text}</b></p>" if sec.alert else f"<p>{text}</p>")
+            continue
+        title = sec.title[:1].upper() + sec.title[1:]
+        parts.append(f"<h2>{html.escape(title)}</h2>")
+        parts.append(_html_table(sec.headers, sec.rows))
     try:
         with tempfile.TemporaryDirectory() as tmp:
             png = Path(tmp) / "trials.png"
