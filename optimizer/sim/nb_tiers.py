@@ -96,6 +96,28 @@ def tier_path_nb(tp, k, a, b, path):  # noqa: ANN001, ANN201
     path[3] = tp[10][b]
 
 
+@njit(cache=True, nogil=True, _nrt=False, inline="always")
+def gpu_transfer_nb(tp, lk, k, t, now, cnt, bw, path):  # noqa: ANN001, ANN201
+    """Move ``cnt`` blocks between instance ``k`` and tier ``t`` over the links of its path
+    (``bw``: the read or the write bandwidths); returns when the transfer ends."""
+    ints = tp[11]
+    gpu_path_nb(tp, k, t, path)
+    return transfer_nb(
+        now,
+        cnt * tp[12],
+        n_ops_nb(cnt, ints[I_FRAG], ints[I_COAL]),
+        tp[3][t],
+        tp[4][t],
+        tp[5][t],
+        path,
+        bw,
+        tp[8],
+        lk[0],
+        lk[1],
+        lk[2],
+    )
+
+
 @njit(cache=True, nogil=True, _nrt=False)
 def lookup_nb(ts, tp, n_tiers, k, block_ids, bo, start, cap, src):  # noqa: ANN001, ANN201
     """Source tier of blocks ``start..`` (into ``src``) until one is found nowhere; the count."""
@@ -177,24 +199,9 @@ def load_nb(ts, tp, lk, n_tiers, k, now, block_ids, bo, start, src, c, counts, p
         cnt = counts[t]
         if cnt == 0:
             continue
-        nbytes = cnt * tp[12]
-        gpu_path_nb(tp, k, t, path)
-        fin = transfer_nb(
-            now,
-            nbytes,
-            n_ops_nb(cnt, ints[I_FRAG], ints[I_COAL]),
-            tp[3][t],
-            tp[4][t],
-            tp[5][t],
-            path,
-            tp[6],
-            tp[8],
-            lk[0],
-            lk[1],
-            lk[2],
-        )
+        fin = gpu_transfer_nb(tp, lk, k, t, now, cnt, tp[6], path)
         lk[3][t] += cnt
-        lk[4][t] += nbytes
+        lk[4][t] += cnt * tp[12]
         if fin > ready:
             ready = fin
     return ready
@@ -237,7 +244,6 @@ def insert_nb(ts, tp, lk, n_tiers, k, now, t, b, path):  # noqa: ANN001, ANN201
 @njit(cache=True, nogil=True, _nrt=False)
 def write_down_nb(ts, tp, lk, n_tiers, k, now, buf, nbuf, n_targets, path):  # noqa: ANN001, ANN201
     """Copy ``buf[:nbuf]`` into the first ``n_targets`` tiers, one transfer per tier."""
-    ints = tp[11]
     for t in range(n_targets):
         p = pool_nb(tp, t, k)
         cnt = 0
@@ -247,23 +253,8 @@ def write_down_nb(ts, tp, lk, n_tiers, k, now, buf, nbuf, n_targets, path):  # n
                 insert_nb(ts, tp, lk, n_tiers, k, now, t, b, path)
                 cnt += 1
         if cnt > 0:
-            nbytes = cnt * tp[12]
-            gpu_path_nb(tp, k, t, path)
-            transfer_nb(
-                now,
-                nbytes,
-                n_ops_nb(cnt, ints[I_FRAG], ints[I_COAL]),
-                tp[3][t],
-                tp[4][t],
-                tp[5][t],
-                path,
-                tp[7],
-                tp[8],
-                lk[0],
-                lk[1],
-                lk[2],
-            )
-            lk[5][t] += nbytes
+            gpu_transfer_nb(tp, lk, k, t, now, cnt, tp[7], path)
+            lk[5][t] += cnt * tp[12]
 
 
 @njit(cache=True, nogil=True, _nrt=False, inline="always")

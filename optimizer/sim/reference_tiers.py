@@ -71,6 +71,25 @@ class LowerTiers:
             [c.port_link[a, h], c.pool_link[a], c.port_link[b, h], c.pool_link[b]], dtype=np.int64
         )
 
+    def gpu_transfer(self, inst: int, now: float, t: int, cnt: int, bw: np.ndarray) -> float:
+        """Move ``cnt`` blocks between ``inst`` and tier ``t`` (``bw``: read or write
+        bandwidths of the links); returns when the transfer ends."""
+        c = self.cfg
+        return transfer(
+            now,
+            cnt * c.block_bytes,
+            self.ops(cnt),
+            c.op_s[t],
+            c.lat_s[t],
+            c.cap_bw[t],
+            self.gpu_path(inst, t),
+            bw,
+            c.link_ops,
+            self.free,
+            self.busy,
+            self.moved,
+        )
+
     def ops(self, blocks: int) -> int:
         return n_ops(blocks, self.cfg.fragments, self.cfg.coalesce)
 
@@ -136,23 +155,9 @@ class LowerTiers:
             cnt = src.count(t)
             if cnt == 0:
                 continue
-            nbytes = cnt * c.block_bytes
-            fin = transfer(
-                now,
-                nbytes,
-                self.ops(cnt),
-                c.op_s[t],
-                c.lat_s[t],
-                c.cap_bw[t],
-                self.gpu_path(inst, t),
-                c.link_bw_read,
-                c.link_ops,
-                self.free,
-                self.busy,
-                self.moved,
-            )
+            fin = self.gpu_transfer(inst, now, t, cnt, c.link_bw_read)
             self.hits[t] += cnt
-            self.bytes_read[t] += nbytes
+            self.bytes_read[t] += cnt * c.block_bytes
             if fin > ready:
                 ready = fin
         return ready
@@ -200,22 +205,8 @@ class LowerTiers:
                     self.insert(inst, now, t, b)
                     cnt += 1
             if cnt:
-                nbytes = cnt * c.block_bytes
-                transfer(
-                    now,
-                    nbytes,
-                    self.ops(cnt),
-                    c.op_s[t],
-                    c.lat_s[t],
-                    c.cap_bw[t],
-                    self.gpu_path(inst, t),
-                    c.link_bw_write,
-                    c.link_ops,
-                    self.free,
-                    self.busy,
-                    self.moved,
-                )
-                self.bytes_written[t] += nbytes
+                self.gpu_transfer(inst, now, t, cnt, c.link_bw_write)
+                self.bytes_written[t] += cnt * c.block_bytes
 
     def insert(self, inst: int, now: float, t: int, b: int) -> None:
         """Admit ``b`` into tier ``t``; a victim cascades down while the policy says so."""
