@@ -29,7 +29,14 @@ from rich.table import Table
 from optimizer.errors import InputError
 from optimizer.plotting import pyplot
 from optimizer.report.optimize import fmt_cell
-from optimizer.search.study import TrialSummary, best_feasible, closest, pareto_front, summaries
+from optimizer.search.study import (
+    TrialSummary,
+    best_feasible,
+    closest,
+    pareto_front,
+    storage_error,
+    summaries,
+)
 from optimizer.trace.io import atomic_write
 
 
@@ -48,8 +55,7 @@ def load_existing_study(name: str, storage: str | None, runs_dir: Path = Path("r
     except KeyError:
         raise InputError(f"no study {name!r} in {storage}", option="--study") from None
     except (ImportError, ValueError, sqlalchemy.exc.SQLAlchemyError) as err:
-        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-        raise InputError(f"cannot read {storage}: {first}", option="--storage") from None
+        raise storage_error(name, storage, err) from None
 
 
 def _importances(study: Any, done: list[TrialSummary]) -> dict[str, float] | str:

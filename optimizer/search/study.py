@@ -78,7 +78,7 @@ def open_study(study_name: str, *, storage: str | None, seed: int, pareto: bool)
             optuna.exceptions.DuplicatedStudyError,
         ) as err:
             if attempt + 1 == OPEN_ATTEMPTS or not _creation_race(err):
-                raise _storage_error(study_name, url, err) from None
+                raise storage_error(study_name, url, err) from None
             time.sleep(random.uniform(0.2, 1.0) * (attempt + 1))
         except (
             ValueError,
@@ -86,7 +86,7 @@ def open_study(study_name: str, *, storage: str | None, seed: int, pareto: bool)
             optuna.exceptions.OptunaError,
             sqlalchemy.exc.SQLAlchemyError,
         ) as err:
-            raise _storage_error(study_name, url, err) from None
+            raise storage_error(study_name, url, err) from None
     if len(study.directions) != len(directions):
         raise InputError(
             f"study {study_name!r} exists with {len(study.directions)} objective(s); "
@@ -104,8 +104,9 @@ def _creation_race(err: Exception) -> bool:
     return "already exists" in text or "database is locked" in text
 
 
-def _storage_error(study_name: str, url: str, err: Exception) -> InputError:
-    """One line: the database's own first line, and the driver to install when one is missing."""
+def storage_error(study_name: str, url: str, err: Exception) -> InputError:
+    """A storage failure as one line: the database's own first line, and the driver to
+    install when one is missing."""
     first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
     if isinstance(err, ImportError) and url.startswith("postgresql"):
         first += " (pip install 'kvtier[postgres]')"
