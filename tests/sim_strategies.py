@@ -13,7 +13,9 @@ from optimizer.trace.blocked import BlockedTrace
 
 
 @st.composite
-def blocked_traces(draw: st.DrawFn, *, max_requests: int = 25) -> BlockedTrace:
+def blocked_traces(
+    draw: st.DrawFn, *, max_requests: int = 25, max_output: int = 12
+) -> BlockedTrace:
     """Requests reading prefixes of a few shared documents (a prefix tree), bursty arrivals.
 
     With ``chained=False`` block ids are drawn at random, repeats within a request included,
@@ -41,7 +43,7 @@ def blocked_traces(draw: st.DrawFn, *, max_requests: int = 25) -> BlockedTrace:
             ids = draw(st.lists(st.integers(0, 6), max_size=8))
         extra = draw(st.integers(0 if ids else 1, 3 * B))
         inputs.append(len(ids) * B + extra)
-        outputs.append(draw(st.integers(0, 12)))
+        outputs.append(draw(st.integers(0, max_output)))
         blocks.append(ids)
     uniq = sorted({b for ids in blocks for b in ids})
     dense = {b: i for i, b in enumerate(uniq)}

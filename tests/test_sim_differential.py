@@ -8,7 +8,10 @@ from hypothesis import strategies as st
 
 from optimizer.policy.model import SLO
 from optimizer.sim import compute_metrics, simulate_raw
+from optimizer.sim.config import SimConfig
 from optimizer.sim.result import RawResult
+from optimizer.sim.timing import iteration_time
+from optimizer.trace.blocked import BlockedTrace
 from tests.sim_strategies import blocked_traces, sim_configs
 
 SETTINGS = settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -26,8 +29,8 @@ def assert_same(a: RawResult, b: RawResult) -> None:
 
 
 @st.composite
-def cases(draw: st.DrawFn):
-    trace = draw(blocked_traces())
+def cases(draw: st.DrawFn, max_output: int = 12):
+    trace = draw(blocked_traces(max_output=max_output))
     return trace, draw(sim_configs(trace.block_tokens))
 
 
@@ -86,4 +89,83 @@ def test_engines_agree_on_the_shortest_free_ring(case) -> None:
         fast = simulate_raw(trace, cfg, engine="numba")
     finally:
         engine.free_ring_length = default
+    assert_same(ref, fast)
+
+
+# The numba engine runs a decode-only batch's steps ahead of its event loop until the next
+# arrival or the first finish (optimizer/sim/nb.py). The cases below aim at that path: long
+# decodes between sparse arrivals, an arrival exactly at the end of a step, and an early stop
+# while another instance is running ahead.
+
+
+@SETTINGS
+@given(cases(max_output=300))
+def test_engines_agree_on_long_decodes(case) -> None:
+    trace, cfg = case
+    assert_same(
+        simulate_raw(trace, cfg, engine="reference"), simulate_raw(trace, cfg, engine="numba")
+    )
+
+
+def _config(n_instances: int) -> SimConfig:
+    return SimConfig(
+        n_instances=n_instances,
+        capacity_blocks=200,
+        block_tokens=4,
+        token_budget=8,
+        max_seqs=4,
+        router=0,  # round robin
+        affinity_overload=0,
+        flops_per_token=3.0,
+        attn_coef=0.01,
+        compute_rate=1000.0,
+        weight_bytes=5.0,
+        kv_bytes_per_token=0.3,
+        mem_rate=1000.0,
+        step_overhead_s=1e-3,
+        cost_per_hour=10.0,
+    )
+
+
+def _step_ends(cfg: SimConfig, prompt: int, steps: int) -> list[float]:
+    """End times of a lone request's iterations: its one-chunk prefill, then decode steps."""
+    p = cfg.timing_params()
+    t = iteration_time(prompt, prompt * prompt, prompt, *p)
+    ends = [t]
+    for kv in range(prompt, prompt + steps):
+        t += iteration_time(1, 2 * kv + 1, kv + 1, *p)
+        ends.append(t)
+    return ends
+
+
+def test_arrival_at_the_end_of_a_decode_step_is_admitted_at_the_next_step() -> None:
+    """A request arriving exactly when a step ends joins the next iteration: both engines."""
+    cfg = _config(1)
+    ends = _step_ends(cfg, 8, 20)
+    t_arrive = ends[6]  # end of the sixth decode step of request 0
+    trace = BlockedTrace.from_lists([0.0, t_arrive], [8, 8], [50, 5], [[0, 1], [2, 3]], 4)
+    ref = simulate_raw(trace, cfg, engine="reference")
+    fast = simulate_raw(trace, cfg, engine="numba")
+    assert_same(ref, fast)
+    # request 0 ran alone until then, exactly as computed above
+    assert ref.first_token_s[0] == ends[0]
+    assert ref.first_token_s[1] > t_arrive
+
+
+def test_early_stop_while_another_instance_runs_ahead() -> None:
+    """Instance 0 decodes a long output alone while instance 1 prefills a long prompt in
+    chunks; the prompt's late first token breaks the mean-TTFT bound and stops the replay
+    in the middle of instance 0's decode. Busy time and iteration count must be those of the
+    steps begun by then, as step by step."""
+    cfg = _config(2)
+    trace = BlockedTrace.from_lists([0.0, 0.0], [8, 200], [400, 2], [[0, 1], list(range(2, 52))], 4)
+    full = simulate_raw(trace, cfg, engine="reference")
+    ttft = full.first_token_s - trace.arrival_s
+    assert ttft[1] > 10 * ttft[0]
+    bound = (ttft[0] + ttft[1]) / 4  # met by request 0 alone, broken once request 1 is in
+    slo = SLO(ttft_mean_s=float(bound))
+    ref = simulate_raw(trace, cfg, engine="reference", slo=slo, stop_early=True)
+    fast = simulate_raw(trace, cfg, engine="numba", slo=slo, stop_early=True)
+    assert ref.early_stopped
+    assert ref.end_s < full.finish_s[0]  # request 0 was still decoding
     assert_same(ref, fast)

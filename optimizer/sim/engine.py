@@ -29,7 +29,7 @@ from optimizer.trace.blocked import BlockedTrace
 # refuse sizes whose touched pages could exhaust memory. Slot counts stay far inside int32.
 MAX_MAP_ENTRIES = 1 << 31
 MAX_SLOTS = 1 << 30
-MAX_CAP = (1 << 30) - 16  # a free ring of 2 x capacity + 16 entries is indexed by int32
+MAX_CAP = (1 << 30) - AHEAD  # a free ring of 2 x capacity + AHEAD entries is indexed by int32
 MAX_SEQS = 1 << 20
 
 
@@ -40,7 +40,7 @@ def free_ring_length(capacity: int) -> int:
     slots that hits have pinned) frees more than half the ring and stays rare. Any length
     above ``max(capacity, AHEAD)`` is correct; the tests shorten it to force compactions.
     """
-    return 2 * capacity + 16  # per-instance running-request tables are n_instances x max_seqs
+    return 2 * capacity + AHEAD  # per-instance running-request tables are n_instances x max_seqs
 
 
 class Scratch:

@@ -8,14 +8,23 @@ only for the pages its instances touch, not for ``instances x distinct blocks`` 
 front. The kernel clears the entries it set before it returns, so the wrapper keeps the map for
 the next replay of the same shape instead of faulting in fresh zeroed pages each time.
 The free queue of instance ``k`` is a ring of slot ids, ``ring[k * R:(k + 1) * R]`` with
-``R = 2 * capacity + 16`` entries (any ``R > max(capacity, AHEAD)`` is correct; a short
+``R = 2 * capacity + AHEAD`` entries (any ``R > max(capacity, AHEAD)`` is correct; a short
 ring only compacts more often), read from its head: a freed slot is written at the tail (or just
 before the head), and a free slot that a request pins is not moved but marked (its record's
 ``POS`` no longer names its ring entry), so the entry is skipped when the head reaches it; a
 full ring is compacted. Allocation thus reads slot ids in sequence and can prefetch the
 records (and evicted blocks' map entries) of the slots it will take next, instead of walking
 a linked list in which each record names the next one (a dependent miss per slot). The
-order of the queue is the same as that of the reference's OrderedDict. The kernels do no
+order of the queue is the same as that of the reference's OrderedDict.
+
+Most iterations of a replay are decode steps that nothing else observes: when every running
+request of an instance is decoding (none prefilling or loading), the instance runs those steps
+in a tight loop up to the next arrival or to the step in which the first of them finishes,
+instead of as one event each. The step times are the same floats as step by step (the same
+formula on the same integer sums, added in the same order), and meanwhile nothing another
+instance or the router reads changes; admission, if its queue is blocked, stays blocked until a
+finish. An early stop in the middle takes back the steps begun after it (``skip_back_nb``).
+The kernels do no
 bounds checks: :mod:`optimizer.sim.engine` validates every array before the call. The
 semantics are in the docstring of :mod:`optimizer.sim.reference`. Lower tiers are kernels in
 :mod:`optimizer.sim.nb_tiers`, called at the same hooks as the reference's ``LowerTiers`` and
@@ -51,7 +60,7 @@ ROUND_ROBIN, LEAST_LOADED, PREFIX_AFFINITY = 0, 1, 2
 POS, REF, BLOCK = 0, 2, 3
 # Entries between prefetching a slot record (ring or request order) and using it, and half
 # that for the map entry of the block cached in a slot about to be taken: far enough for a
-# miss to arrive meanwhile. The ring (2 * capacity + 16 entries) is longer than AHEAD, which
+# miss to arrive meanwhile. The ring (2 * capacity + AHEAD entries) is longer than AHEAD, which
 # the allocation loop's wrap of ``r + AHEAD`` relies on.
 AHEAD = 16
 
@@ -63,7 +72,7 @@ def _compact_nb(
     """Drop the stale entries of instance ``k``'s full free ring, keeping the order.
 
     At most ``capacity`` entries are live (one per free slot) and the ring has room for
-    ``2 * capacity + 16``, so a compaction frees more than half the ring: its cost is
+    ``2 * capacity + AHEAD``, so a compaction frees more than half the ring: its cost is
     amortised over at least as many pushes. It is rare (stale entries come only from pinning
     free slots that hold a cached block), so it is a call of its own, off the hot loops.
     """
@@ -106,6 +115,54 @@ def _lookup_nb(
 
 
 @njit(cache=True, nogil=True)
+def skip_back_nb(
+    k: int,
+    now: float,
+    seg_steps: np.ndarray,
+    seg_t0: np.ndarray,
+    seg_busy: np.ndarray,
+    seg_attn: np.ndarray,
+    seg_kv: np.ndarray,
+    seg_m: np.ndarray,
+    busy_time: np.ndarray,
+    tparams: np.ndarray,
+) -> int:
+    """Undo instance ``k``'s decode steps that start at or after an early stop at ``now``.
+
+    Step by step, a replay stopped at ``now`` has begun (counted, and added to the busy time)
+    exactly the steps that started before ``now``. The steps run ahead are recomputed from
+    their first one with the same operations, so the busy time is the same float as step by
+    step. Returns the number of steps to take off the iteration count.
+    """
+    m = seg_m[k]
+    attn = seg_attn[k]
+    kv_read = seg_kv[k]
+    t = seg_t0[k]
+    busy = seg_busy[k]
+    begun = 0
+    while begun < seg_steps[k] and t < now:
+        dt = iteration_time_nb(
+            m,
+            attn,
+            kv_read,
+            tparams[0],
+            tparams[1],
+            tparams[2],
+            tparams[3],
+            tparams[4],
+            tparams[5],
+            tparams[6],
+        )
+        busy += dt
+        t += dt
+        begun += 1
+        attn += 2 * m
+        kv_read += m
+    busy_time[k] = busy
+    return seg_steps[k] - begun
+
+
+@njit(cache=True, nogil=True)
 def simulate_nb(
     arrival: np.ndarray,  # f8 (n,)
     inp: np.ndarray,  # i8 (n,)
@@ -116,7 +173,7 @@ def simulate_nb(
     n_blocks: int,  # distinct block ids
     n_inst: int,
     cap: int,  # HBM slots per instance
-    R: int,  # entries of each instance's free ring (engine.free_ring_length: 2 * cap + 16)
+    R: int,  # entries of each instance's free ring (engine.free_ring_length: 2 * cap + AHEAD)
     B: int,
     budget_max: int,
     max_seqs: int,
@@ -171,6 +228,14 @@ def simulate_nb(
     busy = np.zeros(n_inst, dtype=np.bool_)
     busy_until = np.zeros(n_inst, dtype=np.float64)
     act = np.empty(n_inst, dtype=np.int64)  # instances that act at this event, in index order
+    # the decode steps an instance ran ahead of the event loop (0: none pending) and what they
+    # started from, so that an early stop can count only the steps begun before it
+    seg_steps = np.zeros(n_inst, dtype=np.int64)
+    seg_t0 = np.zeros(n_inst, dtype=np.float64)
+    seg_busy = np.zeros(n_inst, dtype=np.float64)
+    seg_attn = np.zeros(n_inst, dtype=np.int64)
+    seg_kv = np.zeros(n_inst, dtype=np.int64)
+    seg_m = np.zeros(n_inst, dtype=np.int64)
     # HBM pools
     stamp = np.full(n_slots, -1, dtype=np.int64)
     sl = np.zeros(4 * n_slots, dtype=np.int32)
@@ -319,6 +384,7 @@ def simulate_nb(
                         w += 1
                 run_len[k] = w
             n_sched[k] = 0
+            seg_steps[k] = 0
             busy[k] = False
             if nw > 0:  # (a call passes every tier array: skip it when there is nothing)
                 computed_nb(ts, tp, lk, n_tiers, k, now, wbuf, np.int64(nw), sightings, path)
@@ -330,6 +396,12 @@ def simulate_nb(
             or over2 >= slo_lim[2]
         ):
             early = True
+            for k in range(n_inst):
+                if seg_steps[k] > 0:
+                    n_iter -= skip_back_nb(
+                        k, now, seg_steps, seg_t0, seg_busy, seg_attn, seg_kv, seg_m, busy_time,
+                        tparams,
+                    )  # fmt: skip
             break
         # ---- arrivals at this instant, in trace order
         while nx < n and arrival[nx] == now:
@@ -397,6 +469,8 @@ def simulate_nb(
             tokens = 0
             attn = 0
             kv_read = 0
+            # decode steps before the first of the batch finishes (0: not a decode-only batch)
+            steps_left = np.int64(1) << 62
             for pos in range(run_len[k]):
                 if budget == 0:
                     break
@@ -407,8 +481,13 @@ def simulate_nb(
                     q = inp[i] - kv[i]
                     if q > budget:
                         q = budget
+                    steps_left = 0
                 else:
                     q = 1
+                    if reg[i] < boff[i + 1] - boff[i]:
+                        steps_left = 0
+                    elif out[i] - gen[i] < steps_left:
+                        steps_left = out[i] - gen[i]
                 sched_pos[k, m] = pos
                 sched_q[k, m] = q
                 budget -= q
@@ -522,6 +601,7 @@ def simulate_nb(
                 pos = run_len[k]
                 run[k, pos] = i
                 run_len[k] += 1
+                steps_left = 0
                 if ready[i] > now:
                     continue
                 q = inp[i] - kv[i]
@@ -555,9 +635,48 @@ def simulate_nb(
                 tparams[5],
                 tparams[6],
             )
+            t = now
+            if m == run_len[k] and steps_left > 1:
+                # A decode-only batch with every running request in it: until one of them
+                # finishes or the next request arrives, its steps change nothing another
+                # instance or the router sees, and each step's sums grow by a fixed amount.
+                # Run those steps here instead of as events; the times are computed by the
+                # same operations in the same order as step by step (see skip_back_nb).
+                t_next = arrival[nx] if nx < n else np.inf
+                seg_t0[k] = now
+                seg_m[k] = m
+                seg_busy[k] = busy_time[k]
+                seg_attn[k] = attn
+                seg_kv[k] = kv_read
+                s = 0
+                while s < steps_left - 1 and t + dt < t_next:
+                    busy_time[k] += dt
+                    t += dt
+                    s += 1
+                    attn += 2 * m
+                    kv_read += m
+                    dt = iteration_time_nb(
+                        m,
+                        attn,
+                        kv_read,
+                        tparams[0],
+                        tparams[1],
+                        tparams[2],
+                        tparams[3],
+                        tparams[4],
+                        tparams[5],
+                        tparams[6],
+                    )
+                if s > 0:
+                    for idx in range(m):
+                        i = run[k, sched_pos[k, idx]]
+                        kv[i] += s
+                        gen[i] += s
+                    n_iter += s
+                seg_steps[k] = s + 1 if s > 0 else 0
             n_sched[k] = m
             busy[k] = True
-            busy_until[k] = now + dt
+            busy_until[k] = t + dt
             busy_time[k] += dt
             n_iter += 1
 
