@@ -131,6 +131,7 @@ def tier_configs(draw: st.DrawFn, n_instances: int, block_tokens: int) -> TierCo
         selective_k=draw(st.integers(1, 3)),
         exclusive=draw(st.booleans()),
         cost_aware=draw(st.booleans()),
+        batch_waits=draw(st.booleans()),
         fragments=draw(st.sampled_from([1, 4])),
         coalesce=draw(st.sampled_from([1, 3])),
         block_bytes=float(block_tokens) * draw(st.sampled_from([0.01, 0.3])),

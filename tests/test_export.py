@@ -33,6 +33,7 @@ from optimizer.policy.model import (
     KV_DTYPES,
     KV_LAYOUTS,
     LOAD_RULES,
+    LOAD_WAITS,
     ROUTERS,
     WRITE_POLICIES,
     Policy,
@@ -293,6 +294,24 @@ def test_lmcache_layout() -> None:
     assert "use_layerwise" not in contiguous
 
 
+@pytest.mark.parametrize("wait,asynchronous", [("request", True), ("batch", False)])
+def test_lmcache_load_wait_is_async_loading(wait: str, asynchronous: bool) -> None:
+    cfg, result = lmcache_cfg(policy(TierPolicy(name="dram"), load_wait=wait))
+    assert cfg["enable_async_loading"] is asynchronous
+    assert ("enable_async_loading = true" in notes_text(result)) == asynchronous
+    assert "enable_async_loading" not in lmcache_cfg(policy(load_wait=wait))[0]  # no loads
+
+
+@pytest.mark.parametrize("target", ["sglang", "dynamo", "mooncake"])
+def test_load_wait_batch_is_noted_where_it_cannot_be_set(target: str) -> None:
+    tiers = (TierPolicy(name="rdma"),) if target == "mooncake" else (TierPolicy(name="dram"),)
+    hw = BELUGA if target == "mooncake" else H100
+    batch = notes_text(export(policy(*tiers, load_wait="batch"), target, hw, MODEL))
+    request = notes_text(export(policy(*tiers), target, hw, MODEL))
+    assert "load_wait = batch" in batch
+    assert "load_wait" not in request
+
+
 # --- SGLang -------------------------------------------------------------------------------
 
 
@@ -479,6 +498,7 @@ def deployments(draw: st.DrawFn) -> tuple[Policy, Hardware]:
         selective_k=draw(st.integers(1, 5)),
         hierarchy=draw(st.sampled_from(HIERARCHIES)),
         load_rule=draw(st.sampled_from(LOAD_RULES)),
+        load_wait=draw(st.sampled_from(LOAD_WAITS)),
         kv_layout=draw(st.sampled_from(KV_LAYOUTS)),
         coalesce=draw(st.integers(1, 8)),
         share_across_tenants=draw(st.booleans()),
@@ -539,6 +559,9 @@ def test_random_policies_export_and_sizes_round_trip(case: tuple[Policy, Hardwar
     assert flags(command)["--block-size"] == str(p.block_tokens)
     if p.load_rule == "cost_aware":
         assert all("load_rule = cost_aware" in notes_text(r) for r in results.values())
+    if p.lower_tiers and "lmcache.yaml" in results["lmcache"].files:
+        lm = yaml.safe_load(results["lmcache"].files["lmcache.yaml"])
+        assert lm["enable_async_loading"] is (p.load_wait == "request")
 
 
 # --- the command line ---------------------------------------------------------------------

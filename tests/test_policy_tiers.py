@@ -54,6 +54,7 @@ def test_dict_round_trip_with_every_field() -> None:
         "selective_k": 3,
         "hierarchy": "exclusive",
         "load_rule": "cost_aware",
+        "load_wait": "batch",
         "kv_layout": "contiguous",
         "coalesce": 8,
         "share_across_tenants": True,
@@ -77,6 +78,7 @@ def test_dict_round_trip_with_every_field() -> None:
     [
         ({"write_policy": "sometimes"}, "write_policy"),
         ({"hierarchy": "flat"}, "hierarchy"),
+        ({"load_wait": "sometimes"}, "load_wait"),
         ({"coalesce": 0}, "coalesce"),
         ({"tiers": [{"name": "hbm"}, {"name": "nvram"}]}, "tiers[1].name"),
         ({"tiers": [{"name": "hbm"}, {"name": "dram", "eviction": "mru"}]}, "tiers[1].eviction"),

@@ -181,3 +181,34 @@ def test_gdsf_cost_is_the_recompute_time_saved() -> None:
     )
     assert costs[0] == (2.0 * 256 + 256 * 256) / 10.0
     assert np.all(np.diff(costs) > 0)  # later blocks attend to more context
+
+
+@pytest.mark.parametrize("tier", ["cxl", "rdma"])
+def test_a_batch_that_waits_for_loads_stalls_the_decodes_beside_them(tier: str) -> None:
+    """load_wait = "batch" (LMCache's synchronous retrieve before the forward pass): a request
+    decoding on the instance makes no progress while another request's prefix loads, so it
+    finishes later by exactly the load time; with "request" it decodes through the load.
+
+    Round robin over two instances: the long prompt is computed on instance 0 and written to
+    the pool; a long decode starts on instance 1, and the same prompt, sent to instance 1 a
+    moment later, loads from the pool beside it.
+    """
+    B = 16
+    prompt = list(range(PROMPT // B))
+    other = lambda j: [PROMPT // B + j]  # noqa: E731 - a one-block prompt of its own
+    arrivals = [0.0, 0.0, 500.0, 1000.0, 1000.5, 1001.0]
+    inputs = [PROMPT + 1, B, B, B, B, PROMPT + 1]
+    outputs = [1, 1, 1, 400, 1, 1]
+    blocks = [prompt, other(0), other(1), other(2), other(3), prompt]
+    trace = BlockedTrace.from_lists(arrivals, inputs, outputs, blocks, B)
+    hw = two_hosts(load_hardware("beluga-testbed"), gpus_per_host=2)
+    asynchronous, _ = replay(hw, tiered(tier, B), trace)
+    waiting, _ = replay(hw, tiered(tier, B, load_wait="batch"), trace)
+    for raw in (asynchronous, waiting):
+        assert raw.instance.tolist() == [0, 1, 0, 1, 0, 1]
+        assert raw.tier_hit_blocks.sum() == PROMPT // B  # the second prompt loads from below
+    load = float(waiting.load_s[5])
+    assert load > 0.05
+    assert waiting.finish_s[3] - asynchronous.finish_s[3] == pytest.approx(load, rel=1e-6)
+    # the decode started before the load: it had produced tokens, then stalled
+    assert waiting.first_token_s[3] < arrivals[5]

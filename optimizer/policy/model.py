@@ -26,6 +26,7 @@ KV_DTYPES = ("bf16", "fp8", "int4")
 WRITE_POLICIES = ("write_through", "write_back", "write_through_selective")
 HIERARCHIES = ("inclusive", "exclusive")
 LOAD_RULES = ("always_load", "cost_aware")
+LOAD_WAITS = ("request", "batch")
 KV_LAYOUTS = ("per_layer", "contiguous")
 
 
@@ -109,6 +110,10 @@ class Policy:
     selective_k: int = 2  # write_through_selective: sightings before a block is copied down
     hierarchy: str = "inclusive"
     load_rule: str = "always_load"
+    # Who waits for a load from a lower tier: the loading request only (vLLM's KV-connector
+    # design; LMCache with enable_async_loading), or the instance's whole batch (LMCache up to
+    # 0.3.x by default: the retrieve runs before the forward pass), docs/model.md.
+    load_wait: str = "request"
     kv_layout: str = "per_layer"  # vLLM's per-layer K and V tensors: 2 x layers fragments
     coalesce: int = 1  # fragments merged into one transfer operation
     share_across_tenants: bool = False
@@ -127,6 +132,7 @@ class Policy:
             ("write_policy", self.write_policy, WRITE_POLICIES),
             ("hierarchy", self.hierarchy, HIERARCHIES),
             ("load_rule", self.load_rule, LOAD_RULES),
+            ("load_wait", self.load_wait, LOAD_WAITS),
             ("kv_layout", self.kv_layout, KV_LAYOUTS),
         ):
             if value not in choices:
@@ -169,6 +175,7 @@ def policy_to_dict(policy: Policy) -> dict[str, Any]:
         "selective_k",
         "hierarchy",
         "load_rule",
+        "load_wait",
         "kv_layout",
         "coalesce",
         "share_across_tenants",
@@ -249,6 +256,7 @@ def policy_from_dict(data: dict[str, Any], source: str = "<policy>") -> Policy:
         selective_k=t.integer("selective_k", 2),
         hierarchy=t.string("hierarchy", "inclusive", choices=HIERARCHIES),
         load_rule=t.string("load_rule", "always_load", choices=LOAD_RULES),
+        load_wait=t.string("load_wait", "request", choices=LOAD_WAITS),
         kv_layout=t.string("kv_layout", "per_layer", choices=KV_LAYOUTS),
         coalesce=t.integer("coalesce", 1),
         share_across_tenants=t.boolean("share_across_tenants", False),

@@ -262,6 +262,7 @@ def simulate_nb(
     evbuf = np.empty(cap + 1, dtype=np.int32)
     wbuf = np.empty(budget_max // B + max_seqs + 2, dtype=np.int32)
     selective = n_tiers > 0 and tp[11][0] == WRITE_SELECTIVE
+    batch_waits = n_tiers > 0 and tp[11][6] == 1
     comp = np.empty(3, dtype=np.float64)
     comp[0] = tparams[0]
     comp[1] = tparams[1]
@@ -471,11 +472,14 @@ def simulate_nb(
             kv_read = 0
             # decode steps before the first of the batch finishes (0: not a decode-only batch)
             steps_left = np.int64(1) << 62
+            last_ready = now  # the latest load end among running requests (load_wait = batch)
             for pos in range(run_len[k]):
-                if budget == 0:
-                    break
                 i = run[k, pos]
                 if ready[i] > now:
+                    if ready[i] > last_ready:
+                        last_ready = ready[i]
+                    continue
+                if budget == 0:
                     continue
                 if kv[i] < inp[i]:
                     q = inp[i] - kv[i]
@@ -603,6 +607,8 @@ def simulate_nb(
                 run_len[k] += 1
                 steps_left = 0
                 if ready[i] > now:
+                    if ready[i] > last_ready:
+                        last_ready = ready[i]
                     continue
                 q = inp[i] - kv[i]
                 if q > budget:
@@ -614,6 +620,10 @@ def simulate_nb(
                 tokens += q
                 attn += q * (2 * kv[i] + q)
                 kv_read += kv[i] + q
+            if batch_waits and last_ready > now:
+                # the batch waits for every load (load_wait = batch): idle until the last one
+                wake[k] = last_ready
+                continue
             if m == 0:
                 # every running request is loading: idle until the first one is ready
                 w = np.inf

@@ -7,7 +7,7 @@ State is passed as three tuples of arrays so the serving kernel can hand them on
   the cache engine's primitives (:mod:`optimizer.sim.cache.nb`) take unchanged;
 - ``tp``: read-only parameters ``(per_host, pool_base, inst_host, op_s, lat_s, cap_bw,
   link_bw_read, link_bw_write, link_ops, port_link, pool_link, ints, block_bytes)`` with
-  ``ints = (write policy, k, exclusive, cost_aware, fragments, coalesce)``;
+  ``ints = (write policy, k, exclusive, cost_aware, fragments, coalesce, batch_waits)``;
 - ``lk``: counters ``(link_free, link_busy, link_bytes, tier_hits, bytes_read, bytes_written)``.
 
 No bounds checks: :mod:`optimizer.sim.engine` builds and checks every array.
@@ -39,7 +39,7 @@ estimate_nb = njit(cache=True, nogil=True, _nrt=False)(estimate)
 n_ops_nb = njit(cache=True, nogil=True)(n_ops)
 prefill_estimate_nb = njit(cache=True, nogil=True)(prefill_estimate)
 
-I_WRITE, I_K, I_EXCL, I_COST, I_FRAG, I_COAL = 0, 1, 2, 3, 4, 5
+I_WRITE, I_K, I_EXCL, I_COST, I_FRAG, I_COAL, I_BATCH_WAIT = 0, 1, 2, 3, 4, 5, 6
 
 
 @njit(cache=True, nogil=True, _nrt=False, inline="always")

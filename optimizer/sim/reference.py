@@ -15,7 +15,10 @@ Lower tiers (``cfg.tiers``) are :class:`optimizer.sim.reference_tiers.LowerTiers
 docstring has their rules. Hooks: at admission (after the HBM fit check) the lower-tier look-up,
 the load rule, the loads (the request's ``ready`` time) and the sightings, then HBM's evictions
 (write-back); at an iteration's end the newly computed blocks (write-through). A request still
-loading takes no tokens.
+loading takes no tokens. With ``load_wait = "batch"`` (``cfg.tiers.batch_waits``) no request
+does: while any running request is loading, after admission, the instance starts no iteration
+and wakes when the last of them is ready (LMCache up to 0.3.x retrieves before the forward
+pass, so every decode of the batch waits).
 
 Routing (at arrival). A request whose prompt plus output can never fit an instance's HBM
 (``total_blocks > capacity``) is rejected. Otherwise ``load`` = waiting + running requests:
@@ -286,6 +289,11 @@ def simulate_reference(
             budget -= q
         if check_invariants and lower is not None:
             lower.check()
+        if cfg.tiers is not None and cfg.tiers.batch_waits:
+            loading = [r.ready for r in inst.running if r.ready > t]
+            if loading:
+                inst.wake = max(loading)
+                return
         if not sched:
             inst.wake = min(r.ready for r in inst.running)
             return

@@ -55,6 +55,7 @@ class TierConfig:
     selective_k: int
     exclusive: bool
     cost_aware: bool
+    batch_waits: bool  # policy load_wait = "batch": no iteration while a request loads
     fragments: int  # fragments per block (KV layout)
     coalesce: int
     block_bytes: float
@@ -73,7 +74,8 @@ class TierConfig:
         return int(self.pool_base[t] + (self.inst_host[inst] if self.per_host[t] else 0))
 
     def int_params(self) -> np.ndarray:
-        """Kernel scalars (int64): write policy, k, exclusive, cost_aware, fragments, coalesce."""
+        """Kernel scalars (int64): write policy, k, exclusive, cost_aware, fragments, coalesce,
+        batch_waits."""
         return np.array(
             [
                 self.write_policy,
@@ -82,6 +84,7 @@ class TierConfig:
                 int(self.cost_aware),
                 self.fragments,
                 self.coalesce,
+                int(self.batch_waits),
             ],
             dtype=np.int64,
         )
@@ -176,6 +179,7 @@ def build_tiers(
         selective_k=policy.selective_k,
         exclusive=policy.hierarchy == "exclusive",
         cost_aware=policy.load_rule == "cost_aware",
+        batch_waits=policy.load_wait == "batch",
         fragments=fragments_per_block(model, policy.kv_layout),
         coalesce=policy.coalesce,
         block_bytes=block_bytes,

@@ -203,6 +203,11 @@ def shared_notes(deploy: Deployment, target: str) -> list[str]:
             f"load_rule = cost_aware (load a hit only when faster than recomputing it) is a "
             f"kvtier rule; {target} has no equivalent setting and loads every hit it finds."
         )
+    if p.load_wait == "batch" and p.lower_tiers and target not in ("LMCache", "vLLM"):
+        notes.append(
+            f"load_wait = batch describes LMCache's synchronous retrieve (the batch waits for "
+            f"every load); {target} has no setting for it."
+        )
     if p.coalesce != 1:
         notes.append(
             f"coalesce = {p.coalesce} (fragments merged per transfer) is not a setting of "

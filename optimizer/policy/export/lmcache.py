@@ -20,6 +20,9 @@ Keys, units and defaults, read in LMCache's source and docs (``LMCache/LMCache``
   and disk backends.
 * ``use_layerwise`` (bool, default false): layer-by-layer store and retrieve, the closest
   setting to kvtier's ``kv_layout = "per_layer"``.
+* ``enable_async_loading`` (bool, default false; LMCache pull request #1513, from v0.3.7)
+  <- ``load_wait``: false retrieves before the forward pass, so the whole batch waits
+  (``"batch"``); true lets the loading request alone wait (``"request"``).
 
 Not exported: a ``cxl`` tier. LMCache has no CXL tier of its own; the CXL backends it can load
 (Maru shared memory, a Device-DAX storage plugin) are spelt differently from one version to the
@@ -86,6 +89,14 @@ def lmcache_config(deploy: Deployment) -> tuple[dict[str, object], list[str]]:
             "between versions."
         )
     cfg.update(_eviction(deploy, notes))
+    if p.lower_tiers:
+        cfg["enable_async_loading"] = p.load_wait == "request"
+        if p.load_wait == "request":
+            notes.append(
+                "load_wait = request maps to enable_async_loading = true (LMCache 0.3.7 and "
+                "later); LMCache's default, false, makes the whole batch wait for each load "
+                "(load_wait = batch)."
+            )
     if p.kv_layout == "per_layer":
         cfg["use_layerwise"] = True
         notes.append(
