@@ -196,6 +196,10 @@ def simulate_nb(
     lk: tuple,  # link and tier counters (see nb_tiers)
     sightings: np.ndarray,  # scratch i8 (n_blocks,), zero
     load_s: np.ndarray,  # out f8 (n,) zero-filled: seconds from admission to loaded
+    slots: np.ndarray,  # scratch i4 (sum of total_blocks,): each request's slots, in order
+    sl: np.ndarray,  # scratch i4 (4 * n_inst * cap,): slot records, set here
+    stamp: np.ndarray,  # scratch i8 (n_inst * cap,): admission stamps, set here
+    ring: np.ndarray,  # scratch i4 ((n_inst + 1) * R,): free rings, set here
 ) -> None:
     """Replay every request; write per-request times and counters into the output arrays.
 
@@ -208,7 +212,6 @@ def simulate_nb(
     slot_off = np.zeros(n + 1, dtype=np.int64)
     for i in range(n):
         slot_off[i + 1] = slot_off[i] + total_blocks[i]
-    slots = np.empty(slot_off[n], dtype=np.int32)
     kv = np.zeros(n, dtype=np.int64)
     gen = np.zeros(n, dtype=np.int64)
     reg = np.zeros(n, dtype=np.int64)
@@ -236,18 +239,23 @@ def simulate_nb(
     seg_attn = np.zeros(n_inst, dtype=np.int64)
     seg_kv = np.zeros(n_inst, dtype=np.int64)
     seg_m = np.zeros(n_inst, dtype=np.int64)
-    # HBM pools
-    stamp = np.full(n_slots, -1, dtype=np.int64)
-    sl = np.zeros(4 * n_slots, dtype=np.int32)
-    # free rings: instance k's at ring[k * R:(k + 1) * R], head index rh[k], rn[k] entries
-    # (live and stale) from the head on; a compaction scratch area after the last one
-    ring = np.zeros((n_inst + 1) * R, dtype=np.int32)
+    # HBM pools. The slot records, stamps and free rings come from the caller, possibly
+    # kept from an earlier replay (faulting in fresh pages cost more than the replay of a
+    # small trace), and are set here. Free rings: instance k's at ring[k * R:(k + 1) * R], head
+    # index rh[k], rn[k] entries (live and stale) from the head on; a compaction scratch area
+    # after the last one. Entries past the live ones name slot 0 of the instance, so the
+    # allocation loop's look-ahead always reads a slot record.
     rh = np.zeros(n_inst, dtype=np.int64)
     rn = np.full(n_inst, cap, dtype=np.int64)
+    for k in range(n_inst):
+        for r in range(R):
+            ring[k * R + r] = k * cap + (r if r < cap else 0)
     for x in range(n_slots):
         sl[4 * x + POS] = x % cap
+        sl[4 * x + 1] = 0
+        sl[4 * x + REF] = 0
         sl[4 * x + BLOCK] = -1
-        ring[(x // cap) * R + x % cap] = x
+        stamp[x] = -1
     free_len = np.full(n_inst, cap, dtype=np.int64)
     max_nb = 0
     for i in range(n):
