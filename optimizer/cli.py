@@ -778,6 +778,11 @@ def _trial_progress(console: Console, disable: bool) -> Any:
     )
 
 
+# Shown until the first trial ends: with an empty numba cache (a fresh install) the first
+# replay compiles the simulator's kernels, 30-60 s on a 2-core machine (docs/benchmarks.md).
+FIRST_TRIAL_TEXT = "first trial (a first run on this machine compiles the simulator: ~1 min)"
+
+
 def _on_trial(progress: Any, task: Any) -> Callable[[int, Any], None]:
     def on_trial(done: int, best: Any) -> None:
         text = (
@@ -804,7 +809,7 @@ def _run_optimize(**kwargs: Any) -> None:
     as_json = kwargs.pop("as_json")
     pins = dict(parse_pin(p) for p in kwargs.pop("pins"))
     progress = _trial_progress(Console(stderr=True), as_json)
-    task = progress.add_task("optimizing", total=kwargs["n_trials"], best="")
+    task = progress.add_task("optimizing", total=kwargs["n_trials"], best=FIRST_TRIAL_TEXT)
     try:
         with progress:
             result = optimize(pins=pins, on_trial=_on_trial(progress, task), **kwargs)
@@ -1007,7 +1012,8 @@ def batch_cmd(traces: tuple[str, ...], out_dir: str, study_prefix: str, **kwargs
 
     def on_start(i: int, item: Any) -> Callable[[int, Any], None]:
         label = f"{i + 1}/{len(items)} {Path(item.trace).name}"
-        return _on_trial(progress, progress.add_task(label, total=kwargs["n_trials"], best=""))
+        task = progress.add_task(label, total=kwargs["n_trials"], best=FIRST_TRIAL_TEXT)
+        return _on_trial(progress, task)
 
     try:
         with progress:
