@@ -72,6 +72,24 @@ class Scratch:
             return None
         return arr
 
+    def borrow(
+        self,
+        role: str,
+        shape: tuple[int, ...],
+        dtype: type,
+        kept: dict[str, np.ndarray],
+        *,
+        zeros: bool = False,
+    ) -> np.ndarray:
+        """The kept array for ``role`` (see :meth:`take`), else a new one (``numpy.zeros``:
+        pages zeroed on first touch, or uninitialised); recorded in ``kept`` for the caller
+        to :meth:`give` back after a completed replay."""
+        arr = self.take(role, shape, dtype)
+        if arr is None:
+            arr = np.zeros(shape, dtype=dtype) if zeros else np.empty(shape, dtype=dtype)
+        kept[role] = arr
+        return arr
+
     def give(self, role: str, arr: np.ndarray) -> None:
         """Keep ``arr`` for the next replay that needs ``role`` in its shape."""
         with self._lock:
@@ -141,10 +159,8 @@ def simulate_engine(
     kept: dict[str, np.ndarray] = {}
     tier_args, counters = _tier_arrays(cfg.tiers, n_blocks, cfg.n_instances, costs, kept)
     map_shape = (cfg.n_instances * n_blocks,)
-    slot_of = SCRATCH.take("slot_of", map_shape, np.int32)  # all zero: see simulate_nb
-    if slot_of is None:
-        slot_of = np.zeros(map_shape, dtype=np.int32)  # calloc: pages zeroed on touch
-    kept["slot_of"] = slot_of
+    # all zero, kept or new: see simulate_nb
+    slot_of = SCRATCH.borrow("slot_of", map_shape, np.int32, kept, zeros=True)
     load_s = np.zeros(n)
     first = np.full(n, np.nan)
     finish = np.full(n, np.nan)
@@ -211,14 +227,7 @@ def _pool_arrays(
         "stamps": ((n_slots,), np.int64),
         "free_rings": (((cfg.n_instances + 1) * ring_len,), np.int32),
     }
-    out = []
-    for role, (shape, dtype) in shapes.items():
-        arr = SCRATCH.take(role, shape, dtype)
-        if arr is None:
-            arr = np.empty(shape, dtype=dtype)
-        kept[role] = arr
-        out.append(arr)
-    return tuple(out)
+    return tuple(SCRATCH.borrow(role, *spec, kept) for role, spec in shapes.items())
 
 
 def _tier_arrays(
@@ -285,21 +294,15 @@ def _tier_arrays(
     kept = {} if kept is None else kept
 
     def filled(role: str, shape: tuple[int, ...], dtype: type, value: float) -> np.ndarray:
-        arr = SCRATCH.take(role, shape, dtype)
-        if arr is None:
-            arr = np.empty(shape, dtype=dtype)
+        arr = SCRATCH.borrow(role, shape, dtype, kept)
         arr.fill(value)
-        kept[role] = arr
         return arr
 
     row = np.zeros(BLK_LANES, dtype=np.int32)  # as TierState does, in one pass of stores
     row[L_PRV] = row[L_NXT] = NIL
     row[L_WHERE] = W_ABSENT
-    blk = SCRATCH.take("blk", (P, n_blocks, BLK_LANES), np.int32)
-    if blk is None:
-        blk = np.empty((P, n_blocks, BLK_LANES), dtype=np.int32)
+    blk = SCRATCH.borrow("blk", (P, n_blocks, BLK_LANES), np.int32, kept)
     fill_rows_nb(blk.reshape(-1, BLK_LANES), row)
-    kept["blk"] = blk
     prio = filled("prio", (P, width), np.float64, 0.0)
     stamp = filled("stamp", (P, width), np.int64, 0)
     hpos = filled("hpos", (P, width), np.int32, NIL)

@@ -53,6 +53,24 @@ from optimizer.sim.timing import iteration_time
 
 iteration_time_nb = njit(cache=True, nogil=True)(iteration_time)
 
+
+@njit(cache=True, nogil=True, inline="always")
+def step_time_nb(tokens: int, attn: int, kv_read: int, tparams: np.ndarray) -> float:
+    """:func:`iteration_time` with the packed parameters of ``SimConfig.timing_params``."""
+    return iteration_time_nb(
+        tokens,
+        attn,
+        kv_read,
+        tparams[0],
+        tparams[1],
+        tparams[2],
+        tparams[3],
+        tparams[4],
+        tparams[5],
+        tparams[6],
+    )
+
+
 ROUND_ROBIN, LEAST_LOADED, PREFIX_AFFINITY = 0, 1, 2
 # Fields of a slot record in ``sl`` (int32, 4 per slot, one cache line holds 4 slots): every
 # pool operation on a slot touches one record instead of several arrays. POS is the slot's
@@ -141,18 +159,7 @@ def skip_back_nb(
     busy = seg_busy[k]
     begun = 0
     while begun < seg_steps[k] and t < now:
-        dt = iteration_time_nb(
-            m,
-            attn,
-            kv_read,
-            tparams[0],
-            tparams[1],
-            tparams[2],
-            tparams[3],
-            tparams[4],
-            tparams[5],
-            tparams[6],
-        )
+        dt = step_time_nb(m, attn, kv_read, tparams)
         busy += dt
         t += dt
         begun += 1
@@ -641,18 +648,7 @@ def simulate_nb(
                 wake[k] = w
                 continue
             wake[k] = np.inf
-            dt = iteration_time_nb(
-                tokens,
-                attn,
-                kv_read,
-                tparams[0],
-                tparams[1],
-                tparams[2],
-                tparams[3],
-                tparams[4],
-                tparams[5],
-                tparams[6],
-            )
+            dt = step_time_nb(tokens, attn, kv_read, tparams)
             t = now
             if m == run_len[k] and steps_left > 1:
                 # A decode-only batch with every running request in it: until one of them
@@ -673,18 +669,7 @@ def simulate_nb(
                     s += 1
                     attn += 2 * m
                     kv_read += m
-                    dt = iteration_time_nb(
-                        m,
-                        attn,
-                        kv_read,
-                        tparams[0],
-                        tparams[1],
-                        tparams[2],
-                        tparams[3],
-                        tparams[4],
-                        tparams[5],
-                        tparams[6],
-                    )
+                    dt = step_time_nb(m, attn, kv_read, tparams)
                 if s > 0:
                     for idx in range(m):
                         i = run[k, sched_pos[k, idx]]
