@@ -87,7 +87,8 @@ def test_kept_scratch_arrays_give_fresh_results(first, second, p99) -> None:
     simulate_raw(trace, cfg, engine="numba", slo=slo, stop_early=True)
     again = simulate_raw(trace, cfg, engine="numba", slo=slo, stop_early=True)
     assert_same_tiers(fresh, again)
-    kept = SCRATCH.take("slot_of", (cfg.n_instances * max(trace.n_blocks, 1),), np.int32)
+    n_shared = max(trace.shared_blocks[1], 1)
+    kept = SCRATCH.take("slot_of", (cfg.n_instances * n_shared,), np.int32)
     assert kept is not None and not kept.any()
 
 

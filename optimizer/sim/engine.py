@@ -47,8 +47,8 @@ class Scratch:
     """Large per-block arrays kept from one replay for the next replay of the same shape.
 
     A replay over millions of distinct blocks uses about 1 GB of per-block state: the
-    per-instance prefix-cache maps (``instances x blocks`` int32) and, with lower tiers, one
-    16-byte row per block and pool. Allocated fresh, every page of it is faulted in and zeroed
+    per-instance prefix-cache maps (``instances x shared blocks`` int32) and, with lower tiers,
+    one 16-byte row per block and pool. Allocated fresh, every page of it is faulted in and zeroed
     by the operating system on each replay, which took about a third of a warm replay with
     lower tiers; a kept array costs one pass of stores to reset (the map none: the kernel
     clears the entries it set). The HBM pools' arrays (slot records, free rings, each
@@ -131,10 +131,12 @@ def simulate_engine(
         raise ValueError("token_budget >= 1, router in 0..2, affinity_overload >= 0 required")
     if cfg.max_seqs > MAX_SEQS:
         raise InputError(f"max_num_seqs {cfg.max_seqs} is above the supported {MAX_SEQS}")
-    if cfg.n_instances * n_blocks > MAX_MAP_ENTRIES:
+    shared, n_shared = trace.shared_blocks  # computed once per trace, bounds by construction
+    n_shared = max(n_shared, 1)
+    if cfg.n_instances * n_shared > MAX_MAP_ENTRIES:
         raise InputError(
-            f"{cfg.n_instances} instances x {n_blocks:,} distinct blocks is too large a cache "
-            "map; use a larger block size or fewer instances"
+            f"{cfg.n_instances} instances x {n_shared:,} blocks read more than once is too "
+            "large a cache map; use a larger block size or fewer instances"
         )
     if cfg.n_instances * (cfg.capacity_blocks + 1) > MAX_SLOTS or cfg.capacity_blocks > MAX_CAP:
         raise InputError(
@@ -158,7 +160,7 @@ def simulate_engine(
         )
     kept: dict[str, np.ndarray] = {}
     tier_args, counters = _tier_arrays(cfg.tiers, n_blocks, cfg.n_instances, costs, kept)
-    map_shape = (cfg.n_instances * n_blocks,)
+    map_shape = (cfg.n_instances * n_shared,)
     # all zero, kept or new: see simulate_nb
     slot_of = SCRATCH.borrow("slot_of", map_shape, np.int32, kept, zeros=True)
     load_s = np.zeros(n)
@@ -174,8 +176,9 @@ def simulate_engine(
         trace.output_tokens,
         trace.block_offsets,
         trace.block_ids,
+        shared,
+        n_shared,
         tb,
-        n_blocks,
         cfg.n_instances,
         cfg.capacity_blocks,
         ring_len,

@@ -90,8 +90,11 @@ def _nan_equal(a: Any, b: Any) -> bool:
     return a == b
 
 
-def _q(x: np.ndarray, q: float) -> float:
-    return float(np.quantile(x, q, method="linear")) if len(x) else math.nan
+def _quantiles(x: np.ndarray, qs: tuple[float, ...]) -> list[float]:
+    """Linear-interpolation quantiles (NaN for no data), in one partition of ``x``."""
+    if not len(x):
+        return [math.nan] * len(qs)
+    return [float(v) for v in np.quantile(x, qs, method="linear")]
 
 
 def _mean(x: np.ndarray) -> float:
@@ -159,17 +162,18 @@ def compute_metrics(
     n_inst = len(raw.busy_s)
     busy = float(raw.busy_s.sum()) / (n_inst * duration) if duration > 0 and n_inst else math.nan
     cost_mtok = cost_per_hour / (tps * 3600 / 1e6) if tps and tps > 0 else math.inf
+    ttft_p50, ttft_p90, ttft_p99, ttft_p999 = _quantiles(ttft, (0.5, 0.9, 0.99, 0.999))
     metrics = Metrics(
         n_requests=n,
         n_served=n_served,
         n_rejected=int(rejected.sum()),
         ttft_mean_s=_mean(ttft),
-        ttft_p50_s=_q(ttft, 0.5),
-        ttft_p90_s=_q(ttft, 0.9),
-        ttft_p99_s=_q(ttft, 0.99),
-        ttft_p999_s=_q(ttft, 0.999),
+        ttft_p50_s=ttft_p50,
+        ttft_p90_s=ttft_p90,
+        ttft_p99_s=ttft_p99,
+        ttft_p999_s=ttft_p999,
         tpot_mean_s=_mean(tpot),
-        tpot_p99_s=_q(tpot, 0.99),
+        tpot_p99_s=_quantiles(tpot, (0.99,))[0],
         e2e_mean_s=_mean(e2e),
         throughput_rps=rps,
         throughput_tps=tps,

@@ -1,12 +1,15 @@
 """Numba kernels of the serving simulator: the same rules as :mod:`optimizer.sim.reference`.
 
 Everything is flat arrays indexed by request, instance or global slot (``k * capacity + s``).
-The per-instance prefix-cache map is ``slot_of[k * n_blocks + block]``, holding the slot plus
-one (0 when not cached). The wrapper allocates it with ``numpy.zeros`` (calloc: lazily zeroed
-pages, unlike an allocation inside a kernel, which numba fills eagerly), so a first replay pays
-only for the pages its instances touch, not for ``instances x distinct blocks`` entries up
-front. The kernel clears the entries it set before it returns, so the wrapper keeps the map for
-the next replay of the same shape instead of faulting in fresh zeroed pages each time.
+The per-instance prefix-cache map is ``slot_of[k * n_shared + shared[ref]]``, holding the slot
+plus one (0 when not cached). It covers only blocks that more than one reference reads
+(``BlockedTrace.shared_blocks``): a block read once is never looked up by another request, so
+registering or evicting it need not touch the map (the slot still holds it, for the free
+queue's order and the lower tiers). The wrapper allocates the map with ``numpy.zeros``
+(calloc: lazily zeroed pages, unlike an allocation inside a kernel, which numba fills eagerly),
+so a first replay pays only for the pages its instances touch. The kernel clears the entries
+it set before it returns, so the wrapper keeps the map for the next replay of the same shape
+instead of faulting in fresh zeroed pages each time.
 The free queue of instance ``k`` is a ring of slot ids, ``ring[k * R:(k + 1) * R]`` with
 ``R = 2 * capacity + AHEAD`` entries (any ``R > max(capacity, AHEAD)`` is correct; a short
 ring only compacts more often), read from its head: a freed slot is written at the tail (or just
@@ -74,8 +77,10 @@ def step_time_nb(tokens: int, attn: int, kv_read: int, tparams: np.ndarray) -> f
 ROUND_ROBIN, LEAST_LOADED, PREFIX_AFFINITY = 0, 1, 2
 # Fields of a slot record in ``sl`` (int32, 4 per slot, one cache line holds 4 slots): every
 # pool operation on a slot touches one record instead of several arrays. POS is the slot's
-# index in its instance's free ring while it is free (-1 while pinned); field 1 is unused.
-POS, REF, BLOCK = 0, 2, 3
+# index in its instance's free ring while it is free (-1 while pinned); BLOCK the block it
+# caches (-1: none, an anonymous slot); MAP the block's map index while the map names this
+# slot (-1 otherwise: no block, or a block read only once).
+POS, MAP, REF, BLOCK = 0, 1, 2, 3
 # Entries between prefetching a slot record (ring or request order) and using it, and half
 # that for the map entry of the block cached in a slot about to be taken: far enough for a
 # miss to arrive meanwhile. The ring (2 * capacity + AHEAD entries) is longer than AHEAD, which
@@ -116,15 +121,19 @@ def _compact_nb(
 
 @njit(cache=True, nogil=True)
 def _lookup_nb(
-    slot_of: np.ndarray, base: int, block_ids: np.ndarray, start: int, cap: int, found: np.ndarray
+    slot_of: np.ndarray, base: int, shared: np.ndarray, start: int, cap: int, found: np.ndarray
 ) -> int:
-    """Leading blocks of ``block_ids[start:start+cap]`` cached in the map at offset ``base``.
+    """Leading blocks of references ``start:start+cap`` cached in the map at offset ``base``.
 
     Their slots go to ``found[0:h]`` (room for the longest prompt), saving a second look-up.
+    A block read only once (``shared`` -1) is never cached for another request: a miss.
     """
     h = 0
     while h < cap:
-        s1 = slot_of[base + block_ids[start + h]]
+        m = shared[start + h]
+        if m < 0:
+            break
+        s1 = slot_of[base + m]
         if s1 == 0:
             break
         found[h] = s1 - 1
@@ -176,8 +185,9 @@ def simulate_nb(
     out: np.ndarray,  # i8 (n,)
     boff: np.ndarray,  # i8 (n+1,)
     block_ids: np.ndarray,  # i4 (refs,)
+    shared: np.ndarray,  # i4 (refs,): map index of a block read more than once, else -1
+    n_shared: int,  # blocks read more than once (map entries per instance), >= 1
     total_blocks: np.ndarray,  # i8 (n,)
-    n_blocks: int,  # distinct block ids
     n_inst: int,
     cap: int,  # HBM slots per instance
     R: int,  # entries of each instance's free ring (engine.free_ring_length: 2 * cap + AHEAD)
@@ -196,7 +206,7 @@ def simulate_nb(
     inst_of: np.ndarray,  # out i8 (n,) -1-filled
     busy_time: np.ndarray,  # out f8 (n_inst,)
     stats: np.ndarray,  # out f8 (3,): n_iterations, early_stopped, end time
-    slot_of: np.ndarray,  # scratch i4 (n_inst * n_blocks,), all zero; all zero on return
+    slot_of: np.ndarray,  # scratch i4 (n_inst * n_shared,), all zero; all zero on return
     n_tiers: int,  # lower tiers (0: HBM only; the tier arguments are then placeholders)
     ts: tuple,  # stacked cache-engine state of every lower-tier pool (see nb_tiers)
     tp: tuple,  # lower-tier parameters (see nb_tiers)
@@ -257,12 +267,14 @@ def simulate_nb(
     for k in range(n_inst):
         for r in range(R):
             ring[k * R + r] = k * cap + (r if r < cap else 0)
-    for x in range(n_slots):
-        sl[4 * x + POS] = x % cap
-        sl[4 * x + 1] = 0
-        sl[4 * x + REF] = 0
-        sl[4 * x + BLOCK] = -1
-        stamp[x] = -1
+    for k in range(n_inst):
+        for x in range(cap):
+            g = k * cap + x
+            sl[4 * g + POS] = x
+            sl[4 * g + MAP] = -1
+            sl[4 * g + REF] = 0
+            sl[4 * g + BLOCK] = -1
+            stamp[g] = -1
     free_len = np.full(n_inst, cap, dtype=np.int64)
     max_nb = 0
     for i in range(n):
@@ -317,7 +329,7 @@ def simulate_nb(
                 n_act += 1
         for a in range(n_act):
             k = act[a]
-            base = k * n_blocks
+            base = k * n_shared
             m = n_sched[k]
             n_done = 0
             nw = 0
@@ -333,10 +345,14 @@ def simulate_nb(
                     full = nb
                 for j in range(reg[i], full):
                     b = block_ids[boff[i] + j]
-                    if slot_of[base + b] == 0:
+                    mi = shared[boff[i] + j]
+                    if mi < 0:  # read by no other request: cached, never looked up
+                        sl[4 * slots[slot_off[i] + j] + BLOCK] = b
+                    elif slot_of[base + mi] == 0:
                         s = slots[slot_off[i] + j]
-                        slot_of[base + b] = s + 1
+                        slot_of[base + mi] = s + 1
                         sl[4 * s + BLOCK] = b
+                        sl[4 * s + MAP] = mi
                     if n_tiers > 0 and j >= comp_from[i]:
                         wbuf[nw] = b
                         nw += 1
@@ -451,14 +467,15 @@ def simulate_nb(
                 k = -1
                 best_hits = -1
                 best_load = 0
-                if hcap > 0:  # each instance's first look-up misses: let the misses overlap
+                if hcap > 0 and shared[boff[i]] >= 0:
+                    # each instance's first look-up misses: let the misses overlap
                     for kk in range(n_inst):
-                        prefetch(slot_of, kk * n_blocks + block_ids[boff[i]])
+                        prefetch(slot_of, kk * n_shared + shared[boff[i]])
                 for kk in range(n_inst):
                     ld = q_len[kk] + run_len[kk]
                     if ld > limit:
                         continue
-                    h = _lookup_nb(slot_of, kk * n_blocks, block_ids, boff[i], hcap, found)
+                    h = _lookup_nb(slot_of, kk * n_shared, shared, boff[i], hcap, found)
                     if h > best_hits or (h == best_hits and ld < best_load):
                         k = kk
                         best_hits = h
@@ -478,7 +495,7 @@ def simulate_nb(
                 n_act += 1
         for a in range(n_act):
             k = act[a]
-            base = k * n_blocks
+            base = k * n_shared
             budget = budget_max
             m = 0
             # the iteration's sums (tokens, attention, KV read) as requests are scheduled
@@ -520,7 +537,7 @@ def simulate_nb(
                 hcap = (inp[i] - 1) // B
                 if nb < hcap:
                     hcap = nb
-                h = _lookup_nb(slot_of, base, block_ids, boff[i], hcap, found)
+                h = _lookup_nb(slot_of, base, shared, boff[i], hcap, found)
                 need = total_blocks[i] - h
                 stamp_ctr += 1
                 pinned_free = 0
@@ -584,9 +601,9 @@ def simulate_nb(
                         t = r + AHEAD // 2
                         if t >= R:
                             t -= R
-                        bt = sl[4 * ring[o + t] + BLOCK]
-                        if bt != -1:
-                            prefetch(slot_of, base + bt)
+                        mt = sl[4 * ring[o + t] + MAP]
+                        if mt >= 0:
+                            prefetch(slot_of, base + mt)
                         s = ring[o + r]
                         live = sl[4 * s + POS] == r
                         r += 1
@@ -599,7 +616,10 @@ def simulate_nb(
                     free_len[k] -= 1
                     old = sl[4 * s + BLOCK]
                     if old != -1:
-                        slot_of[base + old] = 0
+                        mo = sl[4 * s + MAP]
+                        if mo >= 0:
+                            slot_of[base + mo] = 0
+                            sl[4 * s + MAP] = -1
                         sl[4 * s + BLOCK] = -1
                         evbuf[ne] = old
                         ne += 1
@@ -684,12 +704,12 @@ def simulate_nb(
             n_iter += 1
 
     # Leave the map all zero again so the caller can reuse it for the next replay: every
-    # non-zero entry is the map entry of a slot's registered block, so clearing those entries
-    # costs one pass over the slots instead of one over instances x distinct blocks.
+    # non-zero entry is named by the MAP field of the slot it holds, so clearing those entries
+    # costs one pass over the slots instead of one over the whole map.
     for x in range(n_slots):
-        b = sl[4 * x + BLOCK]
-        if b != -1:
-            slot_of[(x // cap) * n_blocks + b] = 0
+        mx = sl[4 * x + MAP]
+        if mx >= 0:
+            slot_of[(x // cap) * n_shared + mx] = 0
     stats[0] = n_iter
     stats[1] = 1.0 if early else 0.0
     stats[2] = now

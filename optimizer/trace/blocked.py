@@ -9,8 +9,11 @@ is safe to hand to any kernel.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import cached_property
 
 import numpy as np
+
+from optimizer.trace.shared import shared_block_index
 
 
 @dataclass(frozen=True, eq=False)
@@ -94,6 +97,16 @@ class BlockedTrace:
     @property
     def n_block_refs(self) -> int:
         return int(self.block_offsets[-1])
+
+    @cached_property
+    def shared_blocks(self) -> tuple[np.ndarray, int]:
+        """``(shared, n_shared)``: per block reference, the block's dense number among the
+        blocks referenced more than once (-1 for a block referenced once), and their count.
+
+        Computed once per trace and kept (a frozen trace's arrays are not to be changed): the
+        serving kernel's prefix-cache map is indexed by it; see :mod:`optimizer.trace.shared`.
+        """
+        return shared_block_index(self.block_ids, self.n_blocks)
 
     def request_blocks(self, i: int) -> np.ndarray:
         """Block ids of request ``i`` in prompt order (a view)."""
