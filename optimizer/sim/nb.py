@@ -28,7 +28,11 @@ formula on the same integer sums, added in the same order), and meanwhile nothin
 instance or the router reads changes; admission, if its queue is blocked, stays blocked until a
 finish. An early stop in the middle takes back the steps begun after it (``skip_back_nb``).
 The kernels do no
-bounds checks: :mod:`optimizer.sim.engine` validates every array before the call. The
+bounds checks: :mod:`optimizer.sim.engine` validates every array before the call. The loops that
+run once per block (taking, registering, releasing slots; look-ups; pins) index with unsigned
+integers (``u64``): numba then leaves out the wrap-around of negative indices, a compare and
+select per access that took about a fifth of a replay. Every such index is non-negative by
+construction. The
 semantics are in the docstring of :mod:`optimizer.sim.reference`. Lower tiers are kernels in
 :mod:`optimizer.sim.nb_tiers`, called at the same hooks as the reference's ``LowerTiers`` and
 only when there is work for them (each call hands over every tier array, which numba
@@ -86,6 +90,8 @@ POS, MAP, REF, BLOCK = 0, 1, 2, 3
 # miss to arrive meanwhile. The ring (2 * capacity + AHEAD entries) is longer than AHEAD, which
 # the allocation loop's wrap of ``r + AHEAD`` relies on.
 AHEAD = 16
+# An index numba takes as is (no wrap-around of negative values): see the module docstring.
+u64 = np.uint64
 
 
 @njit(cache=True, nogil=True)
@@ -130,15 +136,157 @@ def _lookup_nb(
     """
     h = 0
     while h < cap:
-        m = shared[start + h]
+        m = shared[u64(start + h)]
         if m < 0:
             break
-        s1 = slot_of[base + m]
+        s1 = slot_of[u64(base + m)]
         if s1 == 0:
             break
-        found[h] = s1 - 1
+        found[u64(h)] = s1 - 1
         h += 1
     return h
+
+
+@njit(cache=True, nogil=True)
+def _take_nb(
+    sl: np.ndarray,
+    ring: np.ndarray,
+    slot_of: np.ndarray,
+    slots: np.ndarray,
+    evbuf: np.ndarray,
+    o: int,
+    R: int,
+    base: int,
+    so: int,
+    j0: int,
+    j1: int,
+    r: int,
+    left: int,
+) -> tuple[int, int, int]:
+    """Take slots ``slots[so + j0:so + j1]`` from the head of the free ring at ``ring[o:o + R]``.
+
+    ``r`` is the ring's head and ``left`` its entry count; stale entries (free slots a request
+    has pinned since) are skipped. A block cached in a taken slot is evicted: its map entry
+    (map offset ``base``) is cleared and its id goes to ``evbuf``. Returns the new head, the
+    new entry count and the number of evicted blocks. The records of later entries, and the
+    map entries of their blocks, are prefetched so that their misses overlap.
+    """
+    ne = 0
+    for j in range(j0, j1):
+        while True:
+            t = r + AHEAD
+            if t >= R:
+                t -= R
+            prefetch(sl, 4 * ring[u64(o + t)])
+            t = r + AHEAD // 2
+            if t >= R:
+                t -= R
+            mt = sl[u64(4 * ring[u64(o + t)] + MAP)]
+            if mt >= 0:
+                prefetch(slot_of, base + mt)
+            s = ring[u64(o + r)]
+            live = sl[u64(4 * s + POS)] == r
+            r += 1
+            if r == R:
+                r = 0
+            left -= 1
+            if live:
+                break
+        sl[u64(4 * s + POS)] = -1
+        old = sl[u64(4 * s + BLOCK)]
+        if old != -1:
+            mo = sl[u64(4 * s + MAP)]
+            if mo >= 0:
+                slot_of[u64(base + mo)] = 0
+                sl[u64(4 * s + MAP)] = -1
+            sl[u64(4 * s + BLOCK)] = -1
+            evbuf[u64(ne)] = old
+            ne += 1
+        sl[u64(4 * s + REF)] = 1
+        slots[u64(so + j)] = s
+    return r, left, ne
+
+
+@njit(cache=True, nogil=True)
+def _register_nb(
+    sl: np.ndarray,
+    slot_of: np.ndarray,
+    slots: np.ndarray,
+    block_ids: np.ndarray,
+    shared: np.ndarray,
+    base: int,
+    ref0: int,
+    slot0: int,
+    j0: int,
+    j1: int,
+    wbuf: np.ndarray,
+    nw: int,
+    w_from: int,
+) -> int:
+    """Cache a request's newly computed blocks ``j0:j1`` in their slots.
+
+    Block ``j`` is reference ``ref0 + j`` and sits in slot ``slots[slot0 + j]``. A block read
+    more than once goes into the map (offset ``base``) unless another slot already holds it
+    (then this slot stays anonymous); a block read once is only recorded in its slot. Blocks
+    from ``w_from`` on are appended to ``wbuf`` for the lower tiers; returns the new length.
+    """
+    for j in range(j0, j1):
+        b = block_ids[u64(ref0 + j)]
+        mi = shared[u64(ref0 + j)]
+        if mi < 0:  # read by no other request: cached, never looked up
+            sl[u64(4 * slots[u64(slot0 + j)] + BLOCK)] = b
+        elif slot_of[u64(base + mi)] == 0:
+            s = slots[u64(slot0 + j)]
+            slot_of[u64(base + mi)] = s + 1
+            sl[u64(4 * s + BLOCK)] = b
+            sl[u64(4 * s + MAP)] = mi
+        if j >= w_from:
+            wbuf[u64(nw)] = b
+            nw += 1
+    return nw
+
+
+@njit(cache=True, nogil=True)
+def _release_nb(
+    sl: np.ndarray,
+    ring: np.ndarray,
+    slots: np.ndarray,
+    rh: np.ndarray,
+    rn: np.ndarray,
+    free_len: np.ndarray,
+    k: int,
+    R: int,
+    j0: int,
+    j1: int,
+) -> None:
+    """Unpin a finished request's slots ``slots[j0:j1]`` on instance ``k``, tail-first.
+
+    A slot no longer pinned joins the free ring: at the tail if it caches a block (the least
+    recently used are taken first), at the head if it is anonymous (reused before any cached
+    block is evicted).
+    """
+    for j in range(j1 - 1, j0 - 1, -1):
+        if j - AHEAD >= j0:
+            prefetch(sl, 4 * slots[u64(j - AHEAD)])
+        s = slots[u64(j)]
+        c = sl[u64(4 * s + REF)] - 1
+        sl[u64(4 * s + REF)] = c
+        if c == 0:
+            free_len[u64(k)] += 1
+            if rn[u64(k)] == R:
+                _compact_nb(sl, ring, rh, rn, k, R)
+            if sl[u64(4 * s + BLOCK)] == -1:  # anonymous: to the head
+                r = rh[u64(k)] - 1
+                if r < 0:
+                    r += R
+                rh[u64(k)] = r
+            else:  # to the tail
+                r = rh[u64(k)] + rn[u64(k)]
+                if r >= R:
+                    r -= R
+            ring[u64(k * R + r)] = s
+            sl[u64(4 * s + POS)] = r
+            rn[u64(k)] += 1
 
 
 @njit(cache=True, nogil=True)
@@ -343,20 +491,12 @@ def simulate_nb(
                 full = kv[i] // B
                 if full > nb:
                     full = nb
-                for j in range(reg[i], full):
-                    b = block_ids[boff[i] + j]
-                    mi = shared[boff[i] + j]
-                    if mi < 0:  # read by no other request: cached, never looked up
-                        sl[4 * slots[slot_off[i] + j] + BLOCK] = b
-                    elif slot_of[base + mi] == 0:
-                        s = slots[slot_off[i] + j]
-                        slot_of[base + mi] = s + 1
-                        sl[4 * s + BLOCK] = b
-                        sl[4 * s + MAP] = mi
-                    if n_tiers > 0 and j >= comp_from[i]:
-                        wbuf[nw] = b
-                        nw += 1
                 if full > reg[i]:
+                    w_from = comp_from[i] if n_tiers > 0 else full  # computed: to lower tiers
+                    nw = _register_nb(
+                        sl, slot_of, slots, block_ids, shared, base, boff[i], slot_off[i],
+                        reg[i], full, wbuf, nw, w_from,
+                    )  # fmt: skip
                     reg[i] = full
                 done = False
                 if was_prefill:
@@ -385,28 +525,9 @@ def simulate_nb(
                             d = 1
                         if (now - first[i]) / d > slo_thr[3]:
                             over2 += 1
-                    # release slots tail-first
-                    for j in range(slot_off[i + 1] - 1, slot_off[i] - 1, -1):
-                        if j - AHEAD >= slot_off[i]:
-                            prefetch(sl, 4 * slots[j - AHEAD])
-                        s = slots[j]
-                        sl[4 * s + REF] -= 1
-                        if sl[4 * s + REF] == 0:
-                            free_len[k] += 1
-                            if rn[k] == R:
-                                _compact_nb(sl, ring, rh, rn, k, R)
-                            if sl[4 * s + BLOCK] == -1:  # anonymous: to the head
-                                r = rh[k] - 1
-                                if r < 0:
-                                    r += R
-                                rh[k] = r
-                            else:  # to the tail
-                                r = rh[k] + rn[k]
-                                if r >= R:
-                                    r -= R
-                            ring[k * R + r] = s
-                            sl[4 * s + POS] = r
-                            rn[k] += 1
+                    _release_nb(
+                        sl, ring, slots, rh, rn, free_len, k, R, slot_off[i], slot_off[i + 1]
+                    )
                     run[k, pos] = -1
             if n_done:
                 w = 0
@@ -542,9 +663,9 @@ def simulate_nb(
                 stamp_ctr += 1
                 pinned_free = 0
                 for j in range(h):
-                    s = found[j]
-                    if sl[4 * s + REF] == 0 and stamp[s] != stamp_ctr:
-                        stamp[s] = stamp_ctr
+                    s = found[u64(j)]
+                    if sl[u64(4 * s + REF)] == 0 and stamp[u64(s)] != stamp_ctr:
+                        stamp[u64(s)] = stamp_ctr
                         pinned_free += 1
                 if need > free_len[k] - pinned_free:
                     break
@@ -578,53 +699,21 @@ def simulate_nb(
                             hitbuf, path,
                         )  # fmt: skip
                 # admit: pin the hits, allocate the rest
-                ne = 0
                 so = slot_off[i]
                 for j in range(h):
-                    s = found[j]
-                    if sl[4 * s + REF] == 0:
-                        sl[4 * s + POS] = -1  # its ring entry is now stale
+                    s = found[u64(j)]
+                    c = sl[u64(4 * s + REF)]
+                    if c == 0:
+                        sl[u64(4 * s + POS)] = -1  # its ring entry is now stale
                         free_len[k] -= 1
-                    sl[4 * s + REF] += 1
-                    slots[so + j] = s
-                # take slots from the ring's head, skipping stale entries; the records (and
-                # the map entries of their blocks) of later entries are prefetched
-                o = k * R
-                r = rh[k]
-                left = rn[k]
-                for j in range(h, total_blocks[i]):
-                    while True:
-                        t = r + AHEAD
-                        if t >= R:
-                            t -= R
-                        prefetch(sl, 4 * ring[o + t])
-                        t = r + AHEAD // 2
-                        if t >= R:
-                            t -= R
-                        mt = sl[4 * ring[o + t] + MAP]
-                        if mt >= 0:
-                            prefetch(slot_of, base + mt)
-                        s = ring[o + r]
-                        live = sl[4 * s + POS] == r
-                        r += 1
-                        if r == R:
-                            r = 0
-                        left -= 1
-                        if live:
-                            break
-                    sl[4 * s + POS] = -1
-                    free_len[k] -= 1
-                    old = sl[4 * s + BLOCK]
-                    if old != -1:
-                        mo = sl[4 * s + MAP]
-                        if mo >= 0:
-                            slot_of[base + mo] = 0
-                            sl[4 * s + MAP] = -1
-                        sl[4 * s + BLOCK] = -1
-                        evbuf[ne] = old
-                        ne += 1
-                    sl[4 * s + REF] = 1
-                    slots[so + j] = s
+                    sl[u64(4 * s + REF)] = c + 1
+                    slots[u64(so + j)] = s
+                # take the other slots from the free ring's head
+                r, left, ne = _take_nb(
+                    sl, ring, slot_of, slots, evbuf, k * R, R, base, so, h, total_blocks[i],
+                    rh[k], rn[k],
+                )  # fmt: skip
+                free_len[k] -= total_blocks[i] - h
                 rh[k] = r
                 rn[k] = left
                 if ne > 0 and n_tiers > 0:
