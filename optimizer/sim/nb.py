@@ -16,9 +16,9 @@ ring only compacts more often), read from its head: a freed slot is written at t
 before the head), and a free slot that a request pins is not moved but marked (its record's
 ``POS`` no longer names its ring entry), so the entry is skipped when the head reaches it; a
 full ring is compacted. Allocation thus reads slot ids in sequence and can prefetch the
-records (and evicted blocks' map entries) of the slots it will take next, instead of walking
-a linked list in which each record names the next one (a dependent miss per slot). The
-order of the queue is the same as that of the reference's OrderedDict.
+records of the slots it will take next, instead of walking a linked list in which each record
+names the next one (a dependent miss per slot). The order of the queue is the same as that of
+the reference's OrderedDict.
 
 Most iterations of a replay are decode steps that nothing else observes: when every running
 request of an instance is decoding (none prefilling or loading), the instance runs those steps
@@ -85,10 +85,9 @@ ROUND_ROBIN, LEAST_LOADED, PREFIX_AFFINITY = 0, 1, 2
 # caches (-1: none, an anonymous slot); MAP the block's map index while the map names this
 # slot (-1 otherwise: no block, or a block read only once).
 POS, MAP, REF, BLOCK = 0, 1, 2, 3
-# Entries between prefetching a slot record (ring or request order) and using it, and half
-# that for the map entry of the block cached in a slot about to be taken: far enough for a
-# miss to arrive meanwhile. The ring (2 * capacity + AHEAD entries) is longer than AHEAD, which
-# the allocation loop's wrap of ``r + AHEAD`` relies on.
+# Entries between prefetching a slot record (ring or request order) and using it: far enough
+# for a miss to arrive meanwhile. The ring (2 * capacity + AHEAD entries) is longer than AHEAD,
+# which the allocation loop's wrap of ``r + AHEAD`` relies on.
 AHEAD = 16
 # An index numba takes as is (no wrap-around of negative values): see the module docstring.
 u64 = np.uint64
@@ -168,8 +167,10 @@ def _take_nb(
     ``r`` is the ring's head and ``left`` its entry count; stale entries (free slots a request
     has pinned since) are skipped. A block cached in a taken slot is evicted: its map entry
     (map offset ``base``) is cleared and its id goes to ``evbuf``. Returns the new head, the
-    new entry count and the number of evicted blocks. The records of later entries, and the
-    map entries of their blocks, are prefetched so that their misses overlap.
+    new entry count and the number of evicted blocks. The records of later entries are
+    prefetched so that their misses overlap. (Clearing a map entry is a store, which does not
+    wait for its line; prefetching those entries too, which needs the record of a slot taken
+    later, made replays slower.)
     """
     ne = 0
     for j in range(j0, j1):
@@ -178,12 +179,6 @@ def _take_nb(
             if t >= R:
                 t -= R
             prefetch(sl, 4 * ring[u64(o + t)])
-            t = r + AHEAD // 2
-            if t >= R:
-                t -= R
-            mt = sl[u64(4 * ring[u64(o + t)] + MAP)]
-            if mt >= 0:
-                prefetch(slot_of, base + mt)
             s = ring[u64(o + r)]
             live = sl[u64(4 * s + POS)] == r
             r += 1
@@ -265,6 +260,10 @@ def _release_nb(
     recently used are taken first), at the head if it is anonymous (reused before any cached
     block is evicted).
     """
+    head = rh[k]
+    count = rn[k]
+    free = free_len[k]
+    o = k * R
     for j in range(j1 - 1, j0 - 1, -1):
         if j - AHEAD >= j0:
             prefetch(sl, 4 * slots[u64(j - AHEAD)])
@@ -272,21 +271,28 @@ def _release_nb(
         c = sl[u64(4 * s + REF)] - 1
         sl[u64(4 * s + REF)] = c
         if c == 0:
-            free_len[u64(k)] += 1
-            if rn[u64(k)] == R:
+            free += 1
+            if count == R:
+                rh[k] = head
+                rn[k] = count
                 _compact_nb(sl, ring, rh, rn, k, R)
+                head = rh[k]
+                count = rn[k]
             if sl[u64(4 * s + BLOCK)] == -1:  # anonymous: to the head
-                r = rh[u64(k)] - 1
-                if r < 0:
-                    r += R
-                rh[u64(k)] = r
+                head -= 1
+                if head < 0:
+                    head += R
+                r = head
             else:  # to the tail
-                r = rh[u64(k)] + rn[u64(k)]
+                r = head + count
                 if r >= R:
                     r -= R
-            ring[u64(k * R + r)] = s
+            ring[u64(o + r)] = s
             sl[u64(4 * s + POS)] = r
-            rn[u64(k)] += 1
+            count += 1
+    rh[k] = head
+    rn[k] = count
+    free_len[k] = free
 
 
 @njit(cache=True, nogil=True)
