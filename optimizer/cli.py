@@ -938,6 +938,20 @@ def compare_cmd(
     type=click.Path(dir_okay=False),
     help="Write the report as one self-contained HTML page (plot embedded).",
 )
+@click.option(
+    "--what-if",
+    "what_if",
+    is_flag=True,
+    help="Also replay the best policy without each lower tier, with each halved and doubled, "
+    "and with each tier the hardware offers that it leaves out.",
+)
+@click.option(
+    "--trace",
+    "trace_path",
+    default=None,
+    type=click.Path(dir_okay=False),
+    help="The study's trace, for --what-if, if it has moved since the study ran.",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print the report as one JSON object.")
 def report_cmd(
     study_name: str,
@@ -945,9 +959,15 @@ def report_cmd(
     top: int,
     plot_path: str | None,
     html_path: str | None,
+    what_if: bool,
+    trace_path: str | None,
     as_json: bool,
 ) -> None:
-    """What a study has found so far: best policy, next best, Pareto front, what mattered."""
+    """What a study has found so far: best policy, next best, Pareto front, what mattered.
+
+    With --what-if, the best policy is also replayed with its memory tiers changed, one change
+    at a time, on the study's trace, hardware, model, SLO and load mode.
+    """
     from optimizer.report.study import (
         html_study_report,
         load_existing_study,
@@ -956,7 +976,20 @@ def report_cmd(
         study_report,
     )
 
-    rep = study_report(load_existing_study(study_name, storage), top=top)
+    study = load_existing_study(study_name, storage)
+    rep = study_report(study, top=top)
+    if what_if:
+        from optimizer.report.whatif import what_if_for_study
+
+        status = Console(stderr=True).status("architecture what-if")
+        with status:
+
+            def progress(k: int, n: int, label: str) -> None:
+                status.update(f"architecture what-if: {k + 1}/{n} {label}")
+
+            rep["what_if"] = what_if_for_study(study, trace_path=trace_path, on_variant=progress)
+    elif trace_path is not None:
+        raise InputError("--trace is only read with --what-if", option="--trace")
     if plot_path is not None:
         plot_study(rep, plot_path)
     if html_path is not None:

@@ -222,6 +222,57 @@ def report_sections(rep: dict[str, Any]) -> list[Section]:
         )
     elif isinstance(imp, str):
         out.append(Section(f"parameter importance: {imp}"))
+    if rep.get("what_if"):
+        out += _what_if_sections(rep["what_if"])
+    return out
+
+
+def _what_if_sections(wi: dict[str, Any]) -> list[Section]:
+    """The architecture what-if (``report --what-if``): its table, and the variants that beat
+    the policy found (cheaper within the SLO; or, when it misses the SLO, meeting it)."""
+    capacity = wi["load"] == "capacity"
+    headers = ["variant", "$/1M tok", "vs found", "TTFT mean s", "TTFT p99 s", "TPOT p99 ms"]
+    headers += ["hit", *(["load x"] if capacity else []), "SLO"]
+    rows = []
+    for v in wi["variants"]:
+        if v.get("error") is not None:
+            rows.append([v["variant"], *["-"] * (len(headers) - 2), v["error"]])
+            continue
+        change = v["cost_change"]
+        slo = "met" if v["feasible"] else "missed"
+        if not v["feasible"] and v["slo_attainment"] is not None:
+            slo = f"missed ({v['slo_attainment']:.0%} of requests meet it)"
+        rows.append(
+            [
+                v["variant"],
+                fmt_cell("{:.4f}", v["cost_per_mtok"]),
+                "" if v["variant"] == "as found" else fmt_cell("{:+.1%}", change),
+                fmt_cell("{:.3f}", v["ttft_mean_s"]),
+                fmt_cell("{:.3f}", v["ttft_p99_s"]),
+                fmt_cell("{:.1f}", v["tpot_p99_s"] * 1e3),
+                fmt_cell("{:.1%}", sum(v["hit_ratio_tokens"].values())),
+                *([fmt_cell("{:.3g}", v["rate_scale"])] if capacity else []),
+                slo,
+            ]
+        )
+    whose = "best trial" if wi["trial_meets_slo"] else "closest trial"
+    out = [
+        Section(
+            f"architecture what-if: the {whose} ({wi['trial']}) with its memory tiers changed, "
+            "each replayed to the end",
+            headers,
+            rows,
+            left=(0, len(headers) - 1),
+        )
+    ]
+    others = [v for v in wi["variants"][1:] if v.get("error") is None and v["feasible"]]
+    if wi["trial_meets_slo"]:
+        better = [v for v in others if v["cost_change"] is not None and v["cost_change"] < 0]
+        if better:
+            names = ", ".join(f"{v['variant']} ({v['cost_change']:+.1%})" for v in better)
+            out.append(Section(f"cheaper and still within the SLO: {names}"))
+    elif others:
+        out.append(Section(f"within the SLO: {', '.join(v['variant'] for v in others)}"))
     return out
 
 
