@@ -49,3 +49,5 @@ def test_trace_computes_the_index_once_and_head_recomputes_it() -> None:
     assert shared.tolist() == [0, 1, -1, 0, 1, -1, -1, -1] and n_shared == 2
     first = trace.head(1)  # in the first request alone no block is read twice
     assert first.shared_blocks[0].tolist() == [-1, -1, -1] and first.shared_blocks[1] == 0
+    assert first.n_blocks == 3 and trace.head(2).n_blocks == 4  # the sample's id space
+    assert trace.head(0).n_blocks == 0

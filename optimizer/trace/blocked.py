@@ -113,9 +113,15 @@ class BlockedTrace:
         return self.block_ids[self.block_offsets[i] : self.block_offsets[i + 1]]
 
     def head(self, n: int) -> BlockedTrace:
-        """The first ``n`` requests, with ids left as they are (still dense-bounded)."""
+        """The first ``n`` requests, with ids left as they are.
+
+        The id space shrinks to the largest id used plus one: for a trace numbered by first
+        appearance (as :func:`optimizer.trace.blocks.block_trace` numbers), exactly the blocks
+        of the sample, so per-block state sized by ``n_blocks`` covers the sample only.
+        """
         n = max(0, min(n, self.n_requests))
         end = int(self.block_offsets[n])
+        ids = np.ascontiguousarray(self.block_ids[:end])
 
         def cut(a: np.ndarray | None) -> np.ndarray | None:
             return None if a is None else np.ascontiguousarray(a[:n])
@@ -125,8 +131,8 @@ class BlockedTrace:
             input_tokens=np.ascontiguousarray(self.input_tokens[:n]),
             output_tokens=np.ascontiguousarray(self.output_tokens[:n]),
             block_offsets=np.ascontiguousarray(self.block_offsets[: n + 1]),
-            block_ids=np.ascontiguousarray(self.block_ids[:end]),
-            n_blocks=self.n_blocks,
+            block_ids=ids,
+            n_blocks=int(ids.max()) + 1 if len(ids) else 0,
             block_tokens=self.block_tokens,
             session_id=cut(self.session_id),
             tenant_id=cut(self.tenant_id),
