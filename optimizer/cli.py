@@ -881,6 +881,13 @@ def optimize_main(**kwargs: Any) -> None:
     show_default=True,
     help="Replay arrivals this many times as fast.",
 )
+@click.option(
+    "--what-if",
+    "what_if",
+    is_flag=True,
+    help="Also replay each policy without each lower tier, with each halved and doubled, and "
+    "with each tier the hardware offers that it leaves out.",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print the comparison as one JSON object.")
 def compare_cmd(
     trace_path: str,
@@ -890,6 +897,7 @@ def compare_cmd(
     model: str | None,
     slo_text: str | None,
     rate_scale: float,
+    what_if: bool,
     as_json: bool,
 ) -> None:
     """Replay several policies on one trace and show their cost and latency side by side."""
@@ -907,6 +915,7 @@ def compare_cmd(
         model=model,
         slo=parse_slo(slo_text) if slo_text else None,
         rate_scale=rate_scale,
+        what_if=what_if,
     )
     if as_json:
         click.echo(json.dumps(comparison_json(rows), indent=2))

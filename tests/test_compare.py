@@ -83,3 +83,33 @@ def test_policy_files_and_bad_ones(trace_path, tmp_path) -> None:
         invoke("compare", "--trace", str(trace_path), "--preset", "no-such-system"),
         "no-such-system",
     )
+
+
+def test_what_if_rows_follow_each_policy_and_equal_their_replays(trace_path, tmp_path) -> None:
+    from dataclasses import replace
+
+    import tomli_w
+
+    from optimizer.policy.model import policy_to_dict
+    from optimizer.policy.presets import load_preset
+
+    r = invoke(
+        "compare", "--trace", str(trace_path), "--preset", "beluga-cxl", "--what-if", "--json"
+    )
+    assert r.code == 0, r.stderr
+    rows = json.loads(r.stdout)["policies"]
+    assert rows[0]["policy"] == "beluga-cxl" and rows[0]["variant_of"] is None
+    labels = [row["policy"] for row in rows[1:]]
+    assert labels[0] == "beluga-cxl: without cxl"
+    assert {row["variant_of"] for row in rows[1:]} == {"beluga-cxl"}
+    assert any(label.startswith("beluga-cxl: cxl x2 ") for label in labels)
+    assert any(label.startswith("beluga-cxl: with dram ") for label in labels)
+    preset = load_preset("beluga-cxl")
+    without = replace(preset, tiers=tuple(t for t in preset.tiers if t.name != "cxl"))
+    path = tmp_path / "without-cxl.toml"
+    path.write_text(tomli_w.dumps(policy_to_dict(without)))
+    alone = invoke("replay", "--trace", str(trace_path), "--policy", str(path), "--json")
+    assert alone.code == 0, alone.stderr
+    assert rows[1]["metrics"] == json.loads(alone.stdout)
+    shown = invoke("compare", "--trace", str(trace_path), "--preset", "beluga-cxl", "--what-if")
+    assert shown.code == 0 and "beluga-cxl: without cxl" in shown.stdout

@@ -1,7 +1,9 @@
 """``kvtier compare``: several policies replayed on one trace, side by side.
 
 The quick what-if before a search: vLLM alone against an LMCache CPU tier, a CXL pool or an
-RDMA pool, or two exported policies against each other. Every policy is replayed to the end on
+RDMA pool, or two exported policies against each other; with ``--what-if``, each policy also
+without each of its lower tiers, with each halved and doubled, and with each tier its hardware
+offers that it leaves out. Every policy is replayed to the end on
 the same trace (no early stop), each on its own hardware and model profile unless one is
 given for all, so cost per token compares whole systems.
 """
@@ -43,6 +45,7 @@ class Compared:
     block_tokens: int
     metrics: Metrics | None = None
     error: str | None = None
+    variant_of: str | None = None  # with --what-if: the policy this row changes
 
     def value(self, key: str) -> float | None:
         m = self.metrics
@@ -66,13 +69,17 @@ def compare_policies(
     slo: SLO | None = None,
     rate_scale: float = 1.0,
     engine: str = "numba",
+    what_if: bool = False,
 ) -> list[Compared]:
     """Replay each ``(kind, name)`` (kind ``preset`` or ``policy`` file) on the trace.
 
     A preset that needs a tier the chosen hardware lacks becomes a row with its reason rather
     than stopping the comparison; a policy file the user named that cannot be read is an error.
+    With ``what_if``, each policy is followed by its tier variants
+    (:func:`optimizer.report.whatif.tier_variants`), labelled ``NAME: VARIANT``.
     """
     from optimizer.policy.presets import load_preset
+    from optimizer.report.whatif import tier_variants
     from optimizer.sim import simulate
     from optimizer.trace.blocks import block_trace
     from optimizer.trace.io import read_trace
@@ -86,21 +93,31 @@ def compare_policies(
             policy = replace(policy, slo=slo)
         hw_name = hardware or policy.hardware or DEFAULT_HARDWARE
         model_name = model or policy.model or DEFAULT_MODEL
-        row = Compared(name, hw_name, model_name, policy.block_tokens)
-        rows.append(row)
         try:
             hw = load_hardware(hw_name)
             mdl = load_model(model_name)
-            key = (policy.block_tokens, policy.share_across_tenants)
-            if key not in blocked:
-                blocked[key] = scale_arrivals(
-                    block_trace(trace, key[0], share_across_tenants=key[1]), rate_scale
-                )
-            row.metrics = simulate(blocked[key], hw, mdl, policy, engine=engine)
         except InputError as err:
             if kind == "policy":
                 raise err.with_path(name) from None
-            row.error = err.message
+            rows.append(Compared(name, hw_name, model_name, policy.block_tokens, error=err.message))
+            continue
+        variants = tier_variants(policy, hw) if what_if else []
+        labelled = [(name, policy)] + [(f"{name}: {v.label}", v.policy) for v in variants[1:]]
+        for label, pol in labelled:
+            row = Compared(label, hw_name, model_name, pol.block_tokens)
+            row.variant_of = None if label == name else name
+            rows.append(row)
+            try:
+                key = (pol.block_tokens, pol.share_across_tenants)
+                if key not in blocked:
+                    blocked[key] = scale_arrivals(
+                        block_trace(trace, key[0], share_across_tenants=key[1]), rate_scale
+                    )
+                row.metrics = simulate(blocked[key], hw, mdl, pol, engine=engine)
+            except InputError as err:
+                if kind == "policy" and label == name:
+                    raise err.with_path(name) from None
+                row.error = err.message
     return rows
 
 
@@ -124,7 +141,8 @@ def print_comparison(trace_path: str, rows: list[Compared], console: Console) ->
     console.print(table)
     groups: dict[tuple[str, str], list[str]] = {}
     for r in rows:
-        groups.setdefault((r.hardware, r.model), []).append(r.label)
+        if r.variant_of is None:
+            groups.setdefault((r.hardware, r.model), []).append(r.label)
     for (hw, model), labels in groups.items():
         console.print(f"on {hw}, {model}: {', '.join(labels)}")
     if len({model for _, model in groups}) > 1:
@@ -147,6 +165,7 @@ def comparison_json(rows: list[Compared]) -> dict[str, Any]:
         "policies": [
             {
                 "policy": r.label,
+                "variant_of": r.variant_of,
                 "hardware": r.hardware,
                 "model": r.model,
                 "block_tokens": r.block_tokens,
