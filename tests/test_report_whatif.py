@@ -30,18 +30,18 @@ def test_variants_cover_each_tier_removed_resized_and_added() -> None:
         "without dram",
         "without cxl",
         "hbm only",
-        f"dram x0.5 ({dram_gb / 2:,.0f} GB per host)",
-        f"dram x2 ({dram_gb * 2:,.0f} GB per host)",
+        f"dram x0.5 ({dram_gb / 2:,.0f} GB/host)",
+        f"dram x2 ({dram_gb * 2:,.0f} GB/host)",
         "cxl x0.5 (500 GB)",
         "cxl x2 (2,000 GB)",
         f"with rdma ({hw.tiers['rdma'].capacity_bytes / 1e9:,.0f} GB)",
-        f"with ssd ({hw.tiers['ssd'].capacity_bytes / 1e9:,.0f} GB per host)",
+        f"with ssd ({hw.tiers['ssd'].capacity_bytes / 1e9:,.0f} GB/host)",
     ]
     assert tiers["as found"] == [("hbm", None), ("cxl", 1000.0), ("dram", None)]  # untouched
     assert tiers["without dram"] == [("hbm", None), ("cxl", 1000.0)]
     assert tiers["hbm only"] == [("hbm", None)]
     assert tiers["cxl x2 (2,000 GB)"] == [("hbm", None), ("dram", None), ("cxl", 2000.0)]
-    assert tiers[f"dram x0.5 ({dram_gb / 2:,.0f} GB per host)"][1] == ("dram", dram_gb / 2)
+    assert tiers[f"dram x0.5 ({dram_gb / 2:,.0f} GB/host)"][1] == ("dram", dram_gb / 2)
     assert [n for n, _ in tiers[variants[-1].label]] == ["hbm", "dram", "cxl", "ssd"]
 
 
@@ -79,7 +79,7 @@ def test_each_row_is_a_full_replay_of_its_variant(evaluator_and_policy) -> None:
     assert found.metrics.hit_ratio_tokens["dram"] > 0  # the tier is used ...
     assert alone.metrics.hit_ratio_tokens["hbm"] < sum(found.metrics.hit_ratio_tokens.values())
     assert alone.metrics.cost_per_hour < found.metrics.cost_per_hour  # ... and priced
-    bigger = rows["dram x2 (16 GB per host)"].evaluation
+    bigger = rows["dram x2 (16 GB/host)"].evaluation
     assert bigger is not None and bigger.metrics.cost_per_hour > found.metrics.cost_per_hour
 
 

@@ -47,7 +47,7 @@ class WhatIfRow:
 
 
 def _capacity_text(gb: float, per_host: bool) -> str:
-    return f"{gb:,.0f} GB{' per host' if per_host else ''}"
+    return f"{gb:,.0f} GB{'/host' if per_host else ''}"
 
 
 def _with_tiers(policy: Policy, tiers: list[TierPolicy]) -> Policy:
