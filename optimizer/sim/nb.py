@@ -27,18 +27,17 @@ instead of as one event each. The step times are the same floats as step by step
 formula on the same integer sums, added in the same order), and meanwhile nothing another
 instance or the router reads changes; admission, if its queue is blocked, stays blocked until a
 finish. An early stop in the middle takes back the steps begun after it (``skip_back_nb``).
-The kernels do no
-bounds checks: :mod:`optimizer.sim.engine` validates every array before the call. The loops that
-run once per block (taking, registering, releasing slots; look-ups; pins) index with unsigned
-integers (``u64``): numba then leaves out the wrap-around of negative indices, a compare and
-select per access that took about a fifth of a replay. Every such index is non-negative by
-construction. The
-semantics are in the docstring of :mod:`optimizer.sim.reference`. Lower tiers are kernels in
-:mod:`optimizer.sim.nb_tiers`, called at the same hooks as the reference's ``LowerTiers`` and
-only when there is work for them (each call hands over every tier array, which numba
-reference-counts; for the same reason the ring's push code is written out in the kernel
-rather than in helpers taking the ring arrays, whose reference counting cost more than the
-pushes themselves).
+
+The kernels do no bounds checks: :mod:`optimizer.sim.engine` validates every array before the
+call. The loops that run once per block (taking, registering and releasing slots; look-ups;
+pins) index with unsigned integers (``u64``): numba then leaves out the wrap-around of negative
+indices, a compare and select per access that took about a fifth of a replay. Every such index
+is non-negative by construction. Those loops are functions of their own, each called for a
+request's run of blocks and handed only the arrays it uses: numba reference-counts every array passed to a
+call, which cost more than the work itself when the ring's pushes were helpers called once per
+slot. The semantics are in the docstring of :mod:`optimizer.sim.reference`. Lower tiers are
+kernels in :mod:`optimizer.sim.nb_tiers`, called at the same hooks as the reference's
+``LowerTiers`` and only when there is work for them (each call hands over every tier array).
 """
 
 from __future__ import annotations
