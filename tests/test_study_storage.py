@@ -77,7 +77,9 @@ def test_concurrent_workers_share_a_new_sqlite_study(trace_path, tmp_path) -> No
         assert r.returncode == 0, r.stderr
     with sqlite3.connect(db) as con:
         states = dict(con.execute("select state, count(*) from trials group by state"))
+        (mode,) = con.execute("pragma journal_mode").fetchone()
     assert states == {"COMPLETE": WORKERS * TRIALS}
+    assert mode == "wal"  # commits append to a log instead of syncing the database each time
 
 
 def test_unreachable_postgresql_is_a_one_line_error(trace_path, tmp_path) -> None:

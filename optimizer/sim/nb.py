@@ -33,11 +33,12 @@ call. The loops that run once per block (taking, registering and releasing slots
 pins) index with unsigned integers (``u64``): numba then leaves out the wrap-around of negative
 indices, a compare and select per access that took about a fifth of a replay. Every such index
 is non-negative by construction. Those loops are functions of their own, each called for a
-request's run of blocks and handed only the arrays it uses: numba reference-counts every array passed to a
-call, which cost more than the work itself when the ring's pushes were helpers called once per
-slot. The semantics are in the docstring of :mod:`optimizer.sim.reference`. Lower tiers are
-kernels in :mod:`optimizer.sim.nb_tiers`, called at the same hooks as the reference's
-``LowerTiers`` and only when there is work for them (each call hands over every tier array).
+request's run of blocks and handed only the arrays it uses: numba reference-counts every array
+passed to a call, which cost more than the work itself when the ring's pushes were helpers
+called once per slot. The semantics are in the docstring of :mod:`optimizer.sim.reference`.
+Lower tiers are kernels in :mod:`optimizer.sim.nb_tiers`, called at the same hooks as the
+reference's ``LowerTiers`` and only when there is work for them (each call hands over every
+tier array).
 """
 
 from __future__ import annotations
