@@ -51,3 +51,16 @@ def test_trace_computes_the_index_once_and_head_recomputes_it() -> None:
     assert first.shared_blocks[0].tolist() == [-1, -1, -1] and first.shared_blocks[1] == 0
     assert first.n_blocks == 3 and trace.head(2).n_blocks == 4  # the sample's id space
     assert trace.head(0).n_blocks == 0
+
+
+def test_a_rescaled_trace_keeps_the_computed_index() -> None:
+    trace = BlockedTrace.from_lists(
+        arrival_s=[0.0, 1.0], input_tokens=[32, 32], output_tokens=[1, 1],
+        blocks=[[0, 1], [0, 2]], block_tokens=16,
+    )  # fmt: skip
+    fresh = trace.with_arrivals(trace.arrival_s / 2)  # nothing computed yet: computed anew
+    assert fresh.shared_blocks[0].tolist() == [0, -1, 0, -1]
+    shared = trace.shared_blocks[0]
+    faster = trace.with_arrivals(trace.arrival_s / 2)
+    assert faster.shared_blocks[0] is shared  # carried over, not computed again
+    assert faster.arrival_s.tolist() == [0.0, 0.5] and trace.arrival_s.tolist() == [0.0, 1.0]

@@ -118,7 +118,7 @@ def run_passes(
     gap = 1.0e5
     while True:
         arrival = passes.astype(np.float64) * gap
-        run = replace(bt, arrival_s=np.ascontiguousarray(arrival))
+        run = bt.with_arrivals(np.ascontiguousarray(arrival))
         raw = simulate_raw(run, cfg)
         last0 = np.nanmax(np.where(passes == 0, raw.finish_s, np.nan))
         if not (last0 >= gap):

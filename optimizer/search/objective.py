@@ -124,7 +124,7 @@ class Evaluator:
     def replay(self, policy: Policy, rate_scale: float, *, stop_early: bool = True) -> Metrics:
         trace = self.blocked(policy.block_tokens)
         if rate_scale != 1.0:
-            trace = replace(trace, arrival_s=trace.arrival_s / rate_scale)
+            trace = trace.with_arrivals(trace.arrival_s / rate_scale)
         return simulate(
             trace,
             self.hardware,

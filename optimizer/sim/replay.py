@@ -8,7 +8,7 @@ by ``rate_scale`` and simulates.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 from optimizer.errors import InputError
 from optimizer.hardware import load_hardware, load_model
@@ -38,7 +38,7 @@ def scale_arrivals(trace: BlockedTrace, rate_scale: float) -> BlockedTrace:
         raise InputError(f"--rate-scale must be a positive number, got {rate_scale}")
     if rate_scale == 1.0:
         return trace
-    return replace(trace, arrival_s=trace.arrival_s / rate_scale)
+    return trace.with_arrivals(trace.arrival_s / rate_scale)
 
 
 def prepare(

@@ -8,7 +8,7 @@ is safe to hand to any kernel.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import cached_property
 
 import numpy as np
@@ -107,6 +107,18 @@ class BlockedTrace:
         serving kernel's prefix-cache map is indexed by it; see :mod:`optimizer.trace.shared`.
         """
         return shared_block_index(self.block_ids, self.n_blocks)
+
+    def with_arrivals(self, arrival_s: np.ndarray) -> BlockedTrace:
+        """The same requests arriving at ``arrival_s`` (e.g. a trace replayed faster).
+
+        ``shared_blocks`` depends on the blocks alone, so a computed one is carried over
+        rather than computed again for every rescaled copy (the optimizer's capacity search
+        replays one trace at many rates).
+        """
+        out = replace(self, arrival_s=arrival_s)
+        if "shared_blocks" in self.__dict__:
+            out.__dict__["shared_blocks"] = self.__dict__["shared_blocks"]
+        return out
 
     def request_blocks(self, i: int) -> np.ndarray:
         """Block ids of request ``i`` in prompt order (a view)."""
