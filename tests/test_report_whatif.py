@@ -178,3 +178,14 @@ def test_report_names_the_variants_that_beat_the_policy_found() -> None:
     assert hint.title == "cheaper and still within the SLO: without ssd (-10.0%)"
     wi["trial_meets_slo"] = False
     assert _what_if_sections(wi)[1].title == "within the SLO: without ssd, with cxl (2,000 GB)"
+
+
+def test_capacity_mode_shows_the_load_each_variant_reached() -> None:
+    from optimizer.report.study import _what_if_sections
+
+    found, halved = _variant("as found", 1.0, 0.0, True), _variant("dram x0.5", 1.1, 0.1, True)
+    halved["rate_scale"] = 2.5
+    wi = {"trial": 1, "trial_meets_slo": True, "load": "capacity", "variants": [found, halved]}
+    (table,) = _what_if_sections(wi)
+    column = table.headers.index("load x")
+    assert [row[column] for row in table.rows] == ["1", "2.5"]
