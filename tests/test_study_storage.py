@@ -159,3 +159,28 @@ def test_concurrent_workers_share_a_new_postgresql_study(
     with psycopg.connect(postgres_url) as con:
         states = dict(con.execute("select state, count(*) from trials group by state").fetchall())
     assert states == {"COMPLETE": WORKERS * TRIALS}
+
+
+def test_a_table_another_worker_just_created_is_retried(tmp_path, monkeypatch) -> None:
+    """PostgreSQL reports a schema race as "relation ... already exists" (a ProgrammingError,
+    not an IntegrityError); the worker that loses it retries and opens the study."""
+    import optuna
+    import sqlalchemy.exc
+
+    from optimizer.search import study as study_mod
+
+    real = optuna.create_study
+    calls = []
+
+    def racing(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202
+        calls.append(1)
+        if len(calls) == 1:
+            orig = Exception('relation "studies" already exists')
+            raise sqlalchemy.exc.ProgrammingError("CREATE TABLE studies", {}, orig)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(study_mod.optuna, "create_study", racing)
+    monkeypatch.setattr(study_mod.time, "sleep", lambda _s: None)
+    url = f"sqlite:///{tmp_path / 'race.db'}"
+    opened = study_mod.open_study("race", storage=url, seed=0, pareto=False)
+    assert opened.study_name == "race" and len(calls) == 2

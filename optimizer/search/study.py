@@ -85,8 +85,9 @@ def open_study(study_name: str, *, storage: str | None, seed: int, pareto: bool)
 
     Many workers (``optimize`` on many machines) may open one study on a shared database at
     the same moment. Optuna creates the schema and the study on first use, and concurrent
-    creators can collide (a unique-constraint violation on PostgreSQL, "database is locked" on
-    SQLite); the loser retries after a short random wait and then finds both in place.
+    creators can collide (a unique-constraint violation or a table that already exists on
+    PostgreSQL, "database is locked" on SQLite); the loser retries after a short random wait
+    and then finds both in place.
     """
     url = storage or default_storage(study_name)
     optuna.logging.set_verbosity(optuna.logging.WARNING)
@@ -104,6 +105,7 @@ def open_study(study_name: str, *, storage: str | None, seed: int, pareto: bool)
         except (
             sqlalchemy.exc.IntegrityError,
             sqlalchemy.exc.OperationalError,
+            sqlalchemy.exc.ProgrammingError,  # PostgreSQL: "relation ... already exists"
             optuna.exceptions.DuplicatedStudyError,
         ) as err:
             if attempt + 1 == OPEN_ATTEMPTS or not _creation_race(err):
