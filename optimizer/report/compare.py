@@ -102,10 +102,10 @@ def compare_policies(
             rows.append(Compared(name, hw_name, model_name, policy.block_tokens, error=err.message))
             continue
         variants = tier_variants(policy, hw) if what_if else []
-        labelled = [(name, policy)] + [(f"{name}: {v.label}", v.policy) for v in variants[1:]]
-        for label, pol in labelled:
-            row = Compared(label, hw_name, model_name, pol.block_tokens)
-            row.variant_of = None if label == name else name
+        labelled = [(name, policy, None)]
+        labelled += [(f"{name}: {v.label}", v.policy, name) for v in variants[1:]]
+        for label, pol, variant_of in labelled:
+            row = Compared(label, hw_name, model_name, pol.block_tokens, variant_of=variant_of)
             rows.append(row)
             try:
                 key = (pol.block_tokens, pol.share_across_tenants)
@@ -115,7 +115,7 @@ def compare_policies(
                     )
                 row.metrics = simulate(blocked[key], hw, mdl, pol, engine=engine)
             except InputError as err:
-                if kind == "policy" and label == name:
+                if kind == "policy" and variant_of is None:
                     raise err.with_path(name) from None
                 row.error = err.message
     return rows

@@ -234,7 +234,7 @@ def _what_if_sections(wi: dict[str, Any]) -> list[Section]:
     headers = ["variant", "$/1M tok", "vs found", "TTFT mean s", "TTFT p99 s", "TPOT p99 ms"]
     headers += ["hit", *(["load x"] if capacity else []), "SLO"]
     rows = []
-    for v in wi["variants"]:
+    for j, v in enumerate(wi["variants"]):  # the first is the policy as found
         if v.get("error") is not None:
             rows.append([v["variant"], *["-"] * (len(headers) - 2), v["error"]])
             continue
@@ -246,7 +246,7 @@ def _what_if_sections(wi: dict[str, Any]) -> list[Section]:
             [
                 v["variant"],
                 fmt_cell("{:.4f}", v["cost_per_mtok"]),
-                "" if v["variant"] == "as found" else fmt_cell("{:+.1%}", change),
+                "" if j == 0 else fmt_cell("{:+.1%}", change),
                 fmt_cell("{:.3f}", v["ttft_mean_s"]),
                 fmt_cell("{:.3f}", v["ttft_p99_s"]),
                 fmt_cell("{:.1f}", v["tpot_p99_s"] * 1e3),
