@@ -1,6 +1,6 @@
 """The ``kvtier`` command line: click commands only (parse, call, print).
 
-Every command turns :class:`optimizer.errors.InputError` into one line on stderr and exit
+Every command turns :class:`kvtier.errors.InputError` into one line on stderr and exit
 code 2; the work itself lives in the subpackages.
 """
 
@@ -17,8 +17,8 @@ import click
 from rich.console import Console
 from rich.table import Table
 
-from optimizer import __version__
-from optimizer.errors import InputError
+from kvtier import __version__
+from kvtier.errors import InputError
 
 
 def _one_line_warning(message, category, filename, lineno, file=None, line=None) -> None:  # noqa: ANN001
@@ -117,7 +117,7 @@ def validate_beluga(as_json: bool, markdown_path: str | None) -> None:
     """The Beluga paper's LV-Eval comparison: MoonCake, Beluga, vLLM, paper beside model."""
     import json
 
-    from optimizer.report.validation import run_beluga, to_markdown, to_text
+    from kvtier.report.validation import run_beluga, to_markdown, to_text
 
     result = run_beluga()
     if markdown_path is not None:
@@ -177,14 +177,14 @@ def replay_cmd(
     as_json: bool,
 ) -> None:
     """Replay a trace through the serving simulator and print latency, throughput and cost."""
-    from optimizer.sim.replay import prepare, replay
+    from kvtier.sim.replay import prepare, replay
 
     if preset is not None and policy_path is not None:
         raise click.UsageError("give --policy or --preset, not both")
     if rate_scale is None:
         rate_scale = 1.0
         if policy_path is not None:
-            from optimizer.policy.file import read_policy_file
+            from kvtier.policy.file import read_policy_file
 
             rate_scale = read_policy_file(policy_path).rate_scale
     setup = prepare(
@@ -237,7 +237,7 @@ def _print_metrics(path: str, setup: Any, m: Any) -> None:
     Console().print(table)
 
 
-EXPORT_TARGETS = ("vllm", "lmcache", "sglang", "dynamo", "mooncake")  # optimizer.policy.export
+EXPORT_TARGETS = ("vllm", "lmcache", "sglang", "dynamo", "mooncake")  # kvtier.policy.export
 
 
 @main.command("export")
@@ -269,10 +269,10 @@ def export_cmd(
 ) -> None:
     """Turn a policy file into the configuration vLLM, LMCache, SGLang, Dynamo or Mooncake
     loads, with notes on every setting the target cannot express (docs/export.md)."""
-    from optimizer.hardware import load_hardware, load_model
-    from optimizer.policy.export import export
-    from optimizer.policy.file import read_policy_file
-    from optimizer.sim.replay import DEFAULT_HARDWARE, DEFAULT_MODEL
+    from kvtier.hardware import load_hardware, load_model
+    from kvtier.policy.export import export
+    from kvtier.policy.file import read_policy_file
+    from kvtier.sim.replay import DEFAULT_HARDWARE, DEFAULT_MODEL
 
     policy = read_policy_file(policy_path).policy
     hw = load_hardware(hardware or policy.hardware or DEFAULT_HARDWARE)
@@ -311,7 +311,7 @@ def _write_export(directory: str, result: Any) -> list[str]:
     """Write ``result``'s files and its notes (``notes.txt``) into ``directory`` atomically."""
     from pathlib import Path
 
-    from optimizer.trace.io import atomic_write
+    from kvtier.trace.io import atomic_write
 
     files = dict(result.files)
     files["notes.txt"] = "".join(f"- {n}\n" for n in result.notes)
@@ -330,7 +330,7 @@ def _write_export(directory: str, result: Any) -> list[str]:
 
 def _knob_options(command: Callable[..., Any]) -> Callable[..., Any]:
     """Add one click option per synthesis knob, generated from the knob dataclasses."""
-    from optimizer.trace.synth.knobs import knob_specs, option_name
+    from kvtier.trace.synth.knobs import knob_specs, option_name
 
     types = {"int": int, "float": float, "str": str}
     for spec in reversed(knob_specs()):
@@ -396,9 +396,9 @@ def trace_synth(
     **knobs: Any,
 ) -> None:
     """Write a synthetic trace of KIND: chat, rag, agent or short (see docs/workloads.md)."""
-    from optimizer.trace.io import write_trace
-    from optimizer.trace.synth import synthesize
-    from optimizer.trace.synth.core import META_PARAMS
+    from kvtier.trace.io import write_trace
+    from kvtier.trace.synth import synthesize
+    from kvtier.trace.synth.core import META_PARAMS
 
     result = synthesize(
         kind,
@@ -448,8 +448,8 @@ def trace_synth(
 )
 def trace_import(source_format: str, input_path: str, output: str) -> None:
     """Convert a public trace (Mooncake / Qwen-Bailian JSONL, Azure CSV) to request-trace/1."""
-    from optimizer.trace.importers import import_trace
-    from optimizer.trace.io import write_trace
+    from kvtier.trace.importers import import_trace
+    from kvtier.trace.io import write_trace
 
     imported = import_trace(source_format, input_path)
     write_trace(imported, output)
@@ -487,9 +487,9 @@ def trace_stats_cmd(
     as_json: bool,
 ) -> None:
     """Lengths, full-block reuse under the prefix rule, arrival peaks of TRACE."""
-    from optimizer.trace.blocks import block_trace
-    from optimizer.trace.io import read_trace
-    from optimizer.trace.stats import trace_stats
+    from kvtier.trace.blocks import block_trace
+    from kvtier.trace.io import read_trace
+    from kvtier.trace.stats import trace_stats
 
     loaded = read_trace(trace_path)
     blocked = block_trace(
@@ -497,7 +497,7 @@ def trace_stats_cmd(
     )
     kv_bytes = None
     if model is not None:
-        from optimizer.hardware import load_model
+        from kvtier.hardware import load_model
 
         kv_bytes = load_model(model).kv_bytes_per_token()
     stats = trace_stats(loaded, blocked, model=model, kv_bytes_per_token=kv_bytes)
@@ -599,9 +599,9 @@ def trace_mrc_cmd(
     plot_path: str | None,
 ) -> None:
     """Hit ratio against cache capacity (miss-ratio curve) of TRACE."""
-    from optimizer.sim.cache import miss_ratio_curve, parse_policy
-    from optimizer.trace.blocks import block_trace
-    from optimizer.trace.io import read_trace
+    from kvtier.cache import miss_ratio_curve, parse_policy
+    from kvtier.trace.blocks import block_trace
+    from kvtier.trace.io import read_trace
 
     B = _parse_number(block_tokens, "--block-tokens", int)
     if B <= 0:
@@ -617,7 +617,7 @@ def trace_mrc_cmd(
     blocked = block_trace(loaded, B, share_across_tenants=share_across_tenants)
     result = miss_ratio_curve(blocked, spec, caps, flat=flat, warmup=warm, method=method)
     if plot_path is not None:
-        from optimizer.sim.cache.plot import plot_curve
+        from kvtier.cache.plot import plot_curve
 
         plot_curve(result, plot_path)
     if as_json:
@@ -803,8 +803,8 @@ def _interrupted() -> None:
 
 
 def _run_optimize(**kwargs: Any) -> None:
-    from optimizer.search.run import optimize
-    from optimizer.search.space import parse_pin
+    from kvtier.search.run import optimize
+    from kvtier.search.space import parse_pin
 
     as_json = kwargs.pop("as_json")
     pins = dict(parse_pin(p) for p in kwargs.pop("pins"))
@@ -815,7 +815,7 @@ def _run_optimize(**kwargs: Any) -> None:
             result = optimize(pins=pins, on_trial=_on_trial(progress, task), **kwargs)
     except KeyboardInterrupt:
         _interrupted()
-    from optimizer.report.optimize import print_result, result_json
+    from kvtier.report.optimize import print_result, result_json
 
     if as_json:
         click.echo(json.dumps(result_json(result), indent=2))
@@ -901,9 +901,9 @@ def compare_cmd(
     as_json: bool,
 ) -> None:
     """Replay several policies on one trace and show their cost and latency side by side."""
-    from optimizer.policy.presets import preset_names
-    from optimizer.report.compare import compare_policies, comparison_json, print_comparison
-    from optimizer.search.run import parse_slo
+    from kvtier.policy.presets import preset_names
+    from kvtier.report.compare import compare_policies, comparison_json, print_comparison
+    from kvtier.search.run import parse_slo
 
     chosen = [("preset", p) for p in presets] + [("policy", p) for p in policy_paths]
     if not chosen:
@@ -977,7 +977,7 @@ def report_cmd(
     With --what-if, the best policy is also replayed with its memory tiers changed, one change
     at a time, on the study's trace, hardware, model, SLO and load mode.
     """
-    from optimizer.report.study import (
+    from kvtier.report.study import (
         html_study_report,
         load_existing_study,
         plot_study,
@@ -988,7 +988,7 @@ def report_cmd(
     study = load_existing_study(study_name, storage)
     rep = study_report(study, top=top)
     if what_if:
-        from optimizer.report.whatif import what_if_for_study
+        from kvtier.report.whatif import what_if_for_study
 
         status = Console(stderr=True).status("architecture what-if")
         with status:
@@ -1036,9 +1036,9 @@ def batch_cmd(traces: tuple[str, ...], out_dir: str, study_prefix: str, **kwargs
     """
     from pathlib import Path
 
-    from optimizer.report.batch import batch_json, print_batch
-    from optimizer.search.batch import plan_batch, run_batch
-    from optimizer.search.space import parse_pin
+    from kvtier.report.batch import batch_json, print_batch
+    from kvtier.search.batch import plan_batch, run_batch
+    from kvtier.search.space import parse_pin
 
     as_json = kwargs.pop("as_json")
     kwargs.pop("trace_path", None)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from optimizer.errors import InputError
+from kvtier.errors import InputError
 
 
 def pyplot() -> Any:

@@ -11,7 +11,7 @@ import tomllib
 from pathlib import Path
 from typing import Any
 
-from optimizer.errors import InputError
+from kvtier.errors import InputError
 
 
 def read_toml(path: Path) -> dict[str, Any]:

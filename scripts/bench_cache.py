@@ -3,8 +3,8 @@
 Workloads (flat semantics, one access per block reference, so both simulators see the same
 sequence): the Mooncake conversation trace at B=16 (9,044,013 accesses) and a 10M-access Zipf
 sequence. libCacheSim runs its C path (``process_trace``) over an oracleGeneral binary file that
-this script writes; kvtier replays the same ids through ``optimizer.sim.cache.replay`` (the ring
-kernels of ``optimizer.sim.cache.ring`` for LRU and FIFO, ``replay_nb`` for the others).
+this script writes; kvtier replays the same ids through ``kvtier.cache.replay`` (the ring
+kernels of ``kvtier.cache.ring`` for LRU and FIFO, ``replay_nb`` for the others).
 Hit counts of both are printed and must agree. Each measurement is the median of ``--runs``,
 alternating the two simulators; numba's compilation is excluded by a warm-up call. Also times
 the exact one-pass LRU curve for 20 capacities against 20 LRU replays (prefix semantics).
@@ -29,12 +29,12 @@ import numpy as np
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from optimizer.sim.cache import default_capacities, replay  # noqa: E402
-from optimizer.sim.cache.mrc import lru_stack_hits, working_set_blocks  # noqa: E402
-from optimizer.sim.cache.oracle import write_oracle_general  # noqa: E402
-from optimizer.trace.blocked import BlockedTrace  # noqa: E402
-from optimizer.trace.blocks import block_trace, first_appearance_ids  # noqa: E402
-from optimizer.trace.io import read_trace  # noqa: E402
+from kvtier.cache import default_capacities, replay  # noqa: E402
+from kvtier.cache.mrc import lru_stack_hits, working_set_blocks  # noqa: E402
+from kvtier.cache.oracle import write_oracle_general  # noqa: E402
+from kvtier.trace.blocked import BlockedTrace  # noqa: E402
+from kvtier.trace.blocks import block_trace, first_appearance_ids  # noqa: E402
+from kvtier.trace.io import read_trace  # noqa: E402
 
 LCS_NAMES = {
     "lru": "LRU",

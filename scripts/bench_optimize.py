@@ -28,12 +28,12 @@ SAMPLE = REPO / "traces" / "sample-chat.parquet"
 
 
 def make_evaluator(load: str):
-    from optimizer.hardware import load_hardware, load_model
-    from optimizer.policy.model import Policy
-    from optimizer.search.objective import Evaluator
-    from optimizer.search.run import DEFAULT_SLO
-    from optimizer.search.space import load_space
-    from optimizer.trace.io import read_trace
+    from kvtier.hardware import load_hardware, load_model
+    from kvtier.policy.model import Policy
+    from kvtier.search.objective import Evaluator
+    from kvtier.search.run import DEFAULT_SLO
+    from kvtier.search.space import load_space
+    from kvtier.trace.io import read_trace
 
     space = load_space("default")
     base = Policy(hardware="h100-node", model="Llama-3.1-8B", slo=DEFAULT_SLO)
@@ -53,7 +53,7 @@ def make_evaluator(load: str):
 
 
 def trials_per_minute(evaluator, space, trials: int, jobs: int, workdir: Path) -> float:
-    from optimizer.search.study import make_objective, open_study
+    from kvtier.search.study import make_objective, open_study
 
     study = open_study(
         f"bench-{jobs}-{time.time_ns()}",
@@ -73,7 +73,7 @@ def optimize_wall(cache_dir: str, workdir: Path) -> float:
         [
             sys.executable,
             "-c",
-            "from optimizer.cli import optimize_main; optimize_main()",
+            "from kvtier.cli import optimize_main; optimize_main()",
             "--trace",
             str(SAMPLE),
             "--out",

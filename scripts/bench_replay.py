@@ -34,7 +34,7 @@ TRACE = ROOT / "traces" / "mooncake-conversation.parquet"
 COLD = """
 import time
 t0 = time.perf_counter()
-from optimizer.sim.replay import prepare, replay
+from kvtier.sim.replay import prepare, replay
 setup = prepare({trace!r}, block_tokens={B})
 t1 = time.perf_counter()
 replay(setup)
@@ -82,8 +82,8 @@ def main() -> None:
         return
 
     sys.path.insert(0, str(ROOT))
-    from optimizer.sim import simulate
-    from optimizer.sim.replay import prepare
+    from kvtier.sim import simulate
+    from kvtier.sim.replay import prepare
 
     B = args.block_tokens
     with tempfile.TemporaryDirectory() as empty_cache:
@@ -142,9 +142,9 @@ def main() -> None:
 def bench_tiers(args: argparse.Namespace) -> None:
     """Mooncake at B=16 on 16 instances with DRAM + CXL + SSD (issue 5's benchmark)."""
     sys.path.insert(0, str(ROOT))
-    from optimizer.policy.model import Policy, ServingPolicy, TierPolicy
-    from optimizer.sim import simulate
-    from optimizer.sim.replay import prepare
+    from kvtier.policy.model import Policy, ServingPolicy, TierPolicy
+    from kvtier.sim import simulate
+    from kvtier.sim.replay import prepare
 
     B = args.block_tokens
     setup = prepare(

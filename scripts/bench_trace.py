@@ -24,9 +24,9 @@ DEFAULT_JSONL = (
 
 CHILD = r"""
 import json, resource, sys, time
-from optimizer.trace.importers import import_trace
-from optimizer.trace.blocks import block_trace
-from optimizer.trace.stats import trace_stats
+from kvtier.trace.importers import import_trace
+from kvtier.trace.blocks import block_trace
+from kvtier.trace.stats import trace_stats
 path, B = sys.argv[1], int(sys.argv[2])
 t0 = time.perf_counter()
 trace = import_trace("mooncake", path)

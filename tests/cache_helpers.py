@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 from hypothesis import strategies as st
 
-from optimizer.trace.blocked import BlockedTrace
+from kvtier.trace.blocked import BlockedTrace
 
 POLICIES = [
     "lru",

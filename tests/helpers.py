@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from optimizer.trace.format import Trace
+from kvtier.trace.format import Trace
 
 MASK64 = (1 << 64) - 1
 REPO = __import__("pathlib").Path(__file__).resolve().parents[1]
@@ -70,7 +70,7 @@ def invoke(*args: str) -> CliResult:
     """Run ``kvtier`` in this process (fast), with stdout and stderr apart."""
     from click.testing import CliRunner
 
-    from optimizer.cli import main
+    from kvtier.cli import main
 
     result = CliRunner().invoke(main, list(args), catch_exceptions=False)
     return CliResult(result.exit_code, result.stdout, result.stderr)
@@ -79,7 +79,7 @@ def invoke(*args: str) -> CliResult:
 def run_cli(*args: str, cwd: str | None = None) -> CliResult:
     """Run ``kvtier`` in a subprocess, exactly as a user would."""
     proc = subprocess.run(
-        [sys.executable, "-m", "optimizer.cli", *args],
+        [sys.executable, "-m", "kvtier.cli", *args],
         capture_output=True,
         text=True,
         cwd=cwd or str(REPO),

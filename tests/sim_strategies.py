@@ -7,9 +7,9 @@ from dataclasses import replace
 import numpy as np
 from hypothesis import strategies as st
 
-from optimizer.sim.config import SimConfig
-from optimizer.sim.tiers import TierConfig
-from optimizer.trace.blocked import BlockedTrace
+from kvtier.sim.config import SimConfig
+from kvtier.sim.tiers import TierConfig
+from kvtier.trace.blocked import BlockedTrace
 
 
 @st.composite

@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from optimizer.policy.file import read_policy_file
-from optimizer.trace.io import write_trace
-from optimizer.trace.synth import synthesize
+from kvtier.policy.file import read_policy_file
+from kvtier.trace.io import write_trace
+from kvtier.trace.synth import synthesize
 from tests.helpers import assert_one_line_error, invoke
 
 SLO = "ttft_p99=2,tpot_p99=0.1"

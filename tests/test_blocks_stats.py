@@ -7,9 +7,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from optimizer.errors import InputError
-from optimizer.trace.blocks import block_trace
-from optimizer.trace.stats import peak_rate, prefix_hits, trace_stats
+from kvtier.errors import InputError
+from kvtier.trace.blocks import block_trace
+from kvtier.trace.stats import peak_rate, prefix_hits, trace_stats
 from tests.helpers import invoke, make_trace
 
 G = 4  # native granularity of the generated traces
@@ -123,7 +123,7 @@ def test_peak_rate_window() -> None:
 
 
 def test_stats_cli_json(tmp_path) -> None:
-    from optimizer.trace.io import write_trace
+    from kvtier.trace.io import write_trace
 
     trace = make_trace([[1] * 9, [1] * 9, [2] * 3], G, tenants=["a", "a", "b"], sessions=[1, 1, 2])
     write_trace(trace, tmp_path / "t.arrow")
@@ -153,7 +153,7 @@ def test_stats_cli_json(tmp_path) -> None:
 
 
 def test_stats_model_gives_distinct_kv_bytes(tmp_path) -> None:
-    from optimizer.trace.io import write_trace
+    from kvtier.trace.io import write_trace
 
     trace = make_trace([[1] * 9, [1] * 9, [2] * 3], G)
     write_trace(trace, tmp_path / "t.parquet")

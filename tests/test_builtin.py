@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from optimizer import builtin
+from kvtier import builtin
 
 ROOT = Path(__file__).resolve().parents[1]
 

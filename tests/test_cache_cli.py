@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from optimizer.sim.cache import miss_ratio_curve
-from optimizer.trace.blocks import block_trace
-from optimizer.trace.io import write_trace
+from kvtier.cache import miss_ratio_curve
+from kvtier.trace.blocks import block_trace
+from kvtier.trace.io import write_trace
 from tests.helpers import invoke, make_trace
 
 
@@ -26,7 +26,7 @@ def test_json_matches_the_api(trace_file: str) -> None:
     res = invoke("trace", "mrc", trace_file, "--block-tokens", "16", "--json")
     assert res.code == 0, res.stderr
     doc = json.loads(res.stdout)
-    from optimizer.trace.io import read_trace
+    from kvtier.trace.io import read_trace
 
     want = miss_ratio_curve(block_trace(read_trace(trace_file), 16)).to_json()
     assert doc == json.loads(json.dumps(want))

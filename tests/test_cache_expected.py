@@ -9,8 +9,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from optimizer.sim.cache import replay
-from optimizer.trace.blocked import BlockedTrace
+from kvtier.cache import replay
+from kvtier.trace.blocked import BlockedTrace
 
 POLICIES = ["lru", "fifo", "lfu", "s3fifo", "sieve", "gdsf"]
 CAPACITIES = [4, 10, 20, 40]

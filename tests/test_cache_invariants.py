@@ -5,9 +5,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from optimizer.errors import InputError
-from optimizer.sim.cache import TierState, parse_policy, replay
-from optimizer.trace.blocked import BlockedTrace
+from kvtier.cache import TierState, parse_policy, replay
+from kvtier.errors import InputError
+from kvtier.trace.blocked import BlockedTrace
 from tests.cache_helpers import random_ids
 
 

@@ -12,8 +12,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from optimizer.sim.cache import TierState
-from optimizer.sim.cache.oracle import write_oracle_general
+from kvtier.cache import TierState
+from kvtier.cache.oracle import write_oracle_general
 from tests.cache_helpers import random_ids
 
 lcs = pytest.importorskip("libcachesim")

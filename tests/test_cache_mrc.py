@@ -7,12 +7,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from optimizer.errors import InputError
-from optimizer.sim.cache import default_capacities, miss_ratio_curve, replay
-from optimizer.sim.cache.mrc import lru_stack_hits
-from optimizer.sim.cache.reference import lru_hits_by_capacity
-from optimizer.sim.cache.replay import warmup_start
-from optimizer.trace.blocked import BlockedTrace
+from kvtier.cache import default_capacities, miss_ratio_curve, replay
+from kvtier.cache.mrc import lru_stack_hits
+from kvtier.cache.reference import lru_hits_by_capacity
+from kvtier.cache.replay import warmup_start
+from kvtier.errors import InputError
+from kvtier.trace.blocked import BlockedTrace
 from tests.cache_helpers import blocked_traces
 
 

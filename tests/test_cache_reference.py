@@ -7,9 +7,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from optimizer.sim.cache import TierState, replay
-from optimizer.sim.cache.reference import RefTier, replay_reference
-from optimizer.trace.blocked import BlockedTrace
+from kvtier.cache import TierState, replay
+from kvtier.cache.reference import RefTier, replay_reference
+from kvtier.trace.blocked import BlockedTrace
 from tests.cache_helpers import POLICIES, blocked_traces
 
 

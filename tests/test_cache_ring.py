@@ -7,11 +7,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from optimizer.errors import InputError
-from optimizer.sim.cache import TierState, replay
-from optimizer.sim.cache import ring as ring_mod
-from optimizer.sim.cache.policies import parse_policy
-from optimizer.trace.blocked import BlockedTrace
+from kvtier.cache import TierState, replay
+from kvtier.cache import ring as ring_mod
+from kvtier.cache.policies import parse_policy
+from kvtier.errors import InputError
+from kvtier.trace.blocked import BlockedTrace
 from tests.cache_helpers import blocked_traces, random_ids
 
 

@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from optimizer.policy.presets import preset_names
-from optimizer.trace.io import write_trace
-from optimizer.trace.synth import synthesize
+from kvtier.policy.presets import preset_names
+from kvtier.trace.io import write_trace
+from kvtier.trace.synth import synthesize
 from tests.helpers import assert_one_line_error, invoke
 
 
@@ -90,8 +90,8 @@ def test_what_if_rows_follow_each_policy_and_equal_their_replays(trace_path, tmp
 
     import tomli_w
 
-    from optimizer.policy.model import policy_to_dict
-    from optimizer.policy.presets import load_preset
+    from kvtier.policy.model import policy_to_dict
+    from kvtier.policy.presets import load_preset
 
     r = invoke(
         "compare", "--trace", str(trace_path), "--preset", "beluga-cxl", "--what-if", "--json"

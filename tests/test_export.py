@@ -20,14 +20,14 @@ from click.testing import CliRunner
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from optimizer import cli
-from optimizer.cli import main
-from optimizer.errors import InputError
-from optimizer.hardware import load_hardware, load_model
-from optimizer.hardware.types import Hardware
-from optimizer.policy.export import TARGETS, export
-from optimizer.policy.file import write_policy_file
-from optimizer.policy.model import (
+from kvtier import cli
+from kvtier.cli import main
+from kvtier.errors import InputError
+from kvtier.hardware import load_hardware, load_model
+from kvtier.hardware.types import Hardware
+from kvtier.policy.export import TARGETS, export
+from kvtier.policy.file import write_policy_file
+from kvtier.policy.model import (
     EVICTIONS,
     HIERARCHIES,
     KV_DTYPES,
@@ -40,7 +40,7 @@ from optimizer.policy.model import (
     ServingPolicy,
     TierPolicy,
 )
-from optimizer.policy.presets import load_preset, preset_names, preset_path
+from kvtier.policy.presets import load_preset, preset_names, preset_path
 
 GIB = 2**30
 MODEL = load_model("Llama-3.1-8B")

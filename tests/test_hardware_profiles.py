@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from optimizer.builtin import policies_dir
-from optimizer.errors import InputError
-from optimizer.hardware import (
+from kvtier.builtin import policies_dir
+from kvtier.errors import InputError
+from kvtier.hardware import (
     GB,
     builtin_names,
     load_gpu,

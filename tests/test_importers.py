@@ -8,9 +8,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from optimizer.errors import InputError
-from optimizer.trace.importers import import_trace
-from optimizer.trace.io import read_trace
+from kvtier.errors import InputError
+from kvtier.trace.importers import import_trace
+from kvtier.trace.io import read_trace
 from tests.helpers import assert_one_line_error, invoke
 
 PUBLIC = Path(__file__).resolve().parents[2] / "shared" / "traces-public"

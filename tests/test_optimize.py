@@ -7,14 +7,14 @@ from pathlib import Path
 
 import pytest
 
-from optimizer.hardware import load_hardware, load_model
-from optimizer.policy.file import read_policy_file
-from optimizer.policy.model import SLO, Policy
-from optimizer.search.objective import Evaluator
-from optimizer.search.run import optimize, parse_slo
-from optimizer.search.space import load_space
-from optimizer.trace.io import read_trace, write_trace
-from optimizer.trace.synth import synthesize
+from kvtier.hardware import load_hardware, load_model
+from kvtier.policy.file import read_policy_file
+from kvtier.policy.model import SLO, Policy
+from kvtier.search.objective import Evaluator
+from kvtier.search.run import optimize, parse_slo
+from kvtier.search.space import load_space
+from kvtier.trace.io import read_trace, write_trace
+from kvtier.trace.synth import synthesize
 from tests.helpers import assert_one_line_error, invoke
 
 # The enumerable space of the optimum test: 4 block sizes x 8 instance counts x 3 routers
@@ -169,7 +169,7 @@ def test_rerun_continues_the_study(trace_path, tmp_path) -> None:
 
 
 def test_interrupt_leaves_a_resumable_study(trace_path, tmp_path, monkeypatch) -> None:
-    import optimizer.search.study as study_mod
+    import kvtier.search.study as study_mod
 
     calls = {"n": 0}
     original = study_mod.record
@@ -232,7 +232,7 @@ def test_trace_changed_under_a_study_is_refused(trace_path, tmp_path) -> None:
         out=str(tmp_path / "o.toml"),
     )
     optimize(str(trace_path), **common)
-    from optimizer.errors import InputError
+    from kvtier.errors import InputError
 
     with pytest.raises(InputError, match="different trace"):
         optimize(str(other), **common)
@@ -252,7 +252,7 @@ def test_optimize_console_script(trace_path, tmp_path) -> None:
 
     from tests.helpers import REPO
 
-    code = "from optimizer.cli import optimize_main; optimize_main()"
+    code = "from kvtier.cli import optimize_main; optimize_main()"
     base = [
         sys.executable,
         "-c",
@@ -279,7 +279,7 @@ def test_optimize_console_script(trace_path, tmp_path) -> None:
 
 
 def test_space_is_fitted_to_the_hardware() -> None:
-    from optimizer.search.run import fit_space_to_hardware
+    from kvtier.search.run import fit_space_to_hardware
 
     space = fit_space_to_hardware(load_space("default"), load_hardware("h100-node"))
     assert space.pinned["tiers.cxl.enabled"] is False  # h100-node has no CXL pool

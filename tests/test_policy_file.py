@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from optimizer.errors import InputError
-from optimizer.policy import Policy, load_policy
+from kvtier.errors import InputError
+from kvtier.policy import Policy, load_policy
 
 
 def write(tmp: Path, text: str) -> Path:

@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from optimizer.errors import InputError
-from optimizer.hardware import load_hardware
-from optimizer.policy.model import Policy, load_policy, policy_from_dict, policy_to_dict
-from optimizer.policy.presets import load_preset, preset_names
+from kvtier.errors import InputError
+from kvtier.hardware import load_hardware
+from kvtier.policy.model import Policy, load_policy, policy_from_dict, policy_to_dict
+from kvtier.policy.presets import load_preset, preset_names
 from tests.helpers import assert_one_line_error, invoke
 
 PRESETS = [
@@ -133,8 +133,8 @@ def test_replay_with_a_preset_and_errors(tmp_path: Path) -> None:
 
 def test_tenancy_follows_the_policy(tmp_path: Path) -> None:
     """Two tenants with the same prompt share blocks only when the policy allows it."""
-    from optimizer.sim.replay import prepare
-    from optimizer.trace.io import write_trace
+    from kvtier.sim.replay import prepare
+    from kvtier.trace.io import write_trace
     from tests.helpers import make_trace
 
     trace = make_trace([list(range(64)), list(range(64))], 16, tenants=["a", "b"])

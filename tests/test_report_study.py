@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from optimizer.trace.io import write_trace
-from optimizer.trace.synth import synthesize
+from kvtier.trace.io import write_trace
+from kvtier.trace.synth import synthesize
 from tests.helpers import assert_one_line_error, invoke
 
 

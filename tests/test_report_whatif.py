@@ -8,14 +8,14 @@ from pathlib import Path
 
 import pytest
 
-from optimizer.hardware import load_hardware, load_model
-from optimizer.policy.model import SLO, Policy, TierPolicy
-from optimizer.report.whatif import run_what_if, tier_variants
-from optimizer.search.objective import Evaluator
-from optimizer.sim import simulate
-from optimizer.trace.blocks import block_trace
-from optimizer.trace.io import write_trace
-from optimizer.trace.synth import synthesize
+from kvtier.hardware import load_hardware, load_model
+from kvtier.policy.model import SLO, Policy, TierPolicy
+from kvtier.report.whatif import run_what_if, tier_variants
+from kvtier.search.objective import Evaluator
+from kvtier.sim import simulate
+from kvtier.trace.blocks import block_trace
+from kvtier.trace.io import write_trace
+from kvtier.trace.synth import synthesize
 from tests.helpers import assert_one_line_error, invoke
 
 
@@ -157,7 +157,7 @@ def _variant(name: str, cost: float, change: float | None, feasible: bool) -> di
 
 
 def test_report_names_the_variants_that_beat_the_policy_found() -> None:
-    from optimizer.report.study import _what_if_sections
+    from kvtier.report.study import _what_if_sections
 
     wi = {
         "trial": 3,
@@ -181,7 +181,7 @@ def test_report_names_the_variants_that_beat_the_policy_found() -> None:
 
 
 def test_capacity_mode_shows_the_load_each_variant_reached() -> None:
-    from optimizer.report.study import _what_if_sections
+    from kvtier.report.study import _what_if_sections
 
     found, halved = _variant("as found", 1.0, 0.0, True), _variant("dram x0.5", 1.1, 0.1, True)
     halved["rate_scale"] = 2.5

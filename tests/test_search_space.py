@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from optimizer.errors import InputError
-from optimizer.policy.model import Policy, policy_from_dict, policy_to_dict
-from optimizer.search.overlay import apply, overlay
-from optimizer.search.space import Param, load_space, parse_pin
+from kvtier.errors import InputError
+from kvtier.policy.model import Policy, policy_from_dict, policy_to_dict
+from kvtier.search.overlay import apply, overlay
+from kvtier.search.space import Param, load_space, parse_pin
 
 
 def test_builtin_default_space_loads() -> None:
@@ -70,7 +70,7 @@ def test_pins() -> None:
 def test_grid_and_conditions() -> None:
     a = Param("a", choices=(True, False))
     b = Param("b", low=1, high=3, integer=True, when=(("a", True),))
-    from optimizer.search.space import SearchSpace
+    from kvtier.search.space import SearchSpace
 
     space = SearchSpace((a, b))
     grid = space.grid()

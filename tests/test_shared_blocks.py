@@ -9,8 +9,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from optimizer.trace.blocked import BlockedTrace
-from optimizer.trace.shared import shared_block_index
+from kvtier.trace.blocked import BlockedTrace
+from kvtier.trace.shared import shared_block_index
 
 
 @settings(deadline=None)  # the first example compiles the kernel

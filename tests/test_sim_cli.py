@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from optimizer.cli import main
-from optimizer.trace.format import Trace
-from optimizer.trace.io import read_trace, write_trace
+from kvtier.cli import main
+from kvtier.trace.format import Trace
+from kvtier.trace.io import read_trace, write_trace
 
 ROOT = Path(__file__).resolve().parent.parent
 MOONCAKE = ROOT / "traces" / "mooncake-conversation.parquet"

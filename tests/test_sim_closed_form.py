@@ -8,11 +8,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from optimizer.hardware import load_hardware, load_model
-from optimizer.hardware.types import Hardware, ModelProfile
-from optimizer.policy import SLO, Policy
-from optimizer.sim import build_config, compute_metrics, simulate, simulate_raw
-from optimizer.trace.blocked import BlockedTrace
+from kvtier.hardware import load_hardware, load_model
+from kvtier.hardware.types import Hardware, ModelProfile
+from kvtier.policy import SLO, Policy
+from kvtier.sim import build_config, compute_metrics, simulate, simulate_raw
+from kvtier.trace.blocked import BlockedTrace
 
 ENGINES = ["reference", "numba"]
 B = 16
@@ -148,7 +148,7 @@ def test_admission_waits_for_hbm(tmp_path, model, engine) -> None:
     # a pool of exactly 300 blocks: two 250-block requests cannot run together
     policy = replace(Policy(), serving=replace(Policy().serving, instances=1))
     kvb = model.kv_bytes_per_token()
-    from optimizer.policy.model import TierPolicy
+    from kvtier.policy.model import TierPolicy
 
     policy = replace(policy, tiers=(TierPolicy(capacity_gb=300 * B * kvb / 1e9),))
     hw = load_hardware("h100-node")

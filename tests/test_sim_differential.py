@@ -6,12 +6,12 @@ import numpy as np
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from optimizer.policy.model import SLO
-from optimizer.sim import compute_metrics, simulate_raw
-from optimizer.sim.config import SimConfig
-from optimizer.sim.result import RawResult
-from optimizer.sim.timing import iteration_time
-from optimizer.trace.blocked import BlockedTrace
+from kvtier.policy.model import SLO
+from kvtier.sim import compute_metrics, simulate_raw
+from kvtier.sim.config import SimConfig
+from kvtier.sim.result import RawResult
+from kvtier.sim.timing import iteration_time
+from kvtier.trace.blocked import BlockedTrace
 from tests.sim_strategies import blocked_traces, sim_configs
 
 SETTINGS = settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -79,7 +79,7 @@ def test_engines_agree_on_the_shortest_free_ring(case) -> None:
     """With a free ring one entry longer than needed, pinning free cached slots fills it
     often, so the kernel's compaction runs (it never does at the default length on these
     small traces); results must not change."""
-    import optimizer.sim.engine as engine
+    import kvtier.sim.engine as engine
 
     trace, cfg = case
     ref = simulate_raw(trace, cfg, engine="reference")

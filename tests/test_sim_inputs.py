@@ -6,11 +6,11 @@ from dataclasses import replace
 
 import pytest
 
-from optimizer.errors import InputError
-from optimizer.hardware import load_hardware, load_model
-from optimizer.policy import Policy
-from optimizer.sim import build_config, simulate, simulate_raw
-from optimizer.trace.blocked import BlockedTrace
+from kvtier.errors import InputError
+from kvtier.hardware import load_hardware, load_model
+from kvtier.policy import Policy
+from kvtier.sim import build_config, simulate, simulate_raw
+from kvtier.trace.blocked import BlockedTrace
 
 TRACE = BlockedTrace.from_lists([0.0, 1.0], [40, 20], [3, 2], [[0, 1], [0]], 16)
 

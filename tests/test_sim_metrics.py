@@ -7,10 +7,10 @@ import math
 import numpy as np
 import pytest
 
-from optimizer.policy import SLO
-from optimizer.sim.metrics import Metrics, compute_metrics
-from optimizer.sim.result import RawResult, SloCheck
-from optimizer.trace.blocked import BlockedTrace
+from kvtier.policy import SLO
+from kvtier.sim.metrics import Metrics, compute_metrics
+from kvtier.sim.result import RawResult, SloCheck
+from kvtier.trace.blocked import BlockedTrace
 
 
 def raw(first, finish, inst, hits=None, busy=(1.0,)) -> RawResult:

@@ -6,10 +6,10 @@ from dataclasses import replace
 
 import pytest
 
-from optimizer.hardware import load_hardware, load_model
-from optimizer.policy import Policy
-from optimizer.sim import build_config, simulate_raw
-from optimizer.trace.blocked import BlockedTrace
+from kvtier.hardware import load_hardware, load_model
+from kvtier.policy import Policy
+from kvtier.sim import build_config, simulate_raw
+from kvtier.trace.blocked import BlockedTrace
 
 ENGINES = ["reference", "numba"]
 

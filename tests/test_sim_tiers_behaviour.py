@@ -13,12 +13,12 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from optimizer.hardware import load_hardware, load_model
-from optimizer.hardware.types import Hardware, Topology
-from optimizer.policy.model import Policy, ServingPolicy, TierPolicy
-from optimizer.sim import simulate_raw
-from optimizer.sim.config import build_config
-from optimizer.trace.blocked import BlockedTrace
+from kvtier.hardware import load_hardware, load_model
+from kvtier.hardware.types import Hardware, Topology
+from kvtier.policy.model import Policy, ServingPolicy, TierPolicy
+from kvtier.sim import simulate_raw
+from kvtier.sim.config import build_config
+from kvtier.trace.blocked import BlockedTrace
 
 PROMPT = 16 * 1024  # a Beluga-like long prompt (LV-Eval inputs exceed 15K tokens)
 
@@ -173,7 +173,7 @@ def test_cost_aware_recomputes_when_loading_is_slower() -> None:
 
 
 def test_gdsf_cost_is_the_recompute_time_saved() -> None:
-    from optimizer.sim.tiers import recompute_costs
+    from kvtier.sim.tiers import recompute_costs
 
     trace = same_prompt_twice(256)
     costs = recompute_costs(

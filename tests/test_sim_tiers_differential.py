@@ -8,9 +8,9 @@ import numpy as np
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from optimizer.policy.model import SLO
-from optimizer.sim import compute_metrics, simulate_raw
-from optimizer.sim.engine import SCRATCH
+from kvtier.policy.model import SLO
+from kvtier.sim import compute_metrics, simulate_raw
+from kvtier.sim.engine import SCRATCH
 from tests.sim_strategies import blocked_traces, tiered_configs
 from tests.test_sim_differential import assert_same
 

@@ -17,8 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from optimizer.trace.io import write_trace
-from optimizer.trace.synth import synthesize
+from kvtier.trace.io import write_trace
+from kvtier.trace.synth import synthesize
 from tests.helpers import REPO, assert_one_line_error, run_cli
 
 WORKERS = 3
@@ -40,7 +40,7 @@ def start_workers(trace: Path, storage: str, cwd: Path) -> list[subprocess.Compl
             [
                 sys.executable,
                 "-m",
-                "optimizer.cli",
+                "kvtier.cli",
                 "optimize",
                 "--trace",
                 str(trace),
@@ -167,7 +167,7 @@ def test_a_table_another_worker_just_created_is_retried(tmp_path, monkeypatch) -
     import optuna
     import sqlalchemy.exc
 
-    from optimizer.search import study as study_mod
+    from kvtier.search import study as study_mod
 
     real = optuna.create_study
     calls = []

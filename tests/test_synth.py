@@ -11,14 +11,14 @@ from click.testing import CliRunner
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from optimizer.cli import main
-from optimizer.errors import InputError
-from optimizer.trace.blocks import block_trace
-from optimizer.trace.format import Trace
-from optimizer.trace.io import read_trace
-from optimizer.trace.stats import trace_stats
-from optimizer.trace.synth import arrival_times, synthesize
-from optimizer.trace.synth.content import block_content_ids, prompt_hashes
+from kvtier.cli import main
+from kvtier.errors import InputError
+from kvtier.trace.blocks import block_trace
+from kvtier.trace.format import Trace
+from kvtier.trace.io import read_trace
+from kvtier.trace.stats import trace_stats
+from kvtier.trace.synth import arrival_times, synthesize
+from kvtier.trace.synth.content import block_content_ids, prompt_hashes
 
 KINDS = ("chat", "rag", "agent", "short")
 

@@ -11,10 +11,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from optimizer.errors import InputError
-from optimizer.trace.format import Trace
-from optimizer.trace.io import read_trace, write_trace
-from optimizer.trace.validate import UnsortedTraceWarning
+from kvtier.errors import InputError
+from kvtier.trace.format import Trace
+from kvtier.trace.io import read_trace, write_trace
+from kvtier.trace.validate import UnsortedTraceWarning
 from tests.helpers import assert_one_line_error, invoke, make_trace, run_cli
 
 G = 4

@@ -9,9 +9,9 @@ import pyarrow.parquet as pq
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from optimizer.errors import InputError
-from optimizer.trace.importers import import_trace
-from optimizer.trace.io import read_trace
+from kvtier.errors import InputError
+from kvtier.trace.importers import import_trace
+from kvtier.trace.io import read_trace
 from tests.helpers import make_trace
 
 SETTINGS = settings(

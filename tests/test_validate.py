@@ -10,10 +10,10 @@ from typing import Any
 import pytest
 from click.testing import CliRunner
 
-from optimizer.cli import main
-from optimizer.hardware import load_hardware, load_model
-from optimizer.policy.presets import load_preset
-from optimizer.report.validation import (
+from kvtier.cli import main
+from kvtier.hardware import load_hardware, load_model
+from kvtier.policy.presets import load_preset
+from kvtier.report.validation import (
     METRICS,
     RUNS,
     SYSTEMS,
@@ -22,7 +22,7 @@ from optimizer.report.validation import (
     with_hbm,
     with_interleave,
 )
-from optimizer.trace.synth import synthesize
+from kvtier.trace.synth import synthesize
 
 # docs/sources.md, model configurations: layers / KV heads / head dim -> KiB per token at BF16.
 KV_BYTES = {

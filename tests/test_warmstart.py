@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import numpy as np
 
-from optimizer.hardware import load_model
-from optimizer.policy.model import Policy
-from optimizer.search.space import Param, SearchSpace
-from optimizer.search.warmstart import curve_knees, knee_capacities_gb, warm_start_trials
-from optimizer.trace.blocks import block_trace
-from optimizer.trace.synth import synthesize
+from kvtier.hardware import load_model
+from kvtier.policy.model import Policy
+from kvtier.search.space import Param, SearchSpace
+from kvtier.search.warmstart import curve_knees, knee_capacities_gb, warm_start_trials
+from kvtier.trace.blocks import block_trace
+from kvtier.trace.synth import synthesize
 
 
 def test_knees_of_a_known_curve() -> None:
@@ -45,8 +45,8 @@ def test_warm_start_enqueues_capacity_params() -> None:
 def test_optimize_runs_the_enqueued_trials_first(tmp_path) -> None:
     import optuna
 
-    from optimizer.search.run import optimize
-    from optimizer.trace.io import write_trace
+    from kvtier.search.run import optimize
+    from kvtier.trace.io import write_trace
 
     path = tmp_path / "t.parquet"
     write_trace(synthesize("chat", requests=200, rate=5.0, seed=4), path)

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from optimizer.hardware.loader import builtin_names, load_gpu, load_hardware, load_model
-from optimizer.hardware.types import (
+from kvtier.hardware.loader import builtin_names, load_gpu, load_hardware, load_model
+from kvtier.hardware.types import (
     GB,
     KV_DTYPE_BYTES,
     MLA,

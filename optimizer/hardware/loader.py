@@ -13,8 +13,8 @@ import os
 from importlib import resources
 from pathlib import Path
 
-from optimizer.errors import InputError
-from optimizer.hardware.types import (
+from kvtier.errors import InputError
+from kvtier.hardware.types import (
     GB,
     MLA,
     Efficiency,
@@ -24,13 +24,13 @@ from optimizer.hardware.types import (
     TierHardware,
     Topology,
 )
-from optimizer.toml_fields import Table, read_toml
+from kvtier.toml_fields import Table, read_toml
 
 KINDS = ("models", "gpus", "hardware")
 
 
 def _builtin_dir(kind: str) -> Path:
-    return Path(str(resources.files("optimizer.hardware"))) / "profiles" / kind
+    return Path(str(resources.files("kvtier.hardware"))) / "profiles" / kind
 
 
 def _search_dirs(kind: str) -> list[Path]:

@@ -1,7 +1,7 @@
 """Frozen dataclasses for model, GPU and hardware profiles, and the KV geometry.
 
 Profiles are data (TOML files with a source for every number); these types are what the rest
-of kvtier sees after :mod:`optimizer.hardware.loader` has validated a file. Sizes are in bytes
+of kvtier sees after :mod:`kvtier.hardware.loader` has validated a file. Sizes are in bytes
 and rates in bytes or FLOPs per second, so the simulator never converts units.
 """
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from optimizer.policy.model import (
+from kvtier.policy.model import (
     POLICY_FORMAT,
     ROUTERS,
     SLO,
@@ -13,7 +13,7 @@ from optimizer.policy.model import (
     policy_from_dict,
     policy_to_dict,
 )
-from optimizer.policy.presets import load_preset, preset_names, preset_path
+from kvtier.policy.presets import load_preset, preset_names, preset_path
 
 __all__ = [
     "POLICY_FORMAT",

@@ -1,7 +1,7 @@
 """Policy files (``kvtier-policy/1``) with the metrics they achieved and their provenance.
 
 A policy file is what the optimizer hands to people and to serving systems. Besides the policy
-itself (``optimizer.policy.model``) it records:
+itself (``kvtier.policy.model``) it records:
 
 * ``[metrics]``: what the policy achieved when it was found (the simulator's ``Metrics``);
 * ``[provenance]``: the trace file and its sha256, the kvtier version, the study, trial and
@@ -21,8 +21,8 @@ from typing import Any
 
 import tomli_w
 
-from optimizer.policy.model import Policy, policy_from_dict, policy_to_dict
-from optimizer.toml_fields import read_toml
+from kvtier.policy.model import Policy, policy_from_dict, policy_to_dict
+from kvtier.toml_fields import read_toml
 
 
 def sha256_of(path: str | Path) -> str:
@@ -61,7 +61,7 @@ def write_policy_file(
     metrics: dict[str, Any] | None = None,
     provenance: dict[str, Any] | None = None,
 ) -> None:
-    from optimizer.trace.io import atomic_write
+    from kvtier.trace.io import atomic_write
 
     data = policy_to_dict(policy)
     if metrics:

@@ -14,7 +14,7 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from optimizer.toml_fields import Table, read_toml
+from kvtier.toml_fields import Table, read_toml
 
 POLICY_FORMAT = "kvtier-policy/1"
 ROUTERS = ("round_robin", "least_loaded", "prefix_affinity")

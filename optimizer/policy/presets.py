@@ -1,6 +1,6 @@
 """Built-in presets: policy files of known systems in ``policies/presets/`` (policy + hardware).
 
-(Installed from a wheel, the directory is found by :func:`optimizer.builtin.policies_dir`.)
+(Installed from a wheel, the directory is found by :func:`kvtier.builtin.policies_dir`.)
 
 Each preset is an ordinary policy file naming its hardware and model profiles, with a first
 comment line saying what it models and a source for every parameter. ``kvtier replay --preset
@@ -13,9 +13,9 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from optimizer.builtin import policies_dir
-from optimizer.errors import InputError
-from optimizer.policy.model import Policy, load_policy
+from kvtier.builtin import policies_dir
+from kvtier.errors import InputError
+from kvtier.policy.model import Policy, load_policy
 
 BUILTIN_DIR = policies_dir() / "presets"
 

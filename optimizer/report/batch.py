@@ -8,7 +8,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from optimizer.report.optimize import _misses, fmt_cell, result_json
+from kvtier.report.optimize import _misses, fmt_cell, result_json
 
 
 def _cheapest_feasible_preset(result: Any) -> tuple[str, float] | None:

@@ -17,12 +17,12 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from optimizer.errors import InputError
-from optimizer.hardware import load_hardware, load_model
-from optimizer.policy.model import SLO, Policy, load_policy
-from optimizer.report.optimize import fmt_cell
-from optimizer.sim.metrics import Metrics
-from optimizer.sim.replay import DEFAULT_HARDWARE, DEFAULT_MODEL, scale_arrivals
+from kvtier.errors import InputError
+from kvtier.hardware import load_hardware, load_model
+from kvtier.policy.model import SLO, Policy, load_policy
+from kvtier.report.optimize import fmt_cell
+from kvtier.sim.metrics import Metrics
+from kvtier.sim.replay import DEFAULT_HARDWARE, DEFAULT_MODEL, scale_arrivals
 
 COLUMNS = (
     ("B", "block_tokens", "{:.0f}"),
@@ -76,13 +76,13 @@ def compare_policies(
     A preset that needs a tier the chosen hardware lacks becomes a row with its reason rather
     than stopping the comparison; a policy file the user named that cannot be read is an error.
     With ``what_if``, each policy is followed by its tier variants
-    (:func:`optimizer.report.whatif.tier_variants`), labelled ``NAME: VARIANT``.
+    (:func:`kvtier.report.whatif.tier_variants`), labelled ``NAME: VARIANT``.
     """
-    from optimizer.policy.presets import load_preset
-    from optimizer.report.whatif import tier_variants
-    from optimizer.sim import simulate
-    from optimizer.trace.blocks import block_trace
-    from optimizer.trace.io import read_trace
+    from kvtier.policy.presets import load_preset
+    from kvtier.report.whatif import tier_variants
+    from kvtier.sim import simulate
+    from kvtier.trace.blocks import block_trace
+    from kvtier.trace.io import read_trace
 
     trace = read_trace(trace_path)
     blocked: dict[tuple[int, bool], Any] = {}

@@ -26,10 +26,10 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from optimizer.errors import InputError
-from optimizer.plotting import pyplot
-from optimizer.report.optimize import fmt_cell
-from optimizer.search.study import (
+from kvtier.errors import InputError
+from kvtier.plotting import pyplot
+from kvtier.report.optimize import fmt_cell
+from kvtier.search.study import (
     TrialSummary,
     best_feasible,
     closest,
@@ -37,7 +37,7 @@ from optimizer.search.study import (
     storage_error,
     summaries,
 )
-from optimizer.trace.io import atomic_write
+from kvtier.trace.io import atomic_write
 
 
 def load_existing_study(name: str, storage: str | None, runs_dir: Path = Path("runs")) -> Any:

@@ -22,11 +22,11 @@ from typing import Any
 
 import numpy as np
 
-from optimizer.errors import InputError
-from optimizer.hardware import load_hardware, load_model
-from optimizer.hardware.types import Hardware, ModelProfile
-from optimizer.policy.model import Policy
-from optimizer.policy.presets import BUILTIN_DIR, load_preset
+from kvtier.errors import InputError
+from kvtier.hardware import load_hardware, load_model
+from kvtier.hardware.types import Hardware, ModelProfile
+from kvtier.policy.model import Policy
+from kvtier.policy.presets import BUILTIN_DIR, load_preset
 
 SCENARIO_DIR = BUILTIN_DIR / "validation"
 SCENARIOS = {"beluga": SCENARIO_DIR / "beluga-lveval.toml"}
@@ -77,8 +77,8 @@ def load_scenario(name: str) -> dict[str, Any]:
 
 
 def scenario_trace(scn: dict[str, Any]):  # noqa: ANN201
-    """The scenario's two-pass LV-Eval-like trace (``optimizer.trace.synth``)."""
-    from optimizer.trace.synth import synthesize
+    """The scenario's two-pass LV-Eval-like trace (``kvtier.trace.synth``)."""
+    from kvtier.trace.synth import synthesize
 
     t = dict(scn["trace"])
     return synthesize(
@@ -107,8 +107,8 @@ def run_passes(
     trace: Any, hw: Hardware, model: ModelProfile, policy: Policy
 ) -> dict[str, PassStats]:
     """Replay ``trace`` under the burst load generator; statistics per pass."""
-    from optimizer.sim import build_config, simulate_raw
-    from optimizer.trace.blocks import block_trace
+    from kvtier.sim import build_config, simulate_raw
+    from kvtier.trace.blocks import block_trace
 
     bt = block_trace(trace, policy.block_tokens, share_across_tenants=policy.share_across_tenants)
     passes = bt.pass_index
@@ -153,8 +153,8 @@ def run_passes(
 
 def first_pass_reuse(trace: Any, block_tokens: int = 16) -> float:
     """Share of the first pass's prompt tokens an infinite cache serves (prefix reuse)."""
-    from optimizer.trace.blocks import block_trace
-    from optimizer.trace.stats import prefix_hits
+    from kvtier.trace.blocks import block_trace
+    from kvtier.trace.stats import prefix_hits
 
     bt = block_trace(trace, block_tokens)
     hits = prefix_hits(bt)
@@ -166,8 +166,8 @@ def first_pass_hit_ratios(
     trace: Any, hw: Hardware, model: ModelProfile, policy: Policy
 ) -> dict[str, float]:
     """Prompt tokens served from each tier in the first pass alone (replayed by itself)."""
-    from optimizer.sim import simulate
-    from optimizer.trace.blocks import block_trace
+    from kvtier.sim import simulate
+    from kvtier.trace.blocks import block_trace
 
     bt = block_trace(trace, policy.block_tokens, share_across_tenants=policy.share_across_tenants)
     n = int((bt.pass_index == 0).sum())  # pass 0 is the first n rows

@@ -22,11 +22,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
-from optimizer.errors import InputError
-from optimizer.hardware.types import Hardware
-from optimizer.policy.model import LOWER_TIERS, SLO, TIER_NAMES, Policy, TierPolicy
-from optimizer.search.objective import Evaluation, Evaluator
-from optimizer.sim.tiers import GB
+from kvtier.errors import InputError
+from kvtier.hardware.types import Hardware
+from kvtier.policy.model import LOWER_TIERS, SLO, TIER_NAMES, Policy, TierPolicy
+from kvtier.search.objective import Evaluation, Evaluator
+from kvtier.sim.tiers import GB
 
 
 @dataclass(frozen=True)
@@ -156,11 +156,11 @@ def what_if_for_study(
     Uses the setup the study recorded (trace, hardware, model, SLO, load mode); ``trace_path``
     replaces the recorded trace path when the file has moved, and must hold the same trace.
     """
-    from optimizer.hardware import load_hardware, load_model
-    from optimizer.policy.file import sha256_of
-    from optimizer.policy.model import policy_from_dict
-    from optimizer.search.study import best_feasible, closest
-    from optimizer.trace.io import read_trace
+    from kvtier.hardware import load_hardware, load_model
+    from kvtier.policy.file import sha256_of
+    from kvtier.policy.model import policy_from_dict
+    from kvtier.search.study import best_feasible, closest
+    from kvtier.trace.io import read_trace
 
     setup = dict(study.user_attrs.get("setup") or {})
     if not setup:

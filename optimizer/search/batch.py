@@ -15,9 +15,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from optimizer.errors import InputError
-from optimizer.hardware import load_hardware, load_model
-from optimizer.search.run import DEFAULT_HARDWARE, DEFAULT_MODEL, OptimizeResult, optimize
+from kvtier.errors import InputError
+from kvtier.hardware import load_hardware, load_model
+from kvtier.search.run import DEFAULT_HARDWARE, DEFAULT_MODEL, OptimizeResult, optimize
 
 
 @dataclass
@@ -37,7 +37,7 @@ def plan_batch(
     study_prefix: str = "",
 ) -> list[BatchItem]:
     """Check every trace and name its study and policy file; nothing runs yet."""
-    from optimizer.trace.io import read_trace
+    from kvtier.trace.io import read_trace
 
     if not traces:
         raise InputError("no trace given")

@@ -20,14 +20,14 @@ import threading
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from optimizer.errors import InputError
-from optimizer.hardware.types import Hardware, ModelProfile
-from optimizer.policy.model import SLO, Policy
-from optimizer.search.overlay import apply
-from optimizer.sim import simulate
-from optimizer.sim.metrics import Metrics
-from optimizer.trace.blocked import BlockedTrace
-from optimizer.trace.format import Trace
+from kvtier.errors import InputError
+from kvtier.hardware.types import Hardware, ModelProfile
+from kvtier.policy.model import SLO, Policy
+from kvtier.search.overlay import apply
+from kvtier.sim import simulate
+from kvtier.sim.metrics import Metrics
+from kvtier.trace.blocked import BlockedTrace
+from kvtier.trace.format import Trace
 
 SLO_TERMS = ("ttft_mean_s", "ttft_p99_s", "ttft_p999_s", "tpot_p99_s")
 LOAD_MODES = ("trace", "capacity")
@@ -116,7 +116,7 @@ class Evaluator:
     def blocked(self, block_tokens: int) -> BlockedTrace:
         with self._lock:
             if block_tokens not in self._blocked:
-                from optimizer.trace.blocks import block_trace
+                from kvtier.trace.blocks import block_trace
 
                 self._blocked[block_tokens] = block_trace(self.trace, block_tokens)
             return self._blocked[block_tokens]

@@ -12,8 +12,8 @@ import copy
 from collections.abc import Mapping
 from typing import Any
 
-from optimizer.errors import InputError
-from optimizer.policy.model import Policy, policy_from_dict, policy_to_dict
+from kvtier.errors import InputError
+from kvtier.policy.model import Policy, policy_from_dict, policy_to_dict
 
 
 def _tier(data: dict[str, Any], name: str) -> dict[str, Any]:

@@ -17,14 +17,14 @@ from typing import Any
 
 import optuna
 
-from optimizer import __version__
-from optimizer.errors import InputError
-from optimizer.hardware import load_hardware, load_model
-from optimizer.policy.file import sha256_of, write_policy_file
-from optimizer.policy.model import SLO, Policy, policy_from_dict
-from optimizer.search.objective import SLO_TERMS, Evaluation, Evaluator, binding_term
-from optimizer.search.space import SearchSpace, load_space
-from optimizer.search.study import (
+from kvtier import __version__
+from kvtier.errors import InputError
+from kvtier.hardware import load_hardware, load_model
+from kvtier.policy.file import sha256_of, write_policy_file
+from kvtier.policy.model import SLO, Policy, policy_from_dict
+from kvtier.search.objective import SLO_TERMS, Evaluation, Evaluator, binding_term
+from kvtier.search.space import SearchSpace, load_space
+from kvtier.search.study import (
     TrialSummary,
     best_feasible,
     closest,
@@ -32,7 +32,7 @@ from optimizer.search.study import (
     open_study,
     pareto_front,
 )
-from optimizer.search.warmstart import warm_start_trials
+from kvtier.search.warmstart import warm_start_trials
 
 DEFAULT_SLO = SLO(ttft_p99_s=2.0, tpot_p99_s=0.1)
 DEFAULT_HARDWARE = "h100-node"
@@ -122,7 +122,7 @@ def baseline_policies(base: Policy) -> dict[str, Policy | InputError]:
     and model being optimized, at the same SLO, with all instances; its tier capacities are its
     own. A preset that needs a tier the hardware lacks is reported as not applicable.
     """
-    from optimizer.policy.presets import load_preset, preset_names
+    from kvtier.policy.presets import load_preset, preset_names
 
     out: dict[str, Policy | InputError] = {}
     for name in preset_names():
@@ -188,7 +188,7 @@ def optimize(
     runs_dir: Path = Path("runs"),
     on_trial: Callable[[int, TrialSummary | None], None] | None = None,
 ) -> OptimizeResult:
-    from optimizer.trace.io import read_trace
+    from kvtier.trace.io import read_trace
 
     started = time.perf_counter()
     trace = read_trace(trace_path)

@@ -40,8 +40,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from optimizer.builtin import policies_dir
-from optimizer.errors import InputError
+from kvtier.builtin import policies_dir
+from kvtier.errors import InputError
 
 SPACE_FORMAT = "kvtier-space/1"
 SPACES_DIR = policies_dir() / "spaces"

@@ -24,10 +24,10 @@ import optuna
 import sqlalchemy
 import sqlalchemy.exc
 
-from optimizer.errors import InputError
-from optimizer.policy.model import policy_to_dict
-from optimizer.search.objective import Evaluation, Evaluator
-from optimizer.search.space import SearchSpace
+from kvtier.errors import InputError
+from kvtier.policy.model import policy_to_dict
+from kvtier.search.objective import Evaluation, Evaluator
+from kvtier.search.space import SearchSpace
 
 RUNS_DIR = Path("runs")
 

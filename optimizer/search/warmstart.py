@@ -2,7 +2,7 @@
 
 A cache much smaller than a curve's knee wastes its hits; one much larger buys little. So the
 first trials try each tier capacity of the space at the capacities where the exact one-pass
-LRU curve (``optimizer.sim.cache``) bends: the point farthest from the chord of the curve on a
+LRU curve (``kvtier.cache``) bends: the point farthest from the chord of the curve on a
 log-capacity axis (the "Kneedle" rule of Satopaa et al., 2011), and where the curve reaches
 90% and 99% of the hit ratio an unbounded cache gets.
 """
@@ -13,10 +13,10 @@ from typing import Any
 
 import numpy as np
 
-from optimizer.hardware.types import ModelProfile
-from optimizer.policy.model import Policy
-from optimizer.search.space import Param, SearchSpace
-from optimizer.trace.blocked import BlockedTrace
+from kvtier.hardware.types import ModelProfile
+from kvtier.policy.model import Policy
+from kvtier.search.space import Param, SearchSpace
+from kvtier.trace.blocked import BlockedTrace
 
 GB = 1e9
 
@@ -39,8 +39,8 @@ def knee_capacities_gb(
     blocked: BlockedTrace, model: ModelProfile, kv_dtype: str = "bf16", points: int = 40
 ) -> list[float]:
     """The knees of ``blocked``'s LRU curve (prefix semantics) in GB of KV."""
-    from optimizer.sim.cache import default_capacities, miss_ratio_curve
-    from optimizer.sim.cache.mrc import working_set_blocks
+    from kvtier.cache import default_capacities, miss_ratio_curve
+    from kvtier.cache.mrc import working_set_blocks
 
     working = working_set_blocks(blocked)
     if working < 3:

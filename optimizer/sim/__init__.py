@@ -2,21 +2,21 @@
 
 ``simulate(blocked_trace, hardware, model, policy)`` replays a trace on the deployment and
 returns :class:`Metrics`. ``engine="reference"`` runs the executable specification
-(:mod:`optimizer.sim.reference`), ``engine="numba"`` the fast kernel; both give identical
+(:mod:`kvtier.sim.reference`), ``engine="numba"`` the fast kernel; both give identical
 metrics on every trace.
 """
 
 from __future__ import annotations
 
-from optimizer.errors import InputError
-from optimizer.hardware.types import Hardware, ModelProfile
-from optimizer.policy.model import SLO, Policy
-from optimizer.sim.config import SimConfig, build_config
-from optimizer.sim.engine import simulate_engine
-from optimizer.sim.metrics import Metrics, compute_metrics
-from optimizer.sim.reference import simulate_reference
-from optimizer.sim.result import RawResult, SloCheck
-from optimizer.trace.blocked import BlockedTrace
+from kvtier.errors import InputError
+from kvtier.hardware.types import Hardware, ModelProfile
+from kvtier.policy.model import SLO, Policy
+from kvtier.sim.config import SimConfig, build_config
+from kvtier.sim.engine import simulate_engine
+from kvtier.sim.metrics import Metrics, compute_metrics
+from kvtier.sim.reference import simulate_reference
+from kvtier.sim.result import RawResult, SloCheck
+from kvtier.trace.blocked import BlockedTrace
 
 ENGINES = ("numba", "reference")
 

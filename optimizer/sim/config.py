@@ -11,10 +11,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from optimizer.errors import InputError
-from optimizer.hardware.types import GB, Hardware, ModelProfile
-from optimizer.policy.model import ROUTERS, Policy
-from optimizer.sim.tiers import TierConfig, build_tiers
+from kvtier.errors import InputError
+from kvtier.hardware.types import GB, Hardware, ModelProfile
+from kvtier.policy.model import ROUTERS, Policy
+from kvtier.sim.tiers import TierConfig, build_tiers
 
 ROUTER_CODES = {name: code for code, name in enumerate(ROUTERS)}  # round_robin=0, ...
 

@@ -1,6 +1,6 @@
 """The numba serving engine: validate and lay out arrays once, then one kernel call.
 
-The kernel (:func:`optimizer.sim.nb.simulate_nb`) does no bounds checks, so everything it
+The kernel (:func:`kvtier.sim.nb.simulate_nb`) does no bounds checks, so everything it
 indexes is checked here: the trace's own invariants come from :class:`BlockedTrace`, the rest
 (dtypes, sizes of the configuration, memory the per-instance maps need) below.
 
@@ -15,15 +15,15 @@ import threading
 
 import numpy as np
 
-from optimizer.errors import InputError
-from optimizer.sim.cache.enums import BLK_LANES, L_NXT, L_PRV, L_WHERE, NIL, W_ABSENT
-from optimizer.sim.cache.state import TierState
-from optimizer.sim.config import SimConfig
-from optimizer.sim.nb import AHEAD, simulate_nb
-from optimizer.sim.nb_tiers import fill_rows_nb
-from optimizer.sim.result import RawResult, SloCheck, end_time
-from optimizer.sim.tiers import WRITE_SELECTIVE, TierConfig, recompute_costs
-from optimizer.trace.blocked import BlockedTrace
+from kvtier.cache.enums import BLK_LANES, L_NXT, L_PRV, L_WHERE, NIL, W_ABSENT
+from kvtier.cache.state import TierState
+from kvtier.errors import InputError
+from kvtier.sim.config import SimConfig
+from kvtier.sim.nb import AHEAD, simulate_nb
+from kvtier.sim.nb_tiers import fill_rows_nb
+from kvtier.sim.result import RawResult, SloCheck, end_time
+from kvtier.sim.tiers import WRITE_SELECTIVE, TierConfig, recompute_costs
+from kvtier.trace.blocked import BlockedTrace
 
 # The cache map holds one int32 per (instance, block id); it is allocated lazily (calloc), but
 # refuse sizes whose touched pages could exhaust memory. Slot counts stay far inside int32.
@@ -34,7 +34,7 @@ MAX_SEQS = 1 << 20
 
 
 def free_ring_length(capacity: int) -> int:
-    """Entries of an instance's free ring in the kernel (:mod:`optimizer.sim.nb`).
+    """Entries of an instance's free ring in the kernel (:mod:`kvtier.sim.nb`).
 
     Twice the capacity plus the prefetch distance, so a compaction (dropping entries of free
     slots that hits have pinned) frees more than half the ring and stays rare. Any length

@@ -16,10 +16,10 @@ from typing import Any
 
 import numpy as np
 
-from optimizer.policy.model import SLO
-from optimizer.sim.result import RawResult
-from optimizer.sim.tiers import TierConfig
-from optimizer.trace.blocked import BlockedTrace
+from kvtier.policy.model import SLO
+from kvtier.sim.result import RawResult
+from kvtier.sim.tiers import TierConfig
+from kvtier.trace.blocked import BlockedTrace
 
 
 @dataclass(frozen=True)

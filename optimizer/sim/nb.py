@@ -1,4 +1,4 @@
-"""Numba kernels of the serving simulator: the same rules as :mod:`optimizer.sim.reference`.
+"""Numba kernels of the serving simulator: the same rules as :mod:`kvtier.sim.reference`.
 
 Everything is flat arrays indexed by request, instance or global slot (``k * capacity + s``).
 The per-instance prefix-cache map is ``slot_of[k * n_shared + shared[ref]]``, holding the slot
@@ -28,15 +28,15 @@ formula on the same integer sums, added in the same order), and meanwhile nothin
 instance or the router reads changes; admission, if its queue is blocked, stays blocked until a
 finish. An early stop in the middle takes back the steps begun after it (``skip_back_nb``).
 
-The kernels do no bounds checks: :mod:`optimizer.sim.engine` validates every array before the
+The kernels do no bounds checks: :mod:`kvtier.sim.engine` validates every array before the
 call. The loops that run once per block (taking, registering and releasing slots; look-ups;
 pins) index with unsigned integers (``u64``): numba then leaves out the wrap-around of negative
 indices, a compare and select per access that took about a fifth of a replay. Every such index
 is non-negative by construction. Those loops are functions of their own, each called for a
 request's run of blocks and handed only the arrays it uses: numba reference-counts every array
 passed to a call, which cost more than the work itself when the ring's pushes were helpers
-called once per slot. The semantics are in the docstring of :mod:`optimizer.sim.reference`.
-Lower tiers are kernels in :mod:`optimizer.sim.nb_tiers`, called at the same hooks as the
+called once per slot. The semantics are in the docstring of :mod:`kvtier.sim.reference`.
+Lower tiers are kernels in :mod:`kvtier.sim.nb_tiers`, called at the same hooks as the
 reference's ``LowerTiers`` and only when there is work for them (each call hands over every
 tier array).
 """
@@ -46,8 +46,8 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-from optimizer.sim.cache.prefetch import prefetch
-from optimizer.sim.nb_tiers import (
+from kvtier.cache.prefetch import prefetch
+from kvtier.sim.nb_tiers import (
     choose_nb,
     computed_nb,
     hbm_evicted_nb,
@@ -55,8 +55,8 @@ from optimizer.sim.nb_tiers import (
     lookup_nb,
     sighted_nb,
 )
-from optimizer.sim.tiers import WRITE_SELECTIVE
-from optimizer.sim.timing import iteration_time
+from kvtier.sim.tiers import WRITE_SELECTIVE
+from kvtier.sim.timing import iteration_time
 
 iteration_time_nb = njit(cache=True, nogil=True)(iteration_time)
 

@@ -1,16 +1,16 @@
-"""Numba kernels of the tiers below HBM: the rules of :mod:`optimizer.sim.reference_tiers`.
+"""Numba kernels of the tiers below HBM: the rules of :mod:`kvtier.sim.reference_tiers`.
 
 State is passed as three tuples of arrays so the serving kernel can hand them on unchanged:
 
 - ``ts``: the stacked cache-engine state of every pool, ``(meta, fmeta, blk, prio, stamp,
   heap, hpos, cost)``, each with a leading pool axis; ``ts[x][p]`` is pool ``p``'s array, which
-  the cache engine's primitives (:mod:`optimizer.sim.cache.nb`) take unchanged;
+  the cache engine's primitives (:mod:`kvtier.cache.nb`) take unchanged;
 - ``tp``: read-only parameters ``(per_host, pool_base, inst_host, op_s, lat_s, cap_bw,
   link_bw_read, link_bw_write, link_ops, port_link, pool_link, ints, block_bytes)`` with
   ``ints = (write policy, k, exclusive, cost_aware, fragments, coalesce, batch_waits)``;
 - ``lk``: counters ``(link_free, link_busy, link_bytes, tier_hits, bytes_read, bytes_written)``.
 
-No bounds checks: :mod:`optimizer.sim.engine` builds and checks every array.
+No bounds checks: :mod:`kvtier.sim.engine` builds and checks every array.
 
 Counts handed to another kernel are wrapped in ``np.int64(...)``: numba compiles a separate
 specialisation of the callee for an argument typed as a literal (a constant, or a counter
@@ -29,10 +29,10 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-from optimizer.sim.cache.enums import L_WHERE, M_POLICY, W_MAIN, W_SMALL
-from optimizer.sim.cache.nb import _access_nb, remove_nb
-from optimizer.sim.tiers import WRITE_BACK, WRITE_SELECTIVE, WRITE_THROUGH
-from optimizer.sim.transfer import estimate, n_ops, prefill_estimate, transfer
+from kvtier.cache.enums import L_WHERE, M_POLICY, W_MAIN, W_SMALL
+from kvtier.cache.nb import _access_nb, remove_nb
+from kvtier.sim.tiers import WRITE_BACK, WRITE_SELECTIVE, WRITE_THROUGH
+from kvtier.sim.transfer import estimate, n_ops, prefill_estimate, transfer
 
 transfer_nb = njit(cache=True, nogil=True, _nrt=False)(transfer)
 estimate_nb = njit(cache=True, nogil=True, _nrt=False)(estimate)

@@ -1,7 +1,7 @@
 """The reference serving simulator: the executable specification of docs/design.md 4.2-4.4.
 
 Plain Python, one object per request and per instance, slow on purpose so that every rule is
-visible. The numba engine (:mod:`optimizer.sim.nb`) must produce *identical* per-request times;
+visible. The numba engine (:mod:`kvtier.sim.nb`) must produce *identical* per-request times;
 any change here changes it too, in the same commit. The rules, in the order they apply:
 
 Events. Time advances to the next event: the end of an instance's iteration or an arrival. At
@@ -11,7 +11,7 @@ next iteration at the end of the current one, so requests that arrive in the sam
 the same iteration. An idle instance whose running requests are all still loading blocks from
 a lower tier wakes when the first of them is ready (a third kind of event instant).
 
-Lower tiers (``cfg.tiers``) are :class:`optimizer.sim.reference_tiers.LowerTiers`; its
+Lower tiers (``cfg.tiers``) are :class:`kvtier.sim.reference_tiers.LowerTiers`; its
 docstring has their rules. Hooks: at admission (after the HBM fit check) the lower-tier look-up,
 the load rule, the loads (the request's ``ready`` time) and the sightings, then HBM's evictions
 (write-back); at an iteration's end the newly computed blocks (write-through). A request still
@@ -43,7 +43,7 @@ blocking, as vLLM). Otherwise the hit slots are pinned and the fresh slots alloc
 
 Iteration. Running requests in admission order take ``min(remaining prompt, budget)`` prefill
 tokens or one decode token until the budget is spent; then admissions take prefill chunks. Its
-time is :func:`optimizer.sim.timing.iteration_time`. At its end each scheduled request adds its
+time is :func:`kvtier.sim.timing.iteration_time`. At its end each scheduled request adds its
 tokens to its KV; a full prompt block whose tokens are all computed gets its id registered in
 the instance's cache (unless that id is already cached: then its slot stays anonymous). A
 request whose prompt completes emits its first token at the iteration's end; each decode step
@@ -57,12 +57,12 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from optimizer.sim.config import SimConfig
-from optimizer.sim.reference_tiers import LowerTiers
-from optimizer.sim.result import RawResult, SloCheck, end_time
-from optimizer.sim.tiers import recompute_costs
-from optimizer.sim.timing import iteration_time
-from optimizer.trace.blocked import BlockedTrace
+from kvtier.sim.config import SimConfig
+from kvtier.sim.reference_tiers import LowerTiers
+from kvtier.sim.result import RawResult, SloCheck, end_time
+from kvtier.sim.tiers import recompute_costs
+from kvtier.sim.timing import iteration_time
+from kvtier.trace.blocked import BlockedTrace
 
 ROUND_ROBIN, LEAST_LOADED, PREFIX_AFFINITY = 0, 1, 2
 

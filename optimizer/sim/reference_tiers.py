@@ -1,8 +1,8 @@
 """The tiers below HBM in the reference simulator: plain Python, one rule per method.
 
-The numba engine (:mod:`optimizer.sim.nb`) implements the same rules over stacked arrays; both
+The numba engine (:mod:`kvtier.sim.nb`) implements the same rules over stacked arrays; both
 use the cache engine's eviction policies (here its reference ``RefTier``) and the shared
-formulas of :mod:`optimizer.sim.transfer`. The rules (docs/model.md, "Tiers below HBM"):
+formulas of :mod:`kvtier.sim.transfer`. The rules (docs/model.md, "Tiers below HBM"):
 
 - Lookup: after the HBM prefix, each further block is looked for in the tiers in order
   (dram, cxl, rdma, ssd), in the pool this instance reaches; the run ends at the first block
@@ -25,9 +25,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from optimizer.sim.cache.reference import RefTier
-from optimizer.sim.tiers import WRITE_BACK, WRITE_SELECTIVE, WRITE_THROUGH, TierConfig
-from optimizer.sim.transfer import estimate, n_ops, prefill_estimate, transfer
+from kvtier.cache.reference import RefTier
+from kvtier.sim.tiers import WRITE_BACK, WRITE_SELECTIVE, WRITE_THROUGH, TierConfig
+from kvtier.sim.transfer import estimate, n_ops, prefill_estimate, transfer
 
 
 class LowerTiers:
@@ -243,7 +243,7 @@ class LowerTiers:
             assert 0 <= pool.size <= pool.capacity, "lower-tier capacity exceeded"
 
     def result(self, load_s: np.ndarray) -> dict[str, np.ndarray]:
-        """The lower-tier fields of :class:`optimizer.sim.result.RawResult`."""
+        """The lower-tier fields of :class:`kvtier.sim.result.RawResult`."""
         return {
             "tier_hit_blocks": self.hits.copy(),
             "tier_bytes_read": self.bytes_read.copy(),

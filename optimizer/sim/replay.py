@@ -10,13 +10,13 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from optimizer.errors import InputError
-from optimizer.hardware import load_hardware, load_model
-from optimizer.hardware.types import Hardware, ModelProfile
-from optimizer.policy.model import Policy, load_policy
-from optimizer.sim import simulate
-from optimizer.sim.metrics import Metrics
-from optimizer.trace.blocked import BlockedTrace
+from kvtier.errors import InputError
+from kvtier.hardware import load_hardware, load_model
+from kvtier.hardware.types import Hardware, ModelProfile
+from kvtier.policy.model import Policy, load_policy
+from kvtier.sim import simulate
+from kvtier.sim.metrics import Metrics
+from kvtier.trace.blocked import BlockedTrace
 
 DEFAULT_HARDWARE = "h100-node"
 DEFAULT_MODEL = "Llama-3.1-8B"
@@ -52,9 +52,9 @@ def prepare(
     rate_scale: float = 1.0,
 ) -> ReplaySetup:
     """Load and map everything a replay needs; bad input raises :class:`InputError`."""
-    from optimizer.policy.presets import load_preset
-    from optimizer.trace.blocks import block_trace
-    from optimizer.trace.io import read_trace
+    from kvtier.policy.presets import load_preset
+    from kvtier.trace.blocks import block_trace
+    from kvtier.trace.io import read_trace
 
     if policy_path:
         policy = load_policy(policy_path)

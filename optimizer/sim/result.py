@@ -1,7 +1,7 @@
 """What a replay returns before metrics are computed, and the early SLO-miss test.
 
 Both simulators return a :class:`RawResult` (per-request times as arrays); the same function
-then computes :class:`optimizer.sim.metrics.Metrics` from it, so the two can only differ in the
+then computes :class:`kvtier.sim.metrics.Metrics` from it, so the two can only differ in the
 times themselves. :class:`SloCheck` decides when a run has *provably* missed its SLO, with
 integer limits computed here once for both simulators.
 """
@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from optimizer.policy.model import SLO
+from kvtier.policy.model import SLO
 
 
 @dataclass(frozen=True)

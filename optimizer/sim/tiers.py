@@ -20,9 +20,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from optimizer.errors import InputError
-from optimizer.hardware.types import GB, Hardware, ModelProfile
-from optimizer.policy.model import Policy
+from kvtier.errors import InputError
+from kvtier.hardware.types import GB, Hardware, ModelProfile
+from kvtier.policy.model import Policy
 
 WRITE_THROUGH, WRITE_BACK, WRITE_SELECTIVE = 0, 1, 2
 WRITE_CODES = {"write_through": WRITE_THROUGH, "write_back": WRITE_BACK}
@@ -199,7 +199,7 @@ def recompute_costs(
     """GDSF's per-block cost (docs/design.md 4.3): the prefill seconds a cached block saves.
 
     Block ``j`` of a prompt costs ``B`` tokens of compute after ``j * B`` tokens of context
-    (the compute term of the iteration time, ``optimizer.sim.transfer.prefill_estimate``), at
+    (the compute term of the iteration time, ``kvtier.sim.transfer.prefill_estimate``), at
     the position where its id first appears in the trace (a chained id always sits at the same
     position). Every block has the same size, so GDSF's ``cost * freq / size`` needs no size.
     Computed once, in numpy, and handed to both engines.

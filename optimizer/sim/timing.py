@@ -1,6 +1,6 @@
 """The iteration-time formula, written once for both simulators.
 
-The numba engine compiles this very function (``optimizer.sim.nb.iteration_time_nb``), and
+The numba engine compiles this very function (``kvtier.sim.nb.iteration_time_nb``), and
 the reference calls it as Python; the operations and their order are the same, so both give
 bit-identical times. The attention term is accumulated as an integer
 ``attn = sum q * (2*ctx + q)`` (exact in int64) so no float sum depends on batch order:

@@ -1,6 +1,6 @@
 """Transfer and estimate formulas, written once for both simulators (docs/design.md 4.4).
 
-The numba engine compiles these very functions (as :func:`optimizer.sim.timing.iteration_time`
+The numba engine compiles these very functions (as :func:`kvtier.sim.timing.iteration_time`
 is compiled), the reference calls them as Python, so link times agree to the bit.
 
 A transfer of ``nbytes`` in ``ops`` operations over the links ``path`` (-1 = unused slot) starts

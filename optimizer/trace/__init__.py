@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from optimizer.trace.blocked import BlockedTrace
-from optimizer.trace.format import FORMAT_VERSION, Trace
+from kvtier.trace.blocked import BlockedTrace
+from kvtier.trace.format import FORMAT_VERSION, Trace
 
 __all__ = ["FORMAT_VERSION", "BlockedTrace", "Trace"]

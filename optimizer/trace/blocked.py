@@ -13,8 +13,6 @@ from functools import cached_property
 
 import numpy as np
 
-from optimizer.trace.shared import shared_block_index
-
 
 @dataclass(frozen=True, eq=False)
 class BlockedTrace:
@@ -104,8 +102,10 @@ class BlockedTrace:
         blocks referenced more than once (-1 for a block referenced once), and their count.
 
         Computed once per trace and kept (a frozen trace's arrays are not to be changed): the
-        serving kernel's prefix-cache map is indexed by it; see :mod:`optimizer.trace.shared`.
+        serving kernel's prefix-cache map is indexed by it; see :mod:`kvtier.trace.shared`.
         """
+        from kvtier.trace.shared import shared_block_index  # numba: only when replaying
+
         return shared_block_index(self.block_ids, self.n_blocks)
 
     def with_arrivals(self, arrival_s: np.ndarray) -> BlockedTrace:
@@ -128,7 +128,7 @@ class BlockedTrace:
         """The first ``n`` requests, with ids left as they are.
 
         The id space shrinks to the largest id used plus one: for a trace numbered by first
-        appearance (as :func:`optimizer.trace.blocks.block_trace` numbers), exactly the blocks
+        appearance (as :func:`kvtier.trace.blocks.block_trace` numbers), exactly the blocks
         of the sample, so per-block state sized by ``n_blocks`` covers the sample only.
         """
         n = max(0, min(n, self.n_requests))

@@ -21,9 +21,9 @@ import numpy as np
 import polars as pl
 from numba import njit
 
-from optimizer.errors import InputError
-from optimizer.trace.blocked import BlockedTrace
-from optimizer.trace.format import PASS_COLUMN, Trace
+from kvtier.errors import InputError
+from kvtier.trace.blocked import BlockedTrace
+from kvtier.trace.format import PASS_COLUMN, Trace
 
 
 @njit(cache=True, nogil=True)

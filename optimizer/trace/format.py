@@ -45,7 +45,7 @@ class Trace:
     """A validated request trace: an Arrow table sorted by arrival, plus its metadata.
 
     Build one with :meth:`from_arrays` (synthesis, importers) or read one with
-    :func:`optimizer.trace.io.read_trace`; both validate. ``table`` always carries the
+    :func:`kvtier.trace.io.read_trace`; both validate. ``table`` always carries the
     ``kvtier.*`` schema metadata, so writing it back loses nothing.
     """
 
@@ -110,7 +110,7 @@ class Trace:
         path: str | None = None,
     ) -> Trace:
         """Validate ``table`` (sorting it by arrival if needed) and wrap it."""
-        from optimizer.trace.validate import validate_table
+        from kvtier.trace.validate import validate_table
 
         table = validate_table(
             table, block_tokens=block_tokens, path=path, has_prefix_info=has_prefix_info

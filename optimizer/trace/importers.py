@@ -26,9 +26,9 @@ import numpy as np
 import polars as pl
 import pyarrow as pa
 
-from optimizer.errors import InputError
-from optimizer.trace.format import Trace
-from optimizer.trace.hashing import chain_hashes
+from kvtier.errors import InputError
+from kvtier.trace.format import Trace
+from kvtier.trace.hashing import chain_hashes
 
 MOONCAKE_BLOCK_TOKENS = 512  # Mooncake FAST'25 traces: one hash id per 512-token block
 BAILIAN_BLOCK_TOKENS = 16  # Qwen-Bailian traces: "16 tokens per block" (dataset README)

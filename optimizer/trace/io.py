@@ -17,8 +17,8 @@ import pyarrow as pa
 import pyarrow.ipc as ipc
 import pyarrow.parquet as pq
 
-from optimizer.errors import InputError
-from optimizer.trace.format import (
+from kvtier.errors import InputError
+from kvtier.trace.format import (
     FORMAT_VERSION,
     META_BLOCK_TOKENS,
     META_FORMAT,

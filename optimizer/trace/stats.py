@@ -12,8 +12,8 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
-from optimizer.trace.blocked import BlockedTrace
-from optimizer.trace.format import Trace
+from kvtier.trace.blocked import BlockedTrace
+from kvtier.trace.format import Trace
 
 PEAK_WINDOW_S = 60.0
 

@@ -1,7 +1,7 @@
 """Validation of request-trace/1 tables.
 
 Every check is vectorised (pyarrow / numpy / polars) and reports the *first* offending row as
-an :class:`~optimizer.errors.InputError` naming the file, the row and the column, so that a
+an :class:`~kvtier.errors.InputError` naming the file, the row and the column, so that a
 user can open the file at that place. Nothing is dropped silently: a table either passes whole
 or is refused. The one repair made is ordering: rows not sorted by ``arrival_s`` are sorted
 stably, with a warning, because many public traces are merged from shards.
@@ -15,8 +15,8 @@ import numpy as np
 import polars as pl
 import pyarrow as pa
 
-from optimizer.errors import InputError
-from optimizer.trace.format import HASH_TYPE, REQUIRED_COLUMNS
+from kvtier.errors import InputError
+from kvtier.trace.format import HASH_TYPE, REQUIRED_COLUMNS
 
 
 class UnsortedTraceWarning(UserWarning):

@@ -1,7 +1,7 @@
 """Exporters: a kvtier policy as the configuration a serving system loads.
 
 ``export(policy, target, hardware, model)`` places the policy on the hardware profile
-(:class:`~optimizer.policy.export.common.Deployment`) and hands it to one module per target;
+(:class:`~kvtier.policy.export.common.Deployment`) and hands it to one module per target;
 each returns an :class:`ExportResult`: the files to write and plain notes on every setting the
 target cannot express or only approximates. Each module's docstring names the source (repository
 and path, or documentation page) and the version every key was read from; ``docs/export.md``
@@ -12,15 +12,15 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from optimizer.errors import InputError
-from optimizer.hardware.types import Hardware, ModelProfile
-from optimizer.policy.export.common import Deployment, ExportResult, deployment
-from optimizer.policy.export.dynamo import export_dynamo
-from optimizer.policy.export.lmcache import export_lmcache
-from optimizer.policy.export.mooncake import export_mooncake
-from optimizer.policy.export.sglang import export_sglang
-from optimizer.policy.export.vllm import export_vllm
-from optimizer.policy.model import Policy
+from kvtier.errors import InputError
+from kvtier.hardware.types import Hardware, ModelProfile
+from kvtier.policy.export.common import Deployment, ExportResult, deployment
+from kvtier.policy.export.dynamo import export_dynamo
+from kvtier.policy.export.lmcache import export_lmcache
+from kvtier.policy.export.mooncake import export_mooncake
+from kvtier.policy.export.sglang import export_sglang
+from kvtier.policy.export.vllm import export_vllm
+from kvtier.policy.model import Policy
 
 EXPORTERS: dict[str, Callable[[Deployment], ExportResult]] = {
     "vllm": export_vllm,

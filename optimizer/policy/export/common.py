@@ -15,9 +15,9 @@ import shlex
 from collections import Counter
 from dataclasses import dataclass, field
 
-from optimizer.errors import InputError
-from optimizer.hardware.types import GB, Hardware, ModelProfile
-from optimizer.policy.model import Policy
+from kvtier.errors import InputError
+from kvtier.hardware.types import GB, Hardware, ModelProfile
+from kvtier.policy.model import Policy
 
 GIB = float(1 << 30)
 

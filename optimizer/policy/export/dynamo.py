@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import json
 
-from optimizer.policy.export.common import (
+from kvtier.policy.export.common import (
     Deployment,
     ExportResult,
     decimal,
@@ -33,7 +33,7 @@ from optimizer.policy.export.common import (
     shared_notes,
     shell_command,
 )
-from optimizer.policy.export.vllm import vllm_args
+from kvtier.policy.export.vllm import vllm_args
 
 ENV_FILE = "kvbm.env"
 SERVE_FILE = "dynamo-serve.sh"

@@ -36,7 +36,7 @@ from __future__ import annotations
 
 import yaml
 
-from optimizer.policy.export.common import Deployment, ExportResult, gib, shared_notes
+from kvtier.policy.export.common import Deployment, ExportResult, gib, shared_notes
 
 FILE = "lmcache.yaml"
 CACHE_POLICIES = {"lru": "LRU", "lfu": "LFU", "fifo": "FIFO"}

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import json
 
-from optimizer.policy.export.common import (
+from kvtier.policy.export.common import (
     Deployment,
     ExportResult,
     env_file,

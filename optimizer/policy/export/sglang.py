@@ -32,8 +32,8 @@ from __future__ import annotations
 
 import math
 
-from optimizer.hardware.types import GB
-from optimizer.policy.export.common import (
+from kvtier.hardware.types import GB
+from kvtier.policy.export.common import (
     Deployment,
     ExportResult,
     model_word,

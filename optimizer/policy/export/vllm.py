@@ -28,15 +28,15 @@ from __future__ import annotations
 
 import json
 
-from optimizer.policy.export.common import (
+from kvtier.policy.export.common import (
     Deployment,
     ExportResult,
     model_word,
     shared_notes,
     shell_command,
 )
-from optimizer.policy.export.lmcache import FILE as LMCACHE_FILE
-from optimizer.policy.export.lmcache import lmcache_config, lmcache_yaml
+from kvtier.policy.export.lmcache import FILE as LMCACHE_FILE
+from kvtier.policy.export.lmcache import lmcache_config, lmcache_yaml
 
 FILE = "vllm-serve.sh"
 KV_DTYPES = {"bf16": "auto", "fp8": "fp8", "int4": "int4_per_token_head"}

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from optimizer.errors import InputError
+from kvtier.errors import InputError
 
 PROCESSES = ("poisson", "gamma")
 

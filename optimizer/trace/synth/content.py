@@ -11,7 +11,7 @@ pieces' hashes of ``(segment id, offset in segment, position in block, length)``
 * A partial last block differs from the full block of a longer prompt that extends it (its
   pieces are shorter), so a prompt's tail is never mistaken for a block it is a prefix of.
 
-The content ids are then chained per request with :func:`optimizer.trace.hashing.chain_hashes`,
+The content ids are then chained per request with :func:`kvtier.trace.hashing.chain_hashes`,
 so a block is reusable only after an identical prefix. A document that appears after a
 different prefix gets different hashes: prefix caching (vLLM, SGLang, LMCache, Mooncake) cannot
 reuse it either, which is the behaviour a realistic trace should have.
@@ -22,7 +22,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-from optimizer.trace.hashing import chain_hashes, mix64_nb
+from kvtier.trace.hashing import chain_hashes, mix64_nb
 
 
 def random_ids(rng: np.random.Generator, n: int) -> np.ndarray:

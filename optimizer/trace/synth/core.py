@@ -14,12 +14,12 @@ from typing import Any
 
 import numpy as np
 
-from optimizer.errors import InputError
-from optimizer.trace.format import PASS_COLUMN, Trace
-from optimizer.trace.synth.arrivals import arrival_times, check_arrival_options
-from optimizer.trace.synth.content import prompt_hashes
-from optimizer.trace.synth.kinds import BUILDERS
-from optimizer.trace.synth.knobs import make_knobs
+from kvtier.errors import InputError
+from kvtier.trace.format import PASS_COLUMN, Trace
+from kvtier.trace.synth.arrivals import arrival_times, check_arrival_options
+from kvtier.trace.synth.content import prompt_hashes
+from kvtier.trace.synth.kinds import BUILDERS
+from kvtier.trace.synth.knobs import make_knobs
 
 DEFAULT_REQUESTS = 1000
 DEFAULT_BLOCK_TOKENS = 16
@@ -49,7 +49,7 @@ def synthesize(
     pass_gap_s)``, marked in an int32 ``pass`` column (the first-run / full-hit protocol of the
     Beluga paper, arXiv 2511.20172). ``requests`` and ``duration`` count one pass.
     ``kind_knobs`` are the fields of the kind's knob dataclass in
-    :mod:`optimizer.trace.synth.knobs`. Bad values raise :class:`InputError`.
+    :mod:`kvtier.trace.synth.knobs`. Bad values raise :class:`InputError`.
     """
     knobs = make_knobs(kind, kind_knobs)
     _check_common(requests, duration, block_tokens, passes, pass_gap_s, seed)

@@ -1,7 +1,7 @@
 """Prompt construction for each workload kind.
 
 Every builder returns :class:`Prompts`: for each request (in arrival order) its segments
-(content ids and token lengths, see :mod:`optimizer.trace.synth.content`), its output length
+(content ids and token lengths, see :mod:`kvtier.trace.synth.content`), its output length
 and, for session kinds, its session id. Shared content (system prompts, documents) is placed at
 the *front* of prompts, so that its reuse is a prefix reuse, the only kind a chained-hash prefix
 cache can exploit.
@@ -13,9 +13,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from optimizer.trace.synth.content import random_ids
-from optimizer.trace.synth.knobs import AgentKnobs, ChatKnobs, RagKnobs, ShortKnobs
-from optimizer.trace.synth.sessions import build_sessions, plan_sessions
+from kvtier.trace.synth.content import random_ids
+from kvtier.trace.synth.knobs import AgentKnobs, ChatKnobs, RagKnobs, ShortKnobs
+from kvtier.trace.synth.sessions import build_sessions, plan_sessions
 
 
 @dataclass(frozen=True)

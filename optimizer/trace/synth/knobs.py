@@ -13,7 +13,7 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
-from optimizer.errors import InputError
+from kvtier.errors import InputError
 
 
 def _help(text: str) -> dict[str, str]:

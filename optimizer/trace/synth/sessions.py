@@ -21,8 +21,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from optimizer.errors import InputError
-from optimizer.trace.synth.content import random_ids
+from kvtier.errors import InputError
+from kvtier.trace.synth.content import random_ids
 
 
 @dataclass(frozen=True)

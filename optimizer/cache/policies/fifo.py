@@ -1,11 +1,7 @@
-"""LFU: evict the least frequently used block; ties go to the least recently used.
+"""FIFO: evict the block that was inserted first.
 
-Semantics (libCacheSim ``LFU.c``): an inserted block has frequency 1, each hit adds 1. The
-victim is the block with the smallest frequency; among those, the one that entered that
-frequency earliest, which is the one whose last access is oldest (libCacheSim appends to the
-tail of the frequency bucket on each access and evicts its head). Frequencies are forgotten on
-eviction. Implemented as an indexed heap on (frequency, time of last access): O(log n).
-No parameters.
+Semantics (libCacheSim ``FIFO.c``): a hit changes nothing; a miss inserts the block at the head;
+eviction takes the tail. No parameters.
 """
 
 from __future__ import annotations
@@ -13,12 +9,12 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-from optimizer.sim.cache.enums import L_FREQ, L_WHERE, M_CLOCK, W_ABSENT, W_MAIN
-from optimizer.sim.cache.heap import heap_pop_nb, heap_push_nb, heap_remove_nb, heap_update_nb
+from kvtier.cache.enums import L_WHERE, M_HEAD, M_TAIL, W_ABSENT, W_MAIN
+from kvtier.cache.lists import push_head_nb, unlink_nb
 
-NAME = "lfu"
+NAME = "fifo"
 DEFAULTS: dict[str, float] = {}
-DOC = "least frequently used, ties by least recently used"
+DOC = "first in, first out; hits do not reorder"
 
 
 @njit(cache=True, nogil=True, _nrt=False)
@@ -33,10 +29,7 @@ def hit_nb(
     cost: np.ndarray,
     b: int,
 ) -> None:
-    blk[b, L_FREQ] += 1
-    prio[b] = blk[b, L_FREQ]
-    stamp[b] = meta[M_CLOCK]
-    heap_update_nb(meta, heap, hpos, prio, stamp, b)
+    pass
 
 
 @njit(cache=True, nogil=True, _nrt=False)
@@ -52,10 +45,7 @@ def insert_nb(
     b: int,
 ) -> bool:
     blk[b, L_WHERE] = W_MAIN
-    blk[b, L_FREQ] = 1
-    prio[b] = 1.0
-    stamp[b] = meta[M_CLOCK]
-    heap_push_nb(meta, heap, hpos, prio, stamp, b)
+    push_head_nb(meta, M_HEAD, M_TAIL, blk, b)
     return True
 
 
@@ -70,9 +60,9 @@ def evict_nb(
     hpos: np.ndarray,
     cost: np.ndarray,
 ) -> int:
-    v = heap_pop_nb(meta, heap, hpos, prio, stamp)
+    v = meta[M_TAIL]
+    unlink_nb(meta, M_HEAD, M_TAIL, blk, v)
     blk[v, L_WHERE] = W_ABSENT
-    blk[v, L_FREQ] = 0
     return v
 
 
@@ -88,6 +78,5 @@ def remove_nb(
     cost: np.ndarray,
     b: int,
 ) -> None:
-    heap_remove_nb(meta, heap, hpos, prio, stamp, b)
+    unlink_nb(meta, M_HEAD, M_TAIL, blk, b)
     blk[b, L_WHERE] = W_ABSENT
-    blk[b, L_FREQ] = 0

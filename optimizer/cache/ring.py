@@ -1,10 +1,10 @@
 """Flat LRU and FIFO replay from an empty tier, with the queue kept as a ring of block ids.
 
-:func:`optimizer.sim.cache.replay` uses these kernels when it builds the tier itself (no warm
+:func:`kvtier.cache.replay` uses these kernels when it builds the tier itself (no warm
 ``tier`` passed in) under flat semantics, the libCacheSim-parity mode. They give exactly the hits
-of the linked-list policies in :mod:`optimizer.sim.cache.policies` (tests/test_cache_ring.py
+of the linked-list policies in :mod:`kvtier.cache.policies` (tests/test_cache_ring.py
 checks both against each other and the reference) but never build a
-:class:`~optimizer.sim.cache.state.TierState`: the replay only reports hits, so nothing needs
+:class:`~kvtier.cache.state.TierState`: the replay only reports hits, so nothing needs
 the per-block link rows afterwards.
 
 Why (docs/benchmarks.md, "Cache engine"): on a sequence without locality, such as 10M Zipf
@@ -31,8 +31,8 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-from optimizer.sim.cache.enums import FIFO, LRU
-from optimizer.sim.cache.prefetch import prefetch
+from kvtier.cache.enums import FIFO, LRU
+from kvtier.cache.prefetch import prefetch
 
 POLICIES = (LRU, FIFO)
 AHEAD = 16  # accesses between prefetching a block's flag or slot and using it

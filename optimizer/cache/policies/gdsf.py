@@ -21,11 +21,11 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-from optimizer.sim.cache.enums import F_INFLATION, L_FREQ, L_WHERE, M_CLOCK, W_ABSENT, W_MAIN
-from optimizer.sim.cache.heap import heap_pop_nb, heap_push_nb, heap_update_nb
+from kvtier.cache.enums import F_INFLATION, L_FREQ, L_WHERE, M_CLOCK, W_ABSENT, W_MAIN
+from kvtier.cache.heap import heap_pop_nb, heap_push_nb, heap_update_nb
 
 # Removal is LFU's: take the block out of the heap and forget its count.
-from optimizer.sim.cache.policies.lfu import remove_nb  # noqa: F401
+from kvtier.cache.policies.lfu import remove_nb  # noqa: F401
 
 NAME = "gdsf"
 DEFAULTS: dict[str, float] = {}

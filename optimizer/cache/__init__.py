@@ -4,20 +4,20 @@ Public API:
 
 - :class:`TierState` - one tier (capacity in blocks + policy) as preallocated arrays, with the
   primitives ``contains`` / ``access`` (reports the evicted block) / ``remove``, and
-  ``arrays()`` for kernels in :mod:`optimizer.sim.cache.nb`.
+  ``arrays()`` for kernels in :mod:`kvtier.cache.nb`.
 - :func:`replay` - replay a ``BlockedTrace`` (prefix or flat semantics, warm-up) ->
   :class:`ReplayResult` with per-request hit blocks.
 - :func:`parse_policy` / :class:`PolicySpec` - ``"s3fifo(small=0.1,ghost=0.9,threshold=2)"``.
 - :func:`miss_ratio_curve` - exact one-pass LRU curve (stack distances) or replay sweeps.
-- :mod:`optimizer.sim.cache.reference` - the plain-Python specification.
+- :mod:`kvtier.cache.reference` - the plain-Python specification.
 """
 
 from __future__ import annotations
 
-from optimizer.sim.cache.mrc import MrcPoint, MrcResult, default_capacities, miss_ratio_curve
-from optimizer.sim.cache.policies import PolicySpec, parse_policy, policy_names
-from optimizer.sim.cache.replay import ReplayResult, replay, warmup_start
-from optimizer.sim.cache.state import TierState
+from kvtier.cache.mrc import MrcPoint, MrcResult, default_capacities, miss_ratio_curve
+from kvtier.cache.policies import PolicySpec, parse_policy, policy_names
+from kvtier.cache.replay import ReplayResult, replay, warmup_start
+from kvtier.cache.state import TierState
 
 __all__ = [
     "MrcPoint",

@@ -12,9 +12,9 @@ import re
 from dataclasses import dataclass
 from types import ModuleType
 
-from optimizer.errors import InputError
-from optimizer.sim.cache import enums
-from optimizer.sim.cache.policies import fifo, gdsf, lfu, lru, s3fifo, sieve
+from kvtier.cache import enums
+from kvtier.cache.policies import fifo, gdsf, lfu, lru, s3fifo, sieve
+from kvtier.errors import InputError
 
 MODULES: dict[int, ModuleType] = {
     enums.LRU: lru,

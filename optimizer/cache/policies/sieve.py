@@ -1,7 +1,11 @@
-"""FIFO: evict the block that was inserted first.
+"""Sieve: a FIFO queue with a visited bit and a hand that sweeps from old to new.
 
-Semantics (libCacheSim ``FIFO.c``): a hit changes nothing; a miss inserts the block at the head;
-eviction takes the tail. No parameters.
+Semantics (libCacheSim ``Sieve.c``): a miss inserts the block at the head with its visited bit
+clear; a hit sets the bit. To evict, the hand starts where it stopped last time (at the tail
+the first time, or after it ran past the head), clears set bits while moving toward the head
+(wrapping to the tail), and evicts the first block whose bit is clear; the hand then rests on
+that block's newer neighbour (none if it was the head, which means "start at the tail"). Removing
+the block under the hand moves the hand to its newer neighbour. No parameters.
 """
 
 from __future__ import annotations
@@ -9,12 +13,22 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-from optimizer.sim.cache.enums import L_WHERE, M_HEAD, M_TAIL, W_ABSENT, W_MAIN
-from optimizer.sim.cache.lists import push_head_nb, unlink_nb
+from kvtier.cache.enums import (
+    L_FREQ,
+    L_PRV,
+    L_WHERE,
+    M_HAND,
+    M_HEAD,
+    M_TAIL,
+    NIL,
+    W_ABSENT,
+    W_MAIN,
+)
+from kvtier.cache.lists import push_head_nb, unlink_nb
 
-NAME = "fifo"
+NAME = "sieve"
 DEFAULTS: dict[str, float] = {}
-DOC = "first in, first out; hits do not reorder"
+DOC = "FIFO with a visited bit; the hand clears bits from old to new and evicts the first clear"
 
 
 @njit(cache=True, nogil=True, _nrt=False)
@@ -29,7 +43,7 @@ def hit_nb(
     cost: np.ndarray,
     b: int,
 ) -> None:
-    pass
+    blk[b, L_FREQ] = 1
 
 
 @njit(cache=True, nogil=True, _nrt=False)
@@ -45,6 +59,7 @@ def insert_nb(
     b: int,
 ) -> bool:
     blk[b, L_WHERE] = W_MAIN
+    blk[b, L_FREQ] = 0
     push_head_nb(meta, M_HEAD, M_TAIL, blk, b)
     return True
 
@@ -60,7 +75,15 @@ def evict_nb(
     hpos: np.ndarray,
     cost: np.ndarray,
 ) -> int:
-    v = meta[M_TAIL]
+    v = meta[M_HAND]
+    if v == NIL:
+        v = meta[M_TAIL]
+    while blk[v, L_FREQ] > 0:
+        blk[v, L_FREQ] -= 1
+        v = blk[v, L_PRV]
+        if v == NIL:
+            v = meta[M_TAIL]
+    meta[M_HAND] = blk[v, L_PRV]
     unlink_nb(meta, M_HEAD, M_TAIL, blk, v)
     blk[v, L_WHERE] = W_ABSENT
     return v
@@ -78,5 +101,8 @@ def remove_nb(
     cost: np.ndarray,
     b: int,
 ) -> None:
+    if meta[M_HAND] == b:
+        meta[M_HAND] = blk[b, L_PRV]
     unlink_nb(meta, M_HEAD, M_TAIL, blk, b)
     blk[b, L_WHERE] = W_ABSENT
+    blk[b, L_FREQ] = 0

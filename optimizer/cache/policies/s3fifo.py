@@ -27,7 +27,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-from optimizer.sim.cache.enums import (
+from kvtier.cache.enums import (
     L_FREQ,
     L_WHERE,
     M_GHEAD,
@@ -50,7 +50,7 @@ from optimizer.sim.cache.enums import (
     W_MAIN,
     W_SMALL,
 )
-from optimizer.sim.cache.lists import push_head_nb, unlink_nb
+from kvtier.cache.lists import push_head_nb, unlink_nb
 
 NAME = "s3fifo"
 DEFAULTS: dict[str, float] = {"small": 0.1, "ghost": 0.9, "threshold": 2}

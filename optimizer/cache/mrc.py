@@ -23,11 +23,11 @@ from dataclasses import dataclass, field
 import numpy as np
 from numba import njit
 
-from optimizer.errors import InputError
-from optimizer.sim.cache import enums
-from optimizer.sim.cache.policies import PolicySpec, parse_policy
-from optimizer.sim.cache.replay import replay, warmup_start
-from optimizer.trace.blocked import BlockedTrace
+from kvtier.cache import enums
+from kvtier.cache.policies import PolicySpec, parse_policy
+from kvtier.cache.replay import replay, warmup_start
+from kvtier.errors import InputError
+from kvtier.trace.blocked import BlockedTrace
 
 
 @njit(cache=True, nogil=True, _nrt=False)

@@ -1,6 +1,6 @@
 """The executable specification of the cache engine: plain Python, readable, slow.
 
-The numba engine (:mod:`optimizer.sim.cache.nb`) must give identical per-request hits to this
+The numba engine (:mod:`kvtier.cache.nb`) must give identical per-request hits to this
 module on every trace. Nothing here is optimised: policies keep their order in Python lists and
 dicts and find victims by scanning, so each rule can be read off the code.
 
@@ -15,9 +15,9 @@ from collections import OrderedDict
 
 import numpy as np
 
-from optimizer.sim.cache.policies import PolicySpec, parse_policy
-from optimizer.sim.cache.policies.s3fifo import sizes as s3fifo_sizes
-from optimizer.trace.blocked import BlockedTrace
+from kvtier.cache.policies import PolicySpec, parse_policy
+from kvtier.cache.policies.s3fifo import sizes as s3fifo_sizes
+from kvtier.trace.blocked import BlockedTrace
 
 
 class _Lru:

@@ -13,11 +13,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from optimizer.errors import InputError
-from optimizer.sim.cache import enums, nb, ring
-from optimizer.sim.cache.policies import PolicySpec, parse_policy
-from optimizer.sim.cache.state import TierState, check_tier_args
-from optimizer.trace.blocked import BlockedTrace
+from kvtier.cache import enums, nb, ring
+from kvtier.cache.policies import PolicySpec, parse_policy
+from kvtier.cache.state import TierState, check_tier_args
+from kvtier.errors import InputError
+from kvtier.trace.blocked import BlockedTrace
 
 
 def warmup_start(n_requests: int, warmup: float) -> int:
@@ -84,7 +84,7 @@ def replay(
     parity). ``cost`` is GDSF's per-block recompute cost (default 1).
 
     A flat LRU or FIFO replay from an empty tier runs the ring kernels of
-    :mod:`optimizer.sim.cache.ring`, which give the same hits faster and build no tier.
+    :mod:`kvtier.cache.ring`, which give the same hits faster and build no tier.
     """
     spec = parse_policy(policy)
     start = warmup_start(trace.n_requests, warmup)

@@ -5,11 +5,11 @@ from __future__ import annotations
 import os
 from typing import TYPE_CHECKING
 
-from optimizer.plotting import pyplot
-from optimizer.trace.io import atomic_write
+from kvtier.plotting import pyplot
+from kvtier.trace.io import atomic_write
 
 if TYPE_CHECKING:
-    from optimizer.sim.cache.mrc import MrcResult
+    from kvtier.cache.mrc import MrcResult
 
 
 def plot_curve(result: MrcResult, path: str | os.PathLike[str]) -> None:

@@ -9,12 +9,12 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-from optimizer.sim.cache.enums import M_HEAD, M_TAIL
-from optimizer.sim.cache.lists import push_head_nb, unlink_nb
+from kvtier.cache.enums import M_HEAD, M_TAIL
+from kvtier.cache.lists import push_head_nb, unlink_nb
 
 # Admission, eviction and removal are FIFO's: one queue, insert at the head, evict the tail.
 # LRU differs only in what a hit does.
-from optimizer.sim.cache.policies.fifo import evict_nb, insert_nb, remove_nb  # noqa: F401
+from kvtier.cache.policies.fifo import evict_nb, insert_nb, remove_nb  # noqa: F401
 
 NAME = "lru"
 DEFAULTS: dict[str, float] = {}

@@ -12,7 +12,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-from optimizer.sim.cache.enums import M_HEAP_N, NIL
+from kvtier.cache.enums import M_HEAP_N, NIL
 
 
 @njit(cache=True, nogil=True, _nrt=False)

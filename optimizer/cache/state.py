@@ -2,7 +2,7 @@
 
 A tier is a capacity in blocks and an eviction policy over dense block ids ``0..n_blocks-1``.
 All state lives in numpy arrays (struct of arrays) so kernels can hold several tiers at once
-and pass ``tier.arrays()`` to :mod:`optimizer.sim.cache.nb`; a serving engine asks a tier
+and pass ``tier.arrays()`` to :mod:`kvtier.cache.nb`; a serving engine asks a tier
 whether a block is resident (:meth:`contains`), accesses or inserts blocks (:meth:`access`,
 which reports the block evicted to make room, for write-back to the tier below), and removes
 blocks that move up in an exclusive hierarchy (:meth:`remove`). The Python methods check bounds;
@@ -16,10 +16,10 @@ from typing import TypeAlias
 
 import numpy as np
 
-from optimizer.errors import InputError
-from optimizer.sim.cache import enums, nb
-from optimizer.sim.cache.policies import PolicySpec, parse_policy
-from optimizer.sim.cache.policies.s3fifo import sizes as s3fifo_sizes
+from kvtier.cache import enums, nb
+from kvtier.cache.policies import PolicySpec, parse_policy
+from kvtier.cache.policies.s3fifo import sizes as s3fifo_sizes
+from kvtier.errors import InputError
 
 StateArrays: TypeAlias = tuple[np.ndarray, ...]
 
@@ -114,7 +114,7 @@ class TierState:
 
     # ---- kernel view ---------------------------------------------------------------------
     def arrays(self) -> StateArrays:
-        """The state tuple every kernel in :mod:`optimizer.sim.cache.nb` takes."""
+        """The state tuple every kernel in :mod:`kvtier.cache.nb` takes."""
         return self._arrays
 
     # ---- scalars -------------------------------------------------------------------------

@@ -1,8 +1,8 @@
 """The shared tier loop (numba): look up, admit, evict until it fits, insert.
 
 Policies only provide primitives (``hit_nb``, ``insert_nb``, ``evict_nb``, ``remove_nb`` in
-``optimizer.sim.cache.policies``); capacity rules live here, once. A tier's state is the tuple
-built by :func:`optimizer.sim.cache.state.TierState.arrays`::
+``kvtier.cache.policies``); capacity rules live here, once. A tier's state is the tuple
+built by :func:`kvtier.cache.state.TierState.arrays`::
 
     (meta, fmeta, blk, prio, stamp, heap, hpos, cost)
 
@@ -15,7 +15,7 @@ on, the incref/decref of the eleven state arrays at each primitive call made an 
 times slower. The batch kernels branch on the policy once and inline a loop specialised to it
 (``_replay_loop_nb(LRU, ...)``), so LLVM drops the other policies' code from the hot loop;
 dispatching per access cost another factor of about three. Flat LRU and FIFO replays from an
-empty tier do not come here: :mod:`optimizer.sim.cache.ring` runs them without link rows.
+empty tier do not come here: :mod:`kvtier.cache.ring` runs them without link rows.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-from optimizer.sim.cache.enums import (
+from kvtier.cache.enums import (
     FIFO,
     GDSF,
     L_WHERE,
@@ -41,7 +41,7 @@ from optimizer.sim.cache.enums import (
     W_MAIN,
     W_SMALL,
 )
-from optimizer.sim.cache.policies import fifo, gdsf, lfu, lru, s3fifo, sieve
+from kvtier.cache.policies import fifo, gdsf, lfu, lru, s3fifo, sieve
 
 
 @njit(cache=True, nogil=True, _nrt=False, inline="always")

@@ -1,0 +1,93 @@
+"""LFU: evict the least frequently used block; ties go to the least recently used.
+
+Semantics (libCacheSim ``LFU.c``): an inserted block has frequency 1, each hit adds 1. The
+victim is the block with the smallest frequency; among those, the one that entered that
+frequency earliest, which is the one whose last access is oldest (libCacheSim appends to the
+tail of the frequency bucket on each access and evicts its head). Frequencies are forgotten on
+eviction. Implemented as an indexed heap on (frequency, time of last access): O(log n).
+No parameters.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit
+
+from kvtier.cache.enums import L_FREQ, L_WHERE, M_CLOCK, W_ABSENT, W_MAIN
+from kvtier.cache.heap import heap_pop_nb, heap_push_nb, heap_remove_nb, heap_update_nb
+
+NAME = "lfu"
+DEFAULTS: dict[str, float] = {}
+DOC = "least frequently used, ties by least recently used"
+
+
+@njit(cache=True, nogil=True, _nrt=False)
+def hit_nb(
+    meta: np.ndarray,
+    fmeta: np.ndarray,
+    blk: np.ndarray,
+    prio: np.ndarray,
+    stamp: np.ndarray,
+    heap: np.ndarray,
+    hpos: np.ndarray,
+    cost: np.ndarray,
+    b: int,
+) -> None:
+    blk[b, L_FREQ] += 1
+    prio[b] = blk[b, L_FREQ]
+    stamp[b] = meta[M_CLOCK]
+    heap_update_nb(meta, heap, hpos, prio, stamp, b)
+
+
+@njit(cache=True, nogil=True, _nrt=False)
+def insert_nb(
+    meta: np.ndarray,
+    fmeta: np.ndarray,
+    blk: np.ndarray,
+    prio: np.ndarray,
+    stamp: np.ndarray,
+    heap: np.ndarray,
+    hpos: np.ndarray,
+    cost: np.ndarray,
+    b: int,
+) -> bool:
+    blk[b, L_WHERE] = W_MAIN
+    blk[b, L_FREQ] = 1
+    prio[b] = 1.0
+    stamp[b] = meta[M_CLOCK]
+    heap_push_nb(meta, heap, hpos, prio, stamp, b)
+    return True
+
+
+@njit(cache=True, nogil=True, _nrt=False)
+def evict_nb(
+    meta: np.ndarray,
+    fmeta: np.ndarray,
+    blk: np.ndarray,
+    prio: np.ndarray,
+    stamp: np.ndarray,
+    heap: np.ndarray,
+    hpos: np.ndarray,
+    cost: np.ndarray,
+) -> int:
+    v = heap_pop_nb(meta, heap, hpos, prio, stamp)
+    blk[v, L_WHERE] = W_ABSENT
+    blk[v, L_FREQ] = 0
+    return v
+
+
+@njit(cache=True, nogil=True, _nrt=False)
+def remove_nb(
+    meta: np.ndarray,
+    fmeta: np.ndarray,
+    blk: np.ndarray,
+    prio: np.ndarray,
+    stamp: np.ndarray,
+    heap: np.ndarray,
+    hpos: np.ndarray,
+    cost: np.ndarray,
+    b: int,
+) -> None:
+    heap_remove_nb(meta, heap, hpos, prio, stamp, b)
+    blk[b, L_WHERE] = W_ABSENT
+    blk[b, L_FREQ] = 0
