@@ -79,11 +79,11 @@ def invoke(*args: str) -> CliResult:
 def run_cli(*args: str, cwd: str | None = None) -> CliResult:
     """Run ``kvtier`` in a subprocess, exactly as a user would."""
     proc = subprocess.run(
-        [sys.executable, "-m", "kvtier.cli", *args],
+        [sys.executable, "-m", "kvtier", *args],
         capture_output=True,
         text=True,
         cwd=cwd or str(REPO),
-        env={**__import__("os").environ, "PYTHONPATH": str(REPO), "COLUMNS": "120"},
+        env={**__import__("os").environ, "COLUMNS": "120"},
     )
     return CliResult(proc.returncode, proc.stdout, proc.stderr)
 

@@ -118,11 +118,11 @@ GOOD = '{"timestamp": 0, "input_length": 600, "output_length": 5, "hash_ids": [0
         ('{"timestamp": 0, "output_length": 5, "hash_ids": [0, 1]}', ["line 3", "input_length"]),
         (
             '{"timestamp": 0, "input_length": 600, "output_length": 5, "hash_ids": [0]}',
-            ["line 3", "block_hashes", "expected ceil"],
+            ["line 3", "hash_ids", "expected ceil"],
         ),
         (
             '{"timestamp": 0, "input_length": 600, "output_length": -1, "hash_ids": [0, 1]}',
-            ["line 3", "output_tokens"],
+            ["line 3", "output_length"],
         ),
         (
             '{"timestamp": 0, "input_length": 600, "output_length": 1, "hash_ids": [0, -1]}',
@@ -147,7 +147,7 @@ def test_azure_malformed_rows(tmp_path) -> None:
     for bad, needles in [
         ("2023-11-16 18:15:47.1,abc,44", ["line 3", "ContextTokens"]),
         ("yesterday,374,44", ["line 3", "TIMESTAMP"]),
-        ("2023-11-16 18:15:48.0,0,44", ["line 3", "input_tokens", "> 0"]),
+        ("2023-11-16 18:15:48.0,0,44", ["line 3", "ContextTokens", "> 0"]),
     ]:
         path = _write_lines(tmp_path, "a.csv", [head, ok, bad])
         result = invoke("trace", "import", "--from", "azure", path, "-o", str(tmp_path / "o.arrow"))

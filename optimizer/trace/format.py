@@ -39,6 +39,12 @@ PASS_COLUMN = "pass"  # replay pass of a multi-pass synthetic trace (first run /
 
 HASH_TYPE = pa.list_(pa.uint64())
 
+# The largest token count a request's prompt or output may have, and the largest block size: far
+# above any real context (the longest served contexts are about 10M tokens), far below where
+# token and block arithmetic in int64 could overflow (input + output, times instances and
+# tiers, stays below 2**62). docs/traces.md states it for users.
+MAX_TOKENS = 1 << 30
+
 
 @dataclass(frozen=True, eq=False)
 class Trace:

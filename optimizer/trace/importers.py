@@ -18,8 +18,13 @@ report the first malformed line by its line number.
 
 from __future__ import annotations
 
+import csv
+import gzip
+import io
 import json
+import math
 import os
+import zlib
 from collections.abc import Callable
 
 import numpy as np
@@ -52,29 +57,73 @@ def import_trace(kind: str, path: str | os.PathLike[str]) -> Trace:
 
 
 # -- shared helpers -------------------------------------------------------------------------------
+_GZIP_MAGIC = b"\x1f\x8b"
+_UTF8_BOM = b"\xef\xbb\xbf"
+_INT64_MAX = (1 << 63) - 1
+
+
 def _read_bytes(path: str) -> bytes:
+    """The file's bytes: gzip-compressed files are decompressed, a UTF-8 byte-order mark is
+    dropped (line numbers are unchanged by either), and text that is not UTF-8 is refused."""
     try:
         with open(path, "rb") as fh:
             data = fh.read()
     except FileNotFoundError:
         raise InputError("no such file", path=path) from None
+    except IsADirectoryError:
+        raise InputError("is a directory, not a trace file", path=path) from None
     except OSError as err:
         raise InputError(f"cannot read: {err.strerror}", path=path) from None
+    if data.startswith(_GZIP_MAGIC):
+        try:
+            data = gzip.decompress(data)
+        except (OSError, EOFError, zlib.error) as err:
+            raise InputError(f"corrupt gzip file: {err}", path=path) from None
+    if data.startswith(_UTF8_BOM):
+        data = data[len(_UTF8_BOM) :]
+    try:
+        data.decode("utf-8")
+    except UnicodeDecodeError as err:
+        line = data.count(b"\n", 0, err.start) + 1
+        raise InputError(
+            f"not UTF-8 text (byte 0x{data[err.start]:02x}); is the file compressed?",
+            path=path,
+            line=line,
+        ) from None
     if not data.strip():
         raise InputError("empty file", path=path)
     return data
 
 
 def _content_line_numbers(data: bytes) -> np.ndarray:
-    """1-based line numbers of the non-blank lines, i.e. of the parsed rows, in order."""
+    """1-based line numbers of the non-blank lines, i.e. of the parsed rows, in order.
+
+    A line of only spaces, tabs or ``\\r`` is blank, as the JSON Lines reader skips it.
+    """
     buf = np.frombuffer(data, dtype=np.uint8)
     newlines = np.flatnonzero(buf == ord("\n"))
     starts = np.concatenate(([0], newlines + 1))
     ends = np.concatenate((newlines, [len(buf)]))
-    lengths = ends - starts
-    # a line holding only "\r" counts as blank, as JSON readers skip it
-    only_cr = (lengths == 1) & (buf[np.minimum(starts, len(buf) - 1)] == ord("\r"))
-    return np.flatnonzero((lengths > 0) & ~only_cr) + 1
+    visible = ~np.isin(buf, np.frombuffer(b" \t\r\n", dtype=np.uint8))
+    cum = np.concatenate(([0], np.cumsum(visible, dtype=np.int64)))
+    return np.flatnonzero(cum[ends] - cum[starts] > 0) + 1
+
+
+def _bad_value(value: object, types: type | tuple[type, ...]) -> str | None:
+    """Why a JSON value does not fit the field's types (int64 integers, finite numbers)."""
+    if isinstance(value, bool) or not isinstance(value, types):
+        return f"unexpected value {value!r}"
+    if isinstance(value, float) and not math.isfinite(value):
+        return f"{value!r} is not a finite number"
+    if isinstance(value, int) and not -_INT64_MAX - 1 <= value <= _INT64_MAX:
+        return f"integer {value} does not fit int64"
+    if isinstance(value, list):
+        for v in value:
+            if isinstance(v, bool) or not isinstance(v, int):
+                return "list holds a non-integer"
+            if not -_INT64_MAX - 1 <= v <= _INT64_MAX:
+                return f"list holds {v}, which does not fit int64"
+    return None
 
 
 def _first_bad_json_line(data: bytes, fields: dict[str, type | tuple[type, ...]]) -> InputError:
@@ -85,20 +134,18 @@ def _first_bad_json_line(data: bytes, fields: dict[str, type | tuple[type, ...]]
             continue
         try:
             obj = json.loads(line)
-        except (json.JSONDecodeError, UnicodeDecodeError) as err:
+        except json.JSONDecodeError as err:
             return InputError(f"malformed JSON: {err.msg}", line=number)
+        except UnicodeDecodeError:
+            return InputError("not UTF-8 text", line=number)
         if not isinstance(obj, dict):
             return InputError("expected a JSON object", line=number)
         for name, types in fields.items():
             if name not in obj:
                 return InputError("missing field", line=number, column=name)
-            value = obj[name]
-            if isinstance(value, bool) or not isinstance(value, types):
-                return InputError(f"unexpected value {value!r}", line=number, column=name)
-            if isinstance(value, list) and not all(
-                isinstance(v, int) and not isinstance(v, bool) for v in value
-            ):
-                return InputError("list holds a non-integer", line=number, column=name)
+            reason = _bad_value(obj[name], types)
+            if reason is not None:
+                return InputError(reason, line=number, column=name)
     return InputError("could not parse the file as JSON Lines")
 
 
@@ -136,13 +183,29 @@ def _check_rows(path: str, lines: np.ndarray, checks: list[tuple[str, np.ndarray
         raise InputError(message, path=path, line=int(lines[row]), column=column)
 
 
-def _validated(path: str, lines: np.ndarray, build: Callable[[], Trace]) -> Trace:
-    """Run ``build``; validation errors name the source line instead of the table row."""
+JSONL_COLUMNS = {
+    "arrival_s": "timestamp",
+    "input_tokens": "input_length",
+    "output_tokens": "output_length",
+    "block_hashes": "hash_ids",
+}
+
+
+def _validated(
+    path: str,
+    lines: np.ndarray,
+    build: Callable[[], Trace],
+    columns: dict[str, str] = JSONL_COLUMNS,
+) -> Trace:
+    """Run ``build``; validation errors name the source line and the source's own column name
+    (``columns``: trace column -> source field) instead of the table row and column."""
     try:
         return build()
     except InputError as err:
         if err.row is not None and err.line is None and err.row < len(lines):
             err.line, err.row = int(lines[err.row]), None
+        if err.column in columns:
+            err.column = columns[err.column]
         err.path = path
         err.args = (err.format(),)
         raise
@@ -271,6 +334,41 @@ def import_bailian(path: str) -> Trace:
     )
 
 
+# -- CSV ------------------------------------------------------------------------------------------
+def _csv_row_lines(data: bytes, n_rows: int) -> np.ndarray:
+    """1-based line number where each data row starts (line 1 is the header).
+
+    Without quote characters every row is one line; a quoted field may hold newlines, and then
+    the rows are counted by Python's csv reader (which tracks physical lines).
+    """
+    if b'"' not in data:
+        return np.arange(n_rows, dtype=np.int64) + 2
+    reader = csv.reader(io.StringIO(data.decode("utf-8"), newline=""))
+    starts = []
+    line = 1
+    for _ in reader:
+        starts.append(line)
+        line = reader.line_num + 1
+    return np.asarray(starts[1 : n_rows + 1], dtype=np.int64)
+
+
+def _first_bad_csv_line(data: bytes, path: str, err: Exception) -> InputError:
+    """The first row with a field count other than the header's (error path only)."""
+    reader = csv.reader(io.StringIO(data.decode("utf-8"), newline=""))
+    try:
+        header = next(reader)
+        start = reader.line_num + 1
+        for row in reader:
+            if row and len(row) != len(header):
+                return InputError(
+                    f"row has {len(row)} fields, the header {len(header)}", path=path, line=start
+                )
+            start = reader.line_num + 1
+    except csv.Error as cerr:
+        return InputError(f"malformed CSV: {cerr}", path=path, line=reader.line_num)
+    return InputError(f"malformed CSV: {' '.join(str(err).split())[:200]}", path=path)
+
+
 # -- Azure ----------------------------------------------------------------------------------------
 AZURE_COLUMNS = ("TIMESTAMP", "ContextTokens", "GeneratedTokens")
 
@@ -282,11 +380,13 @@ def import_azure(path: str) -> Trace:
     try:
         df = pl.read_csv(data, infer_schema=False)
     except Exception as err:
-        raise InputError(f"malformed CSV: {' '.join(str(err).split())[:200]}", path=path) from None
+        raise _first_bad_csv_line(data, path, err) from None
     for name in AZURE_COLUMNS:
         if name not in df.columns:
             raise InputError("missing CSV column", path=path, column=name)
-    lines = np.arange(df.height) + 2  # line 1 is the header
+    if df.height == 0:
+        raise InputError("trace has no requests (only a header)", path=path)
+    lines = _csv_row_lines(data, df.height)
     stamp = df.get_column("TIMESTAMP").str.strip_chars()
     # 7 fractional digits (100 ns) do not fit %.f's microseconds: keep 6, exact to 1 us
     stamp = stamp.str.replace(r"^(.*\.\d{6})\d+$", "${1}")
@@ -318,4 +418,9 @@ def import_azure(path: str) -> Trace:
             source=f"azure:{os.path.basename(path)}",
             has_prefix_info=False,
         ),
+        {
+            "arrival_s": "TIMESTAMP",
+            "input_tokens": "ContextTokens",
+            "output_tokens": "GeneratedTokens",
+        },
     )

@@ -20,6 +20,7 @@ import pyarrow.parquet as pq
 from kvtier.errors import InputError
 from kvtier.trace.format import (
     FORMAT_VERSION,
+    MAX_TOKENS,
     META_BLOCK_TOKENS,
     META_FORMAT,
     META_PREFIX_INFO,
@@ -65,7 +66,10 @@ def read_trace(path: str | os.PathLike[str]) -> Trace:
     """Read and validate a request-trace/1 file."""
     path = str(path)
     table = _read_table(path)
-    meta = {k.decode(): v.decode() for k, v in (table.schema.metadata or {}).items()}
+    try:
+        meta = {k.decode(): v.decode() for k, v in (table.schema.metadata or {}).items()}
+    except UnicodeDecodeError:
+        raise InputError("schema metadata is not valid UTF-8", path=path) from None
     version = meta.get(META_FORMAT)
     if version is None:
         raise InputError(
@@ -78,12 +82,14 @@ def read_trace(path: str | os.PathLike[str]) -> Trace:
         )
     raw_block = meta.get(META_BLOCK_TOKENS)
     try:
-        block_tokens = int(raw_block) if raw_block is not None else -1
+        block_tokens = int(raw_block) if raw_block is not None and len(raw_block) < 12 else -1
     except ValueError:
         block_tokens = -1
-    if block_tokens <= 0:
+    if not 0 < block_tokens <= MAX_TOKENS:
+        shown = raw_block if raw_block is None or len(raw_block) <= 40 else raw_block[:40] + "..."
         raise InputError(
-            f"schema metadata '{META_BLOCK_TOKENS}' must be a positive integer, got {raw_block!r}",
+            f"schema metadata '{META_BLOCK_TOKENS}' must be an integer in [1, {MAX_TOKENS:,}], "
+            f"got {shown!r}",
             path=path,
         )
     prefix_info = meta.get(META_PREFIX_INFO, "true").lower() != "false"
@@ -99,20 +105,52 @@ def read_trace(path: str | os.PathLike[str]) -> Trace:
 
 
 def atomic_write(path: str | os.PathLike[str], write: Callable[[str], None]) -> None:
-    """Call ``write(tmp_path)`` and rename the result onto ``path`` in one step."""
+    """Call ``write(tmp_path)`` and rename the result onto ``path`` in one step.
+
+    The temporary file is flushed to disk (fsync) before the rename and the directory after it,
+    so a crash leaves either the old file or the whole new one. A directory that cannot be
+    created or written, or a full disk, is an :class:`InputError` naming the path (nothing is
+    left behind).
+    """
     target = Path(path)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
-    os.close(fd)
+    tmp: str | None = None
     try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
+        os.close(fd)
         write(tmp)
         umask = os.umask(0)
         os.umask(umask)
         os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes 0600; give the file normal permissions
+        _fsync(tmp)
         os.replace(tmp, target)
+        _fsync(str(target.parent), directory=True)
+    except OSError as err:
+        if tmp is not None:
+            Path(tmp).unlink(missing_ok=True)
+        reason = err.strerror or str(err)
+        raise InputError(f"cannot write: {reason}", path=str(target)) from None
     except BaseException:
-        Path(tmp).unlink(missing_ok=True)
+        if tmp is not None:
+            Path(tmp).unlink(missing_ok=True)
         raise
+
+
+def _fsync(path: str, *, directory: bool = False) -> None:
+    flags = os.O_RDONLY | (getattr(os, "O_DIRECTORY", 0) if directory else 0)
+    try:
+        fd = os.open(path, flags)
+    except OSError:
+        if directory:
+            return  # some file systems cannot open a directory; the rename is still atomic
+        raise
+    try:
+        os.fsync(fd)
+    except OSError:
+        if not directory:
+            raise
+    finally:
+        os.close(fd)
 
 
 def write_trace(trace: Trace, path: str | os.PathLike[str]) -> None:

@@ -16,7 +16,7 @@ import polars as pl
 import pyarrow as pa
 
 from kvtier.errors import InputError
-from kvtier.trace.format import HASH_TYPE, REQUIRED_COLUMNS
+from kvtier.trace.format import HASH_TYPE, MAX_TOKENS, REQUIRED_COLUMNS
 
 
 class UnsortedTraceWarning(UserWarning):
@@ -48,6 +48,32 @@ def _numeric(table: pa.Table, name: str, path: str | None, kind: str) -> np.ndar
         raise InputError(f"has type {t}, expected {want}", path=path, column=name)
     _check_no_nulls(arr, name, path)
     return arr.to_numpy(zero_copy_only=False)
+
+
+def _token_counts(table: pa.Table, name: str, path: str | None, minimum: int) -> np.ndarray:
+    """A token-count column as int64, checked in its own type first (an unsigned or huge value
+    must not wrap around on the cast and then be reported as nonsense)."""
+    raw = _numeric(table, name, path, "int")
+    if len(raw) and raw.dtype.kind == "i" and (raw < minimum).any():
+        relation = "> 0" if minimum == 1 else ">= 0"
+        raise InputError(
+            f"{name} must be {relation}", path=path, row=_first(raw < minimum), column=name
+        )
+    if len(raw) and (raw > MAX_TOKENS).any():
+        row = _first(raw > MAX_TOKENS)
+        raise InputError(
+            f"{name} {int(raw[row])} is above the supported maximum of {MAX_TOKENS:,} tokens",
+            path=path,
+            row=row,
+            column=name,
+        )
+    counts = raw.astype(np.int64, copy=False)
+    if (counts < minimum).any():  # unsigned zero
+        relation = "> 0" if minimum == 1 else ">= 0"
+        raise InputError(
+            f"{name} must be {relation}", path=path, row=_first(counts < minimum), column=name
+        )
+    return counts
 
 
 def _check_hash_type(arr: pa.Array, path: str | None) -> pa.Array:
@@ -124,8 +150,10 @@ def validate_table(
     list<uint64>; other columns are kept unchanged. Raises :class:`InputError` on the first
     problem found.
     """
-    if block_tokens <= 0:
-        raise InputError(f"block_tokens must be > 0, got {block_tokens}", path=path)
+    if not 0 < block_tokens <= MAX_TOKENS:
+        raise InputError(
+            f"block_tokens must be in [1, {MAX_TOKENS:,}], got {block_tokens}", path=path
+        )
     for name in REQUIRED_COLUMNS:
         if name not in table.column_names:
             raise InputError("missing required column", path=path, column=name)
@@ -142,16 +170,8 @@ def validate_table(
         raise InputError(
             "arrival is negative", path=path, row=_first(arrival < 0), column="arrival_s"
         )
-    inp = _numeric(table, "input_tokens", path, "int").astype(np.int64, copy=False)
-    if (inp <= 0).any():
-        raise InputError(
-            "input_tokens must be > 0", path=path, row=_first(inp <= 0), column="input_tokens"
-        )
-    out = _numeric(table, "output_tokens", path, "int").astype(np.int64, copy=False)
-    if (out < 0).any():
-        raise InputError(
-            "output_tokens must be >= 0", path=path, row=_first(out < 0), column="output_tokens"
-        )
+    inp = _token_counts(table, "input_tokens", path, 1)
+    out = _token_counts(table, "output_tokens", path, 0)
 
     hashes = _check_hash_type(_column(table, "block_hashes"), path)
     offsets = hashes.offsets.to_numpy().astype(np.int64)
@@ -178,9 +198,11 @@ def validate_table(
             column="block_hashes",
         )
 
-    _check_optional_columns(table, path)
+    session = _check_optional_columns(table, path)
 
     columns = {name: table.column(name) for name in table.column_names}
+    if session is not None:
+        columns["session_id"] = session
     columns["arrival_s"] = pa.array(arrival, type=pa.float64())
     columns["input_tokens"] = pa.array(inp, type=pa.int64())
     columns["output_tokens"] = pa.array(out, type=pa.int64())
@@ -197,8 +219,10 @@ def validate_table(
     return result
 
 
-def _check_optional_columns(table: pa.Table, path: str | None) -> None:
+def _check_optional_columns(table: pa.Table, path: str | None) -> pa.Array | None:
+    """Check the optional columns; returns ``session_id`` normalised to int64 (or None)."""
     names = table.column_names
+    session = None
     if "request_id" in names:
         col = _column(table, "request_id")
         if not (
@@ -221,6 +245,16 @@ def _check_optional_columns(table: pa.Table, path: str | None) -> None:
         if not pa.types.is_integer(col.type):
             raise InputError(f"has type {col.type}, expected int64", path=path, column="session_id")
         _check_no_nulls(col, "session_id", path)
+        ids = col.to_numpy(zero_copy_only=False)
+        if ids.dtype == np.uint64 and len(ids) and (ids > np.iinfo(np.int64).max).any():
+            row = _first(ids > np.iinfo(np.int64).max)
+            raise InputError(
+                f"session id {int(ids[row])} does not fit int64",
+                path=path,
+                row=row,
+                column="session_id",
+            )
+        session = pa.array(ids.astype(np.int64, copy=False), type=pa.int64())
     if "tenant" in names:
         col = _column(table, "tenant")
         t = col.type.value_type if pa.types.is_dictionary(col.type) else col.type
@@ -232,3 +266,4 @@ def _check_optional_columns(table: pa.Table, path: str | None) -> None:
         if not pa.types.is_integer(col.type):
             raise InputError(f"has type {col.type}, expected int32", path=path, column="pass")
         _check_no_nulls(col, "pass", path)
+    return session
