@@ -491,9 +491,13 @@ def trace_stats_cmd(
     from kvtier.trace.io import read_trace
     from kvtier.trace.stats import trace_stats
 
+    if block_tokens is not None and block_tokens < 1:
+        raise InputError(f"must be >= 1, got {block_tokens}", option="--block-tokens")
     loaded = read_trace(trace_path)
     blocked = block_trace(
-        loaded, block_tokens or loaded.block_tokens, share_across_tenants=share_across_tenants
+        loaded,
+        loaded.block_tokens if block_tokens is None else block_tokens,
+        share_across_tenants=share_across_tenants,
     )
     kv_bytes = None
     if model is not None:

@@ -289,3 +289,26 @@ def test_written_trace_reads_back(tmp_path: Path) -> None:
     trace = _small_trace()
     write_trace(trace, tmp_path / "t.parquet")
     assert np.array_equal(read_trace(tmp_path / "t.parquet").input_tokens, trace.input_tokens)
+
+
+# -- options --------------------------------------------------------------------------------------
+def test_trace_stats_block_size_zero_is_refused_as_replay_and_mrc_refuse_it(tmp_path: Path) -> None:
+    path = str(tmp_path / "t.parquet")
+    write_trace(_small_trace(), path)
+    assert_one_line_error(invoke("trace", "stats", path, "-B", "0"), "--block-tokens", ">= 1")
+
+
+@pytest.mark.parametrize(
+    ("args", "needle"),
+    [
+        (["short", "--system-tokens", "1e12"], "--system-tokens"),
+        (["rag", "--doc-tokens", "1e9", "--docs-per-request", "4"], "supported maximum"),
+    ],
+)
+def test_synth_lengths_beyond_the_largest_request_are_one_line(
+    tmp_path: Path, args: list[str], needle: str
+) -> None:
+    out = tmp_path / "t.parquet"
+    result = invoke("trace", "synth", *args, "--requests", "5", "-o", str(out))
+    assert_one_line_error(result, needle)
+    assert not out.exists()

@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 
 from kvtier.errors import InputError
-from kvtier.trace.format import PASS_COLUMN, Trace
+from kvtier.trace.format import MAX_TOKENS, PASS_COLUMN, Trace
 from kvtier.trace.synth.arrivals import arrival_times, check_arrival_options
 from kvtier.trace.synth.content import prompt_hashes
 from kvtier.trace.synth.kinds import BUILDERS
@@ -70,6 +70,7 @@ def synthesize(
     )
     n = len(times)
     prompts = BUILDERS[kind](rng, n, rate, knobs)
+    _check_lengths(prompts.seg_offsets, prompts.seg_lens)
     input_tokens, offsets, hashes = prompt_hashes(
         prompts.seg_offsets, prompts.seg_ids, prompts.seg_lens, block_tokens
     )
@@ -113,6 +114,16 @@ def synthesize(
         extra_columns=extra,
         metadata={META_PARAMS: json.dumps(params, sort_keys=True)},
     )
+
+
+def _check_lengths(seg_offsets: np.ndarray, seg_lens: np.ndarray) -> None:
+    """Refuse knobs whose draws make a prompt longer than a trace may hold (before hashing)."""
+    totals = np.add.reduceat(np.asarray(seg_lens, dtype=np.float64), seg_offsets[:-1])
+    if len(totals) and totals.max() > MAX_TOKENS:
+        raise InputError(
+            f"the length knobs make a prompt of {int(totals.max()):,} tokens, above the "
+            f"supported maximum of {MAX_TOKENS:,}; choose shorter lengths"
+        )
 
 
 def _check_common(

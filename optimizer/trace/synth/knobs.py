@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from kvtier.errors import InputError
+from kvtier.trace.format import MAX_TOKENS
 
 
 def _help(text: str) -> dict[str, str]:
@@ -220,6 +221,8 @@ def _validate(knobs: Any) -> None:
             _check(v > 0, f.name, "> 0", v)
         if f.name in _INTEGER_KNOBS:
             _check(float(v).is_integer(), f.name, "an integer", v)
+        if f.name.endswith("_tokens") or f.name == "min_input":
+            _check(v <= MAX_TOKENS, f.name, f"<= {MAX_TOKENS:,} (the largest request)", v)
     if isinstance(knobs, ChatKnobs):
         _check(knobs.turns_max >= knobs.turns_mean, "turns_max", ">= --turns-mean", knobs.turns_max)
     if isinstance(knobs, AgentKnobs):
