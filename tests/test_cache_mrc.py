@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 from kvtier.cache import default_capacities, miss_ratio_curve, replay
 from kvtier.cache.mrc import lru_stack_hits
 from kvtier.cache.reference import lru_hits_by_capacity
-from kvtier.cache.replay import warmup_start
+from kvtier.cache.trace_replay import warmup_start
 from kvtier.errors import InputError
 from kvtier.trace.blocked import BlockedTrace
 from tests.cache_helpers import blocked_traces

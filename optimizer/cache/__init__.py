@@ -14,21 +14,33 @@ Public API:
 
 from __future__ import annotations
 
-from kvtier.cache.mrc import MrcPoint, MrcResult, default_capacities, miss_ratio_curve
-from kvtier.cache.policies import PolicySpec, parse_policy, policy_names
-from kvtier.cache.replay import ReplayResult, replay, warmup_start
-from kvtier.cache.state import TierState
+import importlib
+from typing import Any
 
-__all__ = [
-    "MrcPoint",
-    "MrcResult",
-    "PolicySpec",
-    "ReplayResult",
-    "TierState",
-    "default_capacities",
-    "miss_ratio_curve",
-    "parse_policy",
-    "policy_names",
-    "replay",
-    "warmup_start",
-]
+# Public name -> defining module. Imported on first attribute access (PEP 562), so that
+# ``kvtier.cache.registry`` (policy names for the CLI and the policy loader) does not import
+# numba through this package's kernels.
+_EXPORTS = {
+    "MrcPoint": "kvtier.cache.mrc",
+    "MrcResult": "kvtier.cache.mrc",
+    "default_capacities": "kvtier.cache.mrc",
+    "miss_ratio_curve": "kvtier.cache.mrc",
+    "PolicySpec": "kvtier.cache.policies",
+    "parse_policy": "kvtier.cache.policies",
+    "policy_names": "kvtier.cache.policies",
+    "ReplayResult": "kvtier.cache.trace_replay",
+    "replay": "kvtier.cache.trace_replay",
+    "warmup_start": "kvtier.cache.trace_replay",
+    "TierState": "kvtier.cache.state",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'kvtier.cache' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value

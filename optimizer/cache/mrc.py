@@ -25,7 +25,7 @@ from numba import njit
 
 from kvtier.cache import enums
 from kvtier.cache.policies import PolicySpec, parse_policy
-from kvtier.cache.replay import replay, warmup_start
+from kvtier.cache.trace_replay import replay, warmup_start
 from kvtier.errors import InputError
 from kvtier.trace.blocked import BlockedTrace
 

@@ -1,7 +1,7 @@
 """Flat LRU and FIFO replay from an empty tier, with the queue kept as a ring of block ids.
 
-:func:`kvtier.cache.replay` uses these kernels when it builds the tier itself (no warm
-``tier`` passed in) under flat semantics, the libCacheSim-parity mode. They give exactly the hits
+:func:`kvtier.cache.replay` uses these kernels when it builds the tier itself (no warm ``tier``
+passed in) under flat semantics, the libCacheSim-parity mode. They give exactly the hits
 of the linked-list policies in :mod:`kvtier.cache.policies` (tests/test_cache_ring.py
 checks both against each other and the reference) but never build a
 :class:`~kvtier.cache.state.TierState`: the replay only reports hits, so nothing needs

@@ -10,22 +10,27 @@ holds, so an optimizer can overlay dotted parameters (``tiers.cxl.capacity_gb``)
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
+from kvtier.cache.registry import EVICTIONS as EVICTION_REGISTRY
+from kvtier.policy.fields import check_settings, read_settings, setting
+from kvtier.policy.registries import LOAD_RULES as LOAD_REGISTRY
+from kvtier.policy.registries import ROUTERS as ROUTER_REGISTRY
+from kvtier.policy.registries import WRITE_POLICIES as WRITE_REGISTRY
 from kvtier.toml_fields import Table, read_toml
 
 POLICY_FORMAT = "kvtier-policy/1"
-ROUTERS = ("round_robin", "least_loaded", "prefix_affinity")
+ROUTERS = ROUTER_REGISTRY.names
 TIER_NAMES = ("hbm", "dram", "cxl", "rdma", "ssd")
 LOWER_TIERS = TIER_NAMES[1:]  # in lookup order: fastest path first
-EVICTIONS = ("lru", "fifo", "lfu", "s3fifo", "sieve", "gdsf")  # the cache engine's policies
+EVICTIONS = EVICTION_REGISTRY.names  # the cache engine's policies
 HBM_EVICTIONS = ("lru",)  # HBM is vLLM's block pool (LRU over unpinned blocks)
 KV_DTYPES = ("bf16", "fp8", "int4")
-WRITE_POLICIES = ("write_through", "write_back", "write_through_selective")
+WRITE_POLICIES = WRITE_REGISTRY.names
 HIERARCHIES = ("inclusive", "exclusive")
-LOAD_RULES = ("always_load", "cost_aware")
+LOAD_RULES = LOAD_REGISTRY.names
 LOAD_WAITS = ("request", "batch")
 KV_LAYOUTS = ("per_layer", "contiguous")
 
@@ -34,24 +39,29 @@ KV_LAYOUTS = ("per_layer", "contiguous")
 class ServingPolicy:
     """Per-instance scheduler and the router in front of the instances."""
 
-    instances: int | None = None  # None: every instance the hardware topology has
-    routing: str = "round_robin"
+    instances: int | None = setting(
+        None, "instances serving the trace (unset: every instance the topology has)", kind="int"
+    )
+    routing: str = setting(
+        "round_robin", "router in front of the instances", choices=ROUTER_REGISTRY.names
+    )
     # vLLM's H100 API-server defaults (vllm/engine/arg_utils.py get_batch_defaults, V):
-    max_num_batched_tokens: int = 8192  # token budget of one iteration (chunked prefill)
-    max_num_seqs: int = 1024  # most requests running at once on one instance
+    max_num_batched_tokens: int = setting(
+        8192, "token budget of one iteration (chunked prefill); vLLM's H100 default"
+    )
+    max_num_seqs: int = setting(
+        1024, "most requests running at once on one instance; vLLM's H100 default"
+    )
     # prefix_affinity only: an instance with this many more requests than the least loaded one
     # is skipped, so one hot prefix cannot pile everything onto one GPU (assumption).
-    affinity_overload: int = 8
+    affinity_overload: int = setting(
+        8,
+        "prefix_affinity: skip an instance with this many more requests than the least loaded",
+        minimum=0,
+    )
 
     def __post_init__(self) -> None:
-        if self.routing not in ROUTERS:
-            raise ValueError(f"routing must be one of {ROUTERS}, got {self.routing!r}")
-        if self.instances is not None and self.instances < 1:
-            raise ValueError(f"instances must be >= 1, got {self.instances}")
-        if self.max_num_batched_tokens < 1 or self.max_num_seqs < 1:
-            raise ValueError("max_num_batched_tokens and max_num_seqs must be >= 1")
-        if self.affinity_overload < 0:
-            raise ValueError("affinity_overload must be >= 0")
+        check_settings(self)
 
 
 @dataclass(frozen=True)
@@ -63,20 +73,24 @@ class TierPolicy:
     profile's). ``interleave`` (cxl only) overrides the profile's device interleaving.
     """
 
-    name: str = "hbm"
-    eviction: str = "lru"
-    capacity_gb: float | None = None
-    interleave: bool | None = None
+    name: str = setting("hbm", "the tier", choices=TIER_NAMES)
+    eviction: str = setting(
+        "lru", "eviction policy (hbm: lru, vLLM's free queue)", choices=EVICTION_REGISTRY.names
+    )
+    capacity_gb: float | None = setting(
+        None,
+        "GB per instance (hbm), per host (dram, ssd) or per pool (cxl, rdma); "
+        "unset: the hardware profile's",
+        kind="float",
+    )
+    interleave: bool | None = setting(
+        None, "cxl only: interleave blocks over the devices (unset: the profile's)", kind="bool"
+    )
 
     def __post_init__(self) -> None:
-        if self.name not in TIER_NAMES:
-            raise ValueError(f"tier name must be one of {TIER_NAMES}, got {self.name!r}")
-        if self.eviction not in EVICTIONS:
-            raise ValueError(f"eviction must be one of {EVICTIONS}, got {self.eviction!r}")
+        check_settings(self)
         if self.name == "hbm" and self.eviction not in HBM_EVICTIONS:
             raise ValueError("the hbm tier evicts lru (vLLM's free queue)")
-        if self.capacity_gb is not None and not self.capacity_gb > 0:
-            raise ValueError(f"capacity_gb must be > 0, got {self.capacity_gb}")
         if self.interleave is not None and self.name != "cxl":
             raise ValueError("interleave applies to the cxl tier only")
 
@@ -85,10 +99,17 @@ class TierPolicy:
 class SLO:
     """Service-level objective; every field optional. Latencies in seconds."""
 
-    ttft_mean_s: float | None = None
-    ttft_p99_s: float | None = None
-    ttft_p999_s: float | None = None
-    tpot_p99_s: float | None = None
+    ttft_mean_s: float | None = setting(None, "mean time to first token, s", kind="float")
+    ttft_p99_s: float | None = setting(None, "99th percentile time to first token, s", kind="float")
+    ttft_p999_s: float | None = setting(
+        None, "99.9th percentile time to first token, s", kind="float"
+    )
+    tpot_p99_s: float | None = setting(
+        None, "99th percentile time per output token, s", kind="float"
+    )
+
+    def __post_init__(self) -> None:
+        check_settings(self)
 
     def is_empty(self) -> bool:
         return all(v is None for v in self.__dict__.values())
@@ -98,47 +119,56 @@ class SLO:
 class Policy:
     """Everything the simulator needs besides the trace and the hardware."""
 
-    block_tokens: int = 16  # vLLM's default block size on CUDA (R)
-    kv_dtype: str = "bf16"
+    block_tokens: int = setting(16, "tokens per KV block; vLLM's default on CUDA")
+    kv_dtype: str = setting("bf16", "KV-cache element type", choices=KV_DTYPES)
     serving: ServingPolicy = field(default_factory=ServingPolicy)
     tiers: tuple[TierPolicy, ...] = (TierPolicy(),)
     slo: SLO | None = None
-    hardware: str | None = None  # profile names, used when the CLI is not told otherwise
-    model: str | None = None
+    # Profile names, used when the CLI is not told otherwise.
+    hardware: str | None = setting(None, "hardware profile name", kind="str")
+    model: str | None = setting(None, "model profile name", kind="str")
     # Lower tiers (docs/design.md 4.3, 4.4); they matter only when a tier below hbm is listed.
-    write_policy: str = "write_through"  # LMCache and Mooncake store every computed chunk
-    selective_k: int = 2  # write_through_selective: sightings before a block is copied down
-    hierarchy: str = "inclusive"
-    load_rule: str = "always_load"
+    write_policy: str = setting(
+        "write_through",
+        "how computed blocks reach the lower tiers; LMCache and Mooncake store every chunk",
+        choices=WRITE_REGISTRY.names,
+    )
+    selective_k: int = setting(
+        2, "write_through_selective: sightings before a block is copied down"
+    )
+    hierarchy: str = setting(
+        "inclusive", "whether a block may be in several tiers at once", choices=HIERARCHIES
+    )
+    load_rule: str = setting(
+        "always_load",
+        "when a lower-tier hit is loaded rather than recomputed",
+        choices=LOAD_REGISTRY.names,
+    )
     # Who waits for a load from a lower tier: the loading request only (vLLM's KV-connector
     # design; LMCache with enable_async_loading), or the instance's whole batch (LMCache up to
     # 0.3.x by default: the retrieve runs before the forward pass), docs/model.md.
-    load_wait: str = "request"
-    kv_layout: str = "per_layer"  # vLLM's per-layer K and V tensors: 2 x layers fragments
-    coalesce: int = 1  # fragments merged into one transfer operation
-    share_across_tenants: bool = False
+    load_wait: str = setting(
+        "request",
+        "who waits for a lower-tier load: the loading request, or the instance's batch",
+        choices=LOAD_WAITS,
+    )
+    kv_layout: str = setting(
+        "per_layer",
+        "per_layer: vLLM's K and V tensors per layer (2 x layers fragments a block); contiguous",
+        choices=KV_LAYOUTS,
+    )
+    coalesce: int = setting(1, "fragments merged into one transfer operation")
+    share_across_tenants: bool = setting(
+        False, "tenants share cached prefixes (false: a block's identity includes the tenant)"
+    )
 
     def __post_init__(self) -> None:
-        if self.block_tokens < 1:
-            raise ValueError(f"block_tokens must be >= 1, got {self.block_tokens}")
-        if self.kv_dtype not in KV_DTYPES:
-            raise ValueError(f"kv_dtype must be one of {KV_DTYPES}, got {self.kv_dtype!r}")
+        check_settings(self)
         if not self.tiers or self.tiers[0].name != "hbm":
             raise ValueError("the first tier must be hbm")
         names = [t.name for t in self.tiers]
         if len(set(names)) != len(names) or "hbm" in names[1:]:
             raise ValueError(f"each tier may appear once, hbm first, got {names}")
-        for name, value, choices in (
-            ("write_policy", self.write_policy, WRITE_POLICIES),
-            ("hierarchy", self.hierarchy, HIERARCHIES),
-            ("load_rule", self.load_rule, LOAD_RULES),
-            ("load_wait", self.load_wait, LOAD_WAITS),
-            ("kv_layout", self.kv_layout, KV_LAYOUTS),
-        ):
-            if value not in choices:
-                raise ValueError(f"{name} must be one of {choices}, got {value!r}")
-        if self.selective_k < 1 or self.coalesce < 1:
-            raise ValueError("selective_k and coalesce must be >= 1")
 
     def tier(self, name: str) -> TierPolicy | None:
         """The listed tier of that name, or None when it is off."""
@@ -161,26 +191,10 @@ def load_policy(path: str | Path) -> Policy:
 
 def policy_to_dict(policy: Policy) -> dict[str, Any]:
     """The policy as the plain dict a policy file holds (``policy_from_dict`` inverts it)."""
-    data: dict[str, Any] = {
-        "format": POLICY_FORMAT,
-        "block_tokens": policy.block_tokens,
-        "kv_dtype": policy.kv_dtype,
-    }
-    if policy.hardware is not None:
-        data["hardware"] = policy.hardware
-    if policy.model is not None:
-        data["model"] = policy.model
-    for key in (
-        "write_policy",
-        "selective_k",
-        "hierarchy",
-        "load_rule",
-        "load_wait",
-        "kv_layout",
-        "coalesce",
-        "share_across_tenants",
-    ):
-        data[key] = getattr(policy, key)
+    data: dict[str, Any] = {"format": POLICY_FORMAT}
+    for f in fields(Policy):
+        if "help" in f.metadata and (value := getattr(policy, f.name)) is not None:
+            data[f.name] = value
     serving = {k: v for k, v in asdict(policy.serving).items() if v is not None}
     data["serving"] = serving
     data["tiers"] = [{k: v for k, v in asdict(t).items() if v is not None} for t in policy.tiers]
@@ -195,74 +209,40 @@ def policy_from_dict(data: dict[str, Any], source: str = "<policy>") -> Policy:
     fmt = t.string("format", POLICY_FORMAT)
     if fmt != POLICY_FORMAT:
         raise t.error("format", f"must be {POLICY_FORMAT!r}, got {fmt!r}")
-    defaults = ServingPolicy()
-    serving = defaults
+    serving = ServingPolicy()
     st = t.table("serving")
     if st is not None:
-        serving = ServingPolicy(
-            instances=st.optional_integer("instances"),
-            routing=st.string("routing", defaults.routing, choices=ROUTERS),
-            max_num_batched_tokens=st.integer(
-                "max_num_batched_tokens", defaults.max_num_batched_tokens
-            ),
-            max_num_seqs=st.integer("max_num_seqs", defaults.max_num_seqs),
-            affinity_overload=st.integer(
-                "affinity_overload", defaults.affinity_overload, minimum=0
-            ),
-        )
+        serving = ServingPolicy(**read_settings(ServingPolicy, st))
         st.done()
     tiers: list[TierPolicy] = []
     for i, tt in enumerate(t.tables("tiers")):
         name = tt.string("name", choices=TIER_NAMES)
         if any(x.name == name for x in tiers):
             raise tt.error(f"tiers[{i}].name", f"tier {name!r} is listed twice")
-        interleave = None
-        if tt.has("interleave"):
-            if name != "cxl":
-                raise tt.error(f"tiers[{i}].interleave", "applies to the cxl tier only")
-            interleave = tt.boolean("interleave")
-        tiers.append(
-            TierPolicy(
-                name=name,
-                eviction=tt.string(
-                    "eviction", "lru", choices=HBM_EVICTIONS if name == "hbm" else EVICTIONS
-                ),
-                capacity_gb=tt.optional_number("capacity_gb"),
-                interleave=interleave,
-            )
+        if tt.has("interleave") and name != "cxl":
+            raise tt.error(f"tiers[{i}].interleave", "applies to the cxl tier only")
+        hbm = name == "hbm"
+        values = read_settings(
+            TierPolicy,
+            tt,
+            skip=("name",),
+            narrow=lambda s, hbm=hbm: HBM_EVICTIONS if hbm and s.name == "eviction" else None,
         )
+        tiers.append(TierPolicy(name=name, **values))
         tt.done()
     if tiers and tiers[0].name != "hbm":
         raise t.error("tiers[0].name", "the first tier must be hbm")
     slo = None
     sl = t.table("slo")
     if sl is not None:
-        slo = SLO(
-            ttft_mean_s=sl.optional_number("ttft_mean_s"),
-            ttft_p99_s=sl.optional_number("ttft_p99_s"),
-            ttft_p999_s=sl.optional_number("ttft_p999_s"),
-            tpot_p99_s=sl.optional_number("tpot_p99_s"),
-        )
+        slo = SLO(**read_settings(SLO, sl))
         sl.done()
     policy = Policy(
-        block_tokens=t.integer("block_tokens", 16),
-        kv_dtype=t.string("kv_dtype", "bf16", choices=KV_DTYPES),
         serving=serving,
         tiers=tuple(tiers) if tiers else (TierPolicy(),),
         slo=slo,
-        hardware=t.string("hardware") if t.has("hardware") else None,
-        model=t.string("model") if t.has("model") else None,
-        write_policy=t.string("write_policy", "write_through", choices=WRITE_POLICIES),
-        selective_k=t.integer("selective_k", 2),
-        hierarchy=t.string("hierarchy", "inclusive", choices=HIERARCHIES),
-        load_rule=t.string("load_rule", "always_load", choices=LOAD_RULES),
-        load_wait=t.string("load_wait", "request", choices=LOAD_WAITS),
-        kv_layout=t.string("kv_layout", "per_layer", choices=KV_LAYOUTS),
-        coalesce=t.integer("coalesce", 1),
-        share_across_tenants=t.boolean("share_across_tenants", False),
+        **read_settings(Policy, t),
     )
-    for key in ("hardware", "model"):
-        t.used.add(key)
     # Sections later parts of kvtier fill in; accepted, not interpreted here.
     for key in ("metrics", "provenance"):
         t.used.add(key)
