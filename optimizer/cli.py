@@ -808,10 +808,10 @@ def _interrupted() -> None:
 
 def _run_optimize(**kwargs: Any) -> None:
     from kvtier.search.run import optimize
-    from kvtier.search.space import parse_pin
+    from kvtier.search.space import parse_pins
 
     as_json = kwargs.pop("as_json")
-    pins = dict(parse_pin(p) for p in kwargs.pop("pins"))
+    pins = parse_pins(kwargs.pop("pins"))
     progress = _trial_progress(Console(stderr=True), as_json)
     task = progress.add_task("optimizing", total=kwargs["n_trials"], best=FIRST_TRIAL_TEXT)
     try:
@@ -1042,11 +1042,11 @@ def batch_cmd(traces: tuple[str, ...], out_dir: str, study_prefix: str, **kwargs
 
     from kvtier.report.batch import batch_json, print_batch
     from kvtier.search.batch import plan_batch, run_batch
-    from kvtier.search.space import parse_pin
+    from kvtier.search.space import parse_pins
 
     as_json = kwargs.pop("as_json")
     kwargs.pop("trace_path", None)
-    pins = dict(parse_pin(p) for p in kwargs.pop("pins"))
+    pins = parse_pins(kwargs.pop("pins"))
     items = plan_batch(
         traces,
         hardware=kwargs["hardware"],

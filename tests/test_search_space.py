@@ -26,15 +26,22 @@ def write(tmp_path, text: str):
 @pytest.mark.parametrize(
     ("text", "needle"),
     [
-        ("[params.x]\nlow = 5\nhigh = 3\n", "low <= high must hold, but got low=5, high=3"),
-        ("[params.x]\nchoices = []\n", "choices must not be empty"),
-        ("[params.x]\nlow = 0\nhigh = 3\nlog = true\n", "log range needs low > 0"),
-        ("[params.x]\nlow = 1\n", "needs choices, or low and high"),
-        ("[params.x]\nchoices = [1]\nbogus = 1\n", "unknown key"),
-        ("[params.x]\nlow = 'a'\nhigh = 2\n", "low must be a number"),
+        ("[params.coalesce]\nlow = 5\nhigh = 3\n", "low <= high must hold, but got low=5, high=3"),
+        ("[params.coalesce]\nchoices = []\n", "choices must not be empty"),
+        ("[params.coalesce]\nlow = 0\nhigh = 3\nlog = true\n", "log range needs low > 0"),
+        ("[params.coalesce]\nlow = 1\n", "needs choices, or low and high"),
+        ("[params.coalesce]\nchoices = [1]\nbogus = 1\n", "unknown key"),
+        ("[params.coalesce]\nlow = 'a'\nhigh = 2\n", "low must be a number"),
         ("", "needs at least one"),
-        ("[params.x]\nchoices = [1, 2]\n[pinned]\nx = 3\n", "is not one of"),
-        ("[params.x\n", "invalid TOML"),
+        ("[params.coalesce]\nchoices = [1, 2]\n[pinned]\ncoalesce = 3\n", "is not one of"),
+        ("[params.coalesce\n", "invalid TOML"),
+        # The space's own parameters are policy keys, their values in the policy's domain.
+        ("[params.blocktokens]\nchoices = [16]\n", "unknown key 'blocktokens'"),
+        ("[params.block_tokens]\nlow = 0\nhigh = 64\n", "'block_tokens': must be >= 1"),
+        ('[params."serving.routing"]\nchoices = ["lru"]\n', "must be one of round_robin"),
+        ("[params.coalesce]\nchoices = [1]\n[pinned]\nfoo = 3\n", "unknown key 'foo'"),
+        ("[params.coalesce]\nchoices = [1]\nwhen = { bogus = 1 }\n", "unknown key 'bogus'"),
+        ("[params.block_tokens]\nchoices = [16]\n[pinned]\n'slo.ttft_p99_s' = 1.0\n", "--slo"),
     ],
 )
 def test_bad_space_files(tmp_path, text: str, needle: str) -> None:
@@ -46,7 +53,7 @@ def test_bad_space_files(tmp_path, text: str, needle: str) -> None:
 
 def test_wrong_format_and_missing(tmp_path) -> None:
     path = tmp_path / "f.toml"
-    path.write_text('format = "other"\n[params.x]\nchoices=[1]\n')
+    path.write_text('format = "other"\n[params.coalesce]\nchoices=[1]\n')
     with pytest.raises(InputError, match="kvtier-space/1"):
         load_space(path)
     with pytest.raises(InputError, match="no such search space"):

@@ -113,7 +113,7 @@ def parse_overrides(texts: Iterable[str], option: str) -> dict[str, Any]:
         key, sep, raw = text.partition("=")
         key, raw = key.strip(), raw.strip()
         if not sep or not key or not raw:
-            raise InputError(f"takes KEY=VALUE, got {text!r}", option=option)
+            raise InputError(f"{option} takes name=value, got {text!r}")
         value = parse_value(raw)
         if isinstance(value, list | dict):
             raise InputError(f"key {key!r}: a single value is needed, got {raw!r}", option=option)

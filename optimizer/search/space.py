@@ -35,13 +35,14 @@ from __future__ import annotations
 
 import math
 import tomllib
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from kvtier.builtin import policies_dir
 from kvtier.errors import InputError
+from kvtier.policy.overrides import check_override, parse_overrides
 
 SPACE_FORMAT = "kvtier-space/1"
 SPACES_DIR = policies_dir() / "spaces"
@@ -137,14 +138,18 @@ class SearchSpace:
         return values
 
     def with_pins(self, pins: Mapping[str, Value]) -> SearchSpace:
+        """The space with ``pins`` fixed; an unknown key or a value outside the policy's
+        domain or the parameter's range is an :class:`InputError` naming ``--pin KEY``."""
         known = {p.name: p for p in self.params}
+        checked: dict[str, Value] = {}
         for name, value in pins.items():
+            checked[name] = check_pin(name, value)
             if name in known:
                 try:
-                    known[name].check(value)
+                    known[name].check(checked[name])
                 except ValueError as err:
-                    raise InputError(str(err), column=f"--pin {name}") from None
-        return SearchSpace(self.params, {**self.pinned, **pins}, self.description, self.source)
+                    raise InputError(str(err), option=f"--pin {name}") from None
+        return SearchSpace(self.params, {**self.pinned, **checked}, self.description, self.source)
 
     def size(self) -> int | None:
         """Number of points of a fully discrete space without conditions, else None."""
@@ -172,7 +177,25 @@ class SearchSpace:
         return points
 
 
+def _check_domain(param: Param, path: str) -> Param:
+    """Every value a parameter can take must be one the policy accepts for that key."""
+    where = f"params.{param.name}"
+    values = param.choices if param.choices is not None else (param.low, param.high)
+    try:
+        for value in values:
+            check_pin(param.name, value, "")
+        for key, value in param.when:
+            check_pin(key, value, "")
+    except InputError as err:
+        raise InputError(err.message, path=path, column=where) from None
+    return param
+
+
 def _parse_param(name: str, spec: Any, path: str) -> Param:
+    return _check_domain(_parse_param_spec(name, spec, path), path)
+
+
+def _parse_param_spec(name: str, spec: Any, path: str) -> Param:
     where = f"params.{name}"
     if not isinstance(spec, dict):
         raise InputError("must be a table", path=path, column=where)
@@ -243,19 +266,29 @@ def load_space(name_or_path: str | Path) -> SearchSpace:
     try:
         return space.with_pins(pinned)
     except InputError as err:
-        raise InputError(err.message, path=spath, column="pinned." + (err.column or "")) from None
+        raise InputError(err.message, path=spath, column="pinned") from None
+
+
+def check_pin(name: str, value: Any, option: str = "--pin") -> Value:
+    """A pinned or searched value checked against the policy's own field (``--pin`` keys are
+    ``--set`` keys, less the SLO, which the search takes from ``--slo``)."""
+    if name.startswith("slo."):
+        raise InputError(
+            f"key {name!r}: the search's SLO is set with --slo, not pinned", option=option
+        )
+    return check_override(name, value, option)
+
+
+def parse_pins(texts: Iterable[str]) -> dict[str, Value]:
+    """``--pin KEY=VALUE`` items -> ``{key: value}``, keys and values validated; a bad one is
+    one :class:`InputError` line naming the key and listing the valid ones."""
+    pins = parse_overrides(tuple(texts), "--pin")
+    for name, value in pins.items():
+        check_pin(name, value)
+    return pins
 
 
 def parse_pin(text: str) -> tuple[str, Value]:
-    """``name=value`` from the command line; value parsed as TOML (numbers, booleans) or text."""
-    name, sep, raw = text.partition("=")
-    name, raw = name.strip(), raw.strip()
-    if not sep or not name or not raw:
-        raise InputError(f"--pin takes name=value, got {text!r}", option="--pin")
-    try:
-        value = tomllib.loads(f"v = {raw}")["v"]
-    except tomllib.TOMLDecodeError:
-        value = raw
-    if isinstance(value, list | dict):
-        raise InputError(f"--pin {name}: a single value is needed, got {raw!r}", option="--pin")
+    """One ``--pin name=value`` (see :func:`parse_pins`)."""
+    ((name, value),) = parse_pins((text,)).items()
     return name, value
