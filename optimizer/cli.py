@@ -19,6 +19,7 @@ from rich.table import Table
 
 from kvtier import __version__
 from kvtier.errors import InputError
+from kvtier.trace.importers import format_names as import_format_names
 
 
 def _one_line_warning(message, category, filename, lineno, file=None, line=None) -> None:  # noqa: ANN001
@@ -81,6 +82,25 @@ def policy_profile_options(command: Callable[..., Any]) -> Callable[..., Any]:
     )(command)
 
 
+set_option = click.option(
+    "--set",
+    "sets",
+    multiple=True,
+    metavar="KEY=VALUE",
+    help="Override a policy field, e.g. --set block_tokens=32 or --set serving.instances=4 "
+    "(the keys of optimize --pin; repeatable).",
+)
+
+
+def _overrides(sets: tuple[str, ...]) -> dict[str, Any]:
+    """``--set KEY=VALUE`` texts parsed and checked against the policy's fields."""
+    if not sets:
+        return {}
+    from kvtier.policy.overrides import parse_overrides
+
+    return parse_overrides(sets, "--set")
+
+
 class KvtierGroup(OneLineErrors, click.Group):
     """The ``kvtier`` group and its subgroups."""
 
@@ -115,16 +135,18 @@ def validate() -> None:
 )
 def validate_beluga(as_json: bool, markdown_path: str | None) -> None:
     """The Beluga paper's LV-Eval comparison: MoonCake, Beluga, vLLM, paper beside model."""
-    import json
+    from pathlib import Path
 
-    from kvtier.report.validation import run_beluga, to_markdown, to_text
+    from kvtier.experiments.validation import run_beluga
+    from kvtier.report.validation import to_markdown, to_text, validation_json
+    from kvtier.trace.io import atomic_write
 
     result = run_beluga()
     if markdown_path is not None:
-        with open(markdown_path, "w") as f:
-            f.write(to_markdown(result))
+        text = to_markdown(result)
+        atomic_write(markdown_path, lambda tmp: Path(tmp).write_text(text))
     if as_json:
-        click.echo(json.dumps(result, indent=2))
+        click.echo(json.dumps(validation_json(result), indent=2))
         return
     click.echo(to_text(result))
 
@@ -144,6 +166,7 @@ def validate_beluga(as_json: bool, markdown_path: str | None) -> None:
     default=None,
     help="Built-in policy of a known system (policies/presets/NAME.toml), e.g. beluga-cxl.",
 )
+@set_option
 @click.option(
     "--block-tokens",
     "-B",
@@ -165,47 +188,68 @@ def validate_beluga(as_json: bool, markdown_path: str | None) -> None:
     help="Simulator implementation (same results).",
 )
 @click.option("--json", "as_json", is_flag=True, help="Print the metrics as one JSON object.")
+@click.option(
+    "--requests-out",
+    default=None,
+    type=click.Path(dir_okay=False),
+    help="Also write one row per request (times, TTFT, TPOT, prompt tokens per tier) to this "
+    ".parquet file.",
+)
 def replay_cmd(
     trace_path: str,
     hardware: str | None,
     model: str | None,
     policy_path: str | None,
     preset: str | None,
+    sets: tuple[str, ...],
     block_tokens: int | None,
     rate_scale: float | None,
     engine: str,
     as_json: bool,
+    requests_out: str | None,
 ) -> None:
     """Replay a trace through the serving simulator and print latency, throughput and cost."""
-    from kvtier.sim.replay import prepare, replay
+    from kvtier.scenario import Scenario
 
     if preset is not None and policy_path is not None:
         raise click.UsageError("give --policy or --preset, not both")
-    if rate_scale is None:
-        rate_scale = 1.0
-        if policy_path is not None:
-            from kvtier.policy.file import read_policy_file
-
-            rate_scale = read_policy_file(policy_path).rate_scale
-    setup = prepare(
+    scenario = Scenario.from_files(
         trace_path,
         hardware=hardware,
         model=model,
         policy_path=policy_path,
         preset=preset,
+        overrides=_overrides(sets),
         block_tokens=block_tokens,
         rate_scale=rate_scale,
+        engine=engine,
     )
-    metrics = replay(setup, engine=engine)
+    if requests_out is not None:
+        from kvtier.sim.requests import check_requests_path
+
+        check_requests_path(requests_out)
+    result = scenario.replay()
+    metrics = result.metrics
+    if requests_out is not None:
+        from kvtier.sim.requests import request_table, trace_request_ids, write_request_table
+
+        tiers = result.config.tiers
+        table = request_table(
+            result.trace,
+            result.raw,
+            tiers.names if tiers is not None else (),
+            trace_request_ids(scenario.trace.table),
+        )
+        write_request_table(requests_out, table)
     if as_json:
         click.echo(metrics.to_json(indent=2))
         return
-    _print_metrics(trace_path, setup, metrics)
+    _print_metrics(trace_path, scenario, metrics)
 
 
-def _print_metrics(path: str, setup: Any, m: Any) -> None:
-    cfg = f"{setup.hardware.name}, {setup.model.name}, B={setup.policy.block_tokens}, "
-    cfg += f"{m.instances} instances, {setup.policy.serving.routing}"
+def _print_metrics(path: str, scenario: Any, m: Any) -> None:
+    cfg = f"{scenario.hardware.name}, {scenario.model.name}, B={scenario.policy.block_tokens}, "
+    cfg += f"{m.instances} instances, {scenario.policy.serving.routing}"
     table = Table(title=f"{path} ({cfg})", title_justify="left", show_header=False)
     table.add_column("metric", style="bold")
     table.add_column("value", justify="right")
@@ -272,11 +316,11 @@ def export_cmd(
     from kvtier.hardware import load_hardware, load_model
     from kvtier.policy.export import export
     from kvtier.policy.file import read_policy_file
-    from kvtier.sim.replay import DEFAULT_HARDWARE, DEFAULT_MODEL
+    from kvtier.scenario import hardware_name, model_name
 
     policy = read_policy_file(policy_path).policy
-    hw = load_hardware(hardware or policy.hardware or DEFAULT_HARDWARE)
-    mdl = load_model(model or policy.model or DEFAULT_MODEL)
+    hw = load_hardware(hardware_name(hardware, policy))
+    mdl = load_model(model_name(model, policy))
     targets = EXPORT_TARGETS if target == "all" else (target,)
     try:
         results = [export(policy, t, hw, mdl) for t in targets]
@@ -430,13 +474,16 @@ def trace_synth(
         )
 
 
+IMPORT_FORMATS = import_format_names()
+
+
 @trace.command("import")
 @click.option(
     "--from",
     "source_format",
     required=True,
-    type=click.Choice(["mooncake", "bailian", "azure"]),
-    help="Public format of INPUT.",
+    type=click.Choice(IMPORT_FORMATS),
+    help="Format of INPUT (docs/traces.md describes each).",
 )
 @click.argument("input_path", metavar="INPUT", type=click.Path(dir_okay=False))
 @click.option(
@@ -446,16 +493,59 @@ def trace_synth(
     type=click.Path(dir_okay=False),
     help="Trace file to write (.parquet or .arrow).",
 )
-def trace_import(source_format: str, input_path: str, output: str) -> None:
-    """Convert a public trace (Mooncake / Qwen-Bailian JSONL, Azure CSV) to request-trace/1."""
-    from kvtier.trace.importers import import_trace
+@click.option(
+    "--tokenizer",
+    default=None,
+    type=click.Path(dir_okay=False),
+    help="tokenizer.json of the served model (sources with prompt text).",
+)
+@click.option(
+    "--chat-template",
+    default=None,
+    type=click.Path(dir_okay=False),
+    help="tokenizer_config.json (or a Jinja file) with the model's chat template "
+    "[default: the documented plain template].",
+)
+@click.option(
+    "--block-tokens",
+    "-B",
+    type=int,
+    default=None,
+    help="Hash granularity for sources with prompt text [default: 16, vLLM's block size].",
+)
+@click.option(
+    "--columns",
+    default=None,
+    help="FIELD=COLUMN,... mapping trace fields (arrival, input, output, ...) to the "
+    "source's column names (--from csv / jsonl).",
+)
+def trace_import(
+    source_format: str,
+    input_path: str,
+    output: str,
+    tokenizer: str | None,
+    chat_template: str | None,
+    block_tokens: int | None,
+    columns: str | None,
+) -> None:
+    """Convert a public or user trace (INPUT) to request-trace/1."""
+    from kvtier.trace.importers import ImportOptions, import_trace, parse_columns
     from kvtier.trace.io import write_trace
 
-    imported = import_trace(source_format, input_path)
+    if block_tokens is not None and block_tokens < 1:
+        raise InputError(f"must be >= 1, got {block_tokens}", option="--block-tokens")
+    options = ImportOptions(
+        tokenizer=tokenizer,
+        chat_template=chat_template,
+        block_tokens=block_tokens,
+        columns=parse_columns(columns) if columns is not None else {},
+    )
+    imported = import_trace(source_format, input_path, options)
     write_trace(imported, output)
+    prefix = "" if imported.has_prefix_info else ", lengths only: no prefix information"
     click.echo(
         f"wrote {imported.n_requests:,} requests over {imported.duration_s:,.1f} s "
-        f"({source_format}, {imported.block_tokens}-token blocks) to {output}"
+        f"({source_format}, {imported.block_tokens}-token blocks{prefix}) to {output}"
     )
 
 
@@ -892,6 +982,7 @@ def optimize_main(**kwargs: Any) -> None:
     help="Also replay each policy without each lower tier, with each halved and doubled, and "
     "with each tier the hardware offers that it leaves out.",
 )
+@set_option
 @click.option("--json", "as_json", is_flag=True, help="Print the comparison as one JSON object.")
 def compare_cmd(
     trace_path: str,
@@ -902,11 +993,17 @@ def compare_cmd(
     slo_text: str | None,
     rate_scale: float,
     what_if: bool,
+    sets: tuple[str, ...],
     as_json: bool,
 ) -> None:
-    """Replay several policies on one trace and show their cost and latency side by side."""
+    """Replay several policies on one trace and show their cost and latency side by side.
+
+    --set changes every policy compared the same way (e.g. each preset at --set
+    block_tokens=64).
+    """
+    from kvtier.experiments.compare import compare_policies
     from kvtier.policy.presets import preset_names
-    from kvtier.report.compare import compare_policies, comparison_json, print_comparison
+    from kvtier.report.compare import comparison_json, print_comparison
     from kvtier.search.run import parse_slo
 
     chosen = [("preset", p) for p in presets] + [("policy", p) for p in policy_paths]
@@ -920,6 +1017,7 @@ def compare_cmd(
         slo=parse_slo(slo_text) if slo_text else None,
         rate_scale=rate_scale,
         what_if=what_if,
+        overrides=_overrides(sets),
     )
     if as_json:
         click.echo(json.dumps(comparison_json(rows), indent=2))
@@ -992,7 +1090,8 @@ def report_cmd(
     study = load_existing_study(study_name, storage)
     rep = study_report(study, top=top)
     if what_if:
-        from kvtier.report.whatif import what_if_for_study
+        from kvtier.experiments.whatif import what_if_for_study
+        from kvtier.report.whatif import study_what_if_json
 
         status = Console(stderr=True).status("architecture what-if")
         with status:
@@ -1000,7 +1099,8 @@ def report_cmd(
             def progress(k: int, n: int, label: str) -> None:
                 status.update(f"architecture what-if: {k + 1}/{n} {label}")
 
-            rep["what_if"] = what_if_for_study(study, trace_path=trace_path, on_variant=progress)
+            found = what_if_for_study(study, trace_path=trace_path, on_variant=progress)
+        rep["what_if"] = study_what_if_json(found)
     elif trace_path is not None:
         raise InputError("--trace is only read with --what-if", option="--trace")
     if plot_path is not None:

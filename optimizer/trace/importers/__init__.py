@@ -1,0 +1,85 @@
+"""Importers from public and user trace formats to request-trace/1.
+
+Each format is a module of this package registered in :mod:`.registry`; :data:`MODULES` lists
+them in the order ``kvtier trace import --from`` shows. Modules are imported on first use.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+from dataclasses import fields
+
+from kvtier.errors import InputError
+from kvtier.trace.format import Trace
+from kvtier.trace.importers.registry import IMPORTERS, ImporterEntry, ImportOptions
+
+# format name -> module defining it (so the CLI can list names without importing every module)
+MODULES = {
+    "mooncake": "mooncake",
+    "bailian": "bailian",
+    "azure": "azure",
+    "burstgpt": "burstgpt",
+    "csv": "mapped",
+    "jsonl": "mapped",
+}
+
+OPTION_FLAGS = {
+    "tokenizer": "--tokenizer",
+    "chat_template": "--chat-template",
+    "block_tokens": "--block-tokens",
+    "columns": "--columns",
+}
+
+__all__ = [
+    "IMPORTERS",
+    "MODULES",
+    "ImportOptions",
+    "format_names",
+    "import_trace",
+    "importer",
+    "parse_columns",
+]
+
+
+def parse_columns(text: str) -> dict[str, str]:
+    """``FIELD=COLUMN,...`` (``--columns``) as a dict; column names may hold spaces."""
+    out: dict[str, str] = {}
+    for item in text.split(","):
+        key, sep, value = item.partition("=")
+        key, value = key.strip(), value.strip()
+        if not sep or not key or not value:
+            raise InputError(f"expected FIELD=COLUMN, got '{item.strip()}'", option="--columns")
+        if key in out:
+            raise InputError(f"field '{key}' is given twice", option="--columns")
+        out[key] = value
+    return out
+
+
+def format_names() -> tuple[str, ...]:
+    return tuple(MODULES)
+
+
+def importer(kind: str) -> ImporterEntry:
+    """The registered importer of ``kind``; unknown names list the known ones."""
+    if kind not in MODULES:
+        raise InputError(
+            f"unknown trace format '{kind}'; choose one of {', '.join(MODULES)}", option="--from"
+        )
+    importlib.import_module(f"kvtier.trace.importers.{MODULES[kind]}")
+    return IMPORTERS[kind]
+
+
+def import_trace(
+    kind: str, path: str | os.PathLike[str], options: ImportOptions | None = None
+) -> Trace:
+    """Import ``path`` written in format ``kind``; options the format cannot use are refused."""
+    entry = importer(kind)
+    options = options or ImportOptions()
+    for f in fields(options):
+        value = getattr(options, f.name)
+        if value not in (None, {}) and f.name not in entry.options:
+            raise InputError(
+                f"does not apply to --from {kind}", option=OPTION_FLAGS.get(f.name, f.name)
+            )
+    return entry.load(str(path), options)

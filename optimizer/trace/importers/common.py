@@ -1,0 +1,226 @@
+"""What every importer shares: reading bytes, line numbers, row checks, source column names.
+
+Parsing is vectorised (polars); a Python loop runs only after a parse failure, to find and
+report the first malformed line by its line number.
+"""
+
+from __future__ import annotations
+
+import csv
+import gzip
+import io
+import json
+import math
+import zlib
+from collections.abc import Callable
+
+import numpy as np
+import polars as pl
+import pyarrow as pa
+
+from kvtier.errors import InputError
+from kvtier.trace.format import Trace
+
+_GZIP_MAGIC = b"\x1f\x8b"
+_UTF8_BOM = b"\xef\xbb\xbf"
+_INT64_MAX = (1 << 63) - 1
+
+
+def read_bytes(path: str) -> bytes:
+    """The file's bytes: gzip-compressed files are decompressed, a UTF-8 byte-order mark is
+    dropped (line numbers are unchanged by either), and text that is not UTF-8 is refused."""
+    try:
+        with open(path, "rb") as fh:
+            data = fh.read()
+    except FileNotFoundError:
+        raise InputError("no such file", path=path) from None
+    except IsADirectoryError:
+        raise InputError("is a directory, not a trace file", path=path) from None
+    except OSError as err:
+        raise InputError(f"cannot read: {err.strerror}", path=path) from None
+    if data.startswith(_GZIP_MAGIC):
+        try:
+            data = gzip.decompress(data)
+        except (OSError, EOFError, zlib.error) as err:
+            raise InputError(f"corrupt gzip file: {err}", path=path) from None
+    if data.startswith(_UTF8_BOM):
+        data = data[len(_UTF8_BOM) :]
+    try:
+        data.decode("utf-8")
+    except UnicodeDecodeError as err:
+        line = data.count(b"\n", 0, err.start) + 1
+        raise InputError(
+            f"not UTF-8 text (byte 0x{data[err.start]:02x}); is the file compressed?",
+            path=path,
+            line=line,
+        ) from None
+    if not data.strip():
+        raise InputError("empty file", path=path)
+    return data
+
+
+def content_line_numbers(data: bytes) -> np.ndarray:
+    """1-based line numbers of the non-blank lines, i.e. of the parsed rows, in order.
+
+    A line of only spaces, tabs or ``\\r`` is blank, as the JSON Lines reader skips it.
+    """
+    buf = np.frombuffer(data, dtype=np.uint8)
+    newlines = np.flatnonzero(buf == ord("\n"))
+    starts = np.concatenate(([0], newlines + 1))
+    ends = np.concatenate((newlines, [len(buf)]))
+    visible = ~np.isin(buf, np.frombuffer(b" \t\r\n", dtype=np.uint8))
+    cum = np.concatenate(([0], np.cumsum(visible, dtype=np.int64)))
+    return np.flatnonzero(cum[ends] - cum[starts] > 0) + 1
+
+
+def _bad_value(value: object, types: type | tuple[type, ...]) -> str | None:
+    """Why a JSON value does not fit the field's types (int64 integers, finite numbers)."""
+    if isinstance(value, bool) or not isinstance(value, types):
+        return f"unexpected value {value!r}"
+    if isinstance(value, float) and not math.isfinite(value):
+        return f"{value!r} is not a finite number"
+    if isinstance(value, int) and not -_INT64_MAX - 1 <= value <= _INT64_MAX:
+        return f"integer {value} does not fit int64"
+    if isinstance(value, list):
+        for v in value:
+            if isinstance(v, bool) or not isinstance(v, int):
+                return "list holds a non-integer"
+            if not -_INT64_MAX - 1 <= v <= _INT64_MAX:
+                return f"list holds {v}, which does not fit int64"
+    return None
+
+
+def first_bad_json_line(data: bytes, fields: dict[str, type | tuple[type, ...]]) -> InputError:
+    """Scan line by line (error path only) for the first line that does not parse or fit."""
+    for number, raw in enumerate(data.split(b"\n"), start=1):
+        line = raw.strip()
+        if not line:
+            continue
+        try:
+            obj = json.loads(line)
+        except json.JSONDecodeError as err:
+            return InputError(f"malformed JSON: {err.msg}", line=number)
+        except UnicodeDecodeError:
+            return InputError("not UTF-8 text", line=number)
+        if not isinstance(obj, dict):
+            return InputError("expected a JSON object", line=number)
+        for name, types in fields.items():
+            if name not in obj:
+                return InputError("missing field", line=number, column=name)
+            reason = _bad_value(obj[name], types)
+            if reason is not None:
+                return InputError(reason, line=number, column=name)
+    return InputError("could not parse the file as JSON Lines")
+
+
+def read_jsonl(
+    path: str, schema: dict[str, pl.DataType], fields: dict
+) -> tuple[pl.DataFrame, np.ndarray]:
+    data = read_bytes(path)
+    try:
+        df = pl.read_ndjson(data, schema=schema)
+    except Exception:  # polars raises several error types for bad input
+        raise first_bad_json_line(data, fields).with_path(path) from None
+    lines = content_line_numbers(data)
+    if len(lines) != df.height:  # whitespace-only lines or other oddities: find the line
+        raise first_bad_json_line(data, fields).with_path(path)
+    for name in schema:
+        nulls = df.get_column(name).is_null().to_numpy()
+        if nulls.any():
+            row = int(np.flatnonzero(nulls)[0])
+            raise InputError(
+                "missing field or null value", path=path, line=int(lines[row]), column=name
+            )
+    return df, lines
+
+
+def check_rows(path: str, lines: np.ndarray, checks: list[tuple[str, np.ndarray, str]]) -> None:
+    """Raise for the first row flagged by any check (name, bad-mask, message)."""
+    first: tuple[int, str, str] | None = None
+    for column, bad, message in checks:
+        if bad.any():
+            row = int(np.flatnonzero(bad)[0])
+            if first is None or row < first[0]:
+                first = (row, column, message)
+    if first is not None:
+        row, column, message = first
+        raise InputError(message, path=path, line=int(lines[row]), column=column)
+
+
+JSONL_COLUMNS = {
+    "arrival_s": "timestamp",
+    "input_tokens": "input_length",
+    "output_tokens": "output_length",
+    "block_hashes": "hash_ids",
+}
+
+
+def validated(
+    path: str,
+    lines: np.ndarray,
+    build: Callable[[], Trace],
+    columns: dict[str, str] = JSONL_COLUMNS,
+) -> Trace:
+    """Run ``build``; validation errors name the source line and the source's own column name
+    (``columns``: trace column -> source field) instead of the table row and column."""
+    try:
+        return build()
+    except InputError as err:
+        if err.row is not None and err.line is None and err.row < len(lines):
+            err.line, err.row = int(lines[err.row]), None
+        if err.column in columns:
+            err.column = columns[err.column]
+        err.path = path
+        err.args = (err.format(),)
+        raise
+
+
+def check_hash_ids(path: str, lines: np.ndarray, offsets: np.ndarray, ids: np.ndarray) -> None:
+    if len(ids) and ids.min() < 0:
+        row = int(np.searchsorted(offsets, int(np.flatnonzero(ids < 0)[0]), side="right") - 1)
+        raise InputError("negative hash id", path=path, line=int(lines[row]), column="hash_ids")
+
+
+def list_arrays(series: pl.Series) -> tuple[np.ndarray, np.ndarray]:
+    arr = series.to_arrow()
+    if isinstance(arr, pa.ChunkedArray):
+        arr = arr.combine_chunks()
+    arr = arr.cast(pa.large_list(pa.int64()))
+    offsets = arr.offsets.to_numpy().astype(np.int64)
+    values = arr.values.to_numpy(zero_copy_only=False)[offsets[0] : offsets[-1]]
+    return offsets - offsets[0], values
+
+
+# -- CSV -------------------------------------------------------------------------------------------
+def csv_row_lines(data: bytes, n_rows: int) -> np.ndarray:
+    """1-based line number where each data row starts (line 1 is the header).
+
+    Without quote characters every row is one line; a quoted field may hold newlines, and then
+    the rows are counted by Python's csv reader (which tracks physical lines).
+    """
+    if b'"' not in data:
+        return np.arange(n_rows, dtype=np.int64) + 2
+    reader = csv.reader(io.StringIO(data.decode("utf-8"), newline=""))
+    starts = []
+    line = 1
+    for _ in reader:
+        starts.append(line)
+        line = reader.line_num + 1
+    return np.asarray(starts[1 : n_rows + 1], dtype=np.int64)
+
+
+def first_bad_csv_line(data: bytes, path: str, err: Exception) -> InputError:
+    """The first row with a field count other than the header's (error path only)."""
+    reader = csv.reader(io.StringIO(data.decode("utf-8"), newline=""))
+    try:
+        header = next(reader)
+        start = reader.line_num + 1
+        for row in reader:
+            if row and len(row) != len(header):
+                return InputError(
+                    f"row has {len(row)} fields, the header {len(header)}", path=path, line=start
+                )
+            start = reader.line_num + 1
+    except csv.Error as cerr:
+        return InputError(f"malformed CSV: {cerr}", path=path, line=reader.line_num)
+    return InputError(f"malformed CSV: {' '.join(str(err).split())[:200]}", path=path)
