@@ -9,6 +9,7 @@ from hypothesis import strategies as st
 from kvtier.policy.model import SLO
 from kvtier.sim import compute_metrics, simulate_raw
 from kvtier.sim.config import SimConfig
+from kvtier.sim.requests import request_table
 from kvtier.sim.result import RawResult
 from kvtier.sim.timing import iteration_time
 from kvtier.trace.blocked import BlockedTrace
@@ -17,7 +18,21 @@ from tests.sim_strategies import blocked_traces, sim_configs
 SETTINGS = settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 
-def assert_same(a: RawResult, b: RawResult) -> None:
+def assert_same_rows(
+    trace: BlockedTrace, a: RawResult, b: RawResult, tier_names: tuple[str, ...] = ()
+) -> None:
+    """The per-request tables (``--requests-out``) of two replays are equal, row by row."""
+    rows_a = request_table(trace, a, tier_names).to_pylist()
+    rows_b = request_table(trace, b, tier_names).to_pylist()
+    assert len(rows_a) == len(rows_b) == trace.n_requests
+    for i, (ra, rb) in enumerate(zip(rows_a, rows_b, strict=True)):
+        assert ra == rb, f"request {i}: {ra} != {rb}"
+
+
+def assert_same(
+    a: RawResult, b: RawResult, trace: BlockedTrace, tier_names: tuple[str, ...] = ()
+) -> None:
+    """Two replays of ``trace`` agree exactly: per-request times, counters, table rows."""
     np.testing.assert_array_equal(a.first_token_s, b.first_token_s)
     np.testing.assert_array_equal(a.finish_s, b.finish_s)
     np.testing.assert_array_equal(a.hit_blocks, b.hit_blocks)
@@ -26,6 +41,9 @@ def assert_same(a: RawResult, b: RawResult) -> None:
     assert a.n_iterations == b.n_iterations
     assert a.early_stopped == b.early_stopped
     assert a.end_s == b.end_s
+    np.testing.assert_array_equal(a.loaded_blocks, b.loaded_blocks)
+    assert a.loaded_blocks.shape == (trace.n_requests, len(tier_names))
+    assert_same_rows(trace, a, b, tier_names)
 
 
 @st.composite
@@ -40,7 +58,7 @@ def test_engines_agree(case) -> None:
     trace, cfg = case
     ref = simulate_raw(trace, cfg, engine="reference", check_invariants=True)
     fast = simulate_raw(trace, cfg, engine="numba")
-    assert_same(ref, fast)
+    assert_same(ref, fast, trace)
     m_ref = compute_metrics(trace, ref, cost_per_hour=cfg.cost_per_hour)
     m_fast = compute_metrics(trace, fast, cost_per_hour=cfg.cost_per_hour)
     assert m_ref.same_as(m_fast)
@@ -63,14 +81,14 @@ def test_engines_agree_with_early_stop(case, p99, mean, tpot) -> None:
     slo = SLO(ttft_mean_s=mean, ttft_p99_s=p99, ttft_p999_s=p99, tpot_p99_s=tpot)
     ref = simulate_raw(trace, cfg, engine="reference", slo=slo, stop_early=True)
     fast = simulate_raw(trace, cfg, engine="numba", slo=slo, stop_early=True)
-    assert_same(ref, fast)
+    assert_same(ref, fast, trace)
     full = simulate_raw(trace, cfg, engine="numba")
     m_full = compute_metrics(trace, full, cost_per_hour=1.0, slo=slo)
     if ref.early_stopped:
         # an early stop is only taken when the complete run misses the SLO too
         assert m_full.slo_met is False
     else:
-        assert_same(ref, full)
+        assert_same(ref, full, trace)
 
 
 @SETTINGS
@@ -89,7 +107,7 @@ def test_engines_agree_on_the_shortest_free_ring(case) -> None:
         fast = simulate_raw(trace, cfg, engine="numba")
     finally:
         engine.free_ring_length = default
-    assert_same(ref, fast)
+    assert_same(ref, fast, trace)
 
 
 # The numba engine runs a decode-only batch's steps ahead of its event loop until the next
@@ -103,7 +121,9 @@ def test_engines_agree_on_the_shortest_free_ring(case) -> None:
 def test_engines_agree_on_long_decodes(case) -> None:
     trace, cfg = case
     assert_same(
-        simulate_raw(trace, cfg, engine="reference"), simulate_raw(trace, cfg, engine="numba")
+        simulate_raw(trace, cfg, engine="reference"),
+        simulate_raw(trace, cfg, engine="numba"),
+        trace,
     )
 
 
@@ -146,7 +166,7 @@ def test_arrival_at_the_end_of_a_decode_step_is_admitted_at_the_next_step() -> N
     trace = BlockedTrace.from_lists([0.0, t_arrive], [8, 8], [50, 5], [[0, 1], [2, 3]], 4)
     ref = simulate_raw(trace, cfg, engine="reference")
     fast = simulate_raw(trace, cfg, engine="numba")
-    assert_same(ref, fast)
+    assert_same(ref, fast, trace)
     # request 0 ran alone until then, exactly as computed above
     assert ref.first_token_s[0] == ends[0]
     assert ref.first_token_s[1] > t_arrive
@@ -168,4 +188,4 @@ def test_early_stop_while_another_instance_runs_ahead() -> None:
     fast = simulate_raw(trace, cfg, engine="numba", slo=slo, stop_early=True)
     assert ref.early_stopped
     assert ref.end_s < full.finish_s[0]  # request 0 was still decoding
-    assert_same(ref, fast)
+    assert_same(ref, fast, trace)

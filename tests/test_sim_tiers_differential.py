@@ -23,8 +23,8 @@ def cases(draw: st.DrawFn):
     return trace, draw(tiered_configs(trace.block_tokens))
 
 
-def assert_same_tiers(a, b) -> None:
-    assert_same(a, b)
+def assert_same_tiers(a, b, trace, cfg) -> None:
+    assert_same(a, b, trace, cfg.tiers.names if cfg.tiers is not None else ())
     np.testing.assert_array_equal(a.tier_hit_blocks, b.tier_hit_blocks)
     np.testing.assert_array_equal(a.tier_bytes_read, b.tier_bytes_read)
     np.testing.assert_array_equal(a.tier_bytes_written, b.tier_bytes_written)
@@ -39,7 +39,7 @@ def test_engines_agree_with_tiers(case) -> None:
     trace, cfg = case
     ref = simulate_raw(trace, cfg, engine="reference", check_invariants=True)
     fast = simulate_raw(trace, cfg, engine="numba")
-    assert_same_tiers(ref, fast)
+    assert_same_tiers(ref, fast, trace, cfg)
     m_ref = compute_metrics(trace, ref, cost_per_hour=cfg.cost_per_hour, tiers=cfg.tiers)
     m_fast = compute_metrics(trace, fast, cost_per_hour=cfg.cost_per_hour, tiers=cfg.tiers)
     assert m_ref.same_as(m_fast)
@@ -70,7 +70,7 @@ def test_engines_agree_with_tiers_and_early_stop(case, p99) -> None:
     slo = SLO(ttft_p99_s=p99)
     ref = simulate_raw(trace, cfg, engine="reference", slo=slo, stop_early=True)
     fast = simulate_raw(trace, cfg, engine="numba", slo=slo, stop_early=True)
-    assert_same_tiers(ref, fast)
+    assert_same_tiers(ref, fast, trace, cfg)
 
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -86,7 +86,7 @@ def test_kept_scratch_arrays_give_fresh_results(first, second, p99) -> None:
     simulate_raw(*second, engine="numba", slo=slo, stop_early=True)
     simulate_raw(trace, cfg, engine="numba", slo=slo, stop_early=True)
     again = simulate_raw(trace, cfg, engine="numba", slo=slo, stop_early=True)
-    assert_same_tiers(fresh, again)
+    assert_same_tiers(fresh, again, trace, cfg)
     n_shared = max(trace.shared_blocks[1], 1)
     kept = SCRATCH.take("slot_of", (cfg.n_instances * n_shared,), np.int32)
     assert kept is not None and not kept.any()
@@ -101,4 +101,4 @@ def test_concurrent_replays_do_not_share_kept_arrays(case) -> None:
     with ThreadPoolExecutor(max_workers=4) as pool:
         results = list(pool.map(lambda _: simulate_raw(trace, cfg, engine="numba"), range(8)))
     for got in results:
-        assert_same_tiers(expected, got)
+        assert_same_tiers(expected, got, trace, cfg)

@@ -1,8 +1,11 @@
 """The numba serving engine: validate and lay out arrays once, then one kernel call.
 
-The kernel (:func:`kvtier.sim.nb.simulate_nb`) does no bounds checks, so everything it
-indexes is checked here: the trace's own invariants come from :class:`BlockedTrace`, the rest
-(dtypes, sizes of the configuration, memory the per-instance maps need) below.
+The kernel (:func:`kvtier.sim.nb.simulate_nb`) takes named tuples: the trace
+(:class:`~kvtier.sim.nb.Requests`), the serving scalars (:class:`~kvtier.sim.nb.Params`), the
+HBM pools, the lower tiers' pools, parameters and links (:mod:`kvtier.sim.nb_tiers`), and the
+outputs. It does no bounds checks, so everything it indexes is checked here: the trace's own
+invariants come from :class:`BlockedTrace`, the rest (dtypes, sizes of the configuration,
+memory the per-instance maps need) below.
 
 The per-block state (the per-instance prefix-cache maps and the lower-tier pools' block rows)
 is kept in :data:`SCRATCH` between replays; see :class:`Scratch`.
@@ -19,8 +22,8 @@ from kvtier.cache.enums import BLK_LANES, L_NXT, L_PRV, L_WHERE, NIL, W_ABSENT
 from kvtier.cache.state import TierState
 from kvtier.errors import InputError
 from kvtier.sim.config import SimConfig
-from kvtier.sim.nb import AHEAD, simulate_nb
-from kvtier.sim.nb_tiers import fill_rows_nb
+from kvtier.sim.nb import AHEAD, HbmPools, Outputs, Params, Requests, simulate_nb
+from kvtier.sim.nb_tiers import LinkState, TierParams, TierPools, fill_rows_nb
 from kvtier.sim.result import RawResult, SloCheck, end_time
 from kvtier.sim.tiers import WRITE_SELECTIVE, TierConfig, recompute_costs
 from kvtier.trace.blocked import BlockedTrace
@@ -159,26 +162,17 @@ def simulate_engine(
             trace.block_offsets, trace.block_ids, n_blocks, cfg.block_tokens, *tparams[:3]
         )
     kept: dict[str, np.ndarray] = {}
-    tier_args, counters = _tier_arrays(cfg.tiers, n_blocks, cfg.n_instances, costs, kept)
-    map_shape = (cfg.n_instances * n_shared,)
-    # all zero, kept or new: see simulate_nb
-    slot_of = SCRATCH.borrow("slot_of", map_shape, np.int32, kept, zeros=True)
-    load_s = np.zeros(n)
-    first = np.full(n, np.nan)
-    finish = np.full(n, np.nan)
-    hits = np.zeros(n, dtype=np.int64)
-    inst = np.full(n, -1, dtype=np.int64)
-    busy = np.zeros(cfg.n_instances, dtype=np.float64)
-    stats = np.zeros(3, dtype=np.float64)
-    simulate_nb(
+    ts, tp, lk = _tier_state(cfg.tiers, n_blocks, cfg.n_instances, costs, kept)
+    requests = Requests(
         trace.arrival_s,
         trace.input_tokens,
         trace.output_tokens,
         trace.block_offsets,
         trace.block_ids,
         shared,
-        n_shared,
         tb,
+    )
+    params = Params(
         cfg.n_instances,
         cfg.capacity_blocks,
         ring_len,
@@ -187,97 +181,78 @@ def simulate_engine(
         cfg.max_seqs,
         cfg.router,
         cfg.affinity_overload,
+        n_shared,
         tparams,
         slo_on,
         thr,
         lim,
-        first,
-        finish,
-        hits,
-        inst,
-        busy,
-        stats,
-        slot_of,
-        *tier_args,
-        load_s,
-        *_pool_arrays(cfg, ring_len, int(tb.sum()), kept),
+    )
+    out = Outputs(
+        first_token=np.full(n, np.nan),
+        finish=np.full(n, np.nan),
+        hit_blocks=np.zeros(n, dtype=np.int64),
+        instance=np.full(n, -1, dtype=np.int64),
+        busy_s=np.zeros(cfg.n_instances, dtype=np.float64),
+        load_s=np.zeros(n),
+        loaded_blocks=np.zeros((n, tp.n_tiers), dtype=np.int64),
+        stats=np.zeros(3, dtype=np.float64),
+    )
+    simulate_nb(
+        requests, params, _hbm_pools(cfg, n_shared, ring_len, int(tb.sum()), kept), ts, tp, lk, out
     )
     for role, arr in kept.items():  # only after a completed call: the map is zero again
         SCRATCH.give(role, arr)
-    early = bool(stats[1])
+    early = bool(out.stats[1])
     return RawResult(
-        first_token_s=first,
-        finish_s=finish,
-        hit_blocks=hits,
-        instance=inst,
-        busy_s=busy,
-        n_iterations=int(stats[0]),
+        first_token_s=out.first_token,
+        finish_s=out.finish,
+        hit_blocks=out.hit_blocks,
+        instance=out.instance,
+        busy_s=out.busy_s,
+        n_iterations=int(out.stats[0]),
         early_stopped=early,
-        end_s=end_time(finish, early, stats[2]),
-        **_tier_result(cfg.tiers, counters, load_s),
+        end_s=end_time(out.finish, early, out.stats[2]),
+        loaded_blocks=out.loaded_blocks,
+        **_tier_result(cfg.tiers, lk, out.load_s),
     )
 
 
-def _pool_arrays(
-    cfg: SimConfig, ring_len: int, n_refs: int, kept: dict[str, np.ndarray]
-) -> tuple[np.ndarray, ...]:
-    """The kernel's HBM pool arrays (request slots, slot records, stamps, free rings), kept
-    between replays of the same shape: the kernel sets every entry it reads."""
+def _hbm_pools(
+    cfg: SimConfig, n_shared: int, ring_len: int, n_refs: int, kept: dict[str, np.ndarray]
+) -> HbmPools:
+    """The kernel's HBM pool arrays, kept between replays of the same shape. The map is all
+    zero (new: calloc; kept: the kernel clears what it set); the kernel sets every entry of
+    the others that it reads."""
     n_slots = cfg.n_instances * cfg.capacity_blocks
-    shapes = {
-        "slots": ((n_refs,), np.int32),
-        "slot_records": ((4 * n_slots,), np.int32),
-        "stamps": ((n_slots,), np.int64),
-        "free_rings": (((cfg.n_instances + 1) * ring_len,), np.int32),
-    }
-    return tuple(SCRATCH.borrow(role, *spec, kept) for role, spec in shapes.items())
+    return HbmPools(
+        slot_of=SCRATCH.borrow(
+            "slot_of", (cfg.n_instances * n_shared,), np.int32, kept, zeros=True
+        ),
+        records=SCRATCH.borrow("slot_records", (4 * n_slots,), np.int32, kept),
+        stamps=SCRATCH.borrow("stamps", (n_slots,), np.int64, kept),
+        rings=SCRATCH.borrow("free_rings", ((cfg.n_instances + 1) * ring_len,), np.int32, kept),
+        slots=SCRATCH.borrow("slots", (n_refs,), np.int32, kept),
+    )
 
 
-def _tier_arrays(
+def _tier_state(
     tiers: TierConfig | None,
     n_blocks: int,
     n_instances: int,
     costs: np.ndarray | None = None,
     kept: dict[str, np.ndarray] | None = None,
-) -> tuple[tuple, tuple]:
-    """Kernel arguments for the lower tiers: (n_tiers, ts, tp, lk, sightings), and lk.
+) -> tuple[TierPools, TierParams, LinkState]:
+    """The lower tiers as the kernel takes them: pools, parameters and link state.
 
-    Each pool is a cache-engine :class:`TierState`; their arrays are stacked on a leading pool
-    axis. Per-block arrays that only LFU and GDSF read are one element wide when no pool uses
-    those policies, so LRU / FIFO / S3-FIFO / Sieve tiers cost 16 bytes per block and pool.
-    The per-block arrays come from :data:`SCRATCH` when it holds them in this shape, and are
-    added to ``kept`` (role -> array) for the caller to hand back after the replay.
+    Without tiers, each is its empty value (``n_tiers`` 0). Each pool is a cache-engine
+    :class:`TierState`; their arrays are stacked on a leading pool axis. Per-block arrays that
+    only LFU and GDSF read are one element wide when no pool uses those policies, so LRU /
+    FIFO / S3-FIFO / Sieve tiers cost 16 bytes per block and pool. The per-block arrays come
+    from :data:`SCRATCH` when it holds them in this shape, and are added to ``kept`` (role ->
+    array) for the caller to hand back after the replay.
     """
     if tiers is None:
-        i1, f1 = np.zeros(1, dtype=np.int64), np.zeros(1)
-        ts = tuple(np.zeros((1, 1), dtype=dt) for dt in (np.int64, np.float64))
-        ts = (
-            ts[0],
-            ts[1],
-            np.zeros((1, 1, 4), dtype=np.int32),
-            ts[1],
-            ts[0],
-            np.zeros((1, 1), dtype=np.int32),
-            np.zeros((1, 1), dtype=np.int32),
-            ts[1],
-        )
-        tp = (
-            np.zeros(1, dtype=np.bool_),
-            i1,
-            np.zeros(n_instances, dtype=np.int64),
-            f1,
-            f1,
-            f1,
-            f1,
-            f1,
-            i1,
-            np.zeros((1, 1), dtype=np.int64),
-            i1,
-            np.zeros(6, dtype=np.int64),
-            0.0,
-        )
-        lk = (f1.copy(), f1.copy(), f1.copy(), i1.copy(), f1.copy(), f1.copy())
-        return (0, ts, tp, lk, np.zeros(1, dtype=np.int64)), lk
+        return TierPools.empty(), TierParams.empty(n_instances), LinkState.zeros(0, 0)
     _check_tiers(tiers, n_instances)
     if tiers.n_pools * n_blocks * 16 > (1 << 40):
         raise InputError(f"{tiers.n_pools} lower-tier pools x {n_blocks:,} blocks is too large")
@@ -313,34 +288,32 @@ def _tier_arrays(
     if costs is not None:  # GDSF pools read them (recompute seconds per block)
         cost[:] = costs[:width]
     heap = filled("heap", (P, heap_len), np.int32, 0)
-    ts = (meta, fmeta, blk, prio, stamp, heap, hpos, cost)
-    tp = (
-        tiers.per_host,
-        tiers.pool_base,
-        tiers.inst_host,
-        tiers.op_s,
-        tiers.lat_s,
-        tiers.cap_bw,
-        tiers.link_bw_read,
-        tiers.link_bw_write,
-        tiers.link_ops,
-        tiers.port_link,
-        tiers.pool_link,
-        tiers.int_params(),
-        float(tiers.block_bytes),
-    )
-    nl, nt = tiers.n_links, tiers.n_tiers
-    lk = (
-        np.zeros(nl),
-        np.zeros(nl),
-        np.zeros(nl),
-        np.zeros(nt, dtype=np.int64),
-        np.zeros(nt),
-        np.zeros(nt),
-    )
     selective = tiers.write_policy == WRITE_SELECTIVE
     sightings = filled("sightings", (n_blocks if selective else 1,), np.int64, 0)
-    return (nt, ts, tp, lk, sightings), lk
+    ts = TierPools(meta, fmeta, blk, prio, stamp, heap, hpos, cost, sightings)
+    tp = TierParams(
+        n_tiers=tiers.n_tiers,
+        per_host=tiers.per_host,
+        pool_base=tiers.pool_base,
+        inst_host=tiers.inst_host,
+        op_s=tiers.op_s,
+        lat_s=tiers.lat_s,
+        cap_bw=tiers.cap_bw,
+        link_bw_read=tiers.link_bw_read,
+        link_bw_write=tiers.link_bw_write,
+        link_ops=tiers.link_ops,
+        port_link=tiers.port_link,
+        pool_link=tiers.pool_link,
+        write_policy=int(tiers.write_policy),
+        selective_k=int(tiers.selective_k),
+        exclusive=bool(tiers.exclusive),
+        cost_aware=bool(tiers.cost_aware),
+        batch_waits=bool(tiers.batch_waits),
+        fragments=int(tiers.fragments),
+        coalesce=int(tiers.coalesce),
+        block_bytes=float(tiers.block_bytes),
+    )
+    return ts, tp, LinkState.zeros(tiers.n_links, tiers.n_tiers)
 
 
 def _check_tiers(c: TierConfig, n_instances: int) -> None:
@@ -373,14 +346,14 @@ def _check_tiers(c: TierConfig, n_instances: int) -> None:
         raise ValueError("block_bytes > 0 and a known write policy required")
 
 
-def _tier_result(tiers: TierConfig | None, lk: tuple, load_s: np.ndarray) -> dict:
+def _tier_result(tiers: TierConfig | None, lk: LinkState, load_s: np.ndarray) -> dict:
     if tiers is None:
         return {}
     return {
-        "tier_hit_blocks": lk[3],
-        "tier_bytes_read": lk[4],
-        "tier_bytes_written": lk[5],
-        "link_busy_s": lk[1],
-        "link_bytes": lk[2],
+        "tier_hit_blocks": lk.tier_hits,
+        "tier_bytes_read": lk.bytes_read,
+        "tier_bytes_written": lk.bytes_written,
+        "link_busy_s": lk.busy,
+        "link_bytes": lk.moved,
         "load_s": load_s,
     }

@@ -101,6 +101,16 @@ def _mean(x: np.ndarray) -> float:
     return float(np.mean(x)) if len(x) else math.nan
 
 
+def request_ttft(trace: BlockedTrace, raw: RawResult) -> np.ndarray:
+    """Per request, first token - arrival (NaN without a first token)."""
+    return raw.first_token_s - trace.arrival_s
+
+
+def request_tpot(trace: BlockedTrace, raw: RawResult) -> np.ndarray:
+    """Per request, (finish - first token) / max(1, output_tokens - 1) (NaN if unfinished)."""
+    return (raw.finish_s - raw.first_token_s) / np.maximum(1, trace.output_tokens - 1)
+
+
 def compute_metrics(
     trace: BlockedTrace,
     raw: RawResult,
@@ -122,9 +132,8 @@ def compute_metrics(
     arrival = trace.arrival_s
     out = trace.output_tokens
     inp = trace.input_tokens
-    ttft = raw.first_token_s[has_first] - arrival[has_first]
-    gen = raw.finish_s[served] - raw.first_token_s[served]
-    tpot = gen / np.maximum(1, out[served] - 1)
+    ttft = request_ttft(trace, raw)[has_first]
+    tpot = request_tpot(trace, raw)[served]
     e2e = raw.finish_s[served] - arrival[served]
     if n and served.any():
         duration = float(np.max(raw.finish_s[served]) - arrival[0])

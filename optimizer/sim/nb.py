@@ -43,11 +43,16 @@ tier array).
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import numpy as np
 from numba import njit
 
 from kvtier.cache.prefetch import prefetch
 from kvtier.sim.nb_tiers import (
+    LinkState,
+    TierParams,
+    TierPools,
     choose_nb,
     computed_nb,
     hbm_evicted_nb,
@@ -295,19 +300,264 @@ def _release_nb(
     free_len[k] = free
 
 
-@njit(cache=True, nogil=True)
-def skip_back_nb(
+class Requests(NamedTuple):
+    """The trace as the kernel reads it (read-only; :class:`BlockedTrace` checked it)."""
+
+    arrival: np.ndarray  # f8 (n,)
+    input_tokens: np.ndarray  # i8 (n,)
+    output_tokens: np.ndarray  # i8 (n,)
+    block_offsets: np.ndarray  # i8 (n + 1,): request i's full prompt blocks are refs boff[i]:..
+    block_ids: np.ndarray  # i4 (refs,)
+    shared: np.ndarray  # i4 (refs,): map index of a block read more than once, else -1
+    total_blocks: np.ndarray  # i8 (n,): HBM blocks reserved at admission
+
+
+class Params(NamedTuple):
+    """The serving scalars of ``SimConfig`` and the early-stop bounds of ``SloCheck``."""
+
+    n_instances: int
+    capacity: int  # HBM slots per instance
+    ring_len: int  # entries of each free ring (engine.free_ring_length: 2 * capacity + AHEAD)
+    block_tokens: int
+    token_budget: int  # max_num_batched_tokens
+    max_seqs: int  # max_num_seqs
+    router: int  # ROUND_ROBIN, LEAST_LOADED, PREFIX_AFFINITY
+    affinity_overload: int
+    n_shared: int  # blocks read more than once (map entries per instance), >= 1
+    timing: np.ndarray  # f8 (7,): iteration_time parameters (SimConfig.timing_params)
+    slo_on: bool
+    slo_thresholds: np.ndarray  # f8 (4,): mean, p99, p999 TTFT bounds, p99 TPOT bound
+    slo_limits: np.ndarray  # i8 (3,): over-limits for p99, p999 TTFT and p99 TPOT
+
+
+class HbmPools(NamedTuple):
+    """Every instance's HBM slots, prefix-cache map and free ring (arrays the caller keeps).
+
+    The map comes all zero and is left all zero; the other arrays are set by the kernel.
+    """
+
+    slot_of: np.ndarray  # i4 (n_instances * n_shared,): cached block -> slot + 1
+    records: np.ndarray  # i4 (4 * n_instances * capacity,): POS, MAP, REF, BLOCK per slot
+    stamps: np.ndarray  # i8 (n_instances * capacity,): admission stamps (distinct hit slots)
+    rings: np.ndarray  # i4 ((n_instances + 1) * ring_len,): free rings, then a scratch ring
+    slots: np.ndarray  # i4 (sum of total_blocks,): each request's slots, in order
+
+
+class Outputs(NamedTuple):
+    """What a replay returns per request and per instance (filled by the caller first)."""
+
+    first_token: np.ndarray  # f8 (n,), NaN-filled
+    finish: np.ndarray  # f8 (n,), NaN-filled
+    hit_blocks: np.ndarray  # i8 (n,): prefix blocks found in HBM at admission
+    instance: np.ndarray  # i8 (n,), -1-filled (stays -1 for a rejected request)
+    busy_s: np.ndarray  # f8 (n_instances,), zero
+    load_s: np.ndarray  # f8 (n,), zero: seconds from admission to the last loaded block
+    loaded_blocks: np.ndarray  # i8 (n, n_tiers), zero: blocks loaded from each lower tier
+    stats: np.ndarray  # f8 (3,): n_iterations, early_stopped, end time
+
+
+class RequestState(NamedTuple):
+    """Per-request progress (the reference's ``Request`` fields)."""
+
+    slot_off: np.ndarray  # i8 (n + 1,): request i's slots are slots[slot_off[i]:slot_off[i+1]]
+    kv: np.ndarray  # i8: tokens whose KV is computed (hits and loads included)
+    generated: np.ndarray  # i8
+    registered: np.ndarray  # i8: prompt blocks [0, registered) are cached or were offered
+    computed_from: np.ndarray  # i8: prompt blocks from here on are computed
+    ready: np.ndarray  # f8: its prefill may start once loaded blocks have arrived
+    next_waiting: np.ndarray  # i8: the next request in its instance's queue, -1 at the tail
+
+
+class InstanceState(NamedTuple):
+    """Per-instance queues, running set, iteration and free-ring state (``Instance``)."""
+
+    q_head: np.ndarray  # i8 (n_instances,): waiting queue, a list through next_waiting
+    q_tail: np.ndarray
+    q_len: np.ndarray
+    running: np.ndarray  # i8 (n_instances, max_seqs): running requests, admission order
+    n_running: np.ndarray
+    sched_q: np.ndarray  # i8 (n_instances, max_seqs): tokens of each scheduled request
+    sched_pos: np.ndarray  # i8 (n_instances, max_seqs): its position in ``running``
+    n_sched: np.ndarray
+    busy: np.ndarray  # bool: in an iteration
+    busy_until: np.ndarray  # f8: when the iteration ends
+    wake: np.ndarray  # f8: while idle, when a loading request becomes ready
+    act: np.ndarray  # i8: instances that act at this event, in index order
+    # decode steps run ahead of the event loop (0: none pending) and what they started from,
+    # so that an early stop can count only the steps begun before it (skip_back_nb)
+    seg_steps: np.ndarray
+    seg_t0: np.ndarray
+    seg_busy: np.ndarray
+    seg_attn: np.ndarray
+    seg_kv: np.ndarray
+    seg_m: np.ndarray
+    # free ring of instance k: head index, entries (live and stale) from the head, free slots
+    ring_head: np.ndarray
+    ring_count: np.ndarray
+    free_len: np.ndarray
+
+
+class Buffers(NamedTuple):
+    """Scratch of one admission or iteration end: found slots, lower-tier sources, blocks."""
+
+    found: np.ndarray  # i4 (longest prompt + 1,): the HBM slots of a request's prefix
+    src: np.ndarray  # i4: source tier of each block found below HBM
+    counts: np.ndarray  # i8 (n_tiers + 1,): blocks per tier
+    path: np.ndarray  # i8 (4,): links of one transfer
+    hitbuf: np.ndarray  # i4: HBM hits reaching their k-th sighting
+    evbuf: np.ndarray  # i4 (capacity + 1,): blocks one admission evicted from HBM
+    wbuf: np.ndarray  # i4: blocks one iteration computed
+
+
+# Fields of the replay-wide counters (``Tally.ints``): the round-robin turn, iterations begun,
+# the admission stamp, and the SLO counts (rejected, TTFT over the p99 and p99.9 bounds, TPOT
+# over its bound), as :class:`kvtier.sim.result.SloTracker` keeps them.
+C_RR, C_ITER, C_STAMP, C_REJECTED, C_OVER_P99, C_OVER_P999, C_OVER_TPOT = range(7)
+
+
+class Tally(NamedTuple):
+    """Replay-wide counters the steps update (arrays, so that a step can change them)."""
+
+    ints: np.ndarray  # i8 (7,): fields C_*
+    ttft_sum: np.ndarray  # f8 (1,): summed TTFT so far (the SLO's mean bound)
+
+
+@njit(cache=True, nogil=True, inline="always")
+def next_event_nb(rq: Requests, ist: InstanceState, nx: int, prm: Params) -> float:
+    """The next instant: an arrival, an iteration's end or an idle instance's wake-up."""
+    t_arr = rq.arrival[nx] if nx < rq.arrival.shape[0] else np.inf
+    t_end = np.inf
+    for k in range(prm.n_instances):
+        if ist.busy[k]:
+            if ist.busy_until[k] < t_end:
+                t_end = ist.busy_until[k]
+        elif ist.wake[k] < t_end:
+            t_end = ist.wake[k]
+    return t_arr if t_arr < t_end else t_end
+
+
+@njit(cache=True, nogil=True, inline="always")
+def first_token_nb(i: int, now: float, rq: Requests, prm: Params, out: Outputs, ty: Tally) -> None:
+    """Request ``i``'s prompt is complete: its first token at ``now`` (SLO counts)."""
+    out.first_token[i] = now
+    if prm.slo_on:
+        ttft = now - rq.arrival[i]
+        ty.ttft_sum[0] += ttft
+        if ttft > prm.slo_thresholds[1]:
+            ty.ints[C_OVER_P99] += 1
+        if ttft > prm.slo_thresholds[2]:
+            ty.ints[C_OVER_P999] += 1
+
+
+@njit(cache=True, nogil=True, inline="always")
+def finish_nb(
+    k: int,
+    i: int,
+    now: float,
+    rq: Requests,
+    rs: RequestState,
+    ist: InstanceState,
+    pool: HbmPools,
+    prm: Params,
+    out: Outputs,
+    ty: Tally,
+) -> None:
+    """Request ``i`` emitted its last token: record it, count its TPOT, free its slots."""
+    out.finish[i] = now
+    if prm.slo_on:
+        d = rq.output_tokens[i] - 1
+        if d < 1:
+            d = 1
+        if (now - out.first_token[i]) / d > prm.slo_thresholds[3]:
+            ty.ints[C_OVER_TPOT] += 1
+    _release_nb(
+        pool.records, pool.rings, pool.slots, ist.ring_head, ist.ring_count, ist.free_len, k,
+        prm.ring_len, rs.slot_off[i], rs.slot_off[i + 1],
+    )  # fmt: skip
+
+
+@njit(cache=True, nogil=True, inline="always")
+def end_iteration_nb(
     k: int,
     now: float,
-    seg_steps: np.ndarray,
-    seg_t0: np.ndarray,
-    seg_busy: np.ndarray,
-    seg_attn: np.ndarray,
-    seg_kv: np.ndarray,
-    seg_m: np.ndarray,
-    busy_time: np.ndarray,
-    tparams: np.ndarray,
-) -> int:
+    rq: Requests,
+    rs: RequestState,
+    ist: InstanceState,
+    pool: HbmPools,
+    ts: TierPools,
+    tp: TierParams,
+    lk: LinkState,
+    prm: Params,
+    out: Outputs,
+    ty: Tally,
+    buf: Buffers,
+) -> None:
+    """Instance ``k``'s iteration ends: KV grows, full blocks register, tokens are emitted."""
+    boff = rq.block_offsets
+    base = k * prm.n_shared
+    n_done = 0
+    nw = 0
+    for idx in range(ist.n_sched[k]):
+        pos = ist.sched_pos[k, idx]
+        i = ist.running[k, pos]
+        q = ist.sched_q[k, idx]
+        was_prefill = rs.kv[i] < rq.input_tokens[i]
+        rs.kv[i] += q
+        nb = boff[i + 1] - boff[i]
+        full = rs.kv[i] // prm.block_tokens
+        if full > nb:
+            full = nb
+        if full > rs.registered[i]:
+            w_from = rs.computed_from[i] if tp.n_tiers > 0 else full  # computed: to lower tiers
+            nw = _register_nb(
+                pool.records, pool.slot_of, pool.slots, rq.block_ids, rq.shared, base, boff[i],
+                rs.slot_off[i], rs.registered[i], full, buf.wbuf, nw, w_from,
+            )  # fmt: skip
+            rs.registered[i] = full
+        done = False
+        if was_prefill:
+            if rs.kv[i] == rq.input_tokens[i]:
+                rs.generated[i] = 1
+                first_token_nb(i, now, rq, prm, out, ty)
+                if rq.output_tokens[i] <= 1:
+                    done = True
+        else:
+            rs.generated[i] += 1
+            if rs.generated[i] >= rq.output_tokens[i]:
+                done = True
+        if done:
+            finish_nb(k, i, now, rq, rs, ist, pool, prm, out, ty)
+            n_done += 1
+            ist.running[k, pos] = -1
+    if n_done:
+        w = 0
+        for pos in range(ist.n_running[k]):
+            if ist.running[k, pos] >= 0:
+                ist.running[k, w] = ist.running[k, pos]
+                w += 1
+        ist.n_running[k] = w
+    ist.n_sched[k] = 0
+    ist.seg_steps[k] = 0
+    ist.busy[k] = False
+    if nw > 0:  # (a call passes every tier array: skip it when there is nothing)
+        computed_nb(ts, tp, lk, k, now, buf.wbuf, np.int64(nw), buf.path)
+
+
+@njit(cache=True, nogil=True, inline="always")
+def slo_missed_nb(prm: Params, ty: Tally, n: int) -> bool:
+    """Is the SLO certainly missed already? (``SloTracker.missed``.)"""
+    c = ty.ints
+    return (
+        c[C_REJECTED] > 0
+        or ty.ttft_sum[0] / n > prm.slo_thresholds[0]
+        or c[C_OVER_P99] >= prm.slo_limits[0]
+        or c[C_OVER_P999] >= prm.slo_limits[1]
+        or c[C_OVER_TPOT] >= prm.slo_limits[2]
+    )
+
+
+@njit(cache=True, nogil=True)
+def skip_back_nb(k: int, now: float, ist: InstanceState, out: Outputs, timing: np.ndarray) -> int:
     """Undo instance ``k``'s decode steps that start at or after an early stop at ``now``.
 
     Step by step, a replay stopped at ``now`` has begun (counted, and added to the busy time)
@@ -315,496 +565,474 @@ def skip_back_nb(
     their first one with the same operations, so the busy time is the same float as step by
     step. Returns the number of steps to take off the iteration count.
     """
-    m = seg_m[k]
-    attn = seg_attn[k]
-    kv_read = seg_kv[k]
-    t = seg_t0[k]
-    busy = seg_busy[k]
+    m = ist.seg_m[k]
+    attn = ist.seg_attn[k]
+    kv_read = ist.seg_kv[k]
+    t = ist.seg_t0[k]
+    busy = ist.seg_busy[k]
     begun = 0
-    while begun < seg_steps[k] and t < now:
-        dt = step_time_nb(m, attn, kv_read, tparams)
+    while begun < ist.seg_steps[k] and t < now:
+        dt = step_time_nb(m, attn, kv_read, timing)
         busy += dt
         t += dt
         begun += 1
         attn += 2 * m
         kv_read += m
-    busy_time[k] = busy
-    return seg_steps[k] - begun
+    out.busy_s[k] = busy
+    return ist.seg_steps[k] - begun
+
+
+@njit(cache=True, nogil=True)
+def stop_early_nb(now: float, ist: InstanceState, prm: Params, out: Outputs, ty: Tally) -> None:
+    """Stop at ``now``: take back the decode steps run ahead that begin at or after it."""
+    for k in range(prm.n_instances):
+        if ist.seg_steps[k] > 0:
+            ty.ints[C_ITER] -= skip_back_nb(k, now, ist, out, prm.timing)
+
+
+@njit(cache=True, nogil=True, inline="always")
+def route_nb(
+    i: int, rq: Requests, ist: InstanceState, pool: HbmPools, prm: Params, ty: Tally, buf: Buffers
+) -> int:
+    """The instance request ``i`` joins (load = waiting + running requests)."""
+    n_inst = prm.n_instances
+    if prm.router == ROUND_ROBIN:
+        k = ty.ints[C_RR] % n_inst
+        ty.ints[C_RR] += 1
+        return k
+    if prm.router == LEAST_LOADED:
+        k = 0
+        best_load = ist.q_len[0] + ist.n_running[0]
+        for kk in range(1, n_inst):
+            ld = ist.q_len[kk] + ist.n_running[kk]
+            if ld < best_load:
+                best_load = ld
+                k = kk
+        return k
+    # prefix affinity: the most HBM-resident prefix blocks among instances not overloaded
+    boff = rq.block_offsets
+    min_load = ist.q_len[0] + ist.n_running[0]
+    for kk in range(1, n_inst):
+        ld = ist.q_len[kk] + ist.n_running[kk]
+        if ld < min_load:
+            min_load = ld
+    limit = min_load + prm.affinity_overload
+    hcap = (rq.input_tokens[i] - 1) // prm.block_tokens
+    nb = boff[i + 1] - boff[i]
+    if nb < hcap:
+        hcap = nb
+    k = -1
+    best_hits = -1
+    best_load = 0
+    if hcap > 0 and rq.shared[boff[i]] >= 0:
+        # each instance's first look-up misses: let the misses overlap
+        for kk in range(n_inst):
+            prefetch(pool.slot_of, kk * prm.n_shared + rq.shared[boff[i]])
+    for kk in range(n_inst):
+        ld = ist.q_len[kk] + ist.n_running[kk]
+        if ld > limit:
+            continue
+        h = _lookup_nb(pool.slot_of, kk * prm.n_shared, rq.shared, boff[i], hcap, buf.found)
+        if h > best_hits or (h == best_hits and ld < best_load):
+            k = kk
+            best_hits = h
+            best_load = ld
+    return k
+
+
+@njit(cache=True, nogil=True, inline="always")
+def arrive_nb(
+    i: int,
+    rq: Requests,
+    rs: RequestState,
+    ist: InstanceState,
+    pool: HbmPools,
+    prm: Params,
+    out: Outputs,
+    ty: Tally,
+    buf: Buffers,
+) -> None:
+    """Request ``i`` arrives: rejected if it can never fit, else routed to a waiting queue."""
+    if rq.total_blocks[i] > prm.capacity:
+        ty.ints[C_REJECTED] += 1
+        return
+    k = route_nb(i, rq, ist, pool, prm, ty, buf)
+    out.instance[i] = k
+    if ist.q_tail[k] < 0:
+        ist.q_head[k] = i
+    else:
+        rs.next_waiting[ist.q_tail[k]] = i
+    ist.q_tail[k] = i
+    ist.q_len[k] += 1
+
+
+@njit(cache=True, nogil=True, inline="always")
+def admit_nb(
+    k: int,
+    i: int,
+    now: float,
+    rq: Requests,
+    rs: RequestState,
+    ist: InstanceState,
+    pool: HbmPools,
+    ts: TierPools,
+    tp: TierParams,
+    lk: LinkState,
+    prm: Params,
+    out: Outputs,
+    ty: Tally,
+    buf: Buffers,
+) -> bool:
+    """Admit request ``i`` on instance ``k`` if its fresh slots fit: look up its prefix (HBM,
+    then the lower tiers), load, pin the hits and take the rest from the free ring."""
+    boff = rq.block_offsets
+    B = prm.block_tokens
+    base = k * prm.n_shared
+    nb = boff[i + 1] - boff[i]
+    hcap = (rq.input_tokens[i] - 1) // B
+    if nb < hcap:
+        hcap = nb
+    h = _lookup_nb(pool.slot_of, base, rq.shared, boff[i], hcap, buf.found)
+    need = rq.total_blocks[i] - h
+    ty.ints[C_STAMP] += 1
+    stamp = ty.ints[C_STAMP]
+    pinned_free = 0  # distinct hit slots now in the free ring
+    for j in range(h):
+        s = buf.found[u64(j)]
+        if pool.records[u64(4 * s + REF)] == 0 and pool.stamps[u64(s)] != stamp:
+            pool.stamps[u64(s)] = stamp
+            pinned_free += 1
+    if need > ist.free_len[k] - pinned_free:
+        return False
+    loaded = 0
+    rs.ready[i] = now
+    if tp.n_tiers > 0:
+        n_src = lookup_nb(ts, tp, k, rq.block_ids, boff[i], h, hcap, buf.src)
+        loaded = choose_nb(tp, lk, k, now, buf.src, n_src, h, B, buf.counts, prm.timing, buf.path)
+        if loaded > 0:
+            rs.ready[i] = load_nb(
+                ts, tp, lk, k, now, rq.block_ids, boff[i], h, buf.src, loaded, buf.counts,
+                buf.path,
+            )  # fmt: skip
+            out.load_s[i] = rs.ready[i] - now
+            for t in range(tp.n_tiers):  # load_nb counted the loaded blocks per source tier
+                out.loaded_blocks[i, t] = buf.counts[t]
+        if tp.write_policy == WRITE_SELECTIVE:  # only it reads the sightings
+            sighted_nb(ts, tp, lk, k, now, rq.block_ids, boff[i], nb, h, buf.hitbuf, buf.path)
+    # pin the hits
+    so = rs.slot_off[i]
+    sl = pool.records
+    for j in range(h):
+        s = buf.found[u64(j)]
+        c = sl[u64(4 * s + REF)]
+        if c == 0:
+            sl[u64(4 * s + POS)] = -1  # its ring entry is now stale
+            ist.free_len[k] -= 1
+        sl[u64(4 * s + REF)] = c + 1
+        pool.slots[u64(so + j)] = s
+    # take the other slots from the free ring's head
+    r, left, ne = _take_nb(
+        sl, pool.rings, pool.slot_of, pool.slots, buf.evbuf, k * prm.ring_len, prm.ring_len,
+        base, so, h, rq.total_blocks[i], ist.ring_head[k], ist.ring_count[k],
+    )  # fmt: skip
+    ist.free_len[k] -= rq.total_blocks[i] - h
+    ist.ring_head[k] = r
+    ist.ring_count[k] = left
+    if ne > 0 and tp.n_tiers > 0:
+        hbm_evicted_nb(ts, tp, lk, k, now, buf.evbuf, np.int64(ne), buf.path)
+    rs.kv[i] = (h + loaded) * B
+    rs.registered[i] = h
+    rs.computed_from[i] = h + loaded
+    out.hit_blocks[i] = h
+    return True
+
+
+@njit(cache=True, nogil=True, inline="always")
+def run_ahead_nb(
+    k: int,
+    now: float,
+    t_next: float,
+    m: int,
+    steps_left: int,
+    dt: float,
+    attn: int,
+    kv_read: int,
+    rs: RequestState,
+    ist: InstanceState,
+    prm: Params,
+    out: Outputs,
+    ty: Tally,
+) -> tuple[float, float]:
+    """Run a decode-only batch's steps ahead of the event loop; (last step's start, its time).
+
+    With every running request in the batch and decoding, until one of them finishes or the
+    next request arrives (``t_next``) its steps change nothing another instance or the router
+    sees, and each step's sums grow by a fixed amount. The reference runs them as iterations
+    one by one (``start_iteration`` / ``end_iteration``); the times here are computed by the
+    same operations in the same order (see :func:`skip_back_nb`). No reference counterpart.
+    """
+    t = now
+    ist.seg_t0[k] = now
+    ist.seg_m[k] = m
+    ist.seg_busy[k] = out.busy_s[k]
+    ist.seg_attn[k] = attn
+    ist.seg_kv[k] = kv_read
+    s = 0
+    while s < steps_left - 1 and t + dt < t_next:
+        out.busy_s[k] += dt
+        t += dt
+        s += 1
+        attn += 2 * m
+        kv_read += m
+        dt = step_time_nb(m, attn, kv_read, prm.timing)
+    if s > 0:
+        for idx in range(m):
+            i = ist.running[k, ist.sched_pos[k, idx]]
+            rs.kv[i] += s
+            rs.generated[i] += s
+        ty.ints[C_ITER] += s
+    ist.seg_steps[k] = s + 1 if s > 0 else 0
+    return t, dt
+
+
+@njit(cache=True, nogil=True, inline="always")
+def start_iteration_nb(
+    k: int,
+    now: float,
+    t_next: float,
+    rq: Requests,
+    rs: RequestState,
+    ist: InstanceState,
+    pool: HbmPools,
+    ts: TierPools,
+    tp: TierParams,
+    lk: LinkState,
+    prm: Params,
+    out: Outputs,
+    ty: Tally,
+    buf: Buffers,
+) -> None:
+    """Idle instance ``k`` schedules an iteration: running requests take their tokens, then
+    admissions (FCFS) take prefill chunks; with nothing to run it waits for a load."""
+    inp = rq.input_tokens
+    boff = rq.block_offsets
+    budget = prm.token_budget
+    m = 0
+    # the iteration's sums (tokens, attention, KV read) as requests are scheduled
+    tokens = 0
+    attn = 0
+    kv_read = 0
+    # decode steps before the first of the batch finishes (0: not a decode-only batch)
+    steps_left = np.int64(1) << 62
+    last_ready = now  # the latest load end among running requests (load_wait = batch)
+    for pos in range(ist.n_running[k]):
+        i = ist.running[k, pos]
+        if rs.ready[i] > now:
+            if rs.ready[i] > last_ready:
+                last_ready = rs.ready[i]
+            continue
+        if budget == 0:
+            continue
+        if rs.kv[i] < inp[i]:
+            q = inp[i] - rs.kv[i]
+            if q > budget:
+                q = budget
+            steps_left = 0
+        else:
+            q = 1
+            if rs.registered[i] < boff[i + 1] - boff[i]:
+                steps_left = 0
+            elif rq.output_tokens[i] - rs.generated[i] < steps_left:
+                steps_left = rq.output_tokens[i] - rs.generated[i]
+        ist.sched_pos[k, m] = pos
+        ist.sched_q[k, m] = q
+        budget -= q
+        m += 1
+        tokens += q
+        attn += q * (2 * rs.kv[i] + q)
+        kv_read += rs.kv[i] + q
+    while budget > 0 and ist.q_len[k] > 0 and ist.n_running[k] < prm.max_seqs:
+        i = ist.q_head[k]
+        if not admit_nb(k, i, now, rq, rs, ist, pool, ts, tp, lk, prm, out, ty, buf):
+            break
+        ist.q_head[k] = rs.next_waiting[i]
+        if ist.q_head[k] < 0:
+            ist.q_tail[k] = -1
+        ist.q_len[k] -= 1
+        pos = ist.n_running[k]
+        ist.running[k, pos] = i
+        ist.n_running[k] += 1
+        steps_left = 0
+        if rs.ready[i] > now:
+            if rs.ready[i] > last_ready:
+                last_ready = rs.ready[i]
+            continue
+        q = inp[i] - rs.kv[i]
+        if q > budget:
+            q = budget
+        ist.sched_pos[k, m] = pos
+        ist.sched_q[k, m] = q
+        budget -= q
+        m += 1
+        tokens += q
+        attn += q * (2 * rs.kv[i] + q)
+        kv_read += rs.kv[i] + q
+    if tp.batch_waits and last_ready > now:
+        # the batch waits for every load (load_wait = batch): idle until the last one
+        ist.wake[k] = last_ready
+        return
+    if m == 0:
+        # every running request is loading: idle until the first one is ready
+        w = np.inf
+        for pos in range(ist.n_running[k]):
+            if rs.ready[ist.running[k, pos]] < w:
+                w = rs.ready[ist.running[k, pos]]
+        ist.wake[k] = w
+        return
+    ist.wake[k] = np.inf
+    dt = step_time_nb(tokens, attn, kv_read, prm.timing)
+    t = now
+    if m == ist.n_running[k] and steps_left > 1:
+        t, dt = run_ahead_nb(
+            k, now, t_next, m, steps_left, dt, attn, kv_read, rs, ist, prm, out, ty
+        )
+    ist.n_sched[k] = m
+    ist.busy[k] = True
+    ist.busy_until[k] = t + dt
+    out.busy_s[k] += dt
+    ty.ints[C_ITER] += 1
 
 
 @njit(cache=True, nogil=True)
 def simulate_nb(
-    arrival: np.ndarray,  # f8 (n,)
-    inp: np.ndarray,  # i8 (n,)
-    out: np.ndarray,  # i8 (n,)
-    boff: np.ndarray,  # i8 (n+1,)
-    block_ids: np.ndarray,  # i4 (refs,)
-    shared: np.ndarray,  # i4 (refs,): map index of a block read more than once, else -1
-    n_shared: int,  # blocks read more than once (map entries per instance), >= 1
-    total_blocks: np.ndarray,  # i8 (n,)
-    n_inst: int,
-    cap: int,  # HBM slots per instance
-    R: int,  # entries of each instance's free ring (engine.free_ring_length: 2 * cap + AHEAD)
-    B: int,
-    budget_max: int,
-    max_seqs: int,
-    router: int,
-    overload: int,
-    tparams: np.ndarray,  # f8 (7,) iteration_time parameters
-    slo_on: bool,
-    slo_thr: np.ndarray,  # f8 (4,) mean, p99, p999 TTFT bounds, p99 TPOT bound
-    slo_lim: np.ndarray,  # i8 (3,) over-limits for p99, p999, tpot p99
-    first: np.ndarray,  # out f8 (n,) NaN-filled
-    finish: np.ndarray,  # out f8 (n,) NaN-filled
-    hits_out: np.ndarray,  # out i8 (n,)
-    inst_of: np.ndarray,  # out i8 (n,) -1-filled
-    busy_time: np.ndarray,  # out f8 (n_inst,)
-    stats: np.ndarray,  # out f8 (3,): n_iterations, early_stopped, end time
-    slot_of: np.ndarray,  # scratch i4 (n_inst * n_shared,), all zero; all zero on return
-    n_tiers: int,  # lower tiers (0: HBM only; the tier arguments are then placeholders)
-    ts: tuple,  # stacked cache-engine state of every lower-tier pool (see nb_tiers)
-    tp: tuple,  # lower-tier parameters (see nb_tiers)
-    lk: tuple,  # link and tier counters (see nb_tiers)
-    sightings: np.ndarray,  # scratch i8 (n_blocks,), zero
-    load_s: np.ndarray,  # out f8 (n,) zero-filled: seconds from admission to loaded
-    slots: np.ndarray,  # scratch i4 (sum of total_blocks,): each request's slots, in order
-    sl: np.ndarray,  # scratch i4 (4 * n_inst * cap,): slot records, set here
-    stamp: np.ndarray,  # scratch i8 (n_inst * cap,): admission stamps, set here
-    ring: np.ndarray,  # scratch i4 ((n_inst + 1) * R,): free rings, set here
+    rq: Requests,
+    prm: Params,
+    pool: HbmPools,
+    ts: TierPools,
+    tp: TierParams,
+    lk: LinkState,
+    out: Outputs,
 ) -> None:
-    """Replay every request; write per-request times and counters into the output arrays.
+    """Replay every request; write per-request times and counters into ``out``.
 
-    One kernel call runs the whole replay so the event loop never returns to Python; all
-    state is local arrays sized from the inputs, which the wrapper has validated.
+    One kernel call runs the whole replay so the event loop never returns to Python. The
+    loop is the reference's (:func:`kvtier.sim.reference.simulate_reference`) step for step:
+    at each event, iteration ends (``end_iteration_nb``), the early-stop test, arrivals
+    (``arrive_nb``: reject or ``route_nb``), then iteration starts (``start_iteration_nb``,
+    which calls ``admit_nb``). Each step is inlined into this loop (``inline="always"``): a
+    call would pass every state array as machine words, at every event. All state is local
+    arrays sized from the inputs, which the wrapper has validated.
     """
-    n = arrival.shape[0]
-    n_slots = n_inst * cap
-    # per-request state
+    n = rq.arrival.shape[0]
+    n_inst = prm.n_instances
+    cap = prm.capacity
+    R = prm.ring_len
+    max_seqs = prm.max_seqs
     slot_off = np.zeros(n + 1, dtype=np.int64)
     for i in range(n):
-        slot_off[i + 1] = slot_off[i] + total_blocks[i]
-    kv = np.zeros(n, dtype=np.int64)
-    gen = np.zeros(n, dtype=np.int64)
-    reg = np.zeros(n, dtype=np.int64)
-    comp_from = np.zeros(n, dtype=np.int64)
-    ready = np.zeros(n, dtype=np.float64)
-    qnext = np.full(n, -1, dtype=np.int64)
-    # per-instance state
-    q_head = np.full(n_inst, -1, dtype=np.int64)
-    q_tail = np.full(n_inst, -1, dtype=np.int64)
-    q_len = np.zeros(n_inst, dtype=np.int64)
-    run = np.empty((n_inst, max_seqs), dtype=np.int64)
-    run_len = np.zeros(n_inst, dtype=np.int64)
-    sched_q = np.zeros((n_inst, max_seqs), dtype=np.int64)
-    sched_pos = np.zeros((n_inst, max_seqs), dtype=np.int64)
-    wake = np.full(n_inst, np.inf)
-    n_sched = np.zeros(n_inst, dtype=np.int64)
-    busy = np.zeros(n_inst, dtype=np.bool_)
-    busy_until = np.zeros(n_inst, dtype=np.float64)
-    act = np.empty(n_inst, dtype=np.int64)  # instances that act at this event, in index order
-    # the decode steps an instance ran ahead of the event loop (0: none pending) and what they
-    # started from, so that an early stop can count only the steps begun before it
-    seg_steps = np.zeros(n_inst, dtype=np.int64)
-    seg_t0 = np.zeros(n_inst, dtype=np.float64)
-    seg_busy = np.zeros(n_inst, dtype=np.float64)
-    seg_attn = np.zeros(n_inst, dtype=np.int64)
-    seg_kv = np.zeros(n_inst, dtype=np.int64)
-    seg_m = np.zeros(n_inst, dtype=np.int64)
-    # HBM pools. The slot records, stamps and free rings come from the caller, possibly
-    # kept from an earlier replay (faulting in fresh pages cost more than the replay of a
-    # small trace), and are set here. Free rings: instance k's at ring[k * R:(k + 1) * R], head
-    # index rh[k], rn[k] entries (live and stale) from the head on; a compaction scratch area
-    # after the last one. Entries past the live ones name slot 0 of the instance, so the
-    # allocation loop's look-ahead always reads a slot record.
-    rh = np.zeros(n_inst, dtype=np.int64)
-    rn = np.full(n_inst, cap, dtype=np.int64)
+        slot_off[i + 1] = slot_off[i] + rq.total_blocks[i]
+    rs = RequestState(
+        slot_off,
+        np.zeros(n, dtype=np.int64),
+        np.zeros(n, dtype=np.int64),
+        np.zeros(n, dtype=np.int64),
+        np.zeros(n, dtype=np.int64),
+        np.zeros(n, dtype=np.float64),
+        np.full(n, -1, dtype=np.int64),
+    )
+    ist = InstanceState(
+        np.full(n_inst, -1, dtype=np.int64),
+        np.full(n_inst, -1, dtype=np.int64),
+        np.zeros(n_inst, dtype=np.int64),
+        np.empty((n_inst, max_seqs), dtype=np.int64),
+        np.zeros(n_inst, dtype=np.int64),
+        np.zeros((n_inst, max_seqs), dtype=np.int64),
+        np.zeros((n_inst, max_seqs), dtype=np.int64),
+        np.zeros(n_inst, dtype=np.int64),
+        np.zeros(n_inst, dtype=np.bool_),
+        np.zeros(n_inst, dtype=np.float64),
+        np.full(n_inst, np.inf),
+        np.empty(n_inst, dtype=np.int64),
+        np.zeros(n_inst, dtype=np.int64),
+        np.zeros(n_inst, dtype=np.float64),
+        np.zeros(n_inst, dtype=np.float64),
+        np.zeros(n_inst, dtype=np.int64),
+        np.zeros(n_inst, dtype=np.int64),
+        np.zeros(n_inst, dtype=np.int64),
+        np.zeros(n_inst, dtype=np.int64),
+        np.full(n_inst, cap, dtype=np.int64),
+        np.full(n_inst, cap, dtype=np.int64),
+    )
+    # HBM pools, possibly kept from an earlier replay, are set here. Entries of a ring past
+    # its live ones name slot 0 of the instance, so the allocation loop's look-ahead always
+    # reads a slot record.
     for k in range(n_inst):
         for r in range(R):
-            ring[k * R + r] = k * cap + (r if r < cap else 0)
+            pool.rings[k * R + r] = k * cap + (r if r < cap else 0)
     for k in range(n_inst):
         for x in range(cap):
             g = k * cap + x
-            sl[4 * g + POS] = x
-            sl[4 * g + MAP] = -1
-            sl[4 * g + REF] = 0
-            sl[4 * g + BLOCK] = -1
-            stamp[g] = -1
-    free_len = np.full(n_inst, cap, dtype=np.int64)
+            pool.records[4 * g + POS] = x
+            pool.records[4 * g + MAP] = -1
+            pool.records[4 * g + REF] = 0
+            pool.records[4 * g + BLOCK] = -1
+            pool.stamps[g] = -1
     max_nb = 0
     for i in range(n):
-        if boff[i + 1] - boff[i] > max_nb:
-            max_nb = boff[i + 1] - boff[i]
-    found = np.empty(max_nb + 1, dtype=np.int32)
-    # lower-tier scratch: sources of found blocks, per-tier counts, a link path, block buffers
-    src = np.empty(max_nb + 1, dtype=np.int32)
-    counts = np.zeros(n_tiers + 1, dtype=np.int64)
-    path = np.full(4, -1, dtype=np.int64)
-    hitbuf = np.empty(max_nb + 1, dtype=np.int32)
-    evbuf = np.empty(cap + 1, dtype=np.int32)
-    wbuf = np.empty(budget_max // B + max_seqs + 2, dtype=np.int32)
-    selective = n_tiers > 0 and tp[11][0] == WRITE_SELECTIVE
-    batch_waits = n_tiers > 0 and tp[11][6] == 1
-    comp = np.empty(3, dtype=np.float64)
-    comp[0] = tparams[0]
-    comp[1] = tparams[1]
-    comp[2] = tparams[2]
-    # SLO tracking
-    sum_ttft = 0.0
-    over0 = 0
-    over1 = 0
-    over2 = 0
-    n_rej = 0
-    rr = 0
+        if rq.block_offsets[i + 1] - rq.block_offsets[i] > max_nb:
+            max_nb = rq.block_offsets[i + 1] - rq.block_offsets[i]
+    buf = Buffers(
+        np.empty(max_nb + 1, dtype=np.int32),
+        np.empty(max_nb + 1, dtype=np.int32),
+        np.zeros(tp.n_tiers + 1, dtype=np.int64),
+        np.full(4, -1, dtype=np.int64),
+        np.empty(max_nb + 1, dtype=np.int32),
+        np.empty(cap + 1, dtype=np.int32),
+        np.empty(prm.token_budget // prm.block_tokens + max_seqs + 2, dtype=np.int32),
+    )
+    ty = Tally(np.zeros(7, dtype=np.int64), np.zeros(1, dtype=np.float64))
     nx = 0
-    n_iter = 0
     early = False
     now = 0.0
-    stamp_ctr = 0
-
     while True:
-        t_arr = arrival[nx] if nx < n else np.inf
-        t_end = np.inf
-        for k in range(n_inst):
-            if busy[k]:
-                if busy_until[k] < t_end:
-                    t_end = busy_until[k]
-            elif wake[k] < t_end:
-                t_end = wake[k]
-        now = t_arr if t_arr < t_end else t_end
+        now = next_event_nb(rq, ist, nx, prm)
         if now == np.inf:
             break
-        # ---- iteration ends, instances in index order. Which instances act is found first in
-        # a loop of its own (handling one changes no other instance's state), so the scan over
-        # every instance at every event does not carry the large body's per-instance pointers.
+        # Which instances act is found first in a loop of its own (handling one changes no
+        # other instance's state), so the scan over every instance at every event does not
+        # carry the large body's per-instance pointers.
         n_act = 0
         for k in range(n_inst):
-            if busy[k] and busy_until[k] == now:
-                act[n_act] = k
+            if ist.busy[k] and ist.busy_until[k] == now:
+                ist.act[n_act] = k
                 n_act += 1
         for a in range(n_act):
-            k = act[a]
-            base = k * n_shared
-            m = n_sched[k]
-            n_done = 0
-            nw = 0
-            for idx in range(m):
-                pos = sched_pos[k, idx]
-                i = run[k, pos]
-                q = sched_q[k, idx]
-                was_prefill = kv[i] < inp[i]
-                kv[i] += q
-                nb = boff[i + 1] - boff[i]
-                full = kv[i] // B
-                if full > nb:
-                    full = nb
-                if full > reg[i]:
-                    w_from = comp_from[i] if n_tiers > 0 else full  # computed: to lower tiers
-                    nw = _register_nb(
-                        sl, slot_of, slots, block_ids, shared, base, boff[i], slot_off[i],
-                        reg[i], full, wbuf, nw, w_from,
-                    )  # fmt: skip
-                    reg[i] = full
-                done = False
-                if was_prefill:
-                    if kv[i] == inp[i]:
-                        gen[i] = 1
-                        first[i] = now
-                        if slo_on:
-                            ttft = now - arrival[i]
-                            sum_ttft += ttft
-                            if ttft > slo_thr[1]:
-                                over0 += 1
-                            if ttft > slo_thr[2]:
-                                over1 += 1
-                        if out[i] <= 1:
-                            done = True
-                else:
-                    gen[i] += 1
-                    if gen[i] >= out[i]:
-                        done = True
-                if done:
-                    finish[i] = now
-                    n_done += 1
-                    if slo_on:
-                        d = out[i] - 1
-                        if d < 1:
-                            d = 1
-                        if (now - first[i]) / d > slo_thr[3]:
-                            over2 += 1
-                    _release_nb(
-                        sl, ring, slots, rh, rn, free_len, k, R, slot_off[i], slot_off[i + 1]
-                    )
-                    run[k, pos] = -1
-            if n_done:
-                w = 0
-                for pos in range(run_len[k]):
-                    if run[k, pos] >= 0:
-                        run[k, w] = run[k, pos]
-                        w += 1
-                run_len[k] = w
-            n_sched[k] = 0
-            seg_steps[k] = 0
-            busy[k] = False
-            if nw > 0:  # (a call passes every tier array: skip it when there is nothing)
-                computed_nb(ts, tp, lk, n_tiers, k, now, wbuf, np.int64(nw), sightings, path)
-        if slo_on and (
-            n_rej > 0
-            or sum_ttft / n > slo_thr[0]
-            or over0 >= slo_lim[0]
-            or over1 >= slo_lim[1]
-            or over2 >= slo_lim[2]
-        ):
+            end_iteration_nb(ist.act[a], now, rq, rs, ist, pool, ts, tp, lk, prm, out, ty, buf)
+        if prm.slo_on and slo_missed_nb(prm, ty, n):
             early = True
-            for k in range(n_inst):
-                if seg_steps[k] > 0:
-                    n_iter -= skip_back_nb(
-                        k, now, seg_steps, seg_t0, seg_busy, seg_attn, seg_kv, seg_m, busy_time,
-                        tparams,
-                    )  # fmt: skip
+            stop_early_nb(now, ist, prm, out, ty)
             break
-        # ---- arrivals at this instant, in trace order
-        while nx < n and arrival[nx] == now:
-            i = nx
+        while nx < n and rq.arrival[nx] == now:
+            arrive_nb(nx, rq, rs, ist, pool, prm, out, ty, buf)
             nx += 1
-            if total_blocks[i] > cap:
-                n_rej += 1
-                continue
-            if router == ROUND_ROBIN:
-                k = rr % n_inst
-                rr += 1
-            elif router == LEAST_LOADED:
-                k = 0
-                best_load = q_len[0] + run_len[0]
-                for kk in range(1, n_inst):
-                    ld = q_len[kk] + run_len[kk]
-                    if ld < best_load:
-                        best_load = ld
-                        k = kk
-            else:
-                min_load = q_len[0] + run_len[0]
-                for kk in range(1, n_inst):
-                    ld = q_len[kk] + run_len[kk]
-                    if ld < min_load:
-                        min_load = ld
-                limit = min_load + overload
-                hcap = (inp[i] - 1) // B
-                nb = boff[i + 1] - boff[i]
-                if nb < hcap:
-                    hcap = nb
-                k = -1
-                best_hits = -1
-                best_load = 0
-                if hcap > 0 and shared[boff[i]] >= 0:
-                    # each instance's first look-up misses: let the misses overlap
-                    for kk in range(n_inst):
-                        prefetch(slot_of, kk * n_shared + shared[boff[i]])
-                for kk in range(n_inst):
-                    ld = q_len[kk] + run_len[kk]
-                    if ld > limit:
-                        continue
-                    h = _lookup_nb(slot_of, kk * n_shared, shared, boff[i], hcap, found)
-                    if h > best_hits or (h == best_hits and ld < best_load):
-                        k = kk
-                        best_hits = h
-                        best_load = ld
-            inst_of[i] = k
-            if q_tail[k] < 0:
-                q_head[k] = i
-            else:
-                qnext[q_tail[k]] = i
-            q_tail[k] = i
-            q_len[k] += 1
-        # ---- idle instances with work start an iteration (found first, as above)
         n_act = 0
         for k in range(n_inst):
-            if not busy[k] and (run_len[k] > 0 or q_len[k] > 0):
-                act[n_act] = k
+            if not ist.busy[k] and (ist.n_running[k] > 0 or ist.q_len[k] > 0):
+                ist.act[n_act] = k
                 n_act += 1
+        t_next = rq.arrival[nx] if nx < n else np.inf
         for a in range(n_act):
-            k = act[a]
-            base = k * n_shared
-            budget = budget_max
-            m = 0
-            # the iteration's sums (tokens, attention, KV read) as requests are scheduled
-            tokens = 0
-            attn = 0
-            kv_read = 0
-            # decode steps before the first of the batch finishes (0: not a decode-only batch)
-            steps_left = np.int64(1) << 62
-            last_ready = now  # the latest load end among running requests (load_wait = batch)
-            for pos in range(run_len[k]):
-                i = run[k, pos]
-                if ready[i] > now:
-                    if ready[i] > last_ready:
-                        last_ready = ready[i]
-                    continue
-                if budget == 0:
-                    continue
-                if kv[i] < inp[i]:
-                    q = inp[i] - kv[i]
-                    if q > budget:
-                        q = budget
-                    steps_left = 0
-                else:
-                    q = 1
-                    if reg[i] < boff[i + 1] - boff[i]:
-                        steps_left = 0
-                    elif out[i] - gen[i] < steps_left:
-                        steps_left = out[i] - gen[i]
-                sched_pos[k, m] = pos
-                sched_q[k, m] = q
-                budget -= q
-                m += 1
-                tokens += q
-                attn += q * (2 * kv[i] + q)
-                kv_read += kv[i] + q
-            while budget > 0 and q_len[k] > 0 and run_len[k] < max_seqs:
-                i = q_head[k]
-                nb = boff[i + 1] - boff[i]
-                hcap = (inp[i] - 1) // B
-                if nb < hcap:
-                    hcap = nb
-                h = _lookup_nb(slot_of, base, shared, boff[i], hcap, found)
-                need = total_blocks[i] - h
-                stamp_ctr += 1
-                pinned_free = 0
-                for j in range(h):
-                    s = found[u64(j)]
-                    if sl[u64(4 * s + REF)] == 0 and stamp[u64(s)] != stamp_ctr:
-                        stamp[u64(s)] = stamp_ctr
-                        pinned_free += 1
-                if need > free_len[k] - pinned_free:
-                    break
-                loaded = 0
-                ready[i] = now
-                if n_tiers > 0:
-                    n_src = lookup_nb(ts, tp, n_tiers, k, block_ids, boff[i], h, hcap, src)
-                    loaded = choose_nb(
-                        tp, lk, n_tiers, k, now, src, n_src, h, B, counts, comp, path
-                    )
-                    if loaded > 0:
-                        ready[i] = load_nb(
-                            ts,
-                            tp,
-                            lk,
-                            n_tiers,
-                            k,
-                            now,
-                            block_ids,
-                            boff[i],
-                            h,
-                            src,
-                            loaded,
-                            counts,
-                            path,
-                        )
-                        load_s[i] = ready[i] - now
-                    if selective:  # only write_through_selective reads the sightings
-                        sighted_nb(
-                            ts, tp, lk, n_tiers, k, now, block_ids, boff[i], nb, h, sightings,
-                            hitbuf, path,
-                        )  # fmt: skip
-                # admit: pin the hits, allocate the rest
-                so = slot_off[i]
-                for j in range(h):
-                    s = found[u64(j)]
-                    c = sl[u64(4 * s + REF)]
-                    if c == 0:
-                        sl[u64(4 * s + POS)] = -1  # its ring entry is now stale
-                        free_len[k] -= 1
-                    sl[u64(4 * s + REF)] = c + 1
-                    slots[u64(so + j)] = s
-                # take the other slots from the free ring's head
-                r, left, ne = _take_nb(
-                    sl, ring, slot_of, slots, evbuf, k * R, R, base, so, h, total_blocks[i],
-                    rh[k], rn[k],
-                )  # fmt: skip
-                free_len[k] -= total_blocks[i] - h
-                rh[k] = r
-                rn[k] = left
-                if ne > 0 and n_tiers > 0:
-                    hbm_evicted_nb(ts, tp, lk, n_tiers, k, now, evbuf, np.int64(ne), path)
-                kv[i] = (h + loaded) * B
-                reg[i] = h
-                comp_from[i] = h + loaded
-                hits_out[i] = h
-                q_head[k] = qnext[i]
-                if q_head[k] < 0:
-                    q_tail[k] = -1
-                q_len[k] -= 1
-                pos = run_len[k]
-                run[k, pos] = i
-                run_len[k] += 1
-                steps_left = 0
-                if ready[i] > now:
-                    if ready[i] > last_ready:
-                        last_ready = ready[i]
-                    continue
-                q = inp[i] - kv[i]
-                if q > budget:
-                    q = budget
-                sched_pos[k, m] = pos
-                sched_q[k, m] = q
-                budget -= q
-                m += 1
-                tokens += q
-                attn += q * (2 * kv[i] + q)
-                kv_read += kv[i] + q
-            if batch_waits and last_ready > now:
-                # the batch waits for every load (load_wait = batch): idle until the last one
-                wake[k] = last_ready
-                continue
-            if m == 0:
-                # every running request is loading: idle until the first one is ready
-                w = np.inf
-                for pos in range(run_len[k]):
-                    if ready[run[k, pos]] < w:
-                        w = ready[run[k, pos]]
-                wake[k] = w
-                continue
-            wake[k] = np.inf
-            dt = step_time_nb(tokens, attn, kv_read, tparams)
-            t = now
-            if m == run_len[k] and steps_left > 1:
-                # A decode-only batch with every running request in it: until one of them
-                # finishes or the next request arrives, its steps change nothing another
-                # instance or the router sees, and each step's sums grow by a fixed amount.
-                # Run those steps here instead of as events; the times are computed by the
-                # same operations in the same order as step by step (see skip_back_nb).
-                t_next = arrival[nx] if nx < n else np.inf
-                seg_t0[k] = now
-                seg_m[k] = m
-                seg_busy[k] = busy_time[k]
-                seg_attn[k] = attn
-                seg_kv[k] = kv_read
-                s = 0
-                while s < steps_left - 1 and t + dt < t_next:
-                    busy_time[k] += dt
-                    t += dt
-                    s += 1
-                    attn += 2 * m
-                    kv_read += m
-                    dt = step_time_nb(m, attn, kv_read, tparams)
-                if s > 0:
-                    for idx in range(m):
-                        i = run[k, sched_pos[k, idx]]
-                        kv[i] += s
-                        gen[i] += s
-                    n_iter += s
-                seg_steps[k] = s + 1 if s > 0 else 0
-            n_sched[k] = m
-            busy[k] = True
-            busy_until[k] = t + dt
-            busy_time[k] += dt
-            n_iter += 1
+            start_iteration_nb(
+                ist.act[a], now, t_next, rq, rs, ist, pool, ts, tp, lk, prm, out, ty, buf
+            )
 
     # Leave the map all zero again so the caller can reuse it for the next replay: every
     # non-zero entry is named by the MAP field of the slot it holds, so clearing those entries
     # costs one pass over the slots instead of one over the whole map.
-    for x in range(n_slots):
-        mx = sl[4 * x + MAP]
+    for x in range(n_inst * cap):
+        mx = pool.records[4 * x + MAP]
         if mx >= 0:
-            slot_of[(x // cap) * n_shared + mx] = 0
-    stats[0] = n_iter
-    stats[1] = 1.0 if early else 0.0
-    stats[2] = now
+            pool.slot_of[(x // cap) * prm.n_shared + mx] = 0
+    out.stats[0] = ty.ints[C_ITER]
+    out.stats[1] = 1.0 if early else 0.0
+    out.stats[2] = now

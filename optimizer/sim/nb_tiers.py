@@ -1,14 +1,18 @@
 """Numba kernels of the tiers below HBM: the rules of :mod:`kvtier.sim.reference_tiers`.
 
-State is passed as three tuples of arrays so the serving kernel can hand them on unchanged:
+State is passed as three named tuples of arrays so the serving kernel can hand them on
+unchanged (numba compiles a ``NamedTuple`` as a plain tuple: a field is read by its name at
+no cost):
 
-- ``ts``: the stacked cache-engine state of every pool, ``(meta, fmeta, blk, prio, stamp,
-  heap, hpos, cost)``, each with a leading pool axis; ``ts[x][p]`` is pool ``p``'s array, which
-  the cache engine's primitives (:mod:`kvtier.cache.nb`) take unchanged;
-- ``tp``: read-only parameters ``(per_host, pool_base, inst_host, op_s, lat_s, cap_bw,
-  link_bw_read, link_bw_write, link_ops, port_link, pool_link, ints, block_bytes)`` with
-  ``ints = (write policy, k, exclusive, cost_aware, fragments, coalesce, batch_waits)``;
-- ``lk``: counters ``(link_free, link_busy, link_bytes, tier_hits, bytes_read, bytes_written)``.
+- :class:`TierPools` (``ts``): the stacked cache-engine state of every pool, each array with
+  a leading pool axis (``ts.blk[p]`` is pool ``p``'s block rows, which the cache engine's
+  primitives in :mod:`kvtier.cache.nb` take unchanged), and the per-block sightings of
+  ``write_through_selective``;
+- :class:`TierParams` (``tp``): read-only wiring, costs and policy switches;
+- :class:`LinkState` (``lk``): the links' FIFO state and the per-link and per-tier counters.
+
+Without lower tiers each is its ``empty`` value (``n_tiers`` 0, zero-length arrays of the
+same types), so the serving kernel compiles once for both cases and never calls in here.
 
 No bounds checks: :mod:`kvtier.sim.engine` builds and checks every array.
 
@@ -26,6 +30,8 @@ cache engine's ``access_nb`` (one pool's eight arrays).
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import numpy as np
 from numba import njit
 
@@ -39,15 +45,105 @@ estimate_nb = njit(cache=True, nogil=True, _nrt=False)(estimate)
 n_ops_nb = njit(cache=True, nogil=True)(n_ops)
 prefill_estimate_nb = njit(cache=True, nogil=True)(prefill_estimate)
 
-I_WRITE, I_K, I_EXCL, I_COST, I_FRAG, I_COAL, I_BATCH_WAIT = 0, 1, 2, 3, 4, 5, 6
+
+class TierPools(NamedTuple):
+    """Every lower-tier pool's cache-engine arrays, stacked on a leading pool axis."""
+
+    meta: np.ndarray  # i8 (P, meta lanes): policy code, capacity, size, list heads...
+    fmeta: np.ndarray  # f8 (P, fmeta lanes)
+    blk: np.ndarray  # i4 (P, n_blocks, BLK_LANES): one row per block and pool
+    prio: np.ndarray  # f8 (P, w): LFU / GDSF priorities (w = 1 when no pool uses them)
+    stamp: np.ndarray  # i8 (P, w)
+    heap: np.ndarray  # i4 (P, heap length)
+    hpos: np.ndarray  # i4 (P, w)
+    cost: np.ndarray  # f8 (P, w): GDSF recompute seconds per block
+    sightings: np.ndarray  # i8 (n_blocks or 1,): admissions that named each block (selective)
+
+    @classmethod
+    def empty(cls) -> TierPools:
+        """No pool: the value the HBM-only replay passes."""
+        i8, f8, i4 = np.int64, np.float64, np.int32
+        z2 = np.zeros((0, 0), dtype=i8)
+        f2 = np.zeros((0, 0), dtype=f8)
+        i2 = np.zeros((0, 0), dtype=i4)
+        blk = np.zeros((0, 0, 4), dtype=i4)
+        return cls(z2, f2, blk, f2, z2, i2, i2, f2, np.zeros(0, dtype=i8))
+
+
+class TierParams(NamedTuple):
+    """The read-only facts of the lower tiers: wiring, transfer costs, policy switches."""
+
+    n_tiers: int  # 0: HBM only
+    per_host: np.ndarray  # bool (T,): one pool per host (else one shared pool)
+    pool_base: np.ndarray  # i8 (T,): first pool of each tier
+    inst_host: np.ndarray  # i8 (n_instances,): host of each instance
+    op_s: np.ndarray  # f8 (T,): seconds per transfer operation
+    lat_s: np.ndarray  # f8 (T,): seconds per transfer
+    cap_bw: np.ndarray  # f8 (T,): per-transfer bandwidth cap (inf: none)
+    link_bw_read: np.ndarray  # f8 (L,)
+    link_bw_write: np.ndarray  # f8 (L,)
+    link_ops: np.ndarray  # i8 (L,): 1 if the link carries the per-operation overhead
+    port_link: np.ndarray  # i8 (T, hosts): each host's access link to each tier
+    pool_link: np.ndarray  # i8 (T,): a pooled tier's shared link, -1 when none
+    write_policy: int  # WRITE_* code
+    selective_k: int  # sightings before write_through_selective copies a block
+    exclusive: bool  # a loaded block leaves its tier (it moves up)
+    cost_aware: bool  # load rule cost_aware (else always_load)
+    batch_waits: bool  # load_wait = batch: no iteration while a running request loads
+    fragments: int  # memory regions per block
+    coalesce: int  # fragments per transfer operation
+    block_bytes: float
+
+    @classmethod
+    def empty(cls, n_instances: int) -> TierParams:
+        """No tier (``n_tiers`` 0): the value the HBM-only replay passes."""
+        i8, f8 = np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.float64)
+        return cls(
+            0,
+            np.zeros(0, dtype=np.bool_),
+            i8,
+            np.zeros(n_instances, dtype=np.int64),
+            f8,
+            f8,
+            f8,
+            f8,
+            f8,
+            i8,
+            np.zeros((0, 0), dtype=np.int64),
+            i8,
+            0,
+            1,
+            False,
+            False,
+            False,
+            1,
+            1,
+            0.0,
+        )
+
+
+class LinkState(NamedTuple):
+    """The links' FIFO state and the counters a replay reports (set by the kernels)."""
+
+    free: np.ndarray  # f8 (L,): when each link is next free
+    busy: np.ndarray  # f8 (L,): seconds each link was occupied
+    moved: np.ndarray  # f8 (L,): bytes each link carried
+    tier_hits: np.ndarray  # i8 (T,): blocks loaded from each tier
+    bytes_read: np.ndarray  # f8 (T,): loads and cascades out of each tier
+    bytes_written: np.ndarray  # f8 (T,): copies into each tier
+
+    @classmethod
+    def zeros(cls, n_links: int, n_tiers: int) -> LinkState:
+        f = np.zeros
+        return cls(f(n_links), f(n_links), f(n_links), f(n_tiers, np.int64), f(n_tiers), f(n_tiers))
 
 
 @njit(cache=True, nogil=True, _nrt=False, inline="always")
 def pool_nb(tp, t, k):  # noqa: ANN001, ANN201
     """Pool of tier ``t`` reached by instance ``k``."""
-    if tp[0][t]:
-        return tp[1][t] + tp[2][k]
-    return tp[1][t]
+    if tp.per_host[t]:
+        return tp.pool_base[t] + tp.inst_host[k]
+    return tp.pool_base[t]
 
 
 @njit(cache=True, nogil=True, _nrt=False, inline="always")
@@ -55,7 +151,7 @@ def has_nb(ts, p, b):  # noqa: ANN001, ANN201
     """Is ``b`` resident in pool ``p``? The cache engine's ``contains_nb`` rule (main or
     S3-FIFO small queue; a ghost entry is not residency), read from the block's row directly
     so that no per-pool array views are built for the most frequent question."""
-    w = ts[2][p, b, L_WHERE]
+    w = ts.blk[p, b, L_WHERE]
     return w == W_MAIN or w == W_SMALL  # noqa: SIM109
 
 
@@ -66,66 +162,75 @@ def touch_nb(ts, p, b):  # noqa: ANN001, ANN201
     The cache engine's access is inlined here, dispatching on the pool's policy, rather than
     called: a call passes the pool's eight arrays as about sixty machine words, once per block
     copied below."""
-    meta = ts[0][p]
+    meta = ts.meta[p]
     _, victim = _access_nb(
-        meta[M_POLICY], meta, ts[1][p], ts[2][p], ts[3][p], ts[4][p], ts[5][p], ts[6][p],
-        ts[7][p], b,
+        meta[M_POLICY], meta, ts.fmeta[p], ts.blk[p], ts.prio[p], ts.stamp[p], ts.heap[p],
+        ts.hpos[p], ts.cost[p], b,
     )  # fmt: skip
     return victim
 
 
 @njit(cache=True, nogil=True, _nrt=False, inline="always")
 def drop_nb(ts, p, b):  # noqa: ANN001, ANN201
-    remove_nb(ts[0][p], ts[1][p], ts[2][p], ts[3][p], ts[4][p], ts[5][p], ts[6][p], ts[7][p], b)
+    remove_nb(
+        ts.meta[p],
+        ts.fmeta[p],
+        ts.blk[p],
+        ts.prio[p],
+        ts.stamp[p],
+        ts.heap[p],
+        ts.hpos[p],
+        ts.cost[p],
+        b,
+    )
 
 
 @njit(cache=True, nogil=True, _nrt=False, inline="always")
 def gpu_path_nb(tp, k, t, path):  # noqa: ANN001, ANN201
     path[0] = k
-    path[1] = tp[9][t, tp[2][k]]
-    path[2] = tp[10][t]
+    path[1] = tp.port_link[t, tp.inst_host[k]]
+    path[2] = tp.pool_link[t]
     path[3] = -1
 
 
 @njit(cache=True, nogil=True, _nrt=False, inline="always")
 def tier_path_nb(tp, k, a, b, path):  # noqa: ANN001, ANN201
-    h = tp[2][k]
-    path[0] = tp[9][a, h]
-    path[1] = tp[10][a]
-    path[2] = tp[9][b, h]
-    path[3] = tp[10][b]
+    h = tp.inst_host[k]
+    path[0] = tp.port_link[a, h]
+    path[1] = tp.pool_link[a]
+    path[2] = tp.port_link[b, h]
+    path[3] = tp.pool_link[b]
 
 
 @njit(cache=True, nogil=True, _nrt=False, inline="always")
 def gpu_transfer_nb(tp, lk, k, t, now, cnt, bw, path):  # noqa: ANN001, ANN201
     """Move ``cnt`` blocks between instance ``k`` and tier ``t`` over the links of its path
     (``bw``: the read or the write bandwidths); returns when the transfer ends."""
-    ints = tp[11]
     gpu_path_nb(tp, k, t, path)
     return transfer_nb(
         now,
-        cnt * tp[12],
-        n_ops_nb(cnt, ints[I_FRAG], ints[I_COAL]),
-        tp[3][t],
-        tp[4][t],
-        tp[5][t],
+        cnt * tp.block_bytes,
+        n_ops_nb(cnt, tp.fragments, tp.coalesce),
+        tp.op_s[t],
+        tp.lat_s[t],
+        tp.cap_bw[t],
         path,
         bw,
-        tp[8],
-        lk[0],
-        lk[1],
-        lk[2],
+        tp.link_ops,
+        lk.free,
+        lk.busy,
+        lk.moved,
     )
 
 
 @njit(cache=True, nogil=True, _nrt=False)
-def lookup_nb(ts, tp, n_tiers, k, block_ids, bo, start, cap, src):  # noqa: ANN001, ANN201
+def lookup_nb(ts, tp, k, block_ids, bo, start, cap, src):  # noqa: ANN001, ANN201
     """Source tier of blocks ``start..`` (into ``src``) until one is found nowhere; the count."""
     n = 0
     for j in range(start, cap):
         b = block_ids[bo + j]
         found = -1
-        for t in range(n_tiers):
+        for t in range(tp.n_tiers):
             if has_nb(ts, pool_nb(tp, t, k), b):
                 found = t
                 break
@@ -137,42 +242,39 @@ def lookup_nb(ts, tp, n_tiers, k, block_ids, bo, start, cap, src):  # noqa: ANN0
 
 
 @njit(cache=True, nogil=True, _nrt=False)
-def _cost_nb(tp, lk, n_tiers, k, now, counts, q, ctx, comp, path):  # noqa: ANN001, ANN201
-    ints = tp[11]
+def _cost_nb(tp, lk, k, now, counts, q, ctx, timing, path):  # noqa: ANN001, ANN201
     load = 0.0
-    for t in range(n_tiers):
+    for t in range(tp.n_tiers):
         if counts[t] > 0:
             gpu_path_nb(tp, k, t, path)
             fin = estimate_nb(
                 now,
-                counts[t] * tp[12],
-                n_ops_nb(counts[t], ints[I_FRAG], ints[I_COAL]),
-                tp[3][t],
-                tp[4][t],
-                tp[5][t],
+                counts[t] * tp.block_bytes,
+                n_ops_nb(counts[t], tp.fragments, tp.coalesce),
+                tp.op_s[t],
+                tp.lat_s[t],
+                tp.cap_bw[t],
                 path,
-                tp[6],
-                lk[0],
+                tp.link_bw_read,
+                lk.free,
             )
             if fin - now > load:
                 load = fin - now
-    return load + prefill_estimate_nb(q, ctx, comp[0], comp[1], comp[2])
+    return load + prefill_estimate_nb(q, ctx, timing[0], timing[1], timing[2])
 
 
 @njit(cache=True, nogil=True, _nrt=False)
-def choose_nb(tp, lk, n_tiers, k, now, src, n_src, hbm_hits, B, counts, comp, path):  # noqa: ANN001, ANN201
+def choose_nb(tp, lk, k, now, src, n_src, hbm_hits, B, counts, timing, path):  # noqa: ANN001, ANN201
     """How many found blocks to load: all, or the cost-aware choice (ties: load more)."""
-    if tp[11][I_COST] == 0:
+    if tp.cost_aware == 0:
         return n_src
-    for t in range(n_tiers):
+    for t in range(tp.n_tiers):
         counts[t] = 0
     best_c = 0
-    best = _cost_nb(tp, lk, n_tiers, k, now, counts, n_src * B, hbm_hits * B, comp, path)
+    best = _cost_nb(tp, lk, k, now, counts, n_src * B, hbm_hits * B, timing, path)
     for c in range(1, n_src + 1):
         counts[src[c - 1]] += 1
-        v = _cost_nb(
-            tp, lk, n_tiers, k, now, counts, (n_src - c) * B, (hbm_hits + c) * B, comp, path
-        )
+        v = _cost_nb(tp, lk, k, now, counts, (n_src - c) * B, (hbm_hits + c) * B, timing, path)
         if v <= best:
             best = v
             best_c = c
@@ -180,11 +282,10 @@ def choose_nb(tp, lk, n_tiers, k, now, src, n_src, hbm_hits, B, counts, comp, pa
 
 
 @njit(cache=True, nogil=True, _nrt=False)
-def load_nb(ts, tp, lk, n_tiers, k, now, block_ids, bo, start, src, c, counts, path):  # noqa: ANN001, ANN201
+def load_nb(ts, tp, lk, k, now, block_ids, bo, start, src, c, counts, path):  # noqa: ANN001, ANN201
     """Touch (or remove) the ``c`` loaded blocks tail first, one transfer per source tier."""
-    ints = tp[11]
-    excl = ints[I_EXCL] == 1
-    for t in range(n_tiers):
+    excl = tp.exclusive
+    for t in range(tp.n_tiers):
         counts[t] = 0
     for j in range(c - 1, -1, -1):
         p = pool_nb(tp, src[j], k)
@@ -195,54 +296,53 @@ def load_nb(ts, tp, lk, n_tiers, k, now, block_ids, bo, start, src, c, counts, p
             touch_nb(ts, p, b)
         counts[src[j]] += 1
     ready = now
-    for t in range(n_tiers):
+    for t in range(tp.n_tiers):
         cnt = counts[t]
         if cnt == 0:
             continue
-        fin = gpu_transfer_nb(tp, lk, k, t, now, cnt, tp[6], path)
-        lk[3][t] += cnt
-        lk[4][t] += cnt * tp[12]
+        fin = gpu_transfer_nb(tp, lk, k, t, now, cnt, tp.link_bw_read, path)
+        lk.tier_hits[t] += cnt
+        lk.bytes_read[t] += cnt * tp.block_bytes
         if fin > ready:
             ready = fin
     return ready
 
 
 @njit(cache=True, nogil=True, _nrt=False, inline="always")
-def insert_nb(ts, tp, lk, n_tiers, k, now, t, b, path):  # noqa: ANN001, ANN201
+def insert_nb(ts, tp, lk, k, now, t, b, path):  # noqa: ANN001, ANN201
     """Admit ``b`` into tier ``t``; victims cascade down under write-back or exclusive."""
-    ints = tp[11]
-    cascade = ints[I_WRITE] == WRITE_BACK or ints[I_EXCL] == 1
+    cascade = tp.write_policy == WRITE_BACK or tp.exclusive
     while True:
         victim = touch_nb(ts, pool_nb(tp, t, k), b)
-        if victim < 0 or not cascade or t + 1 >= n_tiers:
+        if victim < 0 or not cascade or t + 1 >= tp.n_tiers:
             return
         nxt = t + 1
         if has_nb(ts, pool_nb(tp, nxt, k), victim):
             return
-        cap = tp[5][t] if tp[5][t] < tp[5][nxt] else tp[5][nxt]
+        cap = tp.cap_bw[t] if tp.cap_bw[t] < tp.cap_bw[nxt] else tp.cap_bw[nxt]
         tier_path_nb(tp, k, t, nxt, path)
         transfer_nb(
             now,
-            tp[12],
-            n_ops_nb(1, ints[I_FRAG], ints[I_COAL]),
-            tp[3][nxt],
-            tp[4][nxt],
+            tp.block_bytes,
+            n_ops_nb(1, tp.fragments, tp.coalesce),
+            tp.op_s[nxt],
+            tp.lat_s[nxt],
             cap,
             path,
-            tp[7],
-            tp[8],
-            lk[0],
-            lk[1],
-            lk[2],
+            tp.link_bw_write,
+            tp.link_ops,
+            lk.free,
+            lk.busy,
+            lk.moved,
         )
-        lk[4][t] += tp[12]
-        lk[5][nxt] += tp[12]
+        lk.bytes_read[t] += tp.block_bytes
+        lk.bytes_written[nxt] += tp.block_bytes
         t = nxt
         b = victim
 
 
 @njit(cache=True, nogil=True, _nrt=False)
-def write_down_nb(ts, tp, lk, n_tiers, k, now, buf, nbuf, n_targets, path):  # noqa: ANN001, ANN201
+def write_down_nb(ts, tp, lk, k, now, buf, nbuf, n_targets, path):  # noqa: ANN001, ANN201
     """Copy ``buf[:nbuf]`` into the first ``n_targets`` tiers, one transfer per tier."""
     for t in range(n_targets):
         p = pool_nb(tp, t, k)
@@ -250,59 +350,56 @@ def write_down_nb(ts, tp, lk, n_tiers, k, now, buf, nbuf, n_targets, path):  # n
         for x in range(nbuf):
             b = buf[x]
             if not has_nb(ts, p, b):
-                insert_nb(ts, tp, lk, n_tiers, k, now, t, b, path)
+                insert_nb(ts, tp, lk, k, now, t, b, path)
                 cnt += 1
         if cnt > 0:
-            gpu_transfer_nb(tp, lk, k, t, now, cnt, tp[7], path)
-            lk[5][t] += cnt * tp[12]
+            gpu_transfer_nb(tp, lk, k, t, now, cnt, tp.link_bw_write, path)
+            lk.bytes_written[t] += cnt * tp.block_bytes
 
 
 @njit(cache=True, nogil=True, _nrt=False, inline="always")
-def new_targets_nb(tp, n_tiers):  # noqa: ANN001, ANN201
-    return 1 if tp[11][I_EXCL] == 1 else n_tiers
+def new_targets_nb(tp):  # noqa: ANN001, ANN201
+    return 1 if tp.exclusive else tp.n_tiers
 
 
 @njit(cache=True, nogil=True, _nrt=False)
-def sighted_nb(ts, tp, lk, n_tiers, k, now, block_ids, bo, nb, hbm_hits, sightings, buf, path):  # noqa: ANN001, ANN201
+def sighted_nb(ts, tp, lk, k, now, block_ids, bo, nb, hbm_hits, buf, path):  # noqa: ANN001, ANN201
     """One sighting of each block of an admitted request; selective copies of HBM hits at k."""
-    ints = tp[11]
     n = 0
     for j in range(nb):
         b = block_ids[bo + j]
-        sightings[b] += 1
-        if j < hbm_hits and sightings[b] == ints[I_K]:
+        ts.sightings[b] += 1
+        if j < hbm_hits and ts.sightings[b] == tp.selective_k:
             buf[n] = b
             n += 1
-    if ints[I_WRITE] == WRITE_SELECTIVE and n > 0:
-        targets = new_targets_nb(tp, n_tiers)
-        write_down_nb(ts, tp, lk, n_tiers, k, now, buf, np.int64(n), np.int64(targets), path)
+    if tp.write_policy == WRITE_SELECTIVE and n > 0:
+        targets = new_targets_nb(tp)
+        write_down_nb(ts, tp, lk, k, now, buf, np.int64(n), np.int64(targets), path)
 
 
 @njit(cache=True, nogil=True, _nrt=False)
-def computed_nb(ts, tp, lk, n_tiers, k, now, buf, nbuf, sightings, path):  # noqa: ANN001, ANN201
+def computed_nb(ts, tp, lk, k, now, buf, nbuf, path):  # noqa: ANN001, ANN201
     """Newly computed blocks ``buf[:nbuf]``: copy down per the write policy."""
-    ints = tp[11]
-    wp = ints[I_WRITE]
+    wp = tp.write_policy
     if wp == WRITE_THROUGH:
         n = nbuf
     elif wp == WRITE_SELECTIVE:
         n = 0
         for x in range(nbuf):
-            if sightings[buf[x]] >= ints[I_K]:
+            if ts.sightings[buf[x]] >= tp.selective_k:
                 buf[n] = buf[x]
                 n += 1
     else:
         return
     if n > 0:
-        targets = new_targets_nb(tp, n_tiers)
-        write_down_nb(ts, tp, lk, n_tiers, k, now, buf, np.int64(n), np.int64(targets), path)
+        targets = new_targets_nb(tp)
+        write_down_nb(ts, tp, lk, k, now, buf, np.int64(n), np.int64(targets), path)
 
 
 @njit(cache=True, nogil=True, _nrt=False)
-def hbm_evicted_nb(ts, tp, lk, n_tiers, k, now, buf, nbuf, path):  # noqa: ANN001, ANN201
-    ints = tp[11]
-    if (ints[I_WRITE] == WRITE_BACK or ints[I_EXCL] == 1) and nbuf > 0:
-        write_down_nb(ts, tp, lk, n_tiers, k, now, buf, np.int64(nbuf), np.int64(1), path)
+def hbm_evicted_nb(ts, tp, lk, k, now, buf, nbuf, path):  # noqa: ANN001, ANN201
+    if (tp.write_policy == WRITE_BACK or tp.exclusive) and nbuf > 0:
+        write_down_nb(ts, tp, lk, k, now, buf, np.int64(nbuf), np.int64(1), path)
 
 
 @njit(cache=True, nogil=True, _nrt=False)

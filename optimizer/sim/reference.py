@@ -2,7 +2,13 @@
 
 Plain Python, one object per request and per instance, slow on purpose so that every rule is
 visible. The numba engine (:mod:`kvtier.sim.nb`) must produce *identical* per-request times;
-any change here changes it too, in the same commit. The rules, in the order they apply:
+any change here changes it too, in the same commit. Each step is a function of its own, and
+the kernel has one of the same name (suffix ``_nb``) so the two can be read side by side:
+``next_event``, ``end_iteration`` (with ``first_token`` and ``finish``), the SLO test
+(``SloTracker.missed`` / ``slo_missed_nb``), ``arrive`` (reject or ``route``) and
+``start_iteration`` (with ``admit``). The kernel's ``run_ahead_nb`` (decode steps run ahead of
+the event loop) is a faster way to do what repeated iterations do here. The rules, in the
+order they apply:
 
 Events. Time advances to the next event: the end of an instance's iteration or an arrival. At
 one instant, iteration ends are processed first (instances in index order), then arrivals (trace
@@ -182,7 +188,7 @@ def simulate_reference(
     tp = cfg.timing_params()
     params = [float(x) for x in tp]
     first = np.full(n, np.nan)
-    finish = np.full(n, np.nan)
+    finish_s = np.full(n, np.nan)
     hits_out = np.zeros(n, dtype=np.int64)
     inst_of = np.full(n, -1, dtype=np.int64)
     instances = [Instance(cfg.capacity_blocks) for _ in range(cfg.n_instances)]
@@ -208,13 +214,24 @@ def simulate_reference(
         )  # GDSF's cost per block
         lower = LowerTiers(cfg.tiers, trace.n_blocks, compute, costs)
     load_s = np.zeros(n)
+    loaded_blocks = np.zeros((n, cfg.tiers.n_tiers if cfg.tiers is not None else 0), np.int64)
     rr = 0
     nxt = 0
     n_iter = 0
     early = False
     now = 0.0
 
+    def next_event() -> float:
+        """The next instant: an arrival, an iteration's end or an idle instance's wake-up."""
+        t_arr = requests[nxt].arrival if nxt < n else np.inf
+        busy = [inst.busy_until for inst in instances if inst.busy_until is not None]
+        t_end = min(busy) if busy else np.inf
+        wakes = [inst.wake for inst in instances if inst.busy_until is None]
+        t_wake = min(wakes) if wakes else np.inf
+        return min(t_arr, t_end, t_wake)
+
     def route(req: Request) -> int:
+        """The instance ``req`` joins (load = waiting + running requests)."""
         nonlocal rr
         if cfg.router == ROUND_ROBIN:
             k = rr % cfg.n_instances
@@ -234,7 +251,19 @@ def simulate_reference(
                 best, best_hits, best_load = k, h, loads[k]
         return best
 
+    def arrive(req: Request) -> None:
+        """``req`` arrives: rejected if it can never fit, else routed to a waiting queue."""
+        if req.total_blocks > cfg.capacity_blocks:
+            if tracker is not None:
+                tracker.rejected()
+            return
+        k = route(req)
+        inst_of[req.idx] = k
+        instances[k].waiting.append(req)
+
     def admit(inst: Instance, k: int, req: Request, now: float) -> bool:
+        """Admit ``req`` on instance ``k`` if its fresh slots fit: look up its prefix (HBM,
+        then the lower tiers), load, pin the hits and allocate the rest."""
         pool = inst.pool
         cap = min((req.input_tokens - 1) // B, len(req.blocks))
         h = pool.lookup(req.blocks, cap)
@@ -249,6 +278,8 @@ def simulate_reference(
             if loaded:
                 req.ready = lower.load(k, now, req.blocks, h, src[:loaded])
                 load_s[req.idx] = req.ready - now
+                for t in src[:loaded]:
+                    loaded_blocks[req.idx, t] += 1
             lower.sighted(k, now, req.blocks, h)
         evicted: list[int] = []
         req.slots = [pool.pin(b) for b in req.blocks[:h]]
@@ -261,9 +292,10 @@ def simulate_reference(
         hits_out[req.idx] = h
         return True
 
-    def start(inst: Instance, k: int, t: float) -> None:
-        """Schedule an iteration; requests still loading take no tokens. With nothing to run
-        (every running request is loading) the instance stays idle until the first is ready."""
+    def start_iteration(inst: Instance, k: int, t: float) -> None:
+        """Idle instance ``k`` schedules an iteration: running requests take their tokens, then
+        admissions (FCFS) take prefill chunks; requests still loading take no tokens. With
+        nothing to run (every running request is loading) it stays idle until one is ready."""
         nonlocal n_iter
         budget = cfg.token_budget
         sched: list[tuple[Request, int]] = []
@@ -310,7 +342,22 @@ def simulate_reference(
         if check_invariants:
             inst.pool.check(inst.running)
 
-    def end(inst: Instance, k: int, t: float) -> None:
+    def first_token(req: Request, t: float) -> None:
+        """``req``'s prompt is complete: its first token at ``t`` (SLO counts)."""
+        first[req.idx] = t
+        if tracker is not None:
+            tracker.first_token(t - req.arrival)
+
+    def finish(inst: Instance, req: Request, t: float) -> None:
+        """``req`` emitted its last token: record it, count its TPOT, free its slots."""
+        finish_s[req.idx] = t
+        if tracker is not None:
+            tracker.finished(t - first[req.idx], req.output_tokens)
+        inst.pool.release(req.slots)
+
+    def end_iteration(inst: Instance, k: int, t: float) -> None:
+        """Instance ``k``'s iteration ends: KV grows, full blocks register, tokens are
+        emitted."""
         pool = inst.pool
         done: list[Request] = []
         computed: list[int] = []
@@ -326,9 +373,7 @@ def simulate_reference(
             if was_prefill:
                 if req.kv == req.input_tokens:
                     req.generated = 1
-                    first[req.idx] = t
-                    if tracker is not None:
-                        tracker.first_token(t - req.arrival)
+                    first_token(req, t)
                     if req.output_tokens <= 1:
                         done.append(req)
             else:
@@ -336,10 +381,7 @@ def simulate_reference(
                 if req.generated >= req.output_tokens:
                     done.append(req)
             if done and done[-1] is req:
-                finish[req.idx] = t
-                if tracker is not None:
-                    tracker.finished(t - first[req.idx], req.output_tokens)
-                pool.release(req.slots)
+                finish(inst, req, t)
         for req in done:
             inst.running.remove(req)
         inst.scheduled = []
@@ -351,43 +393,35 @@ def simulate_reference(
             if lower is not None:
                 lower.check()
 
+    # The event loop; the numba kernel's loop (kvtier.sim.nb.simulate_nb) has the same steps
+    # under the same names (next_event_nb, end_iteration_nb, slo_missed_nb, arrive_nb,
+    # start_iteration_nb).
     while True:
-        t_arr = requests[nxt].arrival if nxt < n else np.inf
-        busy = [inst.busy_until for inst in instances if inst.busy_until is not None]
-        t_end = min(busy) if busy else np.inf
-        wakes = [inst.wake for inst in instances if inst.busy_until is None]
-        t_wake = min(wakes) if wakes else np.inf
-        now = min(t_arr, t_end, t_wake)
+        now = next_event()
         if now == np.inf:
             break
         for k, inst in enumerate(instances):
             if inst.busy_until is not None and inst.busy_until == now:
-                end(inst, k, now)
+                end_iteration(inst, k, now)
         if tracker is not None and tracker.missed():
             early = True
             break
         while nxt < n and requests[nxt].arrival == now:
-            req = requests[nxt]
+            arrive(requests[nxt])
             nxt += 1
-            if req.total_blocks > cfg.capacity_blocks:
-                if tracker is not None:
-                    tracker.rejected()
-                continue
-            k = route(req)
-            inst_of[req.idx] = k
-            instances[k].waiting.append(req)
         for k, inst in enumerate(instances):
             if inst.busy_until is None and (inst.running or inst.waiting):
-                start(inst, k, now)
+                start_iteration(inst, k, now)
 
     return RawResult(
         first_token_s=first,
-        finish_s=finish,
+        finish_s=finish_s,
         hit_blocks=hits_out,
         instance=inst_of,
         busy_s=np.array([inst.busy_time for inst in instances]),
         n_iterations=n_iter,
         early_stopped=early,
-        end_s=end_time(finish, early, now),
+        end_s=end_time(finish_s, early, now),
+        loaded_blocks=loaded_blocks,
         **(lower.result(load_s) if lower is not None else {}),
     )

@@ -33,6 +33,8 @@ class RawResult:
     link_busy_s: np.ndarray = field(default_factory=lambda: np.zeros(0))
     link_bytes: np.ndarray = field(default_factory=lambda: np.zeros(0))
     load_s: np.ndarray | None = None  # float64 (n,): admission to last loaded block arriving
+    # int64 (n, tiers): blocks each request loaded from each lower tier (n x 0 without tiers)
+    loaded_blocks: np.ndarray = field(default_factory=lambda: np.zeros((0, 0), dtype=np.int64))
 
 
 def end_time(finish_s: np.ndarray, early_stopped: bool, now: float) -> float:
