@@ -11,7 +11,12 @@ from __future__ import annotations
 import polars as pl
 
 from kvtier.trace.format import Trace
-from kvtier.trace.importers.common import csv_row_lines, first_bad_csv_line, read_bytes
+from kvtier.trace.importers.common import (
+    check_field_counts,
+    csv_row_lines,
+    first_bad_csv_line,
+    read_bytes,
+)
 from kvtier.trace.importers.registry import ImportOptions, register
 from kvtier.trace.importers.tabular import ColumnMap, lengths_trace
 
@@ -23,6 +28,7 @@ AZURE = ColumnMap(
 def read_csv_strings(path: str) -> tuple[pl.DataFrame, object]:
     """A CSV file as string columns, with the line where each row starts."""
     data = read_bytes(path)
+    check_field_counts(data, path)
     try:
         df = pl.read_csv(data, infer_schema=False)
     except Exception as err:

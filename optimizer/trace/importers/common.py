@@ -209,6 +209,36 @@ def csv_row_lines(data: bytes, n_rows: int) -> np.ndarray:
     return np.asarray(starts[1 : n_rows + 1], dtype=np.int64)
 
 
+def check_field_counts(data: bytes, path: str) -> None:
+    """Refuse rows with fewer fields than the header (a CSV reader would fill them with nulls).
+
+    Vectorised over the bytes when no field is quoted; with quotes, the csv module counts.
+    """
+    if b'"' in data:
+        error = first_bad_csv_line(data, path, ValueError("ragged row"))
+        if error.line is not None:
+            raise error
+        return
+    buf = np.frombuffer(data, dtype=np.uint8)
+    newlines = np.flatnonzero(buf == ord("\n"))
+    starts = np.concatenate(([0], newlines + 1))
+    ends = np.concatenate((newlines, [len(buf)]))
+    commas = np.concatenate(([0], np.cumsum(buf == ord(","), dtype=np.int64)))
+    visible = ~np.isin(buf, np.frombuffer(b" \t\r\n", dtype=np.uint8))
+    cum = np.concatenate(([0], np.cumsum(visible, dtype=np.int64)))
+    fields = commas[ends] - commas[starts] + 1
+    content = cum[ends] - cum[starts] > 0
+    if not content.any():
+        return
+    header = int(fields[np.flatnonzero(content)[0]])
+    bad = content & (fields != header)
+    if bad.any():
+        line = int(np.flatnonzero(bad)[0])
+        raise InputError(
+            f"row has {int(fields[line])} fields, the header {header}", path=path, line=line + 1
+        )
+
+
 def first_bad_csv_line(data: bytes, path: str, err: Exception) -> InputError:
     """The first row with a field count other than the header's (error path only)."""
     reader = csv.reader(io.StringIO(data.decode("utf-8"), newline=""))

@@ -68,13 +68,19 @@ def parse_timestamps(text: pl.Series) -> pl.Series:
     return naive.dt.epoch("us").fill_null(aware.dt.epoch("us"))
 
 
+def _where(keep: pl.Series, values: pl.Series) -> pl.Series:
+    """``values`` with null wherever ``keep`` is false or null."""
+    frame = pl.DataFrame({"keep": keep, "v": values})
+    return frame.select(pl.when(pl.col("keep")).then(pl.col("v")).otherwise(None)).to_series()
+
+
 def _integers(df: pl.DataFrame, name: str) -> pl.Series:
     col = df.get_column(name)
     if col.dtype == pl.String:
         col = col.str.strip_chars()
     if col.dtype.is_float():
-        whole = col.is_not_null() & col.is_finite() & (col == col.floor())
-        return pl.when(whole).then(col).otherwise(None).cast(pl.Int64, strict=False)
+        whole = col.is_finite() & (col == col.floor())
+        return _where(whole, col).cast(pl.Int64, strict=False)
     return col.cast(pl.Int64, strict=False)
 
 
@@ -83,7 +89,7 @@ def _floats(df: pl.DataFrame, name: str) -> pl.Series:
     if col.dtype == pl.String:
         col = col.str.strip_chars()
     out = col.cast(pl.Float64, strict=False)
-    return pl.when(out.is_finite()).then(out).otherwise(None)
+    return _where(out.is_finite(), out)
 
 
 def lengths_trace(
