@@ -30,6 +30,7 @@ SAMPLE = REPO / "traces" / "sample-chat.parquet"
 def make_evaluator(load: str):
     from kvtier.hardware import load_hardware, load_model
     from kvtier.policy.model import Policy
+    from kvtier.scenario import Scenario
     from kvtier.search.objective import Evaluator
     from kvtier.search.run import DEFAULT_SLO
     from kvtier.search.space import load_space
@@ -37,18 +38,19 @@ def make_evaluator(load: str):
 
     space = load_space("default")
     base = Policy(hardware="h100-node", model="Llama-3.1-8B", slo=DEFAULT_SLO)
-    evaluator = Evaluator(
+    scenario = Scenario(
         read_trace(MOONCAKE),
         load_hardware("h100-node"),
         load_model("Llama-3.1-8B"),
         base,
-        DEFAULT_SLO,
+        slo=DEFAULT_SLO,
         load=load,
     )
+    evaluator = Evaluator(scenario)
     for p in space.params:  # map every block size once, outside the timing
         if p.name == "block_tokens":
             for b in p.choices:
-                evaluator.blocked(int(b))
+                scenario.blocked(base.with_block_tokens(int(b)))
     return evaluator, space
 
 

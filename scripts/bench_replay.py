@@ -12,8 +12,16 @@ Measures, for Llama-3.1-8B on the ``h100-node`` profile (8 instances, B=16 by de
   write-back: warm replay median, and the ratio to the reference on the first N requests for
   each N in ``--tier-samples``.
 
+With ``--against DIR`` it instead times this tree's kernels against another version's, side
+by side in one process: ``DIR`` holds that version's source as a package named ``kvtier_old``
+(``git archive REV optimizer | tar -x -C DIR``, the folder renamed and its ``kvtier`` imports
+rewritten to ``kvtier_old``). Each round times the median of ``--runs`` warm replays of one
+version and then of the other (the order alternating between rounds), for the three routers
+on the default deployment and for one lower-tier case; it prints the per-round ratios
+new / old (median and range) and whether both versions give identical metrics.
+
 Usage: ``PYTHONPATH=. python scripts/bench_replay.py [--runs 5] [--samples 1000,12031]
-[--tiers] [--tier-samples 500,2000]``.
+[--tiers] [--tier-samples 500,2000] [--against DIR --rounds 7]``.
 """
 
 from __future__ import annotations
@@ -34,10 +42,11 @@ TRACE = ROOT / "traces" / "mooncake-conversation.parquet"
 COLD = """
 import time
 t0 = time.perf_counter()
-from kvtier.sim.replay import prepare, replay
-setup = prepare({trace!r}, block_tokens={B})
+from kvtier.scenario import Scenario
+scenario = Scenario.from_files({trace!r}, block_tokens={B})
+scenario.blocked()
 t1 = time.perf_counter()
-replay(setup)
+scenario.replay()
 t2 = time.perf_counter()
 print(t1 - t0, t2 - t1)
 """
@@ -76,14 +85,19 @@ def main() -> None:
     ap.add_argument("--reference-runs", type=int, default=3)
     ap.add_argument("--tiers", action="store_true", help="Only the lower-tier benchmark.")
     ap.add_argument("--tier-samples", default="500,2000")
+    ap.add_argument("--against", type=Path, default=None, help="Time against DIR/kvtier_old.")
+    ap.add_argument("--rounds", type=int, default=7, help="Rounds of --against.")
     args = ap.parse_args()
+    if args.against is not None:
+        bench_against(args)
+        return
     if args.tiers:
         bench_tiers(args)
         return
 
     sys.path.insert(0, str(ROOT))
+    from kvtier.scenario import Scenario
     from kvtier.sim import simulate
-    from kvtier.sim.replay import prepare
 
     B = args.block_tokens
     with tempfile.TemporaryDirectory() as empty_cache:
@@ -91,8 +105,8 @@ def main() -> None:
     _, cached_s = cold_start(args.trace, B, None)
     _, cached_s = cold_start(args.trace, B, None)  # the first run may have filled the cache
 
-    setup = prepare(str(args.trace), block_tokens=B)
-    tr, hw, model, policy = setup.trace, setup.hardware, setup.model, setup.policy
+    scenario = Scenario.from_files(str(args.trace), block_tokens=B)
+    tr, hw, model, policy = scenario.blocked(), scenario.hardware, scenario.model, scenario.policy
     print(
         f"trace {args.trace.name}: {tr.n_requests:,} requests, {tr.n_block_refs:,} block refs, "
         f"{tr.n_blocks:,} distinct blocks at B={B}"
@@ -143,14 +157,14 @@ def bench_tiers(args: argparse.Namespace) -> None:
     """Mooncake at B=16 on 16 instances with DRAM + CXL + SSD (issue 5's benchmark)."""
     sys.path.insert(0, str(ROOT))
     from kvtier.policy.model import Policy, ServingPolicy, TierPolicy
+    from kvtier.scenario import Scenario
     from kvtier.sim import simulate
-    from kvtier.sim.replay import prepare
 
     B = args.block_tokens
-    setup = prepare(
+    scenario = Scenario.from_files(
         str(args.trace), hardware="beluga-testbed", model="Llama-3.1-8B", block_tokens=B
     )
-    tr, hw, model = setup.trace, setup.hardware, setup.model
+    tr, hw, model = scenario.blocked(), scenario.hardware, scenario.model
     tiers = (
         TierPolicy(),
         TierPolicy(name="dram", capacity_gb=500.0),
@@ -191,6 +205,94 @@ def bench_tiers(args: argparse.Namespace) -> None:
                 f"ratio {slow / f:.0f}x; identical metrics: {a.same_as(b)}",
                 flush=True,
             )
+
+
+class Version:
+    """One version's replay entry points, imported from its package (``kvtier``, ``kvtier_old``)."""
+
+    def __init__(self, package: str) -> None:
+        import importlib
+
+        def mod(name: str):  # noqa: ANN202
+            return importlib.import_module(f"{package}.{name}")
+
+        self.name = package
+        self.simulate = mod("sim").simulate
+        self.read_trace = mod("trace.io").read_trace
+        self.block_trace = mod("trace.blocks").block_trace
+        self.load_hardware = mod("hardware").load_hardware
+        self.load_model = mod("hardware").load_model
+        self.policy = mod("policy.model")
+
+    def case(self, trace: Path, B: int, hardware: str, policy: dict):  # noqa: ANN201
+        """(replay function, metrics as a dict) of one case; the trace mapped once."""
+        pm = self.policy
+        serving = pm.ServingPolicy(**policy.get("serving", {}))
+        tiers = tuple(pm.TierPolicy(**t) for t in policy.get("tiers", ()))
+        kwargs = {k: v for k, v in policy.items() if k not in ("serving", "tiers")}
+        pol = pm.Policy(
+            block_tokens=B, serving=serving, **kwargs, **({"tiers": tiers} if tiers else {})
+        )
+        tr = self.block_trace(self.read_trace(str(trace)), B)
+        hw, model = self.load_hardware(hardware), self.load_model("Llama-3.1-8B")
+
+        def run():  # noqa: ANN202
+            return self.simulate(tr, hw, model, pol)
+
+        m = run().to_dict()
+        m.pop("engine")
+        return run, m
+
+
+def bench_against(args: argparse.Namespace) -> None:
+    """This tree's kernels against ``args.against``'s, alternated in one process."""
+    sys.path.insert(0, str(ROOT))
+    sys.path.insert(0, str(args.against))
+    new, old = Version("kvtier"), Version("kvtier_old")
+    B = args.block_tokens
+    tiers = [
+        {"name": "hbm"},
+        {"name": "dram", "capacity_gb": 500.0},
+        {"name": "cxl", "capacity_gb": 2000.0},
+        {"name": "ssd"},
+    ]
+    cases = [
+        (f"h100-node, 8 instances, {r}", "h100-node", {"serving": {"routing": r}})
+        for r in ("round_robin", "least_loaded", "prefix_affinity")
+    ]
+    cases.append(
+        (
+            "beluga-testbed, 16 instances, DRAM + CXL + SSD, write_through",
+            "beluga-testbed",
+            {
+                "write_policy": "write_through",
+                "serving": {"instances": 16, "routing": "prefix_affinity"},
+                "tiers": tiers,
+            },
+        )
+    )
+    print(
+        f"{args.trace.name}, B={B}, Llama-3.1-8B; {args.rounds} rounds, each the median of "
+        f"{args.runs} warm replays per version; ratio = new / old"
+    )
+    for label, hardware, policy in cases:
+        run_new, m_new = new.case(args.trace, B, hardware, policy)
+        run_old, m_old = old.case(args.trace, B, hardware, policy)
+        t_new, t_old, ratios = [], [], []
+        for r in range(args.rounds):
+            order = [(run_new, t_new), (run_old, t_old)]
+            if r % 2:
+                order.reverse()
+            for fn, times in order:
+                times.append(statistics.median(timed(fn, args.runs)))
+            ratios.append(t_new[-1] / t_old[-1])
+        print(
+            f"{label}: new {statistics.median(t_new):.3f} s, old {statistics.median(t_old):.3f} s; "
+            f"ratio per round median {statistics.median(ratios):.3f} "
+            f"(range {min(ratios):.3f}-{max(ratios):.3f}); "
+            f"{m_new['n_iterations']:,} iterations; identical metrics: {m_new == m_old}",
+            flush=True,
+        )
 
 
 if __name__ == "__main__":

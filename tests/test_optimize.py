@@ -10,6 +10,7 @@ import pytest
 from kvtier.hardware import load_hardware, load_model
 from kvtier.policy.file import read_policy_file
 from kvtier.policy.model import SLO, Policy
+from kvtier.scenario import Scenario
 from kvtier.search.objective import Evaluator
 from kvtier.search.run import optimize, parse_slo
 from kvtier.search.space import load_space
@@ -59,7 +60,13 @@ def test_tpe_finds_the_exhaustive_optimum_within_two_percent(
     slo = parse_slo(SLO_TEXT)
     base = Policy(hardware="h100-node", model="Llama-3.1-8B", slo=slo)
     evaluator = Evaluator(
-        read_trace(trace_path), load_hardware("h100-node"), load_model("Llama-3.1-8B"), base, slo
+        Scenario(
+            read_trace(trace_path),
+            load_hardware("h100-node"),
+            load_model("Llama-3.1-8B"),
+            base,
+            slo=slo,
+        )
     )
     costs = [ev.cost_per_mtok for ev in map(evaluator.evaluate, space.grid()) if ev.feasible]
     optimum = min(costs)

@@ -133,7 +133,7 @@ def test_replay_with_a_preset_and_errors(tmp_path: Path) -> None:
 
 def test_tenancy_follows_the_policy(tmp_path: Path) -> None:
     """Two tenants with the same prompt share blocks only when the policy allows it."""
-    from kvtier.sim.replay import prepare
+    from kvtier.scenario import Scenario
     from kvtier.trace.io import write_trace
     from tests.helpers import make_trace
 
@@ -143,5 +143,5 @@ def test_tenancy_follows_the_policy(tmp_path: Path) -> None:
     for share, distinct in ((False, 8), (True, 4)):
         policy = tmp_path / f"p{share}.toml"
         policy.write_text(f"share_across_tenants = {str(share).lower()}\n")
-        setup = prepare(str(path), policy_path=str(policy))
-        assert setup.trace.n_blocks == distinct
+        scenario = Scenario.from_files(str(path), policy_path=str(policy))
+        assert scenario.blocked().n_blocks == distinct

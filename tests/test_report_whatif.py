@@ -8,9 +8,10 @@ from pathlib import Path
 
 import pytest
 
+from kvtier.experiments.whatif import run_what_if, tier_variants
 from kvtier.hardware import load_hardware, load_model
 from kvtier.policy.model import SLO, Policy, TierPolicy
-from kvtier.report.whatif import run_what_if, tier_variants
+from kvtier.scenario import Scenario
 from kvtier.search.objective import Evaluator
 from kvtier.sim import simulate
 from kvtier.trace.blocks import block_trace
@@ -61,7 +62,7 @@ def evaluator_and_policy() -> tuple[Evaluator, Policy]:
     trace = synthesize("chat", requests=120, rate=4.0, seed=3)
     hw, mdl = load_hardware("h100-node"), load_model("Llama-3.1-8B")
     policy = Policy(tiers=(TierPolicy(capacity_gb=0.2), TierPolicy(name="dram", capacity_gb=8.0)))
-    return Evaluator(trace, hw, mdl, policy, SLO(ttft_p99_s=30.0)), policy
+    return Evaluator(Scenario(trace, hw, mdl, policy, slo=SLO(ttft_p99_s=30.0))), policy
 
 
 def test_each_row_is_a_full_replay_of_its_variant(evaluator_and_policy) -> None:

@@ -11,9 +11,7 @@ import pytest
 from click.testing import CliRunner
 
 from kvtier.cli import main
-from kvtier.hardware import load_hardware, load_model
-from kvtier.policy.presets import load_preset
-from kvtier.report.validation import (
+from kvtier.experiments.validation import (
     METRICS,
     RUNS,
     SYSTEMS,
@@ -22,6 +20,8 @@ from kvtier.report.validation import (
     with_hbm,
     with_interleave,
 )
+from kvtier.hardware import load_hardware, load_model
+from kvtier.policy.presets import load_preset
 from kvtier.trace.synth import synthesize
 
 # docs/sources.md, model configurations: layers / KV heads / head dim -> KiB per token at BF16.
@@ -43,8 +43,8 @@ def test_kv_bytes_per_token_exact(name: str) -> None:
 def test_geometry_checks_all_exact() -> None:
     rows = geometry_checks()
     assert len(rows) == 8
-    assert all(r["exact"] for r in rows), [r for r in rows if not r["exact"]]
-    ctx = {r["check"]: r["model"] for r in rows if "GiB" in r["check"]}
+    assert all(r.exact for r in rows), [r for r in rows if not r.exact]
+    ctx = {r.check: r.model for r in rows if "GiB" in r.check}
     assert ctx["Llama-3.1-70B GiB of KV at 131,072 tokens"] == 40.0
     assert ctx["Llama-3.1-405B GiB of KV at 131,072 tokens"] == 63.0
 

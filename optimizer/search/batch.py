@@ -17,7 +17,8 @@ from typing import Any
 
 from kvtier.errors import InputError
 from kvtier.hardware import load_hardware, load_model
-from kvtier.search.run import DEFAULT_HARDWARE, DEFAULT_MODEL, OptimizeResult, optimize
+from kvtier.scenario import hardware_name, model_name
+from kvtier.search.run import OptimizeResult, optimize
 
 
 @dataclass
@@ -41,8 +42,8 @@ def plan_batch(
 
     if not traces:
         raise InputError("no trace given")
-    hw = load_hardware(hardware or DEFAULT_HARDWARE)
-    mdl = load_model(model or DEFAULT_MODEL)
+    hw = load_hardware(hardware_name(hardware))
+    mdl = load_model(model_name(model))
     items: list[BatchItem] = []
     seen: dict[str, str] = {}
     for path in traces:

@@ -16,21 +16,17 @@ or refused requests that can never fit.
 from __future__ import annotations
 
 import math
-import threading
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from kvtier.errors import InputError
 from kvtier.hardware.types import Hardware, ModelProfile
 from kvtier.policy.model import SLO, Policy
+from kvtier.scenario import LOAD_MODES, SLO_TERMS, Scenario
 from kvtier.search.overlay import apply
-from kvtier.sim import simulate
 from kvtier.sim.metrics import Metrics
-from kvtier.trace.blocked import BlockedTrace
 from kvtier.trace.format import Trace
 
-SLO_TERMS = ("ttft_mean_s", "ttft_p99_s", "ttft_p999_s", "tpot_p99_s")
-LOAD_MODES = ("trace", "capacity")
+__all__ = ["LOAD_MODES", "SLO_TERMS", "Evaluation", "Evaluator", "binding_term", "slo_violations"]
 
 
 def slo_violations(metrics: Metrics, slo: SLO) -> dict[str, float]:
@@ -76,64 +72,49 @@ class Evaluation:
 
 
 class Evaluator:
-    """Replays policies on one trace, hardware and model; safe to call from many threads.
+    """Evaluates policies in one :class:`Scenario`; safe to call from many threads.
 
-    Block mappings are computed once per block size and shared: they are the expensive part
-    of preparing a replay, and the numba engine itself releases the GIL.
+    The scenario owns the trace's block mappings (computed once per block size and tenant
+    sharing, shared between threads) and the load; this adds the judgement against the SLO
+    and, in ``capacity`` mode, the search for the largest load that meets it.
     """
 
     def __init__(
-        self,
-        trace: Trace,
-        hardware: Hardware,
-        model: ModelProfile,
-        base_policy: Policy,
-        slo: SLO,
-        *,
-        load: str = "trace",
-        rate_scale: float = 1.0,
-        max_rate_scale: float = 64.0,
-        bisect_steps: int = 6,
-        engine: str = "numba",
+        self, scenario: Scenario, *, max_rate_scale: float = 64.0, bisect_steps: int = 6
     ) -> None:
-        if load not in LOAD_MODES:
-            raise InputError(f"--load must be one of {LOAD_MODES}, got {load!r}", option="--load")
-        if not (math.isfinite(rate_scale) and rate_scale > 0):
-            raise InputError(f"--rate-scale must be > 0, got {rate_scale}", option="--rate-scale")
-        self.trace = trace
-        self.hardware = hardware
-        self.model = model
-        self.base_policy = base_policy
+        slo = scenario.slo_for(scenario.policy) or SLO()
+        self.scenario = scenario if scenario.slo == slo else replace(scenario, slo=slo)
         self.slo = slo
-        self.load = load
-        self.rate_scale = rate_scale
         self.max_rate_scale = max_rate_scale
         self.bisect_steps = bisect_steps
-        self.engine = engine
-        self._blocked: dict[int, BlockedTrace] = {}
-        self._lock = threading.Lock()
 
-    def blocked(self, block_tokens: int) -> BlockedTrace:
-        with self._lock:
-            if block_tokens not in self._blocked:
-                from kvtier.trace.blocks import block_trace
+    @property
+    def trace(self) -> Trace:
+        return self.scenario.trace
 
-                self._blocked[block_tokens] = block_trace(self.trace, block_tokens)
-            return self._blocked[block_tokens]
+    @property
+    def hardware(self) -> Hardware:
+        return self.scenario.hardware
+
+    @property
+    def model(self) -> ModelProfile:
+        return self.scenario.model
+
+    @property
+    def base_policy(self) -> Policy:
+        return self.scenario.policy
+
+    @property
+    def load(self) -> str:
+        return self.scenario.load
+
+    @property
+    def rate_scale(self) -> float:
+        return self.scenario.rate_scale
 
     def replay(self, policy: Policy, rate_scale: float, *, stop_early: bool = True) -> Metrics:
-        trace = self.blocked(policy.block_tokens)
-        if rate_scale != 1.0:
-            trace = trace.with_arrivals(trace.arrival_s / rate_scale)
-        return simulate(
-            trace,
-            self.hardware,
-            self.model,
-            policy,
-            engine=self.engine,
-            slo=self.slo,
-            stop_early=stop_early and not self.slo.is_empty(),
-        )
+        """``policy`` replayed at ``rate_scale``, judged by the evaluator's SLO."""
+        return self.scenario.replay(policy, rate_scale=rate_scale, stop_early=stop_early).metrics
 
     def _judge(
         self, values: dict[str, Any], policy: Policy, metrics: Metrics, scale: float, replays: int

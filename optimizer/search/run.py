@@ -22,7 +22,16 @@ from kvtier.errors import InputError
 from kvtier.hardware import load_hardware, load_model
 from kvtier.policy.file import sha256_of, write_policy_file
 from kvtier.policy.model import SLO, Policy, policy_from_dict
-from kvtier.search.objective import SLO_TERMS, Evaluation, Evaluator, binding_term
+from kvtier.scenario import (
+    SLO_TERMS,
+    Scenario,
+    StudySetup,
+    check_study_trace,
+    hardware_name,
+    model_name,
+    slo_to_dict,
+)
+from kvtier.search.objective import Evaluation, Evaluator, binding_term
 from kvtier.search.space import SearchSpace, load_space
 from kvtier.search.study import (
     TrialSummary,
@@ -35,8 +44,6 @@ from kvtier.search.study import (
 from kvtier.search.warmstart import warm_start_trials
 
 DEFAULT_SLO = SLO(ttft_p99_s=2.0, tpot_p99_s=0.1)
-DEFAULT_HARDWARE = "h100-node"
-DEFAULT_MODEL = "Llama-3.1-8B"
 SLO_ALIASES = {
     "ttft_mean": "ttft_mean_s",
     "ttft_p99": "ttft_p99_s",
@@ -192,8 +199,8 @@ def optimize(
 
     started = time.perf_counter()
     trace = read_trace(trace_path)
-    hardware = hardware or DEFAULT_HARDWARE
-    model = model or DEFAULT_MODEL
+    hardware = hardware_name(hardware)
+    model = model_name(model)
     hw = load_hardware(hardware)
     mdl = load_model(model)
     slo = parse_slo(slo_text)
@@ -205,7 +212,8 @@ def optimize(
     search_space = fit_space_to_hardware(search_space.with_pins(pins or {}), hw)
     base = policy_from_dict({"hardware": hardware, "model": model}, "<defaults>")
     base = replace(base, slo=slo)
-    evaluator = Evaluator(trace, hw, mdl, base, slo, load=load, rate_scale=rate_scale)
+    scenario = Scenario(trace, hw, mdl, base, slo=slo, load=load, rate_scale=rate_scale)
+    evaluator = Evaluator(scenario)
 
     name = study_name or f"{Path(trace_path).stem}-{hw.name}-{mdl.name}".lower()
     if storage is None:
@@ -213,32 +221,37 @@ def optimize(
         storage = f"sqlite:///{runs_dir / (name + '.db')}"
     study = open_study(name, storage=storage, seed=seed, pareto=pareto)
     digest = sha256_of(trace_path)
-    recorded = study.user_attrs.get("trace_sha256")
-    if recorded is not None and recorded != digest:
-        raise InputError(
-            f"study {name!r} in {storage} was run on a different trace "
-            f"(sha256 {recorded[:12]}...); choose another --study name",
-            option="--study",
-        )
-    study.set_user_attr("trace_sha256", digest)
-    # What the latest run searched, for `kvtier report` (each trial also keeps its own policy).
-    study.set_user_attr(
-        "setup",
-        {
-            "trace": str(trace_path),
-            "hardware": hardware,
-            "model": model,
-            "slo": {t: getattr(slo, t) for t in SLO_TERMS if getattr(slo, t) is not None},
-            "load": load,
-            "rate_scale": rate_scale,
-            "space": search_space.source,
-        },
+    check_study_trace(
+        study,
+        digest,
+        mismatch=f"study {name!r} in {storage} was run on a different trace (sha256 {{sha}}); "
+        "choose another --study name",
+        option="--study",
     )
+    # What the latest run searched, for `kvtier report` (each trial also keeps its own policy).
+    StudySetup(
+        trace=str(trace_path),
+        trace_sha256=digest,
+        hardware=hardware,
+        model=model,
+        slo=slo,
+        load=load,
+        rate_scale=rate_scale,
+        space=search_space.source,
+    ).record(study)
 
     warmed = 0
     if warm_start and len(study.trials) == 0:
-        first_b = search_space.pinned.get("block_tokens", base.block_tokens)
-        blocked = evaluator.blocked(int(first_b))  # type: ignore[arg-type]
+        # The curve of the trace as the pinned fields map it (block size, tenant sharing).
+        pinned: dict[str, Any] = dict(search_space.pinned)
+        warm_policy = replace(
+            base,
+            block_tokens=int(pinned.get("block_tokens", base.block_tokens)),
+            share_across_tenants=bool(
+                pinned.get("share_across_tenants", base.share_across_tenants)
+            ),
+        )
+        blocked = scenario.blocked(warm_policy)
         for values in warm_start_trials(search_space, blocked, mdl, base):
             study.enqueue_trial(values, skip_if_exists=True)
             warmed += 1
@@ -271,8 +284,7 @@ def optimize(
         )
 
     best = best_feasible(study)
-    bounds = {t: getattr(slo, t) for t in SLO_TERMS if getattr(slo, t) is not None}
-    near = None if best is not None else closest(study, bounds)
+    near = None if best is not None else closest(study, slo_to_dict(slo))
     binding = binding_term(near.violations, slo) if near is not None else None
 
     baselines = []

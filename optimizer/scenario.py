@@ -1,0 +1,380 @@
+"""One way to replay a policy on a trace: the scenario every command goes through.
+
+``kvtier replay``, ``compare``, the what-if of ``report``, ``validate`` and the optimizer's
+evaluator all replay "this policy, on this trace, hardware and model, at this load". Written
+by hand in each, the copies drifted: one blocked the trace by block size alone and evaluated
+``share_across_tenants = true`` on a tenant-salted trace. A :class:`Scenario` owns the facts
+such a replay depends on, once:
+
+* the profile defaults (``h100-node``, ``Llama-3.1-8B``) when neither the command line nor
+  the policy names one;
+* the blocked-trace cache, keyed by every policy field that changes block identities
+  (:func:`block_key`: the block size *and* tenant sharing), safe to share between threads;
+* rate scaling (:func:`scale_arrivals`);
+* the setup a study records (:class:`StudySetup`) and the one check that a trace is the one
+  a study ran on (:func:`check_study_trace`).
+
+Nothing here imports numba until a replay runs, so commands that only read (``report``,
+``export``) stay quick to start.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields, replace
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from kvtier.errors import InputError
+from kvtier.hardware.types import Hardware, ModelProfile
+from kvtier.policy.model import SLO, Policy
+from kvtier.trace.blocked import BlockedTrace
+from kvtier.trace.format import Trace
+
+if TYPE_CHECKING:
+    from kvtier.sim.config import SimConfig
+    from kvtier.sim.metrics import Metrics
+    from kvtier.sim.result import RawResult
+
+DEFAULT_HARDWARE = "h100-node"
+DEFAULT_MODEL = "Llama-3.1-8B"
+LOAD_MODES = ("trace", "capacity")
+ENGINES = ("numba", "reference")
+SLO_TERMS = tuple(f.name for f in fields(SLO))  # ttft_mean_s, ttft_p99_s, ttft_p999_s, ...
+
+
+# -- rate scaling ---------------------------------------------------------------------------
+
+
+def check_rate_scale(rate_scale: float, option: str = "--rate-scale") -> float:
+    """``rate_scale`` itself when it is a positive finite number, else an :class:`InputError`."""
+    if not (isinstance(rate_scale, int | float) and math.isfinite(rate_scale) and rate_scale > 0):
+        raise InputError(f"must be a positive number, got {rate_scale}", option=option)
+    return float(rate_scale)
+
+
+def scale_arrivals(trace: BlockedTrace, rate_scale: float) -> BlockedTrace:
+    """The same requests arriving ``rate_scale`` times as fast (``arrival_s / rate_scale``)."""
+    rate_scale = check_rate_scale(rate_scale)
+    if rate_scale == 1.0:
+        return trace
+    return trace.with_arrivals(trace.arrival_s / rate_scale)
+
+
+# -- profiles -------------------------------------------------------------------------------
+
+
+def hardware_name(explicit: str | None, policy: Policy | None = None) -> str:
+    """The hardware profile to use: the one named, else the policy's, else the default."""
+    return explicit or (policy.hardware if policy is not None else None) or DEFAULT_HARDWARE
+
+
+def model_name(explicit: str | None, policy: Policy | None = None) -> str:
+    """The model profile to use: the one named, else the policy's, else the default."""
+    return explicit or (policy.model if policy is not None else None) or DEFAULT_MODEL
+
+
+# -- the blocked-trace cache ----------------------------------------------------------------
+
+
+def block_key(policy: Policy) -> tuple[int, bool]:
+    """Every policy field that changes the block identities of a trace.
+
+    Two policies with the same key replay the same :class:`BlockedTrace`; a field that
+    changes how a trace maps to blocks belongs here, and only here.
+    """
+    return (policy.block_tokens, policy.share_across_tenants)
+
+
+class BlockCache:
+    """A trace's block mappings, computed once per :func:`block_key` and shared.
+
+    Mapping a trace to blocks is the expensive part of preparing a replay, and the numba
+    engine releases the GIL, so an optimizer's threads share one cache; the lock makes sure
+    each mapping is computed once.
+    """
+
+    def __init__(self, trace: Trace) -> None:
+        self.trace = trace
+        self._blocked: dict[tuple[int, bool], BlockedTrace] = {}
+        self._lock = threading.Lock()
+
+    def get(self, policy: Policy) -> BlockedTrace:
+        key = block_key(policy)
+        with self._lock:
+            if key not in self._blocked:
+                from kvtier.trace.blocks import block_trace
+
+                block_tokens, share = key
+                self._blocked[key] = block_trace(
+                    self.trace, block_tokens, share_across_tenants=share
+                )
+            return self._blocked[key]
+
+
+# -- the scenario ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Replay:
+    """One replay: its metrics, and what they were computed from.
+
+    ``raw`` holds the per-request times, ``trace`` the blocked trace as replayed (arrivals
+    scaled), ``config`` the deployment the kernels ran; a per-request table is built from
+    these without replaying again.
+    """
+
+    metrics: Metrics
+    raw: RawResult
+    trace: BlockedTrace
+    config: SimConfig
+    policy: Policy
+    rate_scale: float
+
+
+@dataclass(frozen=True)
+class Scenario:
+    """A trace, the hardware and model that serve it, a base policy, an SLO and a load.
+
+    ``slo`` of None means each policy's own (``kvtier replay`` of a policy file); the
+    optimizer passes the SLO it searches under. ``load`` and ``rate_scale`` say how the
+    trace is served: as recorded with arrivals divided by ``rate_scale`` (``trace``), or at
+    the largest load that meets the SLO (``capacity``, searched by
+    :class:`kvtier.search.objective.Evaluator`). ``blocks`` may be passed to share one
+    trace's block mappings between scenarios that differ in hardware or policy.
+    """
+
+    trace: Trace
+    hardware: Hardware
+    model: ModelProfile
+    policy: Policy = field(default_factory=Policy)
+    slo: SLO | None = None
+    load: str = "trace"
+    rate_scale: float = 1.0
+    engine: str = "numba"
+    blocks: BlockCache | None = field(default=None, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        if self.load not in LOAD_MODES:
+            raise InputError(
+                f"must be one of {', '.join(LOAD_MODES)}, got {self.load!r}", option="--load"
+            )
+        object.__setattr__(self, "rate_scale", check_rate_scale(self.rate_scale))
+        if self.engine not in ENGINES:
+            raise InputError(
+                f"must be one of {', '.join(ENGINES)}, got {self.engine!r}", option="--engine"
+            )
+        if self.blocks is None or self.blocks.trace is not self.trace:
+            object.__setattr__(self, "blocks", BlockCache(self.trace))
+
+    @classmethod
+    def from_files(
+        cls,
+        trace_path: str,
+        *,
+        hardware: str | None = None,
+        model: str | None = None,
+        policy_path: str | None = None,
+        preset: str | None = None,
+        overrides: Mapping[str, Any] | None = None,
+        block_tokens: int | None = None,
+        rate_scale: float | None = None,
+        engine: str = "numba",
+    ) -> Scenario:
+        """What ``kvtier replay`` replays: a trace file with a policy file, a preset or the
+        defaults; ``overrides`` (``--set``) and ``block_tokens`` applied over it; profiles as
+        named, else the policy's, else the defaults; ``rate_scale`` as given, else the load a
+        policy file's metrics were measured at, else 1."""
+        from kvtier.trace.io import read_trace
+
+        if policy_path is not None and preset is not None:
+            raise InputError("give --policy or --preset, not both", option="--preset")
+        recorded_scale = 1.0
+        if policy_path is not None:
+            from kvtier.policy.file import read_policy_file
+
+            policy_file = read_policy_file(policy_path)
+            policy, recorded_scale = policy_file.policy, policy_file.rate_scale
+        elif preset is not None:
+            from kvtier.policy.presets import load_preset
+
+            policy = load_preset(preset)
+        else:
+            policy = Policy()
+        if overrides:
+            from kvtier.policy.overrides import apply_overrides
+
+            policy = apply_overrides(policy, dict(overrides), "--set")
+        if block_tokens is not None:
+            if block_tokens < 1:
+                raise InputError(f"must be >= 1, got {block_tokens}", option="--block-tokens")
+            policy = policy.with_block_tokens(block_tokens)
+        from kvtier.hardware import load_hardware, load_model
+
+        return cls(
+            read_trace(trace_path),
+            load_hardware(hardware_name(hardware, policy)),
+            load_model(model_name(model, policy)),
+            policy,
+            rate_scale=recorded_scale if rate_scale is None else rate_scale,
+            engine=engine,
+        )
+
+    def with_policy(self, policy: Policy) -> Scenario:
+        """The same trace, profiles and load under another base policy (mappings shared)."""
+        return replace(self, policy=policy)
+
+    def slo_for(self, policy: Policy) -> SLO | None:
+        """The SLO a replay of ``policy`` is judged by: the scenario's, else the policy's."""
+        return self.slo if self.slo is not None else policy.slo
+
+    def blocked(self, policy: Policy | None = None) -> BlockedTrace:
+        """The trace mapped to ``policy``'s blocks (the base policy's by default), cached."""
+        assert self.blocks is not None  # set in __post_init__
+        return self.blocks.get(self.policy if policy is None else policy)
+
+    def replay(
+        self,
+        policy: Policy | None = None,
+        *,
+        rate_scale: float | None = None,
+        stop_early: bool = False,
+        arrival_s: np.ndarray | None = None,
+    ) -> Replay:
+        """Replay ``policy`` (the base policy by default) to its metrics.
+
+        Arrivals are divided by ``rate_scale`` (the scenario's by default), or replaced by
+        ``arrival_s`` (a load generator of one's own, e.g. validation's bursts). With
+        ``stop_early`` the run ends once the SLO is certainly missed.
+        """
+        from kvtier.sim import build_config, compute_metrics, simulate_raw
+
+        policy = self.policy if policy is None else policy
+        scale = self.rate_scale if rate_scale is None else check_rate_scale(rate_scale)
+        trace = self.blocked(policy)
+        if arrival_s is not None:
+            trace = trace.with_arrivals(np.ascontiguousarray(arrival_s, dtype=np.float64))
+        else:
+            trace = scale_arrivals(trace, scale)
+        slo = self.slo_for(policy)
+        cfg = build_config(self.hardware, self.model, policy)
+        raw = simulate_raw(trace, cfg, engine=self.engine, slo=slo, stop_early=stop_early)
+        metrics = compute_metrics(
+            trace,
+            raw,
+            cost_per_hour=cfg.cost_per_hour,
+            slo=slo,
+            engine=self.engine,
+            tiers=cfg.tiers,
+        )
+        return Replay(metrics, raw, trace, cfg, policy, scale)
+
+
+# -- the setup a study records --------------------------------------------------------------
+
+SETUP_ATTR = "setup"  # the study's user attributes: what the latest run searched ...
+SHA256_ATTR = "trace_sha256"  # ... and the trace it ran on
+
+
+def slo_to_dict(slo: SLO) -> dict[str, float]:
+    """The SLO's set terms, as a study and a policy file record them."""
+    return {t: getattr(slo, t) for t in SLO_TERMS if getattr(slo, t) is not None}
+
+
+def slo_from_dict(data: Mapping[str, Any]) -> SLO:
+    return SLO(**{k: float(v) for k, v in data.items()})
+
+
+def check_study_trace(study: Any, digest: str, *, mismatch: str, option: str) -> None:
+    """Raise unless ``study`` ran on the trace whose sha256 is ``digest`` (or records none).
+
+    ``mismatch`` is the message, with ``{sha}`` standing for the recorded digest (shortened):
+    resuming a study on another trace and pointing the what-if at a moved trace say it in
+    their own words.
+    """
+    recorded = study.user_attrs.get(SHA256_ATTR)
+    if recorded is not None and recorded != digest:
+        raise InputError(mismatch.replace("{sha}", f"{recorded[:12]}..."), option=option)
+
+
+@dataclass(frozen=True)
+class StudySetup:
+    """What an optimize run searched, recorded with its study so it can be replayed later."""
+
+    trace: str
+    trace_sha256: str | None
+    hardware: str
+    model: str
+    slo: SLO
+    load: str = "trace"
+    rate_scale: float = 1.0
+    space: str = ""
+
+    def to_attrs(self) -> dict[str, Any]:
+        """The study user attributes this setup is stored as."""
+        setup = {
+            "trace": self.trace,
+            "hardware": self.hardware,
+            "model": self.model,
+            "slo": slo_to_dict(self.slo),
+            "load": self.load,
+            "rate_scale": self.rate_scale,
+            "space": self.space,
+        }
+        return {SHA256_ATTR: self.trace_sha256, SETUP_ATTR: setup}
+
+    def record(self, study: Any) -> None:
+        for key, value in self.to_attrs().items():
+            study.set_user_attr(key, value)
+
+    @classmethod
+    def from_study(cls, study: Any) -> StudySetup:
+        """The setup ``study`` recorded; an :class:`InputError` when it records none."""
+        setup = dict(study.user_attrs.get(SETUP_ATTR) or {})
+        if not setup:
+            raise InputError(
+                f"study {study.study_name!r} records no setup to replay", option="--study"
+            )
+        return cls(
+            trace=str(setup.get("trace", "")),
+            trace_sha256=study.user_attrs.get(SHA256_ATTR),
+            hardware=str(setup.get("hardware")),
+            model=str(setup.get("model")),
+            slo=slo_from_dict(setup.get("slo") or {}),
+            load=str(setup.get("load", "trace")),
+            rate_scale=float(setup.get("rate_scale", 1.0)),
+            space=str(setup.get("space", "")),
+        )
+
+    def scenario(self, policy: Policy, *, trace_path: str | None = None) -> Scenario:
+        """The scenario the study evaluated its trials in, with ``policy`` as the base.
+
+        ``trace_path`` replaces the recorded path of a trace that has moved; it must hold the
+        same trace (:func:`check_study_trace` first).
+        """
+        from kvtier.hardware import load_hardware, load_model
+        from kvtier.trace.io import read_trace
+
+        return Scenario(
+            read_trace(trace_path or self.trace),
+            load_hardware(self.hardware),
+            load_model(self.model),
+            policy,
+            slo=self.slo,
+            load=self.load,
+            rate_scale=self.rate_scale,
+        )
+
+
+def trace_sha256(path: str | Path, *, unreadable: str, option: str) -> str:
+    """The sha256 of a trace file; ``unreadable`` is the message when it cannot be read."""
+    from kvtier.policy.file import sha256_of
+
+    try:
+        return sha256_of(path)
+    except OSError:
+        raise InputError(unreadable, option=option) from None
