@@ -519,6 +519,21 @@ IMPORT_FORMATS = import_format_names()
     help="FIELD=COLUMN,... mapping trace fields (arrival, input, output, ...) to the "
     "source's column names (--from csv / jsonl).",
 )
+@click.option(
+    "--session-rate",
+    type=float,
+    default=None,
+    help="Sessions started per second, for datasets without timestamps (sharegpt, lmsys) "
+    "[default: 1].",
+)
+@click.option(
+    "--think-time",
+    "think_time_s",
+    type=float,
+    default=None,
+    help="Mean seconds between a session's turns, ditto [default: 10].",
+)
+@click.option("--seed", type=int, default=None, help="Seed of the synthetic arrivals [default: 0].")
 def trace_import(
     source_format: str,
     input_path: str,
@@ -527,6 +542,9 @@ def trace_import(
     chat_template: str | None,
     block_tokens: int | None,
     columns: str | None,
+    session_rate: float | None,
+    think_time_s: float | None,
+    seed: int | None,
 ) -> None:
     """Convert a public or user trace (INPUT) to request-trace/1."""
     from kvtier.trace.importers import ImportOptions, import_trace, parse_columns
@@ -539,6 +557,9 @@ def trace_import(
         chat_template=chat_template,
         block_tokens=block_tokens,
         columns=parse_columns(columns) if columns is not None else {},
+        session_rate=session_rate,
+        think_time_s=think_time_s,
+        seed=seed,
     )
     imported = import_trace(source_format, input_path, options)
     write_trace(imported, output)
@@ -546,6 +567,57 @@ def trace_import(
     click.echo(
         f"wrote {imported.n_requests:,} requests over {imported.duration_s:,.1f} s "
         f"({source_format}, {imported.block_tokens}-token blocks{prefix}) to {output}"
+    )
+
+
+@trace.command("sample")
+@click.argument("trace_path", metavar="TRACE", type=click.Path(dir_okay=False))
+@click.option("--fraction", type=float, required=True, help="Share of sessions to keep, (0, 1].")
+@click.option("--seed", type=int, default=0, show_default=True, help="Another, independent sample.")
+@click.option(
+    "-o",
+    "--output",
+    required=True,
+    type=click.Path(dir_okay=False),
+    help="Trace file to write (.parquet or .arrow).",
+)
+def trace_sample_cmd(trace_path: str, fraction: float, seed: int, output: str) -> None:
+    """Keep whole sessions (or prefix trees) of TRACE by a hash of their root (SHARDS-style);
+    replays of the sample scale the cluster and shared tiers by the same fraction."""
+    from kvtier.trace.io import read_trace, write_trace
+    from kvtier.trace.sampling import sample
+
+    loaded = read_trace(trace_path)
+    sampled, roots = sample(loaded, fraction, seed=seed)
+    write_trace(sampled, output)
+    click.echo(
+        f"wrote {sampled.n_requests:,} of {loaded.n_requests:,} requests (whole {roots}, "
+        f"sample fraction {sampled.sample_fraction:g}) to {output}"
+    )
+
+
+@trace.command("slice")
+@click.argument("trace_path", metavar="TRACE", type=click.Path(dir_okay=False))
+@click.option("--start", type=float, default=0.0, show_default=True, help="First second kept.")
+@click.option("--end", type=float, default=None, help="End of the window, seconds [default: all].")
+@click.option(
+    "-o",
+    "--output",
+    required=True,
+    type=click.Path(dir_okay=False),
+    help="Trace file to write (.parquet or .arrow).",
+)
+def trace_slice_cmd(trace_path: str, start: float, end: float | None, output: str) -> None:
+    """Keep the requests of TRACE arriving in [--start, --end), shifted to start at 0."""
+    from kvtier.trace.io import read_trace, write_trace
+    from kvtier.trace.sampling import time_slice
+
+    loaded = read_trace(trace_path)
+    cut = time_slice(loaded, start, end)
+    write_trace(cut, output)
+    click.echo(
+        f"wrote {cut.n_requests:,} of {loaded.n_requests:,} requests "
+        f"({cut.duration_s:,.1f} s) to {output}"
     )
 
 

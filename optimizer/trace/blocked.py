@@ -35,6 +35,7 @@ class BlockedTrace:
     pass_index: np.ndarray | None = None  # int32 (n,) replay pass (synthetic multi-pass traces)
     source: str = ""
     extra: dict[str, object] = field(default_factory=dict)
+    sample_fraction: float = 1.0  # of the full trace's sessions / prefix trees (trace sample)
 
     def __post_init__(self) -> None:
         n = len(self.arrival_s)
@@ -150,6 +151,7 @@ class BlockedTrace:
             tenant_id=cut(self.tenant_id),
             pass_index=cut(self.pass_index),
             source=self.source,
+            sample_fraction=self.sample_fraction,
         )
 
     @classmethod

@@ -130,4 +130,5 @@ def block_trace(
         tenant_id=tenants,
         pass_index=optional(PASS_COLUMN, np.int32),
         source=trace.source,
+        sample_fraction=trace.sample_fraction,
     )

@@ -32,6 +32,9 @@ META_FORMAT = "kvtier.format"
 META_BLOCK_TOKENS = "kvtier.block_tokens"
 META_SOURCE = "kvtier.source"
 META_PREFIX_INFO = "kvtier.prefix_info"
+# A spatial sample (``kvtier trace sample``) keeps this fraction of the sessions or prefix trees;
+# a replay scales the cluster and the shared tiers by it.
+META_SAMPLE_FRACTION = "kvtier.sample_fraction"
 
 REQUIRED_COLUMNS = ("arrival_s", "input_tokens", "output_tokens", "block_hashes")
 OPTIONAL_COLUMNS = ("request_id", "session_id", "tenant")
@@ -61,6 +64,7 @@ class Trace:
     has_prefix_info: bool = True
     path: str | None = None
     metadata: dict[str, str] = field(default_factory=dict)  # extra schema metadata, kept as is
+    sample_fraction: float = 1.0  # < 1 for a spatial sample of a larger trace
 
     # -- construction -------------------------------------------------------------------------
     @classmethod
@@ -114,6 +118,7 @@ class Trace:
         has_prefix_info: bool = True,
         metadata: dict[str, str] | None = None,
         path: str | None = None,
+        sample_fraction: float = 1.0,
     ) -> Trace:
         """Validate ``table`` (sorting it by arrival if needed) and wrap it."""
         from kvtier.trace.validate import validate_table
@@ -130,6 +135,8 @@ class Trace:
                 META_PREFIX_INFO: "true" if has_prefix_info else "false",
             }
         )
+        if sample_fraction != 1.0:
+            meta[META_SAMPLE_FRACTION] = repr(float(sample_fraction))
         table = table.replace_schema_metadata(meta)
         extra = {k: v for k, v in meta.items() if not k.startswith("kvtier.")}
         return cls(
@@ -139,6 +146,7 @@ class Trace:
             has_prefix_info=has_prefix_info,
             path=path,
             metadata=extra,
+            sample_fraction=float(sample_fraction),
         )
 
     # -- accessors ----------------------------------------------------------------------------

@@ -8,6 +8,7 @@ trace behind.
 
 from __future__ import annotations
 
+import math
 import os
 import tempfile
 from collections.abc import Callable
@@ -24,6 +25,7 @@ from kvtier.trace.format import (
     META_BLOCK_TOKENS,
     META_FORMAT,
     META_PREFIX_INFO,
+    META_SAMPLE_FRACTION,
     META_SOURCE,
     Trace,
 )
@@ -93,6 +95,7 @@ def read_trace(path: str | os.PathLike[str]) -> Trace:
             path=path,
         )
     prefix_info = meta.get(META_PREFIX_INFO, "true").lower() != "false"
+    fraction = _sample_fraction(meta.get(META_SAMPLE_FRACTION, "1.0"), path)
     extra = {k: v for k, v in meta.items() if not k.startswith("kvtier.")}
     return Trace.from_table(
         table,
@@ -101,7 +104,21 @@ def read_trace(path: str | os.PathLike[str]) -> Trace:
         has_prefix_info=prefix_info,
         metadata=extra,
         path=path,
+        sample_fraction=fraction,
     )
+
+
+def _sample_fraction(text: str, path: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not 0 < value <= 1:
+        raise InputError(
+            f"schema metadata '{META_SAMPLE_FRACTION}' must be a number in (0, 1], got {text!r}",
+            path=path,
+        )
+    return value
 
 
 def atomic_write(path: str | os.PathLike[str], write: Callable[[str], None]) -> None:

@@ -22,6 +22,9 @@ MODULES = {
     "burstgpt": "burstgpt",
     "csv": "mapped",
     "jsonl": "mapped",
+    "openai-log": "openai_log",
+    "sharegpt": "sharegpt",
+    "lmsys": "lmsys",
 }
 
 OPTION_FLAGS = {
@@ -29,6 +32,9 @@ OPTION_FLAGS = {
     "chat_template": "--chat-template",
     "block_tokens": "--block-tokens",
     "columns": "--columns",
+    "session_rate": "--session-rate",
+    "think_time_s": "--think-time",
+    "seed": "--seed",
 }
 
 __all__ = [

@@ -19,13 +19,18 @@ class ImportOptions:
 
     ``tokenizer`` and ``chat_template`` are for sources with prompt text, ``block_tokens`` the
     hash granularity of text sources (vLLM's default block size), ``columns`` a mapping of
-    trace fields to the source's own column names (``--columns``).
+    trace fields to the source's own column names (``--columns``). ``session_rate``,
+    ``think_time_s`` and ``seed`` shape the synthetic arrivals of conversation datasets that
+    have no timestamps (``kvtier.trace.importers.text.schedule``).
     """
 
     tokenizer: str | None = None
     chat_template: str | None = None
     block_tokens: int | None = None
     columns: dict[str, str] = field(default_factory=dict)
+    session_rate: float | None = None
+    think_time_s: float | None = None
+    seed: int | None = None
 
 
 Importer = Callable[[str, ImportOptions], Trace]

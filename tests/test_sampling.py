@@ -1,0 +1,147 @@
+"""Spatial samples keep whole sessions and prefix subtrees; slices keep a time window."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from kvtier.trace.format import Trace
+from kvtier.trace.io import read_trace, write_trace
+from kvtier.trace.sampling import TRUNK_SHARE, root_keys, sample, time_slice
+from kvtier.trace.synth import synthesize
+from tests.helpers import assert_one_line_error, invoke, make_trace
+
+MOONCAKE = Path(__file__).resolve().parents[1] / "traces" / "mooncake-conversation.parquet"
+
+
+@pytest.fixture(scope="module")
+def chat():  # noqa: ANN201
+    return synthesize("chat", requests=600, rate=5.0, seed=3)
+
+
+def test_sample_keeps_whole_sessions_and_about_the_fraction(chat) -> None:  # noqa: ANN001
+    sampled, roots = sample(chat, 0.3, seed=1)
+    assert roots == "sessions"
+    full_sessions = chat.column_numpy("session_id")
+    kept = set(sampled.column_numpy("session_id").tolist())
+    counts = {s: int((full_sessions == s).sum()) for s in kept}
+    for s, c in counts.items():
+        assert int((sampled.column_numpy("session_id") == s).sum()) == c
+    n_sessions = len(np.unique(full_sessions))
+    assert abs(len(kept) / n_sessions - 0.3) < 0.12
+    assert sampled.sample_fraction == pytest.approx(0.3)
+
+
+def test_samples_of_samples_multiply_and_the_fraction_survives_a_file(chat, tmp_path) -> None:  # noqa: ANN001
+    once, _ = sample(chat, 0.5, seed=2)
+    twice, _ = sample(once, 0.5, seed=3)
+    assert twice.sample_fraction == pytest.approx(0.25)
+    path = tmp_path / "s.parquet"
+    result = invoke(
+        "trace", "sample", str(tmp_path / "missing.parquet"), "--fraction", "0.5", "-o", str(path)
+    )
+    assert_one_line_error(result, "missing.parquet")
+    write_trace(twice, path)
+    assert read_trace(path).sample_fraction == pytest.approx(0.25)
+
+
+def test_seeds_draw_independent_samples_and_fraction_one_keeps_all(chat) -> None:  # noqa: ANN001
+    a, _ = sample(chat, 0.4, seed=0)
+    b, _ = sample(chat, 0.4, seed=1)
+    assert set(a.column_numpy("session_id")) != set(b.column_numpy("session_id"))
+    same, _ = sample(chat, 0.4, seed=0)
+    assert same.table.equals(a.table)
+    everything, _ = sample(chat, 1.0)
+    assert everything.n_requests == chat.n_requests
+
+
+def test_prefix_subtrees_below_a_shared_trunk_stay_together() -> None:
+    """Without sessions, a request's root is its first block read by at most 1% of requests:
+    a system prompt every request starts with is trunk, and each conversation (a chain of
+    prompts extending each other) shares one root."""
+    system = list(range(64))
+    prompts, conversation = [], []
+    for c in range(150):
+        history = system + [1000 + c] * 16
+        for turn in range(3):
+            history = history + [5000 + 10 * c + turn] * 16
+            prompts.append(list(history))
+            conversation.append(c)
+    trace = make_trace(prompts, 16)
+    keys, roots = root_keys(trace)
+    assert roots == "prefix subtrees"
+    conversation = np.asarray(conversation)
+    for c in range(150):
+        assert len(set(keys[conversation == c].tolist())) == 1
+    assert len(np.unique(keys)) == 150
+    assert TRUNK_SHARE * trace.n_requests < 150  # the system prompt's blocks are trunk
+
+
+def test_no_prefix_information_samples_requests() -> None:
+    trace = synthesize("short", requests=400, seed=1)
+    empty = pa.array([[]] * 400, type=pa.list_(pa.uint64()))
+    table = trace.table.drop_columns(["block_hashes"]).append_column("block_hashes", empty)
+    trace = Trace.from_table(table, block_tokens=16, has_prefix_info=False)
+    sampled, roots = sample(trace, 0.5)
+    assert roots == "requests"
+    assert 120 < sampled.n_requests < 280
+
+
+@settings(max_examples=25, deadline=None)
+@given(fraction=st.floats(0.05, 1.0), seed=st.integers(0, 1000))
+def test_sample_is_a_subset_in_arrival_order(fraction: float, seed: int) -> None:
+    trace = synthesize("chat", requests=120, seed=7)
+    try:
+        sampled, _ = sample(trace, fraction, seed=seed)
+    except Exception as err:  # only "keeps none" is allowed, as a one-line InputError
+        assert "keeps none" in str(err)
+        return
+    ids = sampled.column_numpy("request_id")
+    assert set(ids) <= set(trace.column_numpy("request_id"))
+    assert np.all(np.diff(sampled.arrival_s) >= 0)
+
+
+@pytest.mark.parametrize(
+    ("args", "needle"),
+    [
+        (["--fraction", "0"], "(0, 1]"),
+        (["--fraction", "1.5"], "(0, 1]"),
+        (["--fraction", "nan"], "(0, 1]"),
+        (["--fraction", "0.5", "--seed", "-1"], "--seed"),
+    ],
+)
+def test_bad_sample_options(tmp_path: Path, args: list[str], needle: str) -> None:
+    result = invoke("trace", "sample", str(MOONCAKE), *args, "-o", str(tmp_path / "s.parquet"))
+    assert_one_line_error(result, needle)
+
+
+def test_slice_keeps_the_window_shifted_to_zero(tmp_path: Path) -> None:
+    trace = read_trace(MOONCAKE)
+    cut = time_slice(trace, 600.0, 1200.0)
+    inside = (trace.arrival_s >= 600) & (trace.arrival_s < 1200)
+    assert cut.n_requests == int(inside.sum())
+    assert np.allclose(cut.arrival_s, trace.arrival_s[inside] - 600.0)
+    out = tmp_path / "cut.parquet"
+    result = invoke(
+        "trace", "slice", str(MOONCAKE), "--start", "600", "--end", "1200", "-o", str(out)
+    )
+    assert result.code == 0, result.stderr
+    assert read_trace(out).table.equals(cut.table)
+
+
+@pytest.mark.parametrize(
+    ("args", "needle"),
+    [
+        (["--start", "-1"], "--start"),
+        (["--start", "10", "--end", "5"], "--end"),
+        (["--start", "1e9"], "no request arrives"),
+    ],
+)
+def test_bad_slices(tmp_path: Path, args: list[str], needle: str) -> None:
+    result = invoke("trace", "slice", str(MOONCAKE), *args, "-o", str(tmp_path / "s.parquet"))
+    assert_one_line_error(result, needle)
