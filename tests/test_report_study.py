@@ -133,3 +133,28 @@ def test_html_page_carries_the_tables_and_the_plot(study_dir, tmp_path) -> None:
     best = rep["best"]
     assert f"Parameters of the best trial ({best['number']})" in parsed.cells
     assert f"{best['metrics']['cost_per_mtok']:.4f}" in parsed.cells
+
+
+def test_report_without_what_if_does_not_import_numba(study_dir) -> None:
+    """Reading a study back simulates nothing, so it must not pay for numba's import."""
+    import subprocess
+    import sys
+
+    from tests.helpers import REPO
+
+    run_optimize(study_dir, "light", "ttft_p99=5", trials=2)
+    args = ["report", "--study", "light", "--storage", f"sqlite:///{study_dir / 'light.db'}"]
+    code = (
+        "import sys\n"
+        "from kvtier.cli import main\n"
+        "try:\n"
+        f"    main({[*args, '--json']!r})\n"
+        "except SystemExit as e:\n"
+        "    assert e.code in (0, None), e.code\n"
+        "print('numba' in sys.modules, file=sys.stderr)\n"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, cwd=str(REPO), timeout=120
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stderr.strip().splitlines()[-1] == "False"

@@ -12,13 +12,15 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from kvtier.errors import InputError
 from kvtier.hardware import load_hardware, load_model
 from kvtier.policy.model import SLO, Policy, load_policy
 from kvtier.scenario import BlockCache, Scenario, check_rate_scale, hardware_name, model_name
-from kvtier.sim.metrics import Metrics
+
+if TYPE_CHECKING:
+    from kvtier.sim.metrics import Metrics
 
 
 @dataclass

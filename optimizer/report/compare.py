@@ -5,14 +5,16 @@ The replays are :mod:`kvtier.experiments.compare`'s; this renders its rows.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from kvtier.experiments.compare import Compared
 from kvtier.report.optimize import fmt_cell
+
+if TYPE_CHECKING:
+    from kvtier.experiments.compare import Compared
 
 COLUMNS = (
     ("B", "block_tokens", "{:.0f}"),

@@ -6,9 +6,10 @@ tables are drawn from this data by :mod:`kvtier.report.study`.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from kvtier.experiments.whatif import StudyWhatIf, WhatIfRow
+if TYPE_CHECKING:
+    from kvtier.experiments.whatif import StudyWhatIf, WhatIfRow
 
 
 def what_if_json(rows: list[WhatIfRow]) -> list[dict[str, Any]]:

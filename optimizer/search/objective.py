@@ -17,14 +17,16 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from kvtier.hardware.types import Hardware, ModelProfile
 from kvtier.policy.model import SLO, Policy
 from kvtier.scenario import LOAD_MODES, SLO_TERMS, Scenario
 from kvtier.search.overlay import apply
-from kvtier.sim.metrics import Metrics
 from kvtier.trace.format import Trace
+
+if TYPE_CHECKING:  # the simulator (numba) is imported when a replay runs, not before
+    from kvtier.sim.metrics import Metrics
 
 __all__ = ["LOAD_MODES", "SLO_TERMS", "Evaluation", "Evaluator", "binding_term", "slo_violations"]
 
