@@ -136,7 +136,7 @@ class Replay:
     rate_scale: float
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)  # compared by identity: a trace is too large to compare
 class Scenario:
     """A trace, the hardware and model that serve it, a base policy, an SLO and a load.
 
