@@ -22,6 +22,7 @@ from kvtier.trace.importers.text import (
     TextRequests,
     add_conversation,
     chat_messages,
+    text_setup,
     tokenized_trace,
 )
 
@@ -35,6 +36,7 @@ ROLES = ("system", "user", "assistant", "tool")
 )
 def import_lmsys(path: str, options: ImportOptions) -> Trace:
     """LMSYS-Chat-1M rows: each conversation a session, each assistant turn a request."""
+    setup = text_setup(options, "lmsys")
     req = TextRequests([], [], [], [], None, [], [], [], {})
     starts: list[float | None] = []
     for line, obj in json_records(path):
@@ -56,6 +58,4 @@ def import_lmsys(path: str, options: ImportOptions) -> Trace:
             starts.append(tstamp)
     if starts and all(s is not None for s in starts):
         req.session_starts = [float(s) for s in starts]  # type: ignore[arg-type]
-    return tokenized_trace(
-        req, options, path=path, source=f"lmsys:{os.path.basename(path)}", kind="lmsys"
-    )
+    return tokenized_trace(req, setup, path=path, source=f"lmsys:{os.path.basename(path)}")

@@ -27,7 +27,13 @@ from kvtier.errors import InputError
 from kvtier.trace.format import Trace
 from kvtier.trace.importers.records import Record, json_records
 from kvtier.trace.importers.registry import ImportOptions, register
-from kvtier.trace.importers.text import TEXT_OPTIONS, TextRequests, chat_messages, tokenized_trace
+from kvtier.trace.importers.text import (
+    TEXT_OPTIONS,
+    TextRequests,
+    chat_messages,
+    text_setup,
+    tokenized_trace,
+)
 
 OPENAI_LOG_OPTIONS = tuple(
     o for o in TEXT_OPTIONS if o not in ("session_rate", "think_time_s", "seed")
@@ -96,6 +102,7 @@ def _output(rec: Record) -> int | str:
 )
 def import_openai_log(path: str, options: ImportOptions) -> Trace:
     """A gateway's JSON Lines request log: timestamps, request bodies, responses."""
+    setup = text_setup(options, "openai-log")
     req = TextRequests([], [], [], [], None, [], [], [], {})
     sessions: dict[Any, int] = {}
     ids: dict[str, int] = {}
@@ -130,6 +137,4 @@ def import_openai_log(path: str, options: ImportOptions) -> Trace:
         )
     if request_ids:
         req.extra["request_id"] = request_ids
-    return tokenized_trace(
-        req, options, path=path, source=f"openai-log:{os.path.basename(path)}", kind="openai-log"
-    )
+    return tokenized_trace(req, setup, path=path, source=f"openai-log:{os.path.basename(path)}")

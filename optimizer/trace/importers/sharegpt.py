@@ -20,6 +20,7 @@ from kvtier.trace.importers.text import (
     Message,
     TextRequests,
     add_conversation,
+    text_setup,
     tokenized_trace,
 )
 
@@ -42,6 +43,7 @@ ROLES = {
 )
 def import_sharegpt(path: str, options: ImportOptions) -> Trace:
     """ShareGPT JSON: each conversation a session, each assistant turn a request."""
+    setup = text_setup(options, "sharegpt")
     req = TextRequests([], [], [], [], None, [], [], [], {})
     n_sessions = 0
     for line, obj in json_records(path, allow_array=True):
@@ -57,6 +59,4 @@ def import_sharegpt(path: str, options: ImportOptions) -> Trace:
             messages.append({"role": ROLES[who], "content": turn.get("value", str)})
         if add_conversation(req, line, messages, n_sessions, {"conversation_id": str(conv_id)}):
             n_sessions += 1
-    return tokenized_trace(
-        req, options, path=path, source=f"sharegpt:{os.path.basename(path)}", kind="sharegpt"
-    )
+    return tokenized_trace(req, setup, path=path, source=f"sharegpt:{os.path.basename(path)}")

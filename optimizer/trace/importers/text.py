@@ -212,12 +212,7 @@ def schedule(
     one after an exponentially distributed think time of mean ``--think-time`` seconds. The
     draws come from ``numpy.random.default_rng(--seed)``.
     """
-    rate = options.session_rate if options.session_rate is not None else DEFAULT_SESSION_RATE
-    think = options.think_time_s if options.think_time_s is not None else DEFAULT_THINK_TIME_S
-    if not rate > 0:
-        raise InputError(f"must be > 0, got {rate}", option="--session-rate")
-    if not think >= 0:
-        raise InputError(f"must be >= 0, got {think}", option="--think-time")
+    rate, think = _schedule_parameters(options)
     rng = np.random.default_rng(options.seed if options.seed is not None else 0)
     n_sessions = int(session.max()) + 1 if len(session) else 0
     if starts is None:
@@ -233,16 +228,40 @@ def schedule(
     return starts[session] + total - session_base
 
 
-def tokenized_trace(
-    requests: TextRequests, options: ImportOptions, *, path: str, source: str, kind: str
-) -> Trace:
+@dataclass(frozen=True)
+class TextSetup:
+    """What a text import needs before it reads its input, checked first so that a missing
+    tokenizer or a bad option is reported before a large file is parsed."""
+
+    tokenizer: TextTokenizer
+    template: ChatTemplate
+    options: ImportOptions
+
+
+def text_setup(options: ImportOptions, kind: str) -> TextSetup:
+    _schedule_parameters(options)
+    tokenizer = TextTokenizer(options.tokenizer, source_format=kind)
+    return TextSetup(tokenizer, load_chat_template(options.chat_template), options)
+
+
+def _schedule_parameters(options: ImportOptions) -> tuple[float, float]:
+    rate = options.session_rate if options.session_rate is not None else DEFAULT_SESSION_RATE
+    think = options.think_time_s if options.think_time_s is not None else DEFAULT_THINK_TIME_S
+    if not (rate > 0 and np.isfinite(rate)):
+        raise InputError(f"must be a finite number > 0, got {rate}", option="--session-rate")
+    if not (think >= 0 and np.isfinite(think)):
+        raise InputError(f"must be a finite number >= 0, got {think}", option="--think-time")
+    return rate, think
+
+
+def tokenized_trace(requests: TextRequests, setup: TextSetup, *, path: str, source: str) -> Trace:
     """Tokenize, hash and assemble ``requests`` into a request-trace/1 :class:`Trace`."""
     n = len(requests.prompts)
     if n == 0:
         raise InputError("no requests in the file", path=path)
+    options = setup.options
     block_tokens = options.block_tokens or DEFAULT_BLOCK_TOKENS
-    tokenizer = TextTokenizer(options.tokenizer, source_format=kind)
-    template = load_chat_template(options.chat_template)
+    tokenizer, template = setup.tokenizer, setup.template
     chat_idx = [i for i, p in enumerate(requests.prompts) if _is_chat(p)]
     text_idx = [i for i, p in enumerate(requests.prompts) if isinstance(p, str)]
     tokens: list[np.ndarray] = [np.zeros(0, dtype=np.uint32)] * n
@@ -310,9 +329,9 @@ def tokenized_trace(
         source=source,
         extra_columns=extra,
         metadata={
-            "kvtier.tokenizer": os.path.basename(tokenizer.path),
-            "kvtier.chat_template": template.name,
-            "kvtier.block_hash": "vllm-sha256_cbor-seed0",
+            "import.tokenizer": os.path.basename(tokenizer.path),
+            "import.chat_template": template.name,
+            "import.block_hash": "vllm-sha256_cbor-seed0",
         },
     )
 
