@@ -26,10 +26,17 @@ from kvtier.toml_fields import read_toml
 
 
 def sha256_of(path: str | Path) -> str:
+    """The sha256 of a file, or of a directory's Parquet parts (their relative paths and
+    contents, in name order: the trace a directory holds)."""
     digest = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for chunk in iter(lambda: fh.read(1 << 20), b""):
-            digest.update(chunk)
+    path = Path(path)
+    files = sorted(path.rglob("*.parquet")) if path.is_dir() else [path]
+    for file in files:
+        if path.is_dir():
+            digest.update(file.relative_to(path).as_posix().encode() + b"\0")
+        with open(file, "rb") as fh:
+            for chunk in iter(lambda fh=fh: fh.read(1 << 20), b""):
+                digest.update(chunk)
     return digest.hexdigest()
 
 

@@ -35,7 +35,41 @@ _ARROW_FILE_MAGIC = b"ARROW1"
 _ARROW_STREAM_MAGIC = b"\xff\xff\xff\xff"
 
 
+def _read_dataset(path: str) -> pa.Table:
+    """A directory of Parquet files (a dataset) as one table, files in name order.
+
+    Every file must carry the same ``kvtier.*`` schema metadata: parts of one trace, not
+    several traces put side by side.
+    """
+    files = sorted(p for p in Path(path).rglob("*.parquet") if p.is_file())
+    if not files:
+        raise InputError("directory holds no .parquet files", path=path)
+    tables = []
+    first_meta: dict[bytes, bytes] | None = None
+    for file in files:
+        try:
+            table = pq.read_table(file)
+        except (pa.ArrowException, OSError) as err:
+            raise InputError(f"corrupt Parquet file: {err}", path=str(file)) from None
+        meta = {k: v for k, v in (table.schema.metadata or {}).items() if k.startswith(b"kvtier.")}
+        if first_meta is None:
+            first_meta = meta
+        elif meta != first_meta:
+            raise InputError(
+                f"schema metadata differs from {files[0].name}'s: the files are not parts of "
+                "one trace",
+                path=str(file),
+            )
+        tables.append(table)
+    try:
+        return pa.concat_tables(tables, promote_options="permissive")
+    except pa.ArrowException as err:
+        raise InputError(f"the files' columns do not match: {err}", path=path) from None
+
+
 def _read_table(path: str) -> pa.Table:
+    if os.path.isdir(path):
+        return _read_dataset(path)
     try:
         with open(path, "rb") as fh:
             head = fh.read(8)
@@ -65,7 +99,7 @@ def _read_table(path: str) -> pa.Table:
 
 
 def read_trace(path: str | os.PathLike[str]) -> Trace:
-    """Read and validate a request-trace/1 file."""
+    """Read and validate a request-trace/1 file, or a directory of Parquet parts of one."""
     path = str(path)
     table = _read_table(path)
     try:

@@ -48,6 +48,45 @@ __all__ = [
 ]
 
 
+def stream_plan(kind: str, path: str, options: ImportOptions, stream: bool | None):  # noqa: ANN201
+    """How to import ``path`` streamed (a :class:`~.streaming.StreamPlan`), or None to import it
+    in memory. ``stream`` None decides by size (:data:`~kvtier.trace.streaming.STREAM_BYTES`);
+    only CSV logs of lengths stream, so asking for it elsewhere is an error."""
+    from kvtier.trace.streaming import STREAM_BYTES, StreamPlan
+
+    if stream is False:
+        return None
+    plan: StreamPlan | None = None
+    if kind == "azure":
+        from kvtier.trace.importers.azure import AZURE
+
+        plan = StreamPlan(AZURE, "azure")
+    elif kind == "burstgpt":
+        from kvtier.trace.importers.burstgpt import BURSTGPT
+
+        plan = StreamPlan(BURSTGPT, "burstgpt", skip_failed=True)
+    elif kind == "csv" and options.columns:
+        from kvtier.trace.importers.mapped import column_map
+
+        plan = StreamPlan(column_map(options.columns, allow_hashes=False), "csv")
+    if plan is None:
+        if stream:
+            raise InputError(
+                f"--from {kind} does not stream (CSV logs of lengths do)", option="--stream"
+            )
+        return None
+    if stream is None:
+        try:
+            size = os.path.getsize(path)
+            with open(path, "rb") as fh:
+                gz = fh.read(2) == b"\x1f\x8b"
+        except OSError:
+            return None  # the in-memory importer reports it
+        if size <= STREAM_BYTES or gz:
+            return None
+    return plan
+
+
 def parse_columns(text: str) -> dict[str, str]:
     """``FIELD=COLUMN,...`` (``--columns``) as a dict; column names may hold spaces."""
     out: dict[str, str] = {}

@@ -52,20 +52,26 @@ class ColumnMap:
         return out
 
 
-def parse_timestamps(text: pl.Series) -> pl.Series:
-    """Microseconds since the epoch of wall-clock timestamps, null where unparseable.
+def timestamp_expr(name: str) -> pl.Expr:
+    """Microseconds since the epoch of the wall-clock timestamps in column ``name``, null
+    where unparseable.
 
     Accepts ``2023-11-16 18:17:03.9799600`` (naive, read as UTC; digits past microseconds are
     cut), ``2024-05-10 00:00:00.009930+00:00`` (with a UTC offset), a ``T`` separator and a
     trailing ``Z``; the fraction is optional.
     """
-    s = text.str.strip_chars().str.replace(r"^(\d{4}-\d\d-\d\d)T", "${1} ")
+    s = pl.col(name).str.strip_chars().str.replace(r"^(\d{4}-\d\d-\d\d)T", "${1} ")
     s = s.str.replace(r"Z$", "+00:00").str.replace(r"^(.*\.\d{6})\d+", "${1}")
     naive = s.str.to_datetime("%Y-%m-%d %H:%M:%S%.f", strict=False, time_unit="us")
     aware = s.str.to_datetime(
         "%Y-%m-%d %H:%M:%S%.f%:z", strict=False, time_unit="us", time_zone="UTC"
     )
-    return naive.dt.epoch("us").fill_null(aware.dt.epoch("us"))
+    return naive.dt.epoch("us").fill_null(aware.dt.epoch("us")).cast(pl.Float64)
+
+
+def parse_timestamps(text: pl.Series) -> pl.Series:
+    """:func:`timestamp_expr` of a series of strings."""
+    return pl.DataFrame({"t": text}).select(timestamp_expr("t")).to_series()
 
 
 def _where(keep: pl.Series, values: pl.Series) -> pl.Series:

@@ -1,0 +1,276 @@
+"""Importing request logs larger than memory: lazy scan, streamed sink, validation by batches.
+
+A CSV log of lengths (Azure, BurstGPT, ``--from csv``) is scanned lazily with polars and sunk
+to a temporary Parquet file by polars' streaming engine; a second pass reads it back in record
+batches, checks every row as :mod:`kvtier.trace.validate` does (the first bad row is reported
+by its line), and writes the request-trace/1 file batch by batch. Memory stays bounded by the
+batch size whatever the file's length. The in-memory importers remain for smaller files (and
+for gzip input, which cannot be scanned lazily); both give identical traces.
+
+Rows must arrive in order: a file that is not sorted by arrival is refused with the first
+line out of order (sort it first), since sorting would need the whole file in memory.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import polars as pl
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from kvtier.errors import InputError
+from kvtier.trace.format import (
+    FORMAT_VERSION,
+    HASH_TYPE,
+    MAX_TOKENS,
+    META_BLOCK_TOKENS,
+    META_FORMAT,
+    META_PREFIX_INFO,
+    META_SOURCE,
+)
+from kvtier.trace.importers.tabular import NOMINAL_BLOCK_TOKENS, ColumnMap, timestamp_expr
+from kvtier.trace.io import atomic_write
+
+BATCH_ROWS = 1 << 20
+STREAM_BYTES = 256 << 20  # files larger than this import streamed by default
+
+
+@dataclass(frozen=True)
+class StreamPlan:
+    """A streamed import: the column mapping, the source's name, and whether rows of failed
+    requests (no prompt tokens, as BurstGPT records them) are left out with a warning."""
+
+    cmap: ColumnMap
+    source: str
+    skip_failed: bool = False
+
+
+@dataclass(frozen=True)
+class StreamSummary:
+    n_requests: int
+    duration_s: float
+    failed_rows: int = 0
+    block_tokens: int = NOMINAL_BLOCK_TOKENS
+    has_prefix_info: bool = False
+
+
+def _number_expr(name: str, integer: bool) -> pl.Expr:
+    raw = pl.col(name).str.strip_chars()
+    return raw.cast(pl.Int64, strict=False) if integer else raw.cast(pl.Float64, strict=False)
+
+
+def _has_quotes(path: str) -> bool:
+    with open(path, "rb") as fh:
+        while chunk := fh.read(1 << 24):
+            if b'"' in chunk:
+                return True
+    return False
+
+
+def _line_of(path: str, row: int, quoted: bool) -> int:
+    """The line where data row ``row`` starts (line 1 is the header)."""
+    if not quoted:
+        return row + 2
+    import csv
+
+    with open(path, newline="", encoding="utf-8") as fh:
+        reader = csv.reader(fh)
+        next(reader)
+        start = reader.line_num + 1
+        for i, _ in enumerate(reader):
+            if i == row:
+                return start
+            start = reader.line_num + 1
+    return row + 2
+
+
+def stream_import(
+    path: str, plan: StreamPlan, out: str, *, batch_rows: int = BATCH_ROWS
+) -> StreamSummary:
+    """Import the CSV log ``path`` as ``plan`` says to the trace file ``out`` (Parquet)."""
+    cmap, source = plan.cmap, plan.source
+    if Path(out).suffix.lower() != ".parquet":
+        raise InputError("a streamed import writes Parquet: name the output .parquet", path=out)
+    if (
+        cmap.hashes is not None
+        or cmap.request_id
+        or cmap.session_id
+        or cmap.tenant
+        or (cmap.keep and not plan.skip_failed)
+    ):
+        raise InputError(
+            "streamed import reads arrival and lengths only; import smaller files in memory",
+            option="--columns",
+        )
+    with open(path, "rb") as fh:
+        head = fh.readline()
+    header = head.decode("utf-8", errors="replace").strip().lstrip("\ufeff").split(",")
+    for name in (cmap.arrival, cmap.input, cmap.output):
+        if name not in header:
+            raise InputError(
+                f"missing column (the file has: {', '.join(header)})", path=path, column=name
+            )
+    kind = cmap.arrival_kind
+    lazy = pl.scan_csv(path, infer_schema=False).select(cmap.arrival, cmap.input, cmap.output)
+    if kind == "auto":
+        probe = lazy.head(1000).collect()
+        numeric = probe.get_column(cmap.arrival).str.strip_chars().cast(pl.Float64, strict=False)
+        kind = "s" if numeric.null_count() == 0 else "timestamp"
+    arrival = (
+        timestamp_expr(cmap.arrival)
+        if kind == "timestamp"
+        else _number_expr(cmap.arrival, integer=False)
+    )
+    scale = {"timestamp": 1e-6, "s": 1.0, "ms": 1e-3}[kind]
+    frame = lazy.select(
+        arrival.alias("t"),
+        _number_expr(cmap.input, integer=True).alias("inp"),
+        _number_expr(cmap.output, integer=True).alias("out"),
+    )
+    quoted = _has_quotes(path)
+    with tempfile.TemporaryDirectory(dir=Path(out).resolve().parent) as tmp:
+        staged = os.path.join(tmp, "staged.parquet")
+        try:
+            frame.sink_parquet(staged, row_group_size=batch_rows)
+        except pl.exceptions.PolarsError as err:
+            raise InputError(
+                f"malformed CSV: {' '.join(str(err).split())[:200]}", path=path
+            ) from None
+        return _write_checked(
+            path, staged, out, cmap, kind, scale, quoted, source, batch_rows, plan.skip_failed
+        )
+
+
+def _write_checked(
+    path: str,
+    staged: str,
+    out: str,
+    cmap: ColumnMap,
+    kind: str,
+    scale: float,
+    quoted: bool,
+    source: str,
+    batch_rows: int,
+    skip_failed: bool,
+) -> StreamSummary:
+    meta = {
+        META_FORMAT: FORMAT_VERSION,
+        META_BLOCK_TOKENS: str(NOMINAL_BLOCK_TOKENS),
+        META_SOURCE: f"{source}:{os.path.basename(path)}",
+        META_PREFIX_INFO: "false",
+    }
+    schema = pa.schema(
+        [
+            ("arrival_s", pa.float64()),
+            ("input_tokens", pa.int64()),
+            ("output_tokens", pa.int64()),
+            ("block_hashes", HASH_TYPE),
+        ],
+        metadata=meta,
+    )
+    reader = pq.ParquetFile(staged)
+    arrival_bad = (
+        "not a timestamp like 2023-11-16 18:17:03.97 or 2024-05-10 00:00:00+00:00"
+        if kind == "timestamp"
+        else "not a finite number"
+    )
+
+    def fail(row: int, column: str, message: str) -> InputError:
+        return InputError(message, path=path, line=_line_of(path, row, quoted), column=column)
+
+    summary: dict[str, float] = {"n": 0, "t0": np.nan, "last": -np.inf, "failed": 0}
+
+    def write(tmp: str) -> None:
+        with pq.ParquetWriter(tmp, schema, compression="zstd") as writer:
+            row0 = 0
+            for batch in reader.iter_batches(batch_size=batch_rows):
+                t = batch.column("t").to_numpy(zero_copy_only=False).astype(np.float64)
+                inp = batch.column("inp").to_numpy(zero_copy_only=False)
+                outp = batch.column("out").to_numpy(zero_copy_only=False)
+                checks = [
+                    (cmap.arrival, ~np.isfinite(t), arrival_bad),
+                    (cmap.input, np.isnan(inp.astype(np.float64)), "not an integer"),
+                    (cmap.output, np.isnan(outp.astype(np.float64)), "not an integer"),
+                ]
+                first = min(
+                    (
+                        (int(np.flatnonzero(bad)[0]), col, msg)
+                        for col, bad, msg in checks
+                        if bad.any()
+                    ),
+                    default=None,
+                )
+                if first is not None:
+                    raise fail(row0 + first[0], first[1], first[2])
+                inp, outp = inp.astype(np.int64), outp.astype(np.int64)
+                rows = np.arange(row0, row0 + len(t))
+                row0 += len(t)
+                if skip_failed:
+                    failed = inp == 0
+                    if failed.any():
+                        summary["failed"] += int(failed.sum())
+                        t, inp, outp, rows = t[~failed], inp[~failed], outp[~failed], rows[~failed]
+                        if len(t) == 0:
+                            continue
+                for col, values, low in ((cmap.input, inp, 1), (cmap.output, outp, 0)):
+                    bad = (values < low) | (values > MAX_TOKENS)
+                    if bad.any():
+                        i = int(np.flatnonzero(bad)[0])
+                        what = (
+                            f"must be {'> 0' if low else '>= 0'}"
+                            if values[i] < low
+                            else (
+                                f"{int(values[i])} is above the supported maximum of {MAX_TOKENS:,}"
+                            )
+                        )
+                        raise fail(int(rows[i]), col, what)
+                if np.isnan(summary["t0"]):
+                    summary["t0"] = float(t[0])
+                previous = np.concatenate(([summary["last"]], t[:-1]))
+                unsorted = t < previous
+                if unsorted.any():
+                    raise fail(
+                        int(rows[np.flatnonzero(unsorted)[0]]),
+                        cmap.arrival,
+                        "earlier than the row before: a streamed import needs rows in arrival "
+                        "order (sort the file first)",
+                    )
+                summary["last"] = float(t[-1])
+                n = len(t)
+                arrival = (t - summary["t0"]) * scale
+                empty = pa.ListArray.from_arrays(
+                    pa.array(np.zeros(n + 1, dtype=np.int32)), pa.array([], type=pa.uint64())
+                )
+                writer.write_table(
+                    pa.table(
+                        {
+                            "arrival_s": arrival,
+                            "input_tokens": inp,
+                            "output_tokens": outp,
+                            "block_hashes": empty,
+                        },
+                        schema=schema,
+                    )
+                )
+                summary["n"] += n
+        if summary["n"] == 0:
+            raise InputError("trace has no requests (only a header)", path=path)
+
+    atomic_write(out, write)
+    duration = (summary["last"] - summary["t0"]) * scale if summary["n"] else 0.0
+    if summary["failed"]:
+        import warnings
+
+        from kvtier.trace.importers.burstgpt import FailedRequestsWarning
+
+        warnings.warn(
+            f"{path}: left out {int(summary['failed']):,} failed requests (no prompt tokens)",
+            FailedRequestsWarning,
+            stacklevel=2,
+        )
+    return StreamSummary(int(summary["n"]), float(duration), int(summary["failed"]))

@@ -1,0 +1,145 @@
+"""Streamed imports equal in-memory ones; errors in any batch name their line; datasets read."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pyarrow.parquet as pq
+import pytest
+
+from kvtier.errors import InputError
+from kvtier.policy.file import sha256_of
+from kvtier.trace.importers import ImportOptions, import_trace, parse_columns, stream_plan
+from kvtier.trace.io import read_trace, write_trace
+from kvtier.trace.streaming import stream_import
+from kvtier.trace.synth import synthesize
+from tests.helpers import assert_one_line_error, invoke
+
+AZURE_HEAD = "TIMESTAMP,ContextTokens,GeneratedTokens"
+
+
+def _azure_rows(n: int, start: int = 0) -> list[str]:
+    rng = np.random.default_rng(start)
+    rows = []
+    for i in range(start, start + n):
+        sec = i * 0.37
+        stamp = f"2024-05-10 {int(sec // 3600):02d}:{int(sec % 3600 // 60):02d}:{sec % 60:09.6f}"
+        rows.append(f"{stamp}+00:00,{rng.integers(1, 9000)},{rng.integers(0, 500)}")
+    return rows
+
+
+def _write(path: Path, lines: list[str]) -> str:
+    path.write_text("\n".join(lines) + "\n")
+    return str(path)
+
+
+def _columns_equal(a, b) -> None:  # noqa: ANN001
+    assert a.table.column_names == b.table.column_names
+    for name in a.table.column_names:
+        assert a.table.column(name).to_pylist() == b.table.column(name).to_pylist(), name
+    assert a.table.schema.metadata == b.table.schema.metadata
+
+
+def test_streamed_azure_equals_the_in_memory_import_across_batches(tmp_path: Path) -> None:
+    path = _write(tmp_path / "a.csv", [AZURE_HEAD, *_azure_rows(2_500)])
+    plan = stream_plan("azure", path, ImportOptions(), True)
+    summary = stream_import(path, plan, str(tmp_path / "s.parquet"), batch_rows=700)
+    assert summary.n_requests == 2_500
+    assert pq.ParquetFile(tmp_path / "s.parquet").metadata.num_row_groups >= 3
+    _columns_equal(read_trace(tmp_path / "s.parquet"), import_trace("azure", path))
+
+
+def test_streamed_errors_in_a_later_batch_name_their_line(tmp_path: Path) -> None:
+    rows = _azure_rows(2_000)
+    rows[1_500] = rows[1_500].split(",")[0] + ",lots,5"
+    path = _write(tmp_path / "a.csv", [AZURE_HEAD, *rows])
+    plan = stream_plan("azure", path, ImportOptions(), True)
+    with pytest.raises(InputError) as err:
+        stream_import(path, plan, str(tmp_path / "s.parquet"), batch_rows=512)
+    assert err.value.line == 1_502 and err.value.column == "ContextTokens"
+    assert not (tmp_path / "s.parquet").exists()
+
+
+def test_streamed_import_refuses_unsorted_rows_by_line(tmp_path: Path) -> None:
+    rows = _azure_rows(50)
+    rows[30], rows[31] = rows[31], rows[30]
+    path = _write(tmp_path / "a.csv", [AZURE_HEAD, *rows])
+    result = invoke(
+        "trace", "import", "--from", "azure", path, "--stream", "-o", str(tmp_path / "s.parquet")
+    )
+    assert_one_line_error(result, "line 33", "TIMESTAMP", "arrival order")
+
+
+@pytest.mark.parametrize(
+    ("bad", "needle"),
+    [("0", "must be > 0"), ("4611686018427387904", "supported maximum")],
+)
+def test_streamed_bounds_as_in_memory(tmp_path: Path, bad: str, needle: str) -> None:
+    rows = _azure_rows(10)
+    rows[4] = rows[4].split(",")[0] + f",{bad},5"
+    path = _write(tmp_path / "a.csv", [AZURE_HEAD, *rows])
+    result = invoke(
+        "trace", "import", "--from", "azure", path, "--stream", "-o", str(tmp_path / "s.parquet")
+    )
+    assert_one_line_error(result, "line 6", "ContextTokens", needle)
+
+
+def test_streamed_burstgpt_leaves_out_failed_requests(tmp_path: Path) -> None:
+    head = "Timestamp,Model,Request tokens,Response tokens,Total tokens,Log Type"
+    rows = [f"{i},ChatGPT,{0 if i % 5 == 0 else 10 + i},3,0,API log" for i in range(1, 40)]
+    path = _write(tmp_path / "b.csv", [head, *rows])
+    plan = stream_plan("burstgpt", path, ImportOptions(), True)
+    with pytest.warns(UserWarning, match="left out 7 failed requests"):
+        summary = stream_import(path, plan, str(tmp_path / "s.parquet"), batch_rows=8)
+    assert summary.n_requests == 32 and summary.failed_rows == 7
+    trace = read_trace(tmp_path / "s.parquet")
+    assert trace.input_tokens.min() > 0
+
+
+def test_streamed_mapped_csv_and_what_cannot_stream(tmp_path: Path) -> None:
+    path = _write(tmp_path / "l.csv", ["ms,in,out", "0,5,1", "250,6,2", "1000,7,3"])
+    options = ImportOptions(columns=parse_columns("arrival=ms,arrival_unit=ms,input=in,output=out"))
+    plan = stream_plan("csv", path, options, True)
+    stream_import(path, plan, str(tmp_path / "s.parquet"))
+    assert read_trace(tmp_path / "s.parquet").arrival_s.tolist() == [0.0, 0.25, 1.0]
+    result = invoke(
+        "trace", "import", "--from", "mooncake", path, "--stream", "-o", str(tmp_path / "m.parquet")
+    )
+    assert_one_line_error(result, "--stream", "does not stream")
+
+
+def test_small_files_import_in_memory_by_default(tmp_path: Path) -> None:
+    path = _write(tmp_path / "a.csv", [AZURE_HEAD, *_azure_rows(5)])
+    assert stream_plan("azure", path, ImportOptions(), None) is None
+    assert stream_plan("azure", path, ImportOptions(), False) is None
+
+
+def test_a_directory_of_parquet_parts_reads_as_one_trace(tmp_path: Path) -> None:
+    trace = synthesize("chat", requests=300, seed=2)
+    parts = tmp_path / "dataset"
+    parts.mkdir()
+    table = trace.table
+    for i, start in enumerate(range(0, 300, 100)):
+        pq.write_table(table.slice(start, 100), parts / f"part-{i}.parquet")
+    whole = read_trace(parts)
+    assert whole.n_requests == 300
+    assert (
+        whole.table.column("block_hashes").to_pylist() == table.column("block_hashes").to_pylist()
+    )
+    digest = sha256_of(parts)
+    (parts / "part-1.parquet").write_bytes((parts / "part-1.parquet").read_bytes())
+    assert sha256_of(parts) == digest
+    result = invoke("trace", "stats", str(parts), "--json")
+    assert result.code == 0, result.stderr
+
+
+def test_a_directory_of_different_traces_is_refused(tmp_path: Path) -> None:
+    parts = tmp_path / "dataset"
+    parts.mkdir()
+    write_trace(synthesize("chat", requests=20, seed=1), parts / "a.parquet")
+    write_trace(synthesize("chat", requests=20, seed=1, block_tokens=32), parts / "b.parquet")
+    assert_one_line_error(invoke("trace", "stats", str(parts)), "b.parquet", "not parts of one")
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    assert_one_line_error(invoke("trace", "stats", str(empty)), "no .parquet files")
