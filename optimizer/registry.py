@@ -28,7 +28,8 @@ class Entry:
 
     ``defaults`` are the plug-in's own parameters (e.g. S3-FIFO's ``small``), in the order its
     canonical name prints them. ``impl`` is the module implementing it (empty when the plug-in
-    is a branch of a kernel that owns all entries of its kind, e.g. routers).
+    is a branch of a kernel that owns all entries of its kind, e.g. routers), or
+    ``"module:attribute"`` to name one function of it.
     """
 
     name: str
@@ -40,11 +41,14 @@ class Entry:
     def __post_init__(self) -> None:
         object.__setattr__(self, "defaults", MappingProxyType(dict(self.defaults)))
 
-    def load(self) -> ModuleType:
-        """The implementing module (imported on first use)."""
+    def load(self) -> Any:
+        """The implementation, imported on first use: the module ``impl`` names, or for
+        ``"package.module:attribute"`` that attribute of the module."""
         if not self.impl:
             raise LookupError(f"{self.name!r} has no implementing module")
-        return importlib.import_module(self.impl)
+        module, _, attr = self.impl.partition(":")
+        loaded: ModuleType = importlib.import_module(module)
+        return getattr(loaded, attr) if attr else loaded
 
 
 class Registry:

@@ -5,17 +5,11 @@ from __future__ import annotations
 import numpy as np
 from hypothesis import strategies as st
 
+from kvtier.cache.registry import EVICTIONS
 from kvtier.trace.blocked import BlockedTrace
 
-POLICIES = [
-    "lru",
-    "fifo",
-    "lfu",
-    "s3fifo",
-    "sieve",
-    "gdsf",
-    "s3fifo(small=0.3,ghost=0.5,threshold=1)",
-]
+# Every registered policy (a new one is differential-tested with no edit here), plus parameters.
+POLICIES = [*EVICTIONS.names, "s3fifo(small=0.3,ghost=0.5,threshold=1)"]
 
 
 @st.composite

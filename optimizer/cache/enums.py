@@ -8,22 +8,15 @@ constants, so dispatching on them costs nothing.
 
 from __future__ import annotations
 
-# ---- eviction policy codes -------------------------------------------------------------------
-LRU = 0
-FIFO = 1
-LFU = 2
-S3FIFO = 3
-SIEVE = 4
-GDSF = 5
+from kvtier.cache.registry import EVICTIONS
 
-POLICY_NAMES: dict[int, str] = {
-    LRU: "lru",
-    FIFO: "fifo",
-    LFU: "lfu",
-    S3FIFO: "s3fifo",
-    SIEVE: "sieve",
-    GDSF: "gdsf",
-}
+# ---- eviction policy codes -------------------------------------------------------------------
+# The registry (kvtier.cache.registry) assigns them; the names below are for code that needs one
+# particular policy (the one-pass curve is LRU's, the ring kernels LRU's and FIFO's). Dispatch on
+# codes is kvtier.cache.hooks.
+LRU = EVICTIONS.code("lru")
+FIFO = EVICTIONS.code("fifo")
+POLICY_NAMES: dict[int, str] = {e.code: e.name for e in EVICTIONS}
 
 # ---- accounting / request semantics ----------------------------------------------------------
 PREFIX = 0  # longest contiguous resident prefix counts as hits, then touch tail-first

@@ -1,14 +1,15 @@
 """The eviction-policy registry: every policy the cache engine can run, by name and code.
 
 This module is the one place a policy is named. Its code is what the kernels dispatch on
-(``kvtier.cache.dispatch``), its defaults are what ``parse_policy`` fills in, its help is what
-the CLI and docs print. The implementation (numba hooks ``hit_nb``, ``insert_nb``,
-``evict_nb``, ``remove_nb``) lives in ``kvtier.cache.policies.<name>``, imported only when a
-cache is built, so listing policies stays free of numba.
+(``kvtier.cache.hooks`` and ``kvtier.cache.kernels``, generated from this registry), its
+defaults are what ``parse_policy`` fills in, its help is what the CLI and docs print. The
+implementation (numba hooks and the Python ``Reference``, see ``kvtier.cache.policies.base``)
+lives in ``kvtier.cache.policies.<name>``, imported only when a cache is built, so listing
+policies stays free of numba.
 
-To add a policy: write ``kvtier/cache/policies/<name>.py`` with the four hooks, add an entry
-here, and add its branch to each hook dispatcher in ``kvtier.cache.dispatch`` (a test fails
-until every entry is dispatched).
+To add a policy: write ``kvtier/cache/policies/<name>.py``, add an entry here (the next code),
+and run ``python -m kvtier.cache.gen`` to regenerate the dispatch (``tests/test_registry.py``
+fails until the generated files match the registry).
 """
 
 from __future__ import annotations
@@ -51,3 +52,12 @@ EVICTIONS = Registry(
         ),
     ],
 )
+
+
+def policy_help() -> str:
+    """The policies as ``--policy`` takes them, with each one's parameters and defaults."""
+    parts = []
+    for e in EVICTIONS:
+        params = ",".join(f"{k}={v}" for k, v in e.defaults.items())
+        parts.append(f"{e.name}({params})" if params else e.name)
+    return ", ".join(parts)

@@ -16,9 +16,8 @@ from typing import TypeAlias
 
 import numpy as np
 
-from kvtier.cache import enums, nb
+from kvtier.cache import enums, kernels, nb
 from kvtier.cache.policies import PolicySpec, parse_policy
-from kvtier.cache.policies.s3fifo import sizes as s3fifo_sizes
 from kvtier.errors import InputError
 
 StateArrays: TypeAlias = tuple[np.ndarray, ...]
@@ -82,19 +81,14 @@ class TierState:
             enums.M_HAND,
         ):
             meta[slot] = enums.NIL
-        if spec.code == enums.S3FIFO:
-            s, m, g = s3fifo_sizes(capacity, spec.param("small"), spec.param("ghost"))
-            meta[enums.M_SMALL_CAP] = s
-            meta[enums.M_MAIN_CAP] = m
-            meta[enums.M_GHOST_CAP] = g
-            meta[enums.M_THRESHOLD] = int(spec.param("threshold"))
+        impl = spec.module
+        impl.configure(meta, dict(spec.params), capacity)
         # Heap and cost arrays exist only for the policies that read them (LFU, GDSF); the
         # others get length-1 placeholders, which their kernels never index. At 5.6M blocks
         # this saves allocating and zeroing about 160 MB per replay.
-        uses_heap = spec.code in (enums.LFU, enums.GDSF)
-        heap_len = min(capacity, n_blocks) + 1 if uses_heap else 1
-        per_block = n_blocks if uses_heap else 1
-        if spec.code != enums.GDSF:
+        heap_len = min(capacity, n_blocks) + 1 if impl.USES_HEAP else 1
+        per_block = n_blocks if impl.USES_HEAP else 1
+        if not impl.USES_COST:
             cost_arr = np.ones(1, dtype=np.float64)
         elif cost_arr is None:
             cost_arr = np.ones(n_blocks, dtype=np.float64)
@@ -167,7 +161,7 @@ class TierState:
         arr = check_ids(ids, self.n_blocks)
         hit = np.zeros(len(arr), dtype=np.bool_)
         evicted = np.full(len(arr), enums.NIL, dtype=np.int32)
-        nb.access_many_nb(*self._arrays, arr, hit, evicted)
+        kernels.access_many_nb(*self._arrays, arr, hit, evicted)
         return hit, evicted
 
 

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from kvtier.cache import enums, nb, ring
+from kvtier.cache import enums, kernels, ring
 from kvtier.cache.policies import PolicySpec, parse_policy
 from kvtier.cache.state import TierState, check_tier_args
 from kvtier.errors import InputError
@@ -102,7 +102,7 @@ def replay(
     elif tier.policy != spec:
         raise InputError(f"policy {spec.name} does not match the tier's {tier.policy.name}")
     semantics = enums.FLAT if flat else enums.PREFIX
-    nb.replay_nb(*tier.arrays(), trace.block_offsets, trace.block_ids, semantics, hits)
+    kernels.replay_nb(*tier.arrays(), trace.block_offsets, trace.block_ids, semantics, hits)
     return _result(tier.policy.name, tier.capacity, flat, start, hits, trace)
 
 

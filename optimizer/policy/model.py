@@ -179,6 +179,10 @@ class Policy:
         """Listed tiers below HBM, in lookup order (dram, cxl, rdma, ssd)."""
         return tuple(t for name in LOWER_TIERS if (t := self.tier(name)) is not None)
 
+    def kv_bytes_per_block(self, model: Any) -> int:
+        """Bytes of KV one block of this policy holds for ``model`` (a ``ModelProfile``)."""
+        return self.block_tokens * int(model.kv_bytes_per_token(self.kv_dtype))
+
     def with_block_tokens(self, block_tokens: int) -> Policy:
         return replace(self, block_tokens=block_tokens)
 

@@ -2,7 +2,8 @@
 
 Both the reference and the numba engine read the same ``SimConfig``, so a profile or policy is
 turned into block counts and rates in exactly one place. Router codes are small integers so the
-jitted engine can branch on them.
+jitted engine can branch on them; they come from the router registry
+(``kvtier.policy.registries.ROUTERS``).
 """
 
 from __future__ import annotations
@@ -13,10 +14,11 @@ import numpy as np
 
 from kvtier.errors import InputError
 from kvtier.hardware.types import GB, Hardware, ModelProfile
-from kvtier.policy.model import ROUTERS, Policy
+from kvtier.policy.model import Policy
+from kvtier.policy.registries import ROUTERS
 from kvtier.sim.tiers import TierConfig, build_tiers
 
-ROUTER_CODES = {name: code for code, name in enumerate(ROUTERS)}  # round_robin=0, ...
+ROUTER_CODES = ROUTERS.codes  # {name: code}, from the router registry
 
 
 @dataclass(frozen=True)
@@ -69,7 +71,7 @@ def build_config(hardware: Hardware, model: ModelProfile, policy: Policy) -> Sim
             f"{topo.max_instances} (tp={topo.tp})"
         )
     kvb = model.kv_bytes_per_token(policy.kv_dtype)
-    block_bytes = policy.block_tokens * kvb
+    block_bytes = policy.kv_bytes_per_block(model)
     hbm_tier = policy.tiers[0]
     if hbm_tier.capacity_gb is not None:
         kv_bytes = hbm_tier.capacity_gb * GB

@@ -23,10 +23,10 @@ import numpy as np
 from kvtier.errors import InputError
 from kvtier.hardware.types import GB, Hardware, ModelProfile
 from kvtier.policy.model import Policy
+from kvtier.policy.registries import COST_AWARE, LOAD_RULES, WRITE_POLICIES
 
-WRITE_THROUGH, WRITE_BACK, WRITE_SELECTIVE = 0, 1, 2
-WRITE_CODES = {"write_through": WRITE_THROUGH, "write_back": WRITE_BACK}
-WRITE_CODES["write_through_selective"] = WRITE_SELECTIVE
+# Write-policy codes come from their registry (the kernels import the constants from there).
+WRITE_CODES = WRITE_POLICIES.codes  # {name: code}
 MAX_PATH = 4  # links on the longest path (tier to tier: port, pool, port, pool)
 
 
@@ -106,8 +106,7 @@ def build_tiers(
     if not lower:
         return None
     topo = hardware.topology
-    kvb = model.kv_bytes_per_token(policy.kv_dtype)
-    block_bytes = float(policy.block_tokens * kvb)
+    block_bytes = float(policy.kv_bytes_per_block(model))
     inst_host = np.array(
         [(k * topo.tp) // topo.gpus_per_host for k in range(n_instances)], dtype=np.int64
     )
@@ -178,7 +177,7 @@ def build_tiers(
         write_policy=WRITE_CODES[policy.write_policy],
         selective_k=policy.selective_k,
         exclusive=policy.hierarchy == "exclusive",
-        cost_aware=policy.load_rule == "cost_aware",
+        cost_aware=LOAD_RULES.code(policy.load_rule) == COST_AWARE,
         batch_waits=policy.load_wait == "batch",
         fragments=fragments_per_block(model, policy.kv_layout),
         coalesce=policy.coalesce,

@@ -12,21 +12,15 @@ import re
 from dataclasses import dataclass
 from types import ModuleType
 
-from kvtier.cache import enums
-from kvtier.cache.policies import fifo, gdsf, lfu, lru, s3fifo, sieve
+from kvtier.cache.registry import EVICTIONS
 from kvtier.errors import InputError
 
-MODULES: dict[int, ModuleType] = {
-    enums.LRU: lru,
-    enums.FIFO: fifo,
-    enums.LFU: lfu,
-    enums.S3FIFO: s3fifo,
-    enums.SIEVE: sieve,
-    enums.GDSF: gdsf,
-}
-CODES: dict[str, int] = {mod.NAME: code for code, mod in MODULES.items()}
-
 _SPEC_RE = re.compile(r"^\s*([a-z0-9_]+)\s*(?:\((.*)\))?\s*$")
+
+
+def module(code: int) -> ModuleType:
+    """The module implementing the policy of ``code`` (see ``kvtier.cache.policies.base``)."""
+    return EVICTIONS.by_code(code).load()
 
 
 @dataclass(frozen=True)
@@ -37,23 +31,17 @@ class PolicySpec:
     params: tuple[tuple[str, float], ...] = ()
 
     def __post_init__(self) -> None:
-        if self.code not in MODULES:
+        if not 0 <= self.code < len(EVICTIONS):
             raise InputError(f"unknown policy code {self.code}")
-        p = dict(self.params)
-        if self.code == enums.S3FIFO:
-            if not 0.0 <= p["small"] < 1.0:
-                raise InputError(f"s3fifo: 0 <= small < 1 must hold, but got small={p['small']}")
-            if p["ghost"] < 0.0:
-                raise InputError(f"s3fifo: ghost >= 0 must hold, but got ghost={p['ghost']}")
-            t = p["threshold"]
-            if t != int(t) or t < 1:
-                raise InputError(
-                    f"s3fifo: threshold must be an integer >= 1, but got threshold={t}"
-                )
+        self.module.check(dict(self.params))
+
+    @property
+    def module(self) -> ModuleType:
+        return module(self.code)
 
     @property
     def base(self) -> str:
-        return MODULES[self.code].NAME
+        return EVICTIONS.by_code(self.code).name
 
     def param(self, key: str) -> float:
         return dict(self.params)[key]
@@ -85,16 +73,16 @@ def parse_policy(text: str | PolicySpec) -> PolicySpec:
     if not m:
         raise InputError(f"policy {text!r} does not parse; expected NAME or NAME(key=value,...)")
     base, inner = m.group(1), m.group(2)
-    if base not in CODES:
-        raise InputError(f"unknown policy {base!r}; choose from {', '.join(CODES)}")
-    mod = MODULES[CODES[base]]
-    values: dict[str, float] = dict(mod.DEFAULTS)
+    if base not in EVICTIONS:
+        raise InputError(f"unknown policy {base!r}; choose from {', '.join(EVICTIONS.names)}")
+    entry = EVICTIONS[base]
+    values: dict[str, float] = {k: float(v) for k, v in entry.defaults.items()}
     if inner is not None and inner.strip():
         for item in inner.split(","):
             key, sep, raw = item.partition("=")
             key = key.strip()
-            if not sep or key not in mod.DEFAULTS:
-                allowed = ", ".join(mod.DEFAULTS) or "none"
+            if not sep or key not in entry.defaults:
+                allowed = ", ".join(entry.defaults) or "none"
                 raise InputError(
                     f"policy {base!r}: unknown parameter {item.strip()!r} (allowed: {allowed})"
                 )
@@ -104,9 +92,9 @@ def parse_policy(text: str | PolicySpec) -> PolicySpec:
                 raise InputError(
                     f"policy {base!r}: {key}={raw.strip()!r} is not a number"
                 ) from None
-    return PolicySpec(CODES[base], tuple((k, values[k]) for k in mod.DEFAULTS))
+    return PolicySpec(entry.code, tuple((k, values[k]) for k in entry.defaults))
 
 
 def policy_names() -> list[str]:
     """Base names of all policies, in code order."""
-    return [MODULES[c].NAME for c in sorted(MODULES)]
+    return list(EVICTIONS.names)

@@ -18,18 +18,24 @@ costs come from an array.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import Any
+
 import numpy as np
 from numba import njit
 
 from kvtier.cache.enums import F_INFLATION, L_FREQ, L_WHERE, M_CLOCK, W_ABSENT, W_MAIN
 from kvtier.cache.heap import heap_pop_nb, heap_push_nb, heap_update_nb
+from kvtier.cache.policies.base import ReferenceBase, admit_nb, check, configure  # noqa: F401
 
 # Removal is LFU's: take the block out of the heap and forget its count.
 from kvtier.cache.policies.lfu import remove_nb  # noqa: F401
 
-NAME = "gdsf"
-DEFAULTS: dict[str, float] = {}
-DOC = "greedy-dual size-frequency: H = L + cost * freq, evict min H, L = H of the victim"
+# Read by numba as compile-time constants (kvtier.cache.hooks) and by the tier's setup.
+ADMIT_FIRST = True  # admit a missed block first, then evict while over capacity
+REMOVE_ABSENT = False  # remove_nb runs for a block that is not resident too
+USES_HEAP = True  # keeps the priority heap (prio, stamp, heap, hpos per block)
+USES_COST = True  # reads the per-block recompute cost
 
 
 @njit(cache=True, nogil=True, _nrt=False)
@@ -61,6 +67,7 @@ def insert_nb(
     hpos: np.ndarray,
     cost: np.ndarray,
     b: int,
+    flag: int,
 ) -> bool:
     blk[b, L_WHERE] = W_MAIN
     blk[b, L_FREQ] = 1
@@ -86,3 +93,40 @@ def evict_nb(
     blk[v, L_WHERE] = W_ABSENT
     blk[v, L_FREQ] = 0
     return v
+
+
+class Reference(ReferenceBase):
+    """H = L + cost * freq; victim: smallest (H, time of last access); L = H of the victim."""
+
+    def __init__(self, params: Mapping[str, float], capacity: int, cost: Any) -> None:
+        self.cost = cost
+        self.inflation = 0.0
+        self.freq: dict[int, int] = {}
+        self.h: dict[int, float] = {}
+        self.last: dict[int, int] = {}
+        self.clock = 0
+
+    def contains(self, b: int) -> bool:
+        return b in self.freq
+
+    def hit(self, b: int) -> None:
+        self.freq[b] += 1
+        self.h[b] = self.inflation + float(self.cost[b]) * self.freq[b]
+        self.last[b] = self.clock
+
+    def insert(self, b: int, ghost_hit: bool) -> bool:
+        self.freq[b] = 1
+        self.h[b] = self.inflation + float(self.cost[b]) * 1
+        self.last[b] = self.clock
+        return True
+
+    def evict(self) -> int | None:
+        victim = min(self.h, key=lambda b: (self.h[b], self.last[b]))
+        self.inflation = self.h[victim]
+        self.remove(victim)
+        return victim
+
+    def remove(self, b: int) -> None:
+        self.freq.pop(b, None)
+        self.h.pop(b, None)
+        self.last.pop(b, None)

@@ -10,15 +10,21 @@ No parameters.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import Any
+
 import numpy as np
 from numba import njit
 
 from kvtier.cache.enums import L_FREQ, L_WHERE, M_CLOCK, W_ABSENT, W_MAIN
 from kvtier.cache.heap import heap_pop_nb, heap_push_nb, heap_remove_nb, heap_update_nb
+from kvtier.cache.policies.base import ReferenceBase, admit_nb, check, configure  # noqa: F401
 
-NAME = "lfu"
-DEFAULTS: dict[str, float] = {}
-DOC = "least frequently used, ties by least recently used"
+# Read by numba as compile-time constants (kvtier.cache.hooks) and by the tier's setup.
+ADMIT_FIRST = False  # admit a missed block first, then evict while over capacity
+REMOVE_ABSENT = False  # remove_nb runs for a block that is not resident too
+USES_HEAP = True  # keeps the priority heap (prio, stamp, heap, hpos per block)
+USES_COST = False  # reads the per-block recompute cost
 
 
 @njit(cache=True, nogil=True, _nrt=False)
@@ -50,6 +56,7 @@ def insert_nb(
     hpos: np.ndarray,
     cost: np.ndarray,
     b: int,
+    flag: int,
 ) -> bool:
     blk[b, L_WHERE] = W_MAIN
     blk[b, L_FREQ] = 1
@@ -91,3 +98,33 @@ def remove_nb(
     heap_remove_nb(meta, heap, hpos, prio, stamp, b)
     blk[b, L_WHERE] = W_ABSENT
     blk[b, L_FREQ] = 0
+
+
+class Reference(ReferenceBase):
+    """Victim: smallest (frequency, time of last access)."""
+
+    def __init__(self, params: Mapping[str, float], capacity: int, cost: Any) -> None:
+        self.freq: dict[int, int] = {}
+        self.last: dict[int, int] = {}
+        self.clock = 0
+
+    def contains(self, b: int) -> bool:
+        return b in self.freq
+
+    def hit(self, b: int) -> None:
+        self.freq[b] += 1
+        self.last[b] = self.clock
+
+    def insert(self, b: int, ghost_hit: bool) -> bool:
+        self.freq[b] = 1
+        self.last[b] = self.clock
+        return True
+
+    def evict(self) -> int | None:
+        victim = min(self.freq, key=lambda b: (self.freq[b], self.last[b]))
+        self.remove(victim)
+        return victim
+
+    def remove(self, b: int) -> None:
+        self.freq.pop(b, None)
+        self.last.pop(b, None)

@@ -24,6 +24,10 @@ Parameters: ``small`` (0.1), ``ghost`` (0.9), ``threshold`` (2): libCacheSim's d
 
 from __future__ import annotations
 
+from collections import OrderedDict
+from collections.abc import Mapping
+from typing import Any
+
 import numpy as np
 from numba import njit
 
@@ -51,16 +55,40 @@ from kvtier.cache.enums import (
     W_SMALL,
 )
 from kvtier.cache.lists import push_head_nb, unlink_nb
+from kvtier.cache.policies.base import ReferenceBase
+from kvtier.errors import InputError
 
-NAME = "s3fifo"
-DEFAULTS: dict[str, float] = {"small": 0.1, "ghost": 0.9, "threshold": 2}
-DOC = "small FIFO + main FIFO (2-bit clock) + ghost; libCacheSim defaults"
+# Read by numba as compile-time constants (kvtier.cache.hooks) and by the tier's setup.
+ADMIT_FIRST = False  # admit a missed block first, then evict while over capacity
+REMOVE_ABSENT = True  # remove_nb runs for a block that is not resident too
+USES_HEAP = False  # keeps the priority heap (prio, stamp, heap, hpos per block)
+USES_COST = False  # reads the per-block recompute cost
 
 
 def sizes(capacity: int, small: float, ghost: float) -> tuple[int, int, int]:
     """(small, main, ghost) sizes in blocks, computed as libCacheSim's ``S3FIFO_init`` does."""
     s = int(capacity * small)
     return s, capacity - s, int(capacity * ghost)
+
+
+def check(params: Mapping[str, float]) -> None:
+    """Refuse parameters libCacheSim would not run with."""
+    if not 0.0 <= params["small"] < 1.0:
+        raise InputError(f"s3fifo: 0 <= small < 1 must hold, but got small={params['small']}")
+    if params["ghost"] < 0.0:
+        raise InputError(f"s3fifo: ghost >= 0 must hold, but got ghost={params['ghost']}")
+    t = params["threshold"]
+    if t != int(t) or t < 1:
+        raise InputError(f"s3fifo: threshold must be an integer >= 1, but got threshold={t}")
+
+
+def configure(meta: np.ndarray, params: Mapping[str, float], capacity: int) -> None:
+    """FIFO sizes and the move-to-main threshold into the tier's ``meta`` slots."""
+    s, m, g = sizes(capacity, params["small"], params["ghost"])
+    meta[M_SMALL_CAP] = s
+    meta[M_MAIN_CAP] = m
+    meta[M_GHOST_CAP] = g
+    meta[M_THRESHOLD] = int(params["threshold"])
 
 
 @njit(cache=True, nogil=True, _nrt=False)
@@ -114,6 +142,26 @@ def can_admit_nb(
 
 
 @njit(cache=True, nogil=True, _nrt=False)
+def admit_nb(
+    meta: np.ndarray,
+    fmeta: np.ndarray,
+    blk: np.ndarray,
+    prio: np.ndarray,
+    stamp: np.ndarray,
+    heap: np.ndarray,
+    hpos: np.ndarray,
+    cost: np.ndarray,
+    b: int,
+) -> int:
+    """On a miss: -1 when no block can enter (no small FIFO), else 1 for a ghost hit (the block
+    goes to main), 0 otherwise. The ghost entry is dropped either way."""
+    ghost_hit = ghost_check_nb(meta, fmeta, blk, prio, stamp, heap, hpos, cost, b)
+    if not can_admit_nb(meta, fmeta, blk, prio, stamp, heap, hpos, cost):
+        return -1
+    return ghost_hit
+
+
+@njit(cache=True, nogil=True, _nrt=False)
 def insert_nb(
     meta: np.ndarray,
     fmeta: np.ndarray,
@@ -124,8 +172,9 @@ def insert_nb(
     hpos: np.ndarray,
     cost: np.ndarray,
     b: int,
-    ghost_hit: int,
+    flag: int,
 ) -> bool:
+    ghost_hit = flag
     if ghost_hit == 0:
         if meta[M_SMALL_CAP] <= 1:
             return False
@@ -262,3 +311,76 @@ def remove_nb(
         meta[M_N_GHOST] -= 1
     blk[b, L_WHERE] = W_ABSENT
     blk[b, L_FREQ] = 0
+
+
+class Reference(ReferenceBase):
+    """Small and main FIFOs (oldest first) with counters, and a ghost FIFO of ids."""
+
+    def __init__(self, params: Mapping[str, float], capacity: int, cost: Any) -> None:
+        self.small_cap, self.main_cap, self.ghost_cap = sizes(
+            capacity, params["small"], params["ghost"]
+        )
+        self.threshold = int(params["threshold"])
+        self.small: list[int] = []
+        self.main: list[int] = []
+        self.ghost: OrderedDict[int, None] = OrderedDict()  # oldest first
+        self.freq: dict[int, int] = {}
+        self.has_evicted = False
+
+    def contains(self, b: int) -> bool:
+        return b in self.freq
+
+    def hit(self, b: int) -> None:
+        self.freq[b] += 1
+
+    def admit(self, b: int) -> int:
+        """On a miss: a ghost id leaves the ghost (the block will go to main); nothing enters
+        without a small FIFO."""
+        ghost_hit = self.ghost.pop(b, False) is None
+        return -1 if self.small_cap < 1 else int(ghost_hit)
+
+    def insert(self, b: int, ghost_hit: bool) -> bool:
+        if not ghost_hit:
+            if self.small_cap <= 1:  # libCacheSim: obj_size >= small size -> not inserted
+                return False
+            if not self.has_evicted and len(self.small) >= self.small_cap:
+                ghost_hit = True  # before the first eviction a full small FIFO spills to main
+        (self.main if ghost_hit else self.small).append(b)
+        self.freq[b] = 0
+        return True
+
+    def _to_ghost(self, b: int) -> None:
+        if self.ghost_cap <= 0:
+            return
+        while len(self.ghost) + 1 > self.ghost_cap:
+            self.ghost.popitem(last=False)
+        self.ghost[b] = None
+
+    def evict(self) -> int | None:
+        self.has_evicted = True
+        if len(self.main) > self.main_cap or not self.small:
+            while self.main:
+                b = self.main.pop(0)
+                if self.freq[b] >= 1:
+                    self.main.append(b)
+                    self.freq[b] = min(self.freq[b], 3) - 1
+                else:
+                    del self.freq[b]
+                    return b
+            return None
+        while self.small:
+            b = self.small.pop(0)
+            if self.freq[b] >= self.threshold:
+                self.main.append(b)
+                self.freq[b] = 0
+            else:
+                del self.freq[b]
+                self._to_ghost(b)
+                return b
+        return None
+
+    def remove(self, b: int) -> None:
+        self.ghost.pop(b, None)
+        if b in self.freq:
+            del self.freq[b]
+            (self.small if b in self.small else self.main).remove(b)

@@ -10,6 +10,9 @@ the block under the hand moves the hand to its newer neighbour. No parameters.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import Any
+
 import numpy as np
 from numba import njit
 
@@ -25,10 +28,13 @@ from kvtier.cache.enums import (
     W_MAIN,
 )
 from kvtier.cache.lists import push_head_nb, unlink_nb
+from kvtier.cache.policies.base import ReferenceBase, admit_nb, check, configure  # noqa: F401
 
-NAME = "sieve"
-DEFAULTS: dict[str, float] = {}
-DOC = "FIFO with a visited bit; the hand clears bits from old to new and evicts the first clear"
+# Read by numba as compile-time constants (kvtier.cache.hooks) and by the tier's setup.
+ADMIT_FIRST = False  # admit a missed block first, then evict while over capacity
+REMOVE_ABSENT = False  # remove_nb runs for a block that is not resident too
+USES_HEAP = False  # keeps the priority heap (prio, stamp, heap, hpos per block)
+USES_COST = False  # reads the per-block recompute cost
 
 
 @njit(cache=True, nogil=True, _nrt=False)
@@ -57,6 +63,7 @@ def insert_nb(
     hpos: np.ndarray,
     cost: np.ndarray,
     b: int,
+    flag: int,
 ) -> bool:
     blk[b, L_WHERE] = W_MAIN
     blk[b, L_FREQ] = 0
@@ -106,3 +113,46 @@ def remove_nb(
     unlink_nb(meta, M_HEAD, M_TAIL, blk, b)
     blk[b, L_WHERE] = W_ABSENT
     blk[b, L_FREQ] = 0
+
+
+class Reference(ReferenceBase):
+    """``queue`` from oldest (index 0) to newest; the hand walks toward newer blocks."""
+
+    def __init__(self, params: Mapping[str, float], capacity: int, cost: Any) -> None:
+        self.queue: list[int] = []
+        self.visited: dict[int, bool] = {}
+        self.hand: int | None = None  # None: start at the oldest block
+
+    def contains(self, b: int) -> bool:
+        return b in self.visited
+
+    def hit(self, b: int) -> None:
+        self.visited[b] = True
+
+    def insert(self, b: int, ghost_hit: bool) -> bool:
+        self.queue.append(b)
+        self.visited[b] = False
+        return True
+
+    def _newer(self, i: int) -> int | None:
+        return self.queue[i + 1] if i + 1 < len(self.queue) else None
+
+    def evict(self) -> int | None:
+        i = 0 if self.hand is None else self.queue.index(self.hand)
+        while self.visited[self.queue[i]]:
+            self.visited[self.queue[i]] = False
+            i = i + 1 if i + 1 < len(self.queue) else 0
+        victim = self.queue[i]
+        self.hand = self._newer(i)
+        self.queue.pop(i)
+        del self.visited[victim]
+        return victim
+
+    def remove(self, b: int) -> None:
+        if b not in self.visited:
+            return
+        i = self.queue.index(b)
+        if self.hand == b:
+            self.hand = self._newer(i)
+        self.queue.pop(i)
+        del self.visited[b]

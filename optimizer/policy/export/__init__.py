@@ -10,33 +10,36 @@ has the mapping tables.
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
-from kvtier.errors import InputError
 from kvtier.hardware.types import Hardware, ModelProfile
 from kvtier.policy.export.common import Deployment, ExportResult, deployment
-from kvtier.policy.export.dynamo import export_dynamo
-from kvtier.policy.export.lmcache import export_lmcache
-from kvtier.policy.export.mooncake import export_mooncake
-from kvtier.policy.export.sglang import export_sglang
-from kvtier.policy.export.vllm import export_vllm
 from kvtier.policy.model import Policy
+from kvtier.registry import Entry, Registry
 
-EXPORTERS: dict[str, Callable[[Deployment], ExportResult]] = {
-    "vllm": export_vllm,
-    "lmcache": export_lmcache,
-    "sglang": export_sglang,
-    "dynamo": export_dynamo,
-    "mooncake": export_mooncake,
-}
-TARGETS = tuple(EXPORTERS)
+
+def _target(name: str, code: int, help: str) -> Entry:
+    return Entry(name, code, help, impl=f"kvtier.policy.export.{name}:export_{name}")
+
+
+# The exporter registry: the CLI's --target choices and docs/export.md read it. An exporter is a
+# module kvtier/policy/export/NAME.py with export_NAME(Deployment) -> ExportResult, imported
+# only when that target is exported.
+EXPORTERS = Registry(
+    "export target",
+    [
+        _target("vllm", 0, "a vllm serve command line, with LMCache behind --kv-transfer-config"),
+        _target("lmcache", 1, "the YAML file LMCACHE_CONFIG_FILE points to"),
+        _target("sglang", 2, "a sglang.launch_server command line with HiCache flags"),
+        _target("dynamo", 3, "the KV Block Manager (KVBM) environment of NVIDIA Dynamo"),
+        _target("mooncake", 4, "Mooncake Store client JSON per host, and the master's flags"),
+    ],
+)
+TARGETS = EXPORTERS.names
 
 
 def export(policy: Policy, target: str, hardware: Hardware, model: ModelProfile) -> ExportResult:
     """The files and notes of ``target`` for ``policy`` on ``hardware`` serving ``model``."""
-    if target not in EXPORTERS:
-        raise InputError(f"unknown export target {target!r} (one of {', '.join(TARGETS)})")
-    return EXPORTERS[target](deployment(policy, hardware, model))
+    exporter = EXPORTERS.get(target, option="--target").load()
+    return exporter(deployment(policy, hardware, model))
 
 
-__all__ = ["TARGETS", "Deployment", "ExportResult", "deployment", "export"]
+__all__ = ["EXPORTERS", "TARGETS", "Deployment", "ExportResult", "deployment", "export"]
