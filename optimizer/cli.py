@@ -65,8 +65,8 @@ trace_option = click.option(
     "--trace",
     "trace_path",
     required=True,
-    type=click.Path(dir_okay=False),
-    help="Request trace (request-trace/1: .parquet or .arrow).",
+    type=click.Path(),
+    help="Request trace (request-trace/1: .parquet or .arrow, or a directory of Parquet parts).",
 )
 
 
@@ -536,6 +536,11 @@ IMPORT_FORMATS = import_format_names()
     help="Mean seconds between a session's turns, ditto [default: 10].",
 )
 @click.option("--seed", type=int, default=None, help="Seed of the synthetic arrivals [default: 0].")
+@click.option(
+    "--stream/--no-stream",
+    default=None,
+    help="Import a CSV log of lengths in bounded memory [default: for files over 256 MiB].",
+)
 def trace_import(
     source_format: str,
     input_path: str,
@@ -547,9 +552,10 @@ def trace_import(
     session_rate: float | None,
     think_time_s: float | None,
     seed: int | None,
+    stream: bool | None,
 ) -> None:
     """Convert a public or user trace (INPUT) to request-trace/1."""
-    from kvtier.trace.importers import ImportOptions, import_trace, parse_columns
+    from kvtier.trace.importers import ImportOptions, import_trace, parse_columns, stream_plan
     from kvtier.trace.io import write_trace
 
     if block_tokens is not None and block_tokens < 1:
@@ -563,6 +569,16 @@ def trace_import(
         think_time_s=think_time_s,
         seed=seed,
     )
+    plan = stream_plan(source_format, input_path, options, stream)
+    if plan is not None:
+        from kvtier.trace.streaming import stream_import
+
+        done = stream_import(input_path, plan, output)
+        click.echo(
+            f"wrote {done.n_requests:,} requests over {done.duration_s:,.1f} s ({source_format}, "
+            f"streamed, lengths only: no prefix information) to {output}"
+        )
+        return
     imported = import_trace(source_format, input_path, options)
     write_trace(imported, output)
     prefix = "" if imported.has_prefix_info else ", lengths only: no prefix information"
@@ -573,7 +589,7 @@ def trace_import(
 
 
 @trace.command("sample")
-@click.argument("trace_path", metavar="TRACE", type=click.Path(dir_okay=False))
+@click.argument("trace_path", metavar="TRACE", type=click.Path())
 @click.option("--fraction", type=float, required=True, help="Share of sessions to keep, (0, 1].")
 @click.option("--seed", type=int, default=0, show_default=True, help="Another, independent sample.")
 @click.option(
@@ -599,7 +615,7 @@ def trace_sample_cmd(trace_path: str, fraction: float, seed: int, output: str) -
 
 
 @trace.command("slice")
-@click.argument("trace_path", metavar="TRACE", type=click.Path(dir_okay=False))
+@click.argument("trace_path", metavar="TRACE", type=click.Path())
 @click.option("--start", type=float, default=0.0, show_default=True, help="First second kept.")
 @click.option("--end", type=float, default=None, help="End of the window, seconds [default: all].")
 @click.option(
@@ -624,7 +640,7 @@ def trace_slice_cmd(trace_path: str, start: float, end: float | None, output: st
 
 
 @trace.command("stats")
-@click.argument("trace_path", metavar="TRACE", type=click.Path(dir_okay=False))
+@click.argument("trace_path", metavar="TRACE", type=click.Path())
 @click.option(
     "--block-tokens",
     "-B",
@@ -726,7 +742,7 @@ def _parse_number(text: str, option: str, kind: type) -> Any:
 
 
 @trace.command("mrc")
-@click.argument("trace_path", metavar="TRACE", type=click.Path(dir_okay=False))
+@click.argument("trace_path", metavar="TRACE", type=click.Path())
 @click.option("--block-tokens", "-B", required=True, help="Block size in tokens.")
 @click.option(
     "--policy",
@@ -1190,7 +1206,7 @@ def report_cmd(
 
 
 @main.command("batch")
-@click.argument("traces", nargs=-1, required=True, type=click.Path(dir_okay=False))
+@click.argument("traces", nargs=-1, required=True, type=click.Path())
 @click.option(
     "--out-dir",
     default="policies",
