@@ -115,3 +115,15 @@ def test_registries_do_not_import_numba() -> None:
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
+
+
+def test_docs_tables_are_written_from_the_code() -> None:
+    """docs/policy.md, cache.md and export.md hold the tables the registries and field metadata
+    give today (python -m kvtier.policy.doctables rewrites them)."""
+    from kvtier.policy import doctables
+
+    for name in doctables.TABLES:
+        assert doctables.current(name) == doctables.render(name), name
+    assert "| `serving.routing` | `round_robin`, `least_loaded`, `prefix_affinity` |" in (
+        doctables.render("policy-settings")
+    )

@@ -77,13 +77,13 @@ class Setting:
     def type_text(self) -> str:
         """How the docs and error messages describe the value."""
         if self.choices:
-            text = " | ".join(self.choices)
+            text = "one of " + ", ".join(self.choices)
         elif self.kind == "int":
             text = f"integer >= {self.minimum}"
         elif self.kind == "float":
             text = "number >= 0" if self.nonneg else "number > 0"
         elif self.kind == "bool":
-            text = "true | false"
+            text = "true or false"
         else:
             text = "text"
         return text
@@ -141,8 +141,9 @@ def settings_table(rows: list[tuple[str, Setting]]) -> str:
     """A markdown table of ``(dotted key, setting)`` rows for the docs."""
     lines = ["| key | value | default | what it is |", "|---|---|---|---|"]
     for key, s in rows:
-        default = "(unset)" if s.default is None else repr(s.default).replace("'", '"')
+        default = "(unset)" if s.default is None else f"`{s.default}`"
         if isinstance(s.default, bool):
-            default = str(s.default).lower()
-        lines.append(f"| `{key}` | {s.type_text()} | {default} | {s.help} |")
+            default = f"`{str(s.default).lower()}`"
+        value = ", ".join(f"`{c}`" for c in s.choices) if s.choices else s.type_text()
+        lines.append(f"| `{key}` | {value} | {default} | {s.help} |")
     return "\n".join(lines)

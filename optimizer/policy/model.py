@@ -130,7 +130,7 @@ class Policy:
     # Lower tiers (docs/design.md 4.3, 4.4); they matter only when a tier below hbm is listed.
     write_policy: str = setting(
         "write_through",
-        "how computed blocks reach the lower tiers; LMCache and Mooncake store every chunk",
+        "how computed blocks reach the lower tiers (LMCache and Mooncake store every chunk)",
         choices=WRITE_REGISTRY.names,
     )
     selective_k: int = setting(

@@ -40,7 +40,7 @@ WRITE_POLICIES = Registry(
         Entry(
             "write_through",
             WRITE_THROUGH,
-            "newly computed blocks are copied into every lower tier (the first only, exclusive)",
+            "newly computed blocks are copied into every lower tier (only the first if exclusive)",
         ),
         Entry(
             "write_back",
