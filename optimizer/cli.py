@@ -588,6 +588,107 @@ def trace_import(
     )
 
 
+@trace.command("capture")
+@click.option(
+    "--kv-events",
+    "endpoint",
+    default=None,
+    help="vLLM's KV-event PUB endpoint to subscribe to, tcp://HOST:PORT (the server's "
+    "kv_events_config endpoint).",
+)
+@click.option(
+    "--from-log",
+    "log_path",
+    default=None,
+    type=click.Path(dir_okay=False),
+    help="Or: an OpenAI-compatible gateway's request log (the openai-log format).",
+)
+@click.option("--duration", "duration_s", type=float, default=None, help="Seconds to record.")
+@click.option("--max-events", type=int, default=None, help="Stop after this many events.")
+@click.option("--topic", default="", help="Event topic to subscribe to [default: all].")
+@click.option(
+    "--join-gap",
+    "join_gap_s",
+    type=float,
+    default=None,
+    help="Seconds within which stored blocks extending a request are more of its prefill "
+    "[default: 0.5].",
+)
+@click.option("--tokenizer", default=None, type=click.Path(dir_okay=False), help="For --from-log.")
+@click.option(
+    "--chat-template", default=None, type=click.Path(dir_okay=False), help="For --from-log."
+)
+@click.option("--block-tokens", "-B", type=int, default=None, help="For --from-log [default: 16].")
+@click.option(
+    "-o",
+    "--output",
+    required=True,
+    type=click.Path(dir_okay=False),
+    help="Trace file to write (.parquet or .arrow).",
+)
+def trace_capture(
+    endpoint: str | None,
+    log_path: str | None,
+    duration_s: float | None,
+    max_events: int | None,
+    topic: str,
+    join_gap_s: float | None,
+    tokenizer: str | None,
+    chat_template: str | None,
+    block_tokens: int | None,
+    output: str,
+) -> None:
+    """Record a trace from a running server: its KV-cache events or its gateway's request log
+    (docs/traces.md says what each can and cannot recover)."""
+    from kvtier.trace.io import write_trace
+
+    if (endpoint is None) == (log_path is None):
+        raise InputError("give exactly one of --kv-events and --from-log", option="--kv-events")
+    if endpoint is not None:
+        from kvtier.trace.capture import DEFAULT_JOIN_GAP_S, requests_from_events, subscribe
+
+        for flag, value in (("--tokenizer", tokenizer), ("--chat-template", chat_template),
+                            ("--block-tokens", block_tokens)):  # fmt: skip
+            if value is not None:
+                raise InputError("applies to --from-log only (events carry block hashes)",
+                                 option=flag)  # fmt: skip
+        if duration_s is not None and not duration_s > 0:
+            raise InputError(f"must be > 0, got {duration_s}", option="--duration")
+        if max_events is not None and max_events < 1:
+            raise InputError(f"must be >= 1, got {max_events}", option="--max-events")
+        batches, missed = subscribe(
+            endpoint, duration_s=duration_s, max_events=max_events, topic=topic
+        )
+        captured = requests_from_events(
+            batches,
+            join_gap_s=DEFAULT_JOIN_GAP_S if join_gap_s is None else join_gap_s,
+            source=f"kv-events:{endpoint}",
+            missed_batches=missed,
+        )
+        if missed:
+            click.echo(f"warning: {missed} event batches were missed (sequence gaps)", err=True)
+        what = f"{len(batches):,} event batches"
+    else:
+        from kvtier.trace.importers import ImportOptions, import_trace
+
+        for flag, value in (("--duration", duration_s), ("--max-events", max_events),
+                            ("--join-gap", join_gap_s), ("--topic", topic or None)):  # fmt: skip
+            if value is not None:
+                raise InputError("applies to --kv-events only", option=flag)
+        if block_tokens is not None and block_tokens < 1:
+            raise InputError(f"must be >= 1, got {block_tokens}", option="--block-tokens")
+        options = ImportOptions(
+            tokenizer=tokenizer, chat_template=chat_template, block_tokens=block_tokens
+        )
+        captured = import_trace("openai-log", log_path, options)  # type: ignore[arg-type]
+        what = "the request log"
+    write_trace(captured, output)
+    click.echo(
+        f"wrote {captured.n_requests:,} requests over {captured.duration_s:,.1f} s from {what} "
+        f"({captured.block_tokens}-token blocks) to {output}"
+    )
+
+
 @trace.command("sample")
 @click.argument("trace_path", metavar="TRACE", type=click.Path())
 @click.option("--fraction", type=float, required=True, help="Share of sessions to keep, (0, 1].")
