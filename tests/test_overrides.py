@@ -184,3 +184,20 @@ def test_optimize_refuses_a_bad_pin(small_trace: Path, tmp_path: Path, pin, need
     )
     assert_one_line_error(result, *needles)
     assert not (tmp_path / "x.db").exists()  # refused before any study was opened
+
+
+def test_pin_errors_list_the_keys_a_search_takes() -> None:
+    with pytest.raises(InputError) as err:
+        parse_pins(("foo=3",))
+    assert "slo." not in str(err.value) and "serving.routing" in str(err.value)
+    with pytest.raises(InputError) as err:
+        parse_overrides(("foo=3",), "--set")
+    assert "slo.ttft_p99_s" in str(err.value)
+
+
+@pytest.mark.parametrize("command", ["replay", "compare"])
+def test_replay_and_compare_refuse_a_bad_set(small_trace: Path, command: str) -> None:
+    result = invoke(
+        command, "--trace", str(small_trace), "--preset", "vllm-hbm", "--set", "blocktokens=32"
+    )
+    assert_one_line_error(result, "option --set", "unknown key 'blocktokens'", "block_tokens")

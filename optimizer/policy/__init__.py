@@ -1,11 +1,17 @@
-"""Policy files: the ``Policy`` dataclass, its TOML loader, dict conversion and presets."""
+"""Policy files: the ``Policy`` dataclass, its TOML loader, dict conversion and presets.
+
+``LOWER_TIERS`` (the tiers below HBM, in lookup order) and ``TIER_NAMES`` are defined once,
+in ``kvtier.policy.model``; import them from there or from here.
+"""
 
 from __future__ import annotations
 
 from kvtier.policy.model import (
+    LOWER_TIERS,
     POLICY_FORMAT,
     ROUTERS,
     SLO,
+    TIER_NAMES,
     Policy,
     ServingPolicy,
     TierPolicy,
@@ -16,8 +22,10 @@ from kvtier.policy.model import (
 from kvtier.policy.presets import load_preset, preset_names, preset_path
 
 __all__ = [
+    "LOWER_TIERS",
     "POLICY_FORMAT",
     "ROUTERS",
+    "TIER_NAMES",
     "SLO",
     "Policy",
     "ServingPolicy",

@@ -58,10 +58,15 @@ def override_keys() -> dict[str, Setting]:
     return keys
 
 
-def keys_text() -> str:
-    """The valid keys, with tier keys grouped (``tiers.{dram,cxl,rdma,ssd}.enabled``)."""
+def keys_text(*, search: bool = False) -> str:
+    """The valid keys, with tier keys grouped (``tiers.{dram,cxl,rdma,ssd}.enabled``); for a
+    search (``--pin``, a space file) without ``slo.*``, which the search takes from ``--slo``."""
     lower, every = ",".join(LOWER_TIERS), ",".join(TIER_NAMES)
-    plain = [k for k in override_keys() if not k.startswith("tiers.")]
+    plain = [
+        k
+        for k in override_keys()
+        if not k.startswith("tiers.") and not (search and k.startswith("slo."))
+    ]
     tiers = [
         f"tiers.{{{lower}}}.enabled",
         f"tiers.{{{lower}}}.eviction",
@@ -76,7 +81,10 @@ def _unknown(key: str, option: str) -> InputError:
     hint = f" (did you mean {close[0]!r}?)" if close else ""
     if key in NOT_OVERRIDABLE:
         hint = f" (choose the profile with --{key})"
-    return InputError(f"unknown key {key!r}{hint}; valid keys: {keys_text()}", option=option)
+    search = option.startswith("--pin")
+    return InputError(
+        f"unknown key {key!r}{hint}; valid keys: {keys_text(search=search)}", option=option
+    )
 
 
 def check_override(key: str, value: Any, option: str) -> Any:

@@ -183,9 +183,9 @@ def _check_domain(param: Param, path: str) -> Param:
     values = param.choices if param.choices is not None else (param.low, param.high)
     try:
         for value in values:
-            check_pin(param.name, value, "")
+            check_pin(param.name, value)
         for key, value in param.when:
-            check_pin(key, value, "")
+            check_pin(key, value)
     except InputError as err:
         raise InputError(err.message, path=path, column=where) from None
     return param
