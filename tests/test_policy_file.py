@@ -72,3 +72,33 @@ def test_bad_files_name_the_key(tmp_path: Path, text: str, key: str) -> None:
         load_policy(path)
     msg = str(err.value)
     assert msg.startswith(f"{path}: key '{key}'") and "\n" not in msg
+
+
+def test_defaults_and_domains_come_from_the_field_metadata() -> None:
+    """The loader reads each field's declaration: defaults, integer minimums, choices."""
+    from dataclasses import fields
+
+    from kvtier.policy.fields import settings
+    from kvtier.policy.model import SLO, ServingPolicy, TierPolicy, policy_from_dict
+
+    for cls in (Policy, ServingPolicy, TierPolicy, SLO):
+        declared = {f.name for f in fields(cls) if "help" in f.metadata}
+        assert declared == {s.name for s in settings(cls)}
+        assert all(s.help for s in settings(cls))
+    assert policy_from_dict({}) == Policy()
+    overload = next(s for s in settings(ServingPolicy) if s.name == "affinity_overload")
+    assert (overload.default, overload.minimum) == (8, 0)
+    assert policy_from_dict({"serving": {"affinity_overload": 0}}).serving.affinity_overload == 0
+    with pytest.raises(InputError, match="key 'tiers\\[1\\].eviction': must be one of lru, fifo"):
+        policy_from_dict({"tiers": [{"name": "hbm"}, {"name": "dram", "eviction": "arc"}]})
+    with pytest.raises(InputError, match="key 'tiers\\[0\\].eviction': must be one of lru, got"):
+        policy_from_dict({"tiers": [{"name": "hbm", "eviction": "fifo"}]})
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [{"block_tokens": 0}, {"kv_dtype": "fp4"}, {"coalesce": True}, {"write_policy": "lazy"}],
+)
+def test_a_policy_built_in_code_is_held_to_the_same_domain(kwargs: dict) -> None:
+    with pytest.raises(ValueError, match=next(iter(kwargs))):
+        Policy(**kwargs)
