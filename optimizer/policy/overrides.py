@@ -23,7 +23,6 @@ from typing import Any
 from kvtier.errors import InputError
 from kvtier.policy.fields import Setting, settings
 from kvtier.policy.model import (
-    HBM_EVICTIONS,
     LOWER_TIERS,
     SLO,
     TIER_NAMES,
@@ -35,7 +34,8 @@ from kvtier.policy.model import (
 )
 from kvtier.toml_fields import Table
 
-# Profiles are chosen with --hardware / --model, never as overrides of a policy.
+# Profiles are chosen with --hardware / --model, never as overrides of a policy. The hbm tier is
+# always on and evicts lru only, so it has no enabled / eviction keys.
 NOT_OVERRIDABLE = ("hardware", "model")
 ENABLED = Setting("enabled", None, "list the tier (false: remove it)", "bool")
 
@@ -94,9 +94,8 @@ def check_override(key: str, value: Any, option: str) -> Any:
         raise _unknown(key, option)
     section, _, name = key.rpartition(".")
     table = Table({name: value}, "", f"{section}." if section else "")
-    narrow = HBM_EVICTIONS if key == "tiers.hbm.eviction" else None
     try:
-        return setting.read(table, choices=narrow)
+        return setting.read(table)
     except InputError as err:
         raise InputError(err.message, option=option) from None
 
