@@ -144,18 +144,54 @@ def decimal(x: float) -> str:
     return text or "0"
 
 
+class ShellVar(str):
+    """A word of a generated script that is a shell variable the user must set (``"$MODEL"``).
+
+    It is the only word a script does not pass through :func:`shlex.quote`. Its ``hint`` (the
+    message when the variable is unset) is data, so :func:`shell_command` writes it on a line
+    of its own, quoted, instead of inside a ``"${VAR:?...}"`` word, where a ``$(...)`` in a
+    profile's name would run.
+    """
+
+    var: str
+    hint: str
+
+    def __new__(cls, var: str, hint: str) -> ShellVar:
+        if not var.isidentifier() or not var.isascii():
+            raise ValueError(f"not a shell variable name: {var!r}")
+        word = super().__new__(cls, f'"${var}"')
+        word.var = var
+        word.hint = hint
+        return word
+
+
+def _comment(text: str) -> str:
+    """One comment line: a line break in ``text`` (from a profile name) would end the comment
+    and make the rest a command."""
+    return "# " + " ".join(text.split())
+
+
 def shell_command(env: dict[str, str], argv: list[str], comments: list[str]) -> str:
     """A POSIX ``sh`` script: comment lines, exported variables, one command, one flag a line.
 
-    Words are quoted with :func:`shlex.quote`, except a ``"${VAR:?...}"`` word, which comes
-    already quoted so the script stops with a plain message when the variable is unset.
+    Every value is quoted with :func:`shlex.quote`: names, paths and hosts come from profile
+    and policy files, which may be hostile. A :class:`ShellVar` word is the one exception: it
+    expands a variable the user sets, and the script refuses to start (with the quoted hint)
+    when it is unset or empty.
     """
 
     def q(word: str) -> str:
-        return word if word.startswith('"${') else shlex.quote(word)
+        return str(word) if isinstance(word, ShellVar) else shlex.quote(word)
 
-    lines = ["#!/bin/sh", *(f"# {c}" for c in comments)]
-    lines += [f"export {k}={shlex.quote(v)}" for k, v in env.items()]
+    lines = ["#!/bin/sh", *(_comment(c) for c in comments)]
+    lines += [f"export {_env_key(k)}={shlex.quote(v)}" for k, v in env.items()]
+    for word in dict.fromkeys(w for w in argv if isinstance(w, ShellVar)):
+        lines += [
+            f'if [ -z "${{{word.var}:-}}" ]; then',
+            f"  printf '%s\\n' {shlex.quote(word.hint)} >&2",
+            "  exit 2",
+            "fi",
+        ]
     head: list[str] = []
     flags: list[str] = []
     i = 0
@@ -178,16 +214,27 @@ def shell_command(env: dict[str, str], argv: list[str], comments: list[str]) -> 
     return "\n".join(lines) + "\n"
 
 
+def _env_key(key: str) -> str:
+    if not key.isidentifier() or not key.isascii():
+        raise ValueError(f"not an environment variable name: {key!r}")
+    return key
+
+
 def env_file(env: dict[str, str], comments: list[str]) -> str:
-    """``KEY=value`` lines (usable with ``set -a; . FILE`` or a container ``--env-file``)."""
-    lines = [f"# {c}" for c in comments]
-    lines += [f"{k}={v}" for k, v in env.items()]
+    """``KEY=value`` lines (usable with ``set -a; . FILE`` or a container ``--env-file``).
+
+    Values are quoted with :func:`shlex.quote`, so sourcing the file runs nothing; a plain
+    value (a number, a path of ordinary characters) stays unquoted, as ``--env-file`` takes
+    quotes literally.
+    """
+    lines = [_comment(c) for c in comments]
+    lines += [f"{_env_key(k)}={shlex.quote(v)}" for k, v in env.items()]
     return "\n".join(lines) + "\n"
 
 
-def model_word(deploy: Deployment) -> str:
+def model_word(deploy: Deployment) -> ShellVar:
     """The served-model argument: the user's ``$MODEL``, which must be set."""
-    return f'"${{MODEL:?set MODEL to the checkpoint of {deploy.model.name}}}"'
+    return ShellVar("MODEL", f"set MODEL to the checkpoint of {deploy.model.name}")
 
 
 def shared_notes(deploy: Deployment, target: str) -> list[str]:
