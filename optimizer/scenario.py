@@ -261,7 +261,12 @@ class Scenario:
         else:
             trace = scale_arrivals(trace, scale)
         slo = self.slo_for(policy)
-        cfg = build_config(self.hardware, self.model, policy)
+        hardware = self.hardware
+        if trace.sample_fraction != 1.0:
+            policy_run, hardware = scaled_for_sample(policy, hardware, trace.sample_fraction)
+        else:
+            policy_run = policy
+        cfg = build_config(hardware, self.model, policy_run)
         raw = simulate_raw(trace, cfg, engine=self.engine, slo=slo, stop_early=stop_early)
         metrics = compute_metrics(
             trace,
@@ -272,6 +277,50 @@ class Scenario:
             tiers=cfg.tiers,
         )
         return Replay(metrics, raw, trace, cfg, policy, scale)
+
+
+def scaled_for_sample(
+    policy: Policy, hardware: Hardware, fraction: float
+) -> tuple[Policy, Hardware]:
+    """The deployment a spatial sample (``kvtier trace sample``) of ``fraction`` replays on.
+
+    The sample holds about ``fraction`` of the sessions and of the load, so the cluster keeps
+    its per-instance load and cache pressure only if it shrinks by the same fraction: the
+    instance count is multiplied by it (it must come out whole), and each shared pool (CXL,
+    RDMA) keeps ``fraction`` of its capacity and of its pool link's bandwidth. Per-host tiers
+    (DRAM, SSD) keep their size: the hosts shrink with the instances. The policy a user sees
+    and stores stays the full deployment's.
+    """
+
+    from kvtier.hardware.types import GB
+
+    topo = hardware.topology
+    full = policy.serving.instances if policy.serving.instances is not None else topo.max_instances
+    scaled = full * fraction
+    instances = round(scaled)
+    if instances < 1 or abs(scaled - instances) > 1e-6 * max(1.0, scaled):
+        raise InputError(
+            f"the trace is a {fraction:g} sample, so the {full} instances of the policy must "
+            f"shrink to {scaled:g}, which is not a whole number; set serving.instances to a "
+            f"multiple of {1 / fraction:g} (e.g. --set serving.instances=N) or sample another "
+            "fraction",
+            option="--set",
+        )
+    tiers = []
+    scaled_hw = dict(hardware.tiers)
+    for tier in policy.tiers:
+        hw_tier = hardware.tiers.get(tier.name)
+        if tier.name != "hbm" and hw_tier is not None and not hw_tier.per_host:
+            capacity = (
+                tier.capacity_gb if tier.capacity_gb is not None else (hw_tier.capacity_bytes / GB)
+            )
+            tier = replace(tier, capacity_gb=capacity * fraction)
+            scaled_hw[tier.name] = replace(hw_tier, pool_bw=hw_tier.pool_bw * fraction)
+        tiers.append(tier)
+    run_policy = replace(
+        policy, serving=replace(policy.serving, instances=instances), tiers=tuple(tiers)
+    )
+    return run_policy, replace(hardware, tiers=scaled_hw)
 
 
 # -- the setup a study records --------------------------------------------------------------

@@ -17,6 +17,7 @@ from kvtier.trace.synth import synthesize
 from tests.helpers import assert_one_line_error, invoke, make_trace
 
 MOONCAKE = Path(__file__).resolve().parents[1] / "traces" / "mooncake-conversation.parquet"
+PROFILES = Path(__file__).resolve().parents[1] / "optimizer" / "hardware" / "profiles" / "hardware"
 
 
 @pytest.fixture(scope="module")
@@ -145,3 +146,51 @@ def test_slice_keeps_the_window_shifted_to_zero(tmp_path: Path) -> None:
 def test_bad_slices(tmp_path: Path, args: list[str], needle: str) -> None:
     result = invoke("trace", "slice", str(MOONCAKE), *args, "-o", str(tmp_path / "s.parquet"))
     assert_one_line_error(result, needle)
+
+
+# -- replays of a sample run on a cluster scaled by the same fraction ---------------------------
+def test_a_sample_replays_on_a_scaled_cluster_and_shared_pools(chat) -> None:  # noqa: ANN001
+    from kvtier.hardware import load_hardware, load_model
+    from kvtier.policy.presets import load_preset
+    from kvtier.scenario import Scenario, scaled_for_sample
+
+    hardware = load_hardware("h100-node")
+    policy = load_preset("mooncake-rdma")
+    run_policy, run_hw = scaled_for_sample(policy, hardware, 0.25)
+    assert run_policy.serving.instances == 2  # 8 GPUs x 0.25
+    full_pool = hardware.tiers["rdma"].capacity_bytes / 2**30
+    rdma = run_policy.tier("rdma")
+    assert rdma is not None
+    expected = (policy.tier("rdma").capacity_gb or full_pool) * 0.25
+    assert rdma.capacity_gb == pytest.approx(expected)
+    assert run_policy.tier("dram") == policy.tier("dram")  # per host: hosts shrink instead
+    assert run_hw.tiers["rdma"].pool_bw == pytest.approx(hardware.tiers["rdma"].pool_bw * 0.25)
+
+    sampled, _ = sample(chat, 0.25, seed=4)
+    replay = Scenario(sampled, hardware, load_model("Llama-3.1-8B"), policy).replay()
+    assert replay.config.n_instances == 2
+    assert replay.policy == policy  # what a user stores is the full deployment
+    full = Scenario(chat, hardware, load_model("Llama-3.1-8B"), policy).replay()
+    assert full.config.n_instances == 8
+
+
+def test_a_fraction_that_leaves_a_partial_instance_is_one_line(chat, tmp_path) -> None:  # noqa: ANN001
+    sampled, _ = sample(chat, 0.1, seed=0)
+    path = tmp_path / "s.parquet"
+    write_trace(sampled, path)
+    result = invoke("replay", "--trace", str(path))
+    assert_one_line_error(result, "0.1 sample", "8 instances", "whole number")
+    two_hosts = tmp_path / "h100-2hosts.toml"
+    text = (PROFILES / "h100-node.toml").read_text().replace('"h100-node"', '"h100-2hosts"')
+    two_hosts.write_text(text.replace("hosts = 1 ", "hosts = 2 ", 1))
+    ok = invoke(
+        "replay",
+        "--trace",
+        str(path),
+        "--hardware",
+        str(two_hosts),
+        "--set",
+        "serving.instances=10",
+        "--json",
+    )
+    assert ok.code == 0, ok.stderr
