@@ -40,9 +40,16 @@ def _array_records(path: str, text: str) -> Iterator[tuple[int, Any]]:
     decoder = json.JSONDecoder()
     pos = text.index("[") + 1
     expect_value = True
+    counted, line = 0, 1  # newlines are counted once, forward, as the array is walked
+
+    def line_at(at: int) -> int:
+        nonlocal counted, line
+        line += text.count("\n", counted, at)
+        counted = at
+        return line
 
     def fail(message: str, at: int) -> InputError:
-        return InputError(message, path=path, line=text.count("\n", 0, at) + 1)
+        return InputError(message, path=path, line=line_at(at))
 
     while True:
         while pos < len(text) and text[pos] in " \t\r\n":
@@ -63,7 +70,7 @@ def _array_records(path: str, text: str) -> Iterator[tuple[int, Any]]:
             value, end = decoder.raw_decode(text, pos)
         except json.JSONDecodeError as err:
             raise InputError(f"malformed JSON: {err.msg}", path=path, line=err.lineno) from None
-        yield text.count("\n", 0, pos) + 1, value
+        yield line_at(pos), value
         pos, expect_value = end, False
 
 

@@ -36,6 +36,7 @@ from kvtier.trace.importers.registry import ImportOptions
 from kvtier.trace.importers.vllm_hash import prompt_block_hashes
 
 DEFAULT_BLOCK_TOKENS = 16  # vLLM's default block size
+ENCODE_BATCH = 1024  # texts per tokenizer call
 DEFAULT_SESSION_RATE = 1.0  # sessions per second, for sources without timestamps
 DEFAULT_THINK_TIME_S = 10.0  # mean seconds between a session's turns, ditto
 TEXT_OPTIONS = (
@@ -79,10 +80,15 @@ class TextTokenizer:
         self.path = path
 
     def encode(self, texts: Sequence[str], *, add_special_tokens: bool) -> list[np.ndarray]:
-        if not texts:
-            return []
-        encodings = self._tok.encode_batch(list(texts), add_special_tokens=add_special_tokens)
-        return [np.asarray(e.ids, dtype=np.uint32) for e in encodings]
+        """Token ids of each text; batches of :data:`ENCODE_BATCH` texts keep the tokenizer's
+        per-token objects (offsets, strings) from piling up for a whole dataset."""
+        batch = getattr(self._tok, "encode_batch_fast", self._tok.encode_batch)  # no offsets
+        out: list[np.ndarray] = []
+        for start in range(0, len(texts), ENCODE_BATCH):
+            chunk = list(texts[start : start + ENCODE_BATCH])
+            encodings = batch(chunk, add_special_tokens=add_special_tokens)
+            out.extend(np.asarray(e.ids, dtype=np.uint32) for e in encodings)
+        return out
 
 
 @dataclass(frozen=True)

@@ -79,9 +79,11 @@ def cbor_uint_array(ids: np.ndarray) -> tuple[bytes, np.ndarray]:
     """CBOR items of non-negative integers, all at once: ``(bytes, starts)`` where item ``i``
     is ``bytes[starts[i]:starts[i+1]]`` (``starts`` has ``len(ids) + 1`` entries)."""
     ids = np.asarray(ids, dtype=np.uint64)
-    lengths = np.select(
-        [ids < 24, ids < 0x100, ids < 0x10000, ids < 0x1_0000_0000], [1, 2, 3, 5], 9
-    ).astype(np.int64)
+    lengths = np.ones(len(ids), dtype=np.int64)
+    lengths += ids >= 24
+    lengths += ids >= 0x100
+    lengths += 2 * (ids >= 0x10000)
+    lengths += 4 * (ids >= 0x1_0000_0000)
     starts = np.zeros(len(ids) + 1, dtype=np.int64)
     np.cumsum(lengths, out=starts[1:])
     out = np.zeros(int(starts[-1]), dtype=np.uint8)
