@@ -21,11 +21,17 @@ import numpy as np
 from kvtier.cache.enums import BLK_LANES, L_NXT, L_PRV, L_WHERE, NIL, W_ABSENT
 from kvtier.cache.state import TierState
 from kvtier.errors import InputError
+from kvtier.policy.registries import (
+    LEAST_LOADED,
+    PREFIX_AFFINITY,
+    ROUND_ROBIN,
+    WRITE_SELECTIVE,
+)
 from kvtier.sim.config import SimConfig
 from kvtier.sim.nb import AHEAD, HbmPools, Outputs, Params, Requests, simulate_nb
 from kvtier.sim.nb_tiers import LinkState, TierParams, TierPools, fill_rows_nb
 from kvtier.sim.result import RawResult, SloCheck, end_time
-from kvtier.sim.tiers import WRITE_SELECTIVE, TierConfig, recompute_costs
+from kvtier.sim.tiers import TierConfig, recompute_costs
 from kvtier.trace.blocked import BlockedTrace
 
 # The cache map holds one int32 per (instance, block id); it is allocated lazily (calloc), but
@@ -34,6 +40,7 @@ MAX_MAP_ENTRIES = 1 << 31
 MAX_SLOTS = 1 << 30
 MAX_CAP = (1 << 30) - AHEAD  # a free ring of 2 x capacity + AHEAD entries is indexed by int32
 MAX_SEQS = 1 << 20
+ROUTER_CODES = (ROUND_ROBIN, LEAST_LOADED, PREFIX_AFFINITY)  # the routers the kernel implements
 
 
 def free_ring_length(capacity: int) -> int:
@@ -130,8 +137,10 @@ def simulate_engine(
     n_blocks = max(int(trace.n_blocks), 1)
     if cfg.n_instances < 1 or cfg.capacity_blocks < 1 or cfg.max_seqs < 1:
         raise ValueError("n_instances, capacity_blocks and max_seqs must be >= 1")
-    if cfg.token_budget < 1 or cfg.router not in (0, 1, 2) or cfg.affinity_overload < 0:
-        raise ValueError("token_budget >= 1, router in 0..2, affinity_overload >= 0 required")
+    if cfg.token_budget < 1 or cfg.router not in ROUTER_CODES or cfg.affinity_overload < 0:
+        raise ValueError(
+            "token_budget >= 1, a router the kernel implements, affinity_overload >= 0"
+        )
     if cfg.max_seqs > MAX_SEQS:
         raise InputError(f"max_num_seqs {cfg.max_seqs} is above the supported {MAX_SEQS}")
     shared, n_shared = trace.shared_blocks  # computed once per trace, bounds by construction

@@ -33,12 +33,19 @@ call. The loops that run once per block (taking, registering and releasing slots
 pins) index with unsigned integers (``u64``): numba then leaves out the wrap-around of negative
 indices, a compare and select per access that took about a fifth of a replay. Every such index
 is non-negative by construction. Those loops are functions of their own, each called for a
-request's run of blocks and handed only the arrays it uses: numba reference-counts every array
-passed to a call, which cost more than the work itself when the ring's pushes were helpers
-called once per slot. The semantics are in the docstring of :mod:`kvtier.sim.reference`.
+request's run of blocks and handed only the arrays it uses (a call passes each array as
+machine words). The semantics are in the docstring of :mod:`kvtier.sim.reference`.
 Lower tiers are kernels in :mod:`kvtier.sim.nb_tiers`, called at the same hooks as the
 reference's ``LowerTiers`` and only when there is work for them (each call hands over every
 tier array).
+
+State travels as named tuples (:class:`Requests`, :class:`Params`, :class:`HbmPools`,
+:class:`Outputs`, and the per-request, per-instance and scratch state below; numba compiles a
+``NamedTuple`` as a plain tuple, a field read by name costs nothing). Every kernel that
+allocates nothing is compiled without numba's reference counting (``_nrt=False``): with it,
+each read of an array field and each array passed to a call is an atomic increment and
+decrement, which made the event loop about 1.6 times slower when it first took named tuples.
+Only :func:`simulate_nb`, which allocates the state, counts references.
 """
 
 from __future__ import annotations
@@ -49,6 +56,7 @@ import numpy as np
 from numba import njit
 
 from kvtier.cache.prefetch import prefetch
+from kvtier.policy.registries import LEAST_LOADED, ROUND_ROBIN, WRITE_SELECTIVE
 from kvtier.sim.nb_tiers import (
     LinkState,
     TierParams,
@@ -60,7 +68,6 @@ from kvtier.sim.nb_tiers import (
     lookup_nb,
     sighted_nb,
 )
-from kvtier.sim.tiers import WRITE_SELECTIVE
 from kvtier.sim.timing import iteration_time
 
 iteration_time_nb = njit(cache=True, nogil=True)(iteration_time)
@@ -83,7 +90,6 @@ def step_time_nb(tokens: int, attn: int, kv_read: int, tparams: np.ndarray) -> f
     )
 
 
-ROUND_ROBIN, LEAST_LOADED, PREFIX_AFFINITY = 0, 1, 2
 # Fields of a slot record in ``sl`` (int32, 4 per slot, one cache line holds 4 slots): every
 # pool operation on a slot touches one record instead of several arrays. POS is the slot's
 # index in its instance's free ring while it is free (-1 while pinned); BLOCK the block it
@@ -98,7 +104,7 @@ AHEAD = 16
 u64 = np.uint64
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, _nrt=False)
 def _compact_nb(
     sl: np.ndarray, ring: np.ndarray, rh: np.ndarray, rn: np.ndarray, k: int, R: int
 ) -> None:
@@ -129,7 +135,7 @@ def _compact_nb(
     rn[k] = m
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, _nrt=False)
 def _lookup_nb(
     slot_of: np.ndarray, base: int, shared: np.ndarray, start: int, cap: int, found: np.ndarray
 ) -> int:
@@ -151,7 +157,7 @@ def _lookup_nb(
     return h
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, _nrt=False)
 def _take_nb(
     sl: np.ndarray,
     ring: np.ndarray,
@@ -207,7 +213,7 @@ def _take_nb(
     return r, left, ne
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, _nrt=False)
 def _register_nb(
     sl: np.ndarray,
     slot_of: np.ndarray,
@@ -246,7 +252,7 @@ def _register_nb(
     return nw
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, _nrt=False)
 def _release_nb(
     sl: np.ndarray,
     ring: np.ndarray,
@@ -425,28 +431,37 @@ class Tally(NamedTuple):
 @njit(cache=True, nogil=True, inline="always")
 def next_event_nb(rq: Requests, ist: InstanceState, nx: int, prm: Params) -> float:
     """The next instant: an arrival, an iteration's end or an idle instance's wake-up."""
-    t_arr = rq.arrival[nx] if nx < rq.arrival.shape[0] else np.inf
+    arrival = rq.arrival
+    busy = ist.busy
+    busy_until = ist.busy_until
+    wake = ist.wake
+    t_arr = arrival[nx] if nx < arrival.shape[0] else np.inf
     t_end = np.inf
     for k in range(prm.n_instances):
-        if ist.busy[k]:
-            if ist.busy_until[k] < t_end:
-                t_end = ist.busy_until[k]
-        elif ist.wake[k] < t_end:
-            t_end = ist.wake[k]
+        if busy[k]:
+            if busy_until[k] < t_end:
+                t_end = busy_until[k]
+        elif wake[k] < t_end:
+            t_end = wake[k]
     return t_arr if t_arr < t_end else t_end
 
 
 @njit(cache=True, nogil=True, inline="always")
 def first_token_nb(i: int, now: float, rq: Requests, prm: Params, out: Outputs, ty: Tally) -> None:
     """Request ``i``'s prompt is complete: its first token at ``now`` (SLO counts)."""
-    out.first_token[i] = now
+    first_token = out.first_token
+    arrival = rq.arrival
+    ttft_sum = ty.ttft_sum
+    slo_thresholds = prm.slo_thresholds
+    ints = ty.ints
+    first_token[i] = now
     if prm.slo_on:
-        ttft = now - rq.arrival[i]
-        ty.ttft_sum[0] += ttft
-        if ttft > prm.slo_thresholds[1]:
-            ty.ints[C_OVER_P99] += 1
-        if ttft > prm.slo_thresholds[2]:
-            ty.ints[C_OVER_P999] += 1
+        ttft = now - arrival[i]
+        ttft_sum[0] += ttft
+        if ttft > slo_thresholds[1]:
+            ints[C_OVER_P99] += 1
+        if ttft > slo_thresholds[2]:
+            ints[C_OVER_P999] += 1
 
 
 @njit(cache=True, nogil=True, inline="always")
@@ -463,16 +478,28 @@ def finish_nb(
     ty: Tally,
 ) -> None:
     """Request ``i`` emitted its last token: record it, count its TPOT, free its slots."""
-    out.finish[i] = now
+    finish = out.finish
+    output_tokens = rq.output_tokens
+    first_token = out.first_token
+    slo_thresholds = prm.slo_thresholds
+    ints = ty.ints
+    sl = pool.records
+    rings = pool.rings
+    slots = pool.slots
+    ring_head = ist.ring_head
+    ring_count = ist.ring_count
+    free_len = ist.free_len
+    slot_off = rs.slot_off
+    finish[i] = now
     if prm.slo_on:
-        d = rq.output_tokens[i] - 1
+        d = output_tokens[i] - 1
         if d < 1:
             d = 1
-        if (now - out.first_token[i]) / d > prm.slo_thresholds[3]:
-            ty.ints[C_OVER_TPOT] += 1
+        if (now - first_token[i]) / d > slo_thresholds[3]:
+            ints[C_OVER_TPOT] += 1
     _release_nb(
-        pool.records, pool.rings, pool.slots, ist.ring_head, ist.ring_count, ist.free_len, k,
-        prm.ring_len, rs.slot_off[i], rs.slot_off[i + 1],
+        sl, rings, slots, ring_head, ring_count, free_len, k,
+        prm.ring_len, slot_off[i], slot_off[i + 1],
     )  # fmt: skip
 
 
@@ -494,53 +521,74 @@ def end_iteration_nb(
 ) -> None:
     """Instance ``k``'s iteration ends: KV grows, full blocks register, tokens are emitted."""
     boff = rq.block_offsets
+    n_sched = ist.n_sched
+    sched_pos = ist.sched_pos
+    running = ist.running
+    sched_q = ist.sched_q
+    kv = rs.kv
+    inp = rq.input_tokens
+    registered = rs.registered
+    computed_from = rs.computed_from
+    sl = pool.records
+    slot_of = pool.slot_of
+    slots = pool.slots
+    block_ids = rq.block_ids
+    shared = rq.shared
+    slot_off = rs.slot_off
+    wbuf = buf.wbuf
+    generated = rs.generated
+    output_tokens = rq.output_tokens
+    n_running = ist.n_running
+    seg_steps = ist.seg_steps
+    busy = ist.busy
+    path = buf.path
     base = k * prm.n_shared
     n_done = 0
     nw = 0
-    for idx in range(ist.n_sched[k]):
-        pos = ist.sched_pos[k, idx]
-        i = ist.running[k, pos]
-        q = ist.sched_q[k, idx]
-        was_prefill = rs.kv[i] < rq.input_tokens[i]
-        rs.kv[i] += q
+    for idx in range(n_sched[k]):
+        pos = sched_pos[k, idx]
+        i = running[k, pos]
+        q = sched_q[k, idx]
+        was_prefill = kv[i] < inp[i]
+        kv[i] += q
         nb = boff[i + 1] - boff[i]
-        full = rs.kv[i] // prm.block_tokens
+        full = kv[i] // prm.block_tokens
         if full > nb:
             full = nb
-        if full > rs.registered[i]:
-            w_from = rs.computed_from[i] if tp.n_tiers > 0 else full  # computed: to lower tiers
+        if full > registered[i]:
+            w_from = computed_from[i] if tp.n_tiers > 0 else full  # computed: to lower tiers
             nw = _register_nb(
-                pool.records, pool.slot_of, pool.slots, rq.block_ids, rq.shared, base, boff[i],
-                rs.slot_off[i], rs.registered[i], full, buf.wbuf, nw, w_from,
+                sl, slot_of, slots, block_ids, shared, base, boff[i],
+                slot_off[i], registered[i], full, wbuf, nw, w_from,
             )  # fmt: skip
-            rs.registered[i] = full
+            registered[i] = full
         done = False
         if was_prefill:
-            if rs.kv[i] == rq.input_tokens[i]:
-                rs.generated[i] = 1
+            if kv[i] == inp[i]:
+                generated[i] = 1
                 first_token_nb(i, now, rq, prm, out, ty)
-                if rq.output_tokens[i] <= 1:
+                if output_tokens[i] <= 1:
                     done = True
         else:
-            rs.generated[i] += 1
-            if rs.generated[i] >= rq.output_tokens[i]:
+            generated[i] += 1
+            if generated[i] >= output_tokens[i]:
                 done = True
         if done:
             finish_nb(k, i, now, rq, rs, ist, pool, prm, out, ty)
             n_done += 1
-            ist.running[k, pos] = -1
+            running[k, pos] = -1
     if n_done:
         w = 0
-        for pos in range(ist.n_running[k]):
-            if ist.running[k, pos] >= 0:
-                ist.running[k, w] = ist.running[k, pos]
+        for pos in range(n_running[k]):
+            if running[k, pos] >= 0:
+                running[k, w] = running[k, pos]
                 w += 1
-        ist.n_running[k] = w
-    ist.n_sched[k] = 0
-    ist.seg_steps[k] = 0
-    ist.busy[k] = False
+        n_running[k] = w
+    n_sched[k] = 0
+    seg_steps[k] = 0
+    busy[k] = False
     if nw > 0:  # (a call passes every tier array: skip it when there is nothing)
-        computed_nb(ts, tp, lk, k, now, buf.wbuf, np.int64(nw), buf.path)
+        computed_nb(ts, tp, lk, k, now, wbuf, np.int64(nw), path)
 
 
 @njit(cache=True, nogil=True, inline="always")
@@ -556,7 +604,7 @@ def slo_missed_nb(prm: Params, ty: Tally, n: int) -> bool:
     )
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, _nrt=False)
 def skip_back_nb(k: int, now: float, ist: InstanceState, out: Outputs, timing: np.ndarray) -> int:
     """Undo instance ``k``'s decode steps that start at or after an early stop at ``now``.
 
@@ -582,7 +630,7 @@ def skip_back_nb(k: int, now: float, ist: InstanceState, out: Outputs, timing: n
     return ist.seg_steps[k] - begun
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, _nrt=False)
 def stop_early_nb(now: float, ist: InstanceState, prm: Params, out: Outputs, ty: Tally) -> None:
     """Stop at ``now``: take back the decode steps run ahead that begin at or after it."""
     for k in range(prm.n_instances):
@@ -595,44 +643,51 @@ def route_nb(
     i: int, rq: Requests, ist: InstanceState, pool: HbmPools, prm: Params, ty: Tally, buf: Buffers
 ) -> int:
     """The instance request ``i`` joins (load = waiting + running requests)."""
+    ints = ty.ints
+    q_len = ist.q_len
+    n_running = ist.n_running
+    boff = rq.block_offsets
+    inp = rq.input_tokens
+    shared = rq.shared
+    slot_of = pool.slot_of
+    found = buf.found
     n_inst = prm.n_instances
     if prm.router == ROUND_ROBIN:
-        k = ty.ints[C_RR] % n_inst
-        ty.ints[C_RR] += 1
+        k = ints[C_RR] % n_inst
+        ints[C_RR] += 1
         return k
     if prm.router == LEAST_LOADED:
         k = 0
-        best_load = ist.q_len[0] + ist.n_running[0]
+        best_load = q_len[0] + n_running[0]
         for kk in range(1, n_inst):
-            ld = ist.q_len[kk] + ist.n_running[kk]
+            ld = q_len[kk] + n_running[kk]
             if ld < best_load:
                 best_load = ld
                 k = kk
         return k
     # prefix affinity: the most HBM-resident prefix blocks among instances not overloaded
-    boff = rq.block_offsets
-    min_load = ist.q_len[0] + ist.n_running[0]
+    min_load = q_len[0] + n_running[0]
     for kk in range(1, n_inst):
-        ld = ist.q_len[kk] + ist.n_running[kk]
+        ld = q_len[kk] + n_running[kk]
         if ld < min_load:
             min_load = ld
     limit = min_load + prm.affinity_overload
-    hcap = (rq.input_tokens[i] - 1) // prm.block_tokens
+    hcap = (inp[i] - 1) // prm.block_tokens
     nb = boff[i + 1] - boff[i]
     if nb < hcap:
         hcap = nb
     k = -1
     best_hits = -1
     best_load = 0
-    if hcap > 0 and rq.shared[boff[i]] >= 0:
+    if hcap > 0 and shared[boff[i]] >= 0:
         # each instance's first look-up misses: let the misses overlap
         for kk in range(n_inst):
-            prefetch(pool.slot_of, kk * prm.n_shared + rq.shared[boff[i]])
+            prefetch(slot_of, kk * prm.n_shared + shared[boff[i]])
     for kk in range(n_inst):
-        ld = ist.q_len[kk] + ist.n_running[kk]
+        ld = q_len[kk] + n_running[kk]
         if ld > limit:
             continue
-        h = _lookup_nb(pool.slot_of, kk * prm.n_shared, rq.shared, boff[i], hcap, buf.found)
+        h = _lookup_nb(slot_of, kk * prm.n_shared, shared, boff[i], hcap, found)
         if h > best_hits or (h == best_hits and ld < best_load):
             k = kk
             best_hits = h
@@ -653,17 +708,24 @@ def arrive_nb(
     buf: Buffers,
 ) -> None:
     """Request ``i`` arrives: rejected if it can never fit, else routed to a waiting queue."""
-    if rq.total_blocks[i] > prm.capacity:
-        ty.ints[C_REJECTED] += 1
+    total_blocks = rq.total_blocks
+    ints = ty.ints
+    instance = out.instance
+    q_tail = ist.q_tail
+    q_head = ist.q_head
+    next_waiting = rs.next_waiting
+    q_len = ist.q_len
+    if total_blocks[i] > prm.capacity:
+        ints[C_REJECTED] += 1
         return
     k = route_nb(i, rq, ist, pool, prm, ty, buf)
-    out.instance[i] = k
-    if ist.q_tail[k] < 0:
-        ist.q_head[k] = i
+    instance[i] = k
+    if q_tail[k] < 0:
+        q_head[k] = i
     else:
-        rs.next_waiting[ist.q_tail[k]] = i
-    ist.q_tail[k] = i
-    ist.q_len[k] += 1
+        next_waiting[q_tail[k]] = i
+    q_tail[k] = i
+    q_len[k] += 1
 
 
 @njit(cache=True, nogil=True, inline="always")
@@ -686,64 +748,91 @@ def admit_nb(
     """Admit request ``i`` on instance ``k`` if its fresh slots fit: look up its prefix (HBM,
     then the lower tiers), load, pin the hits and take the rest from the free ring."""
     boff = rq.block_offsets
+    inp = rq.input_tokens
+    slot_of = pool.slot_of
+    shared = rq.shared
+    found = buf.found
+    total_blocks = rq.total_blocks
+    ints = ty.ints
+    sl = pool.records
+    stamps = pool.stamps
+    free_len = ist.free_len
+    ready = rs.ready
+    block_ids = rq.block_ids
+    src = buf.src
+    counts = buf.counts
+    timing = prm.timing
+    path = buf.path
+    load_s = out.load_s
+    loaded_blocks = out.loaded_blocks
+    hitbuf = buf.hitbuf
+    slot_off = rs.slot_off
+    slots = pool.slots
+    rings = pool.rings
+    evbuf = buf.evbuf
+    ring_head = ist.ring_head
+    ring_count = ist.ring_count
+    kv = rs.kv
+    registered = rs.registered
+    computed_from = rs.computed_from
+    hit_blocks = out.hit_blocks
     B = prm.block_tokens
     base = k * prm.n_shared
     nb = boff[i + 1] - boff[i]
-    hcap = (rq.input_tokens[i] - 1) // B
+    hcap = (inp[i] - 1) // B
     if nb < hcap:
         hcap = nb
-    h = _lookup_nb(pool.slot_of, base, rq.shared, boff[i], hcap, buf.found)
-    need = rq.total_blocks[i] - h
-    ty.ints[C_STAMP] += 1
-    stamp = ty.ints[C_STAMP]
+    h = _lookup_nb(slot_of, base, shared, boff[i], hcap, found)
+    need = total_blocks[i] - h
+    ints[C_STAMP] += 1
+    stamp = ints[C_STAMP]
     pinned_free = 0  # distinct hit slots now in the free ring
     for j in range(h):
-        s = buf.found[u64(j)]
-        if pool.records[u64(4 * s + REF)] == 0 and pool.stamps[u64(s)] != stamp:
-            pool.stamps[u64(s)] = stamp
+        s = found[u64(j)]
+        if sl[u64(4 * s + REF)] == 0 and stamps[u64(s)] != stamp:
+            stamps[u64(s)] = stamp
             pinned_free += 1
-    if need > ist.free_len[k] - pinned_free:
+    if need > free_len[k] - pinned_free:
         return False
     loaded = 0
-    rs.ready[i] = now
+    ready[i] = now
     if tp.n_tiers > 0:
-        n_src = lookup_nb(ts, tp, k, rq.block_ids, boff[i], h, hcap, buf.src)
-        loaded = choose_nb(tp, lk, k, now, buf.src, n_src, h, B, buf.counts, prm.timing, buf.path)
+        n_src = lookup_nb(ts, tp, k, block_ids, boff[i], h, hcap, src)
+        loaded = choose_nb(tp, lk, k, now, src, n_src, h, B, counts, timing, path)
         if loaded > 0:
-            rs.ready[i] = load_nb(
-                ts, tp, lk, k, now, rq.block_ids, boff[i], h, buf.src, loaded, buf.counts,
-                buf.path,
+            ready[i] = load_nb(
+                ts, tp, lk, k, now, block_ids, boff[i], h, src, loaded, counts,
+                path,
             )  # fmt: skip
-            out.load_s[i] = rs.ready[i] - now
+            load_s[i] = ready[i] - now
             for t in range(tp.n_tiers):  # load_nb counted the loaded blocks per source tier
-                out.loaded_blocks[i, t] = buf.counts[t]
+                loaded_blocks[i, t] = counts[t]
         if tp.write_policy == WRITE_SELECTIVE:  # only it reads the sightings
-            sighted_nb(ts, tp, lk, k, now, rq.block_ids, boff[i], nb, h, buf.hitbuf, buf.path)
+            sighted_nb(ts, tp, lk, k, now, block_ids, boff[i], nb, h, hitbuf, path)
     # pin the hits
-    so = rs.slot_off[i]
-    sl = pool.records
+    so = slot_off[i]
     for j in range(h):
-        s = buf.found[u64(j)]
+        s = found[u64(j)]
         c = sl[u64(4 * s + REF)]
         if c == 0:
             sl[u64(4 * s + POS)] = -1  # its ring entry is now stale
-            ist.free_len[k] -= 1
+            free_len[k] -= 1
         sl[u64(4 * s + REF)] = c + 1
-        pool.slots[u64(so + j)] = s
+        slots[u64(so + j)] = s
     # take the other slots from the free ring's head
     r, left, ne = _take_nb(
-        sl, pool.rings, pool.slot_of, pool.slots, buf.evbuf, k * prm.ring_len, prm.ring_len,
-        base, so, h, rq.total_blocks[i], ist.ring_head[k], ist.ring_count[k],
+        sl, rings, slot_of, slots, evbuf, k * prm.ring_len, prm.ring_len,
+        base, so, h, total_blocks[i], ring_head[k], ring_count[k],
     )  # fmt: skip
-    ist.free_len[k] -= rq.total_blocks[i] - h
-    ist.ring_head[k] = r
-    ist.ring_count[k] = left
+    free_len[k] -= total_blocks[i] - h
+    ring_head[k] = r
+    ring_count[k] = left
     if ne > 0 and tp.n_tiers > 0:
-        hbm_evicted_nb(ts, tp, lk, k, now, buf.evbuf, np.int64(ne), buf.path)
-    rs.kv[i] = (h + loaded) * B
-    rs.registered[i] = h
-    rs.computed_from[i] = h + loaded
-    out.hit_blocks[i] = h
+        hbm_evicted_nb(ts, tp, lk, k, now, evbuf, np.int64(ne), path)
+    kv[i] = (h + loaded) * B
+    registered[i] = h
+    computed_from[i] = h + loaded
+    hit_blocks[i] = h
     return True
 
 
@@ -771,27 +860,40 @@ def run_ahead_nb(
     one by one (``start_iteration`` / ``end_iteration``); the times here are computed by the
     same operations in the same order (see :func:`skip_back_nb`). No reference counterpart.
     """
+    seg_t0 = ist.seg_t0
+    seg_m = ist.seg_m
+    seg_busy = ist.seg_busy
+    busy_s = out.busy_s
+    seg_attn = ist.seg_attn
+    seg_kv = ist.seg_kv
+    timing = prm.timing
+    running = ist.running
+    sched_pos = ist.sched_pos
+    kv = rs.kv
+    generated = rs.generated
+    ints = ty.ints
+    seg_steps = ist.seg_steps
     t = now
-    ist.seg_t0[k] = now
-    ist.seg_m[k] = m
-    ist.seg_busy[k] = out.busy_s[k]
-    ist.seg_attn[k] = attn
-    ist.seg_kv[k] = kv_read
+    seg_t0[k] = now
+    seg_m[k] = m
+    seg_busy[k] = busy_s[k]
+    seg_attn[k] = attn
+    seg_kv[k] = kv_read
     s = 0
     while s < steps_left - 1 and t + dt < t_next:
-        out.busy_s[k] += dt
+        busy_s[k] += dt
         t += dt
         s += 1
         attn += 2 * m
         kv_read += m
-        dt = step_time_nb(m, attn, kv_read, prm.timing)
+        dt = step_time_nb(m, attn, kv_read, timing)
     if s > 0:
         for idx in range(m):
-            i = ist.running[k, ist.sched_pos[k, idx]]
-            rs.kv[i] += s
-            rs.generated[i] += s
-        ty.ints[C_ITER] += s
-    ist.seg_steps[k] = s + 1 if s > 0 else 0
+            i = running[k, sched_pos[k, idx]]
+            kv[i] += s
+            generated[i] += s
+        ints[C_ITER] += s
+    seg_steps[k] = s + 1 if s > 0 else 0
     return t, dt
 
 
@@ -816,6 +918,26 @@ def start_iteration_nb(
     admissions (FCFS) take prefill chunks; with nothing to run it waits for a load."""
     inp = rq.input_tokens
     boff = rq.block_offsets
+    n_running = ist.n_running
+    running = ist.running
+    ready = rs.ready
+    kv = rs.kv
+    registered = rs.registered
+    output_tokens = rq.output_tokens
+    generated = rs.generated
+    sched_pos = ist.sched_pos
+    sched_q = ist.sched_q
+    q_len = ist.q_len
+    q_head = ist.q_head
+    next_waiting = rs.next_waiting
+    q_tail = ist.q_tail
+    wake = ist.wake
+    timing = prm.timing
+    n_sched = ist.n_sched
+    busy = ist.busy
+    busy_until = ist.busy_until
+    busy_s = out.busy_s
+    ints = ty.ints
     budget = prm.token_budget
     m = 0
     # the iteration's sums (tokens, attention, KV read) as requests are scheduled
@@ -825,82 +947,156 @@ def start_iteration_nb(
     # decode steps before the first of the batch finishes (0: not a decode-only batch)
     steps_left = np.int64(1) << 62
     last_ready = now  # the latest load end among running requests (load_wait = batch)
-    for pos in range(ist.n_running[k]):
-        i = ist.running[k, pos]
-        if rs.ready[i] > now:
-            if rs.ready[i] > last_ready:
-                last_ready = rs.ready[i]
+    for pos in range(n_running[k]):
+        i = running[k, pos]
+        if ready[i] > now:
+            if ready[i] > last_ready:
+                last_ready = ready[i]
             continue
         if budget == 0:
             continue
-        if rs.kv[i] < inp[i]:
-            q = inp[i] - rs.kv[i]
+        if kv[i] < inp[i]:
+            q = inp[i] - kv[i]
             if q > budget:
                 q = budget
             steps_left = 0
         else:
             q = 1
-            if rs.registered[i] < boff[i + 1] - boff[i]:
+            if registered[i] < boff[i + 1] - boff[i]:
                 steps_left = 0
-            elif rq.output_tokens[i] - rs.generated[i] < steps_left:
-                steps_left = rq.output_tokens[i] - rs.generated[i]
-        ist.sched_pos[k, m] = pos
-        ist.sched_q[k, m] = q
+            elif output_tokens[i] - generated[i] < steps_left:
+                steps_left = output_tokens[i] - generated[i]
+        sched_pos[k, m] = pos
+        sched_q[k, m] = q
         budget -= q
         m += 1
         tokens += q
-        attn += q * (2 * rs.kv[i] + q)
-        kv_read += rs.kv[i] + q
-    while budget > 0 and ist.q_len[k] > 0 and ist.n_running[k] < prm.max_seqs:
-        i = ist.q_head[k]
+        attn += q * (2 * kv[i] + q)
+        kv_read += kv[i] + q
+    while budget > 0 and q_len[k] > 0 and n_running[k] < prm.max_seqs:
+        i = q_head[k]
         if not admit_nb(k, i, now, rq, rs, ist, pool, ts, tp, lk, prm, out, ty, buf):
             break
-        ist.q_head[k] = rs.next_waiting[i]
-        if ist.q_head[k] < 0:
-            ist.q_tail[k] = -1
-        ist.q_len[k] -= 1
-        pos = ist.n_running[k]
-        ist.running[k, pos] = i
-        ist.n_running[k] += 1
+        q_head[k] = next_waiting[i]
+        if q_head[k] < 0:
+            q_tail[k] = -1
+        q_len[k] -= 1
+        pos = n_running[k]
+        running[k, pos] = i
+        n_running[k] += 1
         steps_left = 0
-        if rs.ready[i] > now:
-            if rs.ready[i] > last_ready:
-                last_ready = rs.ready[i]
+        if ready[i] > now:
+            if ready[i] > last_ready:
+                last_ready = ready[i]
             continue
-        q = inp[i] - rs.kv[i]
+        q = inp[i] - kv[i]
         if q > budget:
             q = budget
-        ist.sched_pos[k, m] = pos
-        ist.sched_q[k, m] = q
+        sched_pos[k, m] = pos
+        sched_q[k, m] = q
         budget -= q
         m += 1
         tokens += q
-        attn += q * (2 * rs.kv[i] + q)
-        kv_read += rs.kv[i] + q
+        attn += q * (2 * kv[i] + q)
+        kv_read += kv[i] + q
     if tp.batch_waits and last_ready > now:
         # the batch waits for every load (load_wait = batch): idle until the last one
-        ist.wake[k] = last_ready
+        wake[k] = last_ready
         return
     if m == 0:
         # every running request is loading: idle until the first one is ready
         w = np.inf
-        for pos in range(ist.n_running[k]):
-            if rs.ready[ist.running[k, pos]] < w:
-                w = rs.ready[ist.running[k, pos]]
-        ist.wake[k] = w
+        for pos in range(n_running[k]):
+            if ready[running[k, pos]] < w:
+                w = ready[running[k, pos]]
+        wake[k] = w
         return
-    ist.wake[k] = np.inf
-    dt = step_time_nb(tokens, attn, kv_read, prm.timing)
+    wake[k] = np.inf
+    dt = step_time_nb(tokens, attn, kv_read, timing)
     t = now
-    if m == ist.n_running[k] and steps_left > 1:
+    if m == n_running[k] and steps_left > 1:
         t, dt = run_ahead_nb(
             k, now, t_next, m, steps_left, dt, attn, kv_read, rs, ist, prm, out, ty
         )
-    ist.n_sched[k] = m
-    ist.busy[k] = True
-    ist.busy_until[k] = t + dt
-    out.busy_s[k] += dt
-    ty.ints[C_ITER] += 1
+    n_sched[k] = m
+    busy[k] = True
+    busy_until[k] = t + dt
+    busy_s[k] += dt
+    ints[C_ITER] += 1
+
+
+@njit(cache=True, nogil=True, _nrt=False)
+def event_loop_nb(
+    rq: Requests,
+    rs: RequestState,
+    ist: InstanceState,
+    pool: HbmPools,
+    ts: TierPools,
+    tp: TierParams,
+    lk: LinkState,
+    prm: Params,
+    out: Outputs,
+    ty: Tally,
+    buf: Buffers,
+) -> tuple[bool, float]:
+    """The event loop of one replay, on state :func:`simulate_nb` has set up; returns
+    (stopped early, the last event's time).
+
+    It is the reference's loop (:func:`kvtier.sim.reference.simulate_reference`) step for
+    step: at each event, iteration ends (``end_iteration_nb``), the early-stop test, arrivals
+    (``arrive_nb``: reject or ``route_nb``), then iteration starts (``start_iteration_nb``,
+    which calls ``admit_nb``). Each step is inlined here (``inline="always"``): a call would
+    pass every state array as machine words, at every event. It allocates nothing, so it is
+    compiled without numba's reference counting (``_nrt=False``): reading a named tuple's
+    array field yields a new reference, which would otherwise be counted (an atomic
+    increment and decrement) wherever a step reads one.
+    """
+    n = rq.arrival.shape[0]
+    n_inst = prm.n_instances
+    nx = 0
+    early = False
+    now = 0.0
+    # the arrays the loop itself reads (each step binds its own on entry, outside its loops)
+    arrival = rq.arrival
+    busy = ist.busy
+    busy_until = ist.busy_until
+    act = ist.act
+    n_running = ist.n_running
+    q_len = ist.q_len
+    slo_on = prm.slo_on
+    while True:
+        now = next_event_nb(rq, ist, nx, prm)
+        if now == np.inf:
+            break
+        # Which instances act is found first in a loop of its own (handling one changes no
+        # other instance's state), so the scan over every instance at every event does not
+        # carry the large body's per-instance pointers.
+        n_act = 0
+        for k in range(n_inst):
+            if busy[k] and busy_until[k] == now:
+                act[n_act] = k
+                n_act += 1
+        for a in range(n_act):
+            end_iteration_nb(act[a], now, rq, rs, ist, pool, ts, tp, lk, prm, out, ty, buf)
+        if slo_on and slo_missed_nb(prm, ty, n):
+            early = True
+            stop_early_nb(now, ist, prm, out, ty)
+            break
+        while nx < n and arrival[nx] == now:
+            arrive_nb(nx, rq, rs, ist, pool, prm, out, ty, buf)
+            nx += 1
+        n_act = 0
+        for k in range(n_inst):
+            if not busy[k] and (n_running[k] > 0 or q_len[k] > 0):
+                act[n_act] = k
+                n_act += 1
+        t_next = arrival[nx] if nx < n else np.inf
+        for a in range(n_act):
+            start_iteration_nb(
+                act[a], now, t_next, rq, rs, ist, pool, ts, tp, lk, prm, out, ty, buf
+            )
+
+    return early, now
 
 
 @njit(cache=True, nogil=True)
@@ -915,13 +1111,9 @@ def simulate_nb(
 ) -> None:
     """Replay every request; write per-request times and counters into ``out``.
 
-    One kernel call runs the whole replay so the event loop never returns to Python. The
-    loop is the reference's (:func:`kvtier.sim.reference.simulate_reference`) step for step:
-    at each event, iteration ends (``end_iteration_nb``), the early-stop test, arrivals
-    (``arrive_nb``: reject or ``route_nb``), then iteration starts (``start_iteration_nb``,
-    which calls ``admit_nb``). Each step is inlined into this loop (``inline="always"``): a
-    call would pass every state array as machine words, at every event. All state is local
-    arrays sized from the inputs, which the wrapper has validated.
+    One kernel call runs the whole replay so the event loop never returns to Python: the
+    per-request and per-instance state is allocated here, sized from the inputs (which the
+    wrapper has validated), then :func:`event_loop_nb` runs.
     """
     n = rq.arrival.shape[0]
     n_inst = prm.n_instances
@@ -991,41 +1183,7 @@ def simulate_nb(
         np.empty(prm.token_budget // prm.block_tokens + max_seqs + 2, dtype=np.int32),
     )
     ty = Tally(np.zeros(7, dtype=np.int64), np.zeros(1, dtype=np.float64))
-    nx = 0
-    early = False
-    now = 0.0
-    while True:
-        now = next_event_nb(rq, ist, nx, prm)
-        if now == np.inf:
-            break
-        # Which instances act is found first in a loop of its own (handling one changes no
-        # other instance's state), so the scan over every instance at every event does not
-        # carry the large body's per-instance pointers.
-        n_act = 0
-        for k in range(n_inst):
-            if ist.busy[k] and ist.busy_until[k] == now:
-                ist.act[n_act] = k
-                n_act += 1
-        for a in range(n_act):
-            end_iteration_nb(ist.act[a], now, rq, rs, ist, pool, ts, tp, lk, prm, out, ty, buf)
-        if prm.slo_on and slo_missed_nb(prm, ty, n):
-            early = True
-            stop_early_nb(now, ist, prm, out, ty)
-            break
-        while nx < n and rq.arrival[nx] == now:
-            arrive_nb(nx, rq, rs, ist, pool, prm, out, ty, buf)
-            nx += 1
-        n_act = 0
-        for k in range(n_inst):
-            if not ist.busy[k] and (ist.n_running[k] > 0 or ist.q_len[k] > 0):
-                ist.act[n_act] = k
-                n_act += 1
-        t_next = rq.arrival[nx] if nx < n else np.inf
-        for a in range(n_act):
-            start_iteration_nb(
-                ist.act[a], now, t_next, rq, rs, ist, pool, ts, tp, lk, prm, out, ty, buf
-            )
-
+    early, now = event_loop_nb(rq, rs, ist, pool, ts, tp, lk, prm, out, ty, buf)
     # Leave the map all zero again so the caller can reuse it for the next replay: every
     # non-zero entry is named by the MAP field of the slot it holds, so clearing those entries
     # costs one pass over the slots instead of one over the whole map.

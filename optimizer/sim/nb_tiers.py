@@ -37,7 +37,7 @@ from numba import njit
 
 from kvtier.cache.enums import L_WHERE, M_POLICY, W_MAIN, W_SMALL
 from kvtier.cache.nb import _access_nb, remove_nb
-from kvtier.sim.tiers import WRITE_BACK, WRITE_SELECTIVE, WRITE_THROUGH
+from kvtier.policy.registries import WRITE_BACK, WRITE_SELECTIVE, WRITE_THROUGH
 from kvtier.sim.transfer import estimate, n_ops, prefill_estimate, transfer
 
 transfer_nb = njit(cache=True, nogil=True, _nrt=False)(transfer)

@@ -63,14 +63,13 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from kvtier.policy.registries import LEAST_LOADED, ROUND_ROBIN
 from kvtier.sim.config import SimConfig
 from kvtier.sim.reference_tiers import LowerTiers
 from kvtier.sim.result import RawResult, SloCheck, end_time
 from kvtier.sim.tiers import recompute_costs
 from kvtier.sim.timing import iteration_time
 from kvtier.trace.blocked import BlockedTrace
-
-ROUND_ROBIN, LEAST_LOADED, PREFIX_AFFINITY = 0, 1, 2
 
 
 @dataclass

@@ -26,7 +26,8 @@ from __future__ import annotations
 import numpy as np
 
 from kvtier.cache.reference import RefTier
-from kvtier.sim.tiers import WRITE_BACK, WRITE_SELECTIVE, WRITE_THROUGH, TierConfig
+from kvtier.policy.registries import WRITE_BACK, WRITE_SELECTIVE, WRITE_THROUGH
+from kvtier.sim.tiers import TierConfig
 from kvtier.sim.transfer import estimate, n_ops, prefill_estimate, transfer
 
 

@@ -1,0 +1,108 @@
+"""``kvtier replay --requests-out``: one row per request, consistent with the replay's metrics."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pyarrow.parquet as pq
+import pytest
+from click.testing import CliRunner
+
+from kvtier.cli import main
+from kvtier.trace.format import Trace
+from kvtier.trace.io import read_trace, write_trace
+
+ROOT = Path(__file__).resolve().parent.parent
+MOONCAKE = ROOT / "traces" / "mooncake-conversation.parquet"
+# Two instances with 2 GB of HBM each and a DRAM tier: some requests never fit (rejected),
+# some prefixes are found in HBM and some are loaded from DRAM.
+POLICY = """
+[serving]
+instances = 2
+
+[[tiers]]
+name = "hbm"
+capacity_gb = 2
+
+[[tiers]]
+name = "dram"
+capacity_gb = 50
+"""
+
+
+@pytest.fixture(scope="module")
+def small_trace(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The first 150 Mooncake requests, with request ids of their own."""
+    full = read_trace(MOONCAKE)
+    n = 150
+    off, hashes = full.hash_arrays()
+    small = Trace.from_arrays(
+        arrival_s=full.arrival_s[:n],
+        input_tokens=full.input_tokens[:n],
+        output_tokens=full.output_tokens[:n],
+        hash_offsets=off[: n + 1],
+        hashes=hashes[: off[n]],
+        block_tokens=full.block_tokens,
+        source="mooncake head",
+        extra_columns={"request_id": np.arange(1000, 1000 + n, dtype=np.int64)},
+    )
+    path = tmp_path_factory.mktemp("t") / "small.parquet"
+    write_trace(small, path)
+    return path
+
+
+def replay(trace: Path, policy: Path, out: Path, *extra: str) -> dict:
+    res = CliRunner().invoke(
+        main,
+        ["replay", "--trace", str(trace), "--policy", str(policy), "--json"]
+        + ["--requests-out", str(out), *extra],
+    )
+    assert res.exit_code == 0, res.output
+    return json.loads(res.output)
+
+
+def test_requests_out_rows_match_the_metrics(small_trace: Path, tmp_path: Path) -> None:
+    policy = tmp_path / "p.toml"
+    policy.write_text(POLICY)
+    out = tmp_path / "requests.parquet"
+    metrics = replay(small_trace, policy, out)
+    table = pq.read_table(out)
+    assert table.num_rows == metrics["n_requests"] == 150
+    assert table.column("request_id").to_pylist() == list(range(1000, 1150))
+    assert "dram_tokens" in table.column_names
+    rows = table.to_pydict()
+    ttft = np.array([x for x in rows["ttft_s"] if x is not None])
+    assert float(np.quantile(ttft, 0.99, method="linear")) == metrics["ttft_p99_s"]
+    tpot = np.array([x for x in rows["tpot_s"] if x is not None])
+    assert float(np.quantile(tpot, 0.99, method="linear")) == metrics["tpot_p99_s"]
+    rejected = np.array(rows["rejected"])
+    assert int(rejected.sum()) == metrics["n_rejected"] > 0
+    assert all(i == -1 for i, r in zip(rows["instance"], rejected, strict=True) if r)
+    served = np.array([f is not None for f in rows["finish_s"]])
+    assert int(served.sum()) == metrics["n_served"]
+    hbm, dram = np.array(rows["hbm_tokens"]), np.array(rows["dram_tokens"])
+    recomputed = np.array([-1 if x is None else x for x in rows["recomputed_tokens"]])
+    inp = np.array(rows["input_tokens"])
+    assert np.array_equal((hbm + dram + recomputed)[served], inp[served])
+    assert np.all(recomputed[served] >= 1)  # at least one prompt token is computed
+    admitted_input = int(inp[~rejected].sum())
+    assert int(hbm.sum()) / admitted_input == metrics["hit_ratio_tokens"]["hbm"]
+    assert dram.sum() == metrics["tier_hit_tokens"]["dram"] > 0
+    saved = hbm.sum() + dram.sum()
+    assert saved == metrics["prefill_tokens_saved"]
+    # the reference engine writes the same rows
+    ref_out = tmp_path / "ref.parquet"
+    replay(small_trace, policy, ref_out, "--engine", "reference")
+    assert pq.read_table(ref_out).to_pylist() == table.to_pylist()
+
+
+def test_requests_out_must_be_parquet(small_trace: Path, tmp_path: Path) -> None:
+    res = CliRunner().invoke(
+        main, ["replay", "--trace", str(small_trace), "--requests-out", str(tmp_path / "r.csv")]
+    )
+    assert res.exit_code == 2
+    assert "--requests-out" in res.output and ".parquet" in res.output
+    assert "Traceback" not in res.output
+    assert not (tmp_path / "r.csv").exists()
