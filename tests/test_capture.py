@@ -179,3 +179,47 @@ def test_capture_from_a_gateway_log(tmp_path: Path) -> None:
     assert trace.arrival_s.tolist() == [0.0, 2.5]
     assert trace.input_tokens.tolist() == [5, 5]
     assert trace.table.column("block_hashes")[0] == trace.table.column("block_hashes")[1]
+
+
+def test_events_of_an_infinite_cache_rebuild_the_prompts() -> None:
+    """Events a server with an unbounded prefix cache would publish for known prompts (each
+    request stores the full blocks it misses, after the last block it hits) rebuild exactly
+    those prompts' full-block chains, for every request that stores more than one block or
+    does not extend some request's last block (the documented ambiguity: one more block on a
+    request's last block reads as a block of its output)."""
+    rng = np.random.default_rng(3)
+    system = rng.integers(0, 5000, 10).tolist()
+    prompts, arrivals = [], []
+    for s in range(40):
+        history = system + rng.integers(0, 5000, int(rng.integers(1, 9))).tolist()
+        t = float(s * 3.0 + rng.random())
+        for _ in range(4):
+            prompts.append(np.asarray(history, dtype=np.uint32))
+            arrivals.append(t)
+            history = history + rng.integers(0, 5000, int(rng.integers(1, 13))).tolist()
+            t += 0.5 + float(rng.random())
+    order = np.argsort(arrivals, kind="stable")
+    offsets, hashes = prompt_block_hashes(prompts, BS)
+    stored_set: set[int] = set()
+    batches, expected = [], []
+    tails: set[int] = set()  # last blocks of the requests so far, as the rebuild tracks them
+    for seq, i in enumerate(order):
+        full = [int(h) for h in hashes[offsets[i] : offsets[i] + len(prompts[i]) // BS]]
+        miss = next((j for j, h in enumerate(full) if h not in stored_set), len(full))
+        new = full[miss:]
+        if not new:
+            continue
+        parent = full[miss - 1] if miss else None
+        stored_set.update(new)
+        event = stored([bytes(24) + h.to_bytes(8, "big") for h in new], parent)
+        batches.append(decode_batch(seq, array_batch(arrivals[i], [event])))
+        ambiguous = len(new) == 1 and parent in tails
+        expected.append(None if ambiguous else (arrivals[i], full))
+        tails.discard(parent)  # type: ignore[arg-type]
+        tails.add(new[-1])
+    trace = requests_from_events(batches, join_gap_s=0.0)
+    got = list(zip(trace.column_numpy("capture_ts").tolist(),
+                   trace.table.column("block_hashes").to_pylist(), strict=True))  # fmt: skip
+    want = [e for e in expected if e is not None]
+    assert len(want) > 90  # of 160 prompts: those that store blocks, less the ambiguous
+    assert got == want
