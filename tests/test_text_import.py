@@ -304,6 +304,22 @@ def test_completion_prompt_adds_no_template(tokenizer_path: str, tmp_path: Path)
     assert hashes_of(trace, 1) == vllm_reference([7, 8, 9, 10, 11], B)
 
 
+def test_logged_prompt_tokens_that_differ_are_warned(tokenizer_path: str, tmp_path: Path) -> None:
+    row = chat_row(0.0, SYSTEM, "hello there")
+    tokens = len(encode(tokenizer_path, chatml(row["request"]["messages"])))
+    rows = [row, dict(row, response={"usage": {"completion_tokens": 2, "prompt_tokens": tokens}})]
+    log = write_jsonl(tmp_path / "same.jsonl", rows)
+    r = _import("openai-log", log, "--tokenizer", tokenizer_path)
+    assert r.code == 0 and "warning" not in r.stderr, r.stderr  # type: ignore[attr-defined]
+    rows.append(dict(row, response={"usage": {"completion_tokens": 2, "prompt_tokens": 3}}))
+    log = write_jsonl(tmp_path / "other.jsonl", rows)
+    r = _import("openai-log", log, "--tokenizer", tokenizer_path)
+    assert r.code == 0, r.stderr  # type: ignore[attr-defined]
+    stderr = r.stderr  # type: ignore[attr-defined]
+    assert "1 of 2 requests have usage.prompt_tokens other than the tokenized prompt" in stderr
+    assert f"(first at line 3: 3 logged, {tokens} tokenized)" in stderr
+
+
 # -- CLI: round trip and errors --------------------------------------------------------------------
 def test_round_trip_through_cli(tokenizer_path: str, tmp_path: Path) -> None:
     path = tmp_path / "sg.json"

@@ -189,8 +189,9 @@ def subscribe(
     topic: str = "",
     poll_ms: int = 100,
 ) -> tuple[list[Batch], int]:
-    """Receive batches from vLLM's PUB socket until ``duration_s`` passes or ``max_events``
-    events arrived; returns the batches and the number of batches missed (sequence gaps)."""
+    """Receive batches from vLLM's PUB socket until ``duration_s`` passes, ``max_events``
+    events arrived or the user presses Ctrl-C; returns the batches and the number of batches
+    missed (sequence gaps)."""
     import zmq
 
     check_endpoint(endpoint)
@@ -216,9 +217,12 @@ def subscribe(
                 if left <= 0:
                     break
                 wait = min(poll_ms, max(1, int(left * 1000)))
-            if not sock.poll(wait, zmq.POLLIN):
-                continue
-            frames = sock.recv_multipart()
+            try:
+                if not sock.poll(wait, zmq.POLLIN):
+                    continue
+                frames = sock.recv_multipart()
+            except KeyboardInterrupt:  # Ctrl-C ends the capture; what arrived is kept
+                break
             if len(frames) != 3 or len(frames[1]) != 8:
                 raise InputError(
                     f"expected (topic, seq, payload) frames, got {len(frames)} frames",

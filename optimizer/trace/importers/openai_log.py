@@ -11,9 +11,11 @@ One line per request::
 ``request`` may be called ``body``. Chat ``messages`` go through the chat template; a
 completion ``prompt`` is text (special tokens added, as vLLM does) or a list of token ids used
 as they are. The output length is ``response.usage.completion_tokens`` when present, else the
-token count of the response text. ``cache_salt`` (vLLM's request field) salts the block hashes
-as vLLM does; ``tenant`` names the owner and salts them too when there is no ``cache_salt``
-(requests of different tenants never share blocks). Arrivals are the timestamps, from the
+token count of the response text; ``usage.prompt_tokens``, when present, is compared with the
+tokenized prompt, and a difference (the wrong tokenizer or template) is warned about.
+``cache_salt`` (vLLM's request field) salts the block hashes as vLLM does; ``tenant`` names
+the owner and salts them too when there is no ``cache_salt`` (requests of different tenants
+never share blocks). Arrivals are the timestamps, from the
 first request.
 """
 
@@ -95,6 +97,15 @@ def _output(rec: Record) -> int | str:
     raise response.error("missing field (no usage nor choices text)", "usage.completion_tokens")
 
 
+def _logged_prompt_tokens(rec: Record) -> int | None:
+    usage = rec.obj["response"].get("usage")  # _output checked that response is an object
+    if isinstance(usage, dict):
+        n = usage.get("prompt_tokens")
+        if isinstance(n, int) and not isinstance(n, bool):
+            return n
+    return None
+
+
 @register(
     "openai-log",
     "OpenAI-compatible request log, JSON Lines with prompt text (tokenized, vLLM block hashes)",
@@ -116,6 +127,7 @@ def import_openai_log(path: str, options: ImportOptions) -> Trace:
         req.arrival_s.append(_timestamp(rec))
         req.prompts.append(_prompt(body))
         req.outputs.append(_output(rec))
+        req.logged_prompt_tokens.append(_logged_prompt_tokens(rec))
         req.salts.append(salt if salt is not None else tenant)
         req.tenants.append(tenant if tenant is not None else salt)
         sid = rec.get("session_id", (int, str), None)

@@ -23,8 +23,9 @@ from __future__ import annotations
 
 import json
 import os
+import warnings
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -206,6 +207,7 @@ class TextRequests:
     salts: list[str | None]
     tenants: list[str | None]
     extra: dict[str, list[Any]]
+    logged_prompt_tokens: list[int | None] = field(default_factory=list)  # the server's count
 
 
 def schedule(
@@ -306,6 +308,7 @@ def tokenized_trace(requests: TextRequests, setup: TextSetup, *, path: str, sour
             i = int(np.flatnonzero(bad)[0])
             raise InputError(why, path=path, line=requests.lines[i])
 
+    _check_logged_prompt_tokens(requests, input_tokens, path)
     session = np.asarray(requests.session, dtype=np.int64)
     arrivals = _arrivals(requests, session, options, path)
     previous = _previous_in_session(session)
@@ -340,6 +343,26 @@ def tokenized_trace(requests: TextRequests, setup: TextSetup, *, path: str, sour
             "import.block_hash": "vllm-sha256_cbor-seed0",
         },
     )
+
+
+def _check_logged_prompt_tokens(requests: TextRequests, counts: np.ndarray, path: str) -> None:
+    """Warn when the server's own prompt token counts (a log's ``usage.prompt_tokens``) differ
+    from the tokenized prompts: the tokenizer or chat template is then not the served one, and
+    the block hashes will not be the server's."""
+    logged = requests.logged_prompt_tokens
+    if not logged:
+        return
+    known = np.fromiter((-1 if v is None else v for v in logged), dtype=np.int64, count=len(logged))
+    differ = (known >= 0) & (known != counts)
+    if differ.any():
+        i = int(np.flatnonzero(differ)[0])
+        warnings.warn(
+            f"{path}: {int(differ.sum())} of {int((known >= 0).sum())} requests have "
+            f"usage.prompt_tokens other than the tokenized prompt (first at line "
+            f"{requests.lines[i]}: {int(known[i])} logged, {int(counts[i])} tokenized); is "
+            "--tokenizer / --chat-template the served model's?",
+            stacklevel=2,
+        )
 
 
 def _is_chat(prompt: object) -> bool:
