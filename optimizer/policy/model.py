@@ -4,7 +4,10 @@ A policy is nested so that later parts can extend it without reshaping it: servi
 ``serving``, cache tiers in the ``tiers`` list (``hbm`` first, then any of ``dram``, ``cxl``,
 ``rdma``, ``ssd``; a tier that is listed is on), the write / load / hierarchy rules at the top
 level, the optional SLO in ``slo``. Numbers default to what vLLM does on an H100 when nothing is
-set. ``policy_from_dict`` and ``policy_to_dict`` convert to and from the plain dict a policy file
+set. Each scalar field's default, domain and help are declared once, in its field metadata
+(:func:`kvtier.policy.fields.setting`): the loader below, ``--set`` / ``--pin``
+(``kvtier.policy.overrides``) and the docs tables read them from there; plug-in choices
+(routers, write policies, load rules, evictions) come from their registries. ``policy_from_dict`` and ``policy_to_dict`` convert to and from the plain dict a policy file
 holds, so an optimizer can overlay dotted parameters (``tiers.cxl.capacity_gb``) on a dict.
 """
 
@@ -15,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from kvtier.cache.registry import EVICTIONS as EVICTION_REGISTRY
-from kvtier.policy.fields import check_settings, read_settings, setting
+from kvtier.policy.fields import MAX_CAPACITY_GB, check_settings, read_settings, setting
 from kvtier.policy.registries import LOAD_RULES as LOAD_REGISTRY
 from kvtier.policy.registries import ROUTERS as ROUTER_REGISTRY
 from kvtier.policy.registries import WRITE_POLICIES as WRITE_REGISTRY
@@ -82,6 +85,7 @@ class TierPolicy:
         "GB per instance (hbm), per host (dram, ssd) or per pool (cxl, rdma); "
         "unset: the hardware profile's",
         kind="float",
+        maximum=MAX_CAPACITY_GB,
     )
     interleave: bool | None = setting(
         None, "cxl only: interleave blocks over the devices (unset: the profile's)", kind="bool"
