@@ -224,8 +224,9 @@ class Version:
         self.load_model = mod("hardware").load_model
         self.policy = mod("policy.model")
 
-    def case(self, trace: Path, B: int, hardware: str, policy: dict):  # noqa: ANN201
-        """(replay function, metrics as a dict) of one case; the trace mapped once."""
+    def case(self, trace: Path, B: int, hardware: str, policy: dict, head: int | None):  # noqa: ANN201
+        """(replay function, metrics as a dict) of one case (the first ``head`` requests if
+        given); the trace mapped once."""
         pm = self.policy
         serving = pm.ServingPolicy(**policy.get("serving", {}))
         tiers = tuple(pm.TierPolicy(**t) for t in policy.get("tiers", ()))
@@ -234,6 +235,8 @@ class Version:
             block_tokens=B, serving=serving, **kwargs, **({"tiers": tiers} if tiers else {})
         )
         tr = self.block_trace(self.read_trace(str(trace)), B)
+        if head is not None:
+            tr = tr.head(head)
         hw, model = self.load_hardware(hardware), self.load_model("Llama-3.1-8B")
 
         def run():  # noqa: ANN202
@@ -257,9 +260,17 @@ def bench_against(args: argparse.Namespace) -> None:
         {"name": "ssd"},
     ]
     cases = [
-        (f"h100-node, 8 instances, {r}", "h100-node", {"serving": {"routing": r}})
+        (f"h100-node, 8 instances, {r}", "h100-node", {"serving": {"routing": r}}, None)
         for r in ("round_robin", "least_loaded", "prefix_affinity")
     ]
+    cases.append(
+        (
+            "h100-node, 8 instances, prefix_affinity, first 1,000 requests",
+            "h100-node",
+            {"serving": {"routing": "prefix_affinity"}},
+            1000,
+        )
+    )
     cases.append(
         (
             "beluga-testbed, 16 instances, DRAM + CXL + SSD, write_through",
@@ -269,25 +280,27 @@ def bench_against(args: argparse.Namespace) -> None:
                 "serving": {"instances": 16, "routing": "prefix_affinity"},
                 "tiers": tiers,
             },
+            None,
         )
     )
     print(
         f"{args.trace.name}, B={B}, Llama-3.1-8B; {args.rounds} rounds, each the median of "
         f"{args.runs} warm replays per version; ratio = new / old"
     )
-    for label, hardware, policy in cases:
-        run_new, m_new = new.case(args.trace, B, hardware, policy)
-        run_old, m_old = old.case(args.trace, B, hardware, policy)
+    for label, hardware, policy, head in cases:
+        run_new, m_new = new.case(args.trace, B, hardware, policy, head)
+        run_old, m_old = old.case(args.trace, B, hardware, policy, head)
+        runs = args.runs if head is None else 5 * args.runs  # a sample's replay is short
         t_new, t_old, ratios = [], [], []
         for r in range(args.rounds):
             order = [(run_new, t_new), (run_old, t_old)]
             if r % 2:
                 order.reverse()
             for fn, times in order:
-                times.append(statistics.median(timed(fn, args.runs)))
+                times.append(statistics.median(timed(fn, runs)))
             ratios.append(t_new[-1] / t_old[-1])
         print(
-            f"{label}: new {statistics.median(t_new):.3f} s, old {statistics.median(t_old):.3f} s; "
+            f"{label}: new {statistics.median(t_new):.4f} s, old {statistics.median(t_old):.4f} s; "
             f"ratio per round median {statistics.median(ratios):.3f} "
             f"(range {min(ratios):.3f}-{max(ratios):.3f}); "
             f"{m_new['n_iterations']:,} iterations; identical metrics: {m_new == m_old}",

@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 from kvtier.policy.model import SLO
 from kvtier.sim import compute_metrics, simulate_raw
 from kvtier.sim.engine import SCRATCH
+from kvtier.sim.requests import request_table
 from tests.sim_strategies import blocked_traces, tiered_configs
 from tests.test_sim_differential import assert_same
 
@@ -46,6 +47,15 @@ def test_engines_agree_with_tiers(case) -> None:
     served = ~np.isnan(ref.finish_s)
     assert np.array_equal(served, ref.instance >= 0)
     assert np.all(ref.first_token_s[served] >= trace.arrival_s[served] + ref.load_s[served])
+    # per request: the blocks loaded from each tier sum to the tiers' hit counts, and the
+    # prompt is found in HBM, loaded from the tiers or recomputed
+    names = cfg.tiers.names if cfg.tiers is not None else ()
+    np.testing.assert_array_equal(ref.loaded_blocks.sum(axis=0), ref.tier_hit_blocks)
+    rows = request_table(trace, ref, names).to_pydict()
+    covered = np.array(rows["hbm_tokens"]) + sum(np.array(rows[f"{x}_tokens"]) for x in names)
+    recomputed = np.array([0 if x is None else x for x in rows["recomputed_tokens"]])
+    assert np.array_equal((covered + recomputed)[served], trace.input_tokens[served])
+    assert np.all(recomputed[served] >= 1)
 
 
 @SETTINGS
