@@ -21,6 +21,8 @@ from kvtier import __version__
 from kvtier.cache.registry import policy_help
 from kvtier.errors import InputError
 from kvtier.policy.export import EXPORTERS
+from kvtier.report.jsonout import dumps as dumps_json
+from kvtier.report.jsonout import null_reason
 from kvtier.trace.importers import format_names as import_format_names
 
 
@@ -103,6 +105,15 @@ def _overrides(sets: tuple[str, ...]) -> dict[str, Any]:
     return parse_overrides(sets, "--set")
 
 
+def _echo_json(data: Any, why: str | None = None) -> None:
+    """Print ``data`` as strict JSON: an undefined number is ``null`` (never ``NaN``), and
+    why it is undefined goes to stderr as one warning line."""
+    text, nulls = dumps_json(data)
+    click.echo(text)
+    if nulls and why is not None:
+        click.echo(f"warning: {why}", err=True)
+
+
 class KvtierGroup(OneLineErrors, click.Group):
     """The ``kvtier`` group and its subgroups."""
 
@@ -143,12 +154,16 @@ def validate_beluga(as_json: bool, markdown_path: str | None) -> None:
     from kvtier.report.validation import to_markdown, to_text, validation_json
     from kvtier.trace.io import atomic_write
 
+    if markdown_path is not None:
+        from kvtier.report.output import check_output
+
+        check_output(markdown_path, option="--markdown")
     result = run_beluga()
     if markdown_path is not None:
         text = to_markdown(result)
         atomic_write(markdown_path, lambda tmp: Path(tmp).write_text(text))
     if as_json:
-        click.echo(json.dumps(validation_json(result), indent=2))
+        _echo_json(validation_json(result))
         return
     click.echo(to_text(result))
 
@@ -244,7 +259,7 @@ def replay_cmd(
         )
         write_request_table(requests_out, table)
     if as_json:
-        click.echo(metrics.to_json(indent=2))
+        _echo_json(metrics.to_dict(), why=null_reason(metrics.to_dict()))
         return
     _print_metrics(trace_path, scenario, metrics)
 
@@ -337,7 +352,7 @@ def export_cmd(
         docs = [
             {**r.as_json(), **({"written": written[r.target]} if written else {})} for r in results
         ]
-        click.echo(json.dumps(docs[0] if len(docs) == 1 else docs, indent=2))
+        _echo_json(docs[0] if len(docs) == 1 else docs)
         return
     console = Console()
     for r in results:
@@ -469,7 +484,7 @@ def trace_synth(
             "block_tokens": result.block_tokens,
             "params": json.loads(result.metadata[META_PARAMS]),
         }
-        click.echo(json.dumps(summary, indent=2))
+        _echo_json(summary)
     else:
         click.echo(
             f"wrote {result.n_requests} {kind} requests over {result.duration_s:.1f} s to {output}"
@@ -787,7 +802,7 @@ def trace_stats_cmd(
         kv_bytes = load_model(model).kv_bytes_per_token()
     stats = trace_stats(loaded, blocked, model=model, kv_bytes_per_token=kv_bytes)
     if as_json:
-        click.echo(json.dumps(stats.as_dict(), indent=2))
+        _echo_json(stats.as_dict())
         return
     _print_stats(trace_path, stats)
 
@@ -905,7 +920,7 @@ def trace_mrc_cmd(
 
         plot_curve(result, plot_path)
     if as_json:
-        click.echo(json.dumps(result.to_json(), indent=2))
+        _echo_json(result.to_json())
         return
     semantics = "flat" if result.flat else "prefix"
     table = Table(
@@ -1102,7 +1117,7 @@ def _run_optimize(**kwargs: Any) -> None:
     from kvtier.report.optimize import print_result, result_json
 
     if as_json:
-        click.echo(json.dumps(result_json(result), indent=2))
+        _echo_json(result_json(result))
     else:
         print_result(result, Console())
     if result.best is None:
@@ -1210,7 +1225,7 @@ def compare_cmd(
         overrides=_overrides(sets),
     )
     if as_json:
-        click.echo(json.dumps(comparison_json(rows), indent=2))
+        _echo_json(comparison_json(rows))
     else:
         print_comparison(trace_path, rows, Console())
 
@@ -1269,6 +1284,7 @@ def report_cmd(
     With --what-if, the best policy is also replayed with its memory tiers changed, one change
     at a time, on the study's trace, hardware, model, SLO and load mode.
     """
+    from kvtier.report.output import check_output
     from kvtier.report.study import (
         html_study_report,
         load_existing_study,
@@ -1277,6 +1293,9 @@ def report_cmd(
         study_report,
     )
 
+    for option, written in (("--plot", plot_path), ("--html", html_path)):
+        if written is not None:
+            check_output(written, option=option)
     study = load_existing_study(study_name, storage)
     rep = study_report(study, top=top)
     if what_if:
@@ -1298,7 +1317,7 @@ def report_cmd(
     if html_path is not None:
         html_study_report(rep, html_path)
     if as_json:
-        click.echo(json.dumps(rep, indent=2))
+        _echo_json(rep)
     else:
         print_study_report(rep, Console())
         for written in (plot_path, html_path):
@@ -1357,7 +1376,7 @@ def batch_cmd(traces: tuple[str, ...], out_dir: str, study_prefix: str, **kwargs
     except KeyboardInterrupt:
         _interrupted()
     if as_json:
-        click.echo(json.dumps(batch_json(items), indent=2))
+        _echo_json(batch_json(items))
     else:
         print_batch(items, Console())
     if any(item.result is None or item.result.best is None for item in items):

@@ -25,6 +25,13 @@ def read_toml(path: Path) -> dict[str, Any]:
         raise InputError(f"cannot read file: {err.strerror}", path=str(path)) from None
     except tomllib.TOMLDecodeError as err:
         raise InputError(f"invalid TOML: {err}", path=str(path)) from None
+    except UnicodeDecodeError as err:
+        raise InputError(
+            f"invalid TOML: not UTF-8 (byte {err.object[err.start]:#04x} at offset {err.start})",
+            path=str(path),
+        ) from None
+    except RecursionError:
+        raise InputError("invalid TOML: nested too deeply", path=str(path)) from None
 
 
 class Table:
@@ -90,12 +97,21 @@ class Table:
             raise self.error(self._key(key), f"must be true or false, got {value!r}")
         return value
 
-    def integer(self, key: str, default: int | None = None, *, minimum: int = 1) -> int:
+    def integer(
+        self,
+        key: str,
+        default: int | None = None,
+        *,
+        minimum: int = 1,
+        maximum: float | None = None,
+    ) -> int:
         value = self._get(key, default, default is None)
         if isinstance(value, bool) or not isinstance(value, int):
             raise self.error(self._key(key), f"must be an integer, got {value!r}")
         if value < minimum:
             raise self.error(self._key(key), f"must be >= {minimum}, got {value}")
+        if maximum is not None and value > maximum:
+            raise self.error(self._key(key), f"must be <= {int(maximum)}, got {value}")
         return int(value)
 
     def optional_integer(self, key: str, *, minimum: int = 1) -> int | None:

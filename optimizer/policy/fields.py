@@ -9,6 +9,7 @@ table (:func:`settings_table`). Changing a default in the dataclass changes it e
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import MISSING, Field, dataclass, field, fields
 from typing import Any
@@ -16,6 +17,10 @@ from typing import Any
 from kvtier.toml_fields import Table
 
 KINDS = ("int", "float", "bool", "str")
+# Upper bounds of every count and size a policy can state: far above any deployment, far
+# below what overflows the simulator's 64-bit counts (docs/policy.md, "Limits").
+MAX_COUNT = 1 << 30  # instances, token budgets, sequences, block sizes: as kvtier.trace.format
+MAX_CAPACITY_GB = 1e6  # a tier of one petabyte
 
 
 def setting(
@@ -26,18 +31,21 @@ def setting(
     choices: tuple[str, ...] = (),
     minimum: int = 1,
     nonneg: bool = False,
+    maximum: float | None = None,
 ) -> Any:
     """A dataclass field whose metadata describes it fully.
 
     ``kind`` is inferred from the default unless the default is None (then it must be given).
     ``choices`` (strings) usually come from a plug-in registry's ``names``. ``minimum`` bounds
-    integers; floats must be > 0 unless ``nonneg``.
+    integers; floats must be > 0 unless ``nonneg``. ``maximum`` bounds both from above
+    (integers: :data:`MAX_COUNT` unless given).
     """
     kind = kind or type(default).__name__
     if kind not in KINDS:
         raise TypeError(f"setting kind must be one of {KINDS}, got {kind!r}")
     meta = {"help": help, "kind": kind, "choices": tuple(choices), "minimum": minimum}
     meta["nonneg"] = nonneg
+    meta["maximum"] = MAX_COUNT if maximum is None and kind == "int" else maximum
     return field(default=default, metadata=meta)
 
 
@@ -52,6 +60,7 @@ class Setting:
     choices: tuple[str, ...] = ()
     minimum: int = 1
     nonneg: bool = False
+    maximum: float | None = None
 
     @property
     def optional(self) -> bool:
@@ -67,9 +76,11 @@ class Setting:
             table.used.add(key)
             return self.default
         if self.kind == "int":
-            return table.integer(key, minimum=self.minimum)
+            return table.integer(key, minimum=self.minimum, maximum=self.maximum)
         if self.kind == "float":
-            return table.number(key, positive=not self.nonneg, nonneg=self.nonneg)
+            return table.number(
+                key, positive=not self.nonneg, nonneg=self.nonneg, at_most=self.maximum
+            )
         if self.kind == "bool":
             return table.boolean(key)
         return table.string(key, choices=self.choices if choices is None else choices)
@@ -86,13 +97,26 @@ class Setting:
             text = "true or false"
         else:
             text = "text"
+        if self.maximum is not None and self.kind == "int":
+            text += f", <= 2^{int(self.maximum).bit_length() - 1}"
+        elif self.maximum is not None and self.kind == "float":
+            text += f", <= {self.maximum:g}"
         return text
 
 
 def _setting(f: Field[Any]) -> Setting:
     m = f.metadata
     default = f.default if f.default is not MISSING else None
-    return Setting(f.name, default, m["help"], m["kind"], m["choices"], m["minimum"], m["nonneg"])
+    return Setting(
+        f.name,
+        default,
+        m["help"],
+        m["kind"],
+        m["choices"],
+        m["minimum"],
+        m["nonneg"],
+        m.get("maximum"),
+    )
 
 
 def settings(cls: type) -> tuple[Setting, ...]:
@@ -130,9 +154,11 @@ def check_settings(obj: Any) -> None:
             ok = isinstance(value, int) and not isinstance(value, bool) and value >= s.minimum
         elif s.kind == "float":
             ok = isinstance(value, int | float) and not isinstance(value, bool)
-            ok = ok and (value >= 0 if s.nonneg else value > 0)
+            ok = ok and math.isfinite(value) and (value >= 0 if s.nonneg else value > 0)
         else:
             ok = isinstance(value, str) and bool(value) and (not s.choices or value in s.choices)
+        if ok and s.maximum is not None and s.kind in ("int", "float"):
+            ok = value <= s.maximum
         if not ok:
             raise ValueError(f"{s.name} must be {s.type_text()}, got {value!r}")
 

@@ -104,7 +104,7 @@ def parse_value(raw: str) -> Any:
     """A TOML scalar (``64``, ``0.5``, ``true``, ``"text"``), else the text itself."""
     try:
         value = tomllib.loads(f"v = {raw}")["v"]
-    except tomllib.TOMLDecodeError:
+    except (tomllib.TOMLDecodeError, RecursionError):  # not a scalar: the text itself
         return raw
     return value
 

@@ -30,14 +30,30 @@ def preset_names() -> list[str]:
     return sorted(p.stem for p in BUILTIN_DIR.glob("*.toml"))
 
 
-def preset_path(name: str) -> Path:
-    """The file of preset ``name`` (case-insensitive); :class:`InputError` if unknown."""
+def available() -> dict[str, Path]:
+    """Every preset name that can be asked for (lower case) and its file: the user's
+    directories first, then the built-in ones."""
+    found: dict[str, Path] = {}
     for directory in _dirs():
-        path = directory / f"{name.lower()}.toml"
-        if path.is_file():
-            return path
+        for path in sorted(directory.glob("*.toml")):
+            if path.is_file():
+                found.setdefault(path.stem.lower(), path)
+    return found
+
+
+def preset_path(name: str) -> Path:
+    """The file of preset ``name`` (case-insensitive); :class:`InputError` if unknown.
+
+    A preset is a name from the registry (the files of the preset directories), never a
+    path: ``../spaces/default`` or an absolute path is refused like any unknown name (a
+    policy file of one's own is given with ``--policy PATH``).
+    """
+    path = available().get(name.lower()) if name.strip() else None
+    if path is not None:
+        return path
     known = ", ".join(preset_names()) or "none installed"
-    raise InputError(f"unknown preset {name!r} (built-in: {known})")
+    hint = " (a policy file is given with --policy PATH)" if "/" in name or "\\" in name else ""
+    raise InputError(f"unknown preset {name!r}{hint}; built-in: {known}", option="--preset")
 
 
 def load_preset(name: str) -> Policy:

@@ -34,6 +34,7 @@ from kvtier.search.study import (
     best_feasible,
     closest,
     pareto_front,
+    read_only_storage,
     storage_error,
     summaries,
 )
@@ -49,12 +50,17 @@ def load_existing_study(name: str, storage: str | None, runs_dir: Path = Path("r
             hint = f" (studies in {runs_dir}/: {', '.join(known)})" if known else ""
             raise InputError(f"no study {name!r}: {path} does not exist{hint}", option="--study")
         storage = f"sqlite:///{path}"
+    elif not storage.strip():
+        raise InputError(
+            "must be an Optuna storage URL; leave it out for sqlite:///runs/STUDY.db",
+            option="--storage",
+        )
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     try:
-        return optuna.load_study(study_name=name, storage=storage)
+        return optuna.load_study(study_name=name, storage=read_only_storage(storage, name))
     except KeyError:
         raise InputError(f"no study {name!r} in {storage}", option="--study") from None
-    except (ImportError, ValueError, sqlalchemy.exc.SQLAlchemyError) as err:
+    except (ImportError, ValueError, RuntimeError, sqlalchemy.exc.SQLAlchemyError) as err:
         raise storage_error(name, storage, err) from None
 
 

@@ -22,6 +22,7 @@ from kvtier.errors import InputError
 from kvtier.hardware import load_hardware, load_model
 from kvtier.policy.file import sha256_of, write_policy_file
 from kvtier.policy.model import SLO, Policy, policy_from_dict
+from kvtier.report.output import check_output
 from kvtier.scenario import (
     SLO_TERMS,
     Scenario,
@@ -36,6 +37,7 @@ from kvtier.search.space import SearchSpace, load_space
 from kvtier.search.study import (
     TrialSummary,
     best_feasible,
+    check_study_setup,
     closest,
     make_objective,
     open_study,
@@ -75,6 +77,8 @@ def parse_slo(text: str | None) -> SLO:
                 f"--slo {name.strip()} must be a positive number of seconds, got {raw.strip()!r}",
                 option="--slo",
             )
+        if key in values:
+            raise InputError(f"--slo gives {name.strip()} twice", option="--slo")
         values[key] = value
     return SLO(**values)
 
@@ -198,6 +202,8 @@ def optimize(
     from kvtier.trace.io import read_trace
 
     started = time.perf_counter()
+    if out is not None:
+        check_output(out, option="--out")
     trace = read_trace(trace_path)
     hardware = hardware_name(hardware)
     model = model_name(model)
@@ -220,6 +226,8 @@ def optimize(
         runs_dir.mkdir(parents=True, exist_ok=True)
         storage = f"sqlite:///{runs_dir / (name + '.db')}"
     study = open_study(name, storage=storage, seed=seed, pareto=pareto)
+    if out is None:
+        check_output(Path("policies") / f"{name}.toml", option="--out")
     digest = sha256_of(trace_path)
     check_study_trace(
         study,
@@ -229,7 +237,7 @@ def optimize(
         option="--study",
     )
     # What the latest run searched, for `kvtier report` (each trial also keeps its own policy).
-    StudySetup(
+    setup = StudySetup(
         trace=str(trace_path),
         trace_sha256=digest,
         hardware=hardware,
@@ -238,7 +246,9 @@ def optimize(
         load=load,
         rate_scale=rate_scale,
         space=search_space.source,
-    ).record(study)
+    )
+    check_study_setup(study, setup, storage)
+    setup.record(study)
 
     warmed = 0
     if warm_start and len(study.trials) == 0:
@@ -256,13 +266,19 @@ def optimize(
             study.enqueue_trial(values, skip_if_exists=True)
             warmed += 1
 
-    before = _finished(study)
     objective = make_objective(evaluator, search_space, pareto=pareto)
-    callbacks = []
+    # The trials this process ran: other workers on a shared study add theirs meanwhile, so
+    # a count of the study's trials before and after would credit each worker with them all.
+    mine: list[int] = []
+
+    def count(_st: optuna.Study, trial: optuna.trial.FrozenTrial) -> None:
+        mine.append(trial.number)  # list.append is atomic under the GIL (n_jobs threads)
+
+    callbacks: list[Callable[[optuna.Study, optuna.trial.FrozenTrial], None]] = [count]
     if on_trial is not None:
 
         def report(st: optuna.Study, _trial: optuna.trial.FrozenTrial) -> None:
-            on_trial(_finished(st) - before, best_feasible(st))
+            on_trial(len(mine), best_feasible(st))
 
         callbacks.append(report)
     # Enqueued (warm-start) trials run on one thread: with several threads, two can take the
@@ -334,7 +350,7 @@ def optimize(
         policy_path=policy_path,
         slo=slo,
         seconds=time.perf_counter() - started,
-        new_trials=_finished(study) - before,
+        new_trials=len(mine),
         warm_started=warmed,
         extra={"trace": trace_path},
     )

@@ -74,8 +74,24 @@ class Param:
             raise ValueError(
                 f"{self.name}: low <= high must hold, but got low={self.low}, high={self.high}"
             )
+        if not (math.isfinite(self.low) and math.isfinite(self.high)):
+            raise ValueError(f"{self.name}: low and high must be finite numbers")
         if self.log and self.low <= 0:
             raise ValueError(f"{self.name}: a log range needs low > 0, got low={self.low}")
+        if self.step is not None:
+            if not (math.isfinite(self.step) and self.step > 0):
+                raise ValueError(f"{self.name}: step must be > 0, got {self.step}")
+            if self.log:
+                raise ValueError(f"{self.name}: a log range takes no step (Optuna's rule)")
+            if self.integer and self.step != int(self.step):
+                raise ValueError(
+                    f"{self.name}: an integer range needs an integer step, got {self.step}"
+                )
+            if self.step > self.high - self.low and self.high > self.low:
+                raise ValueError(
+                    f"{self.name}: step {self.step} is larger than the range "
+                    f"[{self.low}, {self.high}]"
+                )
 
     def active(self, values: Mapping[str, Any]) -> bool:
         return all(values.get(k) == v for k, v in self.when)
@@ -232,11 +248,33 @@ def _parse_param_spec(name: str, spec: Any, path: str) -> Param:
         raise InputError(str(err), path=path, column=where) from None
 
 
+def space_names() -> list[str]:
+    """The built-in search spaces, by name."""
+    return sorted(p.stem for p in SPACES_DIR.glob("*.toml"))
+
+
+def space_path(name_or_path: str | Path) -> Path:
+    """The file of a space: a path that ends in ``.toml`` or names a file, else a built-in
+    name. A name is never joined to the spaces directory as a path: ``../presets/x`` is an
+    unknown name, not a file outside it."""
+    text = str(name_or_path)
+    known = ", ".join(space_names())
+    if not text.strip():
+        raise InputError(f"must name a search space (built-in: {known})", option="--space")
+    path = Path(text)
+    if path.suffix == ".toml" or path.is_file():
+        return path
+    if text in space_names():
+        return SPACES_DIR / f"{text}.toml"
+    raise InputError(
+        f"no such search space {text!r} (built-in: {known}; or a path to a .toml file)",
+        option="--space",
+    )
+
+
 def load_space(name_or_path: str | Path) -> SearchSpace:
     """A space by file path, or by name from ``policies/spaces`` (``default``, ...)."""
-    path = Path(name_or_path)
-    if not path.suffix and not path.exists():
-        path = SPACES_DIR / f"{name_or_path}.toml"
+    path = space_path(name_or_path)
     spath = str(path)
     try:
         data = tomllib.loads(path.read_text())
@@ -247,6 +285,8 @@ def load_space(name_or_path: str | Path) -> SearchSpace:
         ) from None
     except tomllib.TOMLDecodeError as err:
         raise InputError(f"invalid TOML: {err}", path=spath) from None
+    except RecursionError:
+        raise InputError("invalid TOML: nested too deeply", path=spath) from None
     except (OSError, UnicodeDecodeError) as err:
         raise InputError(f"cannot read: {err}", path=spath) from None
     fmt = data.get("format")

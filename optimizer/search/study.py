@@ -12,6 +12,7 @@
 from __future__ import annotations
 
 import math
+import os
 import random
 import time
 import warnings
@@ -26,6 +27,7 @@ import sqlalchemy.exc
 
 from kvtier.errors import InputError
 from kvtier.policy.model import policy_to_dict
+from kvtier.scenario import SETUP_ATTR, StudySetup
 from kvtier.search.objective import Evaluation, Evaluator
 from kvtier.search.space import SearchSpace
 
@@ -69,15 +71,94 @@ def _sqlite_pragmas(dbapi_connection: Any, _record: Any) -> None:
     cursor.close()
 
 
-def study_storage(url: str) -> str | optuna.storages.RDBStorage:
-    """The storage to hand to Optuna: the URL itself, or for SQLite an ``RDBStorage`` whose
-    connections use write-ahead logging (see :func:`_sqlite_pragmas`)."""
-    if not url.startswith("sqlite"):
-        return url
-    rdb = optuna.storages.RDBStorage(url)
-    sqlalchemy.event.listen(rdb.engine, "connect", _sqlite_pragmas)
-    rdb.engine.dispose()  # connections made while creating the schema lack the pragmas
+HEARTBEAT_ENV = "KVTIER_HEARTBEAT_S"
+HEARTBEAT_S = 10  # a running trial's worker writes a heartbeat this often ...
+GRACE_BEATS = 3  # ... and a trial whose worker missed this many is failed and run again
+MAX_RETRIES = 3  # a trial that keeps killing its worker is not retried for ever
+
+
+def heartbeat_seconds() -> int:
+    """The heartbeat interval: :data:`HEARTBEAT_S`, or ``$KVTIER_HEARTBEAT_S`` (whole
+    seconds >= 1)."""
+    raw = os.environ.get(HEARTBEAT_ENV, "").strip()
+    if not raw:
+        return HEARTBEAT_S
+    try:
+        value = int(raw)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise InputError(f"${HEARTBEAT_ENV} must be a whole number of seconds >= 1, got {raw!r}")
+    return value
+
+
+def study_storage(url: str) -> optuna.storages.RDBStorage:
+    """The storage to hand to Optuna: an ``RDBStorage`` with a heartbeat, and for SQLite
+    connections that use write-ahead logging (see :func:`_sqlite_pragmas`).
+
+    The heartbeat is how a study notices a worker killed mid-trial (``kill -9``, a lost
+    machine): that trial stops beating, and the next worker to start a trial after the grace
+    period marks it failed; ``RetryHeartbeatStaleTrialCallback`` (Optuna 5's name for
+    ``RetryFailedTrialCallback``) enqueues it again with the same parameters, so a resumed
+    study runs it instead of leaving it RUNNING
+    for ever.
+    """
+    beat = heartbeat_seconds()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+        rdb = optuna.storages.RDBStorage(
+            url,
+            heartbeat_interval=beat,
+            grace_period=beat * GRACE_BEATS,
+            heartbeat_stale_trial_callback=optuna.storages.RetryHeartbeatStaleTrialCallback(
+                max_retry=MAX_RETRIES
+            ),
+        )
+    if url.startswith("sqlite"):
+        sqlalchemy.event.listen(rdb.engine, "connect", _sqlite_pragmas)
+        rdb.engine.dispose()  # connections made while creating the schema lack the pragmas
     return rdb
+
+
+def sqlite_file(url: str) -> Path | None:
+    """The file of a plain ``sqlite:///PATH`` URL (no query), else None."""
+    prefix = "sqlite:///"
+    if not url.startswith(prefix) or "?" in url or url[len(prefix) :] in ("", ":memory:"):
+        return None
+    return Path(url[len(prefix) :])
+
+
+def read_only_url(path: Path, *, immutable: bool = False) -> str:
+    """An SQLite URL that opens ``path`` read-only (``mode=ro``), through SQLite's URI form.
+
+    ``immutable`` also tells SQLite that nothing else writes the file, so it needs no
+    ``-shm`` file: the way to read a write-ahead-logged database on read-only media.
+    """
+    from urllib.parse import quote
+
+    flags = "mode=ro&immutable=1" if immutable else "mode=ro"
+    return f"sqlite:///file:{quote(str(path.resolve()))}?{flags}&uri=true"
+
+
+def read_only_storage(url: str, study_name: str) -> optuna.storages.RDBStorage:
+    """Storage for reading a study (``kvtier report``): nothing is created or written.
+
+    An SQLite file opens read-only, so a study on read-only media or in a directory one may
+    not write can be reported on. In WAL mode SQLite needs the ``-shm`` file beside the
+    database; when it is missing and cannot be made, the file is opened as immutable.
+    Other URLs are passed through, with table creation skipped.
+    """
+    path = sqlite_file(url)
+    if path is None:
+        return optuna.storages.RDBStorage(url, skip_table_creation=True)
+    if not path.is_file():
+        raise InputError(f"no study {study_name!r}: {path} does not exist", option="--study")
+    try:
+        return optuna.storages.RDBStorage(read_only_url(path), skip_table_creation=True)
+    except sqlalchemy.exc.OperationalError:
+        return optuna.storages.RDBStorage(
+            read_only_url(path, immutable=True), skip_table_creation=True
+        )
 
 
 def open_study(study_name: str, *, storage: str | None, seed: int, pareto: bool) -> optuna.Study:
@@ -89,6 +170,12 @@ def open_study(study_name: str, *, storage: str | None, seed: int, pareto: bool)
     PostgreSQL, "database is locked" on SQLite); the loser retries after a short random wait
     and then finds both in place.
     """
+    if storage is not None and not storage.strip():
+        raise InputError(
+            "must be an Optuna storage URL (sqlite:///FILE.db, postgresql://...); leave it out "
+            "for the default sqlite:///runs/STUDY.db",
+            option="--storage",
+        )
     url = storage or default_storage(study_name)
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     directions = ["minimize", "minimize"] if pareto else ["minimize"]
@@ -114,6 +201,7 @@ def open_study(study_name: str, *, storage: str | None, seed: int, pareto: bool)
         except (
             ValueError,
             ImportError,
+            RuntimeError,  # a database whose alembic_version is not Optuna's schema
             optuna.exceptions.OptunaError,
             sqlalchemy.exc.SQLAlchemyError,
         ) as err:
@@ -125,6 +213,40 @@ def open_study(study_name: str, *, storage: str | None, seed: int, pareto: bool)
             option="--study",
         )
     return study
+
+
+IDENTITY = ("hardware", "model", "slo", "load", "rate_scale")
+
+
+def check_study_setup(study: optuna.Study, setup: StudySetup, storage: str) -> None:
+    """Refuse to continue a study whose trials were judged under another setup.
+
+    A trial's verdict (its constraints, ``feasible``) and its price depend on the hardware
+    and model it ran on, the SLO it was held to, the load mode and the rate scale, besides the
+    trace (checked by :func:`kvtier.scenario.check_study_trace`). Mixing trials of two setups
+    in one study would let the sampler and the final choice trust verdicts made under rules
+    that no longer hold, so a rerun must keep the setup or use another ``--study`` name. A
+    study without trials takes the new setup.
+    """
+    recorded = study.user_attrs.get(SETUP_ATTR)
+    if not recorded or not study.get_trials(deepcopy=False):
+        return
+    current = setup.to_attrs()[SETUP_ATTR]
+    changed = [k for k in IDENTITY if k in recorded and recorded[k] != current[k]]
+    if changed:
+        what = "; ".join(f"{k} was {_show(recorded[k])}, now {_show(current[k])}" for k in changed)
+        raise InputError(
+            f"study {study.study_name!r} in {storage} was run with another setup ({what}); "
+            "its trials' verdicts would not hold: rerun with the same options or choose "
+            "another --study name",
+            option="--study",
+        )
+
+
+def _show(value: Any) -> str:
+    if isinstance(value, dict):
+        return ",".join(f"{k}={v:g}" for k, v in value.items()) or "none"
+    return f"{value:g}" if isinstance(value, float) else str(value)
 
 
 def _creation_race(err: Exception) -> bool:
@@ -139,6 +261,11 @@ def storage_error(study_name: str, url: str, err: Exception) -> InputError:
     """A storage failure as one line: the database's own first line, and the driver to
     install when one is missing."""
     first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+    if isinstance(err, RuntimeError) and "compatible with the table schema" in first:
+        first = (
+            f"its alembic_version table names a schema this Optuna ({optuna.__version__}) "
+            "does not know: a database of another application, or of a newer Optuna"
+        )
     if isinstance(err, ImportError) and url.startswith("postgresql"):
         first += " (pip install 'kvtier[postgres]')"
     return InputError(f"cannot open study {study_name!r} at {url}: {first}", option="--storage")

@@ -65,6 +65,10 @@ USES_HEAP = False  # keeps the priority heap (prio, stamp, heap, hpos per block)
 USES_COST = False  # reads the per-block recompute cost
 
 
+MAX_GHOST = 1e3  # ghost ids per cached block (libCacheSim's default: 0.9)
+MAX_THRESHOLD = 1 << 30
+
+
 def sizes(capacity: int, small: float, ghost: float) -> tuple[int, int, int]:
     """(small, main, ghost) sizes in blocks, computed as libCacheSim's ``S3FIFO_init`` does."""
     s = int(capacity * small)
@@ -75,11 +79,16 @@ def check(params: Mapping[str, float]) -> None:
     """Refuse parameters libCacheSim would not run with."""
     if not 0.0 <= params["small"] < 1.0:
         raise InputError(f"s3fifo: 0 <= small < 1 must hold, but got small={params['small']}")
-    if params["ghost"] < 0.0:
-        raise InputError(f"s3fifo: ghost >= 0 must hold, but got ghost={params['ghost']}")
+    # Upper bounds keep the sizes within the 64-bit counts the kernels hold (NaN fails each).
+    if not 0.0 <= params["ghost"] <= MAX_GHOST:
+        raise InputError(
+            f"s3fifo: 0 <= ghost <= {MAX_GHOST:g} must hold, but got ghost={params['ghost']}"
+        )
     t = params["threshold"]
-    if t != int(t) or t < 1:
-        raise InputError(f"s3fifo: threshold must be an integer >= 1, but got threshold={t}")
+    if not (1 <= t <= MAX_THRESHOLD and t == int(t)):
+        raise InputError(
+            f"s3fifo: threshold must be an integer in [1, 2^30], but got threshold={t}"
+        )
 
 
 def configure(meta: np.ndarray, params: Mapping[str, float], capacity: int) -> None:
