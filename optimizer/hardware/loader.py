@@ -16,6 +16,7 @@ from pathlib import Path
 from kvtier.errors import InputError
 from kvtier.hardware.types import (
     GB,
+    LOWER_TIERS,
     MLA,
     Efficiency,
     GPUProfile,
@@ -155,8 +156,8 @@ def load_hardware(name_or_path: str | Path) -> Hardware:
     tt = t.table("tiers")
     if tt is not None:
         for tier_name in list(tt.data):
-            if tier_name not in LOWER_TIER_NAMES:
-                known = ", ".join(LOWER_TIER_NAMES)
+            if tier_name not in LOWER_TIERS:
+                known = ", ".join(LOWER_TIERS)
                 raise tt.error(f"tiers.{tier_name}", f"unknown tier (one of {known})")
             sub = tt.table(tier_name)
             assert sub is not None
@@ -174,9 +175,6 @@ def load_hardware(name_or_path: str | Path) -> Hardware:
         source=str(path),
         tiers=tiers,
     )
-
-
-LOWER_TIER_NAMES = ("dram", "cxl", "rdma", "ssd")
 
 
 def _tier_hardware(name: str, t: Table) -> TierHardware:

@@ -96,6 +96,12 @@ class Efficiency:
     step_overhead_s: float  # fixed seconds per scheduler iteration
 
 
+# The memory tiers below HBM a hardware profile may offer, in the order a request looks them up
+# (fastest path first); policies list them by the same names.
+LOWER_TIERS = ("dram", "cxl", "rdma", "ssd")
+PER_HOST_TIERS = ("dram", "ssd")  # one pool per host; the others are shared by all hosts
+
+
 @dataclass(frozen=True)
 class TierHardware:
     """The memory below HBM of one kind (``dram``, ``cxl``, ``rdma``, ``ssd``) and its path.
@@ -129,7 +135,7 @@ class TierHardware:
         """One pool per host (dram, ssd, a CXL expander) or one shared by every host."""
         if self.shared is not None:
             return not self.shared
-        return self.name in ("dram", "ssd")
+        return self.name in PER_HOST_TIERS
 
 
 @dataclass(frozen=True)

@@ -7,7 +7,8 @@ level, the optional SLO in ``slo``. Numbers default to what vLLM does on an H100
 set. Each scalar field's default, domain and help are declared once, in its field metadata
 (:func:`kvtier.policy.fields.setting`): the loader below, ``--set`` / ``--pin``
 (``kvtier.policy.overrides``) and the docs tables read them from there; plug-in choices
-(routers, write policies, load rules, evictions) come from their registries. ``policy_from_dict`` and ``policy_to_dict`` convert to and from the plain dict a policy file
+(routers, write policies, load rules, evictions) come from their registries.
+``policy_from_dict`` and ``policy_to_dict`` convert to and from the plain dict a policy file
 holds, so an optimizer can overlay dotted parameters (``tiers.cxl.capacity_gb``) on a dict.
 """
 
@@ -18,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from kvtier.cache.registry import EVICTIONS as EVICTION_REGISTRY
+from kvtier.hardware.types import LOWER_TIERS
 from kvtier.policy.fields import MAX_CAPACITY_GB, check_settings, read_settings, setting
 from kvtier.policy.registries import LOAD_RULES as LOAD_REGISTRY
 from kvtier.policy.registries import ROUTERS as ROUTER_REGISTRY
@@ -26,8 +28,7 @@ from kvtier.toml_fields import Table, read_toml
 
 POLICY_FORMAT = "kvtier-policy/1"
 ROUTERS = ROUTER_REGISTRY.names
-TIER_NAMES = ("hbm", "dram", "cxl", "rdma", "ssd")
-LOWER_TIERS = TIER_NAMES[1:]  # in lookup order: fastest path first
+TIER_NAMES = ("hbm", *LOWER_TIERS)  # LOWER_TIERS (kvtier.hardware.types) in lookup order
 EVICTIONS = EVICTION_REGISTRY.names  # the cache engine's policies
 HBM_EVICTIONS = ("lru",)  # HBM is vLLM's block pool (LRU over unpinned blocks)
 KV_DTYPES = ("bf16", "fp8", "int4")

@@ -20,6 +20,7 @@ import optuna
 from kvtier import __version__
 from kvtier.errors import InputError
 from kvtier.hardware import load_hardware, load_model
+from kvtier.hardware.types import LOWER_TIERS
 from kvtier.policy.file import sha256_of, write_policy_file
 from kvtier.policy.model import SLO, Policy, policy_from_dict
 from kvtier.report.output import check_output
@@ -108,7 +109,6 @@ class OptimizeResult:
     extra: dict[str, Any] = field(default_factory=dict)
 
 
-LOWER_TIERS = ("dram", "cxl", "rdma", "ssd")
 
 
 FINISHED = (
