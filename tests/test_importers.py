@@ -183,3 +183,80 @@ def test_empty_and_missing_inputs(tmp_path) -> None:
         invoke("trace", "import", "--from", "mooncake", str(tmp_path / "nope"), "-o", "x.parquet"),
         "no such file",
     )
+
+
+@pytest.mark.parametrize(
+    ("bad", "needles"),
+    [
+        ('{"chat_id": 12, "parent_chat_id": 10}', ["line 2", "timestamp", "missing field"]),
+        (_bailian_row(12, 10, 1.0, [1, 2, 4], 40, 2).replace("40", '"40"'), ["line 2"]),
+        (_bailian_row(12, 10, 1.0, [1, -2], 20, 2), ["line 2", "negative hash"]),
+    ],
+)
+def test_bailian_malformed_line_is_reported(tmp_path, bad: str, needles: list[str]) -> None:
+    path = _write_lines(tmp_path, "b.jsonl", [_bailian_row(10, -1, 0.0, [1, 2], 20, 1), bad])
+    result = invoke("trace", "import", "--from", "bailian", path, "-o", str(tmp_path / "o.parquet"))
+    assert_one_line_error(result, path, *needles)
+
+
+ROUND_TRIPS = {
+    "mooncake": (
+        "m.jsonl",
+        [
+            '{"timestamp": 0, "input_length": 600, "output_length": 5, "hash_ids": [1, 2]}',
+            '{"timestamp": 1500, "input_length": 1100, "output_length": 7, "hash_ids": [1, 2, 3]}',
+        ],
+        [],
+    ),
+    "bailian": (
+        "b.jsonl",
+        [_bailian_row(10, -1, 0.0, [1, 2], 20, 1), _bailian_row(12, 10, 1.0, [1, 2, 4], 40, 2)],
+        [],
+    ),
+    "azure": (
+        "a.csv",
+        [
+            "TIMESTAMP,ContextTokens,GeneratedTokens",
+            "2023-11-16 18:15:46.6805900,374,44",
+            "2023-11-16 18:15:50.1,12,3",
+        ],
+        [],
+    ),
+    "burstgpt": (
+        "g.csv",
+        [
+            "Timestamp,Model,Request tokens,Response tokens,Total tokens,Log Type",
+            "5,ChatGPT,472,18,490,Conversation log",
+            "9,GPT-4,10,2,12,API log",
+        ],
+        [],
+    ),
+    "csv": (
+        "c.csv",
+        ["t,a,b", "0.5,10,1", "2.5,20,2"],
+        ["--columns", "arrival=t,input=a,output=b"],
+    ),
+    "jsonl": (
+        "j.jsonl",
+        ['{"t": 0, "a": 32, "b": 1, "h": [7, 8]}', '{"t": 2, "a": 48, "b": 2, "h": [7, 8, 9]}'],
+        ["--columns", "arrival=t,input=a,output=b,hashes=h,block_tokens=16"],
+    ),
+}
+
+
+@pytest.mark.parametrize("kind", sorted(ROUND_TRIPS))
+def test_every_importer_round_trips_through_a_file(tmp_path, kind: str) -> None:
+    """The CLI's written trace reads back equal to the direct import, metadata included."""
+    from kvtier.trace.importers import ImportOptions, parse_columns
+
+    name, lines, extra = ROUND_TRIPS[kind]
+    path = _write_lines(tmp_path, name, lines)
+    out = tmp_path / "out.arrow"
+    result = invoke("trace", "import", "--from", kind, path, *extra, "-o", str(out))
+    assert result.code == 0, result.stderr
+    options = ImportOptions(columns=parse_columns(extra[1]) if extra else {})
+    direct = import_trace(kind, path, options)
+    back = read_trace(out)
+    assert back.table.schema.metadata == direct.table.schema.metadata
+    for column in direct.table.column_names:
+        assert back.table.column(column).to_pylist() == direct.table.column(column).to_pylist()
