@@ -151,11 +151,15 @@ def read_only_storage(url: str, study_name: str) -> optuna.storages.RDBStorage:
     path = sqlite_file(url)
     if path is None:
         return optuna.storages.RDBStorage(url, skip_table_creation=True)
-    if not path.is_file():
+    try:
+        found = path.is_file()
+    except OSError as err:
+        raise InputError(f"cannot read {path}: {err.strerror}", option="--storage") from None
+    if not found:
         raise InputError(f"no study {study_name!r}: {path} does not exist", option="--study")
     try:
         return optuna.storages.RDBStorage(read_only_url(path), skip_table_creation=True)
-    except sqlalchemy.exc.OperationalError:
+    except (sqlalchemy.exc.OperationalError, optuna.exceptions.StorageInternalError):
         return optuna.storages.RDBStorage(
             read_only_url(path, immutable=True), skip_table_creation=True
         )
