@@ -715,12 +715,28 @@ def trace_capture(
     type=click.Path(dir_okay=False),
     help="Trace file to write (.parquet or .arrow).",
 )
-def trace_sample_cmd(trace_path: str, fraction: float, seed: int, output: str) -> None:
+@click.option(
+    "--stream/--no-stream",
+    default=None,
+    help="Read and write by record batches, for a Parquet trace larger than memory "
+    "[default: for files over 256 MiB].",
+)
+def trace_sample_cmd(
+    trace_path: str, fraction: float, seed: int, output: str, stream: bool | None
+) -> None:
     """Keep whole sessions (or prefix trees) of TRACE by a hash of their root (SHARDS-style);
     replays of the sample scale the cluster and shared tiers by the same fraction."""
     from kvtier.trace.io import read_trace, write_trace
-    from kvtier.trace.sampling import sample
+    from kvtier.trace.sampling import sample, stream_sample
 
+    if stream is None:
+        from kvtier.trace.streaming import STREAM_BYTES
+
+        stream = os.path.isfile(trace_path) and os.path.getsize(trace_path) > STREAM_BYTES
+    if stream:
+        read, kept, roots = stream_sample(trace_path, fraction, output, seed=seed)
+        click.echo(f"wrote {kept:,} of {read:,} requests (whole {roots}, streamed) to {output}")
+        return
     loaded = read_trace(trace_path)
     sampled, roots = sample(loaded, fraction, seed=seed)
     write_trace(sampled, output)

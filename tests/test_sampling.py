@@ -194,3 +194,58 @@ def test_a_fraction_that_leaves_a_partial_instance_is_one_line(chat, tmp_path) -
         "--json",
     )
     assert ok.code == 0, ok.stderr
+
+
+# -- streamed samples of traces larger than memory ----------------------------------------------
+def test_streamed_sample_of_sessions_equals_the_in_memory_sample(chat, tmp_path) -> None:  # noqa: ANN001
+    from kvtier.trace.sampling import stream_sample
+
+    path = tmp_path / "chat.parquet"
+    write_trace(chat, path)
+    read, kept, roots = stream_sample(
+        str(path), 0.3, str(tmp_path / "s.parquet"), seed=5, batch_rows=97
+    )
+    direct, _ = sample(chat, 0.3, seed=5)
+    streamed = read_trace(tmp_path / "s.parquet")
+    assert (read, kept, roots) == (chat.n_requests, direct.n_requests, "sessions")
+    assert streamed.sample_fraction == pytest.approx(0.3)
+    for name in direct.table.column_names:
+        assert streamed.table.column(name).to_pylist() == direct.table.column(name).to_pylist()
+
+
+def test_streamed_sample_of_lengths_only_requests(tmp_path) -> None:
+    trace = synthesize("short", requests=500, seed=2)
+    empty = pa.array([[]] * 500, type=pa.list_(pa.uint64()))
+    table = trace.table.drop_columns(["block_hashes"]).append_column("block_hashes", empty)
+    trace = Trace.from_table(table, block_tokens=16, has_prefix_info=False)
+    path = tmp_path / "t.parquet"
+    write_trace(trace, path)
+    result = invoke(
+        "trace",
+        "sample",
+        str(path),
+        "--fraction",
+        "0.4",
+        "--stream",
+        "-o",
+        str(tmp_path / "s.parquet"),
+    )
+    assert result.code == 0, result.stderr
+    direct, _ = sample(trace, 0.4)
+    assert read_trace(tmp_path / "s.parquet").table.column("request_id").to_pylist() == (
+        direct.table.column("request_id").to_pylist()
+    )
+
+
+def test_streamed_sample_refuses_prefix_subtrees(tmp_path) -> None:
+    result = invoke(
+        "trace",
+        "sample",
+        str(MOONCAKE),
+        "--fraction",
+        "0.4",
+        "--stream",
+        "-o",
+        str(tmp_path / "s.parquet"),
+    )
+    assert_one_line_error(result, "prefix subtrees", "without --stream")

@@ -98,12 +98,11 @@ def _read_table(path: str) -> pa.Table:
     )
 
 
-def read_trace(path: str | os.PathLike[str]) -> Trace:
-    """Read and validate a request-trace/1 file, or a directory of Parquet parts of one."""
-    path = str(path)
-    table = _read_table(path)
+def trace_metadata(schema: pa.Schema, path: str) -> dict[str, str]:
+    """The schema metadata of a request-trace/1 file, checked: UTF-8, the format version, a
+    block size in [1, MAX_TOKENS] (each problem one line naming ``path``)."""
     try:
-        meta = {k.decode(): v.decode() for k, v in (table.schema.metadata or {}).items()}
+        meta = {k.decode(): v.decode() for k, v in (schema.metadata or {}).items()}
     except UnicodeDecodeError:
         raise InputError("schema metadata is not valid UTF-8", path=path) from None
     version = meta.get(META_FORMAT)
@@ -128,6 +127,16 @@ def read_trace(path: str | os.PathLike[str]) -> Trace:
             f"got {shown!r}",
             path=path,
         )
+    _sample_fraction(meta.get(META_SAMPLE_FRACTION, "1.0"), path)
+    return meta
+
+
+def read_trace(path: str | os.PathLike[str]) -> Trace:
+    """Read and validate a request-trace/1 file, or a directory of Parquet parts of one."""
+    path = str(path)
+    table = _read_table(path)
+    meta = trace_metadata(table.schema, path)
+    block_tokens = int(meta[META_BLOCK_TOKENS])
     prefix_info = meta.get(META_PREFIX_INFO, "true").lower() != "false"
     fraction = _sample_fraction(meta.get(META_SAMPLE_FRACTION, "1.0"), path)
     extra = {k: v for k, v in meta.items() if not k.startswith("kvtier.")}

@@ -136,3 +136,107 @@ def _rebuilt(trace: Trace, table: pa.Table, fraction: float) -> Trace:
         metadata=trace.metadata,
         sample_fraction=fraction,
     )
+
+
+def stream_sample(
+    path: str, fraction: float, out: str, *, seed: int = 0, batch_rows: int = 1 << 20
+) -> tuple[int, int, str]:
+    """:func:`sample` of a trace file larger than memory, read and written by record batches.
+
+    Gives the same rows as the in-memory sample, for traces whose roots are sessions or
+    requests. A trace with prefix hashes and no sessions samples prefix subtrees, which needs
+    every request's blocks at once (the trunk is a property of the whole trace): it is refused
+    here, with the advice to sample it in memory. Each batch is validated as a trace; rows must
+    stay in arrival order across batches. Returns (requests read, requests kept, roots).
+    """
+    import pyarrow.parquet as pq
+
+    from kvtier.trace.format import META_PREFIX_INFO, META_SAMPLE_FRACTION
+    from kvtier.trace.io import atomic_write, trace_metadata
+    from kvtier.trace.validate import validate_table
+
+    if not (math.isfinite(fraction) and 0 < fraction <= 1):
+        raise InputError(f"must be in (0, 1], got {fraction}", option="--fraction")
+    if seed < 0:
+        raise InputError(f"must be >= 0, got {seed}", option="--seed")
+    try:
+        source = pq.ParquetFile(path)
+    except (OSError, pa.ArrowException) as err:
+        raise InputError(f"a streamed sample reads one Parquet file: {err}", path=path) from None
+    meta = trace_metadata(source.schema_arrow, path)
+    has_prefix = meta.get(META_PREFIX_INFO, "true").lower() != "false"
+    names = source.schema_arrow.names
+    if "session_id" in names:
+        roots = "sessions"
+    elif not has_prefix:
+        roots = "requests"
+    else:
+        raise InputError(
+            "a trace with prefix hashes and no sessions samples whole prefix subtrees, which "
+            "needs the whole trace in memory: sample it without --stream",
+            path=path,
+        )
+    block_tokens = int(meta.get("kvtier.block_tokens", "16"))
+    salt = _mix64(np.array([seed], dtype=np.uint64))[0]
+    threshold = np.uint64(min(int(fraction * 2.0**64), 2**64 - 1))
+    by_id = (
+        roots == "requests"
+        and "request_id" in names
+        and pa.types.is_integer(source.schema_arrow.field("request_id").type)
+    )
+    new_fraction = float(meta.get(META_SAMPLE_FRACTION, "1.0")) * fraction
+    out_meta = {k.encode(): v.encode() for k, v in meta.items()}
+    out_meta[META_SAMPLE_FRACTION.encode()] = repr(new_fraction).encode()
+    counts = {"read": 0, "kept": 0}
+
+    def write(tmp: str) -> None:
+        writer = None
+        last = -math.inf
+        try:
+            for batch in source.iter_batches(batch_size=batch_rows):
+                table = pa.Table.from_batches([batch])
+                start = counts["read"]
+                try:
+                    table = validate_table(
+                        table, block_tokens=block_tokens, path=path, has_prefix_info=has_prefix
+                    )
+                except InputError as err:
+                    if err.row is not None:
+                        err.row += start
+                        err.args = (err.format(),)
+                    raise
+                arrival = table.column("arrival_s").to_numpy()
+                if arrival[0] < last:
+                    raise InputError(
+                        "rows are not in arrival order across batches; sample in memory",
+                        path=path,
+                        row=start,
+                        column="arrival_s",
+                    )
+                last = float(arrival[-1])
+                if roots == "sessions":
+                    keys = table.column("session_id").to_numpy().view(np.uint64)
+                elif by_id:
+                    keys = table.column("request_id").to_numpy().astype(np.int64).view(np.uint64)
+                else:
+                    keys = np.arange(start, start + table.num_rows, dtype=np.uint64)
+                keep = _mix64(keys ^ salt) < threshold if fraction < 1 else None
+                kept = table if keep is None else table.filter(pa.array(keep))
+                counts["read"] += table.num_rows
+                counts["kept"] += kept.num_rows
+                kept = kept.replace_schema_metadata(out_meta)
+                if writer is None:
+                    writer = pq.ParquetWriter(tmp, kept.schema, compression="zstd")
+                writer.write_table(kept.cast(writer.schema))
+        finally:
+            if writer is not None:
+                writer.close()
+        if counts["kept"] == 0:
+            raise InputError(
+                f"a {fraction:g} sample of {counts['read']:,} requests ({roots}) keeps none; "
+                "use a larger fraction or another seed",
+                option="--fraction",
+            )
+
+    atomic_write(out, write)
+    return counts["read"], counts["kept"], roots
