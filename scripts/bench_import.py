@@ -66,23 +66,14 @@ def write_log(path: Path, n: int, layout: str, chunk: int = 2_000_000) -> None:
 
 
 def run_import(log: Path, out: Path, layout: str) -> dict[str, float]:
-    """One import in a fresh process, under GNU time for the child's own peak memory (the
-    parent's ``RUSAGE_CHILDREN`` would count the forked copy of this process's arrays)."""
-    cmd = [
-        "/usr/bin/time",
-        "-v",
-        sys.executable,
-        "-m",
-        "kvtier",
-        "trace",
-        "import",
-        "--from",
-        layout,
-        str(log),
-        "--stream",
-        "-o",
-        str(out),
-    ]
+    """One import in a fresh process (see :func:`run_timed`)."""
+    return run_timed(["trace", "import", "--from", layout, str(log), "--stream", "-o", str(out)])
+
+
+def run_timed(args: list[str]) -> dict[str, float]:
+    """One kvtier command in a fresh process, under GNU time for the child's own peak memory
+    (the parent's ``RUSAGE_CHILDREN`` would count the forked copy of this process's arrays)."""
+    cmd = ["/usr/bin/time", "-v", sys.executable, "-m", "kvtier", *args]
     t0 = time.perf_counter()
     proc = subprocess.run(cmd, capture_output=True, text=True)
     wall = time.perf_counter() - t0
@@ -102,6 +93,7 @@ def main() -> None:
     ap.add_argument("--layout", choices=sorted(HEADS), default="burstgpt")
     ap.add_argument("--runs", type=int, default=1)
     ap.add_argument("--work-dir", default="runs/bench-import")
+    ap.add_argument("--sample", type=float, default=0.01, help="then sample this fraction")
     args = ap.parse_args()
     work = Path(args.work_dir)
     work.mkdir(parents=True, exist_ok=True)
@@ -118,6 +110,21 @@ def main() -> None:
     for _ in range(args.runs):  # each run a fresh child: ru_maxrss is that child's peak
         results.append(run_import(log, work / "out.parquet", args.layout))
     wall = statistics.median(r["wall_s"] for r in results)
+    sampled = [
+        run_timed(
+            [
+                "trace",
+                "sample",
+                str(work / "out.parquet"),
+                "--fraction",
+                str(args.sample),
+                "--stream",
+                "-o",
+                str(work / "sample.parquet"),
+            ]
+        )
+        for _ in range(args.runs)
+    ]
     print(
         json.dumps(
             {
@@ -128,6 +135,9 @@ def main() -> None:
                 "median_wall_s": round(wall, 1),
                 "s_per_million": round(wall / (args.requests / 1e6), 3),
                 "peak_rss_mb": round(max(r["peak_rss_mb"] for r in results)),
+                "sample_fraction": args.sample,
+                "sample_median_wall_s": round(statistics.median(r["wall_s"] for r in sampled), 1),
+                "sample_peak_rss_mb": round(max(r["peak_rss_mb"] for r in sampled)),
                 "machine": f"{platform.machine()}, {os.cpu_count()} cores",
                 "output": results[-1]["stdout"],
             }
