@@ -15,6 +15,7 @@ from typing import Any
 
 import click
 from rich.console import Console
+from rich.rule import Rule
 from rich.table import Table
 
 from kvtier import __version__
@@ -61,6 +62,21 @@ class OneLineErrors:
         except InputError as err:
             click.echo(f"error: {err}", err=True)
             sys.exit(2)
+
+
+def _console(*, stderr: bool = False) -> Console:
+    """A rich console that keeps tables whole when the output is piped or redirected.
+
+    On a terminal rich fits tables to its width; into a pipe or file it would cut them at 80
+    columns ("belug..."), so there the width is ``$COLUMNS`` when set, else wide enough for
+    any table (rules are drawn at most 100 columns wide by the commands that draw them).
+    """
+    stream = sys.stderr if stderr else sys.stdout
+    if stream.isatty():
+        return Console(stderr=stderr)
+    columns = os.environ.get("COLUMNS", "")
+    width = int(columns) if columns.isdigit() and int(columns) > 0 else 400
+    return Console(stderr=stderr, width=width, soft_wrap=False)
 
 
 trace_option = click.option(
@@ -295,7 +311,7 @@ def _print_metrics(path: str, scenario: Any, m: Any) -> None:
     table.add_row("simulated span / iterations", f"{m.duration_s:,.1f} s / {m.n_iterations:,}")
     if m.slo_met is not None:
         table.add_row("SLO met / attainment", f"{m.slo_met} / {m.slo_attainment:.1%}")
-    Console().print(table)
+    _console().print(table)
 
 
 EXPORT_TARGETS = EXPORTERS.names  # the exporter registry (kvtier.policy.export)
@@ -354,16 +370,22 @@ def export_cmd(
         ]
         _echo_json(docs[0] if len(docs) == 1 else docs)
         return
-    console = Console()
+    console = _console()
     for r in results:
         if out_dir is None:
             for name, text in r.files.items():
-                console.rule(f"[bold]{r.target}[/bold]: {name}", align="left")
+                console.print(
+                    Rule(f"[bold]{r.target}[/bold]: {name}", align="left"),
+                    width=min(console.width, 100),
+                )
                 click.echo(text, nl=False)  # verbatim: rich would wrap long lines
         else:
             for path in written[r.target]:
                 click.echo(f"wrote {path}")
-        console.rule(f"[bold]{r.target}[/bold]: what it cannot express", align="left")
+        console.print(
+            Rule(f"[bold]{r.target}[/bold]: what it cannot express", align="left"),
+            width=min(console.width, 100),
+        )
         for note in r.notes:
             console.print(f"- {note}", markup=False, highlight=False)
 
@@ -862,7 +884,7 @@ def _print_stats(path: str, stats: Any) -> None:
         table.add_row("tenants", f"{stats.tenants:,}")
     if stats.distinct_kv_bytes is not None:
         table.add_row(f"distinct KV ({stats.model})", _fmt_bytes(stats.distinct_kv_bytes))
-    Console().print(table)
+    _console().print(table)
 
 
 def _parse_number(text: str, option: str, kind: type) -> Any:
@@ -954,7 +976,7 @@ def trace_mrc_cmd(
             f"{p.hit_ratio_blocks:.2%}",
             f"{p.hit_ratio_tokens:.2%}",
         )
-    Console().print(table)
+    _console().print(table)
     if plot_path is not None:
         click.echo(f"wrote {plot_path}")
 
@@ -1123,7 +1145,7 @@ def _run_optimize(**kwargs: Any) -> None:
 
     as_json = kwargs.pop("as_json")
     pins = parse_pins(kwargs.pop("pins"))
-    progress = _trial_progress(Console(stderr=True), as_json)
+    progress = _trial_progress(_console(stderr=True), as_json)
     task = progress.add_task("optimizing", total=kwargs["n_trials"], best=FIRST_TRIAL_TEXT)
     try:
         with progress:
@@ -1135,7 +1157,7 @@ def _run_optimize(**kwargs: Any) -> None:
     if as_json:
         _echo_json(result_json(result))
     else:
-        print_result(result, Console())
+        print_result(result, _console())
     if result.best is None:
         sys.exit(1)
 
@@ -1243,7 +1265,7 @@ def compare_cmd(
     if as_json:
         _echo_json(comparison_json(rows))
     else:
-        print_comparison(trace_path, rows, Console())
+        print_comparison(trace_path, rows, _console())
 
 
 @main.command("report")
@@ -1318,7 +1340,7 @@ def report_cmd(
         from kvtier.experiments.whatif import what_if_for_study
         from kvtier.report.whatif import study_what_if_json
 
-        status = Console(stderr=True).status("architecture what-if")
+        status = _console(stderr=True).status("architecture what-if")
         with status:
 
             def progress(k: int, n: int, label: str) -> None:
@@ -1335,7 +1357,7 @@ def report_cmd(
     if as_json:
         _echo_json(rep)
     else:
-        print_study_report(rep, Console())
+        print_study_report(rep, _console())
         for written in (plot_path, html_path):
             if written is not None:
                 click.echo(f"wrote {written}")
@@ -1379,7 +1401,7 @@ def batch_cmd(traces: tuple[str, ...], out_dir: str, study_prefix: str, **kwargs
         out_dir=Path(out_dir),
         study_prefix=study_prefix,
     )
-    progress = _trial_progress(Console(stderr=True), as_json)
+    progress = _trial_progress(_console(stderr=True), as_json)
 
     def on_start(i: int, item: Any) -> Callable[[int, Any], None]:
         label = f"{i + 1}/{len(items)} {Path(item.trace).name}"
@@ -1394,7 +1416,7 @@ def batch_cmd(traces: tuple[str, ...], out_dir: str, study_prefix: str, **kwargs
     if as_json:
         _echo_json(batch_json(items))
     else:
-        print_batch(items, Console())
+        print_batch(items, _console())
     if any(item.result is None or item.result.best is None for item in items):
         sys.exit(1)
 
