@@ -1177,6 +1177,7 @@ def optimize_cmd(**kwargs: Any) -> None:
 
 @click.command("optimize", cls=KvtierCommand)
 @_optimize_options
+@click.version_option(__version__, prog_name="kvtier")
 def optimize_main(**kwargs: Any) -> None:
     """Find the cheapest policy per token that meets the SLO on a trace; write a policy file."""
     _run_optimize(**kwargs)

@@ -114,3 +114,17 @@ def test_export_and_trace_import_do_not_import_numba(tmp_path: Path) -> None:
     )
     assert out == {"code": 0, "numba": False}
     assert (tmp_path / "t.parquet").is_file()
+
+
+def test_the_optimize_script_reports_its_version_without_numba(tmp_path: Path) -> None:
+    code = (
+        "import json, sys\n"
+        "from kvtier.cli import optimize_main\n"
+        "try:\n"
+        "    optimize_main(['--version'])\n"
+        "except SystemExit as e:\n"
+        "    print(json.dumps({'code': e.code, 'numba': 'numba' in sys.modules}), file=sys.stderr)\n"
+    )
+    proc = _run_python(code, tmp_path)
+    assert proc.stdout.startswith("kvtier, version ")
+    assert json.loads(proc.stderr.strip().splitlines()[-1]) == {"code": 0, "numba": False}
