@@ -123,7 +123,8 @@ def test_the_optimize_script_reports_its_version_without_numba(tmp_path: Path) -
         "try:\n"
         "    optimize_main(['--version'])\n"
         "except SystemExit as e:\n"
-        "    print(json.dumps({'code': e.code, 'numba': 'numba' in sys.modules}), file=sys.stderr)\n"
+        "    out = {'code': e.code, 'numba': 'numba' in sys.modules}\n"
+        "    print(json.dumps(out), file=sys.stderr)\n"
     )
     proc = _run_python(code, tmp_path)
     assert proc.stdout.startswith("kvtier, version ")
