@@ -40,6 +40,7 @@ MAX_MAP_ENTRIES = 1 << 31
 MAX_SLOTS = 1 << 30
 MAX_CAP = (1 << 30) - AHEAD  # a free ring of 2 x capacity + AHEAD entries is indexed by int32
 MAX_SEQS = 1 << 20
+MAX_REFS = 1 << 31  # slot references of all requests (each request's blocks, summed)
 ROUTER_CODES = (ROUND_ROBIN, LEAST_LOADED, PREFIX_AFFINITY)  # the routers the kernel implements
 
 
@@ -125,6 +126,17 @@ def total_blocks(trace: BlockedTrace, block_tokens: int) -> np.ndarray:
     return -(-tokens // block_tokens)
 
 
+def kernel_blocks(tb: np.ndarray, capacity: int) -> np.ndarray:
+    """``tb`` as the kernel takes it: a request that can never fit (more blocks than an
+    instance holds) is rejected on arrival whatever its count, so its count is cut to
+    ``capacity + 1``; the slot array (one entry per block of every request) then stays in
+    proportion to what can be admitted, and a huge request costs no memory. Counts below 1
+    (an overflowed token sum) are kept, for :func:`_check_counts` to refuse."""
+    if len(tb) and int(tb.min()) < 1:
+        return tb
+    return np.minimum(tb, capacity + 1)
+
+
 def simulate_engine(
     trace: BlockedTrace, cfg: SimConfig, *, slo: SloCheck | None = None
 ) -> RawResult:
@@ -161,7 +173,8 @@ def simulate_engine(
     tparams = cfg.timing_params()
     if not np.all(np.isfinite(tparams)) or tparams[2] <= 0 or tparams[5] <= 0:
         raise ValueError("iteration-time parameters must be finite with positive rates")
-    tb = total_blocks(trace, cfg.block_tokens)
+    tb = kernel_blocks(total_blocks(trace, cfg.block_tokens), cfg.capacity_blocks)
+    n_refs = _check_counts(trace, cfg, tb, n_shared, ring_len)
     slo_on = slo is not None
     thr = slo.thresholds() if slo is not None else np.full(4, np.inf)
     lim = slo.limits(n) if slo is not None else np.ones(3, dtype=np.int64)
@@ -206,9 +219,8 @@ def simulate_engine(
         loaded_blocks=np.zeros((n, tp.n_tiers), dtype=np.int64),
         stats=np.zeros(3, dtype=np.float64),
     )
-    simulate_nb(
-        requests, params, _hbm_pools(cfg, n_shared, ring_len, int(tb.sum()), kept), ts, tp, lk, out
-    )
+    pools = _hbm_pools(cfg, n_shared, ring_len, n_refs, kept)
+    simulate_nb(requests, params, pools, ts, tp, lk, out)
     for role, arr in kept.items():  # only after a completed call: the map is zero again
         SCRATCH.give(role, arr)
     early = bool(out.stats[1])
@@ -224,6 +236,69 @@ def simulate_engine(
         loaded_blocks=out.loaded_blocks,
         **_tier_result(cfg.tiers, lk, out.load_s),
     )
+
+
+def _check_counts(
+    trace: BlockedTrace, cfg: SimConfig, tb: np.ndarray, n_shared: int, ring_len: int
+) -> int:
+    """Every count derived from the trace and the configuration, checked before the kernel
+    indexes with it; the number of slot references (the sum of ``tb``) returned.
+
+    Each request's block count (cut by :func:`kernel_blocks`) must be positive, their sum (the
+    length of the per-request slot array, indexed by int64 offsets into int32 slots) must stay
+    below 2^31, and the memory the replay's arrays take must fit the machine: a count that is
+    negative or overflowed would otherwise make the kernel write outside its arrays, and a
+    huge one end in ``MemoryError`` or "negative dimensions" instead of a one-line error.
+    """
+    if len(tb) and (int(tb.min()) < 1 or int(tb.max()) > MAX_SLOTS):
+        row = int(np.argmax((tb < 1) | (tb > MAX_SLOTS)))
+        raise InputError(
+            f"request {row} has {int(trace.input_tokens[row]):,} input and "
+            f"{int(trace.output_tokens[row]):,} output tokens, {int(tb[row]):,} blocks of "
+            f"{cfg.block_tokens}: outside [1, {MAX_SLOTS:,}]; token counts are at most 2^30"
+        )
+    n_refs = int(tb.sum(dtype=np.int64))
+    if not 0 <= n_refs < MAX_REFS:
+        raise InputError(
+            f"the trace's requests hold {n_refs:,} blocks of {cfg.block_tokens} tokens in all, "
+            f"above the {MAX_REFS:,} one replay can track; use a larger block size or replay a "
+            "slice (kvtier trace slice)"
+        )
+    need = replay_bytes(trace, cfg, n_shared, ring_len, n_refs)
+    have = physical_memory()
+    if have and need > have:
+        raise InputError(
+            f"this replay needs about {need / 1e9:,.1f} GB of memory, more than the "
+            f"{have / 1e9:,.1f} GB this machine has; use a larger block size, fewer instances "
+            "or smaller tiers, or replay a sample (kvtier trace sample)"
+        )
+    return n_refs
+
+
+def replay_bytes(
+    trace: BlockedTrace, cfg: SimConfig, n_shared: int, ring_len: int, n_refs: int
+) -> int:
+    """Bytes of the arrays one numba replay allocates (the cache map counted in full, although
+    its untouched pages cost nothing)."""
+    n, inst = trace.n_requests, cfg.n_instances
+    n_slots = inst * cfg.capacity_blocks
+    total = 4 * inst * n_shared + 24 * n_slots + 4 * (inst + 1) * ring_len + 4 * n_refs
+    tiers = cfg.tiers
+    n_tiers = 0 if tiers is None else tiers.n_tiers
+    total += n * (8 * 6 + 8 * n_tiers)  # outputs
+    if tiers is not None:
+        total += tiers.n_pools * max(int(trace.n_blocks), 1) * 16
+    return int(total)
+
+
+def physical_memory() -> int:
+    """Bytes of memory of this machine (0 when the platform does not say)."""
+    import os
+
+    try:
+        return int(os.sysconf("SC_PAGE_SIZE")) * int(os.sysconf("SC_PHYS_PAGES"))
+    except (ValueError, OSError, AttributeError):
+        return 0
 
 
 def _hbm_pools(
