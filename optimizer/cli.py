@@ -923,6 +923,17 @@ def _parse_number(text: str, option: str, kind: type) -> Any:
 )
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
 @click.option("--plot", "plot_path", default=None, help="Also write the curve as a PNG here.")
+@click.option(
+    "--model",
+    default=None,
+    help="Model profile (name or TOML path): capacities also in GB of KV.",
+)
+@click.option(
+    "--kv-dtype",
+    default="bf16",
+    show_default=True,
+    help="KV element type for the GB figures (with --model).",
+)
 def trace_mrc_cmd(
     trace_path: str,
     block_tokens: str,
@@ -934,6 +945,8 @@ def trace_mrc_cmd(
     share_across_tenants: bool,
     as_json: bool,
     plot_path: str | None,
+    model: str | None,
+    kv_dtype: str,
 ) -> None:
     """Hit ratio against cache capacity (miss-ratio curve) of TRACE."""
     from kvtier.cache import miss_ratio_curve, parse_policy
@@ -950,6 +963,19 @@ def trace_mrc_cmd(
         caps = [_parse_number(c.strip(), "--capacities", int) for c in capacities.split(",")]
     if method is not None and method not in ("stack", "replay"):
         raise InputError(f"--method must be 'stack' or 'replay', but got {method!r}")
+    block_gb = None
+    if model is not None:
+        from kvtier.hardware import load_model
+        from kvtier.hardware.types import GB
+        from kvtier.policy.model import KV_DTYPES
+
+        if kv_dtype not in KV_DTYPES:
+            raise InputError(
+                f"must be one of {', '.join(KV_DTYPES)}, got {kv_dtype!r}", option="--kv-dtype"
+            )
+        block_gb = load_model(model).kv_bytes_per_token(kv_dtype) * B / GB
+    elif kv_dtype != "bf16":
+        raise InputError("applies with --model only", option="--kv-dtype")
     loaded = read_trace(trace_path)
     blocked = block_trace(loaded, B, share_across_tenants=share_across_tenants)
     result = miss_ratio_curve(blocked, spec, caps, flat=flat, warmup=warm, method=method)
@@ -958,7 +984,14 @@ def trace_mrc_cmd(
 
         plot_curve(result, plot_path)
     if as_json:
-        _echo_json(result.to_json())
+        data = result.to_json()
+        if block_gb is not None:
+            data["model"] = model
+            data["kv_dtype"] = kv_dtype
+            data["block_gb"] = block_gb
+            for point in data.get("points", []):
+                point["capacity_gb"] = point["capacity_blocks"] * block_gb
+        _echo_json(data)
         return
     semantics = "flat" if result.flat else "prefix"
     table = Table(
@@ -967,12 +1000,16 @@ def trace_mrc_cmd(
     )
     table.add_column("capacity (blocks)", justify="right")
     table.add_column("capacity (tokens)", justify="right")
+    if block_gb is not None:
+        table.add_column(f"capacity (GB, {model} {kv_dtype})", justify="right")
     table.add_column("hit ratio (blocks)", justify="right")
     table.add_column("hit ratio (tokens)", justify="right")
     for p in result.points:
+        gb = [] if block_gb is None else [f"{p.capacity_blocks * block_gb:,.2f}"]
         table.add_row(
             f"{p.capacity_blocks:,}",
             f"{p.capacity_blocks * result.block_tokens:,}",
+            *gb,
             f"{p.hit_ratio_blocks:.2%}",
             f"{p.hit_ratio_tokens:.2%}",
         )

@@ -91,3 +91,36 @@ def test_plot_without_matplotlib_is_one_line(
     res = invoke("trace", "mrc", trace_file, "-B", "16", "--plot", str(tmp_path / "c.png"))
     assert res.code == 2 and "kvtier[plot]" in res.stderr
     assert not (tmp_path / "c.png").exists()
+
+
+def test_capacities_in_gb_of_a_models_kv(trace_file: str) -> None:
+    """Llama-3.1-8B keeps 128 KiB of KV per token in bf16 (32 layers x 8 KV heads x 128 x 2 x
+    2 bytes), 64 KiB in fp8: a 16-token block is 2 MiB, or 1 MiB."""
+    from kvtier.hardware.types import GB
+
+    for dtype, block_bytes in (("bf16", 2 * 2**20), ("fp8", 2**20)):
+        result = invoke(
+            "trace",
+            "mrc",
+            trace_file,
+            "-B",
+            "4",
+            "--capacities",
+            "3,6",
+            "--model",
+            "Llama-3.1-8B",
+            "--kv-dtype",
+            dtype,
+            "--json",
+        )
+        assert result.code == 0, result.stderr
+        data = json.loads(result.stdout)
+        per_block = block_bytes / 4 / GB  # B = 4 tokens here
+        assert data["block_gb"] == pytest.approx(per_block)
+        assert [p["capacity_gb"] for p in data["points"]] == pytest.approx(
+            [3 * per_block, 6 * per_block]
+        )
+    table = invoke("trace", "mrc", trace_file, "-B", "4", "--model", "Llama-3.1-8B")
+    assert "capacity (GB, Llama-3.1-8B bf16)" in table.stdout
+    bad = invoke("trace", "mrc", trace_file, "-B", "4", "--kv-dtype", "fp8")
+    assert bad.code == 2 and "--model" in bad.stderr
