@@ -18,10 +18,12 @@ by side in one process: ``DIR`` holds that version's source as a package named `
 rewritten to ``kvtier_old``). Each round times the median of ``--runs`` warm replays of one
 version and then of the other (the order alternating between rounds), for the three routers
 on the default deployment and for one lower-tier case; it prints the per-round ratios
-new / old (median and range) and whether both versions give identical metrics.
+new / old (median and range) and whether both versions give identical metrics. With
+``--cpu-time`` it times the replaying thread's CPU time instead of wall time, which other jobs
+on a shared machine disturb less (the kernel runs in that thread, GIL released).
 
 Usage: ``PYTHONPATH=. python scripts/bench_replay.py [--runs 5] [--samples 1000,12031]
-[--tiers] [--tier-samples 500,2000] [--against DIR --rounds 7]``.
+[--tiers] [--tier-samples 500,2000] [--against DIR --rounds 7 [--cpu-time]]``.
 """
 
 from __future__ import annotations
@@ -67,12 +69,12 @@ def cold_start(trace: Path, B: int, cache_dir: str | None) -> tuple[float, float
     return float(out[-2]), float(out[-1])
 
 
-def timed(fn, runs: int) -> list[float]:
+def timed(fn, runs: int, clock=time.perf_counter) -> list[float]:  # noqa: ANN001
     times = []
     for _ in range(runs):
-        t = time.perf_counter()
+        t = clock()
         fn()
-        times.append(time.perf_counter() - t)
+        times.append(clock() - t)
     return times
 
 
@@ -87,6 +89,11 @@ def main() -> None:
     ap.add_argument("--tier-samples", default="500,2000")
     ap.add_argument("--against", type=Path, default=None, help="Time against DIR/kvtier_old.")
     ap.add_argument("--rounds", type=int, default=7, help="Rounds of --against.")
+    ap.add_argument(
+        "--cpu-time",
+        action="store_true",
+        help="--against: time the replaying thread's CPU time (less disturbed by other jobs).",
+    )
     args = ap.parse_args()
     if args.against is not None:
         bench_against(args)
@@ -283,9 +290,11 @@ def bench_against(args: argparse.Namespace) -> None:
             None,
         )
     )
+    clock = time.thread_time if args.cpu_time else time.perf_counter
     print(
         f"{args.trace.name}, B={B}, Llama-3.1-8B; {args.rounds} rounds, each the median of "
-        f"{args.runs} warm replays per version; ratio = new / old"
+        f"{args.runs} warm replays per version ({'thread CPU' if args.cpu_time else 'wall'} "
+        "time); ratio = new / old"
     )
     for label, hardware, policy, head in cases:
         run_new, m_new = new.case(args.trace, B, hardware, policy, head)
@@ -297,7 +306,7 @@ def bench_against(args: argparse.Namespace) -> None:
             if r % 2:
                 order.reverse()
             for fn, times in order:
-                times.append(statistics.median(timed(fn, runs)))
+                times.append(statistics.median(timed(fn, runs, clock)))
             ratios.append(t_new[-1] / t_old[-1])
         print(
             f"{label}: new {statistics.median(t_new):.4f} s, old {statistics.median(t_old):.4f} s; "
