@@ -8,7 +8,7 @@ import numpy as np
 from hypothesis import strategies as st
 
 from kvtier.sim.config import SimConfig
-from kvtier.sim.tiers import TierConfig
+from kvtier.sim.tiers import MAX_PATH, TierConfig
 from kvtier.trace.blocked import BlockedTrace
 
 
@@ -82,10 +82,14 @@ def sim_configs(draw: st.DrawFn, block_tokens: int) -> SimConfig:
 @st.composite
 def tier_configs(draw: st.DrawFn, n_instances: int, block_tokens: int) -> TierConfig:
     """Every lower tier on (or a random subset), tiny pools, slow links: evictions, cascades
-    and queueing on every link happen within a few requests."""
+    and queueing on every link and worker happen within a few requests. Each tier's connector
+    is drawn at random: operation unit, serial or pipelined with a depth, workers per GPU or
+    per host, per-operation cost, stream and staging rates, layer-wise overlap; links may be
+    full duplex, shared by a switch, or a host's DRAM bus."""
     names = ["dram", "cxl", "rdma", "ssd"]
     if draw(st.booleans()):
         names = [x for x in names if draw(st.booleans())] or ["cxl"]
+    T = len(names)
     gpus_per_host = draw(st.sampled_from([1, 2, 4]))
     inst_host = np.array([k // gpus_per_host for k in range(n_instances)], dtype=np.int64)
     n_hosts = int(inst_host.max()) + 1
@@ -93,40 +97,104 @@ def tier_configs(draw: st.DrawFn, n_instances: int, block_tokens: int) -> TierCo
     pools = [n_hosts if ph else 1 for ph in per_host]
     pool_base = np.concatenate([[0], np.cumsum(pools)[:-1]]).astype(np.int64)
     bw = st.sampled_from([1.0, 50.0, 1e4])
-    link_r = [draw(bw) for _ in range(n_instances)]
-    link_w = list(link_r)
-    link_ops = [1] * n_instances
-    port = np.full((len(names), n_hosts), -1, dtype=np.int64)
-    pool_link = np.full(len(names), -1, dtype=np.int64)
+    link_r: list[float] = []
+    link_w: list[float] = []
+    duplex: list[int] = []
+
+    def add(r: float, w: float, dup: int) -> int:
+        link_r.append(r)
+        link_w.append(w)
+        duplex.append(dup)
+        return len(link_r) - 1
+
+    pcie = [add(b, b, draw(st.integers(0, 1))) for b in [draw(bw) for _ in range(n_instances)]]
+    switch = [-1] * n_instances
+    if draw(st.booleans()):
+        per_switch = draw(st.sampled_from([1, 2]))
+        ids: dict[tuple[int, int], int] = {}
+        for k in range(n_instances):
+            key = (int(inst_host[k]), (k % gpus_per_host) // per_switch)
+            if key not in ids:
+                ids[key] = add(draw(bw), draw(bw), draw(st.integers(0, 1)))
+            switch[k] = ids[key]
+    membus = [add(draw(bw), 0.0, 0) for _ in range(n_hosts)] if draw(st.booleans()) else None
+    if membus is not None:
+        for h in membus:
+            link_w[h] = link_r[h]
+    port = np.full((T, n_instances), -1, dtype=np.int64)
+    pool_link = np.full(T, -1, dtype=np.int64)
     for t, name in enumerate(names):
-        for h in range(n_hosts):
-            port[t, h] = len(link_r)
-            link_r.append(draw(bw))
-            link_w.append(draw(bw))
-            link_ops.append(1)
+        per_gpu = draw(st.booleans())
+        ids = {}
+        for k in range(n_instances):
+            key = (int(inst_host[k]), k if per_gpu else -1)
+            if key not in ids:
+                ids[key] = add(draw(bw), draw(bw), draw(st.integers(0, 1)))
+            port[t, k] = ids[key]
         if name == "cxl" and draw(st.booleans()):
-            pool_link[t] = len(link_r)
-            link_r.append(draw(bw))
-            link_w.append(link_r[-1])
-            link_ops.append(0)
+            b = draw(bw)
+            pool_link[t] = add(b, b, draw(st.integers(0, 1)))
+    staging = [draw(st.integers(0, 2)) for _ in names]
+    via = [draw(st.booleans()) for _ in names]
+    gpu_path = np.full((T, n_instances, MAX_PATH), -1, dtype=np.int64)
+    casc_path = np.full((T, n_instances, MAX_PATH), -1, dtype=np.int64)
+    gpu_scale = np.ones((T, MAX_PATH))
+    for t in range(T):
+        gpu_scale[t, 4] = 2.0 * max(staging[t], 1)
+        for k in range(n_instances):
+            gpu_path[t, k, 0] = pcie[k]
+            gpu_path[t, k, 1] = switch[k] if via[t] else -1
+            gpu_path[t, k, 2] = port[t, k]
+            gpu_path[t, k, 3] = pool_link[t]
+            if membus is not None and staging[t] > 0:
+                gpu_path[t, k, 4] = membus[int(inst_host[k])]
+            if t + 1 < T:
+                casc_path[t, k, :4] = (port[t, k], pool_link[t], port[t + 1, k], pool_link[t + 1])
+    stage_bw = np.full((T, n_instances), np.inf)
+    for t in range(T):
+        if staging[t] > 0:
+            stage_bw[t] = [draw(st.sampled_from([5.0, 500.0])) / staging[t]
+                           for _ in range(n_instances)]  # fmt: skip
+    nw = np.array([draw(st.integers(1, 3)) for _ in names], dtype=np.int64)
+    w0 = np.zeros((T, n_instances), dtype=np.int64)
+    n_workers = 0
+    for t in range(T):
+        if draw(st.booleans()):  # per host
+            w0[t] = n_workers + inst_host * nw[t]
+            n_workers += n_hosts * int(nw[t])
+        else:
+            w0[t] = n_workers + np.arange(n_instances) * nw[t]
+            n_workers += n_instances * int(nw[t])
     return TierConfig(
         names=tuple(names),
         evictions=tuple(draw(st.sampled_from(POLICIES)) for _ in names),
+        connectors=tuple("direct" for _ in names),
         capacity_blocks=np.array([draw(st.integers(1, 10)) for _ in names], dtype=np.int64),
         per_host=per_host,
         pool_base=pool_base,
         n_pools=int(sum(pools)),
         n_hosts=n_hosts,
         inst_host=inst_host,
-        op_s=np.array([draw(st.sampled_from([0.0, 1e-4, 1e-2])) for _ in names]),
         lat_s=np.array([draw(st.sampled_from([0.0, 1e-3])) for _ in names]),
         cap_bw=np.array([draw(st.sampled_from([np.inf, 1.0])) for _ in names]),
+        rpc_s=np.array([draw(st.sampled_from([0.0, 1e-4, 1e-2])) for _ in names]),
+        stream_bw=np.array([draw(st.sampled_from([np.inf, 2.0, 30.0])) for _ in names]),
+        stage_bw=stage_bw,
+        serial=np.array([draw(st.integers(0, 1)) for _ in names], dtype=np.int64),
+        depth=np.array([draw(st.sampled_from([1, 2, 8])) for _ in names], dtype=np.int64),
+        unit=np.array([draw(st.integers(0, 2)) for _ in names], dtype=np.int64),
+        layerwise=np.array([draw(st.booleans()) for _ in names], dtype=np.bool_),
+        w0=w0,
+        nw=nw,
+        n_workers=n_workers,
         link_bw_read=np.array(link_r),
         link_bw_write=np.array(link_w),
-        link_ops=np.array(link_ops, dtype=np.int64),
+        link_duplex=np.array(duplex, dtype=np.int64),
         link_names=tuple(f"l{j}" for j in range(len(link_r))),
-        port_link=port,
-        pool_link=pool_link,
+        gpu_path=gpu_path,
+        gpu_scale=gpu_scale,
+        casc_path=casc_path,
+        casc_scale=np.ones((T, MAX_PATH)),
         write_policy=draw(st.integers(0, 2)),
         selective_k=draw(st.integers(1, 3)),
         exclusive=draw(st.booleans()),
@@ -134,6 +202,7 @@ def tier_configs(draw: st.DrawFn, n_instances: int, block_tokens: int) -> TierCo
         batch_waits=draw(st.booleans()),
         fragments=draw(st.sampled_from([1, 4])),
         coalesce=draw(st.sampled_from([1, 3])),
+        layers=draw(st.sampled_from([1, 4])),
         block_bytes=float(block_tokens) * draw(st.sampled_from([0.01, 0.3])),
         tier_gb={name: 1.0 for name in names},
     )
@@ -151,4 +220,9 @@ def tiered_configs(draw: st.DrawFn, block_tokens: int) -> SimConfig:
     cfg = replace(
         cfg, capacity_blocks=draw(st.integers(4, 24)), n_instances=draw(st.integers(1, 6))
     )
-    return replace(cfg, tiers=draw(tier_configs(cfg.n_instances, block_tokens)))
+    return replace(
+        cfg,
+        tiers=draw(tier_configs(cfg.n_instances, block_tokens)),
+        prefix_caching=draw(st.booleans()),
+        concurrency=draw(st.sampled_from([0, 0, 1, 3])),
+    )

@@ -127,8 +127,22 @@ def load_hardware(name_or_path: str | Path) -> Hardware:
         hosts=topo.integer("hosts"),
         gpus_per_host=topo.integer("gpus_per_host"),
         tp=topo.integer("tp"),
+        gpus_per_switch=topo.integer("gpus_per_switch", 1),
+        switch_uplink_bw=topo.number("switch_uplink_gbps", 0.0, nonneg=True) * GB,
+        dram_bw=topo.number("dram_gbps", 0.0, nonneg=True) * GB,
+        sockets=topo.integer("sockets", 1),
+        memcpy_bw=topo.number("memcpy_gbps", 10.0, positive=True) * GB,
+        numa_remote_memcpy_bw=topo.number("numa_remote_memcpy_gbps", 0.0, nonneg=True) * GB,
     )
     topo.done()
+    if topology.gpus_per_host % topology.gpus_per_switch or (
+        topology.gpus_per_host % topology.sockets
+    ):
+        raise InputError(
+            "key 'topology.gpus_per_switch' / 'topology.sockets': must divide gpus_per_host "
+            f"({topology.gpus_per_host})",
+            path=str(path),
+        )
     if topology.gpus % topology.tp:
         raise InputError(
             f"key 'topology.tp': {topology.gpus} GPUs do not split into instances of {topology.tp}",
@@ -193,6 +207,12 @@ def _tier_hardware(name: str, t: Table) -> TierHardware:
         interleave=t.boolean("interleave", True),
         price_per_gb_hour=t.number("price_per_gb_hour", 0.0, nonneg=True),
         shared=t.boolean("shared") if t.has("shared") else None,
+        ports=t.integer("ports", 1),
+        attach=t.string("attach", "host", choices=("host", "gpu")),
+        dwpd=t.number("dwpd", 0.0, nonneg=True),
+        drives=t.integer("drives", 1),
+        drive_price=t.number("drive_price", 0.0, nonneg=True),
+        warranty_years=t.number("warranty_years", 5.0, positive=True),
     )
     t.done()
     return tier

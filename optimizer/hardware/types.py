@@ -77,6 +77,16 @@ class Topology:
     hosts: int
     gpus_per_host: int
     tp: int
+    # How a host is built (docs/model.md, "Host topology"): GPUs behind one PCIe switch share
+    # its uplink to the CPU (1: a switch per GPU, no sharing; ``switch_uplink_bw`` 0: not
+    # modelled); host DRAM bandwidth, which staging copies draw on (0: not modelled); one
+    # staging copy's memcpy rate, and the rate when the buffer sits on the other socket.
+    gpus_per_switch: int = 1
+    switch_uplink_bw: float = 0.0
+    dram_bw: float = 0.0
+    sockets: int = 1
+    memcpy_bw: float = 10e9
+    numa_remote_memcpy_bw: float = 0.0  # 0: as memcpy_bw
 
     @property
     def gpus(self) -> int:
@@ -129,6 +139,17 @@ class TierHardware:
     interleave: bool = True
     price_per_gb_hour: float = 0.0
     shared: bool | None = None  # None: cxl and rdma are shared pools, dram and ssd per host
+    # ``ports`` access links per host (NICs, CXL adapters, drives), ``port_read_bw`` /
+    # ``port_write_bw`` being their sum; ``attach = "gpu"``: each GPU uses the port beside it
+    # (HGX: one NIC per GPU), ``"host"``: the host's transfers share the ports as one link.
+    ports: int = 1
+    attach: str = "host"
+    # SSD endurance: drive writes per day over the warranty, drives per pool, $ per drive
+    # (0: not rated); the replay reports DWPD at the trace's rate and charges wear.
+    dwpd: float = 0.0
+    drives: int = 1
+    drive_price: float = 0.0
+    warranty_years: float = 5.0
 
     @property
     def per_host(self) -> bool:

@@ -21,6 +21,7 @@ from typing import Any
 from kvtier.cache.registry import EVICTIONS as EVICTION_REGISTRY
 from kvtier.hardware.types import LOWER_TIERS
 from kvtier.policy.fields import MAX_CAPACITY_GB, check_settings, read_settings, setting
+from kvtier.policy.registries import CONNECTORS as CONNECTOR_REGISTRY
 from kvtier.policy.registries import LOAD_RULES as LOAD_REGISTRY
 from kvtier.policy.registries import ROUTERS as ROUTER_REGISTRY
 from kvtier.policy.registries import WRITE_POLICIES as WRITE_REGISTRY
@@ -64,6 +65,12 @@ class ServingPolicy:
         minimum=0,
     )
 
+    # vLLM's --enable-prefix-caching / --no-enable-prefix-caching: off, HBM keeps no prefix
+    # across requests and every hit comes through a connector (LMCache deployments often run so).
+    prefix_caching: bool = setting(
+        True, "vLLM's own prefix cache in HBM (off: every hit comes from a lower tier)"
+    )
+
     def __post_init__(self) -> None:
         check_settings(self)
 
@@ -90,6 +97,20 @@ class TierPolicy:
     )
     interleave: bool | None = setting(
         None, "cxl only: interleave blocks over the devices (unset: the profile's)", kind="bool"
+    )
+    # The software between this tier and the GPU (kvtier.policy.registries.CONNECTORS); the
+    # three below override the connector's own values.
+    connector: str = setting(
+        "direct", "transfer path between the tier and the GPU", choices=CONNECTOR_REGISTRY.names
+    )
+    depth: int | None = setting(
+        None, "operations in flight of a pipelined connector (unset: the connector's)", kind="int"
+    )
+    workers: int | None = setting(
+        None, "connector workers per GPU or per host (unset: the connector's)", kind="int"
+    )
+    layerwise: bool | None = setting(
+        None, "loads overlap the first layers' compute (unset: the connector's)", kind="bool"
     )
 
     def __post_init__(self) -> None:

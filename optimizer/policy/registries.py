@@ -69,8 +69,100 @@ LOAD_RULES = Registry(
     ],
 )
 
+# ---- connectors (TierPolicy.connector): the software between a tier and the GPU ---------------
+# Each entry is a transfer path (docs/model.md, "Transfer paths"; sources in docs/sources.md,
+# "Connectors"): the unit of one operation (``chunk``: one block of the policy, LMCache's chunk;
+# ``fragment``: one memory region, or ``coalesce`` of them; ``transfer``: one batched call),
+# the per-operation submit/RPC cost on a worker (``rpc_us``; -1: the hardware profile's
+# ``op_overhead_us``), the store's per-stream get/put rate (``stream_gbps``, 0: none), host
+# staging copies at memcpy rate (``staging``), ``order`` serial or pipelined with ``depth``
+# operations in flight, ``workers`` per GPU or per host (``scope``), whether the first layers
+# compute while later ones arrive (``layerwise``), whether the data passes through host memory
+# and so the PCIe switch's uplink (``via_host``), and whether the staging buffer is on the
+# GPU's own socket (``numa_aware``).
+DIRECT, LMCACHE_03_MOONCAKE, LMCACHE_MOONCAKE, MOONCAKE_TE, VLLM_OFFLOADING, NIXL, BELUGA_CXL = (
+    range(7)
+)
+UNIT_CHUNK, UNIT_FRAGMENT, UNIT_TRANSFER = 0, 1, 2
+UNITS = ("chunk", "fragment", "transfer")
+
+
+def _path(**kw: object) -> dict[str, object]:
+    base: dict[str, object] = {
+        "unit": "fragment",
+        "order": "serial",
+        "depth": 1,
+        "workers": 1,
+        "scope": "gpu",
+        "rpc_us": -1.0,
+        "stream_gbps": 0.0,
+        "staging": 0,
+        "layerwise": False,
+        "via_host": True,
+        "numa_aware": True,
+    }
+    base.update(kw)
+    return base
+
+
+CONNECTORS = Registry(
+    "connector",
+    [
+        Entry(
+            "direct",
+            DIRECT,
+            "the profile's per-operation cost, one fragment after another, at link rate",
+            _path(),
+        ),
+        Entry(
+            "lmcache-0.3-mooncake",
+            LMCACHE_03_MOONCAKE,
+            "LMCache 0.3.x with Mooncake Store: one blocking get per chunk, a CPU copy into "
+            "pinned memory, then the copy to the GPU, chunk after chunk",
+            _path(
+                unit="chunk", rpc_us=40000.0, stream_gbps=0.75, staging=1, numa_aware=False
+            ),
+        ),
+        Entry(
+            "lmcache-mooncake",
+            LMCACHE_MOONCAKE,
+            "current LMCache with Mooncake Store: batched get_into registered buffers, "
+            "asynchronous, layer-wise",
+            _path(
+                unit="chunk", order="pipelined", depth=8, rpc_us=2000.0, stream_gbps=10.0,
+                layerwise=True,
+            ),
+        ),
+        Entry(
+            "mooncake-te",
+            MOONCAKE_TE,
+            "Mooncake Transfer Engine zero-copy batches (SGLang HiCache's mooncake backend)",
+            _path(order="pipelined", depth=64, rpc_us=7.87, layerwise=True),
+        ),
+        Entry(
+            "vllm-offloading",
+            VLLM_OFFLOADING,
+            "vLLM's OffloadingConnector: one DMA per fragment, its cost set by fragment count",
+            _path(rpc_us=7.0),
+        ),
+        Entry(
+            "nixl",
+            NIXL,
+            "NIXL (Dynamo KVBM): descriptor lists posted as one transfer, pipelined",
+            _path(order="pipelined", depth=32, rpc_us=2.57),
+        ),
+        Entry(
+            "beluga-cxl",
+            BELUGA_CXL,
+            "Beluga: GPU DMA from a CXL-attached pool, the profile's per-fragment cost",
+            _path(),
+        ),
+    ],
+)
+
 __all__ = [
     "ALWAYS_LOAD",
+    "CONNECTORS",
     "COST_AWARE",
     "EVICTIONS",
     "LEAST_LOADED",

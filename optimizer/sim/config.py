@@ -43,6 +43,8 @@ class SimConfig:
     step_overhead_s: float
     cost_per_hour: float
     tiers: TierConfig | None = None  # tiers below HBM (None: HBM only)
+    prefix_caching: bool = True  # serving.prefix_caching: HBM prefix hits across requests
+    concurrency: int = 0  # closed-loop load generator: requests in flight (0: open loop)
 
     def timing_params(self) -> np.ndarray:
         """The seven floats of the iteration-time formula, in :func:`iteration_time` order."""
@@ -101,4 +103,5 @@ def build_config(hardware: Hardware, model: ModelProfile, policy: Policy) -> Sim
         step_overhead_s=eff.step_overhead_s,
         cost_per_hour=hardware.cost_per_hour(n_inst, tiers.tier_gb if tiers else None),
         tiers=tiers,
+        prefix_caching=serving.prefix_caching,
     )

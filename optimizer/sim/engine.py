@@ -31,7 +31,7 @@ from kvtier.sim.config import SimConfig
 from kvtier.sim.nb import AHEAD, HbmPools, Outputs, Params, Requests, simulate_nb
 from kvtier.sim.nb_tiers import LinkState, TierParams, TierPools, fill_rows_nb
 from kvtier.sim.result import RawResult, SloCheck, end_time
-from kvtier.sim.tiers import TierConfig, recompute_costs
+from kvtier.sim.tiers import MAX_PATH, TierConfig, recompute_costs
 from kvtier.trace.blocked import BlockedTrace
 
 # The cache map holds one int32 per (instance, block id); it is allocated lazily (calloc), but
@@ -185,8 +185,12 @@ def simulate_engine(
         )
     kept: dict[str, np.ndarray] = {}
     ts, tp, lk = _tier_state(cfg.tiers, n_blocks, cfg.n_instances, costs, kept)
+    if cfg.concurrency < 0:
+        raise ValueError("concurrency must be >= 0")
+    # a closed loop writes each request's send time over its trace time
+    arrival = np.array(trace.arrival_s, dtype=np.float64)  # a copy, always writable
     requests = Requests(
-        trace.arrival_s,
+        arrival,
         trace.input_tokens,
         trace.output_tokens,
         trace.block_offsets,
@@ -208,6 +212,8 @@ def simulate_engine(
         slo_on,
         thr,
         lim,
+        bool(cfg.prefix_caching),
+        int(cfg.concurrency),
     )
     out = Outputs(
         first_token=np.full(n, np.nan),
@@ -234,6 +240,7 @@ def simulate_engine(
         early_stopped=early,
         end_s=end_time(out.finish, early, out.stats[2]),
         loaded_blocks=out.loaded_blocks,
+        arrival_s=arrival,
         **_tier_result(cfg.tiers, lk, out.load_s),
     )
 
@@ -380,14 +387,25 @@ def _tier_state(
         per_host=tiers.per_host,
         pool_base=tiers.pool_base,
         inst_host=tiers.inst_host,
-        op_s=tiers.op_s,
         lat_s=tiers.lat_s,
         cap_bw=tiers.cap_bw,
+        rpc_s=tiers.rpc_s,
+        stream_bw=tiers.stream_bw,
+        stage_bw=tiers.stage_bw,
+        serial=tiers.serial,
+        depth=tiers.depth,
+        unit=tiers.unit,
+        layerwise=tiers.layerwise,
+        w0=tiers.w0,
+        nw=tiers.nw,
         link_bw_read=tiers.link_bw_read,
         link_bw_write=tiers.link_bw_write,
-        link_ops=tiers.link_ops,
-        port_link=tiers.port_link,
-        pool_link=tiers.pool_link,
+        link_duplex=tiers.link_duplex,
+        gpu_path=tiers.gpu_path,
+        gpu_scale=tiers.gpu_scale,
+        casc_path=tiers.casc_path,
+        casc_scale=tiers.casc_scale,
+        n_links=int(tiers.n_links),
         write_policy=int(tiers.write_policy),
         selective_k=int(tiers.selective_k),
         exclusive=bool(tiers.exclusive),
@@ -395,9 +413,10 @@ def _tier_state(
         batch_waits=bool(tiers.batch_waits),
         fragments=int(tiers.fragments),
         coalesce=int(tiers.coalesce),
+        layers=int(tiers.layers),
         block_bytes=float(tiers.block_bytes),
     )
-    return ts, tp, LinkState.zeros(tiers.n_links, tiers.n_tiers)
+    return ts, tp, LinkState.zeros(tiers.n_links, tiers.n_tiers, tiers.n_workers)
 
 
 def _check_tiers(c: TierConfig, n_instances: int) -> None:
@@ -410,22 +429,46 @@ def _check_tiers(c: TierConfig, n_instances: int) -> None:
     pools = np.where(c.per_host, c.n_hosts, 1)
     if not np.array_equal(c.pool_base, np.concatenate([[0], np.cumsum(pools)[:-1]])):
         raise ValueError("pool_base must number the pools of each tier consecutively")
-    if int(pools.sum()) != c.n_pools or c.port_link.shape != (T, c.n_hosts):
-        raise ValueError("n_pools and port_link must match the tiers and hosts")
-    if c.port_link.min() < 0 or c.port_link.max() >= L or c.pool_link.max() >= L:
-        raise ValueError("link indices must lie in [0, n_links)")
-    if c.pool_link.min() < -1 or np.any(c.capacity_blocks < 0):
-        raise ValueError("pool_link >= -1 and capacities >= 0 required")
-    for arr in (c.op_s, c.lat_s):
+    if int(pools.sum()) != c.n_pools or np.any(c.capacity_blocks < 0):
+        raise ValueError("n_pools must match the tiers and hosts; capacities >= 0")
+    K = n_instances
+    shapes = {
+        "gpu_path": (c.gpu_path, (T, K, MAX_PATH)),
+        "casc_path": (c.casc_path, (T, K, MAX_PATH)),
+        "gpu_scale": (c.gpu_scale, (T, MAX_PATH)),
+        "casc_scale": (c.casc_scale, (T, MAX_PATH)),
+        "stage_bw": (c.stage_bw, (T, K)),
+        "w0": (c.w0, (T, K)),
+    }
+    for name, (arr, shape) in shapes.items():
+        if arr.shape != shape:
+            raise ValueError(f"{name} must have shape {shape}")
+    for arr in (c.gpu_path, c.casc_path):
+        if arr.size and (arr.min() < -1 or arr.max() >= L):
+            raise ValueError("link indices must lie in [-1, n_links)")
+    if T and (c.gpu_path[:, :, 0].min() < 0 or c.gpu_path[:, :, 2].min() < 0):
+        raise ValueError("every path to a tier crosses PCIe and a port")
+    for arr in (c.lat_s, c.rpc_s):
         if len(arr) != T or not np.all(np.isfinite(arr)) or np.any(arr < 0):
-            raise ValueError("per-operation overheads and latencies must be finite and >= 0")
-    if len(c.cap_bw) != T or not np.all(c.cap_bw > 0):
-        raise ValueError("per-transfer bandwidth caps must be > 0")
+            raise ValueError("per-operation costs and latencies must be finite and >= 0")
+    for arr in (c.cap_bw, c.stream_bw, c.stage_bw, c.gpu_scale, c.casc_scale):
+        if not np.all(arr > 0):
+            raise ValueError("bandwidths, caps and link scales must be > 0")
+    if len(c.serial) != T or not np.all(np.isin(c.serial, (0, 1))):
+        raise ValueError("serial must be 0 or 1 per tier")
+    if len(c.depth) != T or np.any(c.depth < 1) or len(c.nw) != T or np.any(c.nw < 1):
+        raise ValueError("depth and workers must be >= 1")
+    if len(c.unit) != T or not np.all(np.isin(c.unit, (0, 1, 2))) or len(c.layerwise) != T:
+        raise ValueError("unit must be a known operation unit per tier")
+    if T and (c.w0.min() < 0 or np.max(c.w0 + c.nw[:, None]) > c.n_workers):
+        raise ValueError("worker pools must lie in [0, n_workers)")
     bws = (c.link_bw_read, c.link_bw_write)
     if any(len(b) != L or not np.all(np.isfinite(b)) or not np.all(b > 0) for b in bws):
         raise ValueError("link bandwidths must be finite and > 0")
-    if len(c.link_ops) != L or c.fragments < 1 or c.coalesce < 1 or c.selective_k < 1:
-        raise ValueError("link_ops per link; fragments, coalesce and selective_k >= 1")
+    if len(c.link_duplex) != L or not np.all(np.isin(c.link_duplex, (0, 1))):
+        raise ValueError("link_duplex per link, 0 or 1")
+    if c.fragments < 1 or c.coalesce < 1 or c.selective_k < 1 or c.layers < 1:
+        raise ValueError("fragments, coalesce, selective_k and layers >= 1")
     if not (math.isfinite(c.block_bytes) and c.block_bytes > 0) or c.write_policy not in (0, 1, 2):
         raise ValueError("block_bytes > 0 and a known write policy required")
 
@@ -439,5 +482,7 @@ def _tier_result(tiers: TierConfig | None, lk: LinkState, load_s: np.ndarray) ->
         "tier_bytes_written": lk.bytes_written,
         "link_busy_s": lk.busy,
         "link_bytes": lk.moved,
+        "worker_busy_s": lk.wbusy[: tiers.n_workers],
+        "stage_s": lk.stage,
         "load_s": load_s,
     }

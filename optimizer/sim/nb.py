@@ -334,6 +334,8 @@ class Params(NamedTuple):
     slo_on: bool
     slo_thresholds: np.ndarray  # f8 (4,): mean, p99, p999 TTFT bounds, p99 TPOT bound
     slo_limits: np.ndarray  # i8 (3,): over-limits for p99, p999 TTFT and p99 TPOT
+    prefix_caching: bool  # serving.prefix_caching (off: no HBM prefix hits)
+    concurrency: int  # closed-loop load generator: requests in flight (0: open loop)
 
 
 class HbmPools(NamedTuple):
@@ -418,24 +420,40 @@ class Buffers(NamedTuple):
 # Fields of the replay-wide counters (``Tally.ints``): the round-robin turn, iterations begun,
 # the admission stamp, and the SLO counts (rejected, TTFT over the p99 and p99.9 bounds, TPOT
 # over its bound), as :class:`kvtier.sim.result.SloTracker` keeps them.
-C_RR, C_ITER, C_STAMP, C_REJECTED, C_OVER_P99, C_OVER_P999, C_OVER_TPOT = range(7)
+# The closed-loop load generator's requests in flight (C_IN_FLIGHT) and, in ``Tally.ttft_sum[1]``,
+# when the last slot freed.
+C_RR, C_ITER, C_STAMP, C_REJECTED, C_OVER_P99, C_OVER_P999, C_OVER_TPOT, C_IN_FLIGHT = range(8)
 
 
 class Tally(NamedTuple):
     """Replay-wide counters the steps update (arrays, so that a step can change them)."""
 
-    ints: np.ndarray  # i8 (7,): fields C_*
-    ttft_sum: np.ndarray  # f8 (1,): summed TTFT so far (the SLO's mean bound)
+    ints: np.ndarray  # i8 (8,): fields C_*
+    ttft_sum: np.ndarray  # f8 (2,): summed TTFT so far (the SLO's mean bound), last slot freed
 
 
 @njit(cache=True, nogil=True, inline="always")
-def next_event_nb(rq: Requests, ist: InstanceState, nx: int, prm: Params) -> float:
+def next_arrival_nb(rq: Requests, nx: int, prm: Params, ty: Tally) -> float:
+    """When request ``nx`` is sent: its trace time, or in a closed loop the later of that and
+    the moment a slot freed (never while every slot is taken)."""
+    if nx >= rq.arrival.shape[0]:
+        return np.inf
+    a = rq.arrival[nx]
+    if prm.concurrency > 0:
+        if ty.ints[C_IN_FLIGHT] >= prm.concurrency:
+            return np.inf
+        gate = ty.ttft_sum[1]
+        return a if a > gate else gate
+    return a
+
+
+@njit(cache=True, nogil=True, inline="always")
+def next_event_nb(rq: Requests, ist: InstanceState, nx: int, prm: Params, ty: Tally) -> float:
     """The next instant: an arrival, an iteration's end or an idle instance's wake-up."""
-    arrival = rq.arrival
     busy = ist.busy
     busy_until = ist.busy_until
     wake = ist.wake
-    t_arr = arrival[nx] if nx < arrival.shape[0] else np.inf
+    t_arr = next_arrival_nb(rq, nx, prm, ty)
     t_end = np.inf
     for k in range(prm.n_instances):
         if busy[k]:
@@ -491,6 +509,8 @@ def finish_nb(
     free_len = ist.free_len
     slot_off = rs.slot_off
     finish[i] = now
+    ints[C_IN_FLIGHT] -= 1
+    ty.ttft_sum[1] = now
     if prm.slo_on:
         d = output_tokens[i] - 1
         if d < 1:
@@ -688,6 +708,8 @@ def route_nb(
         if ld > limit:
             continue
         h = _lookup_nb(slot_of, kk * prm.n_shared, shared, boff[i], hcap, found)
+        if not prm.prefix_caching:
+            h = 0
         if h > best_hits or (h == best_hits and ld < best_load):
             k = kk
             best_hits = h
@@ -718,6 +740,7 @@ def arrive_nb(
     if total_blocks[i] > prm.capacity:
         ints[C_REJECTED] += 1
         return
+    ints[C_IN_FLIGHT] += 1
     k = route_nb(i, rq, ist, pool, prm, ty, buf)
     instance[i] = k
     if q_tail[k] < 0:
@@ -782,7 +805,7 @@ def admit_nb(
     hcap = (inp[i] - 1) // B
     if nb < hcap:
         hcap = nb
-    h = _lookup_nb(slot_of, base, shared, boff[i], hcap, found)
+    h = _lookup_nb(slot_of, base, shared, boff[i], hcap, found) if prm.prefix_caching else 0
     need = total_blocks[i] - h
     ints[C_STAMP] += 1
     stamp = ints[C_STAMP]
@@ -800,9 +823,10 @@ def admit_nb(
         n_src = lookup_nb(ts, tp, k, block_ids, boff[i], h, hcap, src)
         loaded = choose_nb(tp, lk, k, now, src, n_src, h, B, counts, timing, path)
         if loaded > 0:
+            done_tokens = (h + loaded) * B
             ready[i] = load_nb(
                 ts, tp, lk, k, now, block_ids, boff[i], h, src, loaded, counts,
-                path,
+                inp[i] - done_tokens, done_tokens, timing,
             )  # fmt: skip
             load_s[i] = ready[i] - now
             for t in range(tp.n_tiers):  # load_nb counted the loaded blocks per source tier
@@ -1065,7 +1089,7 @@ def event_loop_nb(
     q_len = ist.q_len
     slo_on = prm.slo_on
     while True:
-        now = next_event_nb(rq, ist, nx, prm)
+        now = next_event_nb(rq, ist, nx, prm, ty)
         if now == np.inf:
             break
         # Which instances act is found first in a loop of its own (handling one changes no
@@ -1082,7 +1106,8 @@ def event_loop_nb(
             early = True
             stop_early_nb(now, ist, prm, out, ty)
             break
-        while nx < n and arrival[nx] == now:
+        while next_arrival_nb(rq, nx, prm, ty) == now:
+            arrival[nx] = now  # when it was sent (a closed loop's copy of the trace times)
             arrive_nb(nx, rq, rs, ist, pool, prm, out, ty, buf)
             nx += 1
         n_act = 0
@@ -1090,7 +1115,11 @@ def event_loop_nb(
             if not busy[k] and (n_running[k] > 0 or q_len[k] > 0):
                 act[n_act] = k
                 n_act += 1
-        t_next = arrival[nx] if nx < n else np.inf
+        # the next arrival bounds the decode steps run ahead; in a closed loop with every slot
+        # taken, the next one follows a finish on another instance: none are run ahead
+        t_next = next_arrival_nb(rq, nx, prm, ty)
+        if prm.concurrency > 0 and nx < n and t_next == np.inf:
+            t_next = now
         for a in range(n_act):
             start_iteration_nb(
                 act[a], now, t_next, rq, rs, ist, pool, ts, tp, lk, prm, out, ty, buf
@@ -1182,7 +1211,7 @@ def simulate_nb(
         np.empty(cap + 1, dtype=np.int32),
         np.empty(prm.token_budget // prm.block_tokens + max_seqs + 2, dtype=np.int32),
     )
-    ty = Tally(np.zeros(7, dtype=np.int64), np.zeros(1, dtype=np.float64))
+    ty = Tally(np.zeros(8, dtype=np.int64), np.zeros(2, dtype=np.float64))
     early, now = event_loop_nb(rq, rs, ist, pool, ts, tp, lk, prm, out, ty, buf)
     # Leave the map all zero again so the caller can reuse it for the next replay: every
     # non-zero entry is named by the MAP field of the slot it holds, so clearing those entries

@@ -38,11 +38,18 @@ from numba import njit
 from kvtier.cache.enums import L_WHERE, M_POLICY, W_MAIN, W_SMALL
 from kvtier.cache.nb import _access_nb, remove_nb
 from kvtier.policy.registries import WRITE_BACK, WRITE_SELECTIVE, WRITE_THROUGH
-from kvtier.sim.transfer import estimate, n_ops, prefill_estimate, transfer
+from kvtier.sim.transfer import (
+    layerwise_ready,
+    ops_of,
+    path_estimate,
+    path_transfer,
+    prefill_estimate,
+)
 
-transfer_nb = njit(cache=True, nogil=True, _nrt=False)(transfer)
-estimate_nb = njit(cache=True, nogil=True, _nrt=False)(estimate)
-n_ops_nb = njit(cache=True, nogil=True)(n_ops)
+transfer_nb = njit(cache=True, nogil=True, _nrt=False)(path_transfer)
+estimate_nb = njit(cache=True, nogil=True, _nrt=False)(path_estimate)
+ops_of_nb = njit(cache=True, nogil=True)(ops_of)
+layerwise_ready_nb = njit(cache=True, nogil=True)(layerwise_ready)
 prefill_estimate_nb = njit(cache=True, nogil=True)(prefill_estimate)
 
 
@@ -71,20 +78,32 @@ class TierPools(NamedTuple):
 
 
 class TierParams(NamedTuple):
-    """The read-only facts of the lower tiers: wiring, transfer costs, policy switches."""
+    """The read-only facts of the lower tiers: wiring, connectors, policy switches
+    (the fields of :class:`kvtier.sim.tiers.TierConfig` of the same names)."""
 
     n_tiers: int  # 0: HBM only
     per_host: np.ndarray  # bool (T,): one pool per host (else one shared pool)
     pool_base: np.ndarray  # i8 (T,): first pool of each tier
     inst_host: np.ndarray  # i8 (n_instances,): host of each instance
-    op_s: np.ndarray  # f8 (T,): seconds per transfer operation
     lat_s: np.ndarray  # f8 (T,): seconds per transfer
     cap_bw: np.ndarray  # f8 (T,): per-transfer bandwidth cap (inf: none)
+    rpc_s: np.ndarray  # f8 (T,): worker seconds per operation
+    stream_bw: np.ndarray  # f8 (T,): the store's per-stream rate (inf: none)
+    stage_bw: np.ndarray  # f8 (T, n_instances): staging copy rate (inf: none)
+    serial: np.ndarray  # i8 (T,)
+    depth: np.ndarray  # i8 (T,)
+    unit: np.ndarray  # i8 (T,)
+    layerwise: np.ndarray  # bool (T,)
+    w0: np.ndarray  # i8 (T, n_instances)
+    nw: np.ndarray  # i8 (T,)
     link_bw_read: np.ndarray  # f8 (L,)
     link_bw_write: np.ndarray  # f8 (L,)
-    link_ops: np.ndarray  # i8 (L,): 1 if the link carries the per-operation overhead
-    port_link: np.ndarray  # i8 (T, hosts): each host's access link to each tier
-    pool_link: np.ndarray  # i8 (T,): a pooled tier's shared link, -1 when none
+    link_duplex: np.ndarray  # i8 (L,)
+    gpu_path: np.ndarray  # i8 (T, n_instances, MAX_PATH)
+    gpu_scale: np.ndarray  # f8 (T, MAX_PATH)
+    casc_path: np.ndarray  # i8 (T, n_instances, MAX_PATH)
+    casc_scale: np.ndarray  # f8 (T, MAX_PATH)
+    n_links: int
     write_policy: int  # WRITE_* code
     selective_k: int  # sightings before write_through_selective copies a block
     exclusive: bool  # a loaded block leaves its tier (it moves up)
@@ -92,50 +111,44 @@ class TierParams(NamedTuple):
     batch_waits: bool  # load_wait = batch: no iteration while a running request loads
     fragments: int  # memory regions per block
     coalesce: int  # fragments per transfer operation
+    layers: int  # model layers (layer-wise loading)
     block_bytes: float
 
     @classmethod
     def empty(cls, n_instances: int) -> TierParams:
         """No tier (``n_tiers`` 0): the value the HBM-only replay passes."""
         i8, f8 = np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.float64)
+        b1 = np.zeros(0, dtype=np.bool_)
+        i2, f2 = np.zeros((0, 0), dtype=np.int64), np.zeros((0, 0), dtype=np.float64)
+        i3 = np.zeros((0, 0, 0), dtype=np.int64)
         return cls(
-            0,
-            np.zeros(0, dtype=np.bool_),
-            i8,
-            np.zeros(n_instances, dtype=np.int64),
-            f8,
-            f8,
-            f8,
-            f8,
-            f8,
-            i8,
-            np.zeros((0, 0), dtype=np.int64),
-            i8,
-            0,
-            1,
-            False,
-            False,
-            False,
-            1,
-            1,
-            0.0,
-        )
+            0, b1, i8, np.zeros(n_instances, dtype=np.int64), f8, f8, f8, f8, f2, i8, i8, i8,
+            b1, i2, i8, f8, f8, i8, i3, f2, i3, f2, 0, 0, 1, False, False, False, 1, 1, 1, 0.0,
+        )  # fmt: skip
 
 
 class LinkState(NamedTuple):
-    """The links' FIFO state and the counters a replay reports (set by the kernels)."""
+    """The links' and workers' FIFO state and the counters a replay reports (set by the
+    kernels)."""
 
-    free: np.ndarray  # f8 (L,): when each link is next free
+    free: np.ndarray  # f8 (2 L,): when each link is next free, reads then writes
     busy: np.ndarray  # f8 (L,): seconds each link was occupied
     moved: np.ndarray  # f8 (L,): bytes each link carried
     tier_hits: np.ndarray  # i8 (T,): blocks loaded from each tier
     bytes_read: np.ndarray  # f8 (T,): loads and cascades out of each tier
     bytes_written: np.ndarray  # f8 (T,): copies into each tier
+    wfree: np.ndarray  # f8 (W,): when each connector worker is next free
+    wbusy: np.ndarray  # f8 (W,): seconds each worker was busy
+    stage: np.ndarray  # f8 (T, 4): seconds of each stage per tier (STAGES)
 
     @classmethod
-    def zeros(cls, n_links: int, n_tiers: int) -> LinkState:
+    def zeros(cls, n_links: int, n_tiers: int, n_workers: int = 0) -> LinkState:
         f = np.zeros
-        return cls(f(n_links), f(n_links), f(n_links), f(n_tiers, np.int64), f(n_tiers), f(n_tiers))
+        w = max(n_workers, 1)
+        return cls(
+            f(2 * n_links), f(n_links), f(n_links), f(n_tiers, np.int64), f(n_tiers),
+            f(n_tiers), f(w), f(w), f((n_tiers, 4)),
+        )  # fmt: skip
 
 
 @njit(cache=True, nogil=True, _nrt=False, inline="always")
@@ -186,40 +199,33 @@ def drop_nb(ts, p, b):  # noqa: ANN001, ANN201
 
 
 @njit(cache=True, nogil=True, _nrt=False, inline="always")
-def gpu_path_nb(tp, k, t, path):  # noqa: ANN001, ANN201
-    path[0] = k
-    path[1] = tp.port_link[t, tp.inst_host[k]]
-    path[2] = tp.pool_link[t]
-    path[3] = -1
-
-
-@njit(cache=True, nogil=True, _nrt=False, inline="always")
-def tier_path_nb(tp, k, a, b, path):  # noqa: ANN001, ANN201
-    h = tp.inst_host[k]
-    path[0] = tp.port_link[a, h]
-    path[1] = tp.pool_link[a]
-    path[2] = tp.port_link[b, h]
-    path[3] = tp.pool_link[b]
-
-
-@njit(cache=True, nogil=True, _nrt=False, inline="always")
-def gpu_transfer_nb(tp, lk, k, t, now, cnt, bw, path):  # noqa: ANN001, ANN201
-    """Move ``cnt`` blocks between instance ``k`` and tier ``t`` over the links of its path
-    (``bw``: the read or the write bandwidths); returns when the transfer ends."""
-    gpu_path_nb(tp, k, t, path)
+def gpu_transfer_nb(tp, lk, k, t, now, cnt, write):  # noqa: ANN001, ANN201
+    """Move ``cnt`` blocks between instance ``k`` and tier ``t`` through its connector
+    (``write``: GPU to tier, on the write queues); returns when the transfer ends."""
     return transfer_nb(
         now,
         cnt * tp.block_bytes,
-        n_ops_nb(cnt, tp.fragments, tp.coalesce),
-        tp.op_s[t],
+        ops_of_nb(tp.unit[t], cnt, tp.fragments, tp.coalesce),
+        tp.rpc_s[t],
+        tp.stream_bw[t],
+        tp.stage_bw[t, k],
+        tp.serial[t],
+        tp.depth[t],
         tp.lat_s[t],
         tp.cap_bw[t],
-        path,
-        bw,
-        tp.link_ops,
+        tp.gpu_path[t, k],
+        tp.gpu_scale[t],
+        tp.link_bw_write if write else tp.link_bw_read,
+        tp.link_duplex,
+        tp.n_links if write else 0,
         lk.free,
         lk.busy,
         lk.moved,
+        lk.wfree,
+        tp.w0[t, k],
+        tp.nw[t],
+        lk.wbusy,
+        lk.stage[t],
     )
 
 
@@ -246,17 +252,26 @@ def _cost_nb(tp, lk, k, now, counts, q, ctx, timing, path):  # noqa: ANN001, ANN
     load = 0.0
     for t in range(tp.n_tiers):
         if counts[t] > 0:
-            gpu_path_nb(tp, k, t, path)
             fin = estimate_nb(
                 now,
                 counts[t] * tp.block_bytes,
-                n_ops_nb(counts[t], tp.fragments, tp.coalesce),
-                tp.op_s[t],
+                ops_of_nb(tp.unit[t], counts[t], tp.fragments, tp.coalesce),
+                tp.rpc_s[t],
+                tp.stream_bw[t],
+                tp.stage_bw[t, k],
+                tp.serial[t],
+                tp.depth[t],
                 tp.lat_s[t],
                 tp.cap_bw[t],
-                path,
+                tp.gpu_path[t, k],
+                tp.gpu_scale[t],
                 tp.link_bw_read,
+                tp.link_duplex,
+                0,
                 lk.free,
+                lk.wfree,
+                tp.w0[t, k],
+                tp.nw[t],
             )
             if fin - now > load:
                 load = fin - now
@@ -282,8 +297,9 @@ def choose_nb(tp, lk, k, now, src, n_src, hbm_hits, B, counts, timing, path):  #
 
 
 @njit(cache=True, nogil=True, _nrt=False)
-def load_nb(ts, tp, lk, k, now, block_ids, bo, start, src, c, counts, path):  # noqa: ANN001, ANN201
-    """Touch (or remove) the ``c`` loaded blocks tail first, one transfer per source tier."""
+def load_nb(ts, tp, lk, k, now, block_ids, bo, start, src, c, counts, q, ctx, timing):  # noqa: ANN001, ANN201
+    """Touch (or remove) the ``c`` loaded blocks tail first, one transfer per source tier;
+    returns when the request may start its prefill (``q`` tokens left after ``ctx``)."""
     excl = tp.exclusive
     for t in range(tp.n_tiers):
         counts[t] = 0
@@ -295,12 +311,15 @@ def load_nb(ts, tp, lk, k, now, block_ids, bo, start, src, c, counts, path):  # 
         else:
             touch_nb(ts, p, b)
         counts[src[j]] += 1
+    compute = prefill_estimate_nb(q, ctx, timing[0], timing[1], timing[2])
     ready = now
     for t in range(tp.n_tiers):
         cnt = counts[t]
         if cnt == 0:
             continue
-        fin = gpu_transfer_nb(tp, lk, k, t, now, cnt, tp.link_bw_read, path)
+        fin = gpu_transfer_nb(tp, lk, k, t, now, cnt, False)
+        if tp.layerwise[t]:
+            fin = layerwise_ready_nb(now, fin, tp.layers, compute)
         lk.tier_hits[t] += cnt
         lk.bytes_read[t] += cnt * tp.block_bytes
         if fin > ready:
@@ -320,20 +339,30 @@ def insert_nb(ts, tp, lk, k, now, t, b, path):  # noqa: ANN001, ANN201
         if has_nb(ts, pool_nb(tp, nxt, k), victim):
             return
         cap = tp.cap_bw[t] if tp.cap_bw[t] < tp.cap_bw[nxt] else tp.cap_bw[nxt]
-        tier_path_nb(tp, k, t, nxt, path)
         transfer_nb(
             now,
             tp.block_bytes,
-            n_ops_nb(1, tp.fragments, tp.coalesce),
-            tp.op_s[nxt],
+            ops_of_nb(tp.unit[nxt], 1, tp.fragments, tp.coalesce),
+            tp.rpc_s[nxt],
+            tp.stream_bw[nxt],
+            np.inf,
+            tp.serial[nxt],
+            tp.depth[nxt],
             tp.lat_s[nxt],
             cap,
-            path,
+            tp.casc_path[t, k],
+            tp.casc_scale[t],
             tp.link_bw_write,
-            tp.link_ops,
+            tp.link_duplex,
+            tp.n_links,
             lk.free,
             lk.busy,
             lk.moved,
+            lk.wfree,
+            tp.w0[nxt, k],
+            tp.nw[nxt],
+            lk.wbusy,
+            lk.stage[nxt],
         )
         lk.bytes_read[t] += tp.block_bytes
         lk.bytes_written[nxt] += tp.block_bytes
@@ -353,7 +382,7 @@ def write_down_nb(ts, tp, lk, k, now, buf, nbuf, n_targets, path):  # noqa: ANN0
                 insert_nb(ts, tp, lk, k, now, t, b, path)
                 cnt += 1
         if cnt > 0:
-            gpu_transfer_nb(tp, lk, k, t, now, cnt, tp.link_bw_write, path)
+            gpu_transfer_nb(tp, lk, k, t, now, cnt, True)
             lk.bytes_written[t] += cnt * tp.block_bytes
 
 

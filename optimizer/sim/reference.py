@@ -26,6 +26,13 @@ does: while any running request is loading, after admission, the instance starts
 and wakes when the last of them is ready (LMCache up to 0.3.x retrieves before the forward
 pass, so every decode of the batch waits).
 
+Load generator. Open loop (``cfg.concurrency`` 0): each request arrives at its trace time.
+Closed loop (``concurrency`` N, as ``vllm bench serve --max-concurrency`` and GuideLLM's
+concurrent mode): at most N requests are in flight; request ``i`` is sent at the later of its
+trace time and the moment a slot frees (the last finish, or a rejection, that brought the
+in-flight count below N), in trace order, and its TTFT counts from then. With every trace time
+0 this is N clients each sending its next request when the last one finishes.
+
 Routing (at arrival). A request whose prompt plus output can never fit an instance's HBM
 (``total_blocks > capacity``) is rejected. Otherwise ``load`` = waiting + running requests:
 ``round_robin`` takes instances in turn; ``least_loaded`` the lowest load; ``prefix_affinity``
@@ -205,6 +212,7 @@ def simulate_reference(
         for i in range(n)
     ]
     tracker = slo.tracker(n) if slo is not None else None
+    prefix = cfg.prefix_caching  # vLLM's own prefix cache (off: no HBM hits)
     lower = None
     if cfg.tiers is not None:
         compute = (params[0], params[1], params[2])
@@ -216,13 +224,27 @@ def simulate_reference(
     loaded_blocks = np.zeros((n, cfg.tiers.n_tiers if cfg.tiers is not None else 0), np.int64)
     rr = 0
     nxt = 0
+    in_flight = 0  # requests sent and not finished (closed loop)
+    gate = 0.0  # when the last slot freed (closed loop)
+    sent_s = np.array([r.arrival for r in requests], dtype=np.float64)
     n_iter = 0
     early = False
     now = 0.0
 
+    def next_arrival() -> float:
+        """When request ``nxt`` is sent (closed loop: once a slot is free)."""
+        if nxt >= n:
+            return np.inf
+        a = requests[nxt].arrival
+        if cfg.concurrency > 0:
+            if in_flight >= cfg.concurrency:
+                return np.inf
+            return a if a > gate else gate
+        return a
+
     def next_event() -> float:
         """The next instant: an arrival, an iteration's end or an idle instance's wake-up."""
-        t_arr = requests[nxt].arrival if nxt < n else np.inf
+        t_arr = next_arrival()
         busy = [inst.busy_until for inst in instances if inst.busy_until is not None]
         t_end = min(busy) if busy else np.inf
         wakes = [inst.wake for inst in instances if inst.busy_until is None]
@@ -245,17 +267,22 @@ def simulate_reference(
         for k, inst in enumerate(instances):
             if loads[k] > limit:
                 continue
-            h = inst.pool.lookup(req.blocks, min(cap, len(req.blocks)))
+            h = inst.pool.lookup(req.blocks, min(cap, len(req.blocks))) if prefix else 0
             if h > best_hits or (h == best_hits and loads[k] < best_load):
                 best, best_hits, best_load = k, h, loads[k]
         return best
 
-    def arrive(req: Request) -> None:
-        """``req`` arrives: rejected if it can never fit, else routed to a waiting queue."""
+    def arrive(req: Request, t: float) -> None:
+        """``req`` arrives at ``t``: rejected if it can never fit, else routed to a waiting
+        queue (closed loop: it takes a slot until it finishes)."""
+        nonlocal in_flight
+        req.arrival = t
+        sent_s[req.idx] = t
         if req.total_blocks > cfg.capacity_blocks:
             if tracker is not None:
                 tracker.rejected()
             return
+        in_flight += 1
         k = route(req)
         inst_of[req.idx] = k
         instances[k].waiting.append(req)
@@ -265,7 +292,7 @@ def simulate_reference(
         then the lower tiers), load, pin the hits and allocate the rest."""
         pool = inst.pool
         cap = min((req.input_tokens - 1) // B, len(req.blocks))
-        h = pool.lookup(req.blocks, cap)
+        h = pool.lookup(req.blocks, cap) if prefix else 0
         need = req.total_blocks - h
         if not pool.can_admit(req.blocks, h, need):
             return False
@@ -275,7 +302,11 @@ def simulate_reference(
             src = lower.lookup(k, req.blocks, h, cap)
             loaded = lower.choose(k, now, src, h, B)
             if loaded:
-                req.ready = lower.load(k, now, req.blocks, h, src[:loaded])
+                done_tokens = (h + loaded) * B
+                req.ready = lower.load(
+                    k, now, req.blocks, h, src[:loaded], req.input_tokens - done_tokens,
+                    done_tokens,
+                )  # fmt: skip
                 load_s[req.idx] = req.ready - now
                 for t in src[:loaded]:
                     loaded_blocks[req.idx, t] += 1
@@ -349,6 +380,9 @@ def simulate_reference(
 
     def finish(inst: Instance, req: Request, t: float) -> None:
         """``req`` emitted its last token: record it, count its TPOT, free its slots."""
+        nonlocal in_flight, gate
+        in_flight -= 1
+        gate = t
         finish_s[req.idx] = t
         if tracker is not None:
             tracker.finished(t - first[req.idx], req.output_tokens)
@@ -405,8 +439,8 @@ def simulate_reference(
         if tracker is not None and tracker.missed():
             early = True
             break
-        while nxt < n and requests[nxt].arrival == now:
-            arrive(requests[nxt])
+        while next_arrival() == now:
+            arrive(requests[nxt], now)
             nxt += 1
         for k, inst in enumerate(instances):
             if inst.busy_until is None and (inst.running or inst.waiting):
@@ -422,5 +456,6 @@ def simulate_reference(
         early_stopped=early,
         end_s=end_time(finish_s, early, now),
         loaded_blocks=loaded_blocks,
+        arrival_s=sent_s,
         **(lower.result(load_s) if lower is not None else {}),
     )

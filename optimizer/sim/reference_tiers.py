@@ -10,8 +10,10 @@ formulas of :mod:`kvtier.sim.transfer`. The rules (docs/model.md, "Tiers below H
 - Load rule: ``always_load`` loads the whole run; ``cost_aware`` loads the first ``c`` blocks,
   ``c`` minimising estimated load time plus the time to recompute the rest (ties: load more).
 - Loading touches each loaded block in its source, tail first (``inclusive``), or removes it
-  there (``exclusive``: it moves up); then one transfer per source tier; the request's prefill
-  waits for the last one.
+  there (``exclusive``: it moves up); then one transfer per source tier through the tier's
+  connector (:func:`kvtier.sim.transfer.path_transfer`); the request's prefill waits for the
+  last one, or, with a layer-wise connector, only as long as its compute cannot overlap
+  (:func:`kvtier.sim.transfer.layerwise_ready`).
 - Writes down: ``write_through`` copies every newly computed block, at the end of the iteration
   that computed it, into every lower tier (only the first under ``exclusive``);
   ``write_through_selective`` does so only for blocks seen at admission at least ``k`` times,
@@ -28,7 +30,13 @@ import numpy as np
 from kvtier.cache.reference import RefTier
 from kvtier.policy.registries import WRITE_BACK, WRITE_SELECTIVE, WRITE_THROUGH
 from kvtier.sim.tiers import TierConfig
-from kvtier.sim.transfer import estimate, n_ops, prefill_estimate, transfer
+from kvtier.sim.transfer import (
+    layerwise_ready,
+    ops_of,
+    path_estimate,
+    path_transfer,
+    prefill_estimate,
+)
 
 
 class LowerTiers:
@@ -38,19 +46,22 @@ class LowerTiers:
         self,
         cfg: TierConfig,
         n_blocks: int,
-        compute: tuple[float, float, float],
+        compute: np.ndarray,
         costs: np.ndarray,
     ) -> None:
         self.cfg = cfg
-        self.compute = compute  # flops_per_token, attn_coef, compute_rate
+        self.compute = compute  # the packed step-time array (kvtier.sim.timing)
         self.pools: list[RefTier] = []
         for t in range(cfg.n_tiers):
             n = cfg.n_hosts if cfg.per_host[t] else 1
             cap = int(cfg.capacity_blocks[t])
             self.pools += [RefTier(cfg.evictions[t], cap, cost=costs) for _ in range(n)]
-        self.free = np.zeros(cfg.n_links)
+        self.free = np.zeros(2 * cfg.n_links)  # read queues, then write queues
         self.busy = np.zeros(cfg.n_links)
         self.moved = np.zeros(cfg.n_links)
+        self.wfree = np.zeros(max(cfg.n_workers, 1))
+        self.wbusy = np.zeros(max(cfg.n_workers, 1))
+        self.stage = np.zeros((cfg.n_tiers, 4))
         self.hits = np.zeros(cfg.n_tiers, dtype=np.int64)
         self.bytes_read = np.zeros(cfg.n_tiers)
         self.bytes_written = np.zeros(cfg.n_tiers)
@@ -61,38 +72,38 @@ class LowerTiers:
     def pool(self, t: int, inst: int) -> RefTier:
         return self.pools[self.cfg.pool_of(t, inst)]
 
-    def gpu_path(self, inst: int, t: int) -> np.ndarray:
-        h = self.cfg.inst_host[inst]
-        return np.array([inst, self.cfg.port_link[t, h], self.cfg.pool_link[t], -1], dtype=np.int64)
-
-    def tier_path(self, inst: int, a: int, b: int) -> np.ndarray:
+    def gpu_transfer(self, inst: int, now: float, t: int, cnt: int, write: bool) -> float:
+        """Move ``cnt`` blocks between ``inst`` and tier ``t`` through its connector (``write``:
+        GPU to tier, on the write queues); returns when the transfer ends."""
         c = self.cfg
-        h = c.inst_host[inst]
-        return np.array(
-            [c.port_link[a, h], c.pool_link[a], c.port_link[b, h], c.pool_link[b]], dtype=np.int64
-        )
-
-    def gpu_transfer(self, inst: int, now: float, t: int, cnt: int, bw: np.ndarray) -> float:
-        """Move ``cnt`` blocks between ``inst`` and tier ``t`` (``bw``: read or write
-        bandwidths of the links); returns when the transfer ends."""
-        c = self.cfg
-        return transfer(
+        return path_transfer(
             now,
             cnt * c.block_bytes,
-            self.ops(cnt),
-            c.op_s[t],
+            self.ops(t, cnt),
+            c.rpc_s[t],
+            c.stream_bw[t],
+            c.stage_bw[t, inst],
+            c.serial[t],
+            c.depth[t],
             c.lat_s[t],
             c.cap_bw[t],
-            self.gpu_path(inst, t),
-            bw,
-            c.link_ops,
+            c.gpu_path[t, inst],
+            c.gpu_scale[t],
+            c.link_bw_write if write else c.link_bw_read,
+            c.link_duplex,
+            c.n_links if write else 0,
             self.free,
             self.busy,
             self.moved,
+            self.wfree,
+            c.w0[t, inst],
+            c.nw[t],
+            self.wbusy,
+            self.stage[t],
         )
 
-    def ops(self, blocks: int) -> int:
-        return n_ops(blocks, self.cfg.fragments, self.cfg.coalesce)
+    def ops(self, t: int, blocks: int) -> int:
+        return ops_of(self.cfg.unit[t], blocks, self.cfg.fragments, self.cfg.coalesce)
 
     # ---- lookup and loads --------------------------------------------------------------------
     def lookup(self, inst: int, blocks: list[int], start: int, cap: int) -> list[int]:
@@ -127,23 +138,36 @@ class LowerTiers:
         load = 0.0
         for t in range(c.n_tiers):
             if counts[t] > 0:
-                fin = estimate(
+                fin = path_estimate(
                     now,
                     counts[t] * c.block_bytes,
-                    self.ops(counts[t]),
-                    c.op_s[t],
+                    self.ops(t, counts[t]),
+                    c.rpc_s[t],
+                    c.stream_bw[t],
+                    c.stage_bw[t, inst],
+                    c.serial[t],
+                    c.depth[t],
                     c.lat_s[t],
                     c.cap_bw[t],
-                    self.gpu_path(inst, t),
+                    c.gpu_path[t, inst],
+                    c.gpu_scale[t],
                     c.link_bw_read,
+                    c.link_duplex,
+                    0,
                     self.free,
+                    self.wfree,
+                    c.w0[t, inst],
+                    c.nw[t],
                 )
                 if fin - now > load:
                     load = fin - now
         return load + prefill_estimate(q, ctx, *self.compute)
 
-    def load(self, inst: int, now: float, blocks: list[int], start: int, src: list[int]) -> float:
-        """Move the blocks ``blocks[start:start+len(src)]`` up; returns when the last arrives."""
+    def load(
+        self, inst: int, now: float, blocks: list[int], start: int, src: list[int], q: int, ctx: int
+    ) -> float:
+        """Move the blocks ``blocks[start:start+len(src)]`` up; returns when the request may
+        start its prefill (``q`` tokens left to compute after ``ctx``)."""
         c = self.cfg
         for j in range(len(src) - 1, -1, -1):
             pool = self.pool(src[j], inst)
@@ -151,12 +175,15 @@ class LowerTiers:
                 pool.remove(blocks[start + j])
             else:
                 pool.access(blocks[start + j])
+        compute = prefill_estimate(q, ctx, *self.compute)
         ready = now
         for t in range(c.n_tiers):
             cnt = src.count(t)
             if cnt == 0:
                 continue
-            fin = self.gpu_transfer(inst, now, t, cnt, c.link_bw_read)
+            fin = self.gpu_transfer(inst, now, t, cnt, False)
+            if c.layerwise[t]:
+                fin = layerwise_ready(now, fin, c.layers, compute)
             self.hits[t] += cnt
             self.bytes_read[t] += cnt * c.block_bytes
             if fin > ready:
@@ -206,7 +233,7 @@ class LowerTiers:
                     self.insert(inst, now, t, b)
                     cnt += 1
             if cnt:
-                self.gpu_transfer(inst, now, t, cnt, c.link_bw_write)
+                self.gpu_transfer(inst, now, t, cnt, True)
                 self.bytes_written[t] += cnt * c.block_bytes
 
     def insert(self, inst: int, now: float, t: int, b: int) -> None:
@@ -220,19 +247,30 @@ class LowerTiers:
             if self.pool(nxt, inst).contains(victim):
                 return
             cap = c.cap_bw[t] if c.cap_bw[t] < c.cap_bw[nxt] else c.cap_bw[nxt]
-            transfer(
+            path_transfer(
                 now,
                 c.block_bytes,
-                self.ops(1),
-                c.op_s[nxt],
+                self.ops(nxt, 1),
+                c.rpc_s[nxt],
+                c.stream_bw[nxt],
+                np.inf,
+                c.serial[nxt],
+                c.depth[nxt],
                 c.lat_s[nxt],
                 cap,
-                self.tier_path(inst, t, nxt),
+                c.casc_path[t, inst],
+                c.casc_scale[t],
                 c.link_bw_write,
-                c.link_ops,
+                c.link_duplex,
+                c.n_links,
                 self.free,
                 self.busy,
                 self.moved,
+                self.wfree,
+                c.w0[nxt, inst],
+                c.nw[nxt],
+                self.wbusy,
+                self.stage[nxt],
             )
             self.bytes_read[t] += c.block_bytes
             self.bytes_written[nxt] += c.block_bytes
@@ -251,5 +289,7 @@ class LowerTiers:
             "tier_bytes_written": self.bytes_written.copy(),
             "link_busy_s": self.busy.copy(),
             "link_bytes": self.moved.copy(),
+            "worker_busy_s": self.wbusy[: self.cfg.n_workers].copy(),
+            "stage_s": self.stage.copy(),
             "load_s": load_s,
         }

@@ -1,16 +1,23 @@
-"""``TierConfig``: the tiers below HBM, their pools and the links between them, as arrays.
+"""``TierConfig``: the tiers below HBM, their pools, connectors and links, as arrays.
 
-Derived once from the hardware profile and the policy (docs/design.md 4.1, 4.4) so that both
-simulators read the same numbers. Pools: a per-host tier (``dram``, ``ssd``) has one pool per
-host, a shared tier (``cxl``, ``rdma``) one pool; pool ``pool_base[t] + p``. Links, each a FIFO
-server with a read and a write bandwidth:
+Derived once from the hardware profile and the policy (docs/design.md 4.1, 4.4; docs/model.md,
+"Transfer paths" and "Host topology") so that both simulators read the same numbers. Pools: a
+per-host tier (``dram``, ``ssd``) has one pool per host, a shared tier (``cxl``, ``rdma``) one
+pool; pool ``pool_base[t] + p``. Links, each a FIFO server per direction when full duplex:
 
 - ``k`` for ``k < n_instances``: instance ``k``'s PCIe link (``tp`` GPUs' links together);
-- ``port_link[t, h]``: host ``h``'s access link to tier ``t`` (CXL adapters, NICs, NVMe, DRAM);
-- ``pool_link[t]``: a pooled tier's aggregate bandwidth shared by every host (-1: none).
+- a PCIe switch's uplink, shared by the GPUs behind it (``topology.gpus_per_switch``);
+- tier ``t``'s ports: one per host, or ``ports`` per host with each GPU on its own
+  (``attach = "gpu"``: one NIC per GPU on HGX-class hosts);
+- a pooled tier's aggregate bandwidth shared by every host;
+- each host's DRAM bandwidth, which staging copies draw on (half duplex: reads and writes).
 
-A transfer between an instance and tier ``t`` crosses PCIe, the port and the pool link; a copy
-from tier ``a`` to tier ``b`` on host ``h`` crosses both ports (and pool links).
+Each instance reaches tier ``t`` by the precomputed path ``gpu_path[t, k]`` (``MAX_PATH``
+links, -1 unused; ``gpu_scale[t]`` the bytes each carries per byte moved), a cascade from tier
+``t`` to ``t + 1`` by ``casc_path[t, k]``. The connector of tier ``t`` (its transfer path,
+:data:`kvtier.policy.registries.CONNECTORS`) gives the per-operation worker cost and the
+ordering that :func:`kvtier.sim.transfer.path_transfer` applies; its workers are
+``wfree[w0[t, k]:w0[t, k] + nw[t]]``.
 """
 
 from __future__ import annotations
@@ -23,11 +30,18 @@ import numpy as np
 from kvtier.errors import InputError
 from kvtier.hardware.types import GB, Hardware, ModelProfile
 from kvtier.policy.model import Policy
-from kvtier.policy.registries import COST_AWARE, LOAD_RULES, WRITE_POLICIES
+from kvtier.policy.registries import (
+    CONNECTORS,
+    COST_AWARE,
+    LOAD_RULES,
+    UNITS,
+    WRITE_POLICIES,
+)
 
 # Write-policy codes come from their registry (the kernels import the constants from there).
 WRITE_CODES = WRITE_POLICIES.codes  # {name: code}
-MAX_PATH = 4  # links on the longest path (tier to tier: port, pool, port, pool)
+MAX_PATH = 5  # links on the longest path: pcie, switch uplink, port, pool, host DRAM
+STAGES = ("rpc", "stream", "staging", "links")  # stage seconds counted per tier
 
 
 @dataclass(frozen=True, eq=False)
@@ -36,21 +50,33 @@ class TierConfig:
 
     names: tuple[str, ...]
     evictions: tuple[str, ...]
+    connectors: tuple[str, ...]
     capacity_blocks: np.ndarray  # int64 (T,), per pool
     per_host: np.ndarray  # bool (T,)
     pool_base: np.ndarray  # int64 (T,)
     n_pools: int
     n_hosts: int
     inst_host: np.ndarray  # int64 (n_instances,)
-    op_s: np.ndarray  # float64 (T,) seconds per transfer operation
     lat_s: np.ndarray  # float64 (T,) seconds per transfer
     cap_bw: np.ndarray  # float64 (T,) per-transfer cap (one CXL device), inf when none
+    rpc_s: np.ndarray  # float64 (T,) worker seconds per operation
+    stream_bw: np.ndarray  # float64 (T,) the store's per-stream rate, inf when none
+    stage_bw: np.ndarray  # float64 (T, n_instances) memcpy rate / staging copies, inf: none
+    serial: np.ndarray  # int64 (T,) 1: serial, 0: pipelined
+    depth: np.ndarray  # int64 (T,) operations in flight when pipelined
+    unit: np.ndarray  # int64 (T,) UNIT_* of one operation
+    layerwise: np.ndarray  # bool (T,) loads overlap the first layers' compute
+    w0: np.ndarray  # int64 (T, n_instances) first worker of the pool instance k uses
+    nw: np.ndarray  # int64 (T,) workers in that pool
+    n_workers: int
     link_bw_read: np.ndarray  # float64 (L,)
     link_bw_write: np.ndarray  # float64 (L,)
-    link_ops: np.ndarray  # int64 (L,) 1 if the link carries the per-operation overhead
+    link_duplex: np.ndarray  # int64 (L,) 1: reads and writes queue apart
     link_names: tuple[str, ...]
-    port_link: np.ndarray  # int64 (T, hosts)
-    pool_link: np.ndarray  # int64 (T,), -1 when the tier has no shared link
+    gpu_path: np.ndarray  # int64 (T, n_instances, MAX_PATH)
+    gpu_scale: np.ndarray  # float64 (T, MAX_PATH)
+    casc_path: np.ndarray  # int64 (T, n_instances, MAX_PATH): tier t to t + 1
+    casc_scale: np.ndarray  # float64 (T, MAX_PATH)
     write_policy: int  # WRITE_* code
     selective_k: int
     exclusive: bool
@@ -58,6 +84,7 @@ class TierConfig:
     batch_waits: bool  # policy load_wait = "batch": no iteration while a request loads
     fragments: int  # fragments per block (KV layout)
     coalesce: int
+    layers: int  # model layers (layer-wise loading)
     block_bytes: float
     tier_gb: dict[str, float]  # total GB of each tier over all its pools (for cost)
 
@@ -73,22 +100,6 @@ class TierConfig:
         """The pool of tier ``t`` that instance ``inst`` reaches."""
         return int(self.pool_base[t] + (self.inst_host[inst] if self.per_host[t] else 0))
 
-    def int_params(self) -> np.ndarray:
-        """Kernel scalars (int64): write policy, k, exclusive, cost_aware, fragments, coalesce,
-        batch_waits."""
-        return np.array(
-            [
-                self.write_policy,
-                self.selective_k,
-                int(self.exclusive),
-                int(self.cost_aware),
-                self.fragments,
-                self.coalesce,
-                int(self.batch_waits),
-            ],
-            dtype=np.int64,
-        )
-
 
 def fragments_per_block(model: ModelProfile, kv_layout: str) -> int:
     """Separate memory regions one block occupies: a K and a V tensor per layer in vLLM's
@@ -96,6 +107,23 @@ def fragments_per_block(model: ModelProfile, kv_layout: str) -> int:
     if kv_layout == "contiguous":
         return 1
     return model.layers * (1 if model.mla is not None else 2)
+
+
+class _Links:
+    """Links as they are added: names, bandwidths, duplex flags."""
+
+    def __init__(self) -> None:
+        self.names: list[str] = []
+        self.read: list[float] = []
+        self.write: list[float] = []
+        self.duplex: list[int] = []
+
+    def add(self, name: str, read: float, write: float, duplex: bool = True) -> int:
+        self.names.append(name)
+        self.read.append(read)
+        self.write.append(write)
+        self.duplex.append(int(duplex))
+        return len(self.names) - 1
 
 
 def build_tiers(
@@ -107,18 +135,38 @@ def build_tiers(
         return None
     topo = hardware.topology
     block_bytes = float(policy.kv_bytes_per_block(model))
-    inst_host = np.array(
-        [(k * topo.tp) // topo.gpus_per_host for k in range(n_instances)], dtype=np.int64
-    )
+    gpu0 = np.array([k * topo.tp for k in range(n_instances)], dtype=np.int64)
+    inst_host = gpu0 // topo.gpus_per_host
+    local = gpu0 % topo.gpus_per_host  # first GPU of the instance within its host
     n_hosts = int(inst_host.max()) + 1
-    names, evictions, caps, per_host, base = [], [], [], [], []
-    op_s, lat_s, cap_bw = [], [], []
-    link_r = [topo.tp * hardware.gpu.pcie_bw] * n_instances
-    link_w = list(link_r)
-    link_ops = [1] * n_instances
-    link_names = [f"pcie[{k}]" for k in range(n_instances)]
-    port = np.full((len(lower), n_hosts), -1, dtype=np.int64)
-    pool_link = np.full(len(lower), -1, dtype=np.int64)
+    links = _Links()
+    pcie = [links.add(f"pcie[{k}]", topo.tp * hardware.gpu.pcie_bw, topo.tp * hardware.gpu.pcie_bw)
+            for k in range(n_instances)]  # fmt: skip
+    switch = np.full(n_instances, -1, dtype=np.int64)
+    if topo.switch_uplink_bw > 0:
+        ids: dict[tuple[int, int], int] = {}
+        for k in range(n_instances):
+            key = (int(inst_host[k]), int(local[k]) // topo.gpus_per_switch)
+            if key not in ids:
+                bw = topo.switch_uplink_bw
+                ids[key] = links.add(f"switch[{key[0]}.{key[1]}]", bw, bw)
+            switch[k] = ids[key]
+    membus = np.full(n_hosts, -1, dtype=np.int64)
+    if topo.dram_bw > 0:
+        for h in range(n_hosts):
+            membus[h] = links.add(f"dram.bus[{h}]", topo.dram_bw, topo.dram_bw, duplex=False)
+    socket = local * topo.sockets // topo.gpus_per_host
+    T = len(lower)
+    names, evictions, connectors, caps, per_host, base = [], [], [], [], [], []
+    lat_s, cap_bw, rpc_s, stream_bw, serial, depth, unit, layerwise = ([] for _ in range(8))
+    stage_bw = np.full((T, n_instances), math.inf)
+    port = np.full((T, n_instances), -1, dtype=np.int64)
+    pool_link = np.full(T, -1, dtype=np.int64)
+    w0 = np.zeros((T, n_instances), dtype=np.int64)
+    nw = np.zeros(T, dtype=np.int64)
+    via_host = np.zeros(T, dtype=np.bool_)
+    staging = np.zeros(T, dtype=np.int64)
+    n_workers = 0
     tier_gb: dict[str, float] = {}
     n_pools = 0
     for t, tp in enumerate(lower):
@@ -134,46 +182,101 @@ def build_tiers(
             raise InputError(f"tier {tp.name!r} of {cap_bytes / GB:g} GB holds no block")
         names.append(tp.name)
         evictions.append(tp.eviction)
+        connectors.append(tp.connector)
         caps.append(blocks)
         per_host.append(hw.per_host)
         base.append(n_pools)
         pools = n_hosts if hw.per_host else 1
         n_pools += pools
         tier_gb[tp.name] = cap_bytes / GB * pools
-        op_s.append(hw.op_overhead_s)
         lat_s.append(hw.latency_s)
         interleave = hw.interleave if tp.interleave is None else tp.interleave
         cap_bw.append(hw.device_bw if (hw.device_bw > 0 and not interleave) else math.inf)
-        for h in range(n_hosts):
-            port[t, h] = len(link_names)
-            link_names.append(f"{tp.name}.port[{h}]")
-            link_r.append(hw.port_read_bw)
-            link_w.append(hw.port_write_bw)
-            link_ops.append(1)
+        # the connector: its stages, ordering and workers
+        d = CONNECTORS.get(tp.connector, path=f"tiers.{tp.name}.connector").defaults
+        rpc = float(d["rpc_us"])
+        rpc_s.append(hw.op_overhead_s if rpc < 0 else rpc * 1e-6)
+        sg = float(d["stream_gbps"])
+        stream_bw.append(sg * GB if sg > 0 else math.inf)
+        serial.append(1 if d["order"] == "serial" else 0)
+        depth.append(int(tp.depth if tp.depth is not None else d["depth"]))
+        unit.append(UNITS.index(str(d["unit"])))
+        layerwise.append(bool(tp.layerwise if tp.layerwise is not None else d["layerwise"]))
+        via_host[t] = bool(d["via_host"])
+        staging[t] = int(d["staging"])
+        if staging[t] > 0:
+            for k in range(n_instances):
+                remote = socket[k] != 0 and not d["numa_aware"]
+                rate = topo.memcpy_bw
+                if remote and topo.numa_remote_memcpy_bw > 0:
+                    rate = topo.numa_remote_memcpy_bw
+                stage_bw[t, k] = rate / staging[t]
+        workers = int(tp.workers if tp.workers is not None else d["workers"])
+        nw[t] = workers
+        if d["scope"] == "host":
+            w0[t] = n_workers + inst_host * workers
+            n_workers += n_hosts * workers
+        else:
+            w0[t] = n_workers + np.arange(n_instances) * workers
+            n_workers += n_instances * workers
+        # ports: one per host, or `ports` per host with each GPU on the one beside it
+        n_ports = hw.ports if hw.attach == "gpu" else 1
+        ids = {}
+        for k in range(n_instances):
+            h = int(inst_host[k])
+            j = int(local[k]) * n_ports // topo.gpus_per_host
+            if (h, j) not in ids:
+                label = f"{tp.name}.port[{h}]" if n_ports == 1 else f"{tp.name}.port[{h}.{j}]"
+                ids[(h, j)] = links.add(label, hw.port_read_bw / n_ports,
+                                        hw.port_write_bw / n_ports)  # fmt: skip
+            port[t, k] = ids[(h, j)]
         if hw.pool_bw > 0:
-            pool_link[t] = len(link_names)
-            link_names.append(f"{tp.name}.pool")
-            link_r.append(hw.pool_bw)
-            link_w.append(hw.pool_bw)
-            link_ops.append(0)
+            pool_link[t] = links.add(f"{tp.name}.pool", hw.pool_bw, hw.pool_bw)
+    gpu_path = np.full((T, n_instances, MAX_PATH), -1, dtype=np.int64)
+    gpu_scale = np.ones((T, MAX_PATH), dtype=np.float64)
+    casc_path = np.full((T, n_instances, MAX_PATH), -1, dtype=np.int64)
+    casc_scale = np.ones((T, MAX_PATH), dtype=np.float64)
+    for t in range(T):
+        gpu_scale[t, 4] = 2.0 * max(int(staging[t]), 1)  # each copy reads and writes DRAM
+        for k in range(n_instances):
+            h = int(inst_host[k])
+            gpu_path[t, k, 0] = pcie[k]
+            gpu_path[t, k, 1] = switch[k] if via_host[t] else -1
+            gpu_path[t, k, 2] = port[t, k]
+            gpu_path[t, k, 3] = pool_link[t]
+            gpu_path[t, k, 4] = membus[h] if staging[t] > 0 else -1
+            if t + 1 < T:
+                casc_path[t, k, :4] = (port[t, k], pool_link[t], port[t + 1, k], pool_link[t + 1])
     return TierConfig(
         names=tuple(names),
         evictions=tuple(evictions),
+        connectors=tuple(connectors),
         capacity_blocks=np.array(caps, dtype=np.int64),
         per_host=np.array(per_host, dtype=np.bool_),
         pool_base=np.array(base, dtype=np.int64),
         n_pools=n_pools,
         n_hosts=n_hosts,
         inst_host=inst_host,
-        op_s=np.array(op_s, dtype=np.float64),
         lat_s=np.array(lat_s, dtype=np.float64),
         cap_bw=np.array(cap_bw, dtype=np.float64),
-        link_bw_read=np.array(link_r, dtype=np.float64),
-        link_bw_write=np.array(link_w, dtype=np.float64),
-        link_ops=np.array(link_ops, dtype=np.int64),
-        link_names=tuple(link_names),
-        port_link=port,
-        pool_link=pool_link,
+        rpc_s=np.array(rpc_s, dtype=np.float64),
+        stream_bw=np.array(stream_bw, dtype=np.float64),
+        stage_bw=stage_bw,
+        serial=np.array(serial, dtype=np.int64),
+        depth=np.array(depth, dtype=np.int64),
+        unit=np.array(unit, dtype=np.int64),
+        layerwise=np.array(layerwise, dtype=np.bool_),
+        w0=w0,
+        nw=nw,
+        n_workers=n_workers,
+        link_bw_read=np.array(links.read, dtype=np.float64),
+        link_bw_write=np.array(links.write, dtype=np.float64),
+        link_duplex=np.array(links.duplex, dtype=np.int64),
+        link_names=tuple(links.names),
+        gpu_path=gpu_path,
+        gpu_scale=gpu_scale,
+        casc_path=casc_path,
+        casc_scale=casc_scale,
         write_policy=WRITE_CODES[policy.write_policy],
         selective_k=policy.selective_k,
         exclusive=policy.hierarchy == "exclusive",
@@ -181,6 +284,7 @@ def build_tiers(
         batch_waits=policy.load_wait == "batch",
         fragments=fragments_per_block(model, policy.kv_layout),
         coalesce=policy.coalesce,
+        layers=model.layers,
         block_bytes=block_bytes,
         tier_gb=tier_gb,
     )

@@ -1,15 +1,12 @@
-"""Transfer and estimate formulas, written once for both simulators (docs/design.md 4.4).
+"""Transfer and estimate formulas, written once for both simulators (docs/model.md, "Transfer
+paths").
 
 The numba engine compiles these very functions (as :func:`kvtier.sim.timing.iteration_time`
-is compiled), the reference calls them as Python, so link times agree to the bit.
+is compiled), the reference calls them as Python, so transfer times agree to the bit.
 
-A transfer of ``nbytes`` in ``ops`` operations over the links ``path`` (-1 = unused slot) starts
-when every link on it is free (``start = max(now, free[l])``) and ends at
-``start + ops * op_s + nbytes / bottleneck + lat_s``, the bottleneck being the slowest link or
-the per-transfer cap (one CXL device when data is not interleaved). Each link is then busy for
-its own share, ``nbytes / bw[l]`` plus, on links that issue operations (PCIe, ports; not a
-pool's aggregate link), ``ops * op_s``: so a pool shared by many hosts serves them in parallel
-up to its aggregate bandwidth while each host's adapter or NIC queues its own transfers.
+A transfer moves ``nbytes`` between an instance and a tier (or between two tiers) through the
+tier's connector: ``ops`` operations (:func:`ops_of`), each costing a worker its software
+stages and the links their bytes; :func:`path_transfer` has the rule.
 """
 
 from __future__ import annotations
@@ -22,69 +19,160 @@ def n_ops(blocks: int, fragments: int, coalesce: int) -> int:
     return -(-(blocks * fragments) // coalesce)
 
 
-def transfer(
+def ops_of(unit: int, blocks: int, fragments: int, coalesce: int) -> int:
+    """Operations of a connector moving ``blocks``: one per chunk (block, ``unit`` 0), per
+    fragment or ``coalesce`` of them (1), or one for the whole transfer (2)."""
+    if unit == 0:
+        return blocks
+    if unit == 1:
+        return -(-(blocks * fragments) // coalesce)
+    return 1
+
+
+def layerwise_ready(now: float, finish: float, layers: int, compute_s: float) -> float:
+    """When a request loaded layer by layer may start its prefill so that it never waits for a
+    layer: its first layer must have arrived (``now + (finish - now) / layers``), and its last
+    layer's compute (the prefill ``compute_s`` spread over the layers) must not begin before
+    the last layer arrives, ``finish - compute_s * (layers - 1) / layers``."""
+    first = now + (finish - now) / layers
+    last = finish - compute_s * (layers - 1) / layers
+    return first if first > last else last
+
+
+def path_transfer(
     now: float,
     nbytes: float,
     ops: int,
-    op_s: float,
+    rpc_s: float,
+    stream_bw: float,
+    stage_bw: float,
+    serial: int,
+    depth: int,
     lat_s: float,
     cap: float,
     path: np.ndarray,
+    scale: np.ndarray,
     bw: np.ndarray,
-    link_ops: np.ndarray,
+    duplex: np.ndarray,
+    off: int,
     free: np.ndarray,
     busy: np.ndarray,
     moved: np.ndarray,
+    wfree: np.ndarray,
+    w0: int,
+    nw: int,
+    wbusy: np.ndarray,
+    stage: np.ndarray,
 ) -> float:
-    """Run one transfer on the FIFO links of ``path``; returns its finish time.
+    """Run one transfer through a connector's stages; returns its finish time.
 
-    (Self-contained, like :func:`estimate`, because numba compiles each function alone.)
+    The transfer is ``ops`` operations of ``nbytes / ops`` bytes each. Each operation costs a
+    worker ``w = rpc_s + b / stream_bw + b / stage_bw`` seconds of software (submit or RPC,
+    the store's per-stream get or put, the host staging copies) and the links ``c = b /
+    bottleneck``. ``serial`` (``1``): every operation runs its stages one after the other, ``T
+    = ops * (w + c)`` (LMCache 0.3.x's retrieve loop); pipelined with ``depth`` operations in
+    flight: ``T = (w + c) + (ops - 1) * max(w / depth, c)``. It starts when the earliest free
+    of the ``nw`` workers ``wfree[w0:w0 + nw]`` and every link on ``path`` are free, ends at
+    ``start + T + lat_s``. The worker is busy for ``T``; link ``path[j]`` only for its bytes,
+    ``scale[j] * nbytes / bw`` (software is time on a worker, not occupancy of a link). A
+    full-duplex link (``duplex``) keeps a second queue at ``free[l + off]`` for the other
+    direction (``off`` = number of links for writes, 0 for reads). ``stage`` (4,) adds the
+    seconds of each stage: rpc, store stream, staging copies, links.
     """
+    wk = w0
+    for j in range(w0 + 1, w0 + nw):
+        if wfree[j] < wfree[wk]:
+            wk = j
     start = now
+    if wfree[wk] > start:
+        start = wfree[wk]
     slowest = cap
     for j in range(path.shape[0]):
         link = path[j]
         if link >= 0:
-            if free[link] > start:
-                start = free[link]
-            if bw[link] < slowest:
-                slowest = bw[link]
-    overhead = ops * op_s
-    finish = start + overhead + nbytes / slowest + lat_s
+            q = link + off if duplex[link] == 1 else link
+            if free[q] > start:
+                start = free[q]
+            eff = bw[link] / scale[j]
+            if eff < slowest:
+                slowest = eff
+    b = nbytes / ops
+    w = rpc_s + b / stream_bw + b / stage_bw
+    c = b / slowest
+    if serial == 1:
+        span = ops * (w + c)
+    else:
+        per = w / depth
+        if c > per:
+            per = c
+        span = (w + c) + (ops - 1) * per
     for j in range(path.shape[0]):
         link = path[j]
         if link >= 0:
-            occupied = nbytes / bw[link]
-            if link_ops[link] == 1:
-                occupied = occupied + overhead
-            free[link] = start + occupied
+            q = link + off if duplex[link] == 1 else link
+            occupied = scale[j] * nbytes / bw[link]
+            free[q] = start + occupied
             busy[link] += occupied
             moved[link] += nbytes
-    return finish
+    wfree[wk] = start + span
+    wbusy[wk] += span
+    stage[0] += ops * rpc_s
+    stage[1] += nbytes / stream_bw
+    stage[2] += nbytes / stage_bw
+    stage[3] += nbytes / slowest
+    return start + span + lat_s
 
 
-def estimate(
+def path_estimate(
     now: float,
     nbytes: float,
     ops: int,
-    op_s: float,
+    rpc_s: float,
+    stream_bw: float,
+    stage_bw: float,
+    serial: int,
+    depth: int,
     lat_s: float,
     cap: float,
     path: np.ndarray,
+    scale: np.ndarray,
     bw: np.ndarray,
+    duplex: np.ndarray,
+    off: int,
     free: np.ndarray,
+    wfree: np.ndarray,
+    w0: int,
+    nw: int,
 ) -> float:
-    """The finish time :func:`transfer` would give, without occupying anything."""
+    """The finish time :func:`path_transfer` would give, without occupying anything."""
+    wk = w0
+    for j in range(w0 + 1, w0 + nw):
+        if wfree[j] < wfree[wk]:
+            wk = j
     start = now
+    if wfree[wk] > start:
+        start = wfree[wk]
     slowest = cap
     for j in range(path.shape[0]):
         link = path[j]
         if link >= 0:
-            if free[link] > start:
-                start = free[link]
-            if bw[link] < slowest:
-                slowest = bw[link]
-    return start + ops * op_s + nbytes / slowest + lat_s
+            q = link + off if duplex[link] == 1 else link
+            if free[q] > start:
+                start = free[q]
+            eff = bw[link] / scale[j]
+            if eff < slowest:
+                slowest = eff
+    b = nbytes / ops
+    w = rpc_s + b / stream_bw + b / stage_bw
+    c = b / slowest
+    if serial == 1:
+        span = ops * (w + c)
+    else:
+        per = w / depth
+        if c > per:
+            per = c
+        span = (w + c) + (ops - 1) * per
+    return start + span + lat_s
 
 
 def prefill_estimate(
