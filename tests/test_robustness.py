@@ -233,6 +233,20 @@ SPACES = {
         '[params.block_tokens]\nchoices = [16, 32]\nwhen = { "nothere" = true }\n',
         "unknown key 'nothere'",
     ),
+    "when-not-in-space": (
+        '[params.block_tokens]\nchoices = [16, 32]\nwhen = { "tiers.cxl.enabled" = true }\n',
+        "not in this space's parameters",
+    ),
+    "when-on-a-later-parameter": (
+        '[params.block_tokens]\nchoices = [16]\nwhen = { "tiers.cxl.enabled" = true }\n'
+        '[params."tiers.cxl.enabled"]\nchoices = [true, false]\n',
+        "listed after it",
+    ),
+    "when-never-holds": (
+        '[params."tiers.cxl.enabled"]\nchoices = [false]\n'
+        '[params.block_tokens]\nchoices = [16]\nwhen = { "tiers.cxl.enabled" = true }\n',
+        "never takes",
+    ),
     "empty-choices": ("[params.block_tokens]\nchoices = []\n", "must not be empty"),
     "non-utf8": ("# \udcff\n[params.block_tokens]\nchoices = [16]\n", "cannot read"),
 }

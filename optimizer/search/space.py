@@ -272,6 +272,38 @@ def space_path(name_or_path: str | Path) -> Path:
     )
 
 
+def _check_conditions(params: tuple[Param, ...], pinned: Mapping[str, Any], path: str) -> None:
+    """Refuse a ``when`` that can never hold, so its parameter would never be sampled.
+
+    Parameters are sampled in file order, so a condition must name a parameter listed
+    before it (or a pinned key), with a value that parameter can take.
+    """
+    seen: dict[str, Param] = {}
+    for p in params:
+        for key, value in p.when:
+            where = f"params.{p.name}"
+            if key in pinned:
+                continue
+            if key not in seen:
+                later = "listed after it" if any(q.name == key for q in params) else "not in"
+                raise InputError(
+                    f"'when' names {key!r}, which is {later} this space's parameters and not "
+                    f"pinned: {p.name} would never be sampled",
+                    path=path,
+                    column=where,
+                )
+            try:
+                seen[key].check(value)
+            except ValueError:
+                raise InputError(
+                    f"'when' needs {key} = {value!r}, a value that parameter never takes: "
+                    f"{p.name} would never be sampled",
+                    path=path,
+                    column=where,
+                ) from None
+        seen[p.name] = p
+
+
 def load_space(name_or_path: str | Path) -> SearchSpace:
     """A space by file path, or by name from ``policies/spaces`` (``default``, ...)."""
     path = space_path(name_or_path)
@@ -302,6 +334,7 @@ def load_space(name_or_path: str | Path) -> SearchSpace:
     pinned = data.get("pinned", {})
     if not isinstance(pinned, dict):
         raise InputError("must be a table", path=spath, column="pinned")
+    _check_conditions(params, pinned, spath)
     space = SearchSpace(params, {}, str(data.get("description", "")), spath)
     try:
         return space.with_pins(pinned)
