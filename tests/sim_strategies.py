@@ -8,6 +8,8 @@ import numpy as np
 from hypothesis import strategies as st
 
 from kvtier.sim.config import SimConfig
+from kvtier.sim.steptime.measured import MeasuredKey, MeasuredTables
+from kvtier.sim.steptime.pack import pack_measured, roofline_params
 from kvtier.sim.tiers import MAX_PATH, TierConfig
 from kvtier.trace.blocked import BlockedTrace
 
@@ -76,7 +78,52 @@ def sim_configs(draw: st.DrawFn, block_tokens: int) -> SimConfig:
         mem_rate=draw(st.sampled_from([100.0, 1000.0])),
         step_overhead_s=draw(st.sampled_from([0.0, 1e-3])),
         cost_per_hour=10.0,
+        timing=draw(st.one_of(st.none(), timings())),
     )
+
+
+@st.composite
+def timings(draw: st.DrawFn) -> np.ndarray:
+    """A packed step-time array: the improved roofline (separate decode rate, all-reduce, MoE
+    distinct experts) or synthetic measured tables on small grids, so that the traces' batches
+    and contexts run past them (extrapolated lookups)."""
+    moe = draw(st.sampled_from([None, 5, 300]))
+    base = roofline_params(
+        flops_per_token=draw(st.sampled_from([1.0, 3.0])),
+        attn_coef=draw(st.sampled_from([0.0, 0.01, 0.5])),
+        prefill_rate=1000.0,
+        decode_rate=draw(st.sampled_from([1000.0, 250.0])),
+        weight_bytes=draw(st.sampled_from([1.0, 5.0])),
+        kv_bytes_per_token=draw(st.sampled_from([0.01, 0.3])),
+        mem_rate=draw(st.sampled_from([100.0, 1000.0])),
+        step_overhead_s=draw(st.sampled_from([0.0, 1e-3])),
+        ar_s_per_token=draw(st.sampled_from([0.0, 1e-5])),
+        ar_fixed_s=draw(st.sampled_from([0.0, 3e-4])),
+        expert_bytes=0.0 if moe is None else 40.0,
+        moe_fraction=None if moe is None else 1.0 - 0.9 ** np.arange(moe, dtype=np.float64),
+    )
+    if not draw(st.booleans()):
+        return base
+    rng = np.random.default_rng(draw(st.integers(0, 2**31)))
+
+    def grid(values: list[float]) -> np.ndarray:
+        return np.array(values, dtype=np.float64)
+
+    tok, pq, pc = grid([1, 2, 4, 8, 16]), grid([1, 3, 8, 20]), grid([0, 4, 16, 40])
+    db, dc = grid([1, 2, 4]), grid([1, 8, 32, 64])
+    tables = MeasuredTables(
+        MeasuredKey("synthetic", "none", "vllm", "0", 1, "bf16", "bf16"),
+        tok,
+        np.sort(rng.uniform(1e-3, 5e-3, tok.size)),
+        pq,
+        pc,
+        rng.uniform(0.0, 1e-3, (pq.size, pc.size)),
+        float(rng.uniform(0.0, 2e-4)),
+        db,
+        dc,
+        rng.uniform(1e-5, 1e-3, (db.size, dc.size)),
+    )
+    return pack_measured(base, tables, draw(st.sampled_from([0.0, 1e-3])))
 
 
 @st.composite

@@ -10,7 +10,8 @@ import pytest
 
 from kvtier.hardware import load_hardware, load_model
 from kvtier.hardware.types import Hardware, ModelProfile
-from kvtier.policy import SLO, Policy
+from kvtier.policy import SLO
+from kvtier.policy import Policy as _Policy
 from kvtier.sim import build_config, compute_metrics, simulate, simulate_raw
 from kvtier.trace.blocked import BlockedTrace
 
@@ -26,6 +27,13 @@ def hw() -> Hardware:
 @pytest.fixture(scope="module")
 def model() -> ModelProfile:
     return load_model("Llama-3.1-8B")
+
+
+def Policy() -> _Policy:  # noqa: N802 - stands in for the class in these closed forms
+    """The default policy on the roofline backend: the closed forms here are the roofline's
+    (the measured backend is checked against its tables in tests/test_steptime.py)."""
+    p = _Policy()
+    return replace(p, serving=replace(p.serving, step_time="roofline"))
 
 
 def prefill_seconds(hw: Hardware, m: ModelProfile, q: int, ctx: int) -> float:

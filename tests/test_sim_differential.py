@@ -11,7 +11,7 @@ from kvtier.sim import compute_metrics, simulate_raw
 from kvtier.sim.config import SimConfig
 from kvtier.sim.requests import request_table
 from kvtier.sim.result import RawResult
-from kvtier.sim.timing import iteration_time
+from kvtier.sim.timing import prefill_attn_ns, step_time
 from kvtier.trace.blocked import BlockedTrace
 from tests.sim_strategies import blocked_traces, sim_configs
 
@@ -39,6 +39,7 @@ def assert_same(
     np.testing.assert_array_equal(a.instance, b.instance)
     np.testing.assert_array_equal(a.busy_s, b.busy_s)
     assert a.n_iterations == b.n_iterations
+    assert a.extrapolated_iterations == b.extrapolated_iterations
     assert a.early_stopped == b.early_stopped
     assert a.end_s == b.end_s
     np.testing.assert_array_equal(a.loaded_blocks, b.loaded_blocks)
@@ -150,10 +151,10 @@ def _config(n_instances: int) -> SimConfig:
 def _step_ends(cfg: SimConfig, prompt: int, steps: int) -> list[float]:
     """End times of a lone request's iterations: its one-chunk prefill, then decode steps."""
     p = cfg.timing_params()
-    t = iteration_time(prompt, prompt * prompt, prompt, *p)
+    t = float(step_time(prompt, prompt * prompt, prompt, 0, 0, prefill_attn_ns(prompt, 0, p), p))
     ends = [t]
     for kv in range(prompt, prompt + steps):
-        t += iteration_time(1, 2 * kv + 1, kv + 1, *p)
+        t += float(step_time(1, 2 * kv + 1, kv + 1, 1, kv + 1, 0, p))
         ends.append(t)
     return ends
 

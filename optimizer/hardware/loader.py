@@ -22,6 +22,7 @@ from kvtier.hardware.types import (
     GPUProfile,
     Hardware,
     ModelProfile,
+    MoE,
     TierHardware,
     Topology,
 )
@@ -74,6 +75,18 @@ def load_model(name_or_path: str | Path) -> ModelProfile:
     if mla_table is not None:
         mla = MLA(mla_table.integer("kv_lora_rank"), mla_table.integer("rope_dim"))
         mla_table.done()
+    moe_table = t.table("moe")
+    moe = None
+    if moe_table is not None:
+        experts = moe_table.integer("experts")
+        moe = MoE(
+            experts,
+            moe_table.integer("active"),
+            moe_table.number("expert_params", positive=True),
+        )
+        moe_table.done()
+        if moe.active > moe.experts:
+            raise InputError("key 'moe.active': more than moe.experts", path=str(path))
     params = t.number("params", positive=True)
     model = ModelProfile(
         name=t.string("name"),
@@ -86,8 +99,13 @@ def load_model(name_or_path: str | Path) -> ModelProfile:
         weight_dtype_bytes=t.number("weight_dtype_bytes", positive=True),
         mla=mla,
         source=str(path),
+        hf_id=t.string("hf_id", "") if t.has("hf_id") else "",
+        moe=moe,
+        hidden=t.integer("hidden_size") if t.has("hidden_size") else 0,
     )
     t.done()
+    if moe is not None and moe.expert_params > model.params:
+        raise InputError("key 'moe.expert_params': more than params", path=str(path))
     return model
 
 
@@ -103,6 +121,9 @@ def load_gpu(name_or_path: str | Path, *, base: Path | None = None) -> GPUProfil
         pcie_bw=t.number("pcie_gbps", positive=True) * GB,
         price_per_hour=t.number("price_per_hour", nonneg=True),
         source=str(path),
+        fp8_flops=t.number("fp8_tflops", 0.0, nonneg=True) * 1e12,
+        nvlink_bw=t.number("nvlink_gbps", 0.0, nonneg=True) * GB,
+        nvlink_latency_s=t.number("nvlink_latency_us", 0.0, nonneg=True) * 1e-6,
     )
     t.done()
     return gpu
@@ -152,6 +173,7 @@ def load_hardware(name_or_path: str | Path) -> Hardware:
         mfu=eff.number("mfu", positive=True, at_most=1.0),
         mbu=eff.number("mbu", positive=True, at_most=1.0),
         step_overhead_s=eff.number("step_overhead_s", nonneg=True),
+        decode_mfu=eff.number("decode_mfu", 0.0, nonneg=True, at_most=1.0),
     )
     eff.done()
     gmu, reserve = 0.9, 0.0

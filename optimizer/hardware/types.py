@@ -24,6 +24,15 @@ class MLA:
 
 
 @dataclass(frozen=True)
+class MoE:
+    """Routed experts: how many, how many a token activates, and their parameters in all."""
+
+    experts: int  # routed experts per MoE layer
+    active: int  # experts each token is routed to
+    expert_params: float  # parameters of every routed expert of every MoE layer
+
+
+@dataclass(frozen=True)
 class ModelProfile:
     """Transformer shape and size: what sets KV bytes per token, FLOPs and weight bytes."""
 
@@ -37,6 +46,20 @@ class ModelProfile:
     weight_dtype_bytes: float
     mla: MLA | None = None
     source: str = ""
+    hf_id: str = ""  # Hugging Face name (aiconfigurator-core's model id), "" if none
+    moe: MoE | None = None
+    hidden: int = 0  # hidden size (all-reduce message per token); 0: heads * head_dim
+
+    @property
+    def hidden_size(self) -> int:
+        return self.hidden or self.attention_heads * self.head_dim
+
+    def kv_replication(self, tp: int) -> float:
+        """How many copies of each token's KV an instance of ``tp`` GPUs holds: MLA latents
+        are replicated on every rank, and GQA KV heads once ``tp`` exceeds their number."""
+        if self.mla is not None:
+            return float(tp)
+        return max(1.0, tp / self.kv_heads)
 
     def kv_bytes_per_token(self, kv_dtype: str = "bf16") -> int:
         """KV-cache bytes per token over all layers (docs/design.md 4.5).
@@ -68,6 +91,9 @@ class GPUProfile:
     pcie_bw: float  # bytes/s, host link of one GPU
     price_per_hour: float  # $ per GPU-hour
     source: str = ""
+    fp8_flops: float = 0.0  # dense FP8 FLOP/s (0: no FP8 tensor cores)
+    nvlink_bw: float = 0.0  # bytes/s per GPU, one direction (0: no NVLink; PCIe is used)
+    nvlink_latency_s: float = 0.0  # one all-reduce step's latency
 
 
 @dataclass(frozen=True)
@@ -104,6 +130,7 @@ class Efficiency:
     mfu: float  # share of peak FLOPs reached (compute-bound work)
     mbu: float  # share of peak HBM bandwidth reached (memory-bound work)
     step_overhead_s: float  # fixed seconds per scheduler iteration
+    decode_mfu: float = 0.0  # compute share reached by decode batches (0: as mfu)
 
 
 # The memory tiers below HBM a hardware profile may offer, in the order a request looks them up

@@ -38,6 +38,10 @@ HIERARCHIES = ("inclusive", "exclusive")
 LOAD_RULES = LOAD_REGISTRY.names
 LOAD_WAITS = ("request", "batch")
 KV_LAYOUTS = ("per_layer", "contiguous")
+WEIGHT_DTYPES = ("bf16", "fp8")
+STEP_TIMES = ("auto", "measured", "roofline")  # kvtier.sim.steptime backends
+FRAMEWORKS = ("vllm", "sglang", "trtllm")
+FRAMEWORK_VERSIONS = ("current", "previous", "next")  # aiconfigurator-core's version slots
 
 
 @dataclass(frozen=True)
@@ -69,6 +73,32 @@ class ServingPolicy:
     # across requests and every hit comes through a connector (LMCache deployments often run so).
     prefix_caching: bool = setting(
         True, "vLLM's own prefix cache in HBM (off: every hit comes from a lower tier)"
+    )
+    # Deployment: GPUs per instance and the weights' element type (fp8 is lossy: the search
+    # takes it only with the flag that allows lossy choices, as with fp8 KV).
+    tp: int | None = setting(
+        None,
+        "tensor-parallel size, GPUs per instance (unset: the hardware profile's); "
+        "instances follow from the GPUs",
+        kind="int",
+        maximum=64,
+    )
+    weight_dtype: str | None = setting(
+        None,
+        "weight element type (unset: the model profile's); fp8 needs a GPU with FP8",
+        kind="str",
+        choices=WEIGHT_DTYPES,
+    )
+    # The step-time backend (kvtier.sim.steptime): measured operator times of the framework
+    # (aiconfigurator-core's database), the roofline, or auto (measured where data covers it).
+    step_time: str = setting(
+        "auto", "step-time backend (auto: measured where data covers it)", choices=STEP_TIMES
+    )
+    framework: str = setting("vllm", "serving framework of the measured data", choices=FRAMEWORKS)
+    framework_version: str = setting(
+        "current",
+        "framework data version: the database's current, previous or next slot",
+        choices=FRAMEWORK_VERSIONS,
     )
 
     def __post_init__(self) -> None:

@@ -8,7 +8,7 @@ jitted engine can branch on them; they come from the router registry
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -16,6 +16,7 @@ from kvtier.errors import InputError
 from kvtier.hardware.types import GB, Hardware, ModelProfile
 from kvtier.policy.model import Policy
 from kvtier.policy.registries import ROUTERS
+from kvtier.sim.steptime.backend import step_timing
 from kvtier.sim.tiers import TierConfig, build_tiers
 
 ROUTER_CODES = ROUTERS.codes  # {name: code}, from the router registry
@@ -46,10 +47,18 @@ class SimConfig:
     prefix_caching: bool = True  # serving.prefix_caching: HBM prefix hits across requests
     concurrency: int = 0  # closed-loop load generator: requests in flight (0: open loop)
 
+    # the packed step-time array (kvtier.sim.timing layout; None: the plain roofline of the
+    # fields above), the backend that made it and its provenance (package and data versions)
+    timing: np.ndarray | None = field(default=None, compare=False, repr=False)
+    step_backend: str = "roofline"
+    step_provenance: str = ""
+
     def timing_params(self) -> np.ndarray:
-        """The seven floats of the iteration-time formula, in :func:`iteration_time` order."""
-        return np.array(
-            [
+        """The packed step-time array both simulators read (layout: :mod:`kvtier.sim.timing`),
+        its first seven entries the scalar fields above (so a changed field is what runs)."""
+        if self.timing is not None:
+            packed = self.timing.copy()
+            packed[:7] = (
                 self.flops_per_token,
                 self.attn_coef,
                 self.compute_rate,
@@ -57,13 +66,51 @@ class SimConfig:
                 self.kv_bytes_per_token,
                 self.mem_rate,
                 self.step_overhead_s,
-            ],
-            dtype=np.float64,
+            )
+            return packed
+        from kvtier.sim.steptime.pack import roofline_params
+
+        return roofline_params(
+            flops_per_token=self.flops_per_token,
+            attn_coef=self.attn_coef,
+            prefill_rate=self.compute_rate,
+            decode_rate=self.compute_rate,
+            weight_bytes=self.weight_bytes,
+            kv_bytes_per_token=self.kv_bytes_per_token,
+            mem_rate=self.mem_rate,
+            step_overhead_s=self.step_overhead_s,
         )
+
+
+def apply_deployment(
+    hardware: Hardware, model: ModelProfile, policy: Policy
+) -> tuple[Hardware, ModelProfile]:
+    """The hardware and model as ``serving.tp`` and ``serving.weight_dtype`` deploy them: the
+    topology cut into instances of ``tp`` GPUs, the weights at the chosen element type."""
+    serving = policy.serving
+    topo = hardware.topology
+    if serving.tp is not None and serving.tp != topo.tp:
+        if topo.gpus % serving.tp:
+            raise InputError(
+                f"{topo.gpus} GPUs of {hardware.name!r} do not split into instances of "
+                f"tp={serving.tp}",
+                option="serving.tp",
+            )
+        hardware = replace(hardware, topology=replace(topo, tp=serving.tp))
+    if serving.weight_dtype is not None:
+        if serving.weight_dtype == "fp8" and hardware.gpu.fp8_flops <= 0:
+            raise InputError(
+                f"GPU {hardware.gpu.name!r} has no FP8 compute (choices: bf16)",
+                option="serving.weight_dtype",
+            )
+        wbytes = 1.0 if serving.weight_dtype == "fp8" else 2.0
+        model = replace(model, weight_dtype_bytes=wbytes)
+    return hardware, model
 
 
 def build_config(hardware: Hardware, model: ModelProfile, policy: Policy) -> SimConfig:
     """Derive a :class:`SimConfig`; impossible deployments raise :class:`InputError`."""
+    hardware, model = apply_deployment(hardware, model, policy)
     topo = hardware.topology
     serving = policy.serving
     n_inst = serving.instances if serving.instances is not None else topo.max_instances
@@ -79,29 +126,35 @@ def build_config(hardware: Hardware, model: ModelProfile, policy: Policy) -> Sim
         kv_bytes = hbm_tier.capacity_gb * GB
     else:
         kv_bytes = hardware.kv_capacity_bytes(model)
-    if kv_bytes < block_bytes:
+    # MLA latents (and GQA heads when tp > kv_heads) are replicated across the TP ranks
+    replicated = block_bytes * model.kv_replication(topo.tp)
+    if kv_bytes < replicated:
         raise InputError(
             f"model {model.name!r} leaves no room for KV blocks on {hardware.name!r}: "
             f"{kv_bytes / GB:.1f} GB after weights per instance of tp={topo.tp}"
         )
-    eff = hardware.efficiency
     tiers = build_tiers(hardware, model, policy, n_inst)
+    timing, backend, provenance = step_timing(hardware, model, policy, float(kvb))
     return SimConfig(
         n_instances=n_inst,
-        capacity_blocks=int(kv_bytes // block_bytes),
+        capacity_blocks=int(kv_bytes // replicated),
         block_tokens=policy.block_tokens,
         token_budget=serving.max_num_batched_tokens,
         max_seqs=serving.max_num_seqs,
         router=ROUTER_CODES[serving.routing],
         affinity_overload=serving.affinity_overload,
-        flops_per_token=2.0 * model.active_params,
-        attn_coef=2.0 * model.layers * model.attention_heads * model.head_dim,
-        compute_rate=topo.tp * hardware.gpu.peak_flops * eff.mfu,
-        weight_bytes=model.weight_bytes,
-        kv_bytes_per_token=float(kvb),
-        mem_rate=topo.tp * hardware.gpu.hbm_bw * eff.mbu,
-        step_overhead_s=eff.step_overhead_s,
+        # the roofline scalars of the packed array's header (timing_params writes them back)
+        flops_per_token=float(timing[0]),
+        attn_coef=float(timing[1]),
+        compute_rate=float(timing[2]),
+        weight_bytes=float(timing[3]),
+        kv_bytes_per_token=float(timing[4]),
+        mem_rate=float(timing[5]),
+        step_overhead_s=float(timing[6]),
         cost_per_hour=hardware.cost_per_hour(n_inst, tiers.tier_gb if tiers else None),
         tiers=tiers,
+        timing=timing,
+        step_backend=backend,
+        step_provenance=provenance,
         prefix_caching=serving.prefix_caching,
     )

@@ -31,6 +31,7 @@ from kvtier.sim.config import SimConfig
 from kvtier.sim.nb import AHEAD, HbmPools, Outputs, Params, Requests, simulate_nb
 from kvtier.sim.nb_tiers import LinkState, TierParams, TierPools, fill_rows_nb
 from kvtier.sim.result import RawResult, SloCheck, end_time
+from kvtier.sim.steptime.pack import validate_timing
 from kvtier.sim.tiers import MAX_PATH, TierConfig, recompute_costs
 from kvtier.trace.blocked import BlockedTrace
 
@@ -171,8 +172,7 @@ def simulate_engine(
     if not (max(cfg.capacity_blocks, AHEAD) < ring_len < 1 << 31):
         raise ValueError(f"free ring of {ring_len} entries for {cfg.capacity_blocks} slots")
     tparams = cfg.timing_params()
-    if not np.all(np.isfinite(tparams)) or tparams[2] <= 0 or tparams[5] <= 0:
-        raise ValueError("iteration-time parameters must be finite with positive rates")
+    validate_timing(tparams)  # finite, positive rates; measured tables: grids and shapes
     tb = kernel_blocks(total_blocks(trace, cfg.block_tokens), cfg.capacity_blocks)
     n_refs = _check_counts(trace, cfg, tb, n_shared, ring_len)
     slo_on = slo is not None
@@ -223,7 +223,7 @@ def simulate_engine(
         busy_s=np.zeros(cfg.n_instances, dtype=np.float64),
         load_s=np.zeros(n),
         loaded_blocks=np.zeros((n, tp.n_tiers), dtype=np.int64),
-        stats=np.zeros(3, dtype=np.float64),
+        stats=np.zeros(4, dtype=np.float64),
     )
     pools = _hbm_pools(cfg, n_shared, ring_len, n_refs, kept)
     simulate_nb(requests, params, pools, ts, tp, lk, out)
@@ -237,6 +237,7 @@ def simulate_engine(
         instance=out.instance,
         busy_s=out.busy_s,
         n_iterations=int(out.stats[0]),
+        extrapolated_iterations=int(out.stats[3]),
         early_stopped=early,
         end_s=end_time(out.finish, early, out.stats[2]),
         loaded_blocks=out.loaded_blocks,

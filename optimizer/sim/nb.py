@@ -68,27 +68,12 @@ from kvtier.sim.nb_tiers import (
     lookup_nb,
     sighted_nb,
 )
-from kvtier.sim.timing import iteration_time
-
-iteration_time_nb = njit(cache=True, nogil=True)(iteration_time)
-
-
-@njit(cache=True, nogil=True, inline="always")
-def step_time_nb(tokens: int, attn: int, kv_read: int, tparams: np.ndarray) -> float:
-    """:func:`iteration_time` with the packed parameters of ``SimConfig.timing_params``."""
-    return iteration_time_nb(
-        tokens,
-        attn,
-        kv_read,
-        tparams[0],
-        tparams[1],
-        tparams[2],
-        tparams[3],
-        tparams[4],
-        tparams[5],
-        tparams[6],
-    )
-
+from kvtier.sim.steptime.jit import (
+    prefill_attn_ns_nb,
+    prefill_out_of_range_nb,
+    step_extrapolated_nb,
+    step_time_nb,
+)
 
 # Fields of a slot record in ``sl`` (int32, 4 per slot, one cache line holds 4 slots): every
 # pool operation on a slot touches one record instead of several arrays. POS is the slot's
@@ -330,7 +315,7 @@ class Params(NamedTuple):
     router: int  # ROUND_ROBIN, LEAST_LOADED, PREFIX_AFFINITY
     affinity_overload: int
     n_shared: int  # blocks read more than once (map entries per instance), >= 1
-    timing: np.ndarray  # f8 (7,): iteration_time parameters (SimConfig.timing_params)
+    timing: np.ndarray  # f8: packed step-time parameters (SimConfig.timing_params)
     slo_on: bool
     slo_thresholds: np.ndarray  # f8 (4,): mean, p99, p999 TTFT bounds, p99 TPOT bound
     slo_limits: np.ndarray  # i8 (3,): over-limits for p99, p999 TTFT and p99 TPOT
@@ -361,7 +346,7 @@ class Outputs(NamedTuple):
     busy_s: np.ndarray  # f8 (n_instances,), zero
     load_s: np.ndarray  # f8 (n,), zero: seconds from admission to the last loaded block
     loaded_blocks: np.ndarray  # i8 (n, n_tiers), zero: blocks loaded from each lower tier
-    stats: np.ndarray  # f8 (3,): n_iterations, early_stopped, end time
+    stats: np.ndarray  # f8 (4,): n_iterations, early_stopped, end time, extrapolated steps
 
 
 class RequestState(NamedTuple):
@@ -422,13 +407,16 @@ class Buffers(NamedTuple):
 # over its bound), as :class:`kvtier.sim.result.SloTracker` keeps them.
 # The closed-loop load generator's requests in flight (C_IN_FLIGHT) and, in ``Tally.ttft_sum[1]``,
 # when the last slot freed.
+# C_EXTRAP: iterations whose measured step time used values beyond the measured data.
 C_RR, C_ITER, C_STAMP, C_REJECTED, C_OVER_P99, C_OVER_P999, C_OVER_TPOT, C_IN_FLIGHT = range(8)
+C_EXTRAP = 8
+N_COUNTERS = 9
 
 
 class Tally(NamedTuple):
     """Replay-wide counters the steps update (arrays, so that a step can change them)."""
 
-    ints: np.ndarray  # i8 (8,): fields C_*
+    ints: np.ndarray  # i8 (N_COUNTERS,): fields C_*
     ttft_sum: np.ndarray  # f8 (2,): summed TTFT so far (the SLO's mean bound), last slot freed
 
 
@@ -625,13 +613,16 @@ def slo_missed_nb(prm: Params, ty: Tally, n: int) -> bool:
 
 
 @njit(cache=True, nogil=True, _nrt=False)
-def skip_back_nb(k: int, now: float, ist: InstanceState, out: Outputs, timing: np.ndarray) -> int:
+def skip_back_nb(
+    k: int, now: float, ist: InstanceState, out: Outputs, timing: np.ndarray, ints: np.ndarray
+) -> int:
     """Undo instance ``k``'s decode steps that start at or after an early stop at ``now``.
 
     Step by step, a replay stopped at ``now`` has begun (counted, and added to the busy time)
     exactly the steps that started before ``now``. The steps run ahead are recomputed from
     their first one with the same operations, so the busy time is the same float as step by
-    step. Returns the number of steps to take off the iteration count.
+    step. Returns the number of steps to take off the iteration count (and takes the steps not
+    begun that used extrapolated step times off ``ints[C_EXTRAP]``).
     """
     m = ist.seg_m[k]
     attn = ist.seg_attn[k]
@@ -640,13 +631,16 @@ def skip_back_nb(k: int, now: float, ist: InstanceState, out: Outputs, timing: n
     busy = ist.seg_busy[k]
     begun = 0
     while begun < ist.seg_steps[k] and t < now:
-        dt = step_time_nb(m, attn, kv_read, timing)
+        dt = step_time_nb(m, attn, kv_read, m, kv_read, 0, timing)
         busy += dt
         t += dt
         begun += 1
         attn += 2 * m
         kv_read += m
     out.busy_s[k] = busy
+    for _ in range(begun, ist.seg_steps[k]):
+        ints[C_EXTRAP] -= step_extrapolated_nb(m, m, kv_read, 0, timing)
+        kv_read += m
     return ist.seg_steps[k] - begun
 
 
@@ -655,7 +649,7 @@ def stop_early_nb(now: float, ist: InstanceState, prm: Params, out: Outputs, ty:
     """Stop at ``now``: take back the decode steps run ahead that begin at or after it."""
     for k in range(prm.n_instances):
         if ist.seg_steps[k] > 0:
-            ty.ints[C_ITER] -= skip_back_nb(k, now, ist, out, prm.timing)
+            ty.ints[C_ITER] -= skip_back_nb(k, now, ist, out, prm.timing, ty.ints)
 
 
 @njit(cache=True, nogil=True, inline="always")
@@ -910,7 +904,8 @@ def run_ahead_nb(
         s += 1
         attn += 2 * m
         kv_read += m
-        dt = step_time_nb(m, attn, kv_read, timing)
+        dt = step_time_nb(m, attn, kv_read, m, kv_read, 0, timing)
+        ints[C_EXTRAP] += step_extrapolated_nb(m, m, kv_read, 0, timing)
     if s > 0:
         for idx in range(m):
             i = running[k, sched_pos[k, idx]]
@@ -964,10 +959,15 @@ def start_iteration_nb(
     ints = ty.ints
     budget = prm.token_budget
     m = 0
-    # the iteration's sums (tokens, attention, KV read) as requests are scheduled
+    # the iteration's sums (tokens, attention, KV read; decode requests and their KV; measured
+    # prefill attention in ns and its lookups beyond the data) as requests are scheduled
     tokens = 0
     attn = 0
     kv_read = 0
+    n_dec = 0
+    dec_kv = 0
+    pf_ns = 0
+    pf_ext = 0
     # decode steps before the first of the batch finishes (0: not a decode-only batch)
     steps_left = np.int64(1) << 62
     last_ready = now  # the latest load end among running requests (load_wait = batch)
@@ -997,6 +997,12 @@ def start_iteration_nb(
         tokens += q
         attn += q * (2 * kv[i] + q)
         kv_read += kv[i] + q
+        if kv[i] < inp[i]:
+            pf_ns += prefill_attn_ns_nb(q, kv[i], timing)
+            pf_ext += prefill_out_of_range_nb(q, kv[i], timing)
+        else:
+            n_dec += 1
+            dec_kv += kv[i] + q
     while budget > 0 and q_len[k] > 0 and n_running[k] < prm.max_seqs:
         i = q_head[k]
         if not admit_nb(k, i, now, rq, rs, ist, pool, ts, tp, lk, prm, out, ty, buf):
@@ -1023,6 +1029,8 @@ def start_iteration_nb(
         tokens += q
         attn += q * (2 * kv[i] + q)
         kv_read += kv[i] + q
+        pf_ns += prefill_attn_ns_nb(q, kv[i], timing)
+        pf_ext += prefill_out_of_range_nb(q, kv[i], timing)
     if tp.batch_waits and last_ready > now:
         # the batch waits for every load (load_wait = batch): idle until the last one
         wake[k] = last_ready
@@ -1036,7 +1044,8 @@ def start_iteration_nb(
         wake[k] = w
         return
     wake[k] = np.inf
-    dt = step_time_nb(tokens, attn, kv_read, timing)
+    dt = step_time_nb(tokens, attn, kv_read, n_dec, dec_kv, pf_ns, timing)
+    ints[C_EXTRAP] += step_extrapolated_nb(tokens, n_dec, dec_kv, pf_ext, timing)
     t = now
     if m == n_running[k] and steps_left > 1:
         t, dt = run_ahead_nb(
@@ -1211,7 +1220,7 @@ def simulate_nb(
         np.empty(cap + 1, dtype=np.int32),
         np.empty(prm.token_budget // prm.block_tokens + max_seqs + 2, dtype=np.int32),
     )
-    ty = Tally(np.zeros(8, dtype=np.int64), np.zeros(2, dtype=np.float64))
+    ty = Tally(np.zeros(N_COUNTERS, dtype=np.int64), np.zeros(2, dtype=np.float64))
     early, now = event_loop_nb(rq, rs, ist, pool, ts, tp, lk, prm, out, ty, buf)
     # Leave the map all zero again so the caller can reuse it for the next replay: every
     # non-zero entry is named by the MAP field of the slot it holds, so clearing those entries
@@ -1223,3 +1232,4 @@ def simulate_nb(
     out.stats[0] = ty.ints[C_ITER]
     out.stats[1] = 1.0 if early else 0.0
     out.stats[2] = now
+    out.stats[3] = ty.ints[C_EXTRAP]

@@ -38,19 +38,18 @@ from numba import njit
 from kvtier.cache.enums import L_WHERE, M_POLICY, W_MAIN, W_SMALL
 from kvtier.cache.nb import _access_nb, remove_nb
 from kvtier.policy.registries import WRITE_BACK, WRITE_SELECTIVE, WRITE_THROUGH
+from kvtier.sim.steptime.jit import prefill_seconds_nb
 from kvtier.sim.transfer import (
     layerwise_ready,
     ops_of,
     path_estimate,
     path_transfer,
-    prefill_estimate,
 )
 
 transfer_nb = njit(cache=True, nogil=True, _nrt=False)(path_transfer)
 estimate_nb = njit(cache=True, nogil=True, _nrt=False)(path_estimate)
 ops_of_nb = njit(cache=True, nogil=True)(ops_of)
 layerwise_ready_nb = njit(cache=True, nogil=True)(layerwise_ready)
-prefill_estimate_nb = njit(cache=True, nogil=True)(prefill_estimate)
 
 
 class TierPools(NamedTuple):
@@ -275,7 +274,7 @@ def _cost_nb(tp, lk, k, now, counts, q, ctx, timing, path):  # noqa: ANN001, ANN
             )
             if fin - now > load:
                 load = fin - now
-    return load + prefill_estimate_nb(q, ctx, timing[0], timing[1], timing[2])
+    return load + prefill_seconds_nb(q, ctx, timing)
 
 
 @njit(cache=True, nogil=True, _nrt=False)
@@ -311,7 +310,7 @@ def load_nb(ts, tp, lk, k, now, block_ids, bo, start, src, c, counts, q, ctx, ti
         else:
             touch_nb(ts, p, b)
         counts[src[j]] += 1
-    compute = prefill_estimate_nb(q, ctx, timing[0], timing[1], timing[2])
+    compute = prefill_seconds_nb(q, ctx, timing)
     ready = now
     for t in range(tp.n_tiers):
         cnt = counts[t]

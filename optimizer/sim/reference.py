@@ -75,7 +75,12 @@ from kvtier.sim.config import SimConfig
 from kvtier.sim.reference_tiers import LowerTiers
 from kvtier.sim.result import RawResult, SloCheck, end_time
 from kvtier.sim.tiers import recompute_costs
-from kvtier.sim.timing import iteration_time
+from kvtier.sim.timing import (
+    prefill_attn_ns,
+    prefill_out_of_range,
+    step_extrapolated,
+    step_time,
+)
 from kvtier.trace.blocked import BlockedTrace
 
 
@@ -192,7 +197,6 @@ def simulate_reference(
     n = trace.n_requests
     B = cfg.block_tokens
     tp = cfg.timing_params()
-    params = [float(x) for x in tp]
     first = np.full(n, np.nan)
     finish_s = np.full(n, np.nan)
     hits_out = np.zeros(n, dtype=np.int64)
@@ -215,11 +219,11 @@ def simulate_reference(
     prefix = cfg.prefix_caching  # vLLM's own prefix cache (off: no HBM hits)
     lower = None
     if cfg.tiers is not None:
-        compute = (params[0], params[1], params[2])
+        compute = (float(tp[0]), float(tp[1]), float(tp[2]))
         costs = recompute_costs(
             trace.block_offsets, trace.block_ids, trace.n_blocks, B, *compute
         )  # GDSF's cost per block
-        lower = LowerTiers(cfg.tiers, trace.n_blocks, compute, costs)
+        lower = LowerTiers(cfg.tiers, trace.n_blocks, tp, costs)
     load_s = np.zeros(n)
     loaded_blocks = np.zeros((n, cfg.tiers.n_tiers if cfg.tiers is not None else 0), np.int64)
     rr = 0
@@ -228,6 +232,7 @@ def simulate_reference(
     gate = 0.0  # when the last slot freed (closed loop)
     sent_s = np.array([r.arrival for r in requests], dtype=np.float64)
     n_iter = 0
+    n_extrap = 0  # iterations whose measured step time was extrapolated
     early = False
     now = 0.0
 
@@ -326,7 +331,7 @@ def simulate_reference(
         """Idle instance ``k`` schedules an iteration: running requests take their tokens, then
         admissions (FCFS) take prefill chunks; requests still loading take no tokens. With
         nothing to run (every running request is loading) it stays idle until one is ready."""
-        nonlocal n_iter
+        nonlocal n_iter, n_extrap
         budget = cfg.token_budget
         sched: list[tuple[Request, int]] = []
         tokens = attn = kv_read = 0
@@ -360,11 +365,19 @@ def simulate_reference(
             inst.wake = min(r.ready for r in inst.running)
             return
         inst.wake = np.inf
+        n_dec = dec_kv = pf_ns = pf_ext = 0
         for req, q in sched:
             tokens += q
             attn += q * (2 * req.kv + q)
             kv_read += req.kv + q
-        dt = iteration_time(tokens, attn, kv_read, *params)
+            if req.kv < req.input_tokens:
+                pf_ns += prefill_attn_ns(q, req.kv, tp)
+                pf_ext += prefill_out_of_range(q, req.kv, tp)
+            else:
+                n_dec += 1
+                dec_kv += req.kv + q
+        dt = float(step_time(tokens, attn, kv_read, n_dec, dec_kv, pf_ns, tp))
+        n_extrap += step_extrapolated(tokens, n_dec, dec_kv, pf_ext, tp)
         inst.scheduled = sched
         inst.busy_until = t + dt
         inst.busy_time += dt
@@ -453,6 +466,7 @@ def simulate_reference(
         instance=inst_of,
         busy_s=np.array([inst.busy_time for inst in instances]),
         n_iterations=n_iter,
+        extrapolated_iterations=n_extrap,
         early_stopped=early,
         end_s=end_time(finish_s, early, now),
         loaded_blocks=loaded_blocks,

@@ -30,12 +30,12 @@ import numpy as np
 from kvtier.cache.reference import RefTier
 from kvtier.policy.registries import WRITE_BACK, WRITE_SELECTIVE, WRITE_THROUGH
 from kvtier.sim.tiers import TierConfig
+from kvtier.sim.timing import prefill_seconds
 from kvtier.sim.transfer import (
     layerwise_ready,
     ops_of,
     path_estimate,
     path_transfer,
-    prefill_estimate,
 )
 
 
@@ -161,7 +161,7 @@ class LowerTiers:
                 )
                 if fin - now > load:
                     load = fin - now
-        return load + prefill_estimate(q, ctx, *self.compute)
+        return load + float(prefill_seconds(q, ctx, self.compute))
 
     def load(
         self, inst: int, now: float, blocks: list[int], start: int, src: list[int], q: int, ctx: int
@@ -175,7 +175,7 @@ class LowerTiers:
                 pool.remove(blocks[start + j])
             else:
                 pool.access(blocks[start + j])
-        compute = prefill_estimate(q, ctx, *self.compute)
+        compute = float(prefill_seconds(q, ctx, self.compute))
         ready = now
         for t in range(c.n_tiers):
             cnt = src.count(t)

@@ -1,13 +1,251 @@
-"""The iteration-time formula, written once for both simulators.
+"""Step-time formulas, written once for both simulators.
 
-The numba engine compiles this very function (``kvtier.sim.nb.iteration_time_nb``), and
-the reference calls it as Python; the operations and their order are the same, so both give
-bit-identical times. The attention term is accumulated as an integer
-``attn = sum q * (2*ctx + q)`` (exact in int64) so no float sum depends on batch order:
-``4*L*H*d*sum(q*(ctx + q/2)) == (2*L*H*d) * attn``.
+The numba engine compiles these very functions (``kvtier.sim.nb``), and the reference calls
+them as Python; the operations and their order are the same, so both give bit-identical times.
+
+Every parameter of a replay's step time travels as one packed float64 array (``timing``,
+built by :mod:`kvtier.sim.steptime.pack`), so the kernels carry a single array whichever
+backend produced it. Its header (``T_*`` indices below) holds the roofline's scalars, the
+backend code and the lengths of the tables that follow it.
+
+Per iteration the kernels accumulate integers only, so no float sum depends on the order in
+which requests are scheduled:
+
+- ``tokens``: prefill and decode tokens; ``attn = sum q * (2*ctx + q)`` (exact in int64;
+  ``4*L*H*d*sum(q*(ctx + q/2)) == (2*L*H*d) * attn``); ``kv_read`` the KV tokens read;
+- ``n_dec`` / ``dec_kv``: decode requests and the KV tokens they attend to (``sum ctx+1``);
+- ``pf_ns``: the measured backend's prefill attention of each prefill request, looked up by
+  (chunk, prefix) and rounded to integer nanoseconds (:func:`prefill_attn_ns`), and ``pf_ext``
+  how many of those lookups lay beyond the measured data.
+
+Backends: ``roofline`` (``max(compute, memory) + all-reduce + overhead``, with separate prefill
+and decode efficiencies and MoE weights read as the distinct experts a batch touches) and
+``measured`` (tables of measured operator times: non-attention time by batch tokens, prefill
+attention by chunk and prefix, decode attention by batch and mean context; docs/model.md).
 """
 
 from __future__ import annotations
+
+import numpy as np
+
+# header of the packed ``timing`` array
+T_FLOPS = 0  # flops per token: 2 * active params
+T_ATTN_COEF = 1  # 2 * layers * query heads * head_dim
+T_RATE_PF = 2  # prefill compute rate: tp * peak FLOP/s * prefill MFU
+T_WEIGHTS = 3  # weight bytes read every step (dense part, whole replica)
+T_KV_BYTES = 4  # KV bytes per token
+T_MEM_RATE = 5  # tp * HBM bytes/s * MBU
+T_OVERHEAD = 6  # seconds per step (scheduler, launch)
+T_BACKEND = 7  # BACKEND_ROOFLINE or BACKEND_MEASURED
+T_RATE_DEC = 8  # decode compute rate: tp * peak FLOP/s * decode MFU
+T_AR_TOKEN = 9  # all-reduce seconds per batch token (tp > 1)
+T_AR_FIXED = 10  # all-reduce seconds per step (latency of 2 all-reduces per layer)
+T_EXPERT_BYTES = 11  # bytes of every routed expert of every MoE layer (0: dense)
+T_N_MOE = 12  # entries of the distinct-expert fraction by batch tokens
+T_N_TOK = 13  # measured: non-attention grid (batch tokens)
+T_N_PQ = 14  # measured: prefill-attention chunk grid
+T_N_PC = 15  # measured: prefill-attention prefix grid
+T_N_DB = 16  # measured: decode-attention batch grid
+T_N_DC = 17  # measured: decode-attention context grid
+T_PF_FLOOR = 18  # measured: seconds of an iteration's prefill attention beyond the per-request sum
+T_PF_MAX = 19  # measured: chunk + prefix covered by the context-attention data
+HEADER = 20
+
+BACKEND_ROOFLINE = 0
+BACKEND_MEASURED = 1
+
+
+def _interp1(x: float, grid: np.ndarray, vals: np.ndarray, off_g: int, off_v: int, n: int) -> float:
+    """Piecewise-linear ``vals`` at ``x`` on ``grid`` (ascending, ``n >= 2``); beyond the last
+    point the value scales in proportion to ``x`` (callers pass clamped ``x`` otherwise)."""
+    if x <= grid[off_g]:
+        return vals[off_v]
+    last = grid[off_g + n - 1]
+    if x >= last:
+        return vals[off_v + n - 1] * (x / last)
+    lo = 0
+    hi = n - 1
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if grid[off_g + mid] <= x:
+            lo = mid
+        else:
+            hi = mid
+    x0 = grid[off_g + lo]
+    x1 = grid[off_g + hi]
+    w = (x - x0) / (x1 - x0)
+    return vals[off_v + lo] + w * (vals[off_v + hi] - vals[off_v + lo])
+
+
+def _cell(x: float, tp: np.ndarray, off: int, n: int) -> tuple[int, float]:
+    """Grid cell (lower index) and weight of ``x`` clamped to the grid at ``tp[off:off+n]``."""
+    if x <= tp[off]:
+        return 0, 0.0
+    if x >= tp[off + n - 1]:
+        return n - 2, 1.0
+    lo = 0
+    hi = n - 1
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if tp[off + mid] <= x:
+            lo = mid
+        else:
+            hi = mid
+    return lo, (x - tp[off + lo]) / (tp[off + hi] - tp[off + lo])
+
+
+def _interp2(
+    x: float, y: float, tp: np.ndarray, ox: int, nx: int, oy: int, ny: int, ov: int
+) -> float:
+    """Bilinear table ``tp[ov:ov+nx*ny]`` (row-major, x rows) at (x, y) clamped to the grids."""
+    i, wx = _cell(x, tp, ox, nx)
+    j, wy = _cell(y, tp, oy, ny)
+    a = tp[ov + i * ny + j]
+    b = tp[ov + i * ny + j + 1]
+    c = tp[ov + (i + 1) * ny + j]
+    d = tp[ov + (i + 1) * ny + j + 1]
+    top = a + wy * (b - a)
+    bottom = c + wy * (d - c)
+    return top + wx * (bottom - top)
+
+
+def _offsets(tp: np.ndarray) -> tuple[int, int, int, int, int, int, int, int, int]:
+    """Start of each packed section: moe, tok grid, na, pq, pc, pa, db, dc, da."""
+    n_moe = int(tp[T_N_MOE])
+    n_tok = int(tp[T_N_TOK])
+    n_pq = int(tp[T_N_PQ])
+    n_pc = int(tp[T_N_PC])
+    n_db = int(tp[T_N_DB])
+    n_dc = int(tp[T_N_DC])
+    o_moe = HEADER
+    o_tok = o_moe + n_moe
+    o_na = o_tok + n_tok
+    o_pq = o_na + n_tok
+    o_pc = o_pq + n_pq
+    o_pa = o_pc + n_pc
+    o_db = o_pa + n_pq * n_pc
+    o_dc = o_db + n_db
+    o_da = o_dc + n_dc
+    return o_moe, o_tok, o_na, o_pq, o_pc, o_pa, o_db, o_dc, o_da
+
+
+def prefill_attn_s(q: int, ctx: int, tp: np.ndarray) -> float:
+    """Measured attention seconds of a ``q``-token chunk after ``ctx`` cached or computed tokens,
+    less the iteration's shared floor (``T_PF_FLOOR``). Beyond the data the time scales with the
+    attention FLOPs: linearly in ``2*ctx + q`` for a longer prefix, as ``q**2`` for a longer chunk.
+    """
+    o = _offsets(tp)
+    n_pq = int(tp[T_N_PQ])
+    n_pc = int(tp[T_N_PC])
+    qmax = tp[o[3] + n_pq - 1]
+    cmax = tp[o[4] + n_pc - 1]
+    qf = float(q)
+    cf = float(ctx)
+    scale = 1.0
+    if qf > qmax:
+        scale = (qf * (2.0 * cf + qf)) / (qmax * qmax)
+        qf = qmax
+        cf = 0.0
+    elif cf > cmax:
+        scale = (2.0 * cf + qf) / (2.0 * cmax + qf)
+        cf = cmax
+    return scale * _interp2(qf, cf, tp, o[3], n_pq, o[4], n_pc, o[5])
+
+
+def prefill_attn_ns(q: int, ctx: int, tp: np.ndarray) -> int:
+    """:func:`prefill_attn_s` in integer nanoseconds (0 for the roofline), so that the kernels
+    sum a batch's requests exactly, in any order."""
+    if tp[T_BACKEND] != BACKEND_MEASURED:
+        return 0
+    return int(prefill_attn_s(q, ctx, tp) * 1e9 + 0.5)
+
+
+def prefill_out_of_range(q: int, ctx: int, tp: np.ndarray) -> int:
+    """1 when the measured backend's prefill lookup for (q, ctx) lies beyond the data."""
+    if tp[T_BACKEND] == BACKEND_MEASURED and q + ctx > tp[T_PF_MAX]:
+        return 1
+    return 0
+
+
+def _non_attention_s(tokens: int, tp: np.ndarray) -> float:
+    o = _offsets(tp)
+    return _interp1(float(tokens), tp, tp, o[1], o[2], int(tp[T_N_TOK]))
+
+
+def _decode_attn_s(n_dec: int, dec_kv: int, tp: np.ndarray) -> float:
+    """Decode attention of ``n_dec`` requests attending ``dec_kv`` tokens in all, at their mean
+    context; beyond the data the time scales linearly in batch and in context (KV bytes)."""
+    o = _offsets(tp)
+    n_db = int(tp[T_N_DB])
+    n_dc = int(tp[T_N_DC])
+    bmax = tp[o[6] + n_db - 1]
+    cmax = tp[o[7] + n_dc - 1]
+    b = float(n_dec)
+    c = float(dec_kv) / float(n_dec)
+    scale = 1.0
+    if b > bmax:
+        scale = b / bmax
+        b = bmax
+    if c > cmax:
+        scale = scale * (c / cmax)
+        c = cmax
+    return scale * _interp2(b, c, tp, o[6], n_db, o[7], n_dc, o[8])
+
+
+def step_extrapolated(tokens: int, n_dec: int, dec_kv: int, pf_ext: int, tp: np.ndarray) -> int:
+    """1 when an iteration's measured step time used values beyond the measured data."""
+    if tp[T_BACKEND] != BACKEND_MEASURED:
+        return 0
+    if pf_ext > 0:
+        return 1
+    o = _offsets(tp)
+    if tokens > tp[o[1] + int(tp[T_N_TOK]) - 1]:
+        return 1
+    if n_dec > 0:
+        if n_dec > tp[o[6] + int(tp[T_N_DB]) - 1]:
+            return 1
+        if float(dec_kv) / float(n_dec) > tp[o[7] + int(tp[T_N_DC]) - 1]:
+            return 1
+    return 0
+
+
+def _weights_read(tokens: int, tp: np.ndarray) -> float:
+    """Weight bytes one step reads: the dense part plus, for MoE, the expected share of distinct
+    experts that ``tokens`` routed tokens touch (tabulated by token count)."""
+    n_moe = int(tp[T_N_MOE])
+    if n_moe == 0:
+        return tp[T_WEIGHTS]
+    i = tokens if tokens < n_moe else n_moe - 1
+    return tp[T_WEIGHTS] + tp[T_EXPERT_BYTES] * tp[HEADER + i]
+
+
+def step_time(
+    tokens: int, attn: int, kv_read: int, n_dec: int, dec_kv: int, pf_ns: int, tp: np.ndarray
+) -> float:
+    """Seconds of one iteration from its integer sums (module docstring) and the packed array."""
+    if tp[T_BACKEND] == BACKEND_MEASURED:
+        t = _non_attention_s(tokens, tp)
+        if tokens > n_dec:
+            t = t + (tp[T_PF_FLOOR] + pf_ns * 1e-9)
+        if n_dec > 0:
+            t = t + _decode_attn_s(n_dec, dec_kv, tp)
+        return t + tp[T_OVERHEAD]
+    # roofline: decode requests' attention sum is 2*dec_kv - n_dec (q = 1, ctx = kv)
+    attn_dec = 2 * dec_kv - n_dec
+    compute = (tp[T_FLOPS] * (tokens - n_dec) + tp[T_ATTN_COEF] * (attn - attn_dec)) / tp[
+        T_RATE_PF
+    ] + (tp[T_FLOPS] * n_dec + tp[T_ATTN_COEF] * attn_dec) / tp[T_RATE_DEC]
+    memory = (_weights_read(tokens, tp) + tp[T_KV_BYTES] * kv_read) / tp[T_MEM_RATE]
+    longest = compute if compute > memory else memory
+    return longest + tp[T_AR_TOKEN] * tokens + tp[T_AR_FIXED] + tp[T_OVERHEAD]
+
+
+def prefill_seconds(q: int, ctx: int, tp: np.ndarray) -> float:
+    """Seconds to compute ``q`` prompt tokens after ``ctx`` (the cost-aware load rule's estimate
+    of recomputing instead of loading), from the same backend as the step time."""
+    if tp[T_BACKEND] == BACKEND_MEASURED:
+        return _non_attention_s(q, tp) + prefill_attn_s(q, ctx, tp)
+    return (tp[T_FLOPS] * q + tp[T_ATTN_COEF] * (q * (2 * ctx + q))) / tp[T_RATE_PF]
 
 
 def iteration_time(
@@ -22,11 +260,9 @@ def iteration_time(
     mem_rate: float,
     step_overhead_s: float,
 ) -> float:
-    """Seconds of one iteration: ``max(compute, memory) + overhead`` (docs/design.md 4.2).
-
-    ``tokens`` are the iteration's prefill and decode tokens, ``attn`` the integer attention
-    sum above, ``kv_tokens`` the KV tokens read (context plus new tokens of every request).
-    """
+    """The plain roofline ``max(compute, memory) + overhead`` (one efficiency, no all-reduce,
+    dense weights): what :func:`step_time`'s roofline computes for a dense model at tp=1 with
+    equal prefill and decode MFU, up to the rounding of its two compute terms."""
     compute = (flops_per_token * tokens + attn_coef * attn) / compute_rate
     memory = (weight_bytes + kv_bytes_per_token * kv_tokens) / mem_rate
     longest = compute if compute > memory else memory

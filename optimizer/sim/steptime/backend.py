@@ -1,0 +1,118 @@
+"""Choose a scenario's step-time backend and pack its parameters (docs/model.md, "Step time").
+
+``serving.step_time``: ``measured`` (tables from aiconfigurator-core's operator database; an
+error names what is missing when no data covers the scenario), ``roofline`` (the analytic
+fallback), or ``auto`` (measured where the data covers the GPU, model, framework, tp and
+dtypes, else the roofline).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from kvtier.errors import InputError
+from kvtier.hardware.types import Hardware, ModelProfile
+from kvtier.policy.model import Policy
+from kvtier.sim.steptime.measured import AIC_SYSTEMS, measured_key, measured_tables
+from kvtier.sim.steptime.pack import pack_measured, roofline_params
+
+ACT_BYTES = 2.0  # BF16 activations: the all-reduce message is hidden * 2 bytes per token
+ALLREDUCES_PER_LAYER = 2  # after attention and after the MLP (Megatron-style TP)
+MOE_TABLE_MAX = 65536  # distinct-expert fraction tabulated to this many tokens (then ~1)
+
+
+def _peak(hardware: Hardware, model: ModelProfile) -> float:
+    """FP8 weights run FP8 GEMMs where the GPU has them; others the BF16 peak."""
+    if model.weight_dtype_bytes <= 1.0 and hardware.gpu.fp8_flops > 0:
+        return hardware.gpu.fp8_flops
+    return hardware.gpu.peak_flops
+
+
+def roofline_timing(
+    hardware: Hardware, model: ModelProfile, policy: Policy, kvb: float
+) -> np.ndarray:
+    """The improved roofline: separate prefill / decode MFU, FP8 peak, a TP all-reduce term and
+    MoE weights read as the distinct experts a batch touches (docs/model.md)."""
+    tp = hardware.topology.tp
+    eff = hardware.efficiency
+    peak = _peak(hardware, model)
+    ar_token = ar_fixed = 0.0
+    if tp > 1:
+        bw = hardware.gpu.nvlink_bw or hardware.gpu.pcie_bw
+        lat = hardware.gpu.nvlink_latency_s
+        n_ar = ALLREDUCES_PER_LAYER * model.layers
+        # ring all-reduce: each GPU sends and receives 2 (tp - 1) / tp of the message
+        ar_token = n_ar * 2.0 * (tp - 1) / tp * model.hidden_size * ACT_BYTES / bw
+        ar_fixed = n_ar * lat
+    expert_bytes = 0.0
+    frac = None
+    dense_bytes = model.weight_bytes
+    if model.moe is not None:
+        expert_bytes = model.moe.expert_params * model.weight_dtype_bytes
+        dense_bytes = model.weight_bytes - expert_bytes
+        n = min(policy.serving.max_num_batched_tokens, MOE_TABLE_MAX) + 1
+        miss = 1.0 - model.moe.active / model.moe.experts  # a token skips a given expert
+        frac = 1.0 - miss ** np.arange(n, dtype=np.float64)
+    return roofline_params(
+        flops_per_token=2.0 * model.active_params,
+        attn_coef=2.0 * model.layers * model.attention_heads * model.head_dim,
+        prefill_rate=tp * peak * eff.mfu,
+        decode_rate=tp * peak * (eff.decode_mfu or eff.mfu),
+        weight_bytes=dense_bytes,
+        kv_bytes_per_token=kvb,
+        mem_rate=tp * hardware.gpu.hbm_bw * eff.mbu,
+        step_overhead_s=eff.step_overhead_s,
+        ar_s_per_token=ar_token,
+        ar_fixed_s=ar_fixed,
+        expert_bytes=expert_bytes,
+        moe_fraction=frac,
+    )
+
+
+def _missing(hardware: Hardware, model: ModelProfile, policy: Policy) -> str | None:
+    """Why no measured data can cover the scenario (None: try it)."""
+    if hardware.gpu.name not in AIC_SYSTEMS:
+        return f"GPU {hardware.gpu.name!r} (measured: {', '.join(sorted(AIC_SYSTEMS))})"
+    if not model.hf_id:
+        return f"model {model.name!r} has no hf_id (the database's model id)"
+    if policy.kv_dtype not in ("bf16", "fp8"):
+        return f"kv_dtype {policy.kv_dtype!r} (measured: bf16, fp8)"
+    return None
+
+
+def step_timing(
+    hardware: Hardware, model: ModelProfile, policy: Policy, kvb: float
+) -> tuple[np.ndarray, str, str]:
+    """(packed array, backend name, provenance) for a deployed hardware and model."""
+    base = roofline_timing(hardware, model, policy, kvb)
+    choice = policy.serving.step_time
+    if choice == "roofline":
+        return base, "roofline", "roofline (kvtier)"
+    why = _missing(hardware, model, policy)
+    if why is not None:
+        if choice == "measured":
+            raise InputError(f"no measured step-time data for {why}", option="serving.step_time")
+        return base, "roofline", f"roofline (kvtier; no measured data for {why})"
+    weight = "fp8" if model.weight_dtype_bytes <= 1.0 else "bf16"
+    try:
+        key = measured_key(
+            model.hf_id,
+            hardware.gpu.name,
+            policy.serving.framework,
+            policy.serving.framework_version,
+            hardware.topology.tp,
+            weight,
+            policy.kv_dtype,
+        )
+        tables = measured_tables(key)
+    except InputError as err:
+        if choice == "measured":
+            raise
+        return base, "roofline", f"roofline (kvtier; {err.message})"
+    provenance = (
+        f"measured (aiconfigurator-core {key.package}, {key.system} {key.framework} "
+        f"{key.version}, tp={key.tp}, weights {key.weight_dtype}, kv {key.kv_dtype})"
+    )
+    # the measured operator times carry the GPU work; the scheduler's own per-step CPU time is
+    # not in them and is left out (docs/model.md)
+    return pack_measured(base, tables, 0.0), "measured", provenance

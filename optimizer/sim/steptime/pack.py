@@ -1,0 +1,124 @@
+"""Pack step-time parameters into the one float64 array both simulators read, and check it.
+
+The layout is :mod:`kvtier.sim.timing`'s (header, MoE distinct-expert fractions, then the
+measured tables). :func:`validate_timing` is what the engine runs before the array enters a
+numba function: every value finite, rates positive, grids strictly ascending and tables of the
+declared shapes, so a lookup can never index outside the array or divide by zero.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from kvtier.sim import timing as T
+from kvtier.sim.steptime.measured import PF_DATA_MAX, MeasuredTables
+
+
+def roofline_params(
+    *,
+    flops_per_token: float,
+    attn_coef: float,
+    prefill_rate: float,
+    decode_rate: float,
+    weight_bytes: float,
+    kv_bytes_per_token: float,
+    mem_rate: float,
+    step_overhead_s: float,
+    ar_s_per_token: float = 0.0,
+    ar_fixed_s: float = 0.0,
+    expert_bytes: float = 0.0,
+    moe_fraction: np.ndarray | None = None,
+) -> np.ndarray:
+    """The roofline's packed array (``T_BACKEND`` = roofline, no tables)."""
+    frac = np.zeros(0) if moe_fraction is None else np.asarray(moe_fraction, dtype=np.float64)
+    head = np.zeros(T.HEADER)
+    head[T.T_FLOPS] = flops_per_token
+    head[T.T_ATTN_COEF] = attn_coef
+    head[T.T_RATE_PF] = prefill_rate
+    head[T.T_WEIGHTS] = weight_bytes
+    head[T.T_KV_BYTES] = kv_bytes_per_token
+    head[T.T_MEM_RATE] = mem_rate
+    head[T.T_OVERHEAD] = step_overhead_s
+    head[T.T_BACKEND] = T.BACKEND_ROOFLINE
+    head[T.T_RATE_DEC] = decode_rate
+    head[T.T_AR_TOKEN] = ar_s_per_token
+    head[T.T_AR_FIXED] = ar_fixed_s
+    head[T.T_EXPERT_BYTES] = expert_bytes
+    head[T.T_N_MOE] = frac.size
+    return np.concatenate([head, frac])
+
+
+def pack_measured(base: np.ndarray, t: MeasuredTables, step_overhead_s: float) -> np.ndarray:
+    """``base`` (a roofline array, kept for the parts that read the roofline's scalars) with the
+    measured tables appended and the backend switched to measured."""
+    head = base[: T.HEADER].copy()
+    frac = base[T.HEADER : T.HEADER + int(base[T.T_N_MOE])]
+    head[T.T_BACKEND] = T.BACKEND_MEASURED
+    head[T.T_OVERHEAD] = step_overhead_s
+    head[T.T_N_TOK] = t.tok_grid.size
+    head[T.T_N_PQ] = t.pq_grid.size
+    head[T.T_N_PC] = t.pc_grid.size
+    head[T.T_N_DB] = t.db_grid.size
+    head[T.T_N_DC] = t.dc_grid.size
+    head[T.T_PF_FLOOR] = t.pf_floor
+    head[T.T_PF_MAX] = PF_DATA_MAX
+    parts = [head, frac, t.tok_grid, t.non_attn, t.pq_grid, t.pc_grid, t.prefill_attn.ravel()]
+    parts += [t.db_grid, t.dc_grid, t.decode_attn.ravel()]
+    return np.ascontiguousarray(np.concatenate(parts), dtype=np.float64)
+
+
+def _ascending(a: np.ndarray, name: str, positive: bool) -> None:
+    if a.size < 2 or not np.all(np.diff(a) > 0):
+        raise ValueError(f"step-time grid {name} must hold >= 2 strictly ascending values")
+    if positive and a[0] <= 0:
+        raise ValueError(f"step-time grid {name} must be positive")
+    if not positive and a[0] < 0:
+        raise ValueError(f"step-time grid {name} must be non-negative")
+
+
+def validate_timing(tp: np.ndarray) -> None:
+    """Refuse a packed array that a kernel could misread (``ValueError``: a programming error)."""
+    if tp.dtype != np.float64 or tp.ndim != 1 or tp.size < T.HEADER:
+        raise ValueError("timing must be a 1-D float64 array with the full header")
+    if not np.all(np.isfinite(tp)):
+        raise ValueError("timing parameters must be finite")
+    if tp[T.T_RATE_PF] <= 0 or tp[T.T_RATE_DEC] <= 0 or tp[T.T_MEM_RATE] <= 0:
+        raise ValueError("timing rates must be positive")
+    if min(tp[T.T_OVERHEAD], tp[T.T_AR_TOKEN], tp[T.T_AR_FIXED], tp[T.T_EXPERT_BYTES]) < 0:
+        raise ValueError("timing overheads and byte counts must be >= 0")
+    counts = tp[T.T_N_MOE : T.T_N_DC + 1]
+    if np.any(counts < 0) or np.any(counts != np.floor(counts)):
+        raise ValueError("timing section lengths must be non-negative integers")
+    n_moe = int(tp[T.T_N_MOE])
+    if n_moe and np.any(
+        (tp[T.HEADER : T.HEADER + n_moe] < 0) | (tp[T.HEADER : T.HEADER + n_moe] > 1)
+    ):
+        raise ValueError("MoE distinct-expert fractions must lie in [0, 1]")
+    backend = tp[T.T_BACKEND]
+    if backend == T.BACKEND_ROOFLINE:
+        if tp.size != T.HEADER + n_moe:
+            raise ValueError("roofline timing array has trailing values")
+        return
+    if backend != T.BACKEND_MEASURED:
+        raise ValueError(f"unknown step-time backend code {backend}")
+    o = T._offsets(tp)
+    n_tok, n_pq, n_pc, n_db, n_dc = (int(x) for x in tp[T.T_N_TOK : T.T_N_DC + 1])
+    if tp.size != o[8] + n_db * n_dc:
+        raise ValueError("measured timing array does not match its declared table shapes")
+    _ascending(tp[o[1] : o[1] + n_tok], "tokens", True)
+    _ascending(tp[o[3] : o[3] + n_pq], "prefill chunk", True)
+    _ascending(tp[o[4] : o[4] + n_pc], "prefill prefix", False)
+    _ascending(tp[o[6] : o[6] + n_db], "decode batch", True)
+    _ascending(tp[o[7] : o[7] + n_dc], "decode context", True)
+    values = np.concatenate(
+        [
+            tp[o[2] : o[2] + n_tok],
+            tp[o[5] : o[5] + n_pq * n_pc],
+            tp[o[8] :],
+            tp[T.T_PF_FLOOR : T.T_PF_FLOOR + 1],
+        ]
+    )
+    if np.any(values < 0):
+        raise ValueError("measured step times must be >= 0")
+    if tp[T.T_PF_MAX] <= 0:
+        raise ValueError("measured prefill data range must be positive")
