@@ -180,8 +180,15 @@ def validate_beluga(as_json: bool, markdown_path: str | None) -> None:
         atomic_write(markdown_path, lambda tmp: Path(tmp).write_text(text))
     if as_json:
         _echo_json(validation_json(result))
-        return
-    click.echo(to_text(result))
+    else:
+        click.echo(to_text(result))
+    missed = result.missed()
+    if missed:
+        for a in missed:
+            click.echo(
+                f"target missed: {a.ratio}: model {a.model:.3g}, target {a.target}", err=True
+            )
+        sys.exit(1)
 
 
 @main.command("replay")
@@ -214,6 +221,14 @@ def validate_beluga(as_json: bool, markdown_path: str | None) -> None:
     help="Replay arrivals this many times as fast [default: the policy file's load, else 1].",
 )
 @click.option(
+    "--concurrency",
+    type=int,
+    default=0,
+    show_default=True,
+    help="Closed loop: at most N requests in flight, each sent when a slot frees and not "
+    "before its trace time (vllm bench serve --max-concurrency); 0: open loop.",
+)
+@click.option(
     "--engine",
     type=click.Choice(["numba", "reference"]),
     default="numba",
@@ -237,11 +252,14 @@ def replay_cmd(
     sets: tuple[str, ...],
     block_tokens: int | None,
     rate_scale: float | None,
+    concurrency: int,
     engine: str,
     as_json: bool,
     requests_out: str | None,
 ) -> None:
     """Replay a trace through the serving simulator and print latency, throughput and cost."""
+    from dataclasses import replace
+
     from kvtier.scenario import Scenario
 
     if preset is not None and policy_path is not None:
@@ -257,6 +275,8 @@ def replay_cmd(
         rate_scale=rate_scale,
         engine=engine,
     )
+    if concurrency:
+        scenario = replace(scenario, concurrency=concurrency)
     if requests_out is not None:
         from kvtier.sim.requests import check_requests_path
 
@@ -274,10 +294,17 @@ def replay_cmd(
             trace_request_ids(scenario.trace.table),
         )
         write_request_table(requests_out, table)
+    from kvtier.report.tiers import tier_json, tier_table
+
     if as_json:
-        _echo_json(metrics.to_dict(), why=null_reason(metrics.to_dict()))
+        data = metrics.to_dict()
+        if result.tiers:
+            data["tiers"] = tier_json(result.tiers)
+        _echo_json(data, why=null_reason(data))
         return
     _print_metrics(trace_path, scenario, metrics)
+    if result.tiers:
+        _console().print(tier_table(result.tiers))
 
 
 def _print_metrics(path: str, scenario: Any, m: Any) -> None:

@@ -39,11 +39,13 @@ if TYPE_CHECKING:
     from kvtier.sim.config import SimConfig
     from kvtier.sim.metrics import Metrics
     from kvtier.sim.result import RawResult
+    from kvtier.sim.tier_stats import TierStats
 
 DEFAULT_HARDWARE = "h100-node"
 DEFAULT_MODEL = "Llama-3.1-8B"
 LOAD_MODES = ("trace", "capacity")
 ENGINES = ("numba", "reference")
+MAX_CONCURRENCY = 1 << 20  # requests in flight of a closed loop (as kvtier.sim.engine.MAX_SEQS)
 SLO_TERMS = tuple(f.name for f in fields(SLO))  # ttft_mean_s, ttft_p99_s, ttft_p999_s, ...
 
 
@@ -134,6 +136,7 @@ class Replay:
     config: SimConfig
     policy: Policy
     rate_scale: float
+    tiers: tuple[TierStats, ...] = ()  # per lower tier: loads, stages, wear (tier_stats)
 
 
 @dataclass(frozen=True, eq=False)  # compared by identity: a trace is too large to compare
@@ -144,7 +147,10 @@ class Scenario:
     optimizer passes the SLO it searches under. ``load`` and ``rate_scale`` say how the
     trace is served: as recorded with arrivals divided by ``rate_scale`` (``trace``), or at
     the largest load that meets the SLO (``capacity``, searched by
-    :class:`kvtier.search.objective.Evaluator`). ``blocks`` may be passed to share one
+    :class:`kvtier.search.objective.Evaluator`). ``concurrency`` N > 0 serves the trace
+    closed loop: at most N requests in flight, each sent at the later of its (scaled) trace
+    time and the moment a slot frees (``kvtier replay --concurrency``; docs/model.md, "Load
+    generator"). ``blocks`` may be passed to share one
     trace's block mappings between scenarios that differ in hardware or policy.
     """
 
@@ -157,6 +163,7 @@ class Scenario:
     rate_scale: float = 1.0
     engine: str = "numba"
     blocks: BlockCache | None = field(default=None, repr=False, compare=False)
+    concurrency: int = 0
 
     def __post_init__(self) -> None:
         if self.load not in LOAD_MODES:
@@ -164,6 +171,11 @@ class Scenario:
                 f"must be one of {', '.join(LOAD_MODES)}, got {self.load!r}", option="--load"
             )
         object.__setattr__(self, "rate_scale", check_rate_scale(self.rate_scale))
+        if not 0 <= self.concurrency <= MAX_CONCURRENCY:
+            raise InputError(
+                f"must be in [0, {MAX_CONCURRENCY:,}] (0: open loop), got {self.concurrency}",
+                option="--concurrency",
+            )
         if self.engine not in ENGINES:
             raise InputError(
                 f"must be one of {', '.join(ENGINES)}, got {self.engine!r}", option="--engine"
@@ -244,12 +256,15 @@ class Scenario:
         rate_scale: float | None = None,
         stop_early: bool = False,
         arrival_s: np.ndarray | None = None,
+        concurrency: int | None = None,
     ) -> Replay:
         """Replay ``policy`` (the base policy by default) to its metrics.
 
         Arrivals are divided by ``rate_scale`` (the scenario's by default), or replaced by
         ``arrival_s`` (a load generator of one's own, e.g. validation's bursts). With
-        ``stop_early`` the run ends once the SLO is certainly missed.
+        ``stop_early`` the run ends once the SLO is certainly missed. ``concurrency``
+        overrides the scenario's closed loop (0: open loop); the metrics then count each
+        request from when it was sent.
         """
         from kvtier.sim import build_config, compute_metrics, simulate_raw
 
@@ -267,16 +282,25 @@ class Scenario:
         else:
             policy_run = policy
         cfg = build_config(hardware, self.model, policy_run)
+        closed = self.concurrency if concurrency is None else concurrency
+        if closed:
+            cfg = replace(cfg, concurrency=int(closed))
         raw = simulate_raw(trace, cfg, engine=self.engine, slo=slo, stop_early=stop_early)
+        if closed and raw.arrival_s is not None:
+            trace = trace.with_arrivals(raw.arrival_s)  # each request counts from its send
+        from kvtier.sim.tier_stats import tier_stats
+
+        stats = tuple(tier_stats(cfg.tiers, raw, trace.arrival_s, hardware))
+        wear = sum(x.wear_per_hour for x in stats)  # SSD endurance used, charged as cost
         metrics = compute_metrics(
             trace,
             raw,
-            cost_per_hour=cfg.cost_per_hour,
+            cost_per_hour=cfg.cost_per_hour + wear,
             slo=slo,
             engine=self.engine,
             tiers=cfg.tiers,
         )
-        return Replay(metrics, raw, trace, cfg, policy, scale)
+        return Replay(metrics, raw, trace, cfg, policy, scale, stats)
 
 
 def scaled_for_sample(

@@ -131,7 +131,8 @@ def test_small_blocks_ruin_mooncake_full_hit(result: tuple[dict[str, Any], str])
 
 def test_acceptance_flags_follow_values(result: tuple[dict[str, Any], str]) -> None:
     res, _ = result
-    assert len(res["acceptance"]) == 5
+    # five ratios between systems, and the model's mean TTFT within 2x of each paper cell
+    assert len(res["acceptance"]) == 10
     for a in res["acceptance"]:
         target = a["target"]
         if target.startswith("["):
@@ -141,6 +142,30 @@ def test_acceptance_flags_follow_values(result: tuple[dict[str, Any], str]) -> N
             assert a["met"] == (a["model"] >= float(target[2:]))
         else:
             assert a["met"] == (a["model"] > float(target[1:]))
+
+
+def test_every_reproduction_target_is_met(result: tuple[dict[str, Any], str]) -> None:
+    """One calibration for all cells meets every target (docs/validation.md)."""
+    res, _ = result
+    missed = [a["ratio"] for a in res["acceptance"] if not a["met"]]
+    assert missed == []
+
+
+def test_a_missed_target_exits_non_zero_and_names_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    from dataclasses import replace
+
+    import kvtier.experiments.validation as validation
+
+    real = validation.run_beluga()
+
+    def missing() -> validation.Validation:
+        acc = [replace(a, met=False) if i == 0 else a for i, a in enumerate(real.acceptance)]
+        return replace(real, acceptance=acc)
+
+    monkeypatch.setattr(validation, "run_beluga", missing)
+    out = CliRunner().invoke(main, ["validate", "beluga"])
+    assert out.exit_code == 1
+    assert f"target missed: {real.acceptance[0].ratio}" in out.output
 
 
 def test_markdown_has_every_cell(result: tuple[dict[str, Any], str]) -> None:

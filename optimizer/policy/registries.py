@@ -120,7 +120,7 @@ CONNECTORS = Registry(
             "LMCache 0.3.x with Mooncake Store: one blocking get per chunk, a CPU copy into "
             "pinned memory, then the copy to the GPU, chunk after chunk",
             _path(
-                unit="chunk", rpc_us=40000.0, stream_gbps=0.75, staging=1, numa_aware=False
+                unit="chunk", rpc_us=45000.0, stream_gbps=0.67, staging=1, numa_aware=False
             ),
         ),
         Entry(

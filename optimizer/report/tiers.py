@@ -1,0 +1,67 @@
+"""The replay's per-tier table (:mod:`kvtier.sim.tier_stats`): terminal and JSON."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict
+from typing import Any
+
+from rich.table import Table
+
+from kvtier.sim.tier_stats import TierStats
+
+
+def _pct(x: float) -> str:
+    return "-" if math.isnan(x) else f"{x:.1%}"
+
+
+def tier_table(stats: tuple[TierStats, ...] | list[TierStats]) -> Table:
+    """One row per lower tier: connector, what it moved, how fast a GPU loaded from it, how
+    much of TTFT waited for it, where its connector's workers spent their time, its busiest
+    link and, for SSDs, drive writes per day against the rating."""
+    table = Table(title="lower tiers", title_justify="left")
+    for col in (
+        "tier",
+        "connector",
+        "loaded / written GB",
+        "load GB/s per GPU",
+        "TTFT waiting",
+        "workers: rpc / stream / staging / links",
+        "busiest link",
+        "DWPD (rating)",
+    ):
+        table.add_column(col, justify="left" if col in ("tier", "connector") else "right")
+    for s in stats:
+        share = s.stage_share
+        stages = " / ".join(_pct(share[k]) for k in ("rpc", "stream", "staging", "links"))
+        gbps = "-" if math.isnan(s.load_gbps_per_gpu) else f"{s.load_gbps_per_gpu:.2f}"
+        dwpd = "-"
+        if not math.isnan(s.dwpd):
+            rating = f"{s.dwpd_rating:g}" if s.dwpd_rating > 0 else "not rated"
+            dwpd = f"{s.dwpd:.2f} ({rating})"
+            if s.over_rating:
+                dwpd = f"[bold red]{dwpd} over rating[/]"
+        table.add_row(
+            s.tier,
+            s.connector,
+            f"{s.loaded_gb:,.1f} / {s.written_gb:,.1f}",
+            gbps,
+            _pct(s.ttft_share),
+            stages,
+            f"{s.busiest_link} {_pct(s.busiest_link_share)}",
+            dwpd,
+        )
+    return table
+
+
+def tier_json(stats: tuple[TierStats, ...] | list[TierStats]) -> list[dict[str, Any]]:
+    """The rows as plain dicts (NaN as None), with the over-rating flag."""
+
+    def clean(v: Any) -> Any:
+        if isinstance(v, float) and math.isnan(v):
+            return None
+        if isinstance(v, dict):
+            return {k: clean(x) for k, x in v.items()}
+        return v
+
+    return [{**clean(asdict(s)), "over_rating": s.over_rating} for s in stats]
