@@ -314,6 +314,11 @@ def _print_metrics(path: str, scenario: Any, m: Any) -> None:
     table.add_column("metric", style="bold")
     table.add_column("value", justify="right")
     table.add_row("requests served / rejected", f"{m.n_served:,} / {m.n_rejected:,}")
+    if m.step_time:
+        source = m.step_time_source or m.step_time
+        if m.extrapolated_share > 0:
+            source += f"; {m.extrapolated_share:.1%} of iterations extrapolated past the data"
+        table.add_row("step time", source)
     table.add_row(
         "TTFT mean / p50 / p90", f"{m.ttft_mean_s:.3f} / {m.ttft_p50_s:.3f} / {m.ttft_p90_s:.3f} s"
     )

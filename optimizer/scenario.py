@@ -300,6 +300,12 @@ class Scenario:
             engine=self.engine,
             tiers=cfg.tiers,
         )
+        metrics = replace(
+            metrics,
+            step_time=cfg.step_backend,
+            step_time_source=cfg.step_provenance,
+            extrapolated_share=raw.extrapolated_iterations / max(raw.n_iterations, 1),
+        )
         return Replay(metrics, raw, trace, cfg, policy, scale, stats)
 
 

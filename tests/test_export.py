@@ -644,3 +644,19 @@ def test_cli_bad_input_is_one_line_exit_2(tmp_path: Path) -> None:
     blocker.write_text("")
     line = one_line_error(run(str(preset_path("vllm-hbm")), "--target", "vllm", "-o", str(blocker)))
     assert "-o" in line
+
+
+def test_serving_tp_and_fp8_weights_reach_the_flags() -> None:
+    """serving.tp overrides the profile's tp (instances follow the GPUs); fp8 weights are
+    --quantization fp8 in vLLM and SGLang."""
+    p = policy(serving=ServingPolicy(tp=4, weight_dtype="fp8"))
+    _, f, result = vllm_command(p)
+    assert f["--tensor-parallel-size"] == "4"
+    assert f["--quantization"] == "fp8"
+    assert "weight_dtype = fp8" in notes_text(result)
+    _, f, _ = vllm_command(policy(serving=ServingPolicy(tp=2)))
+    assert f["--tensor-parallel-size"] == "2" and "--quantization" not in f
+    _, f, _ = sglang_command(p)
+    assert f["--tp-size"] == "4" and f["--quantization"] == "fp8"
+    with pytest.raises(InputError, match="serving.weight_dtype"):
+        vllm_command(p, replace(H100, gpu=replace(H100.gpu, fp8_flops=0.0)))

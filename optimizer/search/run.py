@@ -162,6 +162,10 @@ def fit_space_to_hardware(space: SearchSpace, hardware: Any) -> SearchSpace:
         elif p.name == "serving.instances" and p.choices is not None:
             kept = tuple(c for c in p.choices if isinstance(c, int) and c <= most)
             p = replace(p, choices=kept or (most,))
+        elif p.name == "serving.tp" and p.choices is not None:
+            gpus = hardware.topology.gpus
+            kept = tuple(c for c in p.choices if isinstance(c, int) and gpus % c == 0)
+            p = replace(p, choices=kept or (hardware.topology.tp,))
         fitted.append(p)
     space = replace(space, params=tuple(fitted))
     params = {p.name for p in space.params}
@@ -215,6 +219,10 @@ def optimize(
         search_space = replace(
             search_space, pinned={k: v for k, v in search_space.pinned.items() if k != "kv_dtype"}
         )
+    elif "serving.weight_dtype" not in search_space.pinned:
+        # FP8 weights are lossy too: without the flag the model profile's own weights are kept
+        kept = tuple(p for p in search_space.params if p.name != "serving.weight_dtype")
+        search_space = replace(search_space, params=kept)
     search_space = fit_space_to_hardware(search_space.with_pins(pins or {}), hw)
     base = policy_from_dict({"hardware": hardware, "model": model}, "<defaults>")
     base = replace(base, slo=slo)
@@ -336,6 +344,8 @@ def optimize(
                 "rate_scale": best.rate_scale,
                 "space": search_space.source,
                 "params": best_trial.user_attrs.get("params", {}),
+                # the step-time backend and the package / data versions behind the metrics
+                "step_time": best.metrics.get("step_time_source", ""),
             },
         )
     return OptimizeResult(

@@ -8,11 +8,12 @@ jitted engine can branch on them; they come from the router registry
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 import numpy as np
 
 from kvtier.errors import InputError
+from kvtier.hardware.deploy import apply_deployment
 from kvtier.hardware.types import GB, Hardware, ModelProfile
 from kvtier.policy.model import Policy
 from kvtier.policy.registries import ROUTERS
@@ -82,38 +83,14 @@ class SimConfig:
         )
 
 
-def apply_deployment(
-    hardware: Hardware, model: ModelProfile, policy: Policy
-) -> tuple[Hardware, ModelProfile]:
-    """The hardware and model as ``serving.tp`` and ``serving.weight_dtype`` deploy them: the
-    topology cut into instances of ``tp`` GPUs, the weights at the chosen element type."""
-    serving = policy.serving
-    topo = hardware.topology
-    if serving.tp is not None and serving.tp != topo.tp:
-        if topo.gpus % serving.tp:
-            raise InputError(
-                f"{topo.gpus} GPUs of {hardware.name!r} do not split into instances of "
-                f"tp={serving.tp}",
-                option="serving.tp",
-            )
-        hardware = replace(hardware, topology=replace(topo, tp=serving.tp))
-    if serving.weight_dtype is not None:
-        if serving.weight_dtype == "fp8" and hardware.gpu.fp8_flops <= 0:
-            raise InputError(
-                f"GPU {hardware.gpu.name!r} has no FP8 compute (choices: bf16)",
-                option="serving.weight_dtype",
-            )
-        wbytes = 1.0 if serving.weight_dtype == "fp8" else 2.0
-        model = replace(model, weight_dtype_bytes=wbytes)
-    return hardware, model
-
-
 def build_config(hardware: Hardware, model: ModelProfile, policy: Policy) -> SimConfig:
     """Derive a :class:`SimConfig`; impossible deployments raise :class:`InputError`."""
     hardware, model = apply_deployment(hardware, model, policy)
     topo = hardware.topology
     serving = policy.serving
     n_inst = serving.instances if serving.instances is not None else topo.max_instances
+    if serving.tp is not None:
+        n_inst = min(n_inst, topo.max_instances)  # serving.tp set: instances follow the GPUs
     if n_inst > topo.max_instances:
         raise InputError(
             f"policy asks for {n_inst} instances but hardware {hardware.name!r} has only "

@@ -59,6 +59,11 @@ class Metrics:
     tier_bytes_written: dict[str, float] = field(default_factory=dict)  # copies in
     link_utilisation: dict[str, float] = field(default_factory=dict)  # busy seconds / duration
     load_share_of_ttft: float = 0.0  # summed load time / summed TTFT of served requests
+    # The step-time backend (kvtier.sim.steptime): measured or roofline, where its numbers come
+    # from (package and data versions), and the share of iterations it extrapolated.
+    step_time: str = ""
+    step_time_source: str = ""
+    extrapolated_share: float = 0.0
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

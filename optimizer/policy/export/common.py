@@ -85,8 +85,13 @@ class Deployment:
 def deployment(policy: Policy, hardware: Hardware, model: ModelProfile) -> Deployment:
     """Place ``policy`` on ``hardware``; impossible placements raise :class:`InputError`,
     with the same checks (and messages) as the simulator."""
+    from kvtier.hardware.deploy import apply_deployment
+
+    hardware, model = apply_deployment(hardware, model, policy)  # serving.tp, weight_dtype
     topo = hardware.topology
     n = policy.serving.instances if policy.serving.instances is not None else topo.max_instances
+    if policy.serving.tp is not None:
+        n = min(n, topo.max_instances)  # as the simulator: instances follow the GPUs
     if n > topo.max_instances:
         raise InputError(
             f"policy asks for {n} instances but hardware {hardware.name!r} has only "

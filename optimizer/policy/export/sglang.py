@@ -7,7 +7,8 @@ Flags, read in SGLang's source and docs (``sgl-project/sglang``, main after the
 hicache_best_practices.md``; ``python/sglang/srt/mem_cache/storage/mooncake_store/README.md``;
 the host pools in ``mem_cache/memory_pool_host.py`` and ``hiradix_cache.py``):
 
-* ``--page-size`` (tokens) <- ``block_tokens``; ``--tp-size`` <- the hardware's ``tp``.
+* ``--page-size`` (tokens) <- ``block_tokens``; ``--tp-size`` <- ``serving.tp`` (unset: the
+  hardware's ``tp``); ``--quantization fp8`` <- ``serving.weight_dtype = "fp8"``.
 * ``--kv-cache-dtype`` (``auto``, ``bf16``, ``fp8_e4m3``, ``fp8_e5m2``, 4-bit float formats):
   ``bf16`` -> ``bf16``, ``fp8`` -> ``fp8_e4m3``; ``int4`` has no counterpart.
 * ``--chunked-prefill-size`` <- ``max_num_batched_tokens`` (prefill tokens per chunk);
@@ -153,6 +154,12 @@ def export_sglang(deploy: Deployment) -> ExportResult:
         "--radix-eviction-policy",
         "lru",
     ]
+    if p.serving.weight_dtype == "fp8":
+        args += ["--quantization", "fp8"]
+        notes.append(
+            "serving.weight_dtype = fp8 maps to --quantization fp8; with an FP8 checkpoint of "
+            "the model, drop the flag."
+        )
     if p.kv_dtype in KV_DTYPES:
         args += ["--kv-cache-dtype", KV_DTYPES[p.kv_dtype]]
     else:

@@ -11,7 +11,8 @@ docs.vllm.ai ``api/vllm/config/cache``, v0.29.0 and latest):
 * ``--kv-cache-dtype`` (``CacheDType``: ``auto``, ``fp8``, ..., ``int4_per_token_head``, ...):
   ``bf16`` -> ``auto`` (the model's own dtype; ``bfloat16`` is documented as valid only for
   models that default to fp8), ``fp8`` -> ``fp8``, ``int4`` -> ``int4_per_token_head``.
-* ``--tensor-parallel-size`` <- the hardware profile's ``tp``.
+* ``--tensor-parallel-size`` <- ``serving.tp`` (unset: the hardware profile's ``tp``).
+* ``--quantization fp8`` <- ``serving.weight_dtype = "fp8"`` (online FP8 weights).
 * ``--kv-cache-memory-bytes`` (bytes of KV cache per GPU; overrides
   ``--gpu-memory-utilization``) <- an explicit hbm ``capacity_gb`` over ``tp``; otherwise
   ``--gpu-memory-utilization`` <- the hardware profile's share (vLLM's own default is 0.92).
@@ -61,6 +62,12 @@ def vllm_args(deploy: Deployment) -> tuple[list[str], list[str]]:
         "--tensor-parallel-size",
         str(deploy.tp),
     ]
+    if p.serving.weight_dtype == "fp8":
+        args += ["--quantization", "fp8"]
+        notes.append(
+            "serving.weight_dtype = fp8 maps to --quantization fp8 (vLLM quantizes BF16 "
+            "weights to FP8 at load); with an FP8 checkpoint of the model, drop the flag."
+        )
     hbm = p.tiers[0]
     if hbm.capacity_gb is not None:
         args += ["--kv-cache-memory-bytes", str(int(deploy.hbm_kv_bytes / deploy.tp))]
