@@ -174,6 +174,31 @@ def test_a_killed_workers_trial_is_rerun(trace_path, tmp_path) -> None:
             assert params.items() <= got.items(), (params, got)
 
 
+def test_a_trial_killed_before_its_first_heartbeat_is_rerun(
+    trace_path, tmp_path, monkeypatch
+) -> None:
+    """Optuna marks a trial RUNNING before its heartbeat thread writes the first beat; a
+    worker killed in between leaves a trial Optuna's own stale check never finds."""
+    import optuna
+
+    from kvtier.search.study import open_study
+
+    monkeypatch.setenv("KVTIER_HEARTBEAT_S", "1")
+    db = tmp_path / "s.db"
+    first = invoke(*optimize_args(trace_path, db, "--trials", "1", "--no-warm-start"))
+    assert first.code in (0, 1), first.stderr
+    study = open_study("s", storage=f"sqlite:///{db}", seed=0, pareto=False)
+    orphan = study.ask()  # RUNNING, no heartbeat: what a kill right after ask() leaves
+    time.sleep(3.5)  # past the grace period of 3 beats
+    resumed = invoke(*optimize_args(trace_path, db, "--trials", "1", "--no-warm-start"))
+    assert resumed.code in (0, 1), resumed.stderr
+    trials = {t.number: t for t in study.get_trials(deepcopy=False)}
+    assert trials[orphan.number].state == optuna.trial.TrialState.FAIL
+    retries = [t for t in trials.values() if t.system_attrs.get("failed_trial") == orphan.number]
+    assert len(retries) == 1
+    assert retries[0].state in (optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.PRUNED)
+
+
 def test_concurrent_workers_each_report_their_own_trials(trace_path, tmp_path) -> None:
     db = tmp_path / "s.db"
     first = invoke(*optimize_args(trace_path, db, "--trials", "1", "--no-warm-start"))

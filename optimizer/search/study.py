@@ -92,6 +92,42 @@ def heartbeat_seconds() -> int:
     return value
 
 
+class HeartbeatStorage(optuna.storages.RDBStorage):
+    """Optuna's RDB storage, which also finds trials killed before their first heartbeat.
+
+    Optuna marks a trial RUNNING (``study.ask``) and only then starts the thread that writes
+    its heartbeats; a worker killed between the two leaves a RUNNING trial with no heartbeat
+    row, which Optuna's stale check skips, so it would stay RUNNING for ever. Such a trial
+    counts as stale once it started longer than the grace period ago (by the clock of the
+    machine that wrote its start time, as Optuna's ``datetime_start`` is).
+    """
+
+    def _get_stale_trial_ids(self, study_id: int) -> list[int]:
+        import datetime
+
+        stale = list(super()._get_stale_trial_ids(study_id))
+        grace = datetime.timedelta(seconds=self.grace_period or 2 * (self.heartbeat_interval or 0))
+        now = datetime.datetime.now()
+        running = self.get_all_trials(
+            study_id, deepcopy=False, states=(optuna.trial.TrialState.RUNNING,)
+        )
+        old = [
+            t._trial_id
+            for t in running
+            if t._trial_id not in stale
+            and t.datetime_start is not None
+            and now - t.datetime_start > grace
+        ]
+        if old:
+            with self.engine.connect() as con:
+                beating = {
+                    row[0]
+                    for row in con.execute(sqlalchemy.text("select trial_id from trial_heartbeats"))
+                }
+            stale += [trial_id for trial_id in old if trial_id not in beating]
+        return stale
+
+
 def study_storage(url: str) -> optuna.storages.RDBStorage:
     """The storage to hand to Optuna: an ``RDBStorage`` with a heartbeat, and for SQLite
     connections that use write-ahead logging (see :func:`_sqlite_pragmas`).
@@ -106,7 +142,7 @@ def study_storage(url: str) -> optuna.storages.RDBStorage:
     beat = heartbeat_seconds()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
-        rdb = optuna.storages.RDBStorage(
+        rdb = HeartbeatStorage(
             url,
             heartbeat_interval=beat,
             grace_period=beat * GRACE_BEATS,
