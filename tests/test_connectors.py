@@ -213,3 +213,26 @@ def test_replay_concurrency_option_and_tier_table(tmp_path) -> None:  # noqa: AN
     assert set(row["stage_share"]) == {"rpc", "stream", "staging", "links"}
     bad = CliRunner().invoke(main, [*args, "--concurrency", "-1"])
     assert bad.exit_code == 2 and "--concurrency" in bad.output
+
+
+def test_ssd_wear_is_reported_flagged_and_charged() -> None:
+    """Write-through to NVMe on a busy 8-GPU host writes far more than 1 DWPD."""
+    from kvtier.policy.presets import load_preset
+    from kvtier.scenario import Scenario
+    from kvtier.sim.tier_stats import DAY_S
+    from kvtier.trace.synth import synthesize
+
+    hw = load_hardware("h100-node")
+    trace = synthesize("rag", requests=400, rate=40.0, seed=4)
+    scenario = Scenario(trace, hw, load_model("Llama-3.1-8B"), load_preset("lmcache-cpu-disk"))
+    result = scenario.replay()
+    (ssd,) = [s for s in result.tiers if s.tier == "ssd"]
+    ssd_hw = hw.tiers["ssd"]
+    span = float(np.nanmax(result.raw.finish_s) - result.trace.arrival_s[0])
+    written = float(result.raw.tier_bytes_written[result.config.tiers.names.index("ssd")])
+    assert ssd.dwpd == pytest.approx(written / (span / DAY_S) / ssd_hw.capacity_bytes)
+    assert ssd.dwpd_rating == 1.0 and ssd.over_rating
+    endurance = ssd_hw.dwpd * ssd_hw.capacity_bytes / ssd_hw.drives * 365 * ssd_hw.warranty_years
+    wear = written / (span / 3600) * ssd_hw.drive_price / endurance
+    assert ssd.wear_per_hour == pytest.approx(wear)
+    assert result.metrics.cost_per_hour == pytest.approx(result.config.cost_per_hour + wear)
