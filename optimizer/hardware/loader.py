@@ -67,7 +67,21 @@ def resolve(kind: str, name_or_path: str | Path, *, base: Path | None = None) ->
 
 
 def load_model(name_or_path: str | Path) -> ModelProfile:
-    """A model profile (shape, parameter counts, weight dtype), validated."""
+    """A model profile (shape, parameter counts, weight dtype), validated.
+
+    A ``.json`` path is a Hugging Face ``config.json`` and a name ``org/model`` one of the
+    configs aiconfigurator-core ships (:mod:`kvtier.hardware.hf_config`)."""
+    text = str(name_or_path)
+    if text.endswith(".json") or ("/" in text and not Path(text).exists()):
+        from kvtier.hardware.hf_config import profile_from_config, shipped_config
+
+        if text.endswith(".json"):
+            if not Path(text).is_file():
+                raise InputError("model config.json not found", path=text)
+            return profile_from_config(text)
+        shipped = shipped_config(text)
+        if shipped is not None:
+            return profile_from_config(shipped, hf_id=text)
     path = resolve("models", name_or_path)
     t = Table(read_toml(path), str(path))
     mla_table = t.table("mla")

@@ -1,0 +1,147 @@
+"""Model profiles from a Hugging Face ``config.json`` (``--model PATH/config.json``).
+
+The geometry is read from the config's fields (``num_hidden_layers``, ``num_attention_heads``,
+``num_key_value_heads``, ``head_dim`` or ``hidden_size / heads``; MLA: ``kv_lora_rank``,
+``qk_rope_head_dim``, ``qk_nope_head_dim``, ``v_head_dim``, ``q_lora_rank``; MoE:
+``n_routed_experts`` / ``num_experts`` / ``num_local_experts``, ``num_experts_per_tok``,
+``moe_intermediate_size``, ``first_k_dense_replace``, ``n_shared_experts``), and the parameter
+counts are the sum of the weight matrices those fields imply (embeddings, attention, MLP or
+experts, router, LM head unless tied; norms and biases are left out, under 0.1 %). The weight
+type is FP8 when ``quantization_config.quant_method`` is ``fp8``, else BF16.
+
+The configs aiconfigurator-core ships (``aiconfigurator_core/model_configs``) are reachable by
+their Hugging Face name (``--model meta-llama/Meta-Llama-3.1-8B``), which also becomes the
+profile's ``hf_id`` so the measured step-time backend finds its data.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from kvtier.errors import InputError
+from kvtier.hardware.types import MLA, ModelProfile, MoE
+
+
+def shipped_config(hf_id: str) -> Path | None:
+    """The config.json aiconfigurator-core ships for ``org/name`` (None: none, or no package)."""
+    if "/" not in hf_id or hf_id.count("/") != 1:
+        return None
+    try:
+        from importlib.util import find_spec
+
+        spec = find_spec("aiconfigurator_core")
+    except (ImportError, ValueError):
+        return None
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    root = Path(next(iter(spec.submodule_search_locations))) / "model_configs"
+    path = root / f"{hf_id.replace('/', '--')}_config.json"
+    return path if path.is_file() else None
+
+
+def _int(cfg: dict[str, Any], key: str, path: str, default: int | None = None) -> int:
+    value = cfg.get(key, default)
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise InputError(f"key {key!r}: must be a positive integer, got {value!r}", path=path)
+    return value
+
+
+def _opt(cfg: dict[str, Any], *keys: str) -> int | None:
+    for key in keys:
+        value = cfg.get(key)
+        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+            return value
+    return None
+
+
+def profile_from_config(path: str | Path, *, hf_id: str = "") -> ModelProfile:
+    """A :class:`ModelProfile` from a Hugging Face ``config.json``; bad fields are one-line
+    :class:`InputError` naming the file and key."""
+    p = Path(path)
+    where = str(p)
+    try:
+        cfg = json.loads(p.read_text(encoding="utf-8"))
+    except OSError as err:
+        raise InputError(f"cannot read: {err.strerror or err}", path=where) from None
+    except (UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise InputError(f"not a JSON config: {err}", path=where) from None
+    if not isinstance(cfg, dict):
+        raise InputError("not a JSON object", path=where)
+    if isinstance(cfg.get("text_config"), dict):  # multimodal configs nest the language model
+        cfg = {**cfg, **cfg["text_config"]}
+    layers = _int(cfg, "num_hidden_layers", where)
+    hidden = _int(cfg, "hidden_size", where)
+    heads = _int(cfg, "num_attention_heads", where)
+    kv_heads = _int(cfg, "num_key_value_heads", where, heads)
+    vocab = _int(cfg, "vocab_size", where)
+    inter = _int(cfg, "intermediate_size", where)
+    head_dim = _opt(cfg, "head_dim") or hidden // heads
+
+    mla = None
+    kv_lora = _opt(cfg, "kv_lora_rank")
+    if kv_lora is not None:
+        rope = _int(cfg, "qk_rope_head_dim", where)
+        nope = _int(cfg, "qk_nope_head_dim", where)
+        v_dim = _int(cfg, "v_head_dim", where)
+        mla = MLA(kv_lora, rope)
+        head_dim = (nope + rope + v_dim) // 2  # attention FLOPs: mean of the QK and V dims
+        q_lora = _opt(cfg, "q_lora_rank")
+        q = (
+            hidden * q_lora + q_lora * heads * (nope + rope)
+            if q_lora
+            else hidden * heads * (nope + rope)
+        )
+        attn = (
+            q
+            + hidden * (kv_lora + rope)
+            + kv_lora * heads * (nope + v_dim)
+            + heads * v_dim * hidden
+        )
+        kv_heads = 1  # one latent per token and layer
+    else:
+        attn = (
+            hidden * heads * head_dim + 2 * hidden * kv_heads * head_dim + heads * head_dim * hidden
+        )
+
+    experts = _opt(cfg, "n_routed_experts", "num_experts", "num_local_experts")
+    moe = None
+    dense_mlp = 3 * hidden * inter
+    if experts is not None:
+        active = _int(cfg, "num_experts_per_tok", where)
+        moe_inter = _opt(cfg, "moe_intermediate_size") or inter
+        dense_layers = _opt(cfg, "first_k_dense_replace") or 0
+        moe_layers = layers - dense_layers
+        shared = (_opt(cfg, "n_shared_experts") or 0) * 3 * hidden * moe_inter
+        if _opt(cfg, "shared_expert_intermediate_size"):
+            shared = 3 * hidden * int(cfg["shared_expert_intermediate_size"])
+        expert = 3 * hidden * moe_inter
+        expert_params = float(moe_layers * experts * expert)
+        moe = MoE(experts, active, expert_params)
+        router = hidden * experts
+        mlp_total = dense_layers * dense_mlp + moe_layers * (experts * expert + shared + router)
+        mlp_active = dense_layers * dense_mlp + moe_layers * (active * expert + shared + router)
+    else:
+        mlp_total = mlp_active = layers * dense_mlp
+    embed = vocab * hidden * (1 if cfg.get("tie_word_embeddings") else 2)
+    params = float(embed + layers * attn + mlp_total)
+    active_params = float(embed + layers * attn + mlp_active)
+    quant = cfg.get("quantization_config")
+    fp8 = isinstance(quant, dict) and str(quant.get("quant_method", "")).lower() == "fp8"
+    name = hf_id.split("/")[-1] if hf_id else str(cfg.get("_name_or_path") or p.parent.name)
+    return ModelProfile(
+        name=name or p.stem,
+        layers=layers,
+        attention_heads=heads,
+        kv_heads=kv_heads,
+        head_dim=head_dim,
+        params=params,
+        active_params=active_params,
+        weight_dtype_bytes=1.0 if fp8 else 2.0,
+        mla=mla,
+        source=where,
+        hf_id=hf_id or str(cfg.get("_name_or_path") or ""),
+        moe=moe,
+        hidden=hidden,
+    )
