@@ -78,6 +78,68 @@ def timed(fn, runs: int, clock=time.perf_counter) -> list[float]:  # noqa: ANN00
     return times
 
 
+def bench_backends(args: argparse.Namespace) -> None:
+    """Warm replays with the measured and the roofline step-time backends, side by side in one
+    process (rounds alternate which goes first; the replaying thread's CPU time, which other
+    jobs on a shared machine disturb less), and the measured tables' build time: cold
+    (an empty cache directory: aiconfigurator-core's compile and queries) and from the cache."""
+    sys.path.insert(0, str(ROOT))
+    from kvtier.hardware import load_hardware, load_model
+    from kvtier.scenario import Scenario
+    from kvtier.sim import simulate
+    from kvtier.sim.steptime import measured_key, measured_tables
+
+    with tempfile.TemporaryDirectory() as cache:
+        os.environ["KVTIER_CACHE_DIR"] = cache
+        key = measured_key(
+            "meta-llama/Meta-Llama-3.1-8B", "H100-SXM", "vllm", "current", 1, "bf16", "bf16"
+        )
+        t0 = time.perf_counter()
+        built = measured_tables(key)
+        cold = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        measured_tables(key)
+        warm = time.perf_counter() - t0
+        print(
+            f"table build, empty cache: {cold:.2f} s (queries and compile {built.build_s:.2f} s); "
+            f"from the cache: {warm * 1e3:.1f} ms"
+        )
+        scenario = Scenario.from_files(str(args.trace), block_tokens=args.block_tokens)
+        tr, policy = scenario.blocked(), scenario.policy
+        hw, model = load_hardware("h100-node"), load_model("llama-3.1-8b")
+        pols = {
+            name: replace(policy, serving=replace(policy.serving, step_time=name))
+            for name in ("measured", "roofline")
+        }
+        metrics = {name: simulate(tr, hw, model, p) for name, p in pols.items()}  # compile, warm
+        ratios = []
+        for r in range(args.rounds):
+            order = ("measured", "roofline") if r % 2 == 0 else ("roofline", "measured")
+            med = {}
+            for name in order:
+                p = pols[name]
+                med[name] = statistics.median(
+                    timed(lambda p=p: simulate(tr, hw, model, p), args.runs, time.thread_time)
+                )
+            ratios.append(med["measured"] / med["roofline"])
+            per_iter = (
+                ratios[-1] * metrics["roofline"].n_iterations / metrics["measured"].n_iterations
+            )
+            print(
+                f"round {r + 1}: measured {med['measured']:.3f} s, roofline "
+                f"{med['roofline']:.3f} s, ratio {ratios[-1]:.3f} (per iteration {per_iter:.3f})"
+            )
+        for name, m in metrics.items():
+            print(
+                f"{name:9s}: {m.n_iterations:,} iterations, TTFT mean {m.ttft_mean_s:.3f} s, "
+                f"p99 {m.ttft_p99_s:.2f} s, TPOT mean {m.tpot_mean_s * 1e3:.2f} ms"
+            )
+        print(
+            f"measured / roofline warm replay: median {statistics.median(ratios):.3f} "
+            f"(range {min(ratios):.3f}-{max(ratios):.3f}, {len(ratios)} rounds)"
+        )
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--trace", type=Path, default=TRACE)
@@ -90,11 +152,19 @@ def main() -> None:
     ap.add_argument("--against", type=Path, default=None, help="Time against DIR/kvtier_old.")
     ap.add_argument("--rounds", type=int, default=7, help="Rounds of --against.")
     ap.add_argument(
+        "--backends",
+        action="store_true",
+        help="Only the step-time backends: measured vs roofline side by side, table build time.",
+    )
+    ap.add_argument(
         "--cpu-time",
         action="store_true",
         help="--against: time the replaying thread's CPU time (less disturbed by other jobs).",
     )
     args = ap.parse_args()
+    if args.backends:
+        bench_backends(args)
+        return
     if args.against is not None:
         bench_against(args)
         return
