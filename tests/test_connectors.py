@@ -236,3 +236,32 @@ def test_ssd_wear_is_reported_flagged_and_charged() -> None:
     wear = written / (span / 3600) * ssd_hw.drive_price / endurance
     assert ssd.wear_per_hour == pytest.approx(wear)
     assert result.metrics.cost_per_hour == pytest.approx(result.config.cost_per_hour + wear)
+
+
+def test_a_blocking_store_delays_the_cold_run_by_its_own_writes() -> None:
+    """vLLM's wait_for_save with a synchronous store: each step's tokens wait for its copies."""
+    hw = two_gpus(load_hardware("beluga-testbed"))
+    B = 256
+    ids = list(range(PROMPT // B))
+    trace = BlockedTrace.from_lists([0.0], [PROMPT + 1], [8], [ids], B, n_blocks=len(ids))
+    first, finish = {}, {}
+    for blocking in (False, True):
+        tier = TierPolicy(
+            name="rdma", capacity_gb=100.0, connector="lmcache-0.3-mooncake",
+            store_blocks=blocking,
+        )  # fmt: skip
+        policy = Policy(
+            block_tokens=B, serving=ServingPolicy(instances=2), tiers=(TierPolicy(), tier)
+        )
+        cfg = build_config(hw, load_model("Qwen3-32B"), policy)
+        ref = simulate_raw(trace, cfg, engine="reference", check_invariants=True)
+        fast = simulate_raw(trace, cfg, engine="numba")
+        np.testing.assert_array_equal(ref.first_token_s, fast.first_token_s)
+        np.testing.assert_array_equal(ref.finish_s, fast.finish_s)
+        first[blocking], finish[blocking] = float(fast.first_token_s[0]), float(fast.finish_s[0])
+        assert fast.tier_bytes_written.sum() == len(ids) * cfg.tiers.block_bytes
+    # 64 chunks of 67 MB put at 45 ms + 67 MB / 0.67 GB/s each, serially on one worker: the
+    # prompt's steps wait for about 64 x 145 ms in all
+    assert first[True] - first[False] > 5.0
+    # decode steps compute no new prompt block: they do not wait
+    assert finish[True] - first[True] == pytest.approx(finish[False] - first[False], rel=1e-9)

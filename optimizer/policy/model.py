@@ -69,6 +69,15 @@ class ServingPolicy:
         minimum=0,
     )
 
+    # kv_aware only: Dynamo's --kv-overlap-score-weight (default 1); 0 ignores every cache hit
+    # and routes by active blocks alone (lib/llm/src/kv_router/scheduler.rs).
+    kv_overlap_weight: float = setting(
+        1.0,
+        "kv_aware: weight of the prompt blocks left to prefill against the active blocks",
+        nonneg=True,
+        maximum=1e6,
+    )
+
     # vLLM's --enable-prefix-caching / --no-enable-prefix-caching: off, HBM keeps no prefix
     # across requests and every hit comes through a connector (LMCache deployments often run so).
     prefix_caching: bool = setting(
@@ -129,7 +138,7 @@ class TierPolicy:
         None, "cxl only: interleave blocks over the devices (unset: the profile's)", kind="bool"
     )
     # The software between this tier and the GPU (kvtier.policy.registries.CONNECTORS); the
-    # three below override the connector's own values.
+    # four below override the connector's own values.
     connector: str = setting(
         "direct", "transfer path between the tier and the GPU", choices=CONNECTOR_REGISTRY.names
     )
@@ -141,6 +150,11 @@ class TierPolicy:
     )
     layerwise: bool | None = setting(
         None, "loads overlap the first layers' compute (unset: the connector's)", kind="bool"
+    )
+    store_blocks: bool | None = setting(
+        None,
+        "the engine step waits until its copies into the tier are saved (unset: the connector's)",
+        kind="bool",
     )
 
     def __post_init__(self) -> None:

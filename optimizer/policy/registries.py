@@ -13,7 +13,7 @@ from kvtier.cache.registry import EVICTIONS
 from kvtier.registry import Entry, Registry
 
 # ---- routers (ServingPolicy.routing): codes the serving kernels branch on ----------------------
-ROUND_ROBIN, LEAST_LOADED, PREFIX_AFFINITY = 0, 1, 2
+ROUND_ROBIN, LEAST_LOADED, PREFIX_AFFINITY, KV_AWARE = 0, 1, 2, 3
 ROUTERS = Registry(
     "router",
     [
@@ -28,6 +28,13 @@ ROUTERS = Registry(
             PREFIX_AFFINITY,
             "the instance with the most HBM-resident prefix blocks among those whose load is "
             "at most the least load plus serving.affinity_overload",
+        ),
+        Entry(
+            "kv_aware",
+            KV_AWARE,
+            "Dynamo's KV router cost: serving.kv_overlap_weight x the prompt blocks left to "
+            "prefill (HBM hits count 1, lower-tier hits their tier's weight: loading against "
+            "recomputing) plus the instance's active blocks; the lowest cost, lower index on ties",
         ),
     ],
 )
@@ -77,7 +84,9 @@ LOAD_RULES = Registry(
 # ``op_overhead_us``), the store's per-stream get/put rate (``stream_gbps``, 0: none), host
 # staging copies at memcpy rate (``staging``), ``order`` serial or pipelined with ``depth``
 # operations in flight, ``workers`` per GPU or per host (``scope``), whether the first layers
-# compute while later ones arrive (``layerwise``), whether the data passes through host memory
+# compute while later ones arrive (``layerwise``), whether the engine step waits until the
+# step's copies into the tier are saved (``store_blocks``: vLLM's V1 ``wait_for_save`` with a
+# synchronous store; else they run behind), whether the data passes through host memory
 # and so the PCIe switch's uplink (``via_host``), and whether the staging buffer is on the
 # GPU's own socket (``numa_aware``).
 DIRECT, LMCACHE_03_MOONCAKE, LMCACHE_MOONCAKE, MOONCAKE_TE, VLLM_OFFLOADING, NIXL, BELUGA_CXL = (
@@ -98,6 +107,7 @@ def _path(**kw: object) -> dict[str, object]:
         "stream_gbps": 0.0,
         "staging": 0,
         "layerwise": False,
+        "store_blocks": False,
         "via_host": True,
         "numa_aware": True,
     }
@@ -119,9 +129,7 @@ CONNECTORS = Registry(
             LMCACHE_03_MOONCAKE,
             "LMCache 0.3.x with Mooncake Store: one blocking get per chunk, a CPU copy into "
             "pinned memory, then the copy to the GPU, chunk after chunk",
-            _path(
-                unit="chunk", rpc_us=45000.0, stream_gbps=0.67, staging=1, numa_aware=False
-            ),
+            _path(unit="chunk", rpc_us=45000.0, stream_gbps=0.67, staging=1, numa_aware=False),
         ),
         Entry(
             "lmcache-mooncake",
@@ -129,7 +137,11 @@ CONNECTORS = Registry(
             "current LMCache with Mooncake Store: batched get_into registered buffers, "
             "asynchronous, layer-wise",
             _path(
-                unit="chunk", order="pipelined", depth=8, rpc_us=2000.0, stream_gbps=10.0,
+                unit="chunk",
+                order="pipelined",
+                depth=8,
+                rpc_us=2000.0,
+                stream_gbps=10.0,
                 layerwise=True,
             ),
         ),
@@ -165,6 +177,7 @@ __all__ = [
     "CONNECTORS",
     "COST_AWARE",
     "EVICTIONS",
+    "KV_AWARE",
     "LEAST_LOADED",
     "LOAD_RULES",
     "PREFIX_AFFINITY",

@@ -93,6 +93,7 @@ class TierParams(NamedTuple):
     depth: np.ndarray  # i8 (T,)
     unit: np.ndarray  # i8 (T,)
     layerwise: np.ndarray  # bool (T,)
+    store_blocks: np.ndarray  # bool (T,): the engine step waits for copies into the tier
     w0: np.ndarray  # i8 (T, n_instances)
     nw: np.ndarray  # i8 (T,)
     link_bw_read: np.ndarray  # f8 (L,)
@@ -122,7 +123,7 @@ class TierParams(NamedTuple):
         i3 = np.zeros((0, 0, 0), dtype=np.int64)
         return cls(
             0, b1, i8, np.zeros(n_instances, dtype=np.int64), f8, f8, f8, f8, f2, i8, i8, i8,
-            b1, i2, i8, f8, f8, i8, i3, f2, i3, f2, 0, 0, 1, False, False, False, 1, 1, 1, 0.0,
+            b1, b1, i2, i8, f8, f8, i8, i3, f2, i3, f2, 0, 0, 1, False, False, False, 1, 1, 1, 0.0,
         )  # fmt: skip
 
 
@@ -371,7 +372,9 @@ def insert_nb(ts, tp, lk, k, now, t, b, path):  # noqa: ANN001, ANN201
 
 @njit(cache=True, nogil=True, _nrt=False)
 def write_down_nb(ts, tp, lk, k, now, buf, nbuf, n_targets, path):  # noqa: ANN001, ANN201
-    """Copy ``buf[:nbuf]`` into the first ``n_targets`` tiers, one transfer per tier."""
+    """Copy ``buf[:nbuf]`` into the first ``n_targets`` tiers, one transfer per tier; returns
+    when the last copy into a tier whose connector blocks the step ends (``now`` if none)."""
+    saved = now
     for t in range(n_targets):
         p = pool_nb(tp, t, k)
         cnt = 0
@@ -381,8 +384,11 @@ def write_down_nb(ts, tp, lk, k, now, buf, nbuf, n_targets, path):  # noqa: ANN0
                 insert_nb(ts, tp, lk, k, now, t, b, path)
                 cnt += 1
         if cnt > 0:
-            gpu_transfer_nb(tp, lk, k, t, now, cnt, True)
+            fin = gpu_transfer_nb(tp, lk, k, t, now, cnt, True)
             lk.bytes_written[t] += cnt * tp.block_bytes
+            if tp.store_blocks[t] and fin > saved:
+                saved = fin
+    return saved
 
 
 @njit(cache=True, nogil=True, _nrt=False, inline="always")
@@ -407,7 +413,8 @@ def sighted_nb(ts, tp, lk, k, now, block_ids, bo, nb, hbm_hits, buf, path):  # n
 
 @njit(cache=True, nogil=True, _nrt=False)
 def computed_nb(ts, tp, lk, k, now, buf, nbuf, path):  # noqa: ANN001, ANN201
-    """Newly computed blocks ``buf[:nbuf]``: copy down per the write policy."""
+    """Newly computed blocks ``buf[:nbuf]``: copy down per the write policy; returns when the
+    copies the engine step waits for end (``now`` if none)."""
     wp = tp.write_policy
     if wp == WRITE_THROUGH:
         n = nbuf
@@ -418,10 +425,11 @@ def computed_nb(ts, tp, lk, k, now, buf, nbuf, path):  # noqa: ANN001, ANN201
                 buf[n] = buf[x]
                 n += 1
     else:
-        return
+        return now
     if n > 0:
         targets = new_targets_nb(tp)
-        write_down_nb(ts, tp, lk, k, now, buf, np.int64(n), np.int64(targets), path)
+        return write_down_nb(ts, tp, lk, k, now, buf, np.int64(n), np.int64(targets), path)
+    return now
 
 
 @njit(cache=True, nogil=True, _nrt=False)

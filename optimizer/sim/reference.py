@@ -20,7 +20,10 @@ a lower tier wakes when the first of them is ready (a third kind of event instan
 Lower tiers (``cfg.tiers``) are :class:`kvtier.sim.reference_tiers.LowerTiers`; its
 docstring has their rules. Hooks: at admission (after the HBM fit check) the lower-tier look-up,
 the load rule, the loads (the request's ``ready`` time) and the sightings, then HBM's evictions
-(write-back); at an iteration's end the newly computed blocks (write-through). A request still
+(write-back); at an iteration's end the newly computed blocks (write-through), before its
+tokens are emitted: when a tier's connector blocks the step until its copies are saved
+(``store_blocks``, vLLM's ``wait_for_save``), the instance stays busy until they end and the
+tokens are emitted then. A request still
 loading takes no tokens. With ``load_wait = "batch"`` (``cfg.tiers.batch_waits``) no request
 does: while any running request is loading, after admission, the instance starts no iteration
 and wakes when the last of them is ready (LMCache up to 0.3.x retrieves before the forward
@@ -70,10 +73,11 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from kvtier.policy.registries import LEAST_LOADED, ROUND_ROBIN
+from kvtier.policy.registries import KV_AWARE, LEAST_LOADED, ROUND_ROBIN
 from kvtier.sim.config import SimConfig
 from kvtier.sim.reference_tiers import LowerTiers
 from kvtier.sim.result import RawResult, SloCheck, end_time
+from kvtier.sim.routing import kv_route_weights
 from kvtier.sim.tiers import recompute_costs
 from kvtier.sim.timing import (
     prefill_attn_ns,
@@ -174,6 +178,8 @@ class Instance:
         self.scheduled: list[tuple[Request, int]] = []
         self.busy_time = 0.0
         self.wake = np.inf  # while idle: when a loading request becomes ready
+        self.active_blocks = 0  # prompt blocks of the requests routed here, not finished
+        self.saving = False  # the iteration has ended, its blocking stores have not
 
     @property
     def load(self) -> int:
@@ -224,6 +230,7 @@ def simulate_reference(
             trace.block_offsets, trace.block_ids, trace.n_blocks, B, *compute
         )  # GDSF's cost per block
         lower = LowerTiers(cfg.tiers, trace.n_blocks, tp, costs)
+    route_w = kv_route_weights(cfg)  # the kv_aware router's weight of a lower-tier hit
     load_s = np.zeros(n)
     loaded_blocks = np.zeros((n, cfg.tiers.n_tiers if cfg.tiers is not None else 0), np.int64)
     rr = 0
@@ -263,6 +270,8 @@ def simulate_reference(
             k = rr % cfg.n_instances
             rr += 1
             return k
+        if cfg.router == KV_AWARE:
+            return kv_route(req)
         loads = [inst.load for inst in instances]
         if cfg.router == LEAST_LOADED:
             return loads.index(min(loads))
@@ -275,6 +284,29 @@ def simulate_reference(
             h = inst.pool.lookup(req.blocks, min(cap, len(req.blocks))) if prefix else 0
             if h > best_hits or (h == best_hits and loads[k] < best_load):
                 best, best_hits, best_load = k, h, loads[k]
+        return best
+
+    def kv_route(req: Request) -> int:
+        """Dynamo's KV router: the lowest ``overlap_weight * prefill_blocks + active_blocks``.
+
+        ``prefill_blocks`` is the prompt's blocks less those the instance can serve (an HBM
+        hit counts 1, a lower-tier hit the weight of its tier, ``route_w``); the instance's
+        active blocks are the prompt blocks of the requests routed to it and not finished,
+        plus this request's blocks that are not HBM hits. Ties: the lower index."""
+        cap = min((req.input_tokens - 1) // B, len(req.blocks))
+        n_req = -(-req.input_tokens // B)
+        best, best_cost = -1, np.inf
+        for k, inst in enumerate(instances):
+            h = inst.pool.lookup(req.blocks, cap) if prefix else 0
+            eff = float(h)
+            if lower is not None:
+                for t in lower.lookup(k, req.blocks, h, cap):
+                    eff += route_w[t, k]
+            cost = cfg.kv_overlap_weight * (req.input_tokens / B - eff) + (
+                inst.active_blocks + n_req - h
+            )
+            if cost < best_cost:
+                best, best_cost = k, cost
         return best
 
     def arrive(req: Request, t: float) -> None:
@@ -291,6 +323,7 @@ def simulate_reference(
         k = route(req)
         inst_of[req.idx] = k
         instances[k].waiting.append(req)
+        instances[k].active_blocks += -(-req.input_tokens // B)
 
     def admit(inst: Instance, k: int, req: Request, now: float) -> bool:
         """Admit ``req`` on instance ``k`` if its fresh slots fit: look up its prefix (HBM,
@@ -400,23 +433,34 @@ def simulate_reference(
         if tracker is not None:
             tracker.finished(t - first[req.idx], req.output_tokens)
         inst.pool.release(req.slots)
+        inst.active_blocks -= -(-req.input_tokens // B)
 
     def end_iteration(inst: Instance, k: int, t: float) -> None:
-        """Instance ``k``'s iteration ends: KV grows, full blocks register, tokens are
-        emitted."""
+        """Instance ``k``'s iteration ends: KV grows, full blocks register and are copied
+        down, tokens are emitted. A connector that blocks the step (vLLM's ``wait_for_save``)
+        keeps the instance busy until its copies end; the tokens are emitted then."""
         pool = inst.pool
+        if inst.saving:
+            inst.saving = False  # the blocking stores are done: emit the step's tokens
+        else:
+            computed: list[int] = []
+            for req, q in inst.scheduled:
+                req.kv += q
+                full = min(req.kv // B, len(req.blocks))
+                for j in range(req.registered, full):
+                    pool.register(req.slots[j], req.blocks[j])
+                    if j >= req.computed_from:
+                        computed.append(req.blocks[j])
+                req.registered = max(req.registered, full)
+            if lower is not None and computed:
+                saved = lower.computed(k, t, computed)
+                if saved > t:
+                    inst.saving = True
+                    inst.busy_until = saved
+                    return
         done: list[Request] = []
-        computed: list[int] = []
         for req, q in inst.scheduled:
-            was_prefill = req.kv < req.input_tokens
-            req.kv += q
-            full = min(req.kv // B, len(req.blocks))
-            for j in range(req.registered, full):
-                pool.register(req.slots[j], req.blocks[j])
-                if j >= req.computed_from:
-                    computed.append(req.blocks[j])
-            req.registered = max(req.registered, full)
-            if was_prefill:
+            if req.kv - q < req.input_tokens:  # it was a prefill
                 if req.kv == req.input_tokens:
                     req.generated = 1
                     first_token(req, t)
@@ -432,8 +476,6 @@ def simulate_reference(
             inst.running.remove(req)
         inst.scheduled = []
         inst.busy_until = None
-        if lower is not None:
-            lower.computed(k, t, computed)
         if check_invariants:
             pool.check(inst.running)
             if lower is not None:

@@ -202,17 +202,19 @@ class LowerTiers:
         if self.cfg.write_policy == WRITE_SELECTIVE and reached:
             self.write_down(inst, now, reached, self.new_block_targets())
 
-    def computed(self, inst: int, now: float, blocks: list[int]) -> None:
-        """Blocks an iteration has just computed on ``inst``: copy them down per write policy."""
+    def computed(self, inst: int, now: float, blocks: list[int]) -> float:
+        """Blocks an iteration has just computed on ``inst``: copy them down per write policy;
+        returns when the copies the engine step waits for end (``now`` if none)."""
         wp = self.cfg.write_policy
         if wp == WRITE_THROUGH:
             chosen = blocks
         elif wp == WRITE_SELECTIVE:
             chosen = [b for b in blocks if self.sightings[b] >= self.cfg.selective_k]
         else:
-            return
+            return now
         if chosen:
-            self.write_down(inst, now, chosen, self.new_block_targets())
+            return self.write_down(inst, now, chosen, self.new_block_targets())
+        return now
 
     def hbm_evicted(self, inst: int, now: float, blocks: list[int]) -> None:
         """Blocks HBM evicted during one admission: copied to the first lower tier if cascading."""
@@ -223,8 +225,11 @@ class LowerTiers:
         """How many tiers (from the top) a copy of a new block goes to."""
         return 1 if self.cfg.exclusive else self.cfg.n_tiers
 
-    def write_down(self, inst: int, now: float, blocks: list[int], n_targets: int) -> None:
+    def write_down(self, inst: int, now: float, blocks: list[int], n_targets: int) -> float:
+        """Copy ``blocks`` into the first ``n_targets`` tiers; returns when the last copy into
+        a tier whose connector blocks the step ends (``now`` if none)."""
         c = self.cfg
+        saved = now
         for t in range(n_targets):
             pool = self.pool(t, inst)
             cnt = 0
@@ -233,8 +238,11 @@ class LowerTiers:
                     self.insert(inst, now, t, b)
                     cnt += 1
             if cnt:
-                self.gpu_transfer(inst, now, t, cnt, True)
+                fin = self.gpu_transfer(inst, now, t, cnt, True)
                 self.bytes_written[t] += cnt * c.block_bytes
+                if c.store_blocks[t] and fin > saved:
+                    saved = fin
+        return saved
 
     def insert(self, inst: int, now: float, t: int, b: int) -> None:
         """Admit ``b`` into tier ``t``; a victim cascades down while the policy says so."""

@@ -66,6 +66,7 @@ class TierConfig:
     depth: np.ndarray  # int64 (T,) operations in flight when pipelined
     unit: np.ndarray  # int64 (T,) UNIT_* of one operation
     layerwise: np.ndarray  # bool (T,) loads overlap the first layers' compute
+    store_blocks: np.ndarray  # bool (T,) the engine step waits for its copies into the tier
     w0: np.ndarray  # int64 (T, n_instances) first worker of the pool instance k uses
     nw: np.ndarray  # int64 (T,) workers in that pool
     n_workers: int
@@ -158,7 +159,9 @@ def build_tiers(
     socket = local * topo.sockets // topo.gpus_per_host
     T = len(lower)
     names, evictions, connectors, caps, per_host, base = [], [], [], [], [], []
-    lat_s, cap_bw, rpc_s, stream_bw, serial, depth, unit, layerwise = ([] for _ in range(8))
+    lat_s, cap_bw, rpc_s, stream_bw, serial, depth, unit, layerwise, blocks_step = (
+        [] for _ in range(9)
+    )
     stage_bw = np.full((T, n_instances), math.inf)
     port = np.full((T, n_instances), -1, dtype=np.int64)
     pool_link = np.full(T, -1, dtype=np.int64)
@@ -202,6 +205,8 @@ def build_tiers(
         depth.append(int(tp.depth if tp.depth is not None else d["depth"]))
         unit.append(UNITS.index(str(d["unit"])))
         layerwise.append(bool(tp.layerwise if tp.layerwise is not None else d["layerwise"]))
+        store = tp.store_blocks if tp.store_blocks is not None else d["store_blocks"]
+        blocks_step.append(bool(store))
         via_host[t] = bool(d["via_host"])
         staging[t] = int(d["staging"])
         if staging[t] > 0:
@@ -266,6 +271,7 @@ def build_tiers(
         depth=np.array(depth, dtype=np.int64),
         unit=np.array(unit, dtype=np.int64),
         layerwise=np.array(layerwise, dtype=np.bool_),
+        store_blocks=np.array(blocks_step, dtype=np.bool_),
         w0=w0,
         nw=nw,
         n_workers=n_workers,
