@@ -105,7 +105,25 @@ def test_every_declared_field_is_a_key() -> None:
     for f in fields(SLO):
         assert f"slo.{f.name}" in keys
     assert {"tiers.ssd.enabled", "tiers.hbm.capacity_gb", "tiers.cxl.interleave"} <= set(keys)
-    assert len([k for k in keys if k.startswith("tiers.")]) == 4 + 4 + 5 + 1
+    # enabled, eviction and five connector keys per lower tier, capacity per tier, interleave
+    assert len([k for k in keys if k.startswith("tiers.")]) == 4 * (2 + 5) + 5 + 1
+
+
+def test_connector_keys_set_a_tiers_transfer_path() -> None:
+    base = Policy(tiers=(TierPolicy(), TierPolicy("rdma")))
+    got = apply_overrides(
+        base,
+        parse_overrides(
+            ("tiers.rdma.connector=lmcache-mooncake", "tiers.rdma.depth=4",
+             "tiers.rdma.store_blocks=true"),
+            "--set",
+        ),
+        "--set",
+    )  # fmt: skip
+    rdma = got.tier("rdma")
+    assert (rdma.connector, rdma.depth, rdma.store_blocks) == ("lmcache-mooncake", 4, True)
+    with pytest.raises(InputError, match="lmcache-mooncake"):
+        apply_overrides(base, {"tiers.rdma.connector": "lmcache"}, "--set")
 
 
 def test_apply_overrides_over_a_policy() -> None:

@@ -17,8 +17,8 @@ from pathlib import Path
 from kvtier.cache.registry import EVICTIONS
 from kvtier.policy.export import EXPORTERS
 from kvtier.policy.fields import settings_table
-from kvtier.policy.overrides import override_keys
-from kvtier.policy.registries import LOAD_RULES, ROUTERS, WRITE_POLICIES
+from kvtier.policy.overrides import CONNECTOR_FIELDS, override_keys
+from kvtier.policy.registries import CONNECTORS, LOAD_RULES, ROUTERS, WRITE_POLICIES
 
 DOCS = Path(__file__).resolve().parents[2] / "docs"
 
@@ -31,6 +31,7 @@ def _settings() -> str:
         "tiers.NAME.eviction": "tiers.dram.eviction",
         "tiers.NAME.capacity_gb": "tiers.hbm.capacity_gb",
         "tiers.cxl.interleave": "tiers.cxl.interleave",
+        **{f"tiers.NAME.{x}": f"tiers.rdma.{x}" for x in CONNECTOR_FIELDS},
     }
     rows += [(name, keys[key]) for name, key in tier_rows.items()]
     return settings_table(rows)
@@ -41,6 +42,7 @@ TABLES: dict[str, tuple[str, Callable[[], str]]] = {
     "routers": ("policy.md", ROUTERS.help_table),
     "write-policies": ("policy.md", WRITE_POLICIES.help_table),
     "load-rules": ("policy.md", LOAD_RULES.help_table),
+    "connectors": ("policy.md", CONNECTORS.help_table),
     "eviction-policies": ("cache.md", EVICTIONS.help_table),
     "export-targets": ("export.md", EXPORTERS.help_table),
 }

@@ -69,6 +69,15 @@ class ServingPolicy:
         minimum=0,
     )
 
+    # kv_aware only: Dynamo's --kv-overlap-score-weight (default 1); 0 ignores every cache hit
+    # and routes by active blocks alone (lib/llm/src/kv_router/scheduler.rs).
+    kv_overlap_weight: float = setting(
+        1.0,
+        "kv_aware: weight of the prompt blocks left to prefill against the active blocks",
+        nonneg=True,
+        maximum=1e6,
+    )
+
     # vLLM's --enable-prefix-caching / --no-enable-prefix-caching: off, HBM keeps no prefix
     # across requests and every hit comes through a connector (LMCache deployments often run so).
     prefix_caching: bool = setting(

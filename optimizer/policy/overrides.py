@@ -37,6 +37,8 @@ from kvtier.toml_fields import Table
 # Profiles are chosen with --hardware / --model, never as overrides of a policy. The hbm tier is
 # always on and evicts lru only, so it has no enabled / eviction keys.
 NOT_OVERRIDABLE = ("hardware", "model")
+# A lower tier's connector and the connector values a policy may override (TierPolicy).
+CONNECTOR_FIELDS = ("connector", "depth", "workers", "layerwise", "store_blocks")
 ENABLED = Setting("enabled", None, "list the tier (false: remove it)", "bool")
 
 
@@ -53,6 +55,8 @@ def override_keys() -> dict[str, Setting]:
         if tier != "hbm":
             keys[f"tiers.{tier}.enabled"] = ENABLED
             keys[f"tiers.{tier}.eviction"] = tier_settings["eviction"]
+            for name in CONNECTOR_FIELDS:
+                keys[f"tiers.{tier}.{name}"] = tier_settings[name]
         keys[f"tiers.{tier}.capacity_gb"] = tier_settings["capacity_gb"]
     keys["tiers.cxl.interleave"] = tier_settings["interleave"]
     return keys
@@ -70,6 +74,7 @@ def keys_text(*, search: bool = False) -> str:
     tiers = [
         f"tiers.{{{lower}}}.enabled",
         f"tiers.{{{lower}}}.eviction",
+        *(f"tiers.{{{lower}}}.{name}" for name in CONNECTOR_FIELDS),
         f"tiers.{{{every}}}.capacity_gb",
         "tiers.cxl.interleave",
     ]

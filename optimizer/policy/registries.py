@@ -13,7 +13,7 @@ from kvtier.cache.registry import EVICTIONS
 from kvtier.registry import Entry, Registry
 
 # ---- routers (ServingPolicy.routing): codes the serving kernels branch on ----------------------
-ROUND_ROBIN, LEAST_LOADED, PREFIX_AFFINITY = 0, 1, 2
+ROUND_ROBIN, LEAST_LOADED, PREFIX_AFFINITY, KV_AWARE = 0, 1, 2, 3
 ROUTERS = Registry(
     "router",
     [
@@ -28,6 +28,13 @@ ROUTERS = Registry(
             PREFIX_AFFINITY,
             "the instance with the most HBM-resident prefix blocks among those whose load is "
             "at most the least load plus serving.affinity_overload",
+        ),
+        Entry(
+            "kv_aware",
+            KV_AWARE,
+            "Dynamo's KV router cost: serving.kv_overlap_weight x the prompt blocks left to "
+            "prefill (HBM hits count 1, lower-tier hits their tier's weight: loading against "
+            "recomputing) plus the instance's active blocks; the lowest cost, lower index on ties",
         ),
     ],
 )
@@ -170,6 +177,7 @@ __all__ = [
     "CONNECTORS",
     "COST_AWARE",
     "EVICTIONS",
+    "KV_AWARE",
     "LEAST_LOADED",
     "LOAD_RULES",
     "PREFIX_AFFINITY",

@@ -47,6 +47,7 @@ class SimConfig:
     tiers: TierConfig | None = None  # tiers below HBM (None: HBM only)
     prefix_caching: bool = True  # serving.prefix_caching: HBM prefix hits across requests
     concurrency: int = 0  # closed-loop load generator: requests in flight (0: open loop)
+    kv_overlap_weight: float = 1.0  # kv_aware router: weight of prefill blocks (Dynamo's)
 
     # the packed step-time array (kvtier.sim.timing layout; None: the plain roofline of the
     # fields above), the backend that made it and its provenance (package and data versions)
@@ -134,4 +135,5 @@ def build_config(hardware: Hardware, model: ModelProfile, policy: Policy) -> Sim
         step_backend=backend,
         step_provenance=provenance,
         prefix_caching=serving.prefix_caching,
+        kv_overlap_weight=float(serving.kv_overlap_weight),
     )

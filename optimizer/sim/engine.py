@@ -22,6 +22,7 @@ from kvtier.cache.enums import BLK_LANES, L_NXT, L_PRV, L_WHERE, NIL, W_ABSENT
 from kvtier.cache.state import TierState
 from kvtier.errors import InputError
 from kvtier.policy.registries import (
+    KV_AWARE,
     LEAST_LOADED,
     PREFIX_AFFINITY,
     ROUND_ROBIN,
@@ -31,6 +32,7 @@ from kvtier.sim.config import SimConfig
 from kvtier.sim.nb import AHEAD, HbmPools, Outputs, Params, Requests, simulate_nb
 from kvtier.sim.nb_tiers import LinkState, TierParams, TierPools, fill_rows_nb
 from kvtier.sim.result import RawResult, SloCheck, end_time
+from kvtier.sim.routing import kv_route_weights
 from kvtier.sim.steptime.pack import validate_timing
 from kvtier.sim.tiers import MAX_PATH, TierConfig, recompute_costs
 from kvtier.trace.blocked import BlockedTrace
@@ -42,7 +44,8 @@ MAX_SLOTS = 1 << 30
 MAX_CAP = (1 << 30) - AHEAD  # a free ring of 2 x capacity + AHEAD entries is indexed by int32
 MAX_SEQS = 1 << 20
 MAX_REFS = 1 << 31  # slot references of all requests (each request's blocks, summed)
-ROUTER_CODES = (ROUND_ROBIN, LEAST_LOADED, PREFIX_AFFINITY)  # the routers the kernel implements
+# the routers the kernel implements
+ROUTER_CODES = (ROUND_ROBIN, LEAST_LOADED, PREFIX_AFFINITY, KV_AWARE)
 
 
 def free_ring_length(capacity: int) -> int:
@@ -214,6 +217,8 @@ def simulate_engine(
         lim,
         bool(cfg.prefix_caching),
         int(cfg.concurrency),
+        float(cfg.kv_overlap_weight),
+        _route_weights(cfg),
     )
     out = Outputs(
         first_token=np.full(n, np.nan),
@@ -244,6 +249,20 @@ def simulate_engine(
         arrival_s=arrival,
         **_tier_result(cfg.tiers, lk, out.load_s),
     )
+
+
+def _route_weights(cfg: SimConfig) -> np.ndarray:
+    """The kv_aware router's tier weights (:func:`kvtier.sim.routing.kv_route_weights`), one
+    finite value in [0, 1] per tier and instance; ``(1, 1)`` zeros when unused (a typed array
+    the kernel never reads)."""
+    if not (np.isfinite(cfg.kv_overlap_weight) and cfg.kv_overlap_weight >= 0):
+        raise InputError(f"kv_overlap_weight must be finite and >= 0, got {cfg.kv_overlap_weight}")
+    if cfg.router != KV_AWARE or cfg.tiers is None:
+        return np.zeros((1, 1), dtype=np.float64)
+    w = np.ascontiguousarray(kv_route_weights(cfg), dtype=np.float64)
+    if w.shape != (cfg.tiers.n_tiers, cfg.n_instances) or not np.all((w >= 0) & (w <= 1)):
+        raise ValueError("kv_aware tier weights must be in [0, 1], one per tier and instance")
+    return w
 
 
 def _check_counts(

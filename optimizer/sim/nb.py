@@ -56,7 +56,7 @@ import numpy as np
 from numba import njit
 
 from kvtier.cache.prefetch import prefetch
-from kvtier.policy.registries import LEAST_LOADED, ROUND_ROBIN, WRITE_SELECTIVE
+from kvtier.policy.registries import KV_AWARE, LEAST_LOADED, ROUND_ROBIN, WRITE_SELECTIVE
 from kvtier.sim.nb_tiers import (
     LinkState,
     TierParams,
@@ -321,6 +321,8 @@ class Params(NamedTuple):
     slo_limits: np.ndarray  # i8 (3,): over-limits for p99, p999 TTFT and p99 TPOT
     prefix_caching: bool  # serving.prefix_caching (off: no HBM prefix hits)
     concurrency: int  # closed-loop load generator: requests in flight (0: open loop)
+    kv_overlap_weight: float  # kv_aware router: weight of the prompt blocks left to prefill
+    route_w: np.ndarray  # f8 (n_tiers, n_instances): kv_aware weight of a lower-tier hit
 
 
 class HbmPools(NamedTuple):
@@ -376,6 +378,7 @@ class InstanceState(NamedTuple):
     busy_until: np.ndarray  # f8: when the iteration ends
     wake: np.ndarray  # f8: while idle, when a loading request becomes ready
     act: np.ndarray  # i8: instances that act at this event, in index order
+    active_blocks: np.ndarray  # i8: prompt blocks of the requests routed here, not finished
     # decode steps run ahead of the event loop (0: none pending) and what they started from,
     # so that an early stop can count only the steps begun before it (skip_back_nb)
     seg_steps: np.ndarray
@@ -499,6 +502,7 @@ def finish_nb(
     slot_off = rs.slot_off
     finish[i] = now
     ints[C_IN_FLIGHT] -= 1
+    ist.active_blocks[k] -= (rq.input_tokens[i] + prm.block_tokens - 1) // prm.block_tokens
     ty.ttft_sum[1] = now
     if prm.slo_on:
         d = output_tokens[i] - 1
@@ -668,9 +672,56 @@ def stop_early_nb(now: float, ist: InstanceState, prm: Params, out: Outputs, ty:
             ty.ints[C_ITER] -= skip_back_nb(k, now, ist, out, prm.timing, ty.ints)
 
 
+@njit(cache=True, nogil=True, _nrt=False)
+def kv_route_nb(
+    i: int,
+    rq: Requests,
+    ist: InstanceState,
+    pool: HbmPools,
+    ts: TierPools,
+    tp: TierParams,
+    prm: Params,
+    buf: Buffers,
+) -> int:
+    """Dynamo's KV router: the lowest ``overlap_weight * prefill_blocks + active_blocks``
+    (the reference's ``kv_route``; the same float operations in the same order)."""
+    boff = rq.block_offsets
+    inp = rq.input_tokens
+    B = prm.block_tokens
+    hcap = (inp[i] - 1) // B
+    nb = boff[i + 1] - boff[i]
+    if nb < hcap:
+        hcap = nb
+    n_req = (inp[i] + B - 1) // B
+    best = -1
+    best_cost = np.inf
+    for kk in range(prm.n_instances):
+        h = 0
+        if prm.prefix_caching:
+            h = _lookup_nb(pool.slot_of, kk * prm.n_shared, rq.shared, boff[i], hcap, buf.found)
+        eff = float(h)
+        if tp.n_tiers > 0:
+            n_src = lookup_nb(ts, tp, kk, rq.block_ids, boff[i], h, hcap, buf.src)
+            for j in range(n_src):
+                eff += prm.route_w[buf.src[j], kk]
+        cost = prm.kv_overlap_weight * (inp[i] / B - eff) + (ist.active_blocks[kk] + n_req - h)
+        if cost < best_cost:
+            best = kk
+            best_cost = cost
+    return best
+
+
 @njit(cache=True, nogil=True, inline="always")
 def route_nb(
-    i: int, rq: Requests, ist: InstanceState, pool: HbmPools, prm: Params, ty: Tally, buf: Buffers
+    i: int,
+    rq: Requests,
+    ist: InstanceState,
+    pool: HbmPools,
+    ts: TierPools,
+    tp: TierParams,
+    prm: Params,
+    ty: Tally,
+    buf: Buffers,
 ) -> int:
     """The instance request ``i`` joins (load = waiting + running requests)."""
     ints = ty.ints
@@ -686,6 +737,8 @@ def route_nb(
         k = ints[C_RR] % n_inst
         ints[C_RR] += 1
         return k
+    if prm.router == KV_AWARE:
+        return kv_route_nb(i, rq, ist, pool, ts, tp, prm, buf)
     if prm.router == LEAST_LOADED:
         k = 0
         best_load = q_len[0] + n_running[0]
@@ -734,6 +787,8 @@ def arrive_nb(
     rs: RequestState,
     ist: InstanceState,
     pool: HbmPools,
+    ts: TierPools,
+    tp: TierParams,
     prm: Params,
     out: Outputs,
     ty: Tally,
@@ -751,8 +806,9 @@ def arrive_nb(
         ints[C_REJECTED] += 1
         return
     ints[C_IN_FLIGHT] += 1
-    k = route_nb(i, rq, ist, pool, prm, ty, buf)
+    k = route_nb(i, rq, ist, pool, ts, tp, prm, ty, buf)
     instance[i] = k
+    ist.active_blocks[k] += (rq.input_tokens[i] + prm.block_tokens - 1) // prm.block_tokens
     if q_tail[k] < 0:
         q_head[k] = i
     else:
@@ -1133,7 +1189,7 @@ def event_loop_nb(
             break
         while next_arrival_nb(rq, nx, prm, ty) == now:
             arrival[nx] = now  # when it was sent (a closed loop's copy of the trace times)
-            arrive_nb(nx, rq, rs, ist, pool, prm, out, ty, buf)
+            arrive_nb(nx, rq, rs, ist, pool, ts, tp, prm, out, ty, buf)
             nx += 1
         n_act = 0
         for k in range(n_inst):
@@ -1199,6 +1255,7 @@ def simulate_nb(
         np.zeros(n_inst, dtype=np.float64),
         np.full(n_inst, np.inf),
         np.empty(n_inst, dtype=np.int64),
+        np.zeros(n_inst, dtype=np.int64),
         np.zeros(n_inst, dtype=np.int64),
         np.zeros(n_inst, dtype=np.float64),
         np.zeros(n_inst, dtype=np.float64),

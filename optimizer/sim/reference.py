@@ -40,7 +40,11 @@ Routing (at arrival). A request whose prompt plus output can never fit an instan
 (``total_blocks > capacity``) is rejected. Otherwise ``load`` = waiting + running requests:
 ``round_robin`` takes instances in turn; ``least_loaded`` the lowest load; ``prefix_affinity``
 the most HBM-resident prefix blocks among instances whose load is at most the minimum load plus
-``affinity_overload``, ties by lower load, then lower index.
+``affinity_overload``, ties by lower load, then lower index; ``kv_aware`` the lowest
+``kv_overlap_weight * (input / B - eff) + active_blocks + ceil(input / B) - hbm_hits``, ``eff``
+the HBM hits plus each further block found in a lower tier weighted by
+:func:`kvtier.sim.routing.kv_route_weights`, ``active_blocks`` the prompt blocks of the
+requests routed to the instance and not finished (Dynamo's KV router), ties by lower index.
 
 HBM (per instance, vLLM's block pool). ``capacity`` slots. A slot holds a cached block id or
 nothing. Unpinned slots wait in one free queue: allocation pops its head (evicting the cached
@@ -73,10 +77,11 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from kvtier.policy.registries import LEAST_LOADED, ROUND_ROBIN
+from kvtier.policy.registries import KV_AWARE, LEAST_LOADED, ROUND_ROBIN
 from kvtier.sim.config import SimConfig
 from kvtier.sim.reference_tiers import LowerTiers
 from kvtier.sim.result import RawResult, SloCheck, end_time
+from kvtier.sim.routing import kv_route_weights
 from kvtier.sim.tiers import recompute_costs
 from kvtier.sim.timing import (
     prefill_attn_ns,
@@ -177,6 +182,7 @@ class Instance:
         self.scheduled: list[tuple[Request, int]] = []
         self.busy_time = 0.0
         self.wake = np.inf  # while idle: when a loading request becomes ready
+        self.active_blocks = 0  # prompt blocks of the requests routed here, not finished
         self.saving = False  # the iteration has ended, its blocking stores have not
 
     @property
@@ -228,6 +234,7 @@ def simulate_reference(
             trace.block_offsets, trace.block_ids, trace.n_blocks, B, *compute
         )  # GDSF's cost per block
         lower = LowerTiers(cfg.tiers, trace.n_blocks, tp, costs)
+    route_w = kv_route_weights(cfg)  # the kv_aware router's weight of a lower-tier hit
     load_s = np.zeros(n)
     loaded_blocks = np.zeros((n, cfg.tiers.n_tiers if cfg.tiers is not None else 0), np.int64)
     rr = 0
@@ -267,6 +274,8 @@ def simulate_reference(
             k = rr % cfg.n_instances
             rr += 1
             return k
+        if cfg.router == KV_AWARE:
+            return kv_route(req)
         loads = [inst.load for inst in instances]
         if cfg.router == LEAST_LOADED:
             return loads.index(min(loads))
@@ -279,6 +288,29 @@ def simulate_reference(
             h = inst.pool.lookup(req.blocks, min(cap, len(req.blocks))) if prefix else 0
             if h > best_hits or (h == best_hits and loads[k] < best_load):
                 best, best_hits, best_load = k, h, loads[k]
+        return best
+
+    def kv_route(req: Request) -> int:
+        """Dynamo's KV router: the lowest ``overlap_weight * prefill_blocks + active_blocks``.
+
+        ``prefill_blocks`` is the prompt's blocks less those the instance can serve (an HBM
+        hit counts 1, a lower-tier hit the weight of its tier, ``route_w``); the instance's
+        active blocks are the prompt blocks of the requests routed to it and not finished,
+        plus this request's blocks that are not HBM hits. Ties: the lower index."""
+        cap = min((req.input_tokens - 1) // B, len(req.blocks))
+        n_req = -(-req.input_tokens // B)
+        best, best_cost = -1, np.inf
+        for k, inst in enumerate(instances):
+            h = inst.pool.lookup(req.blocks, cap) if prefix else 0
+            eff = float(h)
+            if lower is not None:
+                for t in lower.lookup(k, req.blocks, h, cap):
+                    eff += route_w[t, k]
+            cost = cfg.kv_overlap_weight * (req.input_tokens / B - eff) + (
+                inst.active_blocks + n_req - h
+            )
+            if cost < best_cost:
+                best, best_cost = k, cost
         return best
 
     def arrive(req: Request, t: float) -> None:
@@ -295,6 +327,7 @@ def simulate_reference(
         k = route(req)
         inst_of[req.idx] = k
         instances[k].waiting.append(req)
+        instances[k].active_blocks += -(-req.input_tokens // B)
 
     def admit(inst: Instance, k: int, req: Request, now: float) -> bool:
         """Admit ``req`` on instance ``k`` if its fresh slots fit: look up its prefix (HBM,
@@ -404,6 +437,7 @@ def simulate_reference(
         if tracker is not None:
             tracker.finished(t - first[req.idx], req.output_tokens)
         inst.pool.release(req.slots)
+        inst.active_blocks -= -(-req.input_tokens // B)
 
     def end_iteration(inst: Instance, k: int, t: float) -> None:
         """Instance ``k``'s iteration ends: KV grows, full blocks register and are copied
