@@ -88,6 +88,15 @@ trace_option = click.option(
 )
 
 
+trace_output_option = click.option(
+    "-o",
+    "--output",
+    required=True,
+    type=click.Path(dir_okay=False),
+    help="Trace file to write (.parquet or .arrow).",
+)
+
+
 def policy_profile_options(command: Callable[..., Any]) -> Callable[..., Any]:
     """``--hardware`` and ``--model``, defaulting to the policy file's profiles."""
     command = click.option(
@@ -557,13 +566,7 @@ IMPORT_FORMATS = import_format_names()
     help="Format of INPUT (docs/traces.md describes each).",
 )
 @click.argument("input_path", metavar="INPUT", type=click.Path(dir_okay=False))
-@click.option(
-    "-o",
-    "--output",
-    required=True,
-    type=click.Path(dir_okay=False),
-    help="Trace file to write (.parquet or .arrow).",
-)
+@trace_output_option
 @click.option(
     "--tokenizer",
     default=None,
@@ -688,13 +691,7 @@ def trace_import(
     "--chat-template", default=None, type=click.Path(dir_okay=False), help="For --from-log."
 )
 @click.option("--block-tokens", "-B", type=int, default=None, help="For --from-log [default: 16].")
-@click.option(
-    "-o",
-    "--output",
-    required=True,
-    type=click.Path(dir_okay=False),
-    help="Trace file to write (.parquet or .arrow).",
-)
+@trace_output_option
 def trace_capture(
     endpoint: str | None,
     log_path: str | None,
@@ -762,13 +759,7 @@ def trace_capture(
 @click.argument("trace_path", metavar="TRACE", type=click.Path())
 @click.option("--fraction", type=float, required=True, help="Share of sessions to keep, (0, 1].")
 @click.option("--seed", type=int, default=0, show_default=True, help="Another, independent sample.")
-@click.option(
-    "-o",
-    "--output",
-    required=True,
-    type=click.Path(dir_okay=False),
-    help="Trace file to write (.parquet or .arrow).",
-)
+@trace_output_option
 @click.option(
     "--stream/--no-stream",
     default=None,
@@ -804,13 +795,7 @@ def trace_sample_cmd(
 @click.argument("trace_path", metavar="TRACE", type=click.Path())
 @click.option("--start", type=float, default=0.0, show_default=True, help="First second kept.")
 @click.option("--end", type=float, default=None, help="End of the window, seconds [default: all].")
-@click.option(
-    "-o",
-    "--output",
-    required=True,
-    type=click.Path(dir_okay=False),
-    help="Trace file to write (.parquet or .arrow).",
-)
+@trace_output_option
 def trace_slice_cmd(trace_path: str, start: float, end: float | None, output: str) -> None:
     """Keep the requests of TRACE arriving in [--start, --end), shifted to start at 0."""
     from kvtier.trace.io import read_trace, write_trace
