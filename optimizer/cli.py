@@ -1145,7 +1145,22 @@ def _optimize_options(command: Callable[..., Any]) -> Callable[..., Any]:
             "--out",
             default=None,
             type=click.Path(dir_okay=False),
-            help="Policy file to write [default: policies/STUDY.toml].",
+            help="Policy file to write [default: runs/STUDY.toml].",
+        ),
+        click.option(
+            "--target",
+            type=click.Choice(["vllm", "lmcache", "sglang", "dynamo", "mooncake"]),
+            default=None,
+            help="Search only what this serving system can express, so its export runs the "
+            "simulated policy [default: search everything; the report names the targets "
+            "that can run the winner].",
+        ),
+        click.option(
+            "--max-hosts",
+            type=click.IntRange(min=1),
+            default=None,
+            help="Let the search add hosts of the hardware profile, up to this many "
+            "(cost counts the hosts a policy occupies) [default: the profile's hosts].",
         ),
         click.option("--json", "as_json", is_flag=True, help="Print the result as JSON."),
     ]
@@ -1184,6 +1199,18 @@ def _on_trial(progress: Any, task: Any) -> Callable[[int, Any], None]:
     return on_trial
 
 
+def _on_bound(console: Console) -> Callable[[Any], None]:
+    """Say before the search when the SLO is out of reach (the report repeats it)."""
+
+    def on_bound(bound: Any) -> None:
+        if bound.unreachable:
+            from kvtier.report.optimize import bound_text
+
+            console.print(bound_text(bound))
+
+    return on_bound
+
+
 def _interrupted() -> None:
     click.echo(
         "interrupted: finished trials are kept in the study; run the same command again "
@@ -1203,7 +1230,12 @@ def _run_optimize(**kwargs: Any) -> None:
     task = progress.add_task("optimizing", total=kwargs["n_trials"], best=FIRST_TRIAL_TEXT)
     try:
         with progress:
-            result = optimize(pins=pins, on_trial=_on_trial(progress, task), **kwargs)
+            result = optimize(
+                pins=pins,
+                on_trial=_on_trial(progress, task),
+                on_bound=None if as_json else _on_bound(progress.console),
+                **kwargs,
+            )
     except KeyboardInterrupt:
         _interrupted()
     from kvtier.report.optimize import print_result, result_json
@@ -1422,7 +1454,7 @@ def report_cmd(
 @click.argument("traces", nargs=-1, required=True, type=click.Path())
 @click.option(
     "--out-dir",
-    default="policies",
+    default="runs",
     show_default=True,
     type=click.Path(file_okay=False),
     help="Directory of the policy files, one per trace (STUDY.toml).",

@@ -45,11 +45,138 @@ def _misses(violations: dict[str, float]) -> str:
     return ", ".join(parts)
 
 
+TERM_WORDS = {
+    "ttft_p99_s": "the time to first token of the slowest 1% of requests",
+    "ttft_p999_s": "the time to first token of the slowest 0.1% of requests",
+    "ttft_mean_s": "the mean time to first token",
+    "tpot_p99_s": "the time per output token of the slowest 1% of requests",
+    "completion": "requests left unfinished at the end of the trace",
+}
+
+
+def bound_text(bound: Any) -> str:
+    """One line: the SLO against its lower bound on this trace and hardware."""
+    terms = ", ".join(
+        f"{k[:-2]} >= {v:.3g} s" for k, v in bound.bounds.items() if k in bound.requested
+    )
+    cached = f"an infinite cache could serve {bound.cached_share:.0%} of prompt tokens"
+    if bound.unreachable:
+        return (
+            f"[red]The SLO is out of reach on this hardware:[/] no policy can do better than "
+            f"{terms} (prefill of each prompt's unshared tokens alone on an idle instance of "
+            f"tp={bound.tp}; {cached}). The tightest SLO not ruled out: "
+            f"--slo {bound.suggestion()}"
+        )
+    return f"SLO lower bound on this hardware: {terms} (tp={bound.tp}; {cached})."
+
+
+def _gb(tiers: dict[str, float]) -> str:
+    if not tiers:
+        return "HBM only"
+    return ", ".join(f"{k} {v:,.0f} GB" if v else k for k, v in tiers.items())
+
+
+def _print_tiering(result: Any, console: Console) -> None:
+    """The cheapest tiered and HBM-only policies meeting the SLO, and one sentence."""
+    tiered, hbm = getattr(result, "tiered", None), getattr(result, "hbm_only", None)
+    if tiered is None and hbm is None:
+        return
+    table = Table(
+        title="what tiering buys (cheapest policies meeting the SLO)", title_justify="left"
+    )
+    for col in ("", "$ per 1M tok", "$ per hour", "GPUs", "TTFT p99 s", "lower tiers", "from"):
+        table.add_column(col, justify="left" if col in ("", "lower tiers", "from") else "right")
+    for name, c in (("with tiers", tiered), ("HBM only", hbm)):
+        if c is None:
+            table.add_row(name, "-", "-", "-", "-", "none meets the SLO", "")
+        else:
+            table.add_row(
+                name,
+                f"{c.cost_per_mtok:.4f}",
+                f"{c.cost_per_hour:,.2f}",
+                str(c.gpus),
+                f"{c.ttft_p99_s:.3f}",
+                _gb(c.tiers),
+                c.label,
+            )
+    console.print(table)
+    console.print(tiering_sentence(tiered, hbm))
+
+
+def _n_gpus(n: int) -> str:
+    return f"{n} GPU" if n == 1 else f"{n} GPUs"
+
+
+def tiering_sentence(tiered: Any, hbm: Any) -> str:
+    """The value of tiering in one sentence, from the two cheapest policies."""
+    if tiered is None:
+        return "No tiered policy met the SLO: tiering does not pay here."
+    if hbm is None:
+        return (
+            f"Only tiered policies met the SLO: {tiered.gpus} GPUs with {_gb(tiered.tiers)} at "
+            f"${tiered.cost_per_mtok:.4f} per 1M tokens; no HBM-only policy did on this hardware."
+        )
+    saving = 1 - tiered.cost_per_mtok / hbm.cost_per_mtok
+    gpus = hbm.gpus - tiered.gpus
+    if saving <= 0 and gpus <= 0:
+        return (
+            f"Tiering does not pay here: the best HBM-only policy costs "
+            f"${hbm.cost_per_mtok:.4f} per 1M tokens on {_n_gpus(hbm.gpus)}, the best tiered "
+            f"one ${tiered.cost_per_mtok:.4f} on {_n_gpus(tiered.gpus)}."
+        )
+    fewer = (
+        f"{gpus} fewer GPUs ({tiered.gpus} instead of {hbm.gpus})"
+        if gpus > 0
+        else (f"the same {tiered.gpus} GPUs" if gpus == 0 else f"{-gpus} more GPUs")
+    )
+    word = "less" if saving >= 0 else "more"
+    return (
+        f"Tiering ({_gb(tiered.tiers)}) meets the SLO with {fewer} and costs "
+        f"{abs(saving):.0%} {word} per token than HBM alone "
+        f"(${tiered.cost_per_mtok:.4f} vs ${hbm.cost_per_mtok:.4f} per 1M tokens)."
+    )
+
+
+def _print_reached(result: Any, console: Console) -> None:
+    """What the trials reached when none met the SLO: cost against TTFT P99."""
+    front = getattr(result, "reached", None) or []
+    if not front:
+        console.print(
+            "What the trials reached is not measured: a replay stops once it misses the SLO. "
+            "Rerun with a looser --slo (above the bound, if one is printed) to see the front."
+        )
+        return
+    table = Table(
+        title="what was reached (cost vs TTFT p99, no trial met the SLO)", title_justify="left"
+    )
+    for col in ("trial", "$ per 1M tok", "TTFT p99 s", "TPOT p99 s", "GPUs"):
+        table.add_column(col, justify="right")
+    for s in front:
+        m = s.metrics
+        tp = s.policy.get("serving", {}).get("tp") or 1
+        table.add_row(
+            str(s.number),
+            fmt_cell("{:.4f}", m.get("cost_per_mtok")),
+            fmt_cell("{:.3f}", m.get("ttft_p99_s")),
+            fmt_cell("{:.4f}", m.get("tpot_p99_s")),
+            str(int(m.get("instances", 0)) * int(tp)),
+        )
+    console.print(table)
+    fastest = min(front, key=lambda s: s.metrics["ttft_p99_s"])
+    console.print(
+        f"The tightest TTFT p99 reached: {fastest.metrics['ttft_p99_s']:.3g} s "
+        f"(trial {fastest.number}, ${fastest.metrics['cost_per_mtok']:.4f} per 1M tokens)."
+    )
+
+
 def print_result(result: Any, console: Console) -> None:
     console.print(
         f"study [bold]{result.study_name}[/] ({result.storage}): {result.new_trials} new trials, "
         f"{result.n_trials} in all, {result.seconds:.1f} s; SLO: {_slo_text(result.slo)}"
     )
+    bound = getattr(result, "bound", None)
+    if bound is not None:
+        console.print(bound_text(bound))
     best = result.best
     if best is None:
         near = result.closest
@@ -59,9 +186,11 @@ def print_result(result: Any, console: Console) -> None:
         console.print(
             f"[red]no trial met the SLO.[/] Closest: trial {near.number} "
             f"({', '.join(f'{k}={v}' for k, v in near.params.items())}), which misses "
-            f"{_misses(near.violations)}; the binding constraint is [bold]{result.binding}[/]. "
-            "Relax it, allow more hardware in the space, or lower --rate-scale."
+            f"{_misses(near.violations)}; the binding constraint is [bold]{result.binding}[/] "
+            f"({TERM_WORDS.get(result.binding or '', result.binding)}). "
+            "Relax it, allow more hardware (--max-hosts), or lower --rate-scale."
         )
+        _print_reached(result, console)
         return
     table = Table(
         title="best policy and the presets, on this trace, hardware, model and SLO",
@@ -76,9 +205,10 @@ def print_result(result: Any, console: Console) -> None:
         *(fmt_cell(fmt, best.metrics.get(key)) for _, key, fmt in ROWS),
         "yes",
     )
+    left_out = []
     for b in result.baselines:
         if b.evaluation is None:
-            table.add_row(b.name, *("-" for _ in ROWS), escape(f"n/a: {b.error}"))
+            left_out.append(b.name)
             continue
         m = b.evaluation.metrics
         verdict = "yes" if b.evaluation.feasible else "no: " + _misses(b.evaluation.violations)
@@ -86,6 +216,11 @@ def print_result(result: Any, console: Console) -> None:
             b.name, *(fmt_cell(fmt, getattr(m, key)) for _, key, fmt in ROWS), escape(verdict)
         )
     console.print(table)
+    if left_out:
+        console.print(
+            f"Presets left out (they need a tier this hardware lacks): {', '.join(left_out)}; "
+            "compare them on a profile that has it, e.g. --hardware beluga-testbed."
+        )
     params = Table(title="chosen parameters", title_justify="left", show_header=False)
     params.add_column("name", style="bold")
     params.add_column("value", justify="right")
@@ -94,6 +229,7 @@ def print_result(result: Any, console: Console) -> None:
     if result.best.rate_scale != 1.0:
         params.add_row("load (rate scale)", f"{best.rate_scale:.3g}x the trace's arrival rate")
     console.print(params)
+    _print_tiering(result, console)
     feasible = {
         b.name: b.evaluation
         for b in result.baselines
@@ -120,6 +256,16 @@ def print_result(result: Any, console: Console) -> None:
                 f"{s.metrics['ttft_p99_s']:.3f} s",
             )
         console.print(front)
+    target = getattr(result, "target", None)
+    if target is not None:
+        console.print(f"Searched only what {target} can express (--target {target}).")
+    elif getattr(result, "runnable_by", None) is not None:
+        runnable = result.runnable_by
+        console.print(
+            "Targets that can run this policy as simulated: "
+            + (", ".join(runnable) if runnable else "none (use --target to search one)")
+            + "."
+        )
     if result.policy_path is not None:
         trace = result.extra.get("trace", "TRACE")
         console.print(
@@ -155,4 +301,9 @@ def result_json(result: Any) -> dict[str, Any]:
             for b in result.baselines
         ],
         "policy_path": str(result.policy_path) if result.policy_path else None,
+        "tiered": asdict(result.tiered) if getattr(result, "tiered", None) else None,
+        "hbm_only": asdict(result.hbm_only) if getattr(result, "hbm_only", None) else None,
+        "slo_bound": asdict(result.bound) if getattr(result, "bound", None) else None,
+        "runnable_by": list(getattr(result, "runnable_by", []) or []),
+        "target": getattr(result, "target", None),
     }

@@ -34,7 +34,7 @@ from kvtier.scenario import (
     slo_to_dict,
 )
 from kvtier.search.objective import Evaluation, Evaluator, binding_term
-from kvtier.search.space import SearchSpace, load_space
+from kvtier.search.space import SearchSpace, load_space, restrict_to_target
 from kvtier.search.study import (
     TrialSummary,
     best_feasible,
@@ -107,8 +107,27 @@ class OptimizeResult:
     new_trials: int
     warm_started: int = 0
     extra: dict[str, Any] = field(default_factory=dict)
+    # the value of tiering: the cheapest policies meeting the SLO with and without lower tiers
+    tiered: Choice | None = None
+    hbm_only: Choice | None = None
+    bound: Any = None  # kvtier.search.bound.SLOBound: what the SLO asks against what is possible
+    runnable_by: list[str] = field(default_factory=list)  # targets that export the winner as is
+    target: str | None = None
+    reached: list[TrialSummary] = field(default_factory=list)  # cost vs TTFT p99, all trials
 
 
+@dataclass(frozen=True)
+class Choice:
+    """One answer to 'what should I run': its cost, GPUs and lower tiers, and where it came
+    from (a trial of the study, or the HBM-only instance sweep)."""
+
+    label: str
+    cost_per_mtok: float
+    cost_per_hour: float
+    gpus: int
+    tiers: dict[str, float]  # lower tier -> GB (pool sizes as the policy gives them)
+    ttft_p99_s: float
+    params: dict[str, Any]
 
 
 FINISHED = (
@@ -179,6 +198,32 @@ def fit_space_to_hardware(space: SearchSpace, hardware: Any) -> SearchSpace:
     return space.with_pins(pins) if pins else space
 
 
+def hosts_profile(ref: str, hw: Any, hosts: int, runs_dir: Path) -> str:
+    """A copy of ``hw``'s profile file with ``hosts`` hosts, under ``runs_dir``: the search may
+    then place instances on up to that many hosts (each host adds its GPUs and its per-host
+    tiers; cost counts only the hosts a policy occupies), and the policy file names this
+    profile, so its replay and export see the same hardware."""
+    import re
+
+    from kvtier.hardware.loader import resolve
+    from kvtier.trace.io import atomic_write
+
+    if hosts < 1:
+        raise InputError(f"must be at least 1, got {hosts}", option="--max-hosts")
+    if hosts == hw.topology.hosts:
+        return ref
+    source = resolve("hardware", ref)
+    text = source.read_text()
+    text, n = re.subn(r"(?m)^(\s*hosts\s*=\s*)\d+", rf"\g<1>{hosts}", text, count=1)
+    if n != 1:
+        raise InputError(f"profile {hw.name!r} has no topology.hosts line", option="--max-hosts")
+    text = re.sub(r'(?m)^name\s*=\s*"[^"]*"', f'name = "{hw.name}-x{hosts}"', text, count=1)
+    runs_dir.mkdir(parents=True, exist_ok=True)
+    path = runs_dir / f"{hw.name}-x{hosts}.toml"
+    atomic_write(path, lambda tmp: Path(tmp).write_text(text))
+    return str(path)
+
+
 def optimize(
     trace_path: str,
     *,
@@ -199,9 +244,12 @@ def optimize(
     warm_start: bool = True,
     allow_lossy_kv: bool = False,
     compare_presets: bool = True,
+    target: str | None = None,
+    max_hosts: int | None = None,
     out: str | None = None,
     runs_dir: Path = Path("runs"),
     on_trial: Callable[[int, TrialSummary | None], None] | None = None,
+    on_bound: Callable[[Any], None] | None = None,
 ) -> OptimizeResult:
     from kvtier.trace.io import read_trace
 
@@ -223,11 +271,19 @@ def optimize(
         # FP8 weights are lossy too: without the flag the model profile's own weights are kept
         kept = tuple(p for p in search_space.params if p.name != "serving.weight_dtype")
         search_space = replace(search_space, params=kept)
+    if max_hosts is not None:
+        hardware = hosts_profile(hardware, hw, max_hosts, runs_dir)
+        hw = load_hardware(hardware)
     search_space = fit_space_to_hardware(search_space.with_pins(pins or {}), hw)
+    if target is not None:
+        search_space = restrict_to_target(search_space, target, hw.tiers)
     base = policy_from_dict({"hardware": hardware, "model": model}, "<defaults>")
     base = replace(base, slo=slo)
     scenario = Scenario(trace, hw, mdl, base, slo=slo, load=load, rate_scale=rate_scale)
     evaluator = Evaluator(scenario)
+    bound = _slo_bound(scenario, base, slo, search_space, load)
+    if bound is not None and on_bound is not None:
+        on_bound(bound)
 
     name = study_name or f"{Path(trace_path).stem}-{hw.name}-{mdl.name}".lower()
     if storage is None:
@@ -235,7 +291,8 @@ def optimize(
         storage = f"sqlite:///{runs_dir / (name + '.db')}"
     study = open_study(name, storage=storage, seed=seed, pareto=pareto)
     if out is None:
-        check_output(Path("policies") / f"{name}.toml", option="--out")
+        # results go under runs/, never into policies/ (the shipped presets and spaces)
+        check_output(runs_dir / f"{name}.toml", option="--out")
     digest = sha256_of(trace_path)
     check_study_trace(
         study,
@@ -322,9 +379,38 @@ def optimize(
             except InputError as err:
                 baselines.append(Baseline(bname, None, err.message))
 
+    from kvtier.search.study import summaries
+    from kvtier.search.tiering import compare_tiering
+
+    done = summaries(study)
+    tiered, hbm_only = compare_tiering(
+        evaluator,
+        done,
+        best,
+        hw.topology.max_instances,
+        hw.topology.tp,
+        hardware_has_tiers=bool(hw.tiers),
+    )
+    if hbm_only is not None and hbm_only.label.endswith(SWEPT):
+        # the HBM-only answer came from the instance sweep: run it as a trial, so the winner,
+        # its policy file and the study all include it
+        study.enqueue_trial(hbm_only.params, skip_if_exists=True)
+        study.optimize(objective, n_trials=1, callbacks=callbacks, catch=())
+        best = best_feasible(study)
+        done = summaries(study)
+        tiered, hbm_only = compare_tiering(
+            evaluator,
+            done,
+            None,
+            hw.topology.max_instances,
+            hw.topology.tp,
+            hardware_has_tiers=bool(hw.tiers),
+        )
+    runnable = [] if best is None else runnable_targets(best.policy, hw, mdl)
+
     policy_path = None
     if best is not None:
-        policy_path = Path(out) if out else Path("policies") / f"{name}.toml"
+        policy_path = Path(out) if out else runs_dir / f"{name}.toml"
         best_trial = study.trials[best.number]
         write_policy_file(
             policy_path,
@@ -363,4 +449,91 @@ def optimize(
         new_trials=len(mine),
         warm_started=warmed,
         extra={"trace": trace_path},
+        tiered=tiered,
+        hbm_only=hbm_only,
+        bound=bound,
+        runnable_by=runnable,
+        target=target,
+        reached=reached_front(done),
     )
+
+
+def _slo_bound(scenario: Scenario, base: Policy, slo: SLO, space: SearchSpace, load: str) -> Any:
+    """The SLO's lower bound on this trace and hardware (:mod:`kvtier.search.bound`), for the
+    fastest tensor-parallel size the space allows; None with ``--load capacity`` (the rate is
+    what the search finds) or when nothing can be said."""
+    from kvtier.search.bound import slo_bound
+
+    if load != "trace":
+        return None
+    tps: tuple[int, ...] | None = None
+    if "serving.tp" in space.pinned:
+        tps = (int(space.pinned["serving.tp"]),)
+    else:
+        for p in space.params:
+            if p.name == "serving.tp" and p.choices is not None:
+                tps = tuple(int(c) for c in p.choices)
+    pinned = dict(space.pinned)
+    policy = replace(
+        base,
+        block_tokens=int(pinned.get("block_tokens", base.block_tokens)),
+        share_across_tenants=bool(pinned.get("share_across_tenants", base.share_across_tenants)),
+    )
+    try:
+        return slo_bound(scenario, policy, slo, tps)
+    except InputError:
+        return None
+
+
+SWEPT = "without lower tiers"  # the label of the HBM-only sweep's answer (kvtier.search.tiering)
+
+# Export notes that mean the deployed system would not do what the simulated policy does.
+INEXPRESSIBLE = (
+    "cannot be expressed",
+    "is not exported",
+    "not exported:",
+    "has no equivalent",
+    "is not Mooncake's",
+    "not modelled",
+)
+
+
+def runnable_targets(policy: dict[str, Any], hw: Any, mdl: Any) -> list[str]:
+    """The export targets whose export of ``policy`` has no note that a setting could not be
+    expressed (:data:`INEXPRESSIBLE`)."""
+    from kvtier.policy.export import TARGETS, export
+
+    chosen = policy_from_dict(policy, "<best>")
+    out = []
+    for target in TARGETS:
+        try:
+            result = export(chosen, target, hw, mdl)
+        except InputError:
+            continue
+        if target == "mooncake" and not result.files:
+            continue
+        if not any(m in n for n in result.notes for m in INEXPRESSIBLE):
+            out.append(target)
+    return out
+
+
+def reached_front(done: list[TrialSummary]) -> list[TrialSummary]:
+    """Every finished trial not dominated on (cost per token, TTFT P99), feasible or not: what
+    was reached, for a report whose SLO no trial met."""
+    points = [
+        s
+        for s in done
+        if math.isfinite(s.metrics.get("cost_per_mtok", math.inf))
+        and math.isfinite(s.metrics.get("ttft_p99_s", math.inf))
+    ]
+    front = []
+    for s in points:
+        c, t = s.metrics["cost_per_mtok"], s.metrics["ttft_p99_s"]
+        if not any(
+            o.metrics["cost_per_mtok"] <= c
+            and o.metrics["ttft_p99_s"] <= t
+            and (o.metrics["cost_per_mtok"] < c or o.metrics["ttft_p99_s"] < t)
+            for o in points
+        ):
+            front.append(s)
+    return sorted(front, key=lambda s: s.metrics["cost_per_mtok"])

@@ -36,7 +36,7 @@ from __future__ import annotations
 import math
 import tomllib
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -365,3 +365,143 @@ def parse_pin(text: str) -> tuple[str, Value]:
     """One ``--pin name=value`` (see :func:`parse_pins`)."""
     ((name, value),) = parse_pins((text,)).items()
     return name, value
+
+
+@dataclass(frozen=True)
+class TargetRules:
+    """What one serving system can express, as a search space sees it (``optimize --target``).
+
+    ``tiers``: the lower tiers it can configure; ``allowed``: the values each setting may
+    take there (a parameter of the space keeps only those choices, a setting the space does
+    not search is pinned to the first); ``requires``: extra conditions on a parameter (a tier
+    that can only be enabled beside another). Read from the exporters' own notes
+    (``kvtier.policy.export``): a policy inside these rules exports without a note that a
+    setting could not be expressed.
+    """
+
+    name: str
+    tiers: tuple[str, ...]
+    allowed: dict[str, tuple[Value, ...]]
+    requires: dict[str, tuple[tuple[str, Value], ...]] = field(default_factory=dict)
+    need: tuple[str, ...] = ()  # tiers the target cannot run without
+
+
+# Settings no serving system reads, pinned for every target to what the systems do: prefixes
+# are shared whenever prompts match, every hit is loaded, a transfer moves one fragment.
+_COMMON: dict[str, tuple[Value, ...]] = {
+    "share_across_tenants": (True,),
+    "load_rule": ("always_load",),
+    "coalesce": (1,),
+    "hierarchy": ("inclusive",),
+}
+_LRU = ("lru",)
+
+TARGET_RULES: dict[str, TargetRules] = {
+    # vLLM serves its lower tiers through LMCache (LMCacheConnectorV1): the same rules
+    "vllm": TargetRules(
+        "vllm",
+        ("dram", "ssd", "rdma"),
+        {**_COMMON, "write_policy": ("write_through",), "kv_dtype": ("bf16", "fp8")},
+    ),
+    "lmcache": TargetRules(
+        "lmcache",
+        ("dram", "ssd", "rdma"),
+        {**_COMMON, "write_policy": ("write_through",), "kv_dtype": ("bf16", "fp8")},
+    ),
+    # HiCache: a host pool (dram) under every L3 backend, one backend (Mooncake or file),
+    # and Mooncake only with the page_first (contiguous) layout
+    "sglang": TargetRules(
+        "sglang",
+        ("dram", "ssd", "rdma"),
+        {
+            **_COMMON,
+            "write_policy": ("write_through", "write_back", "write_through_selective"),
+            "selective_k": (2,),
+            "kv_layout": ("contiguous",),
+            "kv_dtype": ("bf16", "fp8"),
+        },
+        requires={
+            "tiers.rdma.enabled": (("tiers.dram.enabled", True),),
+            "tiers.ssd.enabled": (("tiers.dram.enabled", True), ("tiers.rdma.enabled", False)),
+        },
+    ),
+    # KVBM: host memory and local disk, write-through (selective: its frequency filter)
+    "dynamo": TargetRules(
+        "dynamo",
+        ("dram", "ssd"),
+        {
+            **_COMMON,
+            "write_policy": ("write_through", "write_through_selective"),
+            "selective_k": (2,),
+            "serving.routing": ("round_robin", "prefix_affinity"),
+        },
+    ),
+    # Mooncake Store: the rdma pool, optionally persisted to SSD
+    "mooncake": TargetRules(
+        "mooncake",
+        ("rdma", "ssd"),
+        {**_COMMON, "write_policy": ("write_through", "write_back")},
+        need=("rdma",),
+    ),
+}
+TARGETS = tuple(TARGET_RULES)
+
+
+def restrict_to_target(space: SearchSpace, target: str, lower_tiers: Iterable[str]) -> SearchSpace:
+    """``space`` cut down to what ``target`` can express; ``lower_tiers`` are the tiers the
+    hardware has. A pin outside the target's rules is an :class:`InputError` naming it."""
+    rules = TARGET_RULES.get(target)
+    if rules is None:
+        raise InputError(
+            f"unknown target {target!r} (choices: {', '.join(TARGETS)})", option="--target"
+        )
+    present = set(lower_tiers)
+    missing = [t for t in rules.need if t not in present]
+    if missing:
+        raise InputError(
+            f"{target} needs a {', '.join(missing)} tier, which the hardware profile lacks",
+            option="--target",
+        )
+    allowed: dict[str, tuple[Value, ...]] = dict(rules.allowed)
+    for tier in ("dram", "cxl", "rdma", "ssd"):
+        if tier not in rules.tiers or tier not in present:
+            allowed[f"tiers.{tier}.enabled"] = (False,)
+        elif tier in rules.need:
+            allowed[f"tiers.{tier}.enabled"] = (True,)
+        allowed[f"tiers.{tier}.eviction"] = _LRU
+    params = []
+    for p in space.params:
+        keep = allowed.get(p.name)
+        if keep is not None and p.choices is not None:
+            kept = tuple(c for c in p.choices if c in keep)
+            if not kept:
+                raise InputError(
+                    f"space {space.source or '<space>'}: {p.name} takes none of "
+                    f"{target}'s values ({', '.join(map(str, keep))})",
+                    option="--target",
+                )
+            p = replace(p, choices=kept)
+        extra = rules.requires.get(p.name, ())
+        if extra:
+            p = replace(p, when=(*p.when, *extra))
+        params.append(p)
+    names = {p.name for p in params}
+    pins: dict[str, Value] = {}
+    for key, values in allowed.items():
+        if key in space.pinned:
+            if space.pinned[key] not in values:
+                raise InputError(
+                    f"{key} = {space.pinned[key]!r} cannot be expressed by {target} "
+                    f"(it takes {', '.join(map(str, values))})",
+                    option=f"--pin {key}",
+                )
+            continue
+        if key not in names or len(values) == 1:
+            if key.endswith(".eviction") and key not in names:
+                continue  # a tier's eviction defaults to lru
+            pins[key] = values[0]
+    restricted = SearchSpace(tuple(params), dict(space.pinned), space.description, space.source)
+    restricted = restricted.with_pins(pins)
+    # a requirement may name a parameter the space pins rather than searches: keep it valid
+    _check_conditions(restricted.params, restricted.pinned, space.source or "<space>")
+    return restricted

@@ -316,8 +316,12 @@ def record(trial: optuna.Trial, ev: Evaluation) -> None:
     trial.set_user_attr("policy", policy_to_dict(ev.policy))
     trial.set_user_attr("metrics", ev.metrics.to_dict())
     trial.set_user_attr("violations", ev.violations)
-    for key, value in zip(ev.violations, ev.constraints(), strict=True):
+    values = ev.constraints()
+    for key, value in zip(ev.violations, values, strict=True):
         trial.set_constraint(key, value)  # <= 0 is satisfied; the samplers read these
+    # optuna-dashboard shows the list under the system attribute ``constraints`` (the format
+    # of ``constraints_func``); Optuna reads it too, as the same values under other names.
+    trial.storage.set_trial_system_attr(trial._trial_id, "constraints", list(values))
     trial.set_user_attr("feasible", ev.feasible)
     trial.set_user_attr("rate_scale", ev.rate_scale)
     trial.set_user_attr("replays", ev.replays)
