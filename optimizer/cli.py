@@ -200,6 +200,45 @@ def validate_beluga(as_json: bool, markdown_path: str | None) -> None:
         sys.exit(1)
 
 
+@validate.command("serving")
+@click.option("--json", "as_json", is_flag=True, help="Print the result as one JSON object.")
+@click.option(
+    "--markdown",
+    "markdown_path",
+    default=None,
+    help="Also write the table (docs/validation.md, serving) to this file.",
+)
+def validate_serving(as_json: bool, markdown_path: str | None) -> None:
+    """Published serving figures (TTFT, ITL, offline throughput) beside both step-time
+    backends: published / model / ratio and the MAPE per backend over the checks."""
+    from pathlib import Path
+
+    from kvtier.experiments.serving_validation import run_serving
+    from kvtier.report.serving_validation import serving_json, to_markdown, to_text
+    from kvtier.trace.io import atomic_write
+
+    if markdown_path is not None:
+        from kvtier.report.output import check_output
+
+        check_output(markdown_path, option="--markdown")
+    result = run_serving()
+    if markdown_path is not None:
+        text = to_markdown(result)
+        atomic_write(markdown_path, lambda tmp: Path(tmp).write_text(text))
+    if as_json:
+        _echo_json(serving_json(result))
+    else:
+        click.echo(to_text(result))
+    missed = result.missed()
+    if missed:
+        for m in missed:
+            click.echo(
+                f"target missed: {m.backend} MAPE {100 * m.mape:.1f} % > {100 * m.target:.0f} %",
+                err=True,
+            )
+        sys.exit(1)
+
+
 @main.command("replay")
 @trace_option
 @policy_profile_options

@@ -80,6 +80,7 @@ def sim_configs(draw: st.DrawFn, block_tokens: int) -> SimConfig:
         step_overhead_s=draw(st.sampled_from([0.0, 1e-3])),
         cost_per_hour=10.0,
         timing=draw(st.one_of(st.none(), timings())),
+        frontend_s=draw(st.sampled_from([0.0, 0.0, 7e-3])),
     )
 
 

@@ -131,19 +131,43 @@ def test_validate_timing_refuses_bad_tables(llama_tables: MeasuredTables) -> Non
     validate_timing(good)
     o = T._offsets(good)
     bad = good.copy()
-    bad[o[1] + 3] = bad[o[1] + 2]  # a token grid that is not strictly ascending
+    bad[o[5] + 3] = bad[o[5] + 2]  # a context grid that is not strictly ascending
     with pytest.raises(ValueError, match="ascending"):
         validate_timing(bad)
     bad = good.copy()
-    bad[o[8]] = np.nan
+    bad[o[6]] = np.nan
     with pytest.raises(ValueError, match="finite"):
         validate_timing(bad)
     with pytest.raises(ValueError, match="shapes"):
         validate_timing(good[:-1])
     bad = good.copy()
-    bad[o[2]] = -1.0
+    bad[o[1] + 5] = -1.0  # a negative non-attention time
     with pytest.raises(ValueError, match=">= 0"):
         validate_timing(bad)
+    bad = good.copy()
+    bad[T.T_FRONTEND] = -1e-3
+    with pytest.raises(ValueError, match="front-end"):
+        validate_timing(bad)
+
+
+def test_dense_tables_are_the_grids_interpolated(llama_tables: MeasuredTables) -> None:
+    """The packed non-attention entries and decode rows are the measured grids interpolated at
+    every whole count: a step looks them up without searching, with the same values."""
+    base = build_config(
+        load_hardware("h100-node"), load_model("llama-3.1-8b"), _policy(step_time="roofline")
+    ).timing_params()
+    tp = pack_measured(base, llama_tables, 0.0)
+    t = llama_tables
+    assert tp[T.T_N_TOK] == t.tok_grid[-1] + 1 and tp[T.T_N_DB] == t.db_grid[-1] + 1
+    for n in (1, 7, 33, 100, 2047, 8192, 32768):
+        want = float(np.interp(n, t.tok_grid, t.non_attn))
+        assert T._non_attention_s(n, tp) == pytest.approx(want, rel=1e-12)
+    assert T._non_attention_s(65536, tp) == pytest.approx(2 * T._non_attention_s(32768, tp))
+    for b in (1, 5, 100, 2048):
+        for c in (1, 700, 16384, 100000):
+            col = [float(np.interp(c, t.dc_grid, row)) for row in t.decode_attn]
+            want = float(np.interp(b, t.db_grid, col))
+            assert T._decode_attn_s(b, b * c, tp) == pytest.approx(want, rel=1e-9)
 
 
 def test_backend_choice_and_missing_data() -> None:
@@ -224,3 +248,36 @@ def test_kv_replication_under_tp() -> None:
 def test_synthetic_key_not_cached() -> None:
     key = MeasuredKey("x", "y", "vllm", "0", 1, "bf16", "bf16")
     assert key.digest() != replace(key, tp=2).digest()
+
+
+def test_frontend_cost_in_both_engines() -> None:
+    """The front-end cost delays what the client sees, the same in both engines: a lone
+    request's first token and finish by exactly that cost (the engine's schedule unchanged);
+    in a closed loop of one client the next request is sent only when the last response is
+    complete, so every later request is delayed by one more front-end cost."""
+    for step in ("measured", "roofline"):
+        base = build_config(
+            load_hardware("h100-node"), load_model("llama-3.1-8b"), _policy(step_time=step)
+        )
+        assert base.frontend_s > 0
+        base = replace(base, n_instances=1)
+        trace = BlockedTrace.from_lists([0.0, 0.0, 0.0], [300, 900, 40], [4, 2, 6], [[]] * 3, 16)
+        runs = {}
+        for fe in (0.0, 0.02):
+            cfg = replace(base, frontend_s=fe, concurrency=1)
+            ref = simulate_raw(trace, cfg, engine="reference")
+            fast = simulate_raw(trace, cfg, engine="numba")
+            np.testing.assert_array_equal(ref.first_token_s, fast.first_token_s)
+            np.testing.assert_array_equal(ref.finish_s, fast.finish_s)
+            np.testing.assert_array_equal(ref.arrival_s, fast.arrival_s)
+            assert ref.busy_s.tolist() == fast.busy_s.tolist()
+            runs[fe] = ref
+        a, b = runs[0.0], runs[0.02]
+        np.testing.assert_allclose(b.arrival_s - a.arrival_s, [0.0, 0.02, 0.04], atol=1e-12)
+        np.testing.assert_allclose(
+            b.first_token_s - b.arrival_s, a.first_token_s - a.arrival_s + 0.02, atol=1e-12
+        )
+        np.testing.assert_allclose(
+            b.finish_s - b.first_token_s, a.finish_s - a.first_token_s, atol=1e-12
+        )
+        assert b.busy_s.tolist() == a.busy_s.tolist()

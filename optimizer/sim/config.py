@@ -19,6 +19,7 @@ from kvtier.policy.model import Policy
 from kvtier.policy.registries import ROUTERS
 from kvtier.sim.steptime.backend import step_timing
 from kvtier.sim.tiers import TierConfig, build_tiers
+from kvtier.sim.timing import T_FRONTEND
 
 ROUTER_CODES = ROUTERS.codes  # {name: code}, from the router registry
 
@@ -54,6 +55,9 @@ class SimConfig:
     timing: np.ndarray | None = field(default=None, compare=False, repr=False)
     step_backend: str = "roofline"
     step_provenance: str = ""
+    # seconds per request outside the engine (HTTP, tokenization, detokenization), added to
+    # the first-token and finish times a client sees (kvtier.sim.steptime.frontend)
+    frontend_s: float = 0.0
 
     def timing_params(self) -> np.ndarray:
         """The packed step-time array both simulators read (layout: :mod:`kvtier.sim.timing`),
@@ -69,6 +73,7 @@ class SimConfig:
                 self.mem_rate,
                 self.step_overhead_s,
             )
+            packed[T_FRONTEND] = self.frontend_s
             return packed
         from kvtier.sim.steptime.pack import roofline_params
 
@@ -81,6 +86,7 @@ class SimConfig:
             kv_bytes_per_token=self.kv_bytes_per_token,
             mem_rate=self.mem_rate,
             step_overhead_s=self.step_overhead_s,
+            frontend_s=self.frontend_s,
         )
 
 
@@ -134,6 +140,7 @@ def build_config(hardware: Hardware, model: ModelProfile, policy: Policy) -> Sim
         timing=timing,
         step_backend=backend,
         step_provenance=provenance,
+        frontend_s=float(timing[T_FRONTEND]),
         prefix_caching=serving.prefix_caching,
         kv_overlap_weight=float(serving.kv_overlap_weight),
     )

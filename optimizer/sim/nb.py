@@ -74,6 +74,7 @@ from kvtier.sim.steptime.jit import (
     step_extrapolated_nb,
     step_time_nb,
 )
+from kvtier.sim.timing import T_FRONTEND
 
 # Fields of a slot record in ``sl`` (int32, 4 per slot, one cache line holds 4 slots): every
 # pool operation on a slot touches one record instead of several arrays. POS is the slot's
@@ -464,9 +465,10 @@ def first_token_nb(i: int, now: float, rq: Requests, prm: Params, out: Outputs, 
     ttft_sum = ty.ttft_sum
     slo_thresholds = prm.slo_thresholds
     ints = ty.ints
-    first_token[i] = now
+    seen = now + prm.timing[T_FRONTEND]  # the client sees it the front-end cost later
+    first_token[i] = seen
     if prm.slo_on:
-        ttft = now - arrival[i]
+        ttft = seen - arrival[i]
         ttft_sum[0] += ttft
         if ttft > slo_thresholds[1]:
             ints[C_OVER_P99] += 1
@@ -500,15 +502,16 @@ def finish_nb(
     ring_count = ist.ring_count
     free_len = ist.free_len
     slot_off = rs.slot_off
-    finish[i] = now
+    seen = now + prm.timing[T_FRONTEND]  # the whole response, the front-end cost later
+    finish[i] = seen
     ints[C_IN_FLIGHT] -= 1
     ist.active_blocks[k] -= (rq.input_tokens[i] + prm.block_tokens - 1) // prm.block_tokens
-    ty.ttft_sum[1] = now
+    ty.ttft_sum[1] = seen
     if prm.slo_on:
         d = output_tokens[i] - 1
         if d < 1:
             d = 1
-        if (now - first_token[i]) / d > slo_thresholds[3]:
+        if (seen - first_token[i]) / d > slo_thresholds[3]:
             ints[C_OVER_TPOT] += 1
     _release_nb(
         sl, rings, slots, ring_head, ring_count, free_len, k,

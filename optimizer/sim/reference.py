@@ -68,6 +68,11 @@ tokens to its KV; a full prompt block whose tokens are all computed gets its id 
 the instance's cache (unless that id is already cached: then its slot stays anonymous). A
 request whose prompt completes emits its first token at the iteration's end; each decode step
 emits one more; after ``max(output, 1)`` tokens it finishes and frees its slots.
+
+Front end. The client sees a request's first token, and its finish, the per-request front-end
+cost (``T_FRONTEND`` of the step-time array: HTTP, tokenization, detokenization) after the
+iteration that produced it; the recorded times are those. The engine does not wait for it; a
+closed-loop client's freed slot (``gate``) does.
 """
 
 from __future__ import annotations
@@ -84,6 +89,7 @@ from kvtier.sim.result import RawResult, SloCheck, end_time
 from kvtier.sim.routing import kv_route_weights
 from kvtier.sim.tiers import recompute_costs
 from kvtier.sim.timing import (
+    T_FRONTEND,
     prefill_attn_ns,
     prefill_out_of_range,
     step_extrapolated,
@@ -207,6 +213,7 @@ def simulate_reference(
     n = trace.n_requests
     B = cfg.block_tokens
     tp = cfg.timing_params()
+    fe = float(tp[T_FRONTEND])  # per-request front-end seconds (kvtier.sim.timing)
     first = np.full(n, np.nan)
     finish_s = np.full(n, np.nan)
     hits_out = np.zeros(n, dtype=np.int64)
@@ -423,19 +430,22 @@ def simulate_reference(
             inst.pool.check(inst.running)
 
     def first_token(req: Request, t: float) -> None:
-        """``req``'s prompt is complete: its first token at ``t`` (SLO counts)."""
-        first[req.idx] = t
+        """``req``'s prompt is complete at ``t``: the client sees its first token the
+        front-end cost later (SLO counts)."""
+        seen = t + fe
+        first[req.idx] = seen
         if tracker is not None:
-            tracker.first_token(t - req.arrival)
+            tracker.first_token(seen - req.arrival)
 
     def finish(inst: Instance, req: Request, t: float) -> None:
         """``req`` emitted its last token: record it, count its TPOT, free its slots."""
         nonlocal in_flight, gate
+        seen = t + fe  # the client has the whole response the front-end cost later
         in_flight -= 1
-        gate = t
-        finish_s[req.idx] = t
+        gate = seen
+        finish_s[req.idx] = seen
         if tracker is not None:
-            tracker.finished(t - first[req.idx], req.output_tokens)
+            tracker.finished(seen - first[req.idx], req.output_tokens)
         inst.pool.release(req.slots)
         inst.active_blocks -= -(-req.input_tokens // B)
 

@@ -21,7 +21,18 @@ which requests are scheduled:
 Backends: ``roofline`` (``max(compute, memory) + all-reduce + overhead``, with separate prefill
 and decode efficiencies and MoE weights read as the distinct experts a batch touches) and
 ``measured`` (tables of measured operator times: non-attention time by batch tokens, prefill
-attention by chunk and prefix, decode attention by batch and mean context; docs/model.md).
+attention by chunk and prefix, decode attention by batch and mean context; docs/model.md). The
+measured non-attention time is packed dense, one entry per batch token count, and the decode
+attention as one row per batch size (each cell of the context grid as its value and slope), so
+that a step finds both without searching the token or batch axes (a decode step searches only
+the 15-point context grid).
+
+Both backends add a per-request front-end cost (``T_FRONTEND``: HTTP, tokenization,
+detokenization) to the times a client sees: a request's first token and its finish are
+recorded ``T_FRONTEND`` seconds after the engine's iteration produced them. The engine's
+schedule does not wait for it (vLLM's API server runs in its own process, beside the engine
+core), but a closed-loop client does: its next request is sent when the last one's response
+is complete, ``T_FRONTEND`` after the engine finished it.
 """
 
 from __future__ import annotations
@@ -42,39 +53,21 @@ T_AR_TOKEN = 9  # all-reduce seconds per batch token (tp > 1)
 T_AR_FIXED = 10  # all-reduce seconds per step (latency of 2 all-reduces per layer)
 T_EXPERT_BYTES = 11  # bytes of every routed expert of every MoE layer (0: dense)
 T_N_MOE = 12  # entries of the distinct-expert fraction by batch tokens
-T_N_TOK = 13  # measured: non-attention grid (batch tokens)
+T_N_TOK = 13  # measured: non-attention entries, dense by batch tokens (0, 1, ..., n - 1)
 T_N_PQ = 14  # measured: prefill-attention chunk grid
 T_N_PC = 15  # measured: prefill-attention prefix grid
-T_N_DB = 16  # measured: decode-attention batch grid
+T_N_DB = 16  # measured: decode-attention rows, dense by batch size (0, 1, ..., n - 1)
 T_N_DC = 17  # measured: decode-attention context grid
 T_PF_FLOOR = 18  # measured: seconds of an iteration's prefill attention beyond the per-request sum
 T_PF_MAX = 19  # measured: chunk + prefix covered by the context-attention data
-HEADER = 20
+T_FRONTEND = 20  # seconds per request outside the engine (HTTP, tokenization, detokenization)
+T_O_DC = 21  # measured: offset of the decode context grid (see _offsets)
+T_O_DA = 22  # measured: offset of the decode rows (value and slope per batch size and cell)
+T_DC_MAX = 23  # measured: the decode context grid's last point
+HEADER = 24
 
 BACKEND_ROOFLINE = 0
 BACKEND_MEASURED = 1
-
-
-def _interp1(x: float, grid: np.ndarray, vals: np.ndarray, off_g: int, off_v: int, n: int) -> float:
-    """Piecewise-linear ``vals`` at ``x`` on ``grid`` (ascending, ``n >= 2``); beyond the last
-    point the value scales in proportion to ``x`` (callers pass clamped ``x`` otherwise)."""
-    if x <= grid[off_g]:
-        return vals[off_v]
-    last = grid[off_g + n - 1]
-    if x >= last:
-        return vals[off_v + n - 1] * (x / last)
-    lo = 0
-    hi = n - 1
-    while hi - lo > 1:
-        mid = (lo + hi) // 2
-        if grid[off_g + mid] <= x:
-            lo = mid
-        else:
-            hi = mid
-    x0 = grid[off_g + lo]
-    x1 = grid[off_g + hi]
-    w = (x - x0) / (x1 - x0)
-    return vals[off_v + lo] + w * (vals[off_v + hi] - vals[off_v + lo])
 
 
 def _cell(x: float, tp: np.ndarray, off: int, n: int) -> tuple[int, float]:
@@ -109,24 +102,37 @@ def _interp2(
     return top + wx * (bottom - top)
 
 
-def _offsets(tp: np.ndarray) -> tuple[int, int, int, int, int, int, int, int, int]:
-    """Start of each packed section: moe, tok grid, na, pq, pc, pa, db, dc, da."""
+def _offsets(tp: np.ndarray) -> tuple[int, int, int, int, int, int, int]:
+    """Start of each packed section: moe, na (dense), pq, pc, pa, dc, da (dense rows). The
+    decode sections' offsets are also in the header (``T_O_DC``, ``T_O_DA``) for the hot path;
+    the packer writes, and :func:`kvtier.sim.steptime.pack.validate_timing` checks, both."""
     n_moe = int(tp[T_N_MOE])
     n_tok = int(tp[T_N_TOK])
     n_pq = int(tp[T_N_PQ])
     n_pc = int(tp[T_N_PC])
-    n_db = int(tp[T_N_DB])
     n_dc = int(tp[T_N_DC])
     o_moe = HEADER
-    o_tok = o_moe + n_moe
-    o_na = o_tok + n_tok
+    o_na = o_moe + n_moe
     o_pq = o_na + n_tok
     o_pc = o_pq + n_pq
     o_pa = o_pc + n_pc
-    o_db = o_pa + n_pq * n_pc
-    o_dc = o_db + n_db
+    o_dc = o_pa + n_pq * n_pc
     o_da = o_dc + n_dc
-    return o_moe, o_tok, o_na, o_pq, o_pc, o_pa, o_db, o_dc, o_da
+    return o_moe, o_na, o_pq, o_pc, o_pa, o_dc, o_da
+
+
+def _grid_cell(x: float, tp: np.ndarray, off: int, n: int) -> int:
+    """The last cell ``j`` (``0 <= j <= n - 2``) of the ascending grid ``tp[off:off+n]`` whose
+    lower point is at or below ``x`` (0 below the grid)."""
+    lo = 0
+    hi = n - 1
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if tp[off + mid] <= x:
+            lo = mid
+        else:
+            hi = mid
+    return lo
 
 
 def prefill_attn_s(q: int, ctx: int, tp: np.ndarray) -> float:
@@ -137,8 +143,8 @@ def prefill_attn_s(q: int, ctx: int, tp: np.ndarray) -> float:
     o = _offsets(tp)
     n_pq = int(tp[T_N_PQ])
     n_pc = int(tp[T_N_PC])
-    qmax = tp[o[3] + n_pq - 1]
-    cmax = tp[o[4] + n_pc - 1]
+    qmax = tp[o[2] + n_pq - 1]
+    cmax = tp[o[3] + n_pc - 1]
     qf = float(q)
     cf = float(ctx)
     scale = 1.0
@@ -149,7 +155,7 @@ def prefill_attn_s(q: int, ctx: int, tp: np.ndarray) -> float:
     elif cf > cmax:
         scale = (2.0 * cf + qf) / (2.0 * cmax + qf)
         cf = cmax
-    return scale * _interp2(qf, cf, tp, o[3], n_pq, o[4], n_pc, o[5])
+    return scale * _interp2(qf, cf, tp, o[2], n_pq, o[3], n_pc, o[4])
 
 
 def prefill_attn_ns(q: int, ctx: int, tp: np.ndarray) -> int:
@@ -168,44 +174,49 @@ def prefill_out_of_range(q: int, ctx: int, tp: np.ndarray) -> int:
 
 
 def _non_attention_s(tokens: int, tp: np.ndarray) -> float:
-    o = _offsets(tp)
-    return _interp1(float(tokens), tp, tp, o[1], o[2], int(tp[T_N_TOK]))
+    """Non-attention seconds of a batch of ``tokens``: one load from the dense table (built by
+    interpolating the measured grid at every count); beyond it, in proportion to the tokens."""
+    o_na = HEADER + int(tp[T_N_MOE])
+    last = int(tp[T_N_TOK]) - 1
+    if tokens <= last:
+        return tp[o_na + tokens]
+    return tp[o_na + last] * (float(tokens) / float(last))
 
 
 def _decode_attn_s(n_dec: int, dec_kv: int, tp: np.ndarray) -> float:
     """Decode attention of ``n_dec`` requests attending ``dec_kv`` tokens in all, at their mean
-    context; beyond the data the time scales linearly in batch and in context (KV bytes)."""
-    o = _offsets(tp)
-    n_db = int(tp[T_N_DB])
+    context: the batch's dense row (no search on the batch), the context's cell by a search of
+    the short context grid, and the cell's value and slope (one multiply, no division beyond
+    the mean); beyond the data the time scales linearly in batch and in context (KV bytes)."""
     n_dc = int(tp[T_N_DC])
-    bmax = tp[o[6] + n_db - 1]
-    cmax = tp[o[7] + n_dc - 1]
-    b = float(n_dec)
+    o_dc = int(tp[T_O_DC])
+    bmax = int(tp[T_N_DB]) - 1
+    cmax = tp[T_DC_MAX]
     c = float(dec_kv) / float(n_dec)
+    b = n_dec
     scale = 1.0
     if b > bmax:
-        scale = b / bmax
+        scale = float(b) / float(bmax)
         b = bmax
     if c > cmax:
         scale = scale * (c / cmax)
         c = cmax
-    return scale * _interp2(b, c, tp, o[6], n_db, o[7], n_dc, o[8])
+    x0 = tp[o_dc]
+    if c < x0:
+        c = x0
+    j = _grid_cell(c, tp, o_dc, n_dc)
+    row = int(tp[T_O_DA]) + 2 * (b * (n_dc - 1) + j)
+    return scale * (tp[row] + (c - tp[o_dc + j]) * tp[row + 1])
 
 
 def step_extrapolated(tokens: int, n_dec: int, dec_kv: int, pf_ext: int, tp: np.ndarray) -> int:
     """1 when an iteration's measured step time used values beyond the measured data."""
     if tp[T_BACKEND] != BACKEND_MEASURED:
         return 0
-    if pf_ext > 0:
+    if pf_ext > 0 or tokens >= tp[T_N_TOK]:
         return 1
-    o = _offsets(tp)
-    if tokens > tp[o[1] + int(tp[T_N_TOK]) - 1]:
+    if n_dec > 0 and (n_dec >= tp[T_N_DB] or float(dec_kv) > tp[T_DC_MAX] * float(n_dec)):
         return 1
-    if n_dec > 0:
-        if n_dec > tp[o[6] + int(tp[T_N_DB]) - 1]:
-            return 1
-        if float(dec_kv) / float(n_dec) > tp[o[7] + int(tp[T_N_DC]) - 1]:
-            return 1
     return 0
 
 

@@ -13,6 +13,7 @@ import numpy as np
 from kvtier.errors import InputError
 from kvtier.hardware.types import Hardware, ModelProfile
 from kvtier.policy.model import Policy
+from kvtier.sim.steptime.frontend import frontend_s
 from kvtier.sim.steptime.measured import AIC_SYSTEMS, measured_key, measured_tables
 from kvtier.sim.steptime.pack import pack_measured, roofline_params
 
@@ -32,7 +33,9 @@ def roofline_timing(
     hardware: Hardware, model: ModelProfile, policy: Policy, kvb: float
 ) -> np.ndarray:
     """The improved roofline: separate prefill / decode MFU, FP8 peak, a TP all-reduce term and
-    MoE weights read as the distinct experts a batch touches (docs/model.md)."""
+    MoE weights read as the distinct experts a batch touches (docs/model.md); the framework's
+    per-request front-end cost (:mod:`kvtier.sim.steptime.frontend`), kept by the measured
+    backend too."""
     tp = hardware.topology.tp
     eff = hardware.efficiency
     peak = _peak(hardware, model)
@@ -66,6 +69,7 @@ def roofline_timing(
         ar_fixed_s=ar_fixed,
         expert_bytes=expert_bytes,
         moe_fraction=frac,
+        frontend_s=frontend_s(policy.serving.framework),
     )
 
 
