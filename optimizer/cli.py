@@ -1201,6 +1201,13 @@ def _optimize_options(command: Callable[..., Any]) -> Callable[..., Any]:
             help="Let the search add hosts of the hardware profile, up to this many "
             "(cost counts the hosts a policy occupies) [default: the profile's hosts].",
         ),
+        click.option(
+            "--prices",
+            default=None,
+            type=click.Path(dir_okay=False),
+            help="TOML file of your own prices (GPU-hour, host-hour, per tier GB-hour and "
+            "fabric host-hour; docs/search.md) [default: the profiles' owned all-in prices].",
+        ),
         click.option("--json", "as_json", is_flag=True, help="Print the result as JSON."),
     ]
     for option in reversed(options):

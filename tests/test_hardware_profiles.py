@@ -77,7 +77,7 @@ def test_h100_node_numbers() -> None:
     model = load_model("llama-3.1-8b")  # names are case-insensitive
     # 80 GB * 0.9 - 2 GB reserve - 8.03e9 * 2 B of weights
     assert hw.kv_capacity_bytes(model) == pytest.approx(72e9 - 2e9 - 16.06e9)
-    assert hw.cost_per_hour(8) == pytest.approx(8 * 4.25)
+    assert hw.cost_per_hour(8) == pytest.approx(8 * 1.63)
 
 
 def test_every_number_in_builtin_profiles_has_a_source_comment() -> None:

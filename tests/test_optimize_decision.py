@@ -52,9 +52,7 @@ def test_unreachable_slo_prints_the_bound_and_a_reachable_slo(tmp_path) -> None:
     """Long prompts of one-off documents at tp=1: the default TTFT P99 of 2 s is below the
     prefill of the slowest prompts on an idle H100, so the job says so and what can be met."""
     path = tmp_path / "long.parquet"
-    write_trace(
-        synthesize("rag", requests=40, rate=0.2, seed=2, long=True, min_input=90000), path
-    )
+    write_trace(synthesize("rag", requests=40, rate=0.2, seed=2, long=True, min_input=90000), path)
     result = invoke(
         "optimize",
         "--trace",

@@ -242,6 +242,7 @@ def _tier_hardware(name: str, t: Table) -> TierHardware:
         devices=t.integer("devices", 1),
         interleave=t.boolean("interleave", True),
         price_per_gb_hour=t.number("price_per_gb_hour", 0.0, nonneg=True),
+        fabric_per_host_hour=t.number("fabric_per_host_hour", 0.0, nonneg=True),
         shared=t.boolean("shared") if t.has("shared") else None,
         ports=t.integer("ports", 1),
         attach=t.string("attach", "host", choices=("host", "gpu")),

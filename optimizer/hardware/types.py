@@ -165,6 +165,9 @@ class TierHardware:
     devices: int = 1
     interleave: bool = True
     price_per_gb_hour: float = 0.0
+    # $ per occupied host-hour of the fabric this tier needs (CXL adapters and switch share,
+    # RDMA NICs and switch ports), charged only when the tier is used
+    fabric_per_host_hour: float = 0.0
     shared: bool | None = None  # None: cxl and rdma are shared pools, dram and ssd per host
     # ``ports`` access links per host (NICs, CXL adapters, drives), ``port_read_bw`` /
     # ``port_write_bw`` being their sum; ``attach = "gpu"``: each GPU uses the port beside it
@@ -213,11 +216,14 @@ class Hardware:
         """Dollars per hour for ``instances`` replicas: their GPUs plus the hosts they occupy.
 
         ``tier_gb`` adds lower tiers: total GB of each (all hosts' DRAM, the whole pool) at
-        the profile's price per GB-hour (docs/design.md 4.6).
+        the profile's all-in price per GB-hour, plus the fabric each needs on every occupied
+        host (``fabric_per_host_hour``: CXL adapters only with a CXL tier, RDMA NICs only with
+        an RDMA pool), docs/design.md 4.6 and docs/sources.md [Prices-2026].
         """
         gpus = instances * self.topology.tp
         hosts = -(-gpus // self.topology.gpus_per_host)
         cost = gpus * self.gpu.price_per_hour + hosts * self.host_fixed_per_hour
         for name, gb in (tier_gb or {}).items():
-            cost += gb * self.tiers[name].price_per_gb_hour
+            tier = self.tiers[name]
+            cost += gb * tier.price_per_gb_hour + hosts * tier.fabric_per_host_hour
         return cost

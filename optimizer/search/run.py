@@ -246,6 +246,7 @@ def optimize(
     compare_presets: bool = True,
     target: str | None = None,
     max_hosts: int | None = None,
+    prices: str | None = None,
     out: str | None = None,
     runs_dir: Path = Path("runs"),
     on_trial: Callable[[int, TrialSummary | None], None] | None = None,
@@ -274,6 +275,10 @@ def optimize(
     if max_hosts is not None:
         hardware = hosts_profile(hardware, hw, max_hosts, runs_dir)
         hw = load_hardware(hardware)
+    if prices is not None:
+        from kvtier.hardware.prices import apply_prices, load_prices
+
+        hw = apply_prices(hw, load_prices(prices))
     search_space = fit_space_to_hardware(search_space.with_pins(pins or {}), hw)
     if target is not None:
         search_space = restrict_to_target(search_space, target, hw.tiers)
@@ -348,6 +353,15 @@ def optimize(
         callbacks.append(report)
     # Enqueued (warm-start) trials run on one thread: with several threads, two can take the
     # same waiting trial from an SQLite storage and the second then fails to report it.
+    # The last trial of the budget is kept for the HBM-only answer of the instance sweep
+    # (kvtier.search.tiering), so the study, the winner and its policy file include it; a
+    # space that pins a lower tier on or the instance count cannot express that policy.
+    expressible = "serving.instances" not in search_space.pinned and not any(
+        k.startswith("tiers.") and k.endswith(".enabled") and v is True
+        for k, v in search_space.pinned.items()
+    )
+    reserve = 1 if expressible and hw.tiers and n_trials > 1 else 0
+    n_trials -= reserve
     waiting = sum(1 for t in study.trials if t.state == optuna.trial.TrialState.WAITING)
     first = min(waiting, n_trials) if n_jobs > 1 else 0
     deadline = None if timeout is None else time.monotonic() + timeout
@@ -391,10 +405,9 @@ def optimize(
         hw.topology.tp,
         hardware_has_tiers=bool(hw.tiers),
     )
-    if hbm_only is not None and hbm_only.label.endswith(SWEPT):
-        # the HBM-only answer came from the instance sweep: run it as a trial, so the winner,
-        # its policy file and the study all include it
-        study.enqueue_trial(hbm_only.params, skip_if_exists=True)
+    if reserve and (deadline is None or time.monotonic() < deadline):
+        if hbm_only is not None and hbm_only.label.endswith(SWEPT):
+            study.enqueue_trial(hbm_only.params, skip_if_exists=True)
         study.optimize(objective, n_trials=1, callbacks=callbacks, catch=())
         best = best_feasible(study)
         done = summaries(study)
@@ -432,6 +445,7 @@ def optimize(
                 "params": best_trial.user_attrs.get("params", {}),
                 # the step-time backend and the package / data versions behind the metrics
                 "step_time": best.metrics.get("step_time_source", ""),
+                "prices": str(prices) if prices else "the profiles' (owned, all-in)",
             },
         )
     return OptimizeResult(
