@@ -71,6 +71,8 @@ def sim_configs(draw: st.DrawFn, block_tokens: int) -> SimConfig:
         router=draw(st.integers(0, 3)),
         affinity_overload=draw(st.integers(0, 3)),
         kv_overlap_weight=draw(st.sampled_from([0.0, 1.0, 2.5])),
+        scheduler=draw(st.integers(0, 1)),
+        watermark_blocks=draw(st.sampled_from([0, 0, 1])),
         flops_per_token=draw(st.sampled_from([1.0, 3.0])),
         attn_coef=draw(st.sampled_from([0.0, 0.01, 0.5])),
         compute_rate=1000.0,

@@ -54,7 +54,11 @@ def test_engines_agree_with_tiers(case) -> None:
     # per request: the blocks loaded from each tier sum to the tiers' hit counts, and the
     # prompt is found in HBM, loaded from the tiers or recomputed
     names = cfg.tiers.names if cfg.tiers is not None else ()
-    np.testing.assert_array_equal(ref.loaded_blocks.sum(axis=0), ref.tier_hit_blocks)
+    # (a preempted request's loads on its return count in the tiers, not in its row)
+    loaded_total = ref.loaded_blocks.sum(axis=0)
+    if not ref.preemptions.any():
+        np.testing.assert_array_equal(loaded_total, ref.tier_hit_blocks)
+    assert np.all(loaded_total <= ref.tier_hit_blocks)
     rows = request_table(trace, ref, names).to_pydict()
     covered = np.array(rows["hbm_tokens"]) + sum(np.array(rows[f"{x}_tokens"]) for x in names)
     recomputed = np.array([0 if x is None else x for x in rows["recomputed_tokens"]])
@@ -101,7 +105,8 @@ def test_kept_scratch_arrays_give_fresh_results(first, second, p99) -> None:
     simulate_raw(trace, cfg, engine="numba", slo=slo, stop_early=True)
     again = simulate_raw(trace, cfg, engine="numba", slo=slo, stop_early=True)
     assert_same_tiers(fresh, again, trace, cfg)
-    n_shared = max(trace.shared_blocks[1], 1)
+    # (vllm_v1 maps every block: a preempted request looks its own blocks up again)
+    n_shared = max(trace.n_blocks if cfg.scheduler == 1 else trace.shared_blocks[1], 1)
     kept = SCRATCH.take("slot_of", (cfg.n_instances * n_shared,), np.int32)
     assert kept is not None and not kept.any()
 

@@ -24,6 +24,7 @@ from kvtier.policy.fields import MAX_CAPACITY_GB, check_settings, read_settings,
 from kvtier.policy.registries import CONNECTORS as CONNECTOR_REGISTRY
 from kvtier.policy.registries import LOAD_RULES as LOAD_REGISTRY
 from kvtier.policy.registries import ROUTERS as ROUTER_REGISTRY
+from kvtier.policy.registries import SCHEDULERS as SCHEDULER_REGISTRY
 from kvtier.policy.registries import WRITE_POLICIES as WRITE_REGISTRY
 from kvtier.toml_fields import Table, read_toml
 
@@ -69,6 +70,22 @@ class ServingPolicy:
         minimum=0,
     )
 
+    # How HBM blocks are given out (kvtier.policy.registries.SCHEDULERS): vLLM V1's
+    # allocate-as-you-grow with preemption (vllm/v1/core/sched/scheduler.py, kv_cache_manager.py),
+    # or the whole footprint at admission (TensorRT-LLM's GUARANTEED_NO_EVICT).
+    scheduler: str = setting(
+        "vllm_v1",
+        "how blocks are allocated: as requests grow, or reserved at admission",
+        choices=SCHEDULER_REGISTRY.names,
+    )
+    # vllm_v1: vLLM's KVCacheManager watermark (0.01 of the pool): a waiting or preempted
+    # request is admitted only if this share of the blocks stays free, when others run.
+    watermark: float = setting(
+        0.01,
+        "vllm_v1: share of HBM blocks an admission leaves free while other requests run",
+        nonneg=True,
+        maximum=1.0,
+    )
     # kv_aware only: Dynamo's --kv-overlap-score-weight (default 1); 0 ignores every cache hit
     # and routes by active blocks alone (lib/llm/src/kv_router/scheduler.rs).
     kv_overlap_weight: float = setting(

@@ -39,6 +39,27 @@ ROUTERS = Registry(
     ],
 )
 
+# ---- schedulers (ServingPolicy.scheduler): how an instance gives HBM blocks to requests -------
+RESERVE, VLLM_V1 = 0, 1
+SCHEDULERS = Registry(
+    "scheduler",
+    [
+        Entry(
+            "reserve",
+            RESERVE,
+            "a request's whole footprint (prompt and output) is allocated at admission and no "
+            "request is ever preempted (TensorRT-LLM's GUARANTEED_NO_EVICT capacity policy)",
+        ),
+        Entry(
+            "vllm_v1",
+            VLLM_V1,
+            "vLLM V1: blocks are allocated as a request grows (each prompt chunk, then one "
+            "block per B decode tokens); when a running request needs a block and none is "
+            "free, the most recently admitted one is preempted and later recomputed",
+        ),
+    ],
+)
+
 # ---- write policies (Policy.write_policy): how computed blocks reach the lower tiers -----------
 WRITE_THROUGH, WRITE_BACK, WRITE_SELECTIVE = 0, 1, 2
 WRITE_POLICIES = Registry(
@@ -182,7 +203,10 @@ __all__ = [
     "LOAD_RULES",
     "PREFIX_AFFINITY",
     "ROUND_ROBIN",
+    "RESERVE",
     "ROUTERS",
+    "SCHEDULERS",
+    "VLLM_V1",
     "WRITE_BACK",
     "WRITE_POLICIES",
     "WRITE_SELECTIVE",

@@ -16,7 +16,7 @@ from kvtier.errors import InputError
 from kvtier.hardware.deploy import apply_deployment
 from kvtier.hardware.types import GB, Hardware, ModelProfile
 from kvtier.policy.model import Policy
-from kvtier.policy.registries import ROUTERS
+from kvtier.policy.registries import ROUTERS, SCHEDULERS
 from kvtier.sim.steptime.backend import step_timing
 from kvtier.sim.tiers import TierConfig, build_tiers
 from kvtier.sim.timing import T_FRONTEND
@@ -49,6 +49,8 @@ class SimConfig:
     prefix_caching: bool = True  # serving.prefix_caching: HBM prefix hits across requests
     concurrency: int = 0  # closed-loop load generator: requests in flight (0: open loop)
     kv_overlap_weight: float = 1.0  # kv_aware router: weight of prefill blocks (Dynamo's)
+    scheduler: int = 0  # SCHEDULERS code: 0 reserve at admission, 1 vLLM V1 (grow, preempt)
+    watermark_blocks: int = 0  # vllm_v1: free blocks an admission leaves when others run
 
     # the packed step-time array (kvtier.sim.timing layout; None: the plain roofline of the
     # fields above), the backend that made it and its provenance (package and data versions)
@@ -143,4 +145,6 @@ def build_config(hardware: Hardware, model: ModelProfile, policy: Policy) -> Sim
         frontend_s=float(timing[T_FRONTEND]),
         prefix_caching=serving.prefix_caching,
         kv_overlap_weight=float(serving.kv_overlap_weight),
+        scheduler=SCHEDULERS.codes[serving.scheduler],
+        watermark_blocks=int(serving.watermark * int(kv_bytes // replicated)),
     )

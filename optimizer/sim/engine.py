@@ -26,6 +26,8 @@ from kvtier.policy.registries import (
     LEAST_LOADED,
     PREFIX_AFFINITY,
     ROUND_ROBIN,
+    SCHEDULERS,
+    VLLM_V1,
     WRITE_SELECTIVE,
 )
 from kvtier.sim.config import SimConfig
@@ -157,9 +159,17 @@ def simulate_engine(
         raise ValueError(
             "token_budget >= 1, a router the kernel implements, affinity_overload >= 0"
         )
+    if cfg.scheduler not in SCHEDULERS.codes.values() or not (
+        0 <= cfg.watermark_blocks <= cfg.capacity_blocks
+    ):
+        raise ValueError("scheduler must be a known code, 0 <= watermark_blocks <= capacity")
     if cfg.max_seqs > MAX_SEQS:
         raise InputError(f"max_num_seqs {cfg.max_seqs} is above the supported {MAX_SEQS}")
     shared, n_shared = trace.shared_blocks  # computed once per trace, bounds by construction
+    if cfg.scheduler == VLLM_V1:
+        # a preempted request looks its own blocks up again: every block gets a map entry
+        # (its dense id, < n_blocks by BlockedTrace's checks), not only those read twice
+        shared, n_shared = np.ascontiguousarray(trace.block_ids, dtype=np.int32), n_blocks
     n_shared = max(n_shared, 1)
     if cfg.n_instances * n_shared > MAX_MAP_ENTRIES:
         raise InputError(
@@ -219,6 +229,8 @@ def simulate_engine(
         int(cfg.concurrency),
         float(cfg.kv_overlap_weight),
         _route_weights(cfg),
+        int(cfg.scheduler),
+        int(cfg.watermark_blocks),
     )
     out = Outputs(
         first_token=np.full(n, np.nan),
@@ -229,6 +241,8 @@ def simulate_engine(
         load_s=np.zeros(n),
         loaded_blocks=np.zeros((n, tp.n_tiers), dtype=np.int64),
         stats=np.zeros(4, dtype=np.float64),
+        preemptions=np.zeros(n, dtype=np.int64),
+        preempted_tokens=np.zeros(n, dtype=np.int64),
     )
     pools = _hbm_pools(cfg, n_shared, ring_len, n_refs, kept)
     simulate_nb(requests, params, pools, ts, tp, lk, out)
@@ -247,6 +261,8 @@ def simulate_engine(
         end_s=end_time(out.finish, early, out.stats[2]),
         loaded_blocks=out.loaded_blocks,
         arrival_s=arrival,
+        preemptions=out.preemptions,
+        preempted_tokens=out.preempted_tokens,
         **_tier_result(cfg.tiers, lk, out.load_s),
     )
 

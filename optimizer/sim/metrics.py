@@ -64,6 +64,10 @@ class Metrics:
     step_time: str = ""
     step_time_source: str = ""
     extrapolated_share: float = 0.0
+    # scheduler = "vllm_v1": requests preempted (a request preempted twice counts twice) and
+    # the computed KV tokens those preemptions discarded (computed again unless found cached)
+    preemptions: int = 0
+    preempted_tokens: int = 0
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -201,6 +205,10 @@ def compute_metrics(
         instances=n_inst,
         early_stopped=raw.early_stopped,
         engine=engine,
+        preemptions=int(raw.preemptions.sum()) if raw.preemptions is not None else 0,
+        preempted_tokens=(
+            int(raw.preempted_tokens.sum()) if raw.preempted_tokens is not None else 0
+        ),
         **tier_fields,
     )
     if slo is None or slo.is_empty():

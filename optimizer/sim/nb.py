@@ -56,7 +56,13 @@ import numpy as np
 from numba import njit
 
 from kvtier.cache.prefetch import prefetch
-from kvtier.policy.registries import KV_AWARE, LEAST_LOADED, ROUND_ROBIN, WRITE_SELECTIVE
+from kvtier.policy.registries import (
+    KV_AWARE,
+    LEAST_LOADED,
+    ROUND_ROBIN,
+    VLLM_V1,
+    WRITE_SELECTIVE,
+)
 from kvtier.sim.nb_tiers import (
     LinkState,
     TierParams,
@@ -324,6 +330,8 @@ class Params(NamedTuple):
     concurrency: int  # closed-loop load generator: requests in flight (0: open loop)
     kv_overlap_weight: float  # kv_aware router: weight of the prompt blocks left to prefill
     route_w: np.ndarray  # f8 (n_tiers, n_instances): kv_aware weight of a lower-tier hit
+    scheduler: int  # RESERVE (whole footprint at admission) or VLLM_V1 (grow, preempt)
+    watermark_blocks: int  # vllm_v1: free blocks an admission leaves while others run
 
 
 class HbmPools(NamedTuple):
@@ -350,6 +358,8 @@ class Outputs(NamedTuple):
     load_s: np.ndarray  # f8 (n,), zero: seconds from admission to the last loaded block
     loaded_blocks: np.ndarray  # i8 (n, n_tiers), zero: blocks loaded from each lower tier
     stats: np.ndarray  # f8 (4,): n_iterations, early_stopped, end time, extrapolated steps
+    preemptions: np.ndarray  # i8 (n,), zero: times preempted (vllm_v1)
+    preempted_tokens: np.ndarray  # i8 (n,), zero: computed KV tokens its preemptions discarded
 
 
 class RequestState(NamedTuple):
@@ -362,6 +372,8 @@ class RequestState(NamedTuple):
     computed_from: np.ndarray  # i8: prompt blocks from here on are computed
     ready: np.ndarray  # f8: its prefill may start once loaded blocks have arrived
     next_waiting: np.ndarray  # i8: the next request in its instance's queue, -1 at the tail
+    target: np.ndarray  # i8: tokens to compute before its next token (input, + generated)
+    held: np.ndarray  # i8: slots it holds, slots[slot_off[i]:slot_off[i] + held[i]]
 
 
 class InstanceState(NamedTuple):
@@ -515,7 +527,7 @@ def finish_nb(
             ints[C_OVER_TPOT] += 1
     _release_nb(
         sl, rings, slots, ring_head, ring_count, free_len, k,
-        prm.ring_len, slot_off[i], slot_off[i + 1],
+        prm.ring_len, slot_off[i], slot_off[i] + rs.held[i],
     )  # fmt: skip
 
 
@@ -544,7 +556,6 @@ def end_iteration_nb(
     running = ist.running
     sched_q = ist.sched_q
     kv = rs.kv
-    inp = rq.input_tokens
     registered = rs.registered
     computed_from = rs.computed_from
     sl = pool.records
@@ -563,6 +574,7 @@ def end_iteration_nb(
     base = k * prm.n_shared
     saving = ist.saving
     busy_until = ist.busy_until
+    target = rs.target
     if saving[k]:
         # the step's blocking stores have finished: its tokens are emitted now
         saving[k] = False
@@ -594,13 +606,17 @@ def end_iteration_nb(
     for idx in range(n_sched[k]):
         pos = sched_pos[k, idx]
         i = running[k, pos]
-        was_prefill = kv[i] - sched_q[k, idx] < inp[i]
+        was_prefill = kv[i] - sched_q[k, idx] < target[i]
         done = False
         if was_prefill:
-            if kv[i] == inp[i]:
+            if kv[i] == target[i] and generated[i] == 0:
                 generated[i] = 1
                 first_token_nb(i, now, rq, prm, out, ty)
                 if output_tokens[i] <= 1:
+                    done = True
+            elif kv[i] == target[i]:  # a preempted request has recomputed its KV
+                generated[i] += 1
+                if generated[i] >= output_tokens[i]:
                     done = True
         else:
             generated[i] += 1
@@ -836,11 +852,14 @@ def admit_nb(
     out: Outputs,
     ty: Tally,
     buf: Buffers,
+    budget: int,
+    others: bool,
 ) -> bool:
     """Admit request ``i`` on instance ``k`` if its fresh slots fit: look up its prefix (HBM,
-    then the lower tiers), load, pin the hits and take the rest from the free ring."""
+    then the lower tiers), load, pin the hits and take the rest from the free ring (the whole
+    footprint, or with vllm_v1 the blocks of its first chunk of ``budget`` tokens, leaving the
+    watermark free when ``others`` are scheduled in this iteration)."""
     boff = rq.block_offsets
-    inp = rq.input_tokens
     slot_of = pool.slot_of
     shared = rq.shared
     found = buf.found
@@ -870,12 +889,31 @@ def admit_nb(
     hit_blocks = out.hit_blocks
     B = prm.block_tokens
     base = k * prm.n_shared
+    target = rs.target
+    held = rs.held
+    grows = prm.scheduler == VLLM_V1
     nb = boff[i + 1] - boff[i]
-    hcap = (inp[i] - 1) // B
+    hcap = (target[i] - 1) // B
     if nb < hcap:
         hcap = nb
     h = _lookup_nb(slot_of, base, shared, boff[i], hcap, found) if prm.prefix_caching else 0
-    need = total_blocks[i] - h
+    n_src = 0
+    loaded = 0
+    reserve = 0
+    if grows:
+        # vLLM V1's allocate_slots: the blocks of the tokens this step computes
+        if tp.n_tiers > 0:
+            n_src = lookup_nb(ts, tp, k, block_ids, boff[i], h, hcap, src)
+            loaded = choose_nb(tp, lk, k, now, src, n_src, h, B, counts, timing, path)
+        kv0 = (h + loaded) * B
+        q0 = target[i] - kv0
+        if q0 > budget:
+            q0 = budget
+        need = (kv0 + q0 + B - 1) // B - h
+        if others:
+            reserve = prm.watermark_blocks
+    else:
+        need = total_blocks[i] - h
     ints[C_STAMP] += 1
     stamp = ints[C_STAMP]
     pinned_free = 0  # distinct hit slots now in the free ring
@@ -884,22 +922,23 @@ def admit_nb(
         if sl[u64(4 * s + REF)] == 0 and stamps[u64(s)] != stamp:
             stamps[u64(s)] = stamp
             pinned_free += 1
-    if need > free_len[k] - pinned_free:
+    if need + reserve > free_len[k] - pinned_free:
         return False
-    loaded = 0
     ready[i] = now
     if tp.n_tiers > 0:
-        n_src = lookup_nb(ts, tp, k, block_ids, boff[i], h, hcap, src)
-        loaded = choose_nb(tp, lk, k, now, src, n_src, h, B, counts, timing, path)
+        if not grows:
+            n_src = lookup_nb(ts, tp, k, block_ids, boff[i], h, hcap, src)
+            loaded = choose_nb(tp, lk, k, now, src, n_src, h, B, counts, timing, path)
         if loaded > 0:
             done_tokens = (h + loaded) * B
             ready[i] = load_nb(
                 ts, tp, lk, k, now, block_ids, boff[i], h, src, loaded, counts,
-                inp[i] - done_tokens, done_tokens, timing,
+                target[i] - done_tokens, done_tokens, timing,
             )  # fmt: skip
-            load_s[i] = ready[i] - now
-            for t in range(tp.n_tiers):  # load_nb counted the loaded blocks per source tier
-                loaded_blocks[i, t] = counts[t]
+            if out.preemptions[i] == 0:  # the first admission's (the prompt's)
+                load_s[i] = ready[i] - now
+                for t in range(tp.n_tiers):  # load_nb counted the loaded blocks per tier
+                    loaded_blocks[i, t] = counts[t]
         if tp.write_policy == WRITE_SELECTIVE:  # only it reads the sightings
             sighted_nb(ts, tp, lk, k, now, block_ids, boff[i], nb, h, hitbuf, path)
     # pin the hits
@@ -915,9 +954,10 @@ def admit_nb(
     # take the other slots from the free ring's head
     r, left, ne = _take_nb(
         sl, rings, slot_of, slots, evbuf, k * prm.ring_len, prm.ring_len,
-        base, so, h, total_blocks[i], ring_head[k], ring_count[k],
+        base, so, h, h + need, ring_head[k], ring_count[k],
     )  # fmt: skip
-    free_len[k] -= total_blocks[i] - h
+    free_len[k] -= need
+    held[i] = h + need
     ring_head[k] = r
     ring_count[k] = left
     if ne > 0 and tp.n_tiers > 0:
@@ -925,8 +965,83 @@ def admit_nb(
     kv[i] = (h + loaded) * B
     registered[i] = h
     computed_from[i] = h + loaded
-    hit_blocks[i] = h
+    if out.preemptions[i] == 0:  # the first admission's hits (the prompt's)
+        hit_blocks[i] = h
     return True
+
+
+@njit(cache=True, nogil=True, _nrt=False)
+def grow_nb(
+    k: int,
+    i: int,
+    tokens: int,
+    now: float,
+    rs: RequestState,
+    ist: InstanceState,
+    pool: HbmPools,
+    ts: TierPools,
+    tp: TierParams,
+    lk: LinkState,
+    prm: Params,
+    buf: Buffers,
+) -> bool:
+    """vllm_v1: take the slots request ``i`` needs to hold ``tokens`` tokens of KV from the free
+    ring's head; False (nothing taken) when too few are free (the reference's ``grow``)."""
+    B = prm.block_tokens
+    held = rs.held
+    need = (tokens + B - 1) // B - held[i]
+    if need <= 0:
+        return True
+    if need > ist.free_len[k]:
+        return False
+    R = prm.ring_len
+    r, left, ne = _take_nb(
+        pool.records, pool.rings, pool.slot_of, pool.slots, buf.evbuf, k * R, R,
+        k * prm.n_shared, rs.slot_off[i], held[i], held[i] + need,
+        ist.ring_head[k], ist.ring_count[k],
+    )  # fmt: skip
+    ist.ring_head[k] = r
+    ist.ring_count[k] = left
+    ist.free_len[k] -= need
+    held[i] += need
+    if ne > 0 and tp.n_tiers > 0:
+        hbm_evicted_nb(ts, tp, lk, k, now, buf.evbuf, np.int64(ne), buf.path)
+    return True
+
+
+@njit(cache=True, nogil=True, _nrt=False)
+def preempt_nb(
+    k: int,
+    rq: Requests,
+    rs: RequestState,
+    ist: InstanceState,
+    pool: HbmPools,
+    prm: Params,
+    out: Outputs,
+) -> int:
+    """vllm_v1: the most recently admitted running request of instance ``k`` gives its slots
+    back and returns to the head of the queue, to recompute its prompt and generated tokens
+    (the reference's ``preempt``); returns it."""
+    n = ist.n_running[k] - 1
+    i = ist.running[k, n]
+    ist.n_running[k] = n
+    _release_nb(
+        pool.records, pool.rings, pool.slots, ist.ring_head, ist.ring_count, ist.free_len, k,
+        prm.ring_len, rs.slot_off[i], rs.slot_off[i] + rs.held[i],
+    )  # fmt: skip
+    rs.held[i] = 0
+    out.preemptions[i] += 1
+    out.preempted_tokens[i] += rs.kv[i]
+    rs.target[i] = rq.input_tokens[i] + rs.generated[i]
+    rs.kv[i] = 0
+    rs.registered[i] = 0
+    rs.computed_from[i] = 0
+    rs.next_waiting[i] = ist.q_head[k]
+    ist.q_head[k] = i
+    if ist.q_tail[k] < 0:
+        ist.q_tail[k] = i
+    ist.q_len[k] += 1
+    return i
 
 
 @njit(cache=True, nogil=True, inline="always")
@@ -1010,7 +1125,6 @@ def start_iteration_nb(
 ) -> None:
     """Idle instance ``k`` schedules an iteration: running requests take their tokens, then
     admissions (FCFS) take prefill chunks; with nothing to run it waits for a load."""
-    inp = rq.input_tokens
     boff = rq.block_offsets
     n_running = ist.n_running
     running = ist.running
@@ -1046,7 +1160,12 @@ def start_iteration_nb(
     # decode steps before the first of the batch finishes (0: not a decode-only batch)
     steps_left = np.int64(1) << 62
     last_ready = now  # the latest load end among running requests (load_wait = batch)
-    for pos in range(n_running[k]):
+    target = rs.target
+    grows = prm.scheduler == VLLM_V1
+    preempted = False
+    pos = -1
+    while pos + 1 < n_running[k]:  # (vllm_v1: preemptions take requests off its end)
+        pos += 1
         i = running[k, pos]
         if ready[i] > now:
             if ready[i] > last_ready:
@@ -1054,8 +1173,8 @@ def start_iteration_nb(
             continue
         if budget == 0:
             continue
-        if kv[i] < inp[i]:
-            q = inp[i] - kv[i]
+        if kv[i] < target[i]:
+            q = target[i] - kv[i]
             if q > budget:
                 q = budget
             steps_left = 0
@@ -1065,6 +1184,20 @@ def start_iteration_nb(
                 steps_left = 0
             elif output_tokens[i] - generated[i] < steps_left:
                 steps_left = output_tokens[i] - generated[i]
+        if grows:
+            # vLLM V1: no free block, the most recently admitted request is preempted
+            ok = True
+            while not grow_nb(k, i, kv[i] + q, now, rs, ist, pool, ts, tp, lk, prm, buf):
+                v = preempt_nb(k, rq, rs, ist, pool, prm, out)
+                preempted = True
+                if v == i:
+                    ok = False
+                    break
+            if not ok:
+                break
+            # decode steps run ahead only while its blocks hold them (no allocation)
+            if kv[i] >= target[i] and rs.held[i] * prm.block_tokens - kv[i] < steps_left:
+                steps_left = rs.held[i] * prm.block_tokens - kv[i]
         sched_pos[k, m] = pos
         sched_q[k, m] = q
         budget -= q
@@ -1072,15 +1205,16 @@ def start_iteration_nb(
         tokens += q
         attn += q * (2 * kv[i] + q)
         kv_read += kv[i] + q
-        if kv[i] < inp[i]:
+        if kv[i] < target[i]:
             pf_ns += prefill_attn_ns_nb(q, kv[i], timing)
             pf_ext += prefill_out_of_range_nb(q, kv[i], timing)
         else:
             n_dec += 1
             dec_kv += kv[i] + q
-    while budget > 0 and q_len[k] > 0 and n_running[k] < prm.max_seqs:
+    # (vLLM V1 admits nobody in a step that preempted)
+    while not preempted and budget > 0 and q_len[k] > 0 and n_running[k] < prm.max_seqs:
         i = q_head[k]
-        if not admit_nb(k, i, now, rq, rs, ist, pool, ts, tp, lk, prm, out, ty, buf):
+        if not admit_nb(k, i, now, rq, rs, ist, pool, ts, tp, lk, prm, out, ty, buf, budget, m > 0):
             break
         q_head[k] = next_waiting[i]
         if q_head[k] < 0:
@@ -1094,7 +1228,7 @@ def start_iteration_nb(
             if ready[i] > last_ready:
                 last_ready = ready[i]
             continue
-        q = inp[i] - kv[i]
+        q = target[i] - kv[i]
         if q > budget:
             q = budget
         sched_pos[k, m] = pos
@@ -1111,8 +1245,9 @@ def start_iteration_nb(
         wake[k] = last_ready
         return
     if m == 0:
-        # every running request is loading: idle until the first one is ready
-        w = np.inf
+        # every running request is loading: idle until the first one is ready (after a
+        # preemption that left none running: at once, to admit)
+        w = np.inf if n_running[k] > 0 else now
         for pos in range(n_running[k]):
             if ready[running[k, pos]] < w:
                 w = ready[running[k, pos]]
@@ -1122,7 +1257,9 @@ def start_iteration_nb(
     dt = step_time_nb(tokens, attn, kv_read, n_dec, dec_kv, pf_ns, timing)
     ints[C_EXTRAP] += step_extrapolated_nb(tokens, n_dec, dec_kv, pf_ext, timing)
     t = now
-    if m == n_running[k] and steps_left > 1:
+    # vllm_v1: nothing waits (an admission's blocks may change with time) and none preempted
+    ahead = not grows or (not preempted and q_len[k] == 0)
+    if m == n_running[k] and steps_left > 1 and ahead:
         t, dt = run_ahead_nb(
             k, now, t_next, m, steps_left, dt, attn, kv_read, rs, ist, prm, out, ty
         )
@@ -1244,6 +1381,8 @@ def simulate_nb(
         np.zeros(n, dtype=np.int64),
         np.zeros(n, dtype=np.float64),
         np.full(n, -1, dtype=np.int64),
+        rq.input_tokens.copy(),
+        np.zeros(n, dtype=np.int64),
     )
     ist = InstanceState(
         np.full(n_inst, -1, dtype=np.int64),

@@ -82,7 +82,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from kvtier.policy.registries import KV_AWARE, LEAST_LOADED, ROUND_ROBIN
+from kvtier.policy.registries import KV_AWARE, LEAST_LOADED, ROUND_ROBIN, VLLM_V1
 from kvtier.sim.config import SimConfig
 from kvtier.sim.reference_tiers import LowerTiers
 from kvtier.sim.result import RawResult, SloCheck, end_time
@@ -111,6 +111,9 @@ class Request:
     registered: int = 0  # prompt blocks [0, registered) are cached or were offered to the cache
     computed_from: int = 0  # prompt blocks from here on are computed (not hits, not loaded)
     ready: float = 0.0  # its prefill may start once loaded blocks have arrived
+    target: int = 0  # tokens to compute before its next token: input (+ generated, resumed)
+    preemptions: int = 0  # times preempted (vllm_v1)
+    preempted_tokens: int = 0  # computed KV tokens discarded by its preemptions
     slots: list[int] = field(default_factory=list)  # prompt blocks' slots, then anonymous ones
 
 
@@ -167,13 +170,18 @@ class HbmPool:
                 if self.slot_block[slot] == -1:
                     self.free.move_to_end(slot, last=False)
 
-    def check(self, running: list[Request]) -> None:
-        """Capacity invariant: pinned + free == capacity, pins match the running requests."""
+    def check(self, running: list[Request], grows_b: int = 0) -> None:
+        """Capacity invariant: pinned + free == capacity, pins match the running requests;
+        each holds its whole footprint (vllm_v1, ``grows_b`` = B: at least its computed KV,
+        at most the footprint)."""
         pinned = sum(1 for r in self.ref if r > 0)
         assert pinned + len(self.free) == self.capacity, "HBM slots lost or double-counted"
         assert pinned <= self.capacity, "HBM capacity exceeded"
         assert sum(self.ref) == sum(len(r.slots) for r in running), "pin count mismatch"
-        assert all(len(r.slots) == r.total_blocks for r in running), "footprint not reserved"
+        if grows_b:
+            assert all(-(-r.kv // grows_b) <= len(r.slots) <= r.total_blocks for r in running)
+        else:
+            assert all(len(r.slots) == r.total_blocks for r in running), "footprint not reserved"
         for block, slot in self.cached.items():
             assert self.slot_block[slot] == block
         assert all(self.ref[s] == 0 for s in self.free)
@@ -229,6 +237,7 @@ def simulate_reference(
             total_blocks=total_blocks_of(
                 int(trace.input_tokens[i]), int(trace.output_tokens[i]), B
             ),
+            target=int(trace.input_tokens[i]),
         )
         for i in range(n)
     ]
@@ -241,6 +250,9 @@ def simulate_reference(
             trace.block_offsets, trace.block_ids, trace.n_blocks, B, *compute
         )  # GDSF's cost per block
         lower = LowerTiers(cfg.tiers, trace.n_blocks, tp, costs)
+    grows = cfg.scheduler == VLLM_V1  # blocks allocated as requests grow, preemption
+    preempted_out = np.zeros(n, dtype=np.int64)
+    preempted_tok = np.zeros(n, dtype=np.int64)
     route_w = kv_route_weights(cfg)  # the kv_aware router's weight of a lower-tier hit
     load_s = np.zeros(n)
     loaded_blocks = np.zeros((n, cfg.tiers.n_tiers if cfg.tiers is not None else 0), np.int64)
@@ -336,29 +348,44 @@ def simulate_reference(
         instances[k].waiting.append(req)
         instances[k].active_blocks += -(-req.input_tokens // B)
 
-    def admit(inst: Instance, k: int, req: Request, now: float) -> bool:
+    def admit(inst: Instance, k: int, req: Request, now: float, budget: int, busy: bool) -> bool:
         """Admit ``req`` on instance ``k`` if its fresh slots fit: look up its prefix (HBM,
-        then the lower tiers), load, pin the hits and allocate the rest."""
+        then the lower tiers), load, pin the hits and allocate the rest (``reserve``: the whole
+        footprint; ``vllm_v1``: the blocks of its first chunk of ``budget`` tokens, keeping
+        the watermark free when another request is ``busy`` in this iteration)."""
         pool = inst.pool
-        cap = min((req.input_tokens - 1) // B, len(req.blocks))
+        cap = min((req.target - 1) // B, len(req.blocks))
         h = pool.lookup(req.blocks, cap) if prefix else 0
-        need = req.total_blocks - h
-        if not pool.can_admit(req.blocks, h, need):
-            return False
+        src: list[int] = []
         loaded = 0
+        if grows:
+            # vLLM V1's allocate_slots: the blocks of the tokens this step computes
+            if lower is not None:
+                src = lower.lookup(k, req.blocks, h, cap)
+                loaded = lower.choose(k, now, src, h, B)
+            kv0 = (h + loaded) * B
+            need = -(-(kv0 + min(req.target - kv0, budget)) // B) - h
+            reserve = cfg.watermark_blocks if busy else 0
+        else:
+            need = req.total_blocks - h
+            reserve = 0
+        if not pool.can_admit(req.blocks, h, need + reserve):
+            return False
         req.ready = now
         if lower is not None:
-            src = lower.lookup(k, req.blocks, h, cap)
-            loaded = lower.choose(k, now, src, h, B)
+            if not grows:
+                src = lower.lookup(k, req.blocks, h, cap)
+                loaded = lower.choose(k, now, src, h, B)
             if loaded:
                 done_tokens = (h + loaded) * B
                 req.ready = lower.load(
-                    k, now, req.blocks, h, src[:loaded], req.input_tokens - done_tokens,
+                    k, now, req.blocks, h, src[:loaded], req.target - done_tokens,
                     done_tokens,
                 )  # fmt: skip
-                load_s[req.idx] = req.ready - now
-                for t in src[:loaded]:
-                    loaded_blocks[req.idx, t] += 1
+                if req.preemptions == 0:  # the first admission's (the prompt's)
+                    load_s[req.idx] = req.ready - now
+                    for t in src[:loaded]:
+                        loaded_blocks[req.idx, t] += 1
             lower.sighted(k, now, req.blocks, h)
         evicted: list[int] = []
         req.slots = [pool.pin(b) for b in req.blocks[:h]]
@@ -368,8 +395,37 @@ def simulate_reference(
         req.kv = (h + loaded) * B
         req.registered = h
         req.computed_from = h + loaded
-        hits_out[req.idx] = h
+        if req.preemptions == 0:  # hits and loads of its first admission (the prompt's)
+            hits_out[req.idx] = h
         return True
+
+    def grow(inst: Instance, k: int, req: Request, tokens: int, now: float) -> bool:
+        """vllm_v1: allocate the blocks ``req`` needs to hold ``tokens`` tokens of KV; False
+        (nothing allocated) when the free queue is too short."""
+        need = -(-tokens // B) - len(req.slots)
+        if need <= 0:
+            return True
+        if need > len(inst.pool.free):
+            return False
+        evicted: list[int] = []
+        req.slots += [inst.pool.allocate(evicted) for _ in range(need)]
+        if lower is not None:
+            lower.hbm_evicted(k, now, evicted)
+        return True
+
+    def preempt(inst: Instance, req: Request) -> None:
+        """vllm_v1: ``req`` (the most recently admitted running request) gives its blocks back
+        and returns to the head of the queue; it recomputes its prompt and generated tokens."""
+        inst.running.remove(req)
+        inst.pool.release(req.slots)
+        req.slots = []
+        req.preemptions += 1
+        req.preempted_tokens += req.kv
+        preempted_out[req.idx] = req.preemptions
+        preempted_tok[req.idx] = req.preempted_tokens
+        req.target = req.input_tokens + req.generated
+        req.kv = req.registered = req.computed_from = 0
+        inst.waiting.appendleft(req)
 
     def start_iteration(inst: Instance, k: int, t: float) -> None:
         """Idle instance ``k`` schedules an iteration: running requests take their tokens, then
@@ -379,23 +435,42 @@ def simulate_reference(
         budget = cfg.token_budget
         sched: list[tuple[Request, int]] = []
         tokens = attn = kv_read = 0
-        for req in inst.running:
+        preempted = False
+        x = 0
+        while x < len(inst.running):
+            req = inst.running[x]
             if budget == 0:
                 break
             if req.ready > t:
+                x += 1
                 continue
-            q = min(req.input_tokens - req.kv, budget) if req.kv < req.input_tokens else 1
+            q = min(req.target - req.kv, budget) if req.kv < req.target else 1
+            if grows:
+                # vLLM V1: no free block, the most recently admitted request is preempted
+                ok = True
+                while not grow(inst, k, req, req.kv + q, t):
+                    victim = inst.running[-1]
+                    preempt(inst, victim)
+                    preempted = True
+                    if victim is req:
+                        ok = False
+                        break
+                if not ok:
+                    break
             sched.append((req, q))
             budget -= q
-        while budget > 0 and inst.waiting and len(inst.running) < cfg.max_seqs:
+            x += 1
+        while (
+            not preempted and budget > 0 and inst.waiting and len(inst.running) < cfg.max_seqs
+        ):  # (vLLM V1 admits nobody in a step that preempted)
             req = inst.waiting[0]
-            if not admit(inst, k, req, t):
+            if not admit(inst, k, req, t, budget, bool(sched)):
                 break
             inst.waiting.popleft()
             inst.running.append(req)
             if req.ready > t:
                 continue
-            q = min(req.input_tokens - req.kv, budget)
+            q = min(req.target - req.kv, budget)
             sched.append((req, q))
             budget -= q
         if check_invariants and lower is not None:
@@ -406,7 +481,8 @@ def simulate_reference(
                 inst.wake = max(loading)
                 return
         if not sched:
-            inst.wake = min(r.ready for r in inst.running)
+            # every running request is loading (or, after a preemption, none runs: wake now)
+            inst.wake = min((r.ready for r in inst.running), default=t)
             return
         inst.wake = np.inf
         n_dec = dec_kv = pf_ns = pf_ext = 0
@@ -414,7 +490,7 @@ def simulate_reference(
             tokens += q
             attn += q * (2 * req.kv + q)
             kv_read += req.kv + q
-            if req.kv < req.input_tokens:
+            if req.kv < req.target:
                 pf_ns += prefill_attn_ns(q, req.kv, tp)
                 pf_ext += prefill_out_of_range(q, req.kv, tp)
             else:
@@ -427,7 +503,7 @@ def simulate_reference(
         inst.busy_time += dt
         n_iter += 1
         if check_invariants:
-            inst.pool.check(inst.running)
+            inst.pool.check(inst.running, B if grows else 0)
 
     def first_token(req: Request, t: float) -> None:
         """``req``'s prompt is complete at ``t``: the client sees its first token the
@@ -474,11 +550,15 @@ def simulate_reference(
                     return
         done: list[Request] = []
         for req, q in inst.scheduled:
-            if req.kv - q < req.input_tokens:  # it was a prefill
-                if req.kv == req.input_tokens:
+            if req.kv - q < req.target:  # it was a prefill
+                if req.kv == req.target and req.generated == 0:
                     req.generated = 1
                     first_token(req, t)
                     if req.output_tokens <= 1:
+                        done.append(req)
+                elif req.kv == req.target:  # a preempted request has recomputed its KV
+                    req.generated += 1
+                    if req.generated >= req.output_tokens:
                         done.append(req)
             else:
                 req.generated += 1
@@ -491,7 +571,7 @@ def simulate_reference(
         inst.scheduled = []
         inst.busy_until = None
         if check_invariants:
-            pool.check(inst.running)
+            pool.check(inst.running, B if grows else 0)
             if lower is not None:
                 lower.check()
 
@@ -527,5 +607,7 @@ def simulate_reference(
         end_s=end_time(finish_s, early, now),
         loaded_blocks=loaded_blocks,
         arrival_s=sent_s,
+        preemptions=preempted_out,
+        preempted_tokens=preempted_tok,
         **(lower.result(load_s) if lower is not None else {}),
     )

@@ -11,9 +11,12 @@ tests compare it row by row). Columns:
   when not reached;
 - ``input_tokens``, ``output_tokens``;
 - ``hbm_tokens`` and ``<tier>_tokens`` for each lower tier the policy has: prompt tokens
-  found in HBM, or loaded from that tier, at admission (0 if never admitted);
+  found in HBM, or loaded from that tier, at its first admission (0 if never admitted);
 - ``recomputed_tokens``: prompt tokens computed, the rest of the prompt; null for a request
   whose prompt was not completed (its count is not settled);
+- ``preemptions`` and ``preempted_tokens`` (``scheduler = "vllm_v1"``): times the request was
+  preempted and the computed KV tokens those preemptions discarded (computed again, less any
+  found in a cache on its return);
 - ``rejected``: the request can never fit an instance's HBM.
 """
 
@@ -80,6 +83,11 @@ def request_table(
     for t, name in enumerate(tier_names):
         columns[f"{name}_tokens"] = pa.array(tier_tokens[:, t], type=i8)
     columns["recomputed_tokens"] = _nullable(recomputed, has_first, i8)
+    zeros = np.zeros(n, dtype=np.int64)
+    pre = raw.preemptions if raw.preemptions is not None else zeros
+    pre_tok = raw.preempted_tokens if raw.preempted_tokens is not None else zeros
+    columns["preemptions"] = pa.array(pre, type=i8)
+    columns["preempted_tokens"] = pa.array(pre_tok, type=i8)
     columns["rejected"] = pa.array(rejected, type=pa.bool_())
     return pa.table(columns)
 

@@ -42,6 +42,10 @@ class RawResult:
     extrapolated_iterations: int = 0
     # float64 (n,): when each request was sent (the trace's arrival, or a closed loop's send)
     arrival_s: np.ndarray | None = None
+    # int64 (n,): times each request was preempted (vllm_v1) and the computed KV tokens those
+    # preemptions discarded, which it computed again (None: zeros)
+    preemptions: np.ndarray | None = None
+    preempted_tokens: np.ndarray | None = None
 
 
 def end_time(finish_s: np.ndarray, early_stopped: bool, now: float) -> float:
