@@ -3,13 +3,19 @@ most recently admitted request, the admission watermark; closed forms on both en
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from kvtier.sim import simulate_raw
 from kvtier.sim.config import SimConfig
 from kvtier.sim.requests import request_table
 from kvtier.trace.blocked import BlockedTrace
+from tests.sim_strategies import blocked_traces, sim_configs, tiered_configs
+from tests.test_sim_tiers_differential import assert_same_tiers
 
 ENGINES = ["reference", "numba"]
 
@@ -90,3 +96,24 @@ def test_watermark_holds_back_an_admission_while_others_run(engine) -> None:
     assert free.first_token_s.tolist() == [95.0, 95.0]
     assert held.first_token_s.tolist() == [50.0, 97.0]
     assert held.preemptions.tolist() == [0, 0]
+
+
+@st.composite
+def v1_cases(draw: st.DrawFn):
+    """Long decodes on small pools: decode steps run ahead across block boundaries, and
+    preemptions, with and without lower tiers."""
+    trace = draw(blocked_traces(max_output=80))
+    tiered = draw(st.booleans())
+    cfg = draw(tiered_configs(trace.block_tokens) if tiered else sim_configs(trace.block_tokens))
+    return trace, replace(cfg, scheduler=1, watermark_blocks=draw(st.sampled_from([0, 1])))
+
+
+@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(v1_cases())
+def test_engines_agree_under_vllm_v1(case) -> None:
+    trace, cfg = case
+    ref = simulate_raw(trace, cfg, engine="reference", check_invariants=True)
+    fast = simulate_raw(trace, cfg, engine="numba")
+    assert_same_tiers(ref, fast, trace, cfg)
+    np.testing.assert_array_equal(ref.preemptions, fast.preemptions)
+    np.testing.assert_array_equal(ref.preempted_tokens, fast.preempted_tokens)

@@ -61,6 +61,7 @@ from kvtier.policy.registries import (
     LEAST_LOADED,
     ROUND_ROBIN,
     VLLM_V1,
+    WRITE_BACK,
     WRITE_SELECTIVE,
 )
 from kvtier.sim.nb_tiers import (
@@ -417,6 +418,10 @@ class Buffers(NamedTuple):
     hitbuf: np.ndarray  # i4: HBM hits reaching their k-th sighting
     evbuf: np.ndarray  # i4 (capacity + 1,): blocks one admission evicted from HBM
     wbuf: np.ndarray  # i4: blocks one iteration computed
+    # vllm_v1 decode steps run ahead: the batch's requests grouped by the residue (mod B) of
+    # the steps at which each needs a new block, in batch order (counting sort)
+    bk_start: np.ndarray  # i8 (B + 1,)
+    bk_req: np.ndarray  # i8 (max_seqs,)
 
 
 # Fields of the replay-wide counters (``Tally.ints``): the round-robin turn, iterations begun,
@@ -1059,8 +1064,16 @@ def run_ahead_nb(
     prm: Params,
     out: Outputs,
     ty: Tally,
+    pool: HbmPools,
+    buf: Buffers,
+    alloc: bool,
 ) -> tuple[float, float]:
     """Run a decode-only batch's steps ahead of the event loop; (last step's start, its time).
+
+    With ``alloc`` (vllm_v1, where HBM's evictions have no effect below), a step in which a
+    request starts a new block takes it from the free ring as the reference's ``grow`` does,
+    in the same order (step by step, in batch order), and the run stops before a step whose
+    blocks are not free (that step preempts, step by step).
 
     With every running request in the batch and decoding, until one of them finishes or the
     next request arrives (``t_next``) its steps change nothing another instance or the router
@@ -1087,8 +1100,42 @@ def run_ahead_nb(
     seg_busy[k] = busy_s[k]
     seg_attn[k] = attn
     seg_kv[k] = kv_read
+    B = prm.block_tokens
+    bk_start = buf.bk_start
+    bk_req = buf.bk_req
+    if alloc:
+        # request idx needs a block at the extra steps s with (kv + s) % B == 0
+        for r in range(B + 1):
+            bk_start[r] = 0
+        for idx in range(m):
+            bk_start[(B - kv[running[k, sched_pos[k, idx]]] % B) % B + 1] += 1
+        for r in range(B):
+            bk_start[r + 1] += bk_start[r]
+        for idx in range(m):
+            r = (B - kv[running[k, sched_pos[k, idx]]] % B) % B
+            bk_req[bk_start[r]] = idx
+            bk_start[r] += 1
+        for r in range(B, 0, -1):  # back to each group's start
+            bk_start[r] = bk_start[r - 1]
+        bk_start[0] = 0
     s = 0
     while s < steps_left - 1 and t + dt < t_next:
+        if alloc:
+            r = (s + 1) % B
+            e = bk_start[r + 1] - bk_start[r]
+            if e > ist.free_len[k]:
+                break  # step by step from here: it preempts
+            for x in range(bk_start[r], bk_start[r + 1]):
+                i = running[k, sched_pos[k, bk_req[x]]]
+                hr, hl, _ = _take_nb(
+                    pool.records, pool.rings, pool.slot_of, pool.slots, buf.evbuf,
+                    k * prm.ring_len, prm.ring_len, k * prm.n_shared, rs.slot_off[i],
+                    rs.held[i], rs.held[i] + 1, ist.ring_head[k], ist.ring_count[k],
+                )  # fmt: skip
+                ist.ring_head[k] = hr
+                ist.ring_count[k] = hl
+                rs.held[i] += 1
+            ist.free_len[k] -= e
         busy_s[k] += dt
         t += dt
         s += 1
@@ -1162,6 +1209,7 @@ def start_iteration_nb(
     last_ready = now  # the latest load end among running requests (load_wait = batch)
     target = rs.target
     grows = prm.scheduler == VLLM_V1
+    cascade = tp.n_tiers > 0 and (tp.write_policy == WRITE_BACK or tp.exclusive)
     preempted = False
     pos = -1
     while pos + 1 < n_running[k]:  # (vllm_v1: preemptions take requests off its end)
@@ -1195,9 +1243,11 @@ def start_iteration_nb(
                     break
             if not ok:
                 break
-            # decode steps run ahead only while its blocks hold them (no allocation)
-            if kv[i] >= target[i] and rs.held[i] * prm.block_tokens - kv[i] < steps_left:
-                steps_left = rs.held[i] * prm.block_tokens - kv[i]
+            # decode steps run ahead allocate only when HBM's evictions copy nothing down;
+            # else only while its blocks hold them
+            room = rs.held[i] * prm.block_tokens - kv[i]
+            if cascade and kv[i] >= target[i] and room < steps_left:
+                steps_left = room
         sched_pos[k, m] = pos
         sched_q[k, m] = q
         budget -= q
@@ -1261,8 +1311,9 @@ def start_iteration_nb(
     ahead = not grows or (not preempted and q_len[k] == 0)
     if m == n_running[k] and steps_left > 1 and ahead:
         t, dt = run_ahead_nb(
-            k, now, t_next, m, steps_left, dt, attn, kv_read, rs, ist, prm, out, ty
-        )
+            k, now, t_next, m, steps_left, dt, attn, kv_read, rs, ist, prm, out, ty, pool, buf,
+            grows and not cascade,
+        )  # fmt: skip
     n_sched[k] = m
     busy[k] = True
     busy_until[k] = t + dt
@@ -1435,6 +1486,8 @@ def simulate_nb(
         np.empty(max_nb + 1, dtype=np.int32),
         np.empty(cap + 1, dtype=np.int32),
         np.empty(prm.token_budget // prm.block_tokens + max_seqs + 2, dtype=np.int32),
+        np.zeros(prm.block_tokens + 1, dtype=np.int64),
+        np.zeros(max_seqs, dtype=np.int64),
     )
     ty = Tally(np.zeros(N_COUNTERS, dtype=np.int64), np.zeros(2, dtype=np.float64))
     early, now = event_loop_nb(rq, rs, ist, pool, ts, tp, lk, prm, out, ty, buf)
