@@ -13,6 +13,7 @@ from kvtier.hardware.types import Hardware, ModelProfile
 from kvtier.policy import SLO
 from kvtier.policy import Policy as _Policy
 from kvtier.sim import build_config, compute_metrics, simulate, simulate_raw
+from kvtier.sim.steptime.frontend import frontend_s
 from kvtier.trace.blocked import BlockedTrace
 
 ENGINES = ["reference", "numba"]
@@ -36,6 +37,11 @@ def Policy() -> _Policy:  # noqa: N802 - stands in for the class in these closed
     return replace(p, serving=replace(p.serving, step_time="roofline"))
 
 
+# Every request's first token and finish also carry the front-end cost (HTTP, tokenization,
+# detokenization; kvtier.sim.steptime.frontend), outside the engine's iterations.
+FRONTEND_S = frontend_s(_Policy().serving.framework)
+
+
 def prefill_seconds(hw: Hardware, m: ModelProfile, q: int, ctx: int) -> float:
     """docs/design.md 4.2 for one chunk of q tokens after ctx cached ones, written out by hand."""
     tp = hw.topology.tp
@@ -56,7 +62,8 @@ def one(arrivals, inputs, outputs, blocks) -> BlockedTrace:
 def test_single_request_ttft_is_the_prefill_formula(hw, model, engine) -> None:
     trace = one([0.5], [3000], [1], [list(range(3000 // B))])
     m = simulate(trace, hw, model, Policy(), engine=engine)
-    assert m.ttft_mean_s == pytest.approx(prefill_seconds(hw, model, 3000, 0), rel=1e-12)
+    expected = prefill_seconds(hw, model, 3000, 0) + FRONTEND_S
+    assert m.ttft_mean_s == pytest.approx(expected, rel=1e-12)
     assert m.n_iterations == 1  # 3000 tokens fit the 8192-token budget
     assert m.e2e_mean_s == m.ttft_mean_s  # one output token: done at the first token
 
@@ -71,7 +78,7 @@ def test_chunked_prefill_sums_chunks(hw, model, engine) -> None:
         + prefill_seconds(hw, model, 1000, 1000)
         + prefill_seconds(hw, model, 500, 2000)
     )
-    assert m.ttft_mean_s == pytest.approx(expected, rel=1e-12)
+    assert m.ttft_mean_s == pytest.approx(expected + FRONTEND_S, rel=1e-12)
     assert m.n_iterations == 3
 
 
@@ -107,10 +114,11 @@ def test_full_prefix_hit_skips_prefill(hw, model, engine) -> None:
     trace = one([0.0, 10.0], [inp, inp], [2, 2], [blocks, blocks])
     m_raw = simulate_raw(trace, build_config(hw, model, policy), engine=engine)
     ttft = m_raw.first_token_s - trace.arrival_s
-    assert ttft[0] == pytest.approx(prefill_seconds(hw, model, inp, 0), rel=1e-12)
+    assert ttft[0] == pytest.approx(prefill_seconds(hw, model, inp, 0) + FRONTEND_S, rel=1e-12)
     # the second request finds all 100 blocks and computes only its 5-token tail
     assert m_raw.hit_blocks.tolist() == [0, n_blocks]
-    assert ttft[1] == pytest.approx(prefill_seconds(hw, model, 5, n_blocks * B), rel=1e-12)
+    tail = prefill_seconds(hw, model, 5, n_blocks * B) + FRONTEND_S
+    assert ttft[1] == pytest.approx(tail, rel=1e-12)
     m = simulate(trace, hw, model, policy, engine=engine)
     assert m.prefill_tokens_saved == n_blocks * B
     assert m.hit_ratio_tokens["hbm"] == pytest.approx(n_blocks * B / (2 * inp))
@@ -148,7 +156,10 @@ def test_twice_the_flops_halves_a_compute_bound_prefill(tmp_path, model, engine)
     fast = simulate(
         trace, load_hardware(_hardware_file(tmp_path, 1978, 0.0)), model, Policy(), engine=engine
     )
-    assert fast.ttft_mean_s == pytest.approx(slow.ttft_mean_s / 2, rel=1e-12)
+    # the engine's part halves; the front-end cost outside it does not
+    assert fast.ttft_mean_s - FRONTEND_S == pytest.approx(
+        (slow.ttft_mean_s - FRONTEND_S) / 2, rel=1e-12
+    )
 
 
 @pytest.mark.parametrize("engine", ENGINES)
