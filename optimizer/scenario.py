@@ -266,7 +266,7 @@ class Scenario:
         overrides the scenario's closed loop (0: open loop); the metrics then count each
         request from when it was sent.
         """
-        from kvtier.sim import build_config, compute_metrics, simulate_raw
+        from kvtier.sim import build_config, replay_metrics, simulate_raw
 
         policy = self.policy if policy is None else policy
         scale = self.rate_scale if rate_scale is None else check_rate_scale(rate_scale)
@@ -286,26 +286,9 @@ class Scenario:
         if closed:
             cfg = replace(cfg, concurrency=int(closed))
         raw = simulate_raw(trace, cfg, engine=self.engine, slo=slo, stop_early=stop_early)
+        metrics, stats = replay_metrics(trace, raw, cfg, hardware, slo=slo, engine=self.engine)
         if closed and raw.arrival_s is not None:
             trace = trace.with_arrivals(raw.arrival_s)  # each request counts from its send
-        from kvtier.sim.tier_stats import tier_stats
-
-        stats = tuple(tier_stats(cfg.tiers, raw, trace.arrival_s, hardware))
-        wear = sum(x.wear_per_hour for x in stats)  # SSD endurance used, charged as cost
-        metrics = compute_metrics(
-            trace,
-            raw,
-            cost_per_hour=cfg.cost_per_hour + wear,
-            slo=slo,
-            engine=self.engine,
-            tiers=cfg.tiers,
-        )
-        metrics = replace(
-            metrics,
-            step_time=cfg.step_backend,
-            step_time_source=cfg.step_provenance,
-            extrapolated_share=raw.extrapolated_iterations / max(raw.n_iterations, 1),
-        )
         return Replay(metrics, raw, trace, cfg, policy, scale, stats)
 
 

@@ -34,6 +34,7 @@ class Compared:
     metrics: Metrics | None = None
     error: str | None = None
     variant_of: str | None = None  # with what_if: the policy this row changes
+    tiers: tuple = ()  # per lower tier: what the replay shows (kvtier.sim.tier_stats)
 
 
 def load_compared(kind: str, name: str, overrides: Mapping[str, Any] | None = None) -> Policy:
@@ -101,7 +102,8 @@ def compare_policies(
             row = Compared(label, hw_name, mdl_name, pol.block_tokens, variant_of=variant_of)
             rows.append(row)
             try:
-                row.metrics = scenario.replay(pol).metrics
+                replayed = scenario.replay(pol)
+                row.metrics, row.tiers = replayed.metrics, tuple(replayed.tiers)
             except InputError as err:
                 if kind == "policy" and variant_of is None:
                     raise err.with_path(name) from None

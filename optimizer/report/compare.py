@@ -81,6 +81,8 @@ def print_comparison(trace_path: str, rows: list[Compared], console: Console) ->
 
 
 def comparison_json(rows: list[Compared]) -> dict[str, Any]:
+    from kvtier.report.tiers import tier_json
+
     return {
         "policies": [
             {
@@ -91,6 +93,7 @@ def comparison_json(rows: list[Compared]) -> dict[str, Any]:
                 "block_tokens": r.block_tokens,
                 "error": r.error,
                 "metrics": r.metrics.to_dict() if r.metrics is not None else None,
+                "tiers": tier_json(r.tiers) if r.tiers else None,
             }
             for r in rows
         ]

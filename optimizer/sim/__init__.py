@@ -28,6 +28,7 @@ __all__ = [
     "SloCheck",
     "build_config",
     "compute_metrics",
+    "replay_metrics",
     "simulate",
     "simulate_raw",
 ]
@@ -75,6 +76,44 @@ def simulate(
     slo = slo if slo is not None else policy.slo
     cfg = build_config(hardware, model, policy)
     raw = simulate_raw(trace, cfg, engine=engine, slo=slo, stop_early=stop_early)
-    return compute_metrics(
-        trace, raw, cost_per_hour=cfg.cost_per_hour, slo=slo, engine=engine, tiers=cfg.tiers
+    return replay_metrics(trace, raw, cfg, hardware, slo=slo, engine=engine)[0]
+
+
+def replay_metrics(
+    trace: BlockedTrace,
+    raw: RawResult,
+    cfg: SimConfig,
+    hardware: Hardware,
+    *,
+    slo: SLO | None,
+    engine: str,
+) -> tuple[Metrics, tuple]:
+    """The metrics of one replay and its per-tier statistics: what every replay path reports.
+
+    ``trace`` is the trace as replayed (a closed-loop run's arrivals are each request's send
+    time, in ``raw.arrival_s``). SSD wear is charged as cost; the step-time backend that
+    produced the iterations and its share of extrapolated ones are recorded.
+    """
+    from dataclasses import replace
+
+    from kvtier.sim.tier_stats import tier_stats
+
+    if cfg.concurrency and raw.arrival_s is not None:
+        trace = trace.with_arrivals(raw.arrival_s)  # each request counts from its send
+    stats = tuple(tier_stats(cfg.tiers, raw, trace.arrival_s, hardware))
+    wear = sum(x.wear_per_hour for x in stats)  # SSD endurance used, charged as cost
+    metrics = compute_metrics(
+        trace,
+        raw,
+        cost_per_hour=cfg.cost_per_hour + wear,
+        slo=slo,
+        engine=engine,
+        tiers=cfg.tiers,
     )
+    metrics = replace(
+        metrics,
+        step_time=cfg.step_backend,
+        step_time_source=cfg.step_provenance,
+        extrapolated_share=raw.extrapolated_iterations / max(raw.n_iterations, 1),
+    )
+    return metrics, stats
