@@ -125,9 +125,9 @@ def test_optimize_default_out_unwritable_fails_before_the_search(
     trace_path, tmp_path, monkeypatch
 ) -> None:
     monkeypatch.chdir(tmp_path)
-    (tmp_path / "policies").write_text("a file where the directory belongs")
+    (tmp_path / "runs").write_text("a file where the directory belongs")
     result = optimize(trace_path, tmp_path)
-    assert_one_line_error(result, "--out", "policies is not a directory")
+    assert_one_line_error(result, "--out", "runs is not a directory")
     assert trials_in(tmp_path / "x.db") == 0
 
 
