@@ -206,7 +206,7 @@ def validate_beluga(as_json: bool, markdown_path: str | None) -> None:
     "--markdown",
     "markdown_path",
     default=None,
-    help="Also write the table (docs/validation.md, serving) to this file.",
+    help="Also write the table (docs/validation-serving.md) to this file.",
 )
 def validate_serving(as_json: bool, markdown_path: str | None) -> None:
     """Published serving figures (TTFT, ITL, offline throughput) beside both step-time

@@ -35,7 +35,7 @@ BACKENDS = ("measured", "roofline")
 METRICS = {"ttft_ms": "ms", "itl_ms": "ms", "output_tps_per_gpu": "tok/s/GPU"}
 MODES = ("sequential", "offline")
 ROLES = ("check", "calibration")
-# the declared MAPE targets over the checks (docs/validation.md): the measured backend's is
+# the declared MAPE targets over the checks (docs/validation-serving.md): the measured backend's is
 # Vidur's reported error; the roofline is the fallback and carries none
 TARGETS: dict[str, float | None] = {"measured": 0.10, "roofline": None}
 SEQUENTIAL_GAP_S = 60.0  # requests this far apart never overlap (each well under a second)
