@@ -59,9 +59,29 @@ def blocked_traces(
     )
 
 
+def disaggregated(draw: st.DrawFn, cfg: SimConfig) -> SimConfig:
+    """``cfg`` aggregated, or (half the time, with two instances or more) split into a prefill
+    pool and a decode pool, with P/D links slow enough to queue transfers."""
+    if cfg.n_instances < 2 or draw(st.booleans()):
+        return replace(cfg, n_prefill=0)
+    return replace(
+        cfg,
+        n_prefill=draw(st.integers(1, cfg.n_instances - 1)),
+        pd_bw_local=draw(st.sampled_from([1.0, 50.0, 1e4])),
+        pd_bw_remote=draw(st.sampled_from([0.5, 10.0])),
+        pd_latency_s=draw(st.sampled_from([0.0, 1e-3])),
+        pd_instances_per_host=draw(st.integers(1, 3)),
+    )
+
+
 @st.composite
 def sim_configs(draw: st.DrawFn, block_tokens: int) -> SimConfig:
-    """Small pools (HBM pressure and rejections), small budgets (chunking), every router."""
+    """Small pools (HBM pressure and rejections), small budgets (chunking), every router,
+    aggregated or disaggregated."""
+    return disaggregated(draw, _sim_config(draw, block_tokens))
+
+
+def _sim_config(draw: st.DrawFn, block_tokens: int) -> SimConfig:
     return SimConfig(
         n_instances=draw(st.integers(1, 4)),
         capacity_blocks=draw(st.one_of(st.integers(1, 12), st.integers(12, 80))),
@@ -272,9 +292,12 @@ def tiered_configs(draw: st.DrawFn, block_tokens: int) -> SimConfig:
     cfg = replace(
         cfg, capacity_blocks=draw(st.integers(4, 24)), n_instances=draw(st.integers(1, 6))
     )
-    return replace(
-        cfg,
-        tiers=draw(tier_configs(cfg.n_instances, block_tokens)),
-        prefix_caching=draw(st.booleans()),
-        concurrency=draw(st.sampled_from([0, 0, 1, 3])),
+    return disaggregated(
+        draw,
+        replace(
+            cfg,
+            tiers=draw(tier_configs(cfg.n_instances, block_tokens)),
+            prefix_caching=draw(st.booleans()),
+            concurrency=draw(st.sampled_from([0, 0, 1, 3])),
+        ),
     )

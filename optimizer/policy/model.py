@@ -86,6 +86,17 @@ class ServingPolicy:
         nonneg=True,
         maximum=1.0,
     )
+    # Prefill/decode disaggregation (docs/model.md, "Prefill/decode disaggregation"): this many
+    # of the instances only prefill, the rest only decode; a prompt's KV moves to a decode
+    # instance through pd_connector (NIXL in Dynamo and vLLM, Mooncake's Transfer Engine).
+    prefill_instances: int = setting(
+        0, "instances that only prefill, the rest only decode (0: aggregated)", minimum=0
+    )
+    pd_connector: str = setting(
+        "nixl",
+        "disaggregated: the connector a prompt's KV moves by from prefill to decode",
+        choices=CONNECTOR_REGISTRY.names,
+    )
     # kv_aware only: Dynamo's --kv-overlap-score-weight (default 1); 0 ignores every cache hit
     # and routes by active blocks alone (lib/llm/src/kv_router/scheduler.rs).
     kv_overlap_weight: float = setting(

@@ -51,6 +51,14 @@ class SimConfig:
     kv_overlap_weight: float = 1.0  # kv_aware router: weight of prefill blocks (Dynamo's)
     scheduler: int = 0  # SCHEDULERS code: 0 reserve at admission, 1 vLLM V1 (grow, preempt)
     watermark_blocks: int = 0  # vllm_v1: free blocks an admission leaves when others run
+    # prefill/decode disaggregation: instances [0, n_prefill) prefill, the rest decode (0:
+    # aggregated); a prompt's KV moves to a decode instance at pd_latency_s + bytes / bw, bw
+    # pd_bw_local within a host (pd_instances_per_host instances per host), else pd_bw_remote
+    n_prefill: int = 0
+    pd_bw_local: float = 1.0
+    pd_bw_remote: float = 1.0
+    pd_latency_s: float = 0.0
+    pd_instances_per_host: int = 1
 
     # the packed step-time array (kvtier.sim.timing layout; None: the plain roofline of the
     # fields above), the backend that made it and its provenance (package and data versions)
@@ -92,6 +100,33 @@ class SimConfig:
         )
 
 
+# A ConnectX-7 NIC per GPU (400 Gb/s) when the profile has no RDMA tier to take it from.
+DEFAULT_NIC_BW = 50e9
+
+
+def pd_link(hardware: Hardware, connector: str) -> dict[str, float | int]:
+    """The P/D transfer of a prompt's KV, from the hardware profile: NVLink within a host
+    (``tp`` GPUs' links together), the GPUs' NICs across hosts (the rdma tier's ports, one per
+    GPU, else 400 Gb/s each), the connector's per-transfer cost plus the link's latency
+    (docs/model.md, "Prefill/decode disaggregation")."""
+    from kvtier.policy.registries import CONNECTORS
+
+    topo = hardware.topology
+    rdma = hardware.tiers.get("rdma")
+    nic = rdma.port_read_bw / max(rdma.ports, 1) if rdma is not None else DEFAULT_NIC_BW
+    remote = nic * topo.tp
+    local = hardware.gpu.nvlink_bw * topo.tp if hardware.gpu.nvlink_bw > 0 else remote
+    rpc_us = float(CONNECTORS[connector].defaults["rpc_us"])
+    op_s = rpc_us * 1e-6 if rpc_us >= 0 else (rdma.op_overhead_s if rdma is not None else 0.0)
+    lat = rdma.latency_s if rdma is not None else 0.0
+    return {
+        "pd_bw_local": float(local),
+        "pd_bw_remote": float(remote),
+        "pd_latency_s": float(op_s + lat),
+        "pd_instances_per_host": max(topo.gpus_per_host // topo.tp, 1),
+    }
+
+
 def build_config(hardware: Hardware, model: ModelProfile, policy: Policy) -> SimConfig:
     """Derive a :class:`SimConfig`; impossible deployments raise :class:`InputError`."""
     hardware, model = apply_deployment(hardware, model, policy)
@@ -118,6 +153,12 @@ def build_config(hardware: Hardware, model: ModelProfile, policy: Policy) -> Sim
         raise InputError(
             f"model {model.name!r} leaves no room for KV blocks on {hardware.name!r}: "
             f"{kv_bytes / GB:.1f} GB after weights per instance of tp={topo.tp}"
+        )
+    n_pf = serving.prefill_instances
+    if n_pf and not 1 <= n_pf < n_inst:
+        raise InputError(
+            f"serving.prefill_instances = {n_pf} leaves no decode instance of {n_inst}; "
+            f"choose 0 (aggregated) or 1..{n_inst - 1}"
         )
     tiers = build_tiers(hardware, model, policy, n_inst)
     timing, backend, provenance = step_timing(hardware, model, policy, float(kvb))
@@ -146,5 +187,7 @@ def build_config(hardware: Hardware, model: ModelProfile, policy: Policy) -> Sim
         prefix_caching=serving.prefix_caching,
         kv_overlap_weight=float(serving.kv_overlap_weight),
         scheduler=SCHEDULERS.codes[serving.scheduler],
+        n_prefill=n_pf,
+        **pd_link(hardware, serving.pd_connector),
         watermark_blocks=int(serving.watermark * int(kv_bytes // replicated)),
     )

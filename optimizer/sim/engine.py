@@ -231,6 +231,7 @@ def simulate_engine(
         _route_weights(cfg),
         int(cfg.scheduler),
         int(cfg.watermark_blocks),
+        *_pd_params(cfg),
     )
     out = Outputs(
         first_token=np.full(n, np.nan),
@@ -243,6 +244,8 @@ def simulate_engine(
         stats=np.zeros(4, dtype=np.float64),
         preemptions=np.zeros(n, dtype=np.int64),
         preempted_tokens=np.zeros(n, dtype=np.int64),
+        decode_instance=np.full(n, -1, dtype=np.int64),
+        kv_transfer_s=np.zeros(n, dtype=np.float64),
     )
     pools = _hbm_pools(cfg, n_shared, ring_len, n_refs, kept)
     simulate_nb(requests, params, pools, ts, tp, lk, out)
@@ -263,7 +266,35 @@ def simulate_engine(
         arrival_s=arrival,
         preemptions=out.preemptions,
         preempted_tokens=out.preempted_tokens,
+        decode_instance=out.decode_instance if cfg.n_prefill > 0 else None,
+        kv_transfer_s=out.kv_transfer_s if cfg.n_prefill > 0 else None,
         **_tier_result(cfg.tiers, lk, out.load_s),
+    )
+
+
+def _pd_params(cfg: SimConfig) -> tuple[int, float, float, float, int, float]:
+    """The disaggregation scalars of :class:`Params`, checked: a prefill pool leaves at least
+    one decode instance, transfers have positive finite rates and a finite latency."""
+    n_pf = int(cfg.n_prefill)
+    if not 0 <= n_pf < cfg.n_instances or (n_pf > 0 and cfg.n_instances < 2):
+        raise InputError(
+            f"prefill instances must be 0 (aggregated) or 1..{cfg.n_instances - 1} of "
+            f"{cfg.n_instances}, got {n_pf}"
+        )
+    rates = (cfg.pd_bw_local, cfg.pd_bw_remote)
+    if not all(np.isfinite(r) and r > 0 for r in rates) or not (
+        np.isfinite(cfg.pd_latency_s) and cfg.pd_latency_s >= 0
+    ):
+        raise ValueError("P/D transfer rates must be finite and > 0, its latency >= 0")
+    if cfg.pd_instances_per_host < 1 or not np.isfinite(cfg.kv_bytes_per_token):
+        raise ValueError("pd_instances_per_host must be >= 1, kv_bytes_per_token finite")
+    return (
+        n_pf,
+        float(cfg.pd_bw_local),
+        float(cfg.pd_bw_remote),
+        float(cfg.pd_latency_s),
+        int(cfg.pd_instances_per_host),
+        float(cfg.kv_bytes_per_token),
     )
 
 

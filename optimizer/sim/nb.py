@@ -333,6 +333,12 @@ class Params(NamedTuple):
     route_w: np.ndarray  # f8 (n_tiers, n_instances): kv_aware weight of a lower-tier hit
     scheduler: int  # RESERVE (whole footprint at admission) or VLLM_V1 (grow, preempt)
     watermark_blocks: int  # vllm_v1: free blocks an admission leaves while others run
+    n_prefill: int  # disaggregated: instances [0, n_prefill) prefill, the rest decode (0: none)
+    pd_bw_local: float  # bytes/s of a prompt's KV into a decode instance on the same host
+    pd_bw_remote: float  # ... on another host
+    pd_latency_s: float  # per transfer
+    pd_per_host: int  # instances per host
+    pd_kvb: float  # KV bytes per token of the whole replica
 
 
 class HbmPools(NamedTuple):
@@ -361,6 +367,8 @@ class Outputs(NamedTuple):
     stats: np.ndarray  # f8 (4,): n_iterations, early_stopped, end time, extrapolated steps
     preemptions: np.ndarray  # i8 (n,), zero: times preempted (vllm_v1)
     preempted_tokens: np.ndarray  # i8 (n,), zero: computed KV tokens its preemptions discarded
+    decode_instance: np.ndarray  # i8 (n,), -1-filled: its decode instance (disaggregated)
+    kv_transfer_s: np.ndarray  # f8 (n,), zero: prefill end to its KV's arrival there
 
 
 class RequestState(NamedTuple):
@@ -375,6 +383,7 @@ class RequestState(NamedTuple):
     next_waiting: np.ndarray  # i8: the next request in its instance's queue, -1 at the tail
     target: np.ndarray  # i8: tokens to compute before its next token (input, + generated)
     held: np.ndarray  # i8: slots it holds, slots[slot_off[i]:slot_off[i] + held[i]]
+    handed: np.ndarray  # bool: its KV came from a prefill instance, not admitted yet
 
 
 class InstanceState(NamedTuple):
@@ -393,6 +402,7 @@ class InstanceState(NamedTuple):
     wake: np.ndarray  # f8: while idle, when a loading request becomes ready
     act: np.ndarray  # i8: instances that act at this event, in index order
     active_blocks: np.ndarray  # i8: prompt blocks of the requests routed here, not finished
+    pd_free: np.ndarray  # f8: when a decode instance's inbound KV link frees (disaggregated)
     # decode steps run ahead of the event loop (0: none pending) and what they started from,
     # so that an early stop can count only the steps begun before it (skip_back_nb)
     seg_steps: np.ndarray
@@ -613,8 +623,13 @@ def end_iteration_nb(
         i = running[k, pos]
         was_prefill = kv[i] - sched_q[k, idx] < target[i]
         done = False
-        if was_prefill:
-            if kv[i] == target[i] and generated[i] == 0:
+        first = kv[i] == target[i] and generated[i] == 0
+        if was_prefill and first and k < prm.n_prefill and output_tokens[i] > 1:
+            hand_off_nb(k, i, now, rq, rs, ist, pool, prm, out, ty)
+            n_done += 1
+            running[k, pos] = -1
+        elif was_prefill:
+            if first:
                 generated[i] = 1
                 first_token_nb(i, now, rq, prm, out, ty)
                 if output_tokens[i] <= 1:
@@ -719,7 +734,7 @@ def kv_route_nb(
     n_req = (inp[i] + B - 1) // B
     best = -1
     best_cost = np.inf
-    for kk in range(prm.n_instances):
+    for kk in range(prm.n_prefill if prm.n_prefill > 0 else prm.n_instances):
         h = 0
         if prm.prefix_caching:
             h = _lookup_nb(pool.slot_of, kk * prm.n_shared, rq.shared, boff[i], hcap, buf.found)
@@ -756,7 +771,7 @@ def route_nb(
     shared = rq.shared
     slot_of = pool.slot_of
     found = buf.found
-    n_inst = prm.n_instances
+    n_inst = prm.n_prefill if prm.n_prefill > 0 else prm.n_instances  # the router's instances
     if prm.router == ROUND_ROBIN:
         k = ints[C_RR] % n_inst
         ints[C_RR] += 1
@@ -894,6 +909,8 @@ def admit_nb(
     hit_blocks = out.hit_blocks
     B = prm.block_tokens
     base = k * prm.n_shared
+    if rs.handed[i]:
+        return admit_handed_nb(k, i, now, rq, rs, ist, pool, ts, tp, lk, prm, buf)
     target = rs.target
     held = rs.held
     grows = prm.scheduler == VLLM_V1
@@ -976,6 +993,98 @@ def admit_nb(
 
 
 @njit(cache=True, nogil=True, _nrt=False)
+def admit_handed_nb(
+    k: int,
+    i: int,
+    now: float,
+    rq: Requests,
+    rs: RequestState,
+    ist: InstanceState,
+    pool: HbmPools,
+    ts: TierPools,
+    tp: TierParams,
+    lk: LinkState,
+    prm: Params,
+    buf: Buffers,
+) -> bool:
+    """Decode instance ``k`` admits request ``i``, whose KV a prefill instance computed: slots
+    for its prompt and first decode token (``reserve``: its footprint), no look-ups (the
+    reference's ``admit_handed``)."""
+    B = prm.block_tokens
+    kv0 = rq.input_tokens[i]
+    need = (kv0 + B) // B if prm.scheduler == VLLM_V1 else rq.total_blocks[i]
+    if need > ist.free_len[k]:
+        return False
+    R = prm.ring_len
+    r, left, ne = _take_nb(
+        pool.records, pool.rings, pool.slot_of, pool.slots, buf.evbuf, k * R, R,
+        k * prm.n_shared, rs.slot_off[i], 0, need, ist.ring_head[k], ist.ring_count[k],
+    )  # fmt: skip
+    ist.ring_head[k] = r
+    ist.ring_count[k] = left
+    ist.free_len[k] -= need
+    rs.held[i] = need
+    if ne > 0 and tp.n_tiers > 0:
+        hbm_evicted_nb(ts, tp, lk, k, now, buf.evbuf, np.int64(ne), buf.path)
+    rs.handed[i] = False
+    rs.kv[i] = kv0
+    rs.target[i] = kv0
+    nb = rq.block_offsets[i + 1] - rq.block_offsets[i]
+    rs.registered[i] = nb  # not cached on the decode side
+    rs.computed_from[i] = nb
+    return True
+
+
+@njit(cache=True, nogil=True, _nrt=False)
+def hand_off_nb(
+    k: int,
+    i: int,
+    now: float,
+    rq: Requests,
+    rs: RequestState,
+    ist: InstanceState,
+    pool: HbmPools,
+    prm: Params,
+    out: Outputs,
+    ty: Tally,
+) -> None:
+    """Disaggregated: request ``i``'s prompt is complete on prefill instance ``k``; its KV moves
+    to the least loaded decode instance, which it joins (the reference's ``hand_off``)."""
+    _release_nb(
+        pool.records, pool.rings, pool.slots, ist.ring_head, ist.ring_count, ist.free_len, k,
+        prm.ring_len, rs.slot_off[i], rs.slot_off[i] + rs.held[i],
+    )  # fmt: skip
+    rs.held[i] = 0
+    d = prm.n_prefill
+    best = ist.q_len[d] + ist.n_running[d]
+    for dd in range(prm.n_prefill + 1, prm.n_instances):
+        ld = ist.q_len[dd] + ist.n_running[dd]
+        if ld < best:
+            best = ld
+            d = dd
+    bw = prm.pd_bw_local if d // prm.pd_per_host == k // prm.pd_per_host else prm.pd_bw_remote
+    start = now if now >= ist.pd_free[d] else ist.pd_free[d]
+    end = start + prm.pd_latency_s + rq.input_tokens[i] * prm.pd_kvb / bw
+    ist.pd_free[d] = end
+    rs.generated[i] = 1
+    first_token_nb(i, end, rq, prm, out, ty)
+    out.decode_instance[i] = d
+    out.kv_transfer_s[i] = end - now
+    rs.handed[i] = True
+    rs.ready[i] = end
+    blocks = (rq.input_tokens[i] + prm.block_tokens - 1) // prm.block_tokens
+    ist.active_blocks[k] -= blocks
+    ist.active_blocks[d] += blocks
+    rs.next_waiting[i] = -1
+    if ist.q_tail[d] < 0:
+        ist.q_head[d] = i
+    else:
+        rs.next_waiting[ist.q_tail[d]] = i
+    ist.q_tail[d] = i
+    ist.q_len[d] += 1
+
+
+@njit(cache=True, nogil=True, _nrt=False)
 def grow_nb(
     k: int,
     i: int,
@@ -1041,6 +1150,7 @@ def preempt_nb(
     rs.kv[i] = 0
     rs.registered[i] = 0
     rs.computed_from[i] = 0
+    rs.handed[i] = False
     rs.next_waiting[i] = ist.q_head[k]
     ist.q_head[k] = i
     if ist.q_tail[k] < 0:
@@ -1278,7 +1388,8 @@ def start_iteration_nb(
             if ready[i] > last_ready:
                 last_ready = ready[i]
             continue
-        q = target[i] - kv[i]
+        # a prefill chunk (a decode instance's handed-over request: its first decode step)
+        q = target[i] - kv[i] if kv[i] < target[i] else 1
         if q > budget:
             q = budget
         sched_pos[k, m] = pos
@@ -1288,8 +1399,12 @@ def start_iteration_nb(
         tokens += q
         attn += q * (2 * kv[i] + q)
         kv_read += kv[i] + q
-        pf_ns += prefill_attn_ns_nb(q, kv[i], timing)
-        pf_ext += prefill_out_of_range_nb(q, kv[i], timing)
+        if kv[i] < target[i]:
+            pf_ns += prefill_attn_ns_nb(q, kv[i], timing)
+            pf_ext += prefill_out_of_range_nb(q, kv[i], timing)
+        else:
+            n_dec += 1
+            dec_kv += kv[i] + q
     if tp.batch_waits and last_ready > now:
         # the batch waits for every load (load_wait = batch): idle until the last one
         wake[k] = last_ready
@@ -1309,6 +1424,12 @@ def start_iteration_nb(
     t = now
     # vllm_v1: nothing waits (an admission's blocks may change with time) and none preempted
     ahead = not grows or (not preempted and q_len[k] == 0)
+    if prm.n_prefill > 0 and k >= prm.n_prefill:
+        # disaggregated: a prefill instance may hand a request over at its iteration's end
+        for p in range(prm.n_prefill):
+            b = busy_until[p] if busy[p] else wake[p]
+            if b < t_next:
+                t_next = b
     if m == n_running[k] and steps_left > 1 and ahead:
         t, dt = run_ahead_nb(
             k, now, t_next, m, steps_left, dt, attn, kv_read, rs, ist, prm, out, ty, pool, buf,
@@ -1434,6 +1555,7 @@ def simulate_nb(
         np.full(n, -1, dtype=np.int64),
         rq.input_tokens.copy(),
         np.zeros(n, dtype=np.int64),
+        np.zeros(n, dtype=np.bool_),
     )
     ist = InstanceState(
         np.full(n_inst, -1, dtype=np.int64),
@@ -1449,6 +1571,7 @@ def simulate_nb(
         np.full(n_inst, np.inf),
         np.empty(n_inst, dtype=np.int64),
         np.zeros(n_inst, dtype=np.int64),
+        np.zeros(n_inst, dtype=np.float64),
         np.zeros(n_inst, dtype=np.int64),
         np.zeros(n_inst, dtype=np.float64),
         np.zeros(n_inst, dtype=np.float64),

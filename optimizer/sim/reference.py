@@ -114,6 +114,7 @@ class Request:
     target: int = 0  # tokens to compute before its next token: input (+ generated, resumed)
     preemptions: int = 0  # times preempted (vllm_v1)
     preempted_tokens: int = 0  # computed KV tokens discarded by its preemptions
+    handed: bool = False  # disaggregated: its KV came from a prefill instance (not admitted yet)
     slots: list[int] = field(default_factory=list)  # prompt blocks' slots, then anonymous ones
 
 
@@ -251,6 +252,11 @@ def simulate_reference(
         )  # GDSF's cost per block
         lower = LowerTiers(cfg.tiers, trace.n_blocks, tp, costs)
     grows = cfg.scheduler == VLLM_V1  # blocks allocated as requests grow, preemption
+    n_pf = cfg.n_prefill  # disaggregated: instances [0, n_pf) prefill, the rest decode
+    n_route = n_pf if n_pf > 0 else cfg.n_instances  # the router's instances
+    pd_free = np.zeros(cfg.n_instances)  # when each decode instance's inbound link frees
+    decode_of = np.full(n, -1, dtype=np.int64)
+    pd_s = np.zeros(n)  # seconds from prefill end to the KV's arrival
     preempted_out = np.zeros(n, dtype=np.int64)
     preempted_tok = np.zeros(n, dtype=np.int64)
     route_w = kv_route_weights(cfg)  # the kv_aware router's weight of a lower-tier hit
@@ -290,18 +296,18 @@ def simulate_reference(
         """The instance ``req`` joins (load = waiting + running requests)."""
         nonlocal rr
         if cfg.router == ROUND_ROBIN:
-            k = rr % cfg.n_instances
+            k = rr % n_route
             rr += 1
             return k
         if cfg.router == KV_AWARE:
             return kv_route(req)
-        loads = [inst.load for inst in instances]
+        loads = [inst.load for inst in instances[:n_route]]
         if cfg.router == LEAST_LOADED:
             return loads.index(min(loads))
         limit = min(loads) + cfg.affinity_overload
         cap = (req.input_tokens - 1) // B
         best, best_hits, best_load = -1, -1, 0
-        for k, inst in enumerate(instances):
+        for k, inst in enumerate(instances[:n_route]):
             if loads[k] > limit:
                 continue
             h = inst.pool.lookup(req.blocks, min(cap, len(req.blocks))) if prefix else 0
@@ -319,7 +325,7 @@ def simulate_reference(
         cap = min((req.input_tokens - 1) // B, len(req.blocks))
         n_req = -(-req.input_tokens // B)
         best, best_cost = -1, np.inf
-        for k, inst in enumerate(instances):
+        for k, inst in enumerate(instances[:n_route]):
             h = inst.pool.lookup(req.blocks, cap) if prefix else 0
             eff = float(h)
             if lower is not None:
@@ -354,6 +360,8 @@ def simulate_reference(
         footprint; ``vllm_v1``: the blocks of its first chunk of ``budget`` tokens, keeping
         the watermark free when another request is ``busy`` in this iteration)."""
         pool = inst.pool
+        if req.handed:
+            return admit_handed(inst, k, req, now)
         cap = min((req.target - 1) // B, len(req.blocks))
         h = pool.lookup(req.blocks, cap) if prefix else 0
         src: list[int] = []
@@ -399,6 +407,48 @@ def simulate_reference(
             hits_out[req.idx] = h
         return True
 
+    def admit_handed(inst: Instance, k: int, req: Request, now: float) -> bool:
+        """A decode instance admits a request whose KV a prefill instance computed: blocks for
+        its prompt and first decode token (``reserve``: its footprint), no look-ups; it
+        decodes once its KV has arrived (``ready``)."""
+        kv0 = req.input_tokens
+        need = -(-(kv0 + 1) // B) if grows else req.total_blocks
+        if need > len(inst.pool.free):
+            return False
+        evicted: list[int] = []
+        req.slots = [inst.pool.allocate(evicted) for _ in range(need)]
+        if lower is not None:
+            lower.hbm_evicted(k, now, evicted)
+        req.handed = False
+        req.kv = req.target = kv0
+        req.registered = req.computed_from = len(req.blocks)  # not cached on the decode side
+        return True
+
+    def hand_off(inst: Instance, k: int, req: Request, t: float) -> None:
+        """Disaggregated: ``req``'s prompt is complete on a prefill instance; its KV moves to
+        the least loaded decode instance (lower index on ties) over the P/D link, one transfer
+        after another into each decode instance; the client sees the first token when it
+        has arrived. The prefill instance frees the request's blocks (its prompt blocks stay
+        cached there)."""
+        inst.pool.release(req.slots)
+        req.slots = []
+        loads = [instances[d].load for d in range(n_route, cfg.n_instances)]
+        d = n_route + loads.index(min(loads))
+        same = d // cfg.pd_instances_per_host == k // cfg.pd_instances_per_host
+        bw = cfg.pd_bw_local if same else cfg.pd_bw_remote
+        start = max(t, pd_free[d])
+        end = start + cfg.pd_latency_s + req.input_tokens * cfg.kv_bytes_per_token / bw
+        pd_free[d] = end
+        req.generated = 1
+        first_token(req, end)
+        decode_of[req.idx] = d
+        pd_s[req.idx] = end - t
+        req.handed = True
+        req.ready = end
+        inst.active_blocks -= -(-req.input_tokens // B)
+        instances[d].active_blocks += -(-req.input_tokens // B)
+        instances[d].waiting.append(req)
+
     def grow(inst: Instance, k: int, req: Request, tokens: int, now: float) -> bool:
         """vllm_v1: allocate the blocks ``req`` needs to hold ``tokens`` tokens of KV; False
         (nothing allocated) when the free queue is too short."""
@@ -425,6 +475,7 @@ def simulate_reference(
         preempted_tok[req.idx] = req.preempted_tokens
         req.target = req.input_tokens + req.generated
         req.kv = req.registered = req.computed_from = 0
+        req.handed = False
         inst.waiting.appendleft(req)
 
     def start_iteration(inst: Instance, k: int, t: float) -> None:
@@ -470,7 +521,8 @@ def simulate_reference(
             inst.running.append(req)
             if req.ready > t:
                 continue
-            q = min(req.target - req.kv, budget)
+            # a prefill chunk (a decode instance's handed-over request: its first decode step)
+            q = min(req.target - req.kv, budget) if req.kv < req.target else 1
             sched.append((req, q))
             budget -= q
         if check_invariants and lower is not None:
@@ -549,9 +601,14 @@ def simulate_reference(
                     inst.busy_until = saved
                     return
         done: list[Request] = []
+        handed: list[Request] = []
         for req, q in inst.scheduled:
             if req.kv - q < req.target:  # it was a prefill
-                if req.kv == req.target and req.generated == 0:
+                first_done = req.kv == req.target and req.generated == 0
+                if first_done and k < n_pf and req.output_tokens > 1:
+                    hand_off(inst, k, req, t)
+                    handed.append(req)
+                elif first_done:
                     req.generated = 1
                     first_token(req, t)
                     if req.output_tokens <= 1:
@@ -566,7 +623,7 @@ def simulate_reference(
                     done.append(req)
             if done and done[-1] is req:
                 finish(inst, req, t)
-        for req in done:
+        for req in done + handed:
             inst.running.remove(req)
         inst.scheduled = []
         inst.busy_until = None
@@ -609,5 +666,7 @@ def simulate_reference(
         arrival_s=sent_s,
         preemptions=preempted_out,
         preempted_tokens=preempted_tok,
+        decode_instance=decode_of,
+        kv_transfer_s=pd_s,
         **(lower.result(load_s) if lower is not None else {}),
     )

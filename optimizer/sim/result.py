@@ -46,6 +46,10 @@ class RawResult:
     # preemptions discarded, which it computed again (None: zeros)
     preemptions: np.ndarray | None = None
     preempted_tokens: np.ndarray | None = None
+    # disaggregated (n_prefill > 0): the decode instance of each request (-1: none) and the
+    # seconds from its prefill's end to its KV's arrival there (None: aggregated)
+    decode_instance: np.ndarray | None = None
+    kv_transfer_s: np.ndarray | None = None
 
 
 def end_time(finish_s: np.ndarray, early_stopped: bool, now: float) -> float:
