@@ -552,7 +552,7 @@ def _tier_result(tiers: TierConfig | None, lk: LinkState, load_s: np.ndarray) ->
         "tier_bytes_written": lk.bytes_written,
         "link_busy_s": lk.busy,
         "link_bytes": lk.moved,
-        "worker_busy_s": lk.wbusy[: tiers.n_workers],
+        "worker_busy_s": lk.wbusy,
         "stage_s": lk.stage,
         "load_s": load_s,
     }

@@ -137,14 +137,14 @@ class LinkState(NamedTuple):
     tier_hits: np.ndarray  # i8 (T,): blocks loaded from each tier
     bytes_read: np.ndarray  # f8 (T,): loads and cascades out of each tier
     bytes_written: np.ndarray  # f8 (T,): copies into each tier
-    wfree: np.ndarray  # f8 (W,): when each connector worker is next free
-    wbusy: np.ndarray  # f8 (W,): seconds each worker was busy
+    wfree: np.ndarray  # f8 (2 W,): when each connector worker is next free, load then store
+    wbusy: np.ndarray  # f8 (2 W,): seconds each worker was busy
     stage: np.ndarray  # f8 (T, 4): seconds of each stage per tier (STAGES)
 
     @classmethod
     def zeros(cls, n_links: int, n_tiers: int, n_workers: int = 0) -> LinkState:
         f = np.zeros
-        w = max(n_workers, 1)
+        w = 2 * max(n_workers, 1)  # load workers, then store workers
         return cls(
             f(2 * n_links), f(n_links), f(n_links), f(n_tiers, np.int64), f(n_tiers),
             f(n_tiers), f(w), f(w), f((n_tiers, 4)),
@@ -222,7 +222,7 @@ def gpu_transfer_nb(tp, lk, k, t, now, cnt, write):  # noqa: ANN001, ANN201
         lk.busy,
         lk.moved,
         lk.wfree,
-        tp.w0[t, k],
+        tp.w0[t, k] + (lk.wfree.shape[0] // 2 if write else 0),
         tp.nw[t],
         lk.wbusy,
         lk.stage[t],
@@ -359,7 +359,7 @@ def insert_nb(ts, tp, lk, k, now, t, b, path):  # noqa: ANN001, ANN201
             lk.busy,
             lk.moved,
             lk.wfree,
-            tp.w0[nxt, k],
+            tp.w0[nxt, k] + lk.wfree.shape[0] // 2,
             tp.nw[nxt],
             lk.wbusy,
             lk.stage[nxt],

@@ -59,8 +59,10 @@ class LowerTiers:
         self.free = np.zeros(2 * cfg.n_links)  # read queues, then write queues
         self.busy = np.zeros(cfg.n_links)
         self.moved = np.zeros(cfg.n_links)
-        self.wfree = np.zeros(max(cfg.n_workers, 1))
-        self.wbusy = np.zeros(max(cfg.n_workers, 1))
+        # connector workers: the load workers, then the store workers (LMCache submits puts to
+        # its own thread, vLLM's offloading uses a stream per direction)
+        self.wfree = np.zeros(2 * max(cfg.n_workers, 1))
+        self.wbusy = np.zeros(2 * max(cfg.n_workers, 1))
         self.stage = np.zeros((cfg.n_tiers, 4))
         self.hits = np.zeros(cfg.n_tiers, dtype=np.int64)
         self.bytes_read = np.zeros(cfg.n_tiers)
@@ -96,11 +98,15 @@ class LowerTiers:
             self.busy,
             self.moved,
             self.wfree,
-            c.w0[t, inst],
+            c.w0[t, inst] + (self.store_workers() if write else 0),
             c.nw[t],
             self.wbusy,
             self.stage[t],
         )
+
+    def store_workers(self) -> int:
+        """Offset of the store workers in ``wfree`` (after the load workers)."""
+        return max(self.cfg.n_workers, 1)
 
     def ops(self, t: int, blocks: int) -> int:
         return ops_of(self.cfg.unit[t], blocks, self.cfg.fragments, self.cfg.coalesce)
@@ -275,7 +281,7 @@ class LowerTiers:
                 self.busy,
                 self.moved,
                 self.wfree,
-                c.w0[nxt, inst],
+                c.w0[nxt, inst] + self.store_workers(),
                 c.nw[nxt],
                 self.wbusy,
                 self.stage[nxt],
@@ -297,7 +303,7 @@ class LowerTiers:
             "tier_bytes_written": self.bytes_written.copy(),
             "link_busy_s": self.busy.copy(),
             "link_bytes": self.moved.copy(),
-            "worker_busy_s": self.wbusy[: self.cfg.n_workers].copy(),
+            "worker_busy_s": self.wbusy.copy(),
             "stage_s": self.stage.copy(),
             "load_s": load_s,
         }

@@ -35,7 +35,8 @@ class RawResult:
     load_s: np.ndarray | None = None  # float64 (n,): admission to last loaded block arriving
     # int64 (n, tiers): blocks each request loaded from each lower tier (n x 0 without tiers)
     loaded_blocks: np.ndarray = field(default_factory=lambda: np.zeros((0, 0), dtype=np.int64))
-    # Connector workers (per worker) and each tier's stage seconds (tiers x STAGES).
+    # Connector workers (load workers, then store workers) and each tier's stage seconds
+    # (tiers x STAGES).
     worker_busy_s: np.ndarray = field(default_factory=lambda: np.zeros(0))
     stage_s: np.ndarray = field(default_factory=lambda: np.zeros((0, 4)))
     # iterations whose measured step time used values beyond the operator data (extrapolated)

@@ -9,7 +9,8 @@ engines alike:
   GPU sees while it loads from the tier;
 - share of TTFT spent waiting for loads from the tier;
 - each stage's busy share: the seconds of a stage (per-operation RPC or submit, the store's
-  stream, host staging copies, links) over the time the tier's connector workers had;
+  stream, host staging copies, links) over the time the tier's connector workers had (its
+  load workers and its store workers, which run apart);
 - the busiest link on the tier's path and its utilisation;
 - SSD wear: drive writes per day at the trace's rate (bytes written per pool, per day, over
   one pool's drives' capacity) against the profile's rating, and its cost: each drive endures
@@ -77,7 +78,8 @@ def tier_stats(
         from_t = raw.loaded_blocks[:, t] > 0
         wait = float(load[from_t].sum())
         delivered = float(raw.loaded_blocks[:, t].sum()) * tiers.block_bytes
-        workers = int(tiers.nw[t]) * len({int(w) for w in tiers.w0[t]})
+        # the connector's load and store workers (each direction has its own)
+        workers = 2 * int(tiers.nw[t]) * len({int(w) for w in tiers.w0[t]})
         have = span * workers
         stage = raw.stage_s[t] if len(raw.stage_s) > t else np.zeros(len(STAGES))
         share = {

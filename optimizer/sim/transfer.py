@@ -77,7 +77,8 @@ def path_transfer(
     ``scale[j] * nbytes / bw`` (software is time on a worker, not occupancy of a link). A
     full-duplex link (``duplex``) keeps a second queue at ``free[l + off]`` for the other
     direction (``off`` = number of links for writes, 0 for reads). ``stage`` (4,) adds the
-    seconds of each stage: rpc, store stream, staging copies, links.
+    seconds of each stage: rpc, store stream, staging copies, links. Loads and stores use
+    separate workers (the caller passes the store workers' ``w0``).
     """
     wk = w0
     for j in range(w0 + 1, w0 + nw):
