@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import shlex
 from collections import Counter
 from dataclasses import replace
@@ -51,27 +52,69 @@ BELUGA = load_hardware("beluga-testbed")  # dram, cxl, rdma, ssd; two hosts
 # --- parsing what the exporters write ------------------------------------------------------
 
 
-def parse_sh(text: str) -> tuple[dict[str, str], list[str]]:
-    """Exported variables and the words of the ``exec`` command of an exported script."""
+# Control lines of the exported scripts (launch_script, shell_command, the store client):
+# everything but variables, jobs and the exec'd command.
+CONTROL_LINES = [
+    re.escape('HERE=$(CDPATH= cd -- "$(dirname -- "$0")" && pwd) || exit 1'),
+    re.escape('HOST_INDEX="${HOST_INDEX:-0}"'),
+    re.escape('case "$HOST_INDEX" in'),
+    r"  [0-9|]+\) ;;",
+    r"  \*\) printf .* >&2; exit 2 ;;",
+    "esac",
+    "pids=",
+    re.escape("trap 'kill $pids 2>/dev/null; exit 130' INT TERM"),
+    r'if \[ "\$HOST_INDEX" = [0-9]+ \]; then',
+    "fi",
+    r"  printf '%s\\n' .* >&2",
+    re.escape('  pids="$pids $!"'),
+    "status=0",
+    re.escape("for pid in $pids; do"),
+    re.escape('  wait "$pid" || ') + ".*",
+    "done",
+    re.escape('exit "$status"'),
+    "set -a",
+    r"set \+a",
+    r'\. "\$HERE"/[\w.-]+',
+    re.escape('if [ -z "${LOCAL_HOSTNAME:-}" ]; then ') + ".*; fi",
+]
+CONTROL = re.compile("|".join(f"(?:{c})" for c in CONTROL_LINES))
+
+
+def parse_jobs(text: str) -> list[tuple[dict[str, str], list[str]]]:
+    """Each process an exported script starts: its variables (exported ones and those in front
+    of it) and its words. Anything but known control lines fails the parse."""
     assert text.startswith("#!/bin/sh\n")
-    env: dict[str, str] = {}
-    command: list[str] = []
+    exported: dict[str, str] = {}
+    jobs: list[tuple[dict[str, str], list[str]]] = []
     joined = text.replace("\\\n", " ")
-    guard = False  # the block refusing to start without a variable the user must set
+    guard = False  # a block refusing to start without a variable the user must set
     for line in joined.splitlines():
-        if line.startswith("if [ -z "):
+        if line.startswith("if [ -z ") and not line.endswith("; fi"):
             guard = True
         elif guard:
             guard = line != "fi"
         elif line.startswith("export "):
             key, _, value = line[len("export ") :].partition("=")
-            env[key] = shlex.split(value)[0] if value else ""
+            exported[key] = shlex.split(value)[0] if value else ""
         elif line.startswith("exec "):
-            assert not command, "one command per script"
-            command = shlex.split(line[len("exec ") :])
+            jobs.append(({}, shlex.split(line[len("exec ") :])))
+        elif line.startswith("  ") and line.endswith(" &"):
+            words = shlex.split(line[:-2])
+            own = {}
+            while words and re.fullmatch(r"[A-Z_][A-Z0-9_]*=.*", words[0]):
+                key, _, value = words.pop(0).partition("=")
+                own[key] = value
+            jobs.append((own, words))
         else:
-            assert line.startswith("#") or not line.strip(), line
-    assert command
+            assert line.startswith("#") or not line.strip() or CONTROL.fullmatch(line), line
+    assert jobs
+    return [({**exported, **own}, words) for own, words in jobs]
+
+
+def parse_sh(text: str) -> tuple[dict[str, str], list[str]]:
+    """The variables and words of an exported script's first serving process (instance 0)."""
+    jobs = [j for j in parse_jobs(text) if "dynamo.frontend" not in j[1]]
+    env, command = jobs[0]
     return env, command
 
 
@@ -190,7 +233,7 @@ def test_vllm_flags_carry_the_policy() -> None:
     assert f["--tensor-parallel-size"] == "2"
     assert f["--gpu-memory-utilization"] == "0.9"
     assert "--kv-transfer-config" not in f and "lmcache.yaml" not in result.files
-    assert env == {}
+    assert env == {"CUDA_VISIBLE_DEVICES": "0,1"} and f["--port"] == "8000"
 
 
 @pytest.mark.parametrize("dtype,flag", [("bf16", "auto"), ("int4", "int4_per_token_head")])
@@ -214,7 +257,7 @@ def test_vllm_lower_tiers_go_through_lmcache() -> None:
         "kv_connector": "LMCacheConnectorV1",
         "kv_role": "kv_both",
     }
-    assert env["LMCACHE_CONFIG_FILE"] == "lmcache.yaml"
+    assert env["LMCACHE_CONFIG_FILE"] == "$HERE/lmcache.yaml"  # the script's directory
     cfg = yaml.safe_load(result.files["lmcache.yaml"])
     assert cfg["local_cpu"] is True and cfg["max_local_cpu_size"] == pytest.approx(93.132, abs=1e-3)
     assert "--kv-offloading-size" in notes_text(result)  # DRAM only: vLLM's own offloading
@@ -288,7 +331,7 @@ def test_lmcache_cannot_express_many_things() -> None:
     assert cfg["cache_policy"] == "LFU"  # the dram tier's
     assert cfg["remote_url"].startswith("mooncakestore://")
     n, _, _ = placement(BELUGA, p)
-    assert cfg["extra_config"]["global_segment_size"] * n == pytest.approx(
+    assert cfg["extra_config"]["mooncake_global_segment_size"] * n == pytest.approx(
         BELUGA.tiers["rdma"].capacity_bytes, abs=n
     )
 
@@ -344,7 +387,7 @@ def test_sglang_hicache_flags(write_policy: str) -> None:
     assert f["--hicache-size"] == str(math.floor(500e9 / 4 / 2 / 1e9))  # 4 instances, tp 2
     assert f["--chunked-prefill-size"] == "2048" and f["--max-running-requests"] == "32"
     assert f["--kv-cache-dtype"] == "bf16" and f["--radix-eviction-policy"] == "lru"
-    assert "--hicache-storage-backend" not in f and env == {}
+    assert "--hicache-storage-backend" not in f and env == {"CUDA_VISIBLE_DEVICES": "0,1"}
 
 
 def test_sglang_small_dram_uses_a_ratio_and_int4_is_left_out() -> None:
@@ -536,7 +579,7 @@ def test_random_policies_export_and_sizes_round_trip(case: tuple[Policy, Hardwar
             exact = per_instance(tier) / tp / GIB
             assert exact - 1e-3 <= cfg[key] <= exact + 1e-9
     if p.tier("rdma") is not None:
-        segment = cfg["extra_config"]["global_segment_size"]
+        segment = cfg["extra_config"]["mooncake_global_segment_size"]
         assert abs(segment * n * tp - pool_bytes(hw, p, "rdma")) <= n * tp
     env, command = parse_sh(results["sglang"].files["sglang-serve.sh"])
     f = flags(command)

@@ -185,37 +185,149 @@ def shell_command(env: dict[str, str], argv: list[str], comments: list[str]) -> 
     when it is unset or empty.
     """
 
-    def q(word: str) -> str:
-        return str(word) if isinstance(word, ShellVar) else shlex.quote(word)
-
     lines = ["#!/bin/sh", *(_comment(c) for c in comments)]
     lines += [f"export {_env_key(k)}={shlex.quote(v)}" for k, v in env.items()]
-    for word in dict.fromkeys(w for w in argv if isinstance(w, ShellVar)):
+    lines += _var_guards(argv)
+    lines.append(f"exec {_command_body(argv, '')}")
+    return "\n".join(lines) + "\n"
+
+
+def _quote(word: str) -> str:
+    return str(word) if isinstance(word, ShellVar) else shlex.quote(word)
+
+
+def _command_body(argv: list[str], indent: str) -> str:
+    """``argv`` quoted: the leading words on the first line, then one flag (and value) a line."""
+    head: list[str] = []
+    flags: list[str] = []
+    i = 0
+    while i < len(argv) and not argv[i].startswith("--"):
+        head.append(_quote(argv[i]))
+        i += 1
+    while i < len(argv):
+        word = argv[i]
+        nxt = argv[i + 1] if i + 1 < len(argv) else None
+        if nxt is not None and not nxt.startswith("--"):
+            flags.append(f"{_quote(word)} {_quote(nxt)}")
+            i += 2
+        else:
+            flags.append(_quote(word))
+            i += 1
+    body = " ".join(head)
+    if flags:
+        sep = f" \\\n{indent}  "
+        body += sep + sep.join(flags)
+    return body
+
+
+def _var_guards(words: list[str]) -> list[str]:
+    """Refuse to start (the quoted hint, exit 2) while a :class:`ShellVar` is unset or empty."""
+    lines: list[str] = []
+    for word in dict.fromkeys(w for w in words if isinstance(w, ShellVar)):
         lines += [
             f'if [ -z "${{{word.var}:-}}" ]; then',
             f"  printf '%s\\n' {shlex.quote(word.hint)} >&2",
             "  exit 2",
             "fi",
         ]
-    head: list[str] = []
-    flags: list[str] = []
-    i = 0
-    while i < len(argv) and not argv[i].startswith("--"):
-        head.append(q(argv[i]))
-        i += 1
-    while i < len(argv):
-        word = argv[i]
-        nxt = argv[i + 1] if i + 1 < len(argv) else None
-        if nxt is not None and not nxt.startswith("--"):
-            flags.append(f"{q(word)} {q(nxt)}")
-            i += 2
-        else:
-            flags.append(q(word))
-            i += 1
-    body = " ".join(head)
-    if flags:
-        body += " \\\n  " + " \\\n  ".join(flags)
-    lines.append(f"exec {body}")
+    return lines
+
+
+@dataclass(frozen=True)
+class Placement:
+    """Where one instance runs: its host and the GPUs it takes there (``CUDA_VISIBLE_DEVICES``).
+
+    The simulator's layout (``optimizer/sim/tiers.py``): instance ``k`` takes GPUs
+    ``k * tp`` to ``k * tp + tp - 1`` counted over all hosts, so it runs on host
+    ``k * tp // gpus_per_host`` with that host's GPUs from ``k * tp % gpus_per_host`` on.
+    """
+
+    instance: int
+    host: int
+    gpus: tuple[int, ...]
+
+    @property
+    def visible_devices(self) -> str:
+        return ",".join(map(str, self.gpus))
+
+
+def placements(deploy: Deployment) -> list[Placement]:
+    """Every instance of ``deploy`` with its host and GPUs."""
+    per_host = deploy.hardware.topology.gpus_per_host
+    out = []
+    for k in range(deploy.instances):
+        first = k * deploy.tp
+        local = first % per_host
+        if local + deploy.tp > per_host:
+            raise InputError(
+                f"tp={deploy.tp} does not fit the {per_host} GPUs of a host of hardware "
+                f"{deploy.hardware.name!r}: a launch script starts each instance on one host",
+                option="serving.tp",
+            )
+        out.append(Placement(k, first // per_host, tuple(range(local, local + deploy.tp))))
+    return out
+
+
+@dataclass(frozen=True)
+class Job:
+    """One process a launch script starts in the background on ``host``, with its own
+    variables (GPUs, ports) in front of the command, announced by ``label`` on stderr."""
+
+    host: int
+    env: dict[str, str]
+    argv: list[str]
+    label: str
+
+
+def launch_script(
+    comments: list[str],
+    env: dict[str, str],
+    file_env: dict[str, str],
+    jobs: list[Job],
+    hosts: int,
+) -> str:
+    """A POSIX ``sh`` script that starts the jobs of the host it runs on in the background and
+    waits for them; its exit status is the first failing job's, else 0.
+
+    ``HOST_INDEX`` (0 when unset; anything but ``0`` .. ``hosts - 1`` exits 2) selects the
+    host. ``file_env`` maps a variable to a file exported beside the script; its value is that
+    file's absolute path, resolved from the script's own directory (``"$(dirname "$0")"``) when
+    the script runs, so the exported directory can be moved or copied to each host whole.
+    Every value is quoted (:func:`shlex.quote`); ``INT`` and ``TERM`` stop every job.
+    """
+    lines = ["#!/bin/sh", *(_comment(c) for c in comments)]
+    lines.append('HERE=$(CDPATH= cd -- "$(dirname -- "$0")" && pwd) || exit 1')
+    lines += [f"export {_env_key(k)}={shlex.quote(v)}" for k, v in env.items()]
+    lines += [f'export {_env_key(k)}="$HERE"/{shlex.quote(v)}' for k, v in file_env.items()]
+    lines += _var_guards([w for job in jobs for w in job.argv])
+    hint = f"HOST_INDEX is the host this script runs on, 0 to {hosts - 1}"
+    lines += [
+        'HOST_INDEX="${HOST_INDEX:-0}"',
+        'case "$HOST_INDEX" in',
+        f"  {'|'.join(str(h) for h in range(hosts))}) ;;",
+        f"  *) printf '%s\\n' {shlex.quote(hint)} >&2; exit 2 ;;",
+        "esac",
+        "pids=",
+        "trap 'kill $pids 2>/dev/null; exit 130' INT TERM",
+    ]
+    for host in range(hosts):
+        mine = [j for j in jobs if j.host == host]
+        if not mine:
+            continue
+        lines.append(f'if [ "$HOST_INDEX" = {host} ]; then')
+        for job in mine:
+            lines.append(f"  printf '%s\\n' {shlex.quote(' '.join(job.label.split()))} >&2")
+            prefix = "".join(f"{_env_key(k)}={shlex.quote(v)} \\\n  " for k, v in job.env.items())
+            lines.append(f"  {prefix}{_command_body(job.argv, '  ')} &")
+            lines.append('  pids="$pids $!"')
+        lines.append("fi")
+    lines += [
+        "status=0",
+        "for pid in $pids; do",
+        '  wait "$pid" || { [ "$status" -ne 0 ] || status=$?; }',
+        "done",
+        'exit "$status"',
+    ]
     return "\n".join(lines) + "\n"
 
 

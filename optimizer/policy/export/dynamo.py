@@ -26,12 +26,14 @@ import json
 from kvtier.policy.export.common import (
     Deployment,
     ExportResult,
+    Job,
     decimal,
     env_file,
     gb,
+    launch_script,
     model_word,
+    placements,
     shared_notes,
-    shell_command,
 )
 from kvtier.policy.export.vllm import vllm_args
 
@@ -44,6 +46,12 @@ CONNECTOR = {
 }
 ROUTER_MODES = {"round_robin": "round-robin", "prefix_affinity": "kv"}
 DISK_DIR = "/var/cache/kvbm"
+FRONTEND_PORT = 8000  # dynamo.frontend --http-port default
+# Per-worker ports (examples/backends/vllm/launch/disagg_kvbm_2p2d.sh): worker k takes
+# KVBM_PUB_PORT + 2k and KVBM_PUB_PORT + 2k + 1 for its KVBM leader, KV_EVENT_PORT + k for
+# its KV events; worker 0 keeps the defaults.
+KVBM_PUB_PORT = 56001
+KV_EVENT_PORT = 20080
 
 
 def kvbm_env(deploy: Deployment) -> tuple[dict[str, str], list[str]]:
@@ -128,7 +136,8 @@ def _order_notes(deploy: Deployment, notes: list[str]) -> None:
 
 
 def export_dynamo(deploy: Deployment) -> ExportResult:
-    """``kvbm.env`` and a ``vllm serve`` command loading KVBM, for one instance."""
+    """``kvbm.env`` and ``dynamo-serve.sh``: the frontend and a worker loading KVBM per
+    instance."""
     env, notes = kvbm_env(deploy)
     args, vllm_notes = vllm_args(deploy)
     if "--kv-transfer-config" in args:
@@ -149,16 +158,38 @@ def export_dynamo(deploy: Deployment) -> ExportResult:
     ]
     files[ENV_FILE] = env_file(env, comments)
     serve_comments = [
-        "Dynamo vLLM worker with the KV Block Manager, exported by kvtier; one per instance.",
-        "MODEL is the checkpoint to serve (a Hugging Face id or a path).",
-        "Start the frontend once, with kvbm.env loaded: python3 -m dynamo.frontend",
+        "Dynamo frontend and vLLM workers with the KV Block Manager, exported by kvtier: starts "
+        "this host's processes in the background and waits (etcd and NATS must be running).",
+        "MODEL is the checkpoint to serve (a Hugging Face id or a path); HOST_INDEX (default "
+        "0) is this host's index; host 0 also runs the frontend.",
     ]
-    argv = ["python3", "-m", "dynamo.vllm", "--model", model_word(deploy), *args]
     worker_env = {k: v for k, v in env.items() if k.startswith("DYN_KVBM_")}
-    files[SERVE_FILE] = shell_command(worker_env, argv, serve_comments)
+    kvbm = "--kv-transfer-config" in args
+    jobs = [_frontend(env)]
+    for place in placements(deploy):
+        k = place.instance
+        job_env = {"CUDA_VISIBLE_DEVICES": place.visible_devices}
+        job_env["DYN_VLLM_KV_EVENT_PORT"] = str(KV_EVENT_PORT + k)
+        if kvbm:
+            job_env["DYN_KVBM_LEADER_ZMQ_PUB_PORT"] = str(KVBM_PUB_PORT + 2 * k)
+            job_env["DYN_KVBM_LEADER_ZMQ_ACK_PORT"] = str(KVBM_PUB_PORT + 2 * k + 1)
+        argv = ["python3", "-m", "dynamo.vllm", "--model", model_word(deploy), *args]
+        label = f"Dynamo worker {k}: GPUs {place.visible_devices}"
+        jobs.append(Job(place.host, job_env, argv, label))
+    files[SERVE_FILE] = launch_script(serve_comments, worker_env, {}, jobs, deploy.hosts)
     notes += [n for n in vllm_notes if not n.startswith("HBM KV capacity")]
     notes.append(
-        f"Run one worker per instance ({deploy.describe()}); dynamo.vllm is assumed to pass "
-        "every vLLM engine flag through, as it does those in the KVBM guide."
+        f"dynamo-serve.sh starts the frontend (port {FRONTEND_PORT}) on host 0 and one worker "
+        f"per instance ({deploy.describe()}) with its own GPUs (CUDA_VISIBLE_DEVICES), KV "
+        "event port and KVBM leader ports; on host h run it with HOST_INDEX=h. dynamo.vllm is "
+        "assumed to pass every vLLM engine flag through, as it does those in the KVBM guide."
     )
     return ExportResult("dynamo", files, [*shared_notes(deploy, "Dynamo KVBM"), *notes])
+
+
+def _frontend(env: dict[str, str]) -> Job:
+    """The HTTP frontend, once, on host 0, with the router mode of ``env``."""
+    argv = ["python3", "-m", "dynamo.frontend", "--http-port", str(FRONTEND_PORT)]
+    if "DYN_ROUTER_MODE" in env:
+        argv += ["--router-mode", env["DYN_ROUTER_MODE"]]
+    return Job(0, {}, argv, f"Dynamo frontend: port {FRONTEND_PORT}")

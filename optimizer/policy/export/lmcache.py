@@ -12,10 +12,16 @@ Keys, units and defaults, read in LMCache's source and docs (``LMCache/LMCache``
   value is per rank: the host's DRAM over its instances over ``tp``.
 * ``local_disk`` (``"file:///path/"``), ``max_local_disk_size`` (GiB, ``* 1024**3`` in the disk
   backend, default 0) <- the ``ssd`` tier, per rank as above.
-* ``remote_url: "mooncakestore://host:port/"`` with ``extra_config`` keys ``local_hostname``,
-  ``metadata_server``, ``master_server_address``, ``protocol``, ``device_name``,
-  ``global_segment_size`` (bytes, "memory contributed by each vLLM worker") and
-  ``local_buffer_size`` (bytes, default 1073741824) <- the ``rdma`` tier (a Mooncake Store pool).
+* ``remote_url: "mooncakestore://host:port/"`` with ``extra_config`` keys
+  ``mooncake_local_hostname``, ``mooncake_metadata_server``, ``mooncake_master_server_address``,
+  ``mooncake_protocol``, ``mooncake_device_name``, ``mooncake_global_segment_size`` (bytes,
+  "memory contributed by each vLLM worker") and ``mooncake_local_buffer_size`` (bytes, default
+  1073741824) <- the ``rdma`` tier (a Mooncake Store pool). The spelling is LMCache 0.5.6's
+  (``lmcache/v1/storage_backend/connector/mooncakestore_connector.py``,
+  ``MooncakeStoreConfig._build_setup_dict``: a ``mooncake_`` key is forwarded to Mooncake's
+  ``store.setup()`` with the prefix stripped and wins over the legacy unprefixed key, which is
+  still accepted). Every top-level key written is one ``lmcache/v1/config.py`` of 0.5.6
+  declares (``tests/test_export_launch.py`` pins that list).
 * ``cache_policy`` (``LRU`` default, ``LFU``, ``FIFO``, ``MRU``): one policy shared by the CPU
   and disk backends.
 * ``use_layerwise`` (bool, default false): layer-by-layer store and retrieve, the closest
@@ -42,7 +48,10 @@ FILE = "lmcache.yaml"
 CACHE_POLICIES = {"lru": "LRU", "lfu": "LFU", "fifo": "FIFO"}
 STAGING_GIB = 5.0  # LMCache's max_local_cpu_size default: its pinned staging buffer
 DISK_PATH = "file:///var/cache/lmcache/"
-MOONCAKE_BUFFER = 1073741824  # extra_config.local_buffer_size default (bytes)
+MOONCAKE_BUFFER = 1073741824  # extra_config.mooncake_local_buffer_size default (bytes)
+# mooncakestore_connector.py (0.5.6): extra_config keys with this prefix reach Mooncake's
+# store.setup() with it stripped, and win over the unprefixed legacy spelling.
+MOONCAKE_PREFIX = "mooncake_"
 
 
 def lmcache_config(deploy: Deployment) -> tuple[dict[str, object], list[str]]:
@@ -67,14 +76,18 @@ def lmcache_config(deploy: Deployment) -> tuple[dict[str, object], list[str]]:
     if deploy.has("rdma"):
         cfg["remote_url"] = "mooncakestore://localhost:50051/"
         cfg["remote_serde"] = "naive"
+        segment = int(deploy.pool_bytes["rdma"] / (deploy.instances * deploy.tp))
         cfg["extra_config"] = {
-            "local_hostname": "localhost",
-            "metadata_server": "P2PHANDSHAKE",
-            "master_server_address": "localhost:50051",
-            "protocol": "rdma",
-            "device_name": "",
-            "global_segment_size": int(deploy.pool_bytes["rdma"] / (deploy.instances * deploy.tp)),
-            "local_buffer_size": MOONCAKE_BUFFER,
+            f"{MOONCAKE_PREFIX}{key}": value
+            for key, value in (
+                ("local_hostname", "localhost"),
+                ("metadata_server", "P2PHANDSHAKE"),
+                ("master_server_address", "localhost:50051"),
+                ("protocol", "rdma"),
+                ("device_name", ""),
+                ("global_segment_size", segment),
+                ("local_buffer_size", MOONCAKE_BUFFER),
+            )
         }
         notes.append(
             "The rdma tier is a Mooncake Store pool reached through remote_url; every rank "
@@ -144,7 +157,8 @@ def _eviction(deploy: Deployment, notes: list[str]) -> dict[str, object]:
 def lmcache_yaml(cfg: dict[str, object]) -> str:
     header = (
         "# LMCache configuration exported by kvtier; load it with "
-        "LMCACHE_CONFIG_FILE=lmcache.yaml under vLLM's LMCacheConnectorV1.\n"
+        "LMCACHE_CONFIG_FILE set to this file's absolute path under vLLM's "
+        "LMCacheConnectorV1 (vllm-serve.sh sets it).\n"
         "# Sizes in GiB per tensor-parallel rank.\n"
     )
     return header + yaml.safe_dump(cfg, sort_keys=False)

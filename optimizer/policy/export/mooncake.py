@@ -27,6 +27,7 @@ makes CXL the pool rather than a tier below DRAM, so it is only named in the not
 from __future__ import annotations
 
 import json
+import shlex
 
 from kvtier.policy.export.common import (
     Deployment,
@@ -39,6 +40,10 @@ from kvtier.policy.export.common import (
 CLIENT_FILE = "mooncake.json"
 CLIENT_ENV = "mooncake-store.env"
 MASTER_FILE = "mooncake-master.sh"
+STORE_FILE = "mooncake-store.sh"
+MASTER_ADDRESS = "localhost:50051"  # the client's default when MOONCAKE_MASTER is unset
+MASTER_PORT = 50051  # mooncake_master --rpc_port default
+STORE_HTTP_PORT = 8080  # mooncake_store_service --port default (its REST API)
 LOCAL_BUFFER = 1073741824  # MooncakeConfig's local_buffer_size default (1 GiB)
 OFFLOAD_DIR = "/var/cache/mooncake-offload"
 
@@ -47,7 +52,7 @@ def _client(deploy: Deployment) -> dict[str, object]:
     cfg: dict[str, object] = {
         "local_hostname": "localhost",
         "metadata_server": "P2PHANDSHAKE",
-        "master_server_address": "localhost:50051",
+        "master_server_address": MASTER_ADDRESS,
         "protocol": "rdma",
         "device_name": "",
         "global_segment_size": int(deploy.per_host_bytes("rdma")),
@@ -61,7 +66,7 @@ def _client(deploy: Deployment) -> dict[str, object]:
 
 def _master(deploy: Deployment, notes: list[str]) -> list[str]:
     p = deploy.policy
-    argv = ["mooncake_master", "--rpc_port=50051"]
+    argv = ["mooncake_master", f"--rpc_port={MASTER_PORT}"]
     if deploy.has("ssd"):
         argv.append("--enable_offload=true")
         if p.write_policy == "write_back":
@@ -78,6 +83,34 @@ def _master(deploy: Deployment, notes: list[str]) -> list[str]:
                 "--offload_on_evict (write_back) is the closest, not exported here."
             )
     return argv
+
+
+def _store_script(with_env: bool) -> str:
+    """The store client of one host: ``mooncake_store_service`` on ``mooncake.json`` beside the
+    script, with this host's name and the master's address put in by ``-D`` (the service sets
+    a config attribute from each ``-Dkey=value``)."""
+    lines = [
+        "#!/bin/sh",
+        "# Mooncake store client exported by kvtier: run it once on every host of the pool, "
+        "after the master (mooncake-master.sh).",
+        "# LOCAL_HOSTNAME (default: uname -n) is the name other hosts reach this one by; "
+        f"MOONCAKE_MASTER (default {MASTER_ADDRESS}) is the master's host:port.",
+        'HERE=$(CDPATH= cd -- "$(dirname -- "$0")" && pwd) || exit 1',
+    ]
+    if with_env:
+        lines += ["set -a", f'. "$HERE"/{shlex.quote(CLIENT_ENV)}', "set +a"]
+    lines += [
+        'if [ -z "${LOCAL_HOSTNAME:-}" ]; then LOCAL_HOSTNAME=$(uname -n); fi',
+        'if [ -z "${MOONCAKE_MASTER:-}" ]; then',
+        f"  MOONCAKE_MASTER={shlex.quote(MASTER_ADDRESS)}",
+        "fi",
+        "exec python3 -m mooncake.mooncake_store_service \\",
+        f'  --config "$HERE"/{shlex.quote(CLIENT_FILE)} \\',
+        f"  --port {STORE_HTTP_PORT} \\",
+        '  "-Dlocal_hostname=$LOCAL_HOSTNAME" \\',
+        '  "-Dmaster_server_address=$MOONCAKE_MASTER"',
+    ]
+    return "\n".join(lines) + "\n"
 
 
 def export_mooncake(deploy: Deployment) -> ExportResult:
@@ -99,11 +132,13 @@ def export_mooncake(deploy: Deployment) -> ExportResult:
         CLIENT_FILE: json.dumps(_client(deploy), indent=2) + "\n",
     }
     notes.append(
-        f"Run one store client per host ({deploy.hosts}), each contributing "
-        f"global_segment_size = {deploy.per_host_bytes('rdma'):,.0f} bytes (the rdma pool "
-        "over the hosts); local_hostname, the master address and device_name are "
-        "placeholders. The vllm/lmcache and sglang targets also let each serving rank "
-        "contribute a segment: size the pool with these clients or with those, not both."
+        f"Start mooncake-master.sh once (rpc port {MASTER_PORT}), then mooncake-store.sh on "
+        f"each of the {deploy.hosts} host(s): each client contributes global_segment_size = "
+        f"{deploy.per_host_bytes('rdma'):,.0f} bytes (the rdma pool over the hosts), takes "
+        "this host's name from LOCAL_HOSTNAME (default uname -n) and the master from "
+        f"MOONCAKE_MASTER (default {MASTER_ADDRESS}); device_name is a placeholder. The "
+        "vllm/lmcache and sglang targets also let each serving rank contribute a segment: "
+        "size the pool with these clients or with those, not both."
     )
     if deploy.has("ssd"):
         env = {
@@ -113,8 +148,12 @@ def export_mooncake(deploy: Deployment) -> ExportResult:
         comments = ["Mooncake store-client SSD offload, exported by kvtier; per host."]
         files[CLIENT_ENV] = env_file(env, comments)
         notes.append(f"ssd_offload_path is a placeholder ({OFFLOAD_DIR}): use the SSD.")
+    files[STORE_FILE] = _store_script(deploy.has("ssd"))
     argv = _master(deploy, notes)
-    master_comments = ["Mooncake master exported by kvtier; one per cluster."]
+    master_comments = [
+        "Mooncake master exported by kvtier: start it once, on one host, before the store "
+        "clients (mooncake-store.sh) and the serving instances."
+    ]
     files[MASTER_FILE] = shell_command({}, argv, master_comments)
     for t in p.lower_tiers:
         if t.name in ("rdma", "ssd") and t.eviction != "lru":

@@ -26,7 +26,12 @@ the host pools in ``mem_cache/memory_pool_host.py`` and ``hiradix_cache.py``):
 * ``--hicache-storage-backend``: ``mooncake`` <- the ``rdma`` tier, configured by the
   ``MOONCAKE_*`` variables of its README (``MOONCAKE_GLOBAL_SEGMENT_SIZE`` in bytes);
   ``file`` <- the ``ssd`` tier, its directory from ``SGLANG_HICACHE_FILE_BACKEND_STORAGE_DIR``
-  (``HiCacheFile`` in ``mem_cache/hicache_storage.py``).
+  (``HiCacheFile`` in ``mem_cache/hicache_storage.py``), one directory per instance, and its
+  cap from ``SGLANG_HICACHE_FILE_BACKEND_MAX_SIZE`` (``mem_cache/storage/file/
+  lru_file_evictor.py`` at 16739a6: parsed by ``human_readable_int``, so plain bytes or
+  ``"200G"``; unset or ``"0"`` means unbounded; a non-MLA rank owns and evicts its own files,
+  so the cap is per tensor-parallel rank) <- the ``ssd`` tier per rank, in bytes.
+* ``--port`` (default 30000) per instance; ``CUDA_VISIBLE_DEVICES`` selects its GPUs.
 """
 
 from __future__ import annotations
@@ -37,9 +42,11 @@ from kvtier.hardware.types import GB
 from kvtier.policy.export.common import (
     Deployment,
     ExportResult,
+    Job,
+    launch_script,
     model_word,
+    placements,
     shared_notes,
-    shell_command,
 )
 
 FILE = "sglang-serve.sh"
@@ -47,6 +54,7 @@ KV_DTYPES = {"bf16": "bf16", "fp8": "fp8_e4m3"}
 LAYOUTS = {"contiguous": "page_first", "per_layer": "layer_first"}
 SELECTIVE_THRESHOLD = 2  # hiradix_cache.py: write_through_threshold for the other policies
 FILE_DIR = "/var/cache/sglang-hicache"
+BASE_PORT = 30000  # sglang.launch_server --port default; instance k listens on BASE_PORT + k
 
 
 def _host_pool(deploy: Deployment, args: list[str], notes: list[str]) -> None:
@@ -106,12 +114,13 @@ def _storage(deploy: Deployment, args: list[str], env: dict[str, str], notes: li
             )
     elif deploy.has("ssd"):
         args += ["--hicache-storage-backend", "file"]
-        env["SGLANG_HICACHE_FILE_BACKEND_STORAGE_DIR"] = FILE_DIR
+        env["SGLANG_HICACHE_FILE_BACKEND_MAX_SIZE"] = str(int(deploy.per_rank_bytes("ssd")))
         notes.append(
-            f"The ssd tier is SGLang's file backend in {FILE_DIR} (a placeholder); its size "
-            f"({deploy.per_host_bytes('ssd') / GB:,.0f} GB per host) is not exported: the "
-            "file backend has no size setting in the versions read (newer ones read "
-            "SGLANG_HICACHE_FILE_BACKEND_MAX_SIZE, whose unit could not be verified)."
+            f"The ssd tier is SGLang's file backend, one directory per instance under "
+            f"{FILE_DIR} (a placeholder: use the SSD), capped by "
+            "SGLANG_HICACHE_FILE_BACKEND_MAX_SIZE in bytes per tensor-parallel rank (each rank "
+            "evicts its own files, least recently used first): the host's ssd tier over its "
+            "instances over tp."
         )
     if deploy.has("cxl"):
         notes.append("The cxl tier is not exported: SGLang HiCache has no CXL backend.")
@@ -138,7 +147,7 @@ def _write_notes(deploy: Deployment, notes: list[str]) -> None:
 
 
 def export_sglang(deploy: Deployment) -> ExportResult:
-    """``python3 -m sglang.launch_server`` for one instance of ``deploy``."""
+    """``sglang-serve.sh``: ``python3 -m sglang.launch_server`` for every instance."""
     p = deploy.policy
     notes: list[str] = []
     env: dict[str, str] = {}
@@ -194,13 +203,34 @@ def export_sglang(deploy: Deployment) -> ExportResult:
         _storage(deploy, args, env, notes)
         _write_notes(deploy, notes)
     notes.append(
-        f"Run the command once per instance ({deploy.describe()}); routing = "
-        f"{p.serving.routing} is the job of SGLang's separate router, not configured here."
+        f"sglang-serve.sh starts every instance ({deploy.describe()}) with its own GPUs "
+        f"(CUDA_VISIBLE_DEVICES) and port ({BASE_PORT} + instance); on host h run it with "
+        f"HOST_INDEX=h. routing = {p.serving.routing} is the job of SGLang's separate router, "
+        "not configured here."
     )
     comments = [
-        "SGLang launch command exported by kvtier: one instance; run one per instance.",
-        "MODEL is the checkpoint to serve (a Hugging Face id or a path).",
+        "SGLang instances exported by kvtier: starts this host's instances in the background "
+        "and waits for them.",
+        "MODEL is the checkpoint to serve (a Hugging Face id or a path); HOST_INDEX (default "
+        "0) is this host's index.",
     ]
-    argv = ["python3", "-m", "sglang.launch_server", "--model-path", model_word(deploy), *args]
-    files = {FILE: shell_command(env, argv, comments)}
+    head = ["python3", "-m", "sglang.launch_server", "--model-path", model_word(deploy)]
+    jobs = []
+    for place in placements(deploy):
+        port = BASE_PORT + place.instance
+        job_env = {"CUDA_VISIBLE_DEVICES": place.visible_devices}
+        if "SGLANG_HICACHE_FILE_BACKEND_MAX_SIZE" in env:
+            job_env["SGLANG_HICACHE_FILE_BACKEND_STORAGE_DIR"] = (
+                f"{FILE_DIR}/instance-{place.instance}"
+            )
+        jobs.append(
+            Job(
+                host=place.host,
+                env=job_env,
+                argv=[*head, "--port", str(port), *args],
+                label=f"SGLang instance {place.instance}: GPUs {place.visible_devices}, "
+                f"port {port}",
+            )
+        )
+    files = {FILE: launch_script(comments, env, {}, jobs, deploy.hosts)}
     return ExportResult("sglang", files, [*shared_notes(deploy, "SGLang"), *notes])

@@ -32,14 +32,17 @@ import json
 from kvtier.policy.export.common import (
     Deployment,
     ExportResult,
+    Job,
+    launch_script,
     model_word,
+    placements,
     shared_notes,
-    shell_command,
 )
 from kvtier.policy.export.lmcache import FILE as LMCACHE_FILE
 from kvtier.policy.export.lmcache import lmcache_config, lmcache_yaml
 
 FILE = "vllm-serve.sh"
+BASE_PORT = 8000  # vllm serve --port default; instance k listens on BASE_PORT + k
 KV_DTYPES = {"bf16": "auto", "fp8": "fp8", "int4": "int4_per_token_head"}
 CONNECTOR = {"kv_connector": "LMCacheConnectorV1", "kv_role": "kv_both"}
 OLD_BLOCK_SIZES = (1, 8, 16, 32, 64, 128)  # vLLM 0.9-0.10's BlockSize literal
@@ -108,8 +111,10 @@ def lmcache_tiers(deploy: Deployment) -> list[str]:
 def _routing_notes(deploy: Deployment) -> list[str]:
     s = deploy.policy.serving
     notes = [
-        f"Run the command once per instance ({deploy.describe()}); vLLM has no setting for "
-        f"the router in front of them (routing = {s.routing})."
+        f"vllm-serve.sh starts every instance ({deploy.describe()}) with its own GPUs "
+        f"(CUDA_VISIBLE_DEVICES) and port ({BASE_PORT} + instance); on host h run it with "
+        f"HOST_INDEX=h. vLLM has no setting for the router in front of them "
+        f"(routing = {s.routing})."
     ]
     if s.routing == "prefix_affinity":
         notes.append(
@@ -118,23 +123,45 @@ def _routing_notes(deploy: Deployment) -> list[str]:
     return notes
 
 
+def vllm_jobs(deploy: Deployment, head: list[str], args: list[str], name: str) -> list[Job]:
+    """One background job per instance: ``head`` (the command and model) with ``--port`` and
+    ``args``, on its host's GPUs."""
+    jobs = []
+    for place in placements(deploy):
+        port = BASE_PORT + place.instance
+        jobs.append(
+            Job(
+                host=place.host,
+                env={"CUDA_VISIBLE_DEVICES": place.visible_devices},
+                argv=[*head, "--port", str(port), *args],
+                label=f"{name} instance {place.instance}: GPUs {place.visible_devices}, "
+                f"port {port}",
+            )
+        )
+    return jobs
+
+
 def export_vllm(deploy: Deployment) -> ExportResult:
-    """``vllm serve`` for one instance, plus ``lmcache.yaml`` when lower tiers exist."""
+    """``vllm-serve.sh`` starting every instance, plus ``lmcache.yaml`` when lower tiers exist."""
     p = deploy.policy
     args, notes = vllm_args(deploy)
     files: dict[str, str] = {}
-    env: dict[str, str] = {}
+    file_env: dict[str, str] = {}
     comments = [
-        "vLLM serve command exported by kvtier: one instance; run one per instance.",
-        "MODEL is the checkpoint to serve (a Hugging Face id or a path).",
+        "vLLM instances exported by kvtier: starts this host's instances in the background "
+        "and waits for them.",
+        "MODEL is the checkpoint to serve (a Hugging Face id or a path); HOST_INDEX (default "
+        "0) is this host's index.",
     ]
     if lmcache_tiers(deploy):
         cfg, lm_notes = lmcache_config(deploy)
         files[LMCACHE_FILE] = lmcache_yaml(cfg)
-        env["LMCACHE_CONFIG_FILE"] = LMCACHE_FILE
+        file_env["LMCACHE_CONFIG_FILE"] = LMCACHE_FILE
+        comments.append("LMCACHE_CONFIG_FILE is the lmcache.yaml beside this script.")
         notes.append(
             "Tiers below HBM are LMCache's (LMCacheConnectorV1, kv_role kv_both), configured "
-            "by lmcache.yaml; vLLM's HBM prefix cache stays LRU."
+            "by lmcache.yaml (LMCACHE_CONFIG_FILE, its absolute path resolved from the "
+            "script's directory when it runs); vLLM's HBM prefix cache stays LRU."
         )
         notes += [f"LMCache: {n}" for n in lm_notes]
         if [t.name for t in p.lower_tiers] == ["dram"]:
@@ -143,7 +170,8 @@ def export_vllm(deploy: Deployment) -> ExportResult:
                 "--kv-offloading-size (GiB, summed over TP ranks) with "
                 "--kv-offloading-backend native."
             )
-    files[FILE] = shell_command(env, ["vllm", "serve", model_word(deploy), *args], comments)
+    jobs = vllm_jobs(deploy, ["vllm", "serve", model_word(deploy)], args, "vLLM")
+    files[FILE] = launch_script(comments, {}, file_env, jobs, deploy.hosts)
     return ExportResult(
         "vllm", files, [*shared_notes(deploy, "vLLM"), *_routing_notes(deploy), *notes]
     )
