@@ -156,3 +156,44 @@ def test_env_values_round_trip_through_the_shell(tmp_path: Path) -> None:
         timeout=30,
     )
     assert out.stdout == f"{env['A_PATH']}|12345|a b" and not sentinel.exists()
+
+
+@pytest.mark.parametrize("index", [0, 1, 2, 7, 8])  # one-line values
+def test_hostile_host_index_hostname_and_master_stay_data(tmp_path: Path, index: int) -> None:
+    """The variables a user sets for the launch and store-client scripts (``HOST_INDEX``,
+    ``LOCAL_HOSTNAME``, ``MOONCAKE_MASTER``) are never evaluated: a bad ``HOST_INDEX`` is
+    refused (exit 2), the others reach the command as single arguments."""
+    sentinel = tmp_path / "PWNED"
+    text = hostile(sentinel)[index]
+    bin_dir = stub_path(tmp_path)
+    scripts = 0
+    for target, files in exported_files(
+        every_tier_policy(), load_hardware("beluga-testbed"), load_model("Llama-3.1-8B")
+    ).items():
+        out = tmp_path / target
+        out.mkdir()
+        for name, content in files.items():
+            (out / name).write_text(content)
+        for name in files:
+            if not name.endswith(".sh"):
+                continue
+            scripts += 1
+            env = {
+                "PATH": f"{bin_dir}:/usr/bin:/bin",
+                "HOME": str(out),
+                "MODEL": "m",
+                "HOST_INDEX": text,
+                "LOCAL_HOSTNAME": text,
+                "MOONCAKE_MASTER": text,
+            }
+            ran = subprocess.run(
+                ["/bin/sh", str(out / name)], env=env, capture_output=True, text=True, timeout=30
+            )
+            if "HOST_INDEX" in files[name]:
+                assert ran.returncode == 2 and "HOST_INDEX is the host" in ran.stderr, ran
+            else:
+                assert ran.returncode == 0, (name, ran.stderr)
+            assert not sentinel.exists(), (target, name)
+    argv = (tmp_path / "argv-python3").read_text().splitlines()  # the store client ran last
+    assert argv[-2:] == [f"-Dlocal_hostname={text}", f"-Dmaster_server_address={text}"]
+    assert scripts >= 5

@@ -324,7 +324,9 @@ def launch_script(
     lines += [
         "status=0",
         "for pid in $pids; do",
-        '  wait "$pid" || { [ "$status" -ne 0 ] || status=$?; }',
+        '  wait "$pid"',
+        "  rc=$?",
+        '  if [ "$status" -eq 0 ]; then status=$rc; fi',
         "done",
         'exit "$status"',
     ]
