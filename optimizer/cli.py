@@ -239,6 +239,30 @@ def validate_serving(as_json: bool, markdown_path: str | None) -> None:
         sys.exit(1)
 
 
+@validate.command("pd")
+@click.option("--json", "as_json", is_flag=True, help="Print the result as one JSON object.")
+def validate_pd(as_json: bool) -> None:
+    """Published prefill/decode results (DistServe, Mooncake): goodput per GPU, disaggregated
+    over aggregated, published beside the model's on a stand-in deployment."""
+    from kvtier.experiments.pd_validation import run_pd
+    from kvtier.report.pd_validation import pd_json, to_text
+
+    result = run_pd()
+    if as_json:
+        _echo_json(pd_json(result))
+    else:
+        click.echo(to_text(result))
+    missed = result.missed()
+    if missed:
+        for c in missed:
+            click.echo(
+                f"target missed: {c.name}: model {c.model:.3g}x, published {c.published:g}x "
+                f"(tolerance {c.tolerance:g}x)",
+                err=True,
+            )
+        sys.exit(1)
+
+
 @main.command("replay")
 @trace_option
 @policy_profile_options

@@ -1,0 +1,233 @@
+"""``kvtier validate pd``: published aggregated-against-disaggregated results beside the model's.
+
+Each result is a scenario file under ``policies/presets/validation/pd/``: where it was
+published and what was read (``[figure]``: the published ratio of goodput per GPU,
+disaggregated over aggregated, and the tolerance of the check), and the stand-in deployment
+the model replays (``[conditions]``). The papers ran models and GPUs kvtier has no profile
+for, so the conditions name a stand-in (a model and hardware profile) and scale the SLO to it:
+``ttft_x_unloaded`` and ``tpot_x_unloaded`` are the paper's SLO over its unloaded prefill
+time and decode step, applied to the stand-in's own unloaded times (a single request replayed
+alone). The workload is either fixed lengths with Poisson arrivals (``input_tokens``,
+``output_tokens``, ``requests``) or a bundled trace (``trace``) whose arrivals are compressed.
+
+Goodput is the largest request rate (Poisson rate, or trace compression) at which at least
+``attainment`` of the requests meet both per-request bounds (TTFT and TPOT), DistServe's
+definition, found by doubling then bisection; per GPU it is divided by the GPUs the deployment
+uses. Nothing is calibrated on these figures: every one is a check, and
+:meth:`PdValidation.missed` names each whose model ratio is outside the tolerance.
+"""
+
+from __future__ import annotations
+
+import math
+import tomllib
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from kvtier.errors import InputError
+from kvtier.policy.presets import BUILTIN_DIR
+
+PD_DIR = BUILTIN_DIR / "validation" / "pd"
+BISECT_STEPS = 10
+SEED = 0
+
+
+@dataclass(frozen=True)
+class PdCheck:
+    """One published result: its ratio and the model's, with each deployment's goodput."""
+
+    name: str
+    source: str
+    read: str
+    published: float
+    tolerance: float
+    model: float  # goodput per GPU, disaggregated / aggregated
+    aggregated_rps_per_gpu: float
+    disaggregated_rps_per_gpu: float
+    ttft_slo_s: float
+    tpot_slo_s: float
+    stand_in: str
+    split: str = ""
+
+    @property
+    def residual(self) -> float:
+        """Model over published (1: reproduced)."""
+        return self.model / self.published
+
+    @property
+    def met(self) -> bool:
+        return 1 / self.tolerance <= self.residual <= self.tolerance
+
+
+@dataclass(frozen=True)
+class PdValidation:
+    checks: tuple[PdCheck, ...]
+
+    def missed(self) -> list[PdCheck]:
+        return [c for c in self.checks if not c.met]
+
+
+def scenario_names() -> list[str]:
+    return sorted(p.stem for p in PD_DIR.glob("*.toml"))
+
+
+def load_pd_scenario(name: str) -> dict[str, Any]:
+    path = PD_DIR / f"{name}.toml"
+    if not path.is_file():
+        raise InputError(
+            f"no P/D validation scenario {name!r}; choose from {', '.join(scenario_names())}"
+        )
+    with path.open("rb") as f:
+        data = tomllib.load(f)
+    for section, keys in (("figure", ("source", "read", "published", "tolerance")),):
+        missing = [k for k in keys if k not in data.get(section, {})]
+        if missing:
+            raise InputError(f"{path}: [{section}] lacks {', '.join(missing)}")
+    return data
+
+
+class _Workload:
+    """The requests of one scenario at a given rate, as blocked traces."""
+
+    def __init__(self, cond: dict[str, Any], block_tokens: int) -> None:
+        from kvtier.trace.blocked import BlockedTrace
+
+        self.B = block_tokens
+        if "trace" in cond:
+            from kvtier.scenario import Scenario
+
+            path = Path(__file__).resolve().parents[2] / "traces" / cond["trace"]
+            self.base = Scenario.from_files(str(path), block_tokens=block_tokens).blocked()
+            self.poisson = False
+        else:
+            n = int(cond["requests"])
+            inp, out = int(cond["input_tokens"]), int(cond["output_tokens"])
+            self.base = BlockedTrace.from_lists(
+                [0.0] * n, [inp] * n, [out] * n, [[]] * n, block_tokens
+            )
+            self.poisson = True
+        self.n = self.base.n_requests
+        gaps = np.random.default_rng(SEED).exponential(1.0, self.n)
+        self.unit = np.cumsum(gaps)  # Poisson arrivals at rate 1
+
+    def at(self, rate: float):  # noqa: ANN201
+        """The workload at ``rate`` (Poisson: requests per second; trace: compression)."""
+        if self.poisson:
+            return self.base.with_arrivals(np.ascontiguousarray(self.unit / rate))
+        return self.base.with_arrivals(np.ascontiguousarray(self.base.arrival_s / rate))
+
+    def mean_request(self):  # noqa: ANN201
+        """One request of mean lengths, alone (for the unloaded times)."""
+        from kvtier.trace.blocked import BlockedTrace
+
+        inp = max(int(round(float(self.base.input_tokens.mean()))), 1)
+        out = max(int(round(float(self.base.output_tokens.mean()))), 2)
+        return BlockedTrace.from_lists([0.0], [inp], [out], [[]], self.B)
+
+
+def _attainment(trace, cfg, ttft_s: float | np.ndarray, tpot_s: float) -> float:  # noqa: ANN001
+    from kvtier.sim import simulate_raw
+
+    raw = simulate_raw(trace, cfg, engine="numba")
+    ttft = raw.first_token_s - trace.arrival_s
+    tpot = (raw.finish_s - raw.first_token_s) / np.maximum(trace.output_tokens - 1, 1)
+    ok = (np.nan_to_num(ttft, nan=math.inf) <= ttft_s) & (
+        np.nan_to_num(tpot, nan=math.inf) <= tpot_s
+    )
+    return float(ok.mean())
+
+
+def goodput(  # noqa: ANN001
+    work: _Workload, cfg, ttft_s: float | np.ndarray, tpot_s: float, share: float
+) -> float:
+    """The largest rate at which ``share`` of the requests meet both bounds (0: none)."""
+    ok = lambda r: _attainment(work.at(r), cfg, ttft_s, tpot_s) >= share  # noqa: E731
+    lo, hi = 0.0, 1.0
+    while ok(hi):
+        lo, hi = hi, hi * 2
+        if hi > 1e6:
+            return lo
+    if lo == 0.0:
+        lo = hi
+        while not ok(lo):
+            hi, lo = lo, lo / 2
+            if lo < 1e-6:
+                return 0.0
+    for _ in range(BISECT_STEPS):
+        mid = math.sqrt(lo * hi)
+        if ok(mid):
+            lo = mid
+        else:
+            hi = mid
+    return lo
+
+
+def run_check(name: str) -> PdCheck:
+    from kvtier.hardware import load_hardware, load_model
+    from kvtier.policy import Policy
+    from kvtier.sim import build_config, simulate_raw
+
+    data = load_pd_scenario(name)
+    fig, cond = data["figure"], data["conditions"]
+    hw, md = load_hardware(cond["hardware"]), load_model(cond["model"])
+    base = Policy()
+
+    def config(spec: dict[str, Any]):  # noqa: ANN202
+        serving = replace(
+            base.serving,
+            instances=int(spec["instances"]),
+            prefill_instances=int(spec.get("prefill_instances", 0)),
+        )
+        return build_config(hw, md, replace(base, serving=serving))
+
+    agg = config(cond["aggregated"])
+    split = cond["disaggregated"].get("prefill_instances", 1)
+    splits = split if isinstance(split, list) else [split]  # the papers tuned the split
+    dis_all = [config({**cond["disaggregated"], "prefill_instances": p}) for p in splits]
+    work = _Workload(cond, base.block_tokens)
+    one = work.mean_request()
+    alone = simulate_raw(one, config({"instances": 1}), engine="numba")
+    prefill_s = float(alone.first_token_s[0])
+    step_s = float(alone.finish_s[0] - alone.first_token_s[0]) / (int(one.output_tokens[0]) - 1)
+    ttft_s: float | np.ndarray = float(cond["ttft_x_unloaded"]) * prefill_s
+    tpot_s = float(cond["tpot_x_unloaded"]) * step_s
+    if cond.get("ttft_per_request", False):
+        # each request's bound from its own unloaded prefill (Mooncake's SLO definition)
+        from kvtier.sim.timing import prefill_seconds
+
+        tp = agg.timing_params()
+        base_s = prefill_s - float(prefill_seconds(int(one.input_tokens[0]), 0, tp))
+        own = np.array([prefill_seconds(int(x), 0, tp) for x in work.base.input_tokens])
+        ttft_s = float(cond["ttft_x_unloaded"]) * (own + base_s)
+    share = float(cond["attainment"])
+    gpus = hw.topology.tp
+    # a trace's rate is its compression: as requests per second over the trace's span
+    span = float(work.base.arrival_s.max() - work.base.arrival_s.min())
+    rps = 1.0 if work.poisson or span <= 0 else work.n / span
+    a = goodput(work, agg, ttft_s, tpot_s, share) * rps / (agg.n_instances * gpus)
+    d, best = -1.0, 0
+    for c in dis_all:
+        g = goodput(work, c, ttft_s, tpot_s, share) * rps / (c.n_instances * gpus)
+        if g > d:
+            d, best = g, c.n_prefill
+    return PdCheck(
+        name=name,
+        source=str(fig["source"]),
+        read=str(fig["read"]),
+        published=float(fig["published"]),
+        tolerance=float(fig["tolerance"]),
+        model=d / a if a > 0 else math.inf,
+        aggregated_rps_per_gpu=a,
+        disaggregated_rps_per_gpu=d,
+        ttft_slo_s=float(np.median(ttft_s)),
+        tpot_slo_s=tpot_s,
+        stand_in=f"{cond['model']} on {cond['hardware']}",
+        split=f"{agg.n_instances} aggregated against {best}P + {dis_all[0].n_instances - best}D",
+    )
+
+
+def run_pd() -> PdValidation:
+    return PdValidation(tuple(run_check(n) for n in scenario_names()))
