@@ -307,6 +307,14 @@ def validate_pd(as_json: bool) -> None:
     show_default=True,
     help="Simulator implementation (same results).",
 )
+@click.option(
+    "--prices",
+    "prices",
+    default=None,
+    type=click.Path(dir_okay=False),
+    help="TOML file of your own prices, as optimize --prices takes [default: the prices file "
+    "the policy file records, else the profile's].",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print the metrics as one JSON object.")
 @click.option(
     "--requests-out",
@@ -326,16 +334,23 @@ def replay_cmd(
     rate_scale: float | None,
     concurrency: int,
     engine: str,
+    prices: str | None,
     as_json: bool,
     requests_out: str | None,
 ) -> None:
-    """Replay a trace through the serving simulator and print latency, throughput and cost."""
+    """Replay a trace through the serving simulator and print latency, throughput and cost.
+
+    A policy file that optimize found at the prices of a --prices file replays at them."""
     from dataclasses import replace
 
-    from kvtier.scenario import Scenario
+    from kvtier.scenario import Scenario, recorded_prices
 
     if preset is not None and policy_path is not None:
         raise click.UsageError("give --policy or --preset, not both")
+    if prices is None and policy_path is not None:
+        prices, note = recorded_prices(policy_path)
+        if note is not None:
+            click.echo(f"note: {note}", err=True)
     scenario = Scenario.from_files(
         trace_path,
         hardware=hardware,
@@ -346,6 +361,7 @@ def replay_cmd(
         block_tokens=block_tokens,
         rate_scale=rate_scale,
         engine=engine,
+        prices=prices,
     )
     if concurrency:
         scenario = replace(scenario, concurrency=concurrency)
@@ -372,8 +388,12 @@ def replay_cmd(
         data = metrics.to_dict()
         if result.tiers:
             data["tiers"] = tier_json(result.tiers)
+        if prices is not None:
+            data["prices"] = prices
         _echo_json(data, why=null_reason(data))
         return
+    if prices is not None:
+        click.echo(f"prices: {prices}")
     _print_metrics(trace_path, scenario, metrics)
     if result.tiers:
         _console().print(tier_table(result.tiers))
@@ -1383,6 +1403,14 @@ def optimize_main(**kwargs: Any) -> None:
     "with each tier the hardware offers that it leaves out.",
 )
 @set_option
+@click.option(
+    "--prices",
+    "prices",
+    default=None,
+    type=click.Path(dir_okay=False),
+    help="TOML file of your own prices for every row, as optimize --prices takes [default: "
+    "the profiles'].",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print the comparison as one JSON object.")
 def compare_cmd(
     trace_path: str,
@@ -1394,6 +1422,7 @@ def compare_cmd(
     rate_scale: float,
     what_if: bool,
     sets: tuple[str, ...],
+    prices: str | None,
     as_json: bool,
 ) -> None:
     """Replay several policies on one trace and show their cost and latency side by side.
@@ -1409,6 +1438,18 @@ def compare_cmd(
     chosen = [("preset", p) for p in presets] + [("policy", p) for p in policy_paths]
     if not chosen:
         chosen = [("preset", p) for p in preset_names()]
+    if prices is None:
+        from kvtier.scenario import recorded_prices
+
+        for path in policy_paths:
+            found, note = recorded_prices(path)
+            if found is not None:
+                note = (
+                    f"{path} was found at the prices in {found}; every row here is at the "
+                    f"profiles' prices (pass --prices {found} to compare at them)"
+                )
+            if note is not None:
+                click.echo(f"note: {note}", err=True)
     rows = compare_policies(
         trace_path,
         chosen,
@@ -1418,6 +1459,7 @@ def compare_cmd(
         rate_scale=rate_scale,
         what_if=what_if,
         overrides=_overrides(sets),
+        prices=prices,
     )
     if as_json:
         _echo_json(comparison_json(rows))

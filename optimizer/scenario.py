@@ -70,6 +70,28 @@ def scale_arrivals(trace: BlockedTrace, rate_scale: float) -> BlockedTrace:
 # -- profiles -------------------------------------------------------------------------------
 
 
+DEFAULT_PRICES = "the profiles' (owned, all-in)"  # what optimize records without --prices
+
+
+def recorded_prices(policy_path: str) -> tuple[str | None, str | None]:
+    """The prices file a policy file's provenance records (``optimize --prices``), so a policy
+    found at a user's prices replays at them: ``(path, None)`` when it still exists (as
+    recorded, else beside the policy file), ``(None, note)`` saying plainly that it does not
+    exist any more, ``(None, None)`` when the policy was found at the profile's prices."""
+    from kvtier.policy.file import read_policy_file
+
+    recorded = read_policy_file(policy_path).provenance.get("prices")
+    if not isinstance(recorded, str) or not recorded or recorded == DEFAULT_PRICES:
+        return None, None
+    for candidate in (Path(recorded), Path(policy_path).parent / recorded):
+        if candidate.is_file():
+            return str(candidate), None
+    return None, (
+        f"{policy_path}: its metrics were measured at the prices in {recorded}, which does not "
+        "exist any more; replaying at the hardware profile's prices (pass --prices FILE)"
+    )
+
+
 def hardware_name(explicit: str | None, policy: Policy | None = None) -> str:
     """The hardware profile to use: the one named, else the policy's, else the default."""
     return explicit or (policy.hardware if policy is not None else None) or DEFAULT_HARDWARE
@@ -196,11 +218,13 @@ class Scenario:
         block_tokens: int | None = None,
         rate_scale: float | None = None,
         engine: str = "numba",
+        prices: str | None = None,
     ) -> Scenario:
         """What ``kvtier replay`` replays: a trace file with a policy file, a preset or the
         defaults; ``overrides`` (``--set``) and ``block_tokens`` applied over it; profiles as
         named, else the policy's, else the defaults; ``rate_scale`` as given, else the load a
-        policy file's metrics were measured at, else 1."""
+        policy file's metrics were measured at, else 1; the hardware at the prices of the
+        ``prices`` file (``--prices``) when given, else at the profile's."""
         from kvtier.trace.io import read_trace
 
         if policy_path is not None and preset is not None:
@@ -227,9 +251,14 @@ class Scenario:
             policy = policy.with_block_tokens(block_tokens)
         from kvtier.hardware import load_hardware, load_model
 
+        hw = load_hardware(hardware_name(hardware, policy))
+        if prices is not None:
+            from kvtier.hardware.prices import apply_prices, load_prices
+
+            hw = apply_prices(hw, load_prices(prices))
         return cls(
             read_trace(trace_path),
-            load_hardware(hardware_name(hardware, policy)),
+            hw,
             load_model(model_name(model, policy)),
             policy,
             rate_scale=recorded_scale if rate_scale is None else rate_scale,

@@ -60,6 +60,7 @@ def compare_policies(
     engine: str = "numba",
     what_if: bool = False,
     overrides: Mapping[str, Any] | None = None,
+    prices: str | None = None,
 ) -> list[Compared]:
     """Replay each ``(kind, name)`` (kind ``preset`` or ``policy`` file) on the trace.
 
@@ -67,12 +68,16 @@ def compare_policies(
     than stopping the comparison; a policy file the user named that cannot be read is an error.
     With ``what_if``, each policy is followed by its tier variants
     (:func:`kvtier.experiments.whatif.tier_variants`), labelled ``NAME: VARIANT``. Every
-    scenario shares one cache of the trace's block mappings.
+    scenario shares one cache of the trace's block mappings. ``prices`` (a ``--prices`` file)
+    prices every row's hardware, so the rows stay on one basis.
     """
     from kvtier.experiments.whatif import tier_variants
     from kvtier.trace.io import read_trace
 
     check_rate_scale(rate_scale)  # once for every row, before the trace is read
+    from kvtier.hardware.prices import apply_prices, load_prices
+
+    user_prices = load_prices(prices) if prices is not None else None  # a bad file stops here
     blocks = BlockCache(read_trace(trace_path))
     rows: list[Compared] = []
     for kind, name in policies:
@@ -81,9 +86,12 @@ def compare_policies(
             policy = replace(policy, slo=slo)
         hw_name, mdl_name = hardware_name(hardware, policy), model_name(model, policy)
         try:
+            hw = load_hardware(hw_name)
+            if user_prices is not None:
+                hw = apply_prices(hw, user_prices)
             scenario = Scenario(
                 blocks.trace,
-                load_hardware(hw_name),
+                hw,
                 load_model(mdl_name),
                 policy,
                 rate_scale=rate_scale,
