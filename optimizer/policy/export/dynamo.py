@@ -35,6 +35,8 @@ from kvtier.policy.export.common import (
     placements,
     shared_notes,
 )
+from kvtier.policy.export.pd import pd_notes
+from kvtier.policy.export.pd import role as pd_role
 from kvtier.policy.export.vllm import vllm_args
 
 ENV_FILE = "kvbm.env"
@@ -44,7 +46,7 @@ CONNECTOR = {
     "kv_connector_module_path": "kvbm.vllm_integration.connector",
     "kv_role": "kv_both",
 }
-ROUTER_MODES = {"round_robin": "round-robin", "prefix_affinity": "kv"}
+ROUTER_MODES = {"round_robin": "round-robin", "prefix_affinity": "kv", "kv_aware": "kv"}
 DISK_DIR = "/var/cache/kvbm"
 FRONTEND_PORT = 8000  # dynamo.frontend --http-port default
 # Per-worker ports (examples/backends/vllm/launch/disagg_kvbm_2p2d.sh): worker k takes
@@ -174,7 +176,11 @@ def export_dynamo(deploy: Deployment) -> ExportResult:
             job_env["DYN_KVBM_LEADER_ZMQ_PUB_PORT"] = str(KVBM_PUB_PORT + 2 * k)
             job_env["DYN_KVBM_LEADER_ZMQ_ACK_PORT"] = str(KVBM_PUB_PORT + 2 * k + 1)
         argv = ["python3", "-m", "dynamo.vllm", "--model", model_word(deploy), *args]
-        label = f"Dynamo worker {k}: GPUs {place.visible_devices}"
+        r = pd_role(deploy, k)
+        if r == "prefill":
+            argv.append("--is-prefill-worker")  # Dynamo's disaggregated vLLM prefill workers
+        label = f"Dynamo worker {k}" + ("" if r == "both" else f" ({r})")
+        label += f": GPUs {place.visible_devices}"
         jobs.append(Job(place.host, job_env, argv, label))
     files[SERVE_FILE] = launch_script(serve_comments, worker_env, {}, jobs, deploy.hosts)
     notes += [n for n in vllm_notes if not n.startswith("HBM KV capacity")]
@@ -184,6 +190,7 @@ def export_dynamo(deploy: Deployment) -> ExportResult:
         "event port and KVBM leader ports; on host h run it with HOST_INDEX=h. dynamo.vllm is "
         "assumed to pass every vLLM engine flag through, as it does those in the KVBM guide."
     )
+    notes += pd_notes(deploy, "Dynamo")
     return ExportResult("dynamo", files, [*shared_notes(deploy, "Dynamo KVBM"), *notes])
 
 

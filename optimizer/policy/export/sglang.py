@@ -48,6 +48,8 @@ from kvtier.policy.export.common import (
     placements,
     shared_notes,
 )
+from kvtier.policy.export.pd import pd_notes
+from kvtier.policy.export.pd import sglang_args as sglang_pd_args
 
 FILE = "sglang-serve.sh"
 KV_DTYPES = {"bf16": "bf16", "fp8": "fp8_e4m3"}
@@ -227,10 +229,11 @@ def export_sglang(deploy: Deployment) -> ExportResult:
             Job(
                 host=place.host,
                 env=job_env,
-                argv=[*head, "--port", str(port), *args],
+                argv=[*head, "--port", str(port), *args, *sglang_pd_args(deploy, place.instance)],
                 label=f"SGLang instance {place.instance}: GPUs {place.visible_devices}, "
                 f"port {port}",
             )
         )
     files = {FILE: launch_script(comments, env, {}, jobs, deploy.hosts)}
+    notes += pd_notes(deploy, "SGLang")
     return ExportResult("sglang", files, [*shared_notes(deploy, "SGLang"), *notes])

@@ -125,17 +125,24 @@ def _routing_notes(deploy: Deployment) -> list[str]:
 
 def vllm_jobs(deploy: Deployment, head: list[str], args: list[str], name: str) -> list[Job]:
     """One background job per instance: ``head`` (the command and model) with ``--port`` and
-    ``args``, on its host's GPUs."""
+    ``args``, on its host's GPUs; a disaggregated policy's instances get their P/D role's
+    ``--kv-transfer-config`` (:mod:`kvtier.policy.export.pd`)."""
+    from kvtier.policy.export.pd import role, vllm_transfer_config, with_transfer_config
+
+    lmcache = bool(lmcache_tiers(deploy))
     jobs = []
     for place in placements(deploy):
         port = BASE_PORT + place.instance
+        own = with_transfer_config(args, vllm_transfer_config(deploy, place.instance, lmcache))
+        r = role(deploy, place.instance)
         jobs.append(
             Job(
                 host=place.host,
                 env={"CUDA_VISIBLE_DEVICES": place.visible_devices},
-                argv=[*head, "--port", str(port), *args],
-                label=f"{name} instance {place.instance}: GPUs {place.visible_devices}, "
-                f"port {port}",
+                argv=[*head, "--port", str(port), *own],
+                label=f"{name} instance {place.instance}"
+                + ("" if r == "both" else f" ({r})")
+                + f": GPUs {place.visible_devices}, port {port}",
             )
         )
     return jobs
@@ -172,6 +179,9 @@ def export_vllm(deploy: Deployment) -> ExportResult:
             )
     jobs = vllm_jobs(deploy, ["vllm", "serve", model_word(deploy)], args, "vLLM")
     files[FILE] = launch_script(comments, {}, file_env, jobs, deploy.hosts)
+    from kvtier.policy.export.pd import pd_notes
+
+    notes += pd_notes(deploy, "vLLM")
     return ExportResult(
         "vllm", files, [*shared_notes(deploy, "vLLM"), *_routing_notes(deploy), *notes]
     )

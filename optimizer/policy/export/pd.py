@@ -1,0 +1,99 @@
+"""Prefill/decode disaggregation in the exported launch configurations.
+
+A policy with ``serving.prefill_instances = P`` runs instances ``0..P-1`` as prefill workers
+and the rest as decode workers (docs/model.md, "Prefill/decode disaggregation"). What each
+target's launch line gets for that, as its documentation gives it ([vLLM-PD], [Dynamo-disagg]
+in docs/sources.md):
+
+- vLLM: ``--kv-transfer-config`` per instance: ``NixlConnector`` with ``kv_role kv_both`` on
+  every instance (the NIXL connector needs no producer/consumer split), or, when LMCache holds
+  the lower tiers, ``LMCacheConnectorV1`` with ``kv_role kv_producer`` on prefill and
+  ``kv_consumer`` on decode instances;
+- Dynamo: ``--is-prefill-worker`` on the prefill workers (the frontend routes to the decode
+  workers, which hand prompts to the prefill pool);
+- SGLang: ``--disaggregation-mode prefill`` / ``decode`` with
+  ``--disaggregation-transfer-backend`` ``mooncake`` or ``nixl``.
+
+What none of them can be told is in :func:`pd_notes`.
+"""
+
+from __future__ import annotations
+
+import json
+
+from kvtier.policy.export.common import Deployment
+
+NIXL = {"kv_connector": "NixlConnector", "kv_role": "kv_both"}
+LMCACHE_ROLES = {"prefill": "kv_producer", "decode": "kv_consumer"}
+SGLANG_BACKENDS = {"mooncake-te": "mooncake", "nixl": "nixl"}
+
+
+def prefill_count(deploy: Deployment) -> int:
+    return int(deploy.policy.serving.prefill_instances)
+
+
+def role(deploy: Deployment, instance: int) -> str:
+    """``prefill``, ``decode`` or ``both`` (aggregated)."""
+    n = prefill_count(deploy)
+    if n == 0:
+        return "both"
+    return "prefill" if instance < n else "decode"
+
+
+def vllm_transfer_config(deploy: Deployment, instance: int, lmcache: bool) -> str | None:
+    """The ``--kv-transfer-config`` JSON of a disaggregated instance (None: aggregated)."""
+    r = role(deploy, instance)
+    if r == "both":
+        return None
+    if lmcache:
+        cfg = {"kv_connector": "LMCacheConnectorV1", "kv_role": LMCACHE_ROLES[r]}
+    else:
+        cfg = dict(NIXL)
+    return json.dumps(cfg, separators=(",", ":"))
+
+
+def with_transfer_config(args: list[str], config: str | None) -> list[str]:
+    """``args`` with its ``--kv-transfer-config`` replaced by ``config`` (kept when None)."""
+    if config is None:
+        return list(args)
+    out = list(args)
+    if "--kv-transfer-config" in out:
+        i = out.index("--kv-transfer-config")
+        del out[i : i + 2]
+    return [*out, "--kv-transfer-config", config]
+
+
+def sglang_args(deploy: Deployment, instance: int) -> list[str]:
+    r = role(deploy, instance)
+    if r == "both":
+        return []
+    backend = SGLANG_BACKENDS.get(deploy.policy.serving.pd_connector, "mooncake")
+    return ["--disaggregation-mode", r, "--disaggregation-transfer-backend", backend]
+
+
+def pd_notes(deploy: Deployment, target: str) -> list[str]:
+    """What a disaggregated policy means for ``target`` and what it cannot express."""
+    n = prefill_count(deploy)
+    if n == 0:
+        return []
+    s = deploy.policy.serving
+    last = deploy.instances - 1
+    notes = [
+        f"Disaggregated: instances 0-{n - 1} prefill, {n}-{last} decode "
+        f"(serving.prefill_instances = {n}); the P/D transfer goes through "
+        f"{s.pd_connector}.",
+        f"{target} needs a proxy or router that sends each request to a prefill instance "
+        "first and then to a decode instance (vLLM's disaggregated proxy example, Dynamo's "
+        "frontend); kvtier models the router's choice among prefill instances "
+        f"(routing = {s.routing}) and sends each prompt's KV to the least loaded decode "
+        "instance, which a proxy may do differently.",
+        "Not expressible in any launch line: the P/D link kvtier assumes (NVLink within a "
+        "host, the GPUs' NICs across hosts, the connector's per-transfer cost), and that the "
+        "whole KV moves after the prefill (no layer-wise streaming).",
+    ]
+    if target in ("Mooncake", "LMCache") and s.pd_connector != "mooncake-te":
+        notes.append(
+            f"pd_connector = {s.pd_connector}: {target}'s own P/D path is the Mooncake "
+            "Transfer Engine; the exported files configure the store only."
+        )
+    return notes

@@ -1,0 +1,49 @@
+"""Exports of a disaggregated policy: each instance's P/D role in the launch lines, notes."""
+
+from __future__ import annotations
+
+import re
+
+from kvtier.hardware import load_hardware, load_model
+from kvtier.policy.export import export
+from kvtier.policy.presets import load_preset
+
+
+def exported(preset: str, target: str):  # noqa: ANN201
+    p = load_preset(preset)
+    return export(p, target, load_hardware(p.hardware), load_model(p.model))
+
+
+def script(result) -> str:  # noqa: ANN001
+    return next(v for k, v in result.files.items() if k.endswith(".sh"))
+
+
+def test_vllm_lmcache_producers_and_consumers() -> None:
+    r = exported("vllm-pd-lmcache", "vllm")
+    roles = re.findall(r'"kv_role":"(kv_\w+)"', script(r))
+    assert roles == ["kv_producer"] * 2 + ["kv_consumer"] * 6
+    assert any(n.startswith("Disaggregated: instances 0-1 prefill, 2-7 decode") for n in r.notes)
+    assert any("proxy" in n for n in r.notes)
+
+
+def test_vllm_nixl_without_lmcache() -> None:
+    from dataclasses import replace
+
+    p = load_preset("vllm-pd-lmcache")
+    p = replace(p, tiers=p.tiers[:1])  # HBM only: the NIXL connector moves the KV
+    r = export(p, "vllm", load_hardware(p.hardware), load_model(p.model))
+    assert script(r).count('{"kv_connector":"NixlConnector","kv_role":"kv_both"}') == 8
+
+
+def test_dynamo_prefill_workers_and_sglang_modes() -> None:
+    assert script(exported("dynamo-disagg", "dynamo")).count("--is-prefill-worker") == 4
+    sg = script(exported("mooncake-pd", "sglang"))
+    assert sg.count("--disaggregation-mode prefill") == 4
+    assert sg.count("--disaggregation-mode decode") == 4
+    assert sg.count("--disaggregation-transfer-backend mooncake") == 8
+
+
+def test_aggregated_exports_have_no_roles() -> None:
+    r = exported("dynamo-kvbm", "vllm")
+    assert "kv_producer" not in script(r) and "(prefill)" not in script(r)
+    assert not any(n.startswith("Disaggregated") for n in r.notes)
