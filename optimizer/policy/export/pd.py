@@ -71,6 +71,10 @@ def sglang_args(deploy: Deployment, instance: int) -> list[str]:
     return ["--disaggregation-mode", r, "--disaggregation-transfer-backend", backend]
 
 
+def _span(a: int, b: int) -> str:
+    return f"instance {a}" if a == b else f"instances {a}-{b}"
+
+
 def pd_notes(deploy: Deployment, target: str) -> list[str]:
     """What a disaggregated policy means for ``target`` and what it cannot express."""
     n = prefill_count(deploy)
@@ -79,7 +83,7 @@ def pd_notes(deploy: Deployment, target: str) -> list[str]:
     s = deploy.policy.serving
     last = deploy.instances - 1
     notes = [
-        f"Disaggregated: instances 0-{n - 1} prefill, {n}-{last} decode "
+        f"Disaggregated: {_span(0, n - 1)} prefill, {_span(n, last)} decode "
         f"(serving.prefill_instances = {n}); the P/D transfer goes through "
         f"{s.pd_connector}.",
         f"{target} needs a proxy or router that sends each request to a prefill instance "
