@@ -22,7 +22,8 @@ def test_vllm_lmcache_producers_and_consumers() -> None:
     r = exported("vllm-pd-lmcache", "vllm")
     roles = re.findall(r'"kv_role":"(kv_\w+)"', script(r))
     assert roles == ["kv_producer"] * 2 + ["kv_consumer"] * 6
-    assert any(n.startswith("Disaggregated: instances 0-1 prefill, 2-7 decode") for n in r.notes)
+    split = "Disaggregated: instances 0-1 prefill, instances 2-7 decode"
+    assert any(n.startswith(split) for n in r.notes)
     assert any("proxy" in n for n in r.notes)
 
 
