@@ -15,12 +15,15 @@ from tests.helpers import assert_one_line_error, invoke
 
 PRESETS = [
     "beluga-cxl",
+    "dynamo-disagg",
     "dynamo-kvbm",
     "lmcache-cpu-disk",
+    "mooncake-pd",
     "mooncake-rdma",
     "sglang-hicache",
     "vistara-cxl-expander",
     "vllm-hbm",
+    "vllm-pd-lmcache",
 ]
 ROOT = Path(__file__).resolve().parent.parent
 
