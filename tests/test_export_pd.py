@@ -22,7 +22,7 @@ def test_vllm_lmcache_producers_and_consumers() -> None:
     r = exported("vllm-pd-lmcache", "vllm")
     roles = re.findall(r'"kv_role":"(kv_\w+)"', script(r))
     assert roles == ["kv_producer"] * 2 + ["kv_consumer"] * 6
-    split = "Disaggregated: instances 0-1 prefill, instances 2-7 decode"
+    split = "Disaggregated: instances 0-1 prefill, instances 2-7 decode; the P/D transfer"
     assert any(n.startswith(split) for n in r.notes)
     assert any("proxy" in n for n in r.notes)
 

@@ -78,3 +78,15 @@ def test_single_token_answers_never_leave_the_prefill_instance(engine) -> None:
 def test_a_split_must_leave_a_decode_instance() -> None:
     with pytest.raises(InputError, match="prefill_instances = 2 leaves no decode instance"):
         config(2, 2)
+
+
+def test_a_prefill_share_splits_whatever_the_instance_count() -> None:
+    def split(instances: int, share: float) -> int:
+        p = Policy()
+        serving = replace(p.serving, instances=instances, prefill_share=share)
+        hw, model = load_hardware("h100-node"), load_model("Llama-3.1-8B")
+        return build_config(hw, model, replace(p, serving=serving)).n_prefill
+
+    assert [split(8, s) for s in (0.0, 0.25, 0.5, 0.75)] == [0, 2, 4, 6]
+    assert split(1, 0.5) == 0  # one instance stays aggregated
+    assert split(2, 0.75) == 1 and split(3, 0.1) == 1  # at least one of each

@@ -92,6 +92,15 @@ class ServingPolicy:
     prefill_instances: int = setting(
         0, "instances that only prefill, the rest only decode (0: aggregated)", minimum=0
     )
+    # the split as a share, for a search whose instance count varies: with prefill_instances
+    # 0, round(share x instances) instances prefill, at least one of each once there are two
+    # (one instance stays aggregated)
+    prefill_share: float = setting(
+        0.0,
+        "share of the instances that only prefill when prefill_instances is 0 (0: aggregated)",
+        nonneg=True,
+        maximum=0.95,
+    )
     pd_connector: str = setting(
         "nixl",
         "disaggregated: the connector a prompt's KV moves by from prefill to decode",
@@ -140,6 +149,16 @@ class ServingPolicy:
 
     def __post_init__(self) -> None:
         check_settings(self)
+
+
+def prefill_count(serving: ServingPolicy, instances: int) -> int:
+    """Prefill instances of ``instances`` (0: aggregated): ``prefill_instances`` when set, else
+    ``prefill_share`` of them rounded, keeping at least one prefill and one decode instance."""
+    if serving.prefill_instances:
+        return int(serving.prefill_instances)
+    if serving.prefill_share <= 0 or instances < 2:
+        return 0
+    return min(max(round(serving.prefill_share * instances), 1), instances - 1)
 
 
 @dataclass(frozen=True)

@@ -15,7 +15,7 @@ import numpy as np
 from kvtier.errors import InputError
 from kvtier.hardware.deploy import apply_deployment
 from kvtier.hardware.types import GB, Hardware, ModelProfile
-from kvtier.policy.model import Policy
+from kvtier.policy.model import Policy, prefill_count
 from kvtier.policy.registries import ROUTERS, SCHEDULERS
 from kvtier.sim.steptime.backend import step_timing
 from kvtier.sim.tiers import TierConfig, build_tiers
@@ -154,7 +154,7 @@ def build_config(hardware: Hardware, model: ModelProfile, policy: Policy) -> Sim
             f"model {model.name!r} leaves no room for KV blocks on {hardware.name!r}: "
             f"{kv_bytes / GB:.1f} GB after weights per instance of tp={topo.tp}"
         )
-    n_pf = serving.prefill_instances
+    n_pf = prefill_count(serving, n_inst)
     if n_pf and not 1 <= n_pf < n_inst:
         raise InputError(
             f"serving.prefill_instances = {n_pf} leaves no decode instance of {n_inst}; "

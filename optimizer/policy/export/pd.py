@@ -29,7 +29,9 @@ SGLANG_BACKENDS = {"mooncake-te": "mooncake", "nixl": "nixl"}
 
 
 def prefill_count(deploy: Deployment) -> int:
-    return int(deploy.policy.serving.prefill_instances)
+    from kvtier.policy.model import prefill_count as count
+
+    return count(deploy.policy.serving, deploy.instances)
 
 
 def role(deploy: Deployment, instance: int) -> str:
@@ -83,9 +85,8 @@ def pd_notes(deploy: Deployment, target: str) -> list[str]:
     s = deploy.policy.serving
     last = deploy.instances - 1
     notes = [
-        f"Disaggregated: {_span(0, n - 1)} prefill, {_span(n, last)} decode "
-        f"(serving.prefill_instances = {n}); the P/D transfer goes through "
-        f"{s.pd_connector}.",
+        f"Disaggregated: {_span(0, n - 1)} prefill, {_span(n, last)} decode; the P/D "
+        f"transfer goes through {s.pd_connector}.",
         f"{target} needs a proxy or router that sends each request to a prefill instance "
         "first and then to a decode instance (vLLM's disaggregated proxy example, Dynamo's "
         "frontend); kvtier models the router's choice among prefill instances "
