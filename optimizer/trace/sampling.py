@@ -77,21 +77,32 @@ def _subtree_roots(offsets: np.ndarray, hashes: np.ndarray, n: int) -> np.ndarra
     return hashes[np.where(first_below < len(hashes), first_below, last)]
 
 
+def _check_options(fraction: float, seed: int) -> None:
+    if not (math.isfinite(fraction) and 0 < fraction <= 1):
+        raise InputError(f"must be in (0, 1], got {fraction}", option="--fraction")
+    if seed < 0:
+        raise InputError(f"must be >= 0, got {seed}", option="--seed")
+
+
+def _kept(keys: np.ndarray, fraction: float, seed: int) -> np.ndarray:
+    """Which root keys a ``fraction`` sample with ``seed`` keeps: a seeded 64-bit hash of the
+    key below ``fraction * 2**64`` (the same decision in memory and streamed)."""
+    if fraction >= 1:
+        return np.ones(len(keys), dtype=bool)
+    salt = _mix64(np.array([seed], dtype=np.uint64))[0]
+    threshold = np.uint64(min(int(fraction * 2.0**64), 2**64 - 1))
+    return _mix64(keys ^ salt) < threshold
+
+
 def sample(trace: Trace, fraction: float, *, seed: int = 0) -> tuple[Trace, str]:
     """The spatial sample keeping about ``fraction`` of the roots (see the module docstring).
 
     ``seed`` picks another, independent sample of the same size. Returns the sampled trace
     (its ``sample_fraction`` multiplied by ``fraction``) and what its roots were.
     """
-    if not (math.isfinite(fraction) and 0 < fraction <= 1):
-        raise InputError(f"must be in (0, 1], got {fraction}", option="--fraction")
-    if seed < 0:
-        raise InputError(f"must be >= 0, got {seed}", option="--seed")
+    _check_options(fraction, seed)
     keys, roots = root_keys(trace)
-    salt = _mix64(np.array([seed], dtype=np.uint64))[0]
-    hashed = _mix64(keys ^ salt)
-    threshold = np.uint64(min(int(fraction * 2.0**64), 2**64 - 1))
-    keep = hashed < threshold if fraction < 1 else np.ones(len(keys), dtype=bool)
+    keep = _kept(keys, fraction, seed)
     if not keep.any():
         raise InputError(
             f"a {fraction:g} sample of {trace.n_requests:,} requests ({roots}) keeps none; "
@@ -155,10 +166,7 @@ def stream_sample(
     from kvtier.trace.io import atomic_write, trace_metadata
     from kvtier.trace.validate import validate_table
 
-    if not (math.isfinite(fraction) and 0 < fraction <= 1):
-        raise InputError(f"must be in (0, 1], got {fraction}", option="--fraction")
-    if seed < 0:
-        raise InputError(f"must be >= 0, got {seed}", option="--seed")
+    _check_options(fraction, seed)
     try:
         source = pq.ParquetFile(path)
     except (OSError, pa.ArrowException) as err:
@@ -177,8 +185,6 @@ def stream_sample(
             path=path,
         )
     block_tokens = int(meta.get("kvtier.block_tokens", "16"))
-    salt = _mix64(np.array([seed], dtype=np.uint64))[0]
-    threshold = np.uint64(min(int(fraction * 2.0**64), 2**64 - 1))
     by_id = (
         roots == "requests"
         and "request_id" in names
@@ -220,8 +226,9 @@ def stream_sample(
                     keys = table.column("request_id").to_numpy().astype(np.int64).view(np.uint64)
                 else:
                     keys = np.arange(start, start + table.num_rows, dtype=np.uint64)
-                keep = _mix64(keys ^ salt) < threshold if fraction < 1 else None
-                kept = table if keep is None else table.filter(pa.array(keep))
+                kept = (
+                    table if fraction == 1 else table.filter(pa.array(_kept(keys, fraction, seed)))
+                )
                 counts["read"] += table.num_rows
                 counts["kept"] += kept.num_rows
                 kept = kept.replace_schema_metadata(out_meta)
