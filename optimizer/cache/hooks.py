@@ -12,6 +12,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
+import kvtier.jitcache  # noqa: F401  (drops kernels compiled against older sources)
 from kvtier.cache.policies import fifo, gdsf, lfu, lru, s3fifo, sieve
 
 CODES = (0, 1, 2, 3, 4, 5)  # every code dispatched below

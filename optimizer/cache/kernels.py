@@ -13,6 +13,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
+import kvtier.jitcache  # noqa: F401  (drops kernels compiled against older sources)
 from kvtier.cache.enums import M_POLICY
 from kvtier.cache.nb import _access_many_loop_nb, _replay_loop_nb
 

@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 import numpy as np
 from numba import njit
 
+import kvtier.jitcache  # noqa: F401  (drops kernels compiled against older sources)
 from kvtier.cache import enums
 from kvtier.cache.policies import PolicySpec, parse_policy
 from kvtier.cache.trace_replay import replay, warmup_start

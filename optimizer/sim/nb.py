@@ -55,6 +55,7 @@ from typing import NamedTuple
 import numpy as np
 from numba import njit
 
+import kvtier.jitcache  # noqa: F401  (drops kernels compiled against older sources)
 from kvtier.cache.prefetch import prefetch
 from kvtier.policy.registries import (
     KV_AWARE,

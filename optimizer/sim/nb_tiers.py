@@ -35,6 +35,7 @@ from typing import NamedTuple
 import numpy as np
 from numba import njit
 
+import kvtier.jitcache  # noqa: F401  (drops kernels compiled against older sources)
 from kvtier.cache.enums import L_WHERE, M_POLICY, W_MAIN, W_SMALL
 from kvtier.cache.nb import _access_nb, remove_nb
 from kvtier.policy.registries import WRITE_BACK, WRITE_SELECTIVE, WRITE_THROUGH

@@ -21,6 +21,7 @@ import numpy as np
 import polars as pl
 from numba import njit
 
+import kvtier.jitcache  # noqa: F401  (drops kernels compiled against older sources)
 from kvtier.errors import InputError
 from kvtier.trace.blocked import BlockedTrace
 from kvtier.trace.format import PASS_COLUMN, Trace

@@ -13,6 +13,8 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
+import kvtier.jitcache  # noqa: F401  (drops kernels compiled against older sources)
+
 
 @njit(cache=True, nogil=True)
 def _shared_index_nb(block_ids: np.ndarray, n_blocks: int, shared: np.ndarray) -> int:

@@ -21,6 +21,8 @@ from typing import Any
 import numpy as np
 from numba import njit
 
+import kvtier.jitcache  # noqa: F401  (drops kernels compiled against older sources)
+
 
 @njit(cache=True, nogil=True, _nrt=False)
 def admit_nb(

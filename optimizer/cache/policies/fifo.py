@@ -13,6 +13,7 @@ from typing import Any
 import numpy as np
 from numba import njit
 
+import kvtier.jitcache  # noqa: F401  (drops kernels compiled against older sources)
 from kvtier.cache.enums import L_WHERE, M_HEAD, M_TAIL, W_ABSENT, W_MAIN
 from kvtier.cache.lists import push_head_nb, unlink_nb
 from kvtier.cache.policies.base import ReferenceBase, admit_nb, check, configure  # noqa: F401

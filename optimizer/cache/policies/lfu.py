@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 from numba import njit
 
+import kvtier.jitcache  # noqa: F401  (drops kernels compiled against older sources)
 from kvtier.cache.enums import L_FREQ, L_WHERE, M_CLOCK, W_ABSENT, W_MAIN
 from kvtier.cache.heap import heap_pop_nb, heap_push_nb, heap_remove_nb, heap_update_nb
 from kvtier.cache.policies.base import ReferenceBase, admit_nb, check, configure  # noqa: F401

@@ -9,6 +9,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
+import kvtier.jitcache  # noqa: F401  (drops kernels compiled against older sources)
 from kvtier.cache.enums import M_HEAD, M_TAIL
 from kvtier.cache.lists import push_head_nb, unlink_nb
 

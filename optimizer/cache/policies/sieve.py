@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 from numba import njit
 
+import kvtier.jitcache  # noqa: F401  (drops kernels compiled against older sources)
 from kvtier.cache.enums import (
     L_FREQ,
     L_PRV,
