@@ -29,8 +29,8 @@ BELUGA = load_hardware("beluga-testbed")  # two hosts of 8 GPUs
 STUBS = ("vllm", "python3", "mooncake_master")
 
 # The top-level keys LMCache's config class declares: ``_CONFIG_DEFINITIONS`` in
-# ``lmcache/v1/config.py`` of the lmcache 0.5.6 wheel (PyPI, cp311 manylinux). LMCache itself
-# does not install here (it needs torch), so the list is pinned from that file.
+# ``lmcache/v1/config.py`` of the lmcache 0.5.6 wheel (PyPI, cp311 manylinux), pinned here so
+# the check needs no install; tests/test_lmcache_config.py loads the YAML with LMCache itself.
 _LMCACHE_056_KEYS = """
     chunk_size local_cpu max_local_cpu_size local_cpu_use_hugepages reserve_local_cpu_size
     local_disk local_disk_path_sharding max_local_disk_size remote_url remote_serde use_layerwise
