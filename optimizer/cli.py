@@ -357,7 +357,7 @@ def replay_cmd(
     A policy file that optimize found at the prices of a --prices file replays at them."""
     from dataclasses import replace
 
-    from kvtier.scenario import Scenario, recorded_prices
+    from kvtier.scenario import Scenario, recorded_prices, sample_bias
 
     if preset is not None and policy_path is not None:
         raise click.UsageError("give --policy or --preset, not both")
@@ -379,6 +379,9 @@ def replay_cmd(
     )
     if concurrency:
         scenario = replace(scenario, concurrency=concurrency)
+    bias = sample_bias(scenario.policy, scenario.hardware, scenario.trace.sample_fraction)
+    if bias is not None:
+        click.echo(f"warning: {bias}", err=True)
     if requests_out is not None:
         from kvtier.sim.requests import check_requests_path
 

@@ -125,6 +125,7 @@ class BlockCache:
     def __init__(self, trace: Trace) -> None:
         self.trace = trace
         self._blocked: dict[tuple[int, bool], BlockedTrace] = {}
+        self._fanned: dict[tuple[int, bool, str], BlockedTrace] = {}
         self._lock = threading.Lock()
 
     def get(self, policy: Policy) -> BlockedTrace:
@@ -138,6 +139,22 @@ class BlockCache:
                     self.trace, block_tokens, share_across_tenants=share
                 )
             return self._blocked[key]
+
+    def fanned_out(self, policy: Policy) -> BlockedTrace:
+        """:meth:`get`, with the blocks private to a root renamed per request colour
+        (:func:`kvtier.trace.fanout.fanned_out`): how a sample replays under a router that
+        spreads load without looking at content. Cached beside the plain mapping."""
+        blocked = self.get(policy)
+        key = (*block_key(policy), "fan-out")
+        with self._lock:
+            if key not in self._fanned:
+                from kvtier.trace.fanout import fanned_out
+                from kvtier.trace.sampling import root_keys
+
+                population = round(self.trace.n_requests / self.trace.sample_fraction)
+                roots, _ = root_keys(self.trace, population)
+                self._fanned[key] = fanned_out(blocked, roots, self.trace.sample_fraction)
+            return self._fanned[key]
 
 
 # -- the scenario ---------------------------------------------------------------------------
@@ -186,6 +203,9 @@ class Scenario:
     engine: str = "numba"
     blocks: BlockCache | None = field(default=None, repr=False, compare=False)
     concurrency: int = 0
+    # a sample's replay under a content-blind router restores the full cluster's routing
+    # fan-out (kvtier.trace.fanout); off only to measure what that correction changes
+    sample_fan_out: bool = True
 
     def __post_init__(self) -> None:
         if self.load not in LOAD_MODES:
@@ -300,6 +320,13 @@ class Scenario:
         policy = self.policy if policy is None else policy
         scale = self.rate_scale if rate_scale is None else check_rate_scale(rate_scale)
         trace = self.blocked(policy)
+        if (
+            trace.sample_fraction != 1.0
+            and self.sample_fan_out
+            and fan_out_applies(policy, self.hardware)
+        ):
+            assert self.blocks is not None
+            trace = self.blocks.fanned_out(policy)
         if arrival_s is not None:
             trace = trace.with_arrivals(np.ascontiguousarray(arrival_s, dtype=np.float64))
         else:
@@ -319,6 +346,51 @@ class Scenario:
         if closed and raw.arrival_s is not None:
             trace = trace.with_arrivals(raw.arrival_s)  # each request counts from its send
         return Replay(metrics, raw, trace, cfg, policy, scale, stats)
+
+
+# Routers that place a request without looking at its blocks: the replay of a sample restores
+# their fan-out (kvtier.trace.fanout). The content-affine ones send a turn to its prefix.
+CONTENT_BLIND_ROUTERS = ("round_robin", "least_loaded")
+
+
+def _cluster_shared_tiers(policy: Policy, hardware: Hardware) -> list[str]:
+    return [
+        t.name
+        for t in policy.tiers
+        if t.name != "hbm" and t.name in hardware.tiers and not hardware.tiers[t.name].per_host
+    ]
+
+
+def fan_out_applies(policy: Policy, hardware: Hardware) -> bool:
+    """Whether a sample's replay of ``policy`` renames root-private blocks per request colour
+    (:mod:`kvtier.trace.fanout`): under a content-blind router and with no tier shared by the
+    whole cluster (CXL, RDMA), where a turn finds its prefix whichever instance it lands on,
+    so colours would hide reuse the full cluster has."""
+    return policy.serving.routing in CONTENT_BLIND_ROUTERS and not _cluster_shared_tiers(
+        policy, hardware
+    )
+
+
+def sample_bias(policy: Policy, hardware: Hardware, fraction: float) -> str | None:
+    """One line saying which way a ``fraction`` sample's hit ratios are biased under
+    ``policy``, or None where the validation (docs/traces.md, "How faithful a sample's replay
+    is") found them within its target."""
+    if fraction == 1.0:
+        return None
+    routing = policy.serving.routing
+    shared = _cluster_shared_tiers(policy, hardware)
+    if routing in CONTENT_BLIND_ROUTERS and shared:
+        return (
+            f"a {fraction:g} sample under {routing} with the cluster-shared "
+            f"{'/'.join(shared)} tier: its HBM hit ratio is biased high and the "
+            f"{'/'.join(shared)} hit ratio low (docs/traces.md, sampling)"
+        )
+    if routing not in CONTENT_BLIND_ROUTERS:
+        return (
+            f"a {fraction:g} sample under {routing}: its hit ratios are biased high against the "
+            "full trace's (docs/traces.md, sampling); compare policies on one sample"
+        )
+    return None
 
 
 def scaled_for_sample(

@@ -42,14 +42,19 @@ def _mix64(x: np.ndarray) -> np.ndarray:
     return z ^ (z >> np.uint64(31))
 
 
-def root_keys(trace: Trace) -> tuple[np.ndarray, str]:
-    """Per request, the uint64 key of its root, and what the roots are."""
+def root_keys(trace: Trace, population: int | None = None) -> tuple[np.ndarray, str]:
+    """Per request, the uint64 key of its root, and what the roots are.
+
+    ``population`` is the number of requests the trunk share is taken of (by default the
+    trace's own): a sample's roots are the full trace's when it is the full trace's count,
+    since a kept subtree of many requests is a larger share of the sample than of the trace.
+    """
     n = trace.n_requests
     if trace.has_column("session_id"):
         return trace.column_numpy("session_id", np.int64).view(np.uint64), "sessions"
     offsets, hashes = trace.hash_arrays()
     if len(hashes) and np.all(np.diff(offsets) > 0):
-        first = _subtree_roots(offsets, hashes.astype(np.uint64), n)
+        first = _subtree_roots(offsets, hashes.astype(np.uint64), population or n)
         if trace.has_column("tenant"):
             names = trace.table.column("tenant").combine_chunks()
             if pa.types.is_dictionary(names.type):

@@ -1,0 +1,53 @@
+"""Regenerate docs/traces.md's table of how faithful a sample's replay is.
+
+Replays the bundled Mooncake conversation trace whole and as 10% and 25% samples (seeds 0-3)
+under each router, as fixed in :mod:`kvtier.experiments.sampling_validation`, and prints the
+markdown table; with ``--write`` it also replaces the table between the markers in
+docs/traces.md (atomically).
+
+Usage: ``python scripts/sampling_fidelity.py [--write] [--routers round_robin,kv_aware]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from pathlib import Path
+
+from kvtier.experiments import sampling_validation as sv
+from kvtier.trace.io import atomic_write, read_trace
+
+ROOT = Path(__file__).resolve().parent.parent
+DOC = ROOT / "docs" / "traces.md"
+START, END = "<!-- sampling-table:start -->", "<!-- sampling-table:end -->"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--write", action="store_true", help="update docs/traces.md")
+    parser.add_argument("--routers", default=",".join(sv.ROUTERS))
+    args = parser.parse_args()
+    start = time.perf_counter()
+    rows = sv.measure(read_trace(str(ROOT / sv.TRACE)), routers=args.routers.split(","))
+    table = sv.markdown(rows)
+    print(table)
+    for r in rows:
+        print(
+            f"{r.router} F={r.fraction:g}: full hit {r.full.hit:.4f} P50 {r.full.ttft_p50_s:.4f} "
+            f"P99 {r.full.ttft_p99_s:.4f}; samples "
+            + "; ".join(
+                f"{s.hit:.4f} {s.ttft_p50_s:.4f} {s.ttft_p99_s:.4f} ({s.requests} req)"
+                for s in r.samples
+            )
+        )
+    print(f"({time.perf_counter() - start:.0f} s)")
+    if args.write:
+        text = DOC.read_text()
+        head, rest = text.split(START, 1)
+        _, tail = rest.split(END, 1)
+        new = f"{head}{START}\n{table}\n{END}{tail}"
+        atomic_write(str(DOC), lambda tmp: Path(tmp).write_text(new))
+
+
+if __name__ == "__main__":
+    main()
