@@ -910,6 +910,108 @@ def trace_slice_cmd(trace_path: str, start: float, end: float | None, output: st
     )
 
 
+def _trace_bytes(path: str) -> int:
+    """Bytes of a trace file, or of every part of a dataset directory (0 if missing)."""
+    from pathlib import Path
+
+    if os.path.isdir(path):
+        return sum(p.stat().st_size for p in Path(path).rglob("*.parquet") if p.is_file())
+    return os.path.getsize(path) if os.path.isfile(path) else 0
+
+
+def _stream_by_size(path: str, stream: bool | None) -> bool:
+    from kvtier.trace.streaming import STREAM_BYTES
+
+    return _trace_bytes(path) > STREAM_BYTES if stream is None else stream
+
+
+@trace.command("map")
+@click.argument("trace_path", metavar="TRACE", type=click.Path())
+@click.option(
+    "--block-tokens",
+    "-B",
+    type=int,
+    default=None,
+    help="Block size to map to [default: the trace's native size].",
+)
+@click.option(
+    "--share-across-tenants",
+    is_flag=True,
+    help="Let tenants share blocks (default: identities salted by tenant).",
+)
+@click.option(
+    "-o",
+    "--output",
+    required=True,
+    type=click.Path(),
+    help="Mapped trace to write: a .parquet file, or a directory (a dataset of parts).",
+)
+@click.option(
+    "--stream/--no-stream",
+    default=None,
+    help="Read by record batches, for a trace larger than memory "
+    "[default: for traces over 256 MiB].",
+)
+@click.option(
+    "--batch-rows",
+    type=int,
+    default=None,
+    help="Rows per record batch when streaming [default: 1048576].",
+)
+def trace_map_cmd(
+    trace_path: str,
+    block_tokens: int | None,
+    share_across_tenants: bool,
+    output: str,
+    stream: bool | None,
+    batch_rows: int | None,
+) -> None:
+    """Map TRACE to dense block ids at -B tokens a block and write it as a trace at that block
+    size, which replay, stats and sample read without hashing again (docs/traces.md)."""
+    from kvtier.trace.batches import BATCH_ROWS
+    from kvtier.trace.mapstream import map_trace_file
+
+    if block_tokens is not None and block_tokens < 1:
+        raise InputError(f"must be >= 1, got {block_tokens}", option="--block-tokens")
+    if batch_rows is not None and batch_rows < 1:
+        raise InputError(f"must be >= 1, got {batch_rows}", option="--batch-rows")
+    if _stream_by_size(trace_path, stream):
+        if block_tokens is None:
+            from kvtier.trace.batches import open_batches
+
+            block_tokens = open_batches(trace_path).block_tokens
+        done = map_trace_file(
+            trace_path,
+            block_tokens,
+            output,
+            share_across_tenants=share_across_tenants,
+            batch_rows=BATCH_ROWS if batch_rows is None else batch_rows,
+        )
+        how = "streamed"
+        n, refs, distinct, B = done.n_requests, done.n_block_refs, done.n_blocks, done.block_tokens
+    else:
+        if batch_rows is not None:
+            raise InputError("applies to a streamed mapping only (--stream)", option="--batch-rows")
+        from kvtier.trace.io import read_trace, write_trace
+        from kvtier.trace.mapstream import mapped_trace
+
+        loaded = read_trace(trace_path)
+        B = loaded.block_tokens if block_tokens is None else block_tokens
+        if not output.lower().endswith(".parquet"):
+            raise InputError(
+                "an in-memory mapping writes one .parquet file (a directory with --stream)",
+                path=output,
+            )
+        mapped, blocked = mapped_trace(loaded, B, share_across_tenants=share_across_tenants)
+        write_trace(mapped, output)
+        how = "in memory"
+        n, refs, distinct = mapped.n_requests, blocked.n_block_refs, blocked.n_blocks
+    click.echo(
+        f"wrote {n:,} requests, {refs:,} full-block references to {distinct:,} distinct "
+        f"{B}-token blocks ({how}) to {output}"
+    )
+
+
 @trace.command("stats")
 @click.argument("trace_path", metavar="TRACE", type=click.Path())
 @click.option(
@@ -930,32 +1032,50 @@ def trace_slice_cmd(trace_path: str, start: float, end: float | None, output: st
     help="Let tenants share blocks (default: identities salted by tenant).",
 )
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
+@click.option(
+    "--stream/--no-stream",
+    default=None,
+    help="Read by record batches, in memory proportional to distinct blocks "
+    "[default: for traces over 256 MiB].",
+)
 def trace_stats_cmd(
     trace_path: str,
     block_tokens: int | None,
     model: str | None,
     share_across_tenants: bool,
     as_json: bool,
+    stream: bool | None,
 ) -> None:
     """Lengths, full-block reuse under the prefix rule, arrival peaks of TRACE."""
-    from kvtier.trace.blocks import block_trace
-    from kvtier.trace.io import read_trace
-    from kvtier.trace.stats import trace_stats
-
     if block_tokens is not None and block_tokens < 1:
         raise InputError(f"must be >= 1, got {block_tokens}", option="--block-tokens")
-    loaded = read_trace(trace_path)
-    blocked = block_trace(
-        loaded,
-        loaded.block_tokens if block_tokens is None else block_tokens,
-        share_across_tenants=share_across_tenants,
-    )
     kv_bytes = None
     if model is not None:
         from kvtier.hardware import load_model
 
         kv_bytes = load_model(model).kv_bytes_per_token()
-    stats = trace_stats(loaded, blocked, model=model, kv_bytes_per_token=kv_bytes)
+    if _stream_by_size(trace_path, stream):
+        from kvtier.trace.stats_stream import stream_trace_stats
+
+        stats = stream_trace_stats(
+            trace_path,
+            block_tokens,
+            share_across_tenants=share_across_tenants,
+            model=model,
+            kv_bytes_per_token=kv_bytes,
+        )
+    else:
+        from kvtier.trace.blocks import block_trace
+        from kvtier.trace.io import read_trace
+        from kvtier.trace.stats import trace_stats
+
+        loaded = read_trace(trace_path)
+        blocked = block_trace(
+            loaded,
+            loaded.block_tokens if block_tokens is None else block_tokens,
+            share_across_tenants=share_across_tenants,
+        )
+        stats = trace_stats(loaded, blocked, model=model, kv_bytes_per_token=kv_bytes)
     if as_json:
         _echo_json(stats.as_dict())
         return

@@ -90,6 +90,8 @@ def _modules_after(args: list[str], cwd: Path) -> dict[str, object]:
         ["replay", "--help"],
         ["optimize", "--help"],
         ["trace", "synth", "--help"],
+        ["trace", "map", "--help"],
+        ["trace", "stats", "--help"],
     ],
     ids=" ".join,
 )

@@ -23,8 +23,11 @@ def summary(values: np.ndarray) -> dict[str, float]:
     if len(values) == 0:
         return {"mean": 0.0, "p50": 0.0, "p90": 0.0, "p99": 0.0}
     q = np.quantile(values, [0.5, 0.9, 0.99], method="linear")
+    # token counts: the exact integer sum, divided once (correctly rounded), which a trace read
+    # by batches reproduces bit for bit (kvtier.trace.stats_stream)
+    mean = int(values.sum()) / len(values) if values.dtype.kind in "iu" else np.mean(values)
     return {
-        "mean": float(np.mean(values)),
+        "mean": float(mean),
         "p50": float(q[0]),
         "p90": float(q[1]),
         "p99": float(q[2]),

@@ -1,0 +1,161 @@
+"""Reading a request-trace/1 file or Parquet dataset by record batches, each batch validated.
+
+For traces larger than memory (``kvtier trace map``, ``kvtier trace stats`` of a large file):
+a Parquet file, an Arrow IPC file or a directory of Parquet parts (name order, as
+:func:`kvtier.trace.io.read_trace` reads it) is read batch by batch. Every batch is checked
+by :func:`kvtier.trace.validate.validate_table`, the in-memory reader's check, with rows
+numbered from the start of the whole trace; rows must be in arrival order across batches
+(sorting would need the whole trace). What a batch cannot show is the one cross-batch
+property of hashes: that a hash seen in an earlier batch stands at the same block position
+after the same parent (``check_chained`` runs within each batch only).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.ipc as ipc
+import pyarrow.parquet as pq
+
+from kvtier.errors import InputError
+from kvtier.trace.format import META_BLOCK_TOKENS, META_PREFIX_INFO
+from kvtier.trace.io import trace_metadata
+from kvtier.trace.validate import validate_table
+
+BATCH_ROWS = 1 << 20
+
+
+@dataclass(frozen=True)
+class TraceBatches:
+    """An opened trace: its checked metadata and the files (or parts) it is read from."""
+
+    path: str
+    meta: dict[str, str]
+    files: tuple[str, ...]
+    schema: pa.Schema
+
+    @property
+    def block_tokens(self) -> int:
+        return int(self.meta[META_BLOCK_TOKENS])
+
+    @property
+    def has_prefix_info(self) -> bool:
+        return self.meta.get(META_PREFIX_INFO, "true").lower() != "false"
+
+    @property
+    def nbytes_on_disk(self) -> int:
+        return sum(os.path.getsize(f) for f in self.files)
+
+
+def _schema_of(file: str) -> pa.Schema:
+    try:
+        with open(file, "rb") as fh:
+            head = fh.read(8)
+    except FileNotFoundError:
+        raise InputError("no such file", path=file) from None
+    except OSError as err:
+        raise InputError(f"cannot read: {err.strerror}", path=file) from None
+    if not head:
+        raise InputError("empty file", path=file)
+    try:
+        if head.startswith(b"PAR1"):
+            return pq.ParquetFile(file).schema_arrow
+        if head.startswith(b"ARROW1"):
+            with pa.memory_map(file) as source:
+                return ipc.open_file(source).schema
+    except (pa.ArrowException, OSError) as err:
+        raise InputError(f"corrupt Arrow/Parquet file: {err}", path=file) from None
+    raise InputError(
+        "read by batches: a Parquet file, an Arrow IPC file or a directory of Parquet files",
+        path=file,
+    )
+
+
+def open_batches(path: str | os.PathLike[str]) -> TraceBatches:
+    """Open ``path`` for batch reading; metadata is checked now, rows as they are read."""
+    path = str(path)
+    if os.path.isdir(path):
+        files = tuple(str(p) for p in sorted(Path(path).rglob("*.parquet")) if p.is_file())
+        if not files:
+            raise InputError("directory holds no .parquet files", path=path)
+    else:
+        files = (path,)
+    schema = _schema_of(files[0])
+    meta = trace_metadata(schema, files[0])
+    kvtier_meta = {k: v for k, v in meta.items() if k.startswith("kvtier.")}
+    for file in files[1:]:
+        other = trace_metadata(_schema_of(file), file)
+        if {k: v for k, v in other.items() if k.startswith("kvtier.")} != kvtier_meta:
+            raise InputError(
+                f"schema metadata differs from {Path(files[0]).name}'s: the files are not "
+                "parts of one trace",
+                path=file,
+            )
+    return TraceBatches(path=path, meta=meta, files=files, schema=schema)
+
+
+def _raw_batches(file: str, batch_rows: int) -> Iterator[pa.Table]:
+    try:
+        with open(file, "rb") as fh:
+            parquet = fh.read(4) == b"PAR1"
+        if parquet:
+            for batch in pq.ParquetFile(file).iter_batches(batch_size=batch_rows):
+                yield pa.Table.from_batches([batch])
+            return
+        with pa.memory_map(file) as source:
+            reader = ipc.open_file(source)
+            for i in range(reader.num_record_batches):
+                table = pa.Table.from_batches([reader.get_batch(i)])
+                for lo in range(0, table.num_rows, batch_rows):
+                    yield table.slice(lo, batch_rows)
+    except (pa.ArrowException, OSError) as err:
+        raise InputError(f"corrupt Arrow/Parquet file: {err}", path=file) from None
+
+
+def iter_batches(
+    trace: TraceBatches, batch_rows: int = BATCH_ROWS
+) -> Iterator[tuple[int, pa.Table]]:
+    """``(first row, validated table)`` per batch, in trace order; rows counted from 0.
+
+    A problem is reported as the in-memory reader reports it: the path (the part's, for a
+    dataset), the row from the start of the whole trace, the column.
+    """
+    if batch_rows < 1:
+        raise InputError(f"must be >= 1, got {batch_rows}", option="--batch-rows")
+    block_tokens = trace.block_tokens
+    has_prefix = trace.has_prefix_info
+    row0 = 0
+    last = -math.inf
+    for file in trace.files:
+        for raw in _raw_batches(file, batch_rows):
+            if raw.num_rows == 0:
+                continue
+            try:
+                table = validate_table(
+                    raw, block_tokens=block_tokens, path=file, has_prefix_info=has_prefix
+                )
+            except InputError as err:
+                if err.row is not None:
+                    err.row += row0
+                    err.args = (err.format(),)
+                raise
+            arrival = table.column("arrival_s")
+            first = arrival[0].as_py()
+            if first < last:
+                raise InputError(
+                    "earlier than the row before: a trace read by batches needs rows in "
+                    "arrival order (read it whole, or sort it first)",
+                    path=file,
+                    row=row0,
+                    column="arrival_s",
+                )
+            last = arrival[-1].as_py()
+            yield row0, table
+            row0 += table.num_rows
+    if row0 == 0:
+        raise InputError("trace has no requests (empty table)", path=trace.path)
