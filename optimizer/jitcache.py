@@ -49,7 +49,9 @@ KERNEL_MODULES = (
     "sim/steptime/jit.py",
     "trace/blocks.py",
     "trace/hashing.py",
+    "trace/idtable.py",
     "trace/shared.py",
+    "trace/stats_stream.py",
     "trace/synth/content.py",
 )
 

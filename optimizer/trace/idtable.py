@@ -17,6 +17,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
+import kvtier.jitcache  # noqa: F401  (drops kernels compiled against older sources)
 from kvtier.errors import InputError
 
 MAX_LOAD_NUM, MAX_LOAD_DEN = 3, 4

@@ -21,6 +21,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
+import kvtier.jitcache  # noqa: F401  (drops kernels compiled against older sources)
 from kvtier.trace.batches import BATCH_ROWS, open_batches
 from kvtier.trace.format import META_SOURCE
 from kvtier.trace.mapstream import mapper_for
