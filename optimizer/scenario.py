@@ -388,7 +388,7 @@ def sample_bias(policy: Policy, hardware: Hardware, fraction: float) -> str | No
     if routing not in CONTENT_BLIND_ROUTERS:
         return (
             f"a {fraction:g} sample under {routing}: its hit ratios are biased high against the "
-            "full trace's (docs/traces.md, sampling); compare policies on one sample"
+            "full trace's, content-affine routing concentrating less (docs/traces.md, sampling)"
         )
     return None
 

@@ -36,7 +36,8 @@ def main() -> None:
             f"{r.router} F={r.fraction:g}: full hit {r.full.hit:.4f} P50 {r.full.ttft_p50_s:.4f} "
             f"P99 {r.full.ttft_p99_s:.4f}; samples "
             + "; ".join(
-                f"{s.hit:.4f} {s.ttft_p50_s:.4f} {s.ttft_p99_s:.4f} ({s.requests} req)"
+                f"{s.hit:.4f} {s.ttft_p50_s:.4f} {s.ttft_p99_s:.4f} ({s.requests} req; full "
+                f"replay over them {s.same_hit:.4f} {s.same_p50_s:.4f} {s.same_p99_s:.4f})"
                 for s in r.samples
             )
         )

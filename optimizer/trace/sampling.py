@@ -12,7 +12,9 @@ by tenant, since a request can only reuse its own tenant's blocks. A kept root k
 its requests, so the reuse structure inside every kept session or subtree is exact, and the
 sample sees about ``F`` of the load and of the distinct blocks. A replay of the sample scales
 the cluster (instances) and the shared tiers' capacities by the same ``F`` (recorded in the
-trace's ``kvtier.sample_fraction``), so that per-instance load and cache pressure match.
+trace's ``kvtier.sample_fraction``), so that per-instance load and cache pressure match;
+under a router blind to content the replay also restores the full cluster's routing fan-out
+(:mod:`kvtier.trace.fanout`).
 
 **Slicing** (``kvtier trace slice --start S --end E``) keeps the requests arriving in
 ``[S, E)`` and shifts them to start at 0. Requests whose prefix was first computed before
@@ -99,15 +101,22 @@ def _kept(keys: np.ndarray, fraction: float, seed: int) -> np.ndarray:
     return _mix64(keys ^ salt) < threshold
 
 
+def kept_mask(trace: Trace, fraction: float, *, seed: int = 0) -> tuple[np.ndarray, str]:
+    """Per request of ``trace``, whether its ``fraction`` sample with ``seed`` keeps it, and
+    what the roots were (the rows :func:`sample` keeps, for comparing a sample with the whole
+    trace request by request)."""
+    _check_options(fraction, seed)
+    keys, roots = root_keys(trace)
+    return _kept(keys, fraction, seed), roots
+
+
 def sample(trace: Trace, fraction: float, *, seed: int = 0) -> tuple[Trace, str]:
     """The spatial sample keeping about ``fraction`` of the roots (see the module docstring).
 
     ``seed`` picks another, independent sample of the same size. Returns the sampled trace
     (its ``sample_fraction`` multiplied by ``fraction``) and what its roots were.
     """
-    _check_options(fraction, seed)
-    keys, roots = root_keys(trace)
-    keep = _kept(keys, fraction, seed)
+    keep, roots = kept_mask(trace, fraction, seed=seed)
     if not keep.any():
         raise InputError(
             f"a {fraction:g} sample of {trace.n_requests:,} requests ({roots}) keeps none; "
