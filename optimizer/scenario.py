@@ -402,8 +402,13 @@ def scaled_for_sample(
     its per-instance load and cache pressure only if it shrinks by the same fraction: the
     instance count is multiplied by it (it must come out whole), and each shared pool (CXL,
     RDMA) keeps ``fraction`` of its capacity and of its pool link's bandwidth. Per-host tiers
-    (DRAM, SSD) keep their size: the hosts shrink with the instances. The policy a user sees
-    and stores stays the full deployment's.
+    (DRAM, SSD) shrink with the hosts, but the sample's instances may fill fewer hosts than
+    ``fraction`` of the full deployment's (4 of 40 instances on 8-GPU hosts: half a host, yet
+    one whole host's DRAM): each per-host pool, and the host's ports to it, then keep
+    ``fraction x full hosts / hosts used`` of their size (the ports only when the host's
+    instances share them, ``attach = "host"``), so that the sample's per-host tiers hold
+    ``fraction`` of the full deployment's in all. The policy a user
+    sees and stores stays the full deployment's.
     """
 
     from kvtier.hardware.types import GB
@@ -420,16 +425,29 @@ def scaled_for_sample(
             "fraction",
             option="--set",
         )
+    per_host = max(topo.gpus_per_host // (policy.serving.tp or topo.tp), 1)
+    host_share = fraction * math.ceil(full / per_host) / math.ceil(instances / per_host)
     tiers = []
     scaled_hw = dict(hardware.tiers)
     for tier in policy.tiers:
         hw_tier = hardware.tiers.get(tier.name)
-        if tier.name != "hbm" and hw_tier is not None and not hw_tier.per_host:
-            capacity = (
-                tier.capacity_gb if tier.capacity_gb is not None else (hw_tier.capacity_bytes / GB)
-            )
+        if tier.name == "hbm" or hw_tier is None:
+            tiers.append(tier)
+            continue
+        capacity = (
+            tier.capacity_gb if tier.capacity_gb is not None else (hw_tier.capacity_bytes / GB)
+        )
+        if not hw_tier.per_host:
             tier = replace(tier, capacity_gb=capacity * fraction)
             scaled_hw[tier.name] = replace(hw_tier, pool_bw=hw_tier.pool_bw * fraction)
+        elif abs(host_share - 1) > 1e-9:
+            tier = replace(tier, capacity_gb=capacity * host_share)
+            if hw_tier.attach == "host":  # shared by the host's instances (not one per GPU)
+                scaled_hw[tier.name] = replace(
+                    hw_tier,
+                    port_read_bw=hw_tier.port_read_bw * host_share,
+                    port_write_bw=hw_tier.port_write_bw * host_share,
+                )
         tiers.append(tier)
     run_policy = replace(
         policy, serving=replace(policy.serving, instances=instances), tiers=tuple(tiers)

@@ -163,7 +163,6 @@ def test_a_sample_replays_on_a_scaled_cluster_and_shared_pools(chat) -> None:  #
     assert rdma is not None
     expected = (policy.tier("rdma").capacity_gb or full_pool) * 0.25
     assert rdma.capacity_gb == pytest.approx(expected)
-    assert run_policy.tier("dram") == policy.tier("dram")  # per host: hosts shrink instead
     assert run_hw.tiers["rdma"].pool_bw == pytest.approx(hardware.tiers["rdma"].pool_bw * 0.25)
 
     sampled, _ = sample(chat, 0.25, seed=4)
@@ -172,6 +171,37 @@ def test_a_sample_replays_on_a_scaled_cluster_and_shared_pools(chat) -> None:  #
     assert replay.policy == policy  # what a user stores is the full deployment
     full = Scenario(chat, hardware, load_model("Llama-3.1-8B"), policy).replay()
     assert full.config.n_instances == 8
+
+
+@pytest.mark.parametrize(
+    ("fraction", "share"), [(0.1, 0.5), (0.2, 1.0), (0.25, 0.625), (0.5, 5 / 6)]
+)
+def test_per_host_tiers_hold_the_fraction_of_the_full_deployments(
+    fraction: float, share: float
+) -> None:
+    """40 instances on five 8-GPU hosts: a 10% sample's 4 instances fill half a host, so the
+    host's DRAM pool keeps half its size (a fifth of the hosts' DRAM would be 1 pool = 2x per
+    instance otherwise); 8 instances fill one host exactly; 10 fill two hosts, 5/8 each; 20 fill
+    three, 5/6 each (2.5 hosts' worth in all)."""
+    from dataclasses import replace
+
+    from kvtier.hardware import load_hardware
+    from kvtier.policy.presets import load_preset
+    from kvtier.scenario import scaled_for_sample
+
+    hardware = load_hardware("h100-node")
+    hardware = replace(hardware, topology=replace(hardware.topology, hosts=5))
+    policy = load_preset("lmcache-cpu-disk")
+    run_policy, run_hw = scaled_for_sample(policy, hardware, fraction)
+    assert run_policy.serving.instances == round(40 * fraction)
+    for name in ("dram", "ssd"):
+        tier, run_tier = policy.tier(name), run_policy.tier(name)
+        assert tier is not None and run_tier is not None
+        full = tier.capacity_gb or hardware.tiers[name].capacity_bytes / 2**30
+        assert run_tier.capacity_gb == pytest.approx(full * share)
+        hw, run = hardware.tiers[name], run_hw.tiers[name]
+        ports = share if hw.attach == "host" else 1.0
+        assert run.port_read_bw == pytest.approx(hw.port_read_bw * ports)
 
 
 def test_a_fraction_that_leaves_a_partial_instance_is_one_line(chat, tmp_path) -> None:  # noqa: ANN001
