@@ -82,11 +82,13 @@ def fanned_out(
     _, root_index = np.unique(roots, return_inverse=True)
     ref_root = np.repeat(root_index.ravel().astype(np.int64), counts)
     ids = blocked.block_ids.astype(np.int64)
-    # a block is private when every reference to it comes from one root
-    n_roots = int(root_index.max()) + 1
-    pairs = np.unique(ids * n_roots + ref_root)
-    roots_per_block = np.bincount(pairs // n_roots, minlength=blocked.n_blocks)
-    private = roots_per_block[ids] == 1
+    # a block is private when every reference to it comes from one root (its lowest and
+    # highest root agree; no sort of the references needed)
+    lowest = np.full(blocked.n_blocks, np.iinfo(np.int64).max, dtype=np.int64)
+    highest = np.full(blocked.n_blocks, -1, dtype=np.int64)
+    np.minimum.at(lowest, ids, ref_root)
+    np.maximum.at(highest, ids, ref_root)
+    private = (lowest == highest)[ids]
     colour = np.repeat(request_colours(n, fraction, seed), counts)
     keys = ids * len(weights) + np.where(private, colour, 0)
     uniq, first, inverse = np.unique(keys, return_index=True, return_inverse=True)
