@@ -8,6 +8,7 @@ import numpy as np
 from hypothesis import strategies as st
 
 from kvtier.sim.config import SimConfig
+from kvtier.sim.pd import PdConfig
 from kvtier.sim.steptime.measured import MeasuredKey, MeasuredTables
 from kvtier.sim.steptime.pack import pack_measured, roofline_params
 from kvtier.sim.tiers import MAX_PATH, TierConfig
@@ -61,17 +62,67 @@ def blocked_traces(
 
 def disaggregated(draw: st.DrawFn, cfg: SimConfig) -> SimConfig:
     """``cfg`` aggregated, or (half the time, with two instances or more) split into a prefill
-    pool and a decode pool, with P/D links slow enough to queue transfers."""
+    pool and a decode pool, the P/D transfer over random paths through the tiers' links (their
+    queues shared) and links of its own, slow enough to queue, a random connector, pulled
+    after the prefill or pushed layer by layer."""
     if cfg.n_instances < 2 or draw(st.booleans()):
         return replace(cfg, n_prefill=0)
-    return replace(
-        cfg,
-        n_prefill=draw(st.integers(1, cfg.n_instances - 1)),
-        pd_bw_local=draw(st.sampled_from([1.0, 50.0, 1e4])),
-        pd_bw_remote=draw(st.sampled_from([0.5, 10.0])),
-        pd_latency_s=draw(st.sampled_from([0.0, 1e-3])),
-        pd_instances_per_host=draw(st.integers(1, 3)),
+    K = cfg.n_instances
+    tiers = cfg.tiers
+    bw = st.sampled_from([0.5, 1.0, 50.0, 1e4])
+    read = list(tiers.link_bw_read) if tiers is not None else []
+    write = list(tiers.link_bw_write) if tiers is not None else []
+    duplex = [int(x) for x in tiers.link_duplex] if tiers is not None else []
+    names = list(tiers.link_names) if tiers is not None else []
+    for j in range(draw(st.integers(0 if read else 1, 3))):
+        read.append(draw(bw))
+        write.append(draw(bw))
+        duplex.append(draw(st.integers(0, 1)))
+        names.append(f"pd[{j}]")
+    L = len(read)
+    width = draw(st.integers(1, 4))
+    path = np.full((K, K, width), -1, dtype=np.int64)
+    queue = np.zeros((K, K, width), dtype=np.int64)
+    scale = np.ones((K, K, width), dtype=np.float64)
+    for p in range(K):
+        for d in range(K):
+            for j in range(draw(st.integers(0, width))):
+                path[p, d, j] = draw(st.integers(0, L - 1))
+                queue[p, d, j] = draw(st.integers(0, 1))
+                scale[p, d, j] = draw(st.sampled_from([0.5, 1.0, 2.0]))
+    lat = np.full((K, K), draw(st.sampled_from([0.0, 1e-3])))
+    pd = PdConfig(
+        connector="drawn",
+        path=path,
+        queue=queue,
+        scale=scale,
+        lat_s=lat,
+        link_bw_read=np.array(read, dtype=np.float64),
+        link_bw_write=np.array(write, dtype=np.float64),
+        link_duplex=np.array(duplex, dtype=np.int64),
+        link_names=tuple(names),
+        block_bytes=draw(st.sampled_from([0.0, 0.5, 3.0])) * cfg.block_tokens,
+        unit=draw(st.integers(0, 2)),
+        fragments=draw(st.integers(1, 3)),
+        coalesce=draw(st.integers(1, 2)),
+        rpc_s=draw(st.sampled_from([0.0, 1e-4, 1e-2])),
+        stream_bw=draw(st.sampled_from([np.inf, 2.0])),
+        stage_bw=draw(st.sampled_from([np.inf, 5.0])),
+        serial=draw(st.integers(0, 1)),
+        depth=draw(st.sampled_from([1, 4])),
+        workers=draw(st.integers(1, 2)),
+        layerwise=draw(st.booleans()),
+        layers=draw(st.sampled_from([1, 4])),
     )
+    if tiers is not None:
+        tiers = replace(
+            tiers,
+            link_bw_read=pd.link_bw_read,
+            link_bw_write=pd.link_bw_write,
+            link_duplex=pd.link_duplex,
+            link_names=pd.link_names,
+        )
+    return replace(cfg, n_prefill=draw(st.integers(1, K - 1)), pd=pd, tiers=tiers)
 
 
 @st.composite

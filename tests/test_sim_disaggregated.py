@@ -1,9 +1,14 @@
-"""Prefill/decode disaggregation (serving.prefill_instances): closed forms on both engines."""
+"""Prefill/decode disaggregation (serving.prefill_instances): closed forms on both engines.
+
+The P/D transfer is the connector's transfer over the topology's links (kvtier.sim.pd): each
+closed form below is written from the rule in docs/model.md, not read back from the engine.
+"""
 
 from __future__ import annotations
 
 from dataclasses import replace
 
+import numpy as np
 import pytest
 
 from kvtier.errors import InputError
@@ -13,55 +18,92 @@ from kvtier.sim import build_config, simulate_raw
 from kvtier.trace.blocked import BlockedTrace
 
 ENGINES = ["reference", "numba"]
+GB = 1e9
 
 
-def config(instances: int, prefill: int, hardware: str = "h100-node"):
+def config(instances: int, prefill: int, *, connector: str = "nixl", hosts: int = 1, **serving):
     p = Policy()
-    serving = replace(p.serving, instances=instances, prefill_instances=prefill)
-    return build_config(
-        load_hardware(hardware), load_model("Llama-3.1-8B"), replace(p, serving=serving)
-    )
+    s = replace(
+        p.serving, instances=instances, prefill_instances=prefill, pd_connector=connector,
+        **serving,
+    )  # fmt: skip
+    hw = load_hardware("h100-node")
+    if hosts > 1:  # one GPU per host: every P/D transfer crosses the network
+        hw = replace(hw, topology=replace(hw.topology, hosts=hosts, gpus_per_host=1))
+    return build_config(hw, load_model("Llama-3.1-8B"), replace(p, serving=s))
+
+
+def span(ops: int, nbytes: float, w: float, bw: float, depth: int) -> float:
+    """A pipelined connector's transfer time (docs/model.md, "Transfer paths")."""
+    b = nbytes / ops
+    c = b / bw
+    return (w + c) + (ops - 1) * max(w / depth, c)
+
+
+def nixl_span(tokens: int, bw: float) -> float:
+    """NIXL moving ``tokens`` of Llama-3.1-8B's KV: one descriptor per block and layer's K or
+    V (vLLM's per-layer layout, 2 x 32 regions per 16-token block), 2.57 us each, 32 deep."""
+    blocks = -(-tokens // 16)
+    return span(blocks * 64, blocks * 16 * 131072, 2.57e-6, bw, 32)
+
+
+def single(tokens: int, output: int = 4) -> BlockedTrace:
+    return BlockedTrace.from_lists([0.0], [tokens], [output], [[]], 16)
+
+
+def slow_links(cfg, bw: float):  # noqa: ANN001, ANN201
+    """``cfg`` with every P/D link at ``bw`` bytes/s each way."""
+    pd = cfg.pd
+    bws = np.full(pd.n_links, bw)
+    return replace(cfg, pd=replace(pd, link_bw_read=bws, link_bw_write=bws.copy()))
 
 
 @pytest.mark.parametrize("engine", ENGINES)
-def test_disaggregated_ttft_is_prefill_plus_transfer(engine) -> None:
-    # one 30k-token prompt: its prefill is the aggregated TTFT; disaggregated, its KV then
-    # crosses NVLink to the decode instance (same host) before the first token is seen
-    t = BlockedTrace.from_lists([0.0], [30000], [4], [[]], 16)
+def test_ttft_is_prefill_plus_the_connector_transfer(engine) -> None:
+    # one 30k-token prompt: its prefill is the aggregated TTFT; disaggregated, the decode
+    # instance (idle: it allocates at once) pulls its KV over NVLink before the first token
+    t = single(30000)
     agg = simulate_raw(t, config(2, 0), engine=engine)
     cfg = config(2, 1)
     pd = simulate_raw(t, cfg, engine=engine)
-    transfer = cfg.pd_latency_s + 30000 * cfg.kv_bytes_per_token / cfg.pd_bw_local
+    transfer = nixl_span(30000, 450 * GB)  # H100 NVLink 4, one direction, same host
     assert pd.kv_transfer_s[0] == pytest.approx(transfer, rel=1e-12)
     assert pd.first_token_s[0] == pytest.approx(agg.first_token_s[0] + transfer, rel=1e-12)
     assert pd.instance.tolist() == [0] and pd.decode_instance.tolist() == [1]
-    assert agg.decode_instance is None or agg.decode_instance.tolist() == [-1]
-    # H100 NVLink 4 (450 GB/s) moves Llama-3.1-8B's 128 KiB per token: 3.9 GB in ~8.7 ms
-    assert cfg.pd_bw_local == 450e9
-    assert transfer == pytest.approx(30000 * 131072 / 450e9 + cfg.pd_latency_s)
+    # 3.9 GB at 450 GB/s is 8.7 ms; 120,000 descriptors at 2.57 us / 32 add 0.9 ms
+    assert 9.5e-3 < transfer < 9.8e-3
+    assert cfg.pd.link_names[cfg.pd.path[0, 1, 0]] == "nvlink[0]"
+    assert cfg.pd.link_names[cfg.pd.path[0, 1, 1]] == "nvlink[1]"
 
 
 @pytest.mark.parametrize("engine", ENGINES)
 def test_transfer_bound_ttft_across_hosts(engine) -> None:
-    # each instance on a host of its own and a 1 GB/s link: the 3.9 GB transfer takes longer
-    # than the prefill, and the first token waits for it all
-    t = BlockedTrace.from_lists([0.0], [30000], [4], [[]], 16)
-    agg = simulate_raw(t, config(2, 0), engine=engine)
-    cfg = replace(config(2, 1), pd_instances_per_host=1, pd_bw_remote=1e9)
+    # two hosts: GPUDirect RDMA through pcie[0], host 0's NIC out, host 1's NIC in, pcie[1];
+    # the NIC (190 GB/s over 8 ConnectX-7: 23.75 GB/s each) is the bottleneck, plus the RDMA
+    # round trip (8.39 us)
+    t = single(30000)
+    agg = simulate_raw(t, config(2, 0, hosts=2), engine=engine)
+    cfg = config(2, 1, hosts=2)
+    names = [cfg.pd.link_names[x] for x in cfg.pd.path[0, 1] if x >= 0]
+    assert names == ["pcie[0]", "rdma.port[0.0]", "rdma.port[1.0]", "pcie[1]"]
     pd = simulate_raw(t, cfg, engine=engine)
-    transfer = cfg.pd_latency_s + 30000 * cfg.kv_bytes_per_token / 1e9
-    assert transfer > agg.first_token_s[0]  # transfer-bound
+    transfer = nixl_span(30000, 190 * GB / 8) + 8.39e-6
     assert pd.first_token_s[0] == pytest.approx(agg.first_token_s[0] + transfer, rel=1e-12)
+    # a 1 GB/s network: the 3.9 GB transfer is longer than the prefill; TTFT waits for it all
+    slow = simulate_raw(t, slow_links(cfg, 1 * GB), engine=engine)
+    transfer = nixl_span(30000, 1 * GB) + 8.39e-6
+    assert transfer > agg.first_token_s[0]
+    assert slow.first_token_s[0] == pytest.approx(agg.first_token_s[0] + transfer, rel=1e-12)
 
 
 @pytest.mark.parametrize("engine", ENGINES)
-def test_transfers_into_one_decode_instance_queue(engine) -> None:
-    # two equal prompts on two prefill instances end together; the second transfer into the
-    # single decode instance starts when the first ends
+def test_pulls_into_one_decode_instance_queue(engine) -> None:
+    # two equal prompts on two prefill instances end together; the decode instance's NIXL
+    # worker reads one after the other
     t = BlockedTrace.from_lists([0.0, 0.0], [30000, 30000], [4, 4], [[], []], 16)
     cfg = replace(config(3, 2), router=0)
     pd = simulate_raw(t, cfg, engine=engine)
-    one = cfg.pd_latency_s + 30000 * cfg.kv_bytes_per_token / cfg.pd_bw_local
+    one = nixl_span(30000, 450 * GB)
     assert pd.instance.tolist() == [0, 1] and pd.decode_instance.tolist() == [2, 2]
     assert pd.kv_transfer_s[0] == pytest.approx(one, rel=1e-12)
     assert pd.kv_transfer_s[1] == pytest.approx(2 * one, rel=1e-12)
@@ -69,10 +111,84 @@ def test_transfers_into_one_decode_instance_queue(engine) -> None:
 
 
 @pytest.mark.parametrize("engine", ENGINES)
+def test_layerwise_push_overlaps_the_last_prefill_iteration(engine) -> None:
+    # Mooncake's layer-wise prefill: the KV of each of the 32 layers leaves as it is computed.
+    # An 8,000-token prompt prefills in one iteration of d seconds; the transfer of T seconds
+    # overlapping it arrives at max(d + T / 32, T + d / 32) after the prefill began
+    t = single(8000)
+    agg = simulate_raw(t, config(2, 0), engine=engine)
+    fe = float(config(2, 0).frontend_s)
+    d = agg.first_token_s[0] - fe
+    blocks = 500
+    nbytes = blocks * 16 * 131072.0
+    for bw in (450 * GB, 0.5 * GB):  # NVLink (compute-bound) and a slow link (transfer-bound)
+        cfg = config(2, 1, connector="mooncake-te")
+        assert cfg.pd.layerwise
+        if bw < 1 * GB:
+            cfg = slow_links(cfg, bw)
+        pd = simulate_raw(t, cfg, engine=engine)
+        T = span(blocks * 64, nbytes, 7.87e-6, bw, 64)  # Transfer Engine: 7.87 us, 64 deep
+        arrival = max(d + T / 32, T + d / 32)
+        assert pd.first_token_s[0] == pytest.approx(arrival + fe, rel=1e-12)
+        assert pd.kv_transfer_s[0] == pytest.approx(arrival - d, rel=1e-9)
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_prefill_holds_blocks_until_the_transfer_ends(engine) -> None:
+    # one prefill instance whose HBM holds one 8,000-token prompt at a time, a 0.5 GB/s P/D
+    # link: the second prompt is admitted only when the first one's KV has been read (its
+    # blocks freed then), so it starts its prefill one transfer after the first one's end
+    t = BlockedTrace.from_lists([0.0, 0.0], [8000, 8000], [2, 2], [[], []], 16)
+    cfg = slow_links(replace(config(2, 1, scheduler="reserve"), capacity_blocks=700), 0.5 * GB)
+    agg = simulate_raw(single(8000, 2), config(2, 0), engine=engine)
+    fe = float(cfg.frontend_s)
+    d = agg.first_token_s[0] - fe
+    T = nixl_span(8000, 0.5 * GB)
+    pd = simulate_raw(t, cfg, engine=engine, check_invariants=engine == "reference")
+    assert pd.first_token_s[0] == pytest.approx(d + T + fe, rel=1e-12)
+    # the second prefill starts at d + T (the release), its own transfer follows
+    assert pd.first_token_s[1] == pytest.approx(d + T + d + T + fe, rel=1e-12)
+    assert pd.kv_transfer_s.tolist() == pytest.approx([T, T], rel=1e-9)
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_a_request_waits_for_decode_blocks_before_its_transfer(engine) -> None:
+    # the decode instance holds one request at a time: the second handed-over request waits
+    # (counted in its transfer seconds) until the first finishes, and only then is pulled
+    t = BlockedTrace.from_lists([0.0, 0.0], [8000, 8000], [3, 3], [[], []], 16)
+    base = config(3, 2, scheduler="reserve")
+    cfg = replace(base, router=0, capacity_blocks=600)
+    pd = simulate_raw(t, cfg, engine=engine)
+    T = nixl_span(8000, 450 * GB)
+    assert pd.decode_instance.tolist() == [2, 2]
+    assert pd.kv_transfer_s[0] == pytest.approx(T, rel=1e-9)
+    # the second is admitted when the first has finished on the decode instance
+    end0 = pd.finish_s[0] - float(cfg.frontend_s)
+    hand = pd.first_token_s[0] - float(cfg.frontend_s) - T  # both prefills end together
+    assert pd.kv_transfer_s[1] == pytest.approx(end0 - hand + T, rel=1e-9)
+
+
+@pytest.mark.parametrize("engine", ENGINES)
 def test_single_token_answers_never_leave_the_prefill_instance(engine) -> None:
-    t = BlockedTrace.from_lists([0.0], [3000], [1], [[]], 16)
-    pd = simulate_raw(t, config(2, 1), engine=engine)
+    pd = simulate_raw(single(3000, 1), config(2, 1), engine=engine)
     assert pd.decode_instance.tolist() == [-1] and pd.kv_transfer_s.tolist() == [0.0]
+
+
+def test_p_d_transfers_share_the_rdma_tiers_nic_queues() -> None:
+    # with an rdma tier, the P/D path names the very port links the tier's loads cross
+    from kvtier.policy.presets import load_preset
+
+    p = load_preset("mooncake-pd")
+    hw = load_hardware(p.hardware)
+    hw = replace(hw, topology=replace(hw.topology, hosts=2, gpus_per_host=4))
+    cfg = build_config(hw, load_model(p.model), p)
+    tiers, pd = cfg.tiers, cfg.pd
+    assert tiers.link_names == pd.link_names
+    t = tiers.names.index("rdma")
+    src, dst = 0, cfg.n_instances - 1  # host 0 to host 1
+    crossed = {int(x) for x in pd.path[src, dst] if x >= 0}
+    assert int(tiers.gpu_path[t, src, 2]) in crossed  # the rdma tier's port beside GPU 0
+    assert int(tiers.gpu_path[t, dst, 2]) in crossed
 
 
 def test_a_split_must_leave_a_decode_instance() -> None:

@@ -108,8 +108,12 @@ LOAD_RULES = Registry(
 # compute while later ones arrive (``layerwise``), whether the engine step waits until the
 # step's copies into the tier are saved (``store_blocks``: vLLM's V1 ``wait_for_save`` with a
 # synchronous store; else they run behind), whether the data passes through host memory
-# and so the PCIe switch's uplink (``via_host``), and whether the staging buffer is on the
-# GPU's own socket (``numa_aware``).
+# and so the PCIe switch's uplink (``via_host``), whether the staging buffer is on the
+# GPU's own socket (``numa_aware``), and, as the P/D connector (``serving.pd_connector``),
+# whether the prefill side pushes each layer's KV while it computes the next
+# (``pd_layerwise``: Mooncake's layer-wise prefill) instead of the decode side pulling the
+# whole KV after the prefill (vLLM's NixlConnector; docs/model.md, "Prefill/decode
+# disaggregation").
 DIRECT, LMCACHE_03_MOONCAKE, LMCACHE_MOONCAKE, MOONCAKE_TE, VLLM_OFFLOADING, NIXL, BELUGA_CXL = (
     range(7)
 )
@@ -131,6 +135,7 @@ def _path(**kw: object) -> dict[str, object]:
         "store_blocks": False,
         "via_host": True,
         "numa_aware": True,
+        "pd_layerwise": False,
     }
     base.update(kw)
     return base
@@ -170,7 +175,7 @@ CONNECTORS = Registry(
             "mooncake-te",
             MOONCAKE_TE,
             "Mooncake Transfer Engine zero-copy batches (SGLang HiCache's mooncake backend)",
-            _path(order="pipelined", depth=64, rpc_us=7.87, layerwise=True),
+            _path(order="pipelined", depth=64, rpc_us=7.87, layerwise=True, pd_layerwise=True),
         ),
         Entry(
             "vllm-offloading",

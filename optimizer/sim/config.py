@@ -17,6 +17,7 @@ from kvtier.hardware.deploy import apply_deployment
 from kvtier.hardware.types import GB, Hardware, ModelProfile
 from kvtier.policy.model import Policy, prefill_count
 from kvtier.policy.registries import ROUTERS, SCHEDULERS
+from kvtier.sim.pd import PdConfig, build_pd
 from kvtier.sim.steptime.backend import step_timing
 from kvtier.sim.tiers import TierConfig, build_tiers
 from kvtier.sim.timing import T_FRONTEND
@@ -52,13 +53,10 @@ class SimConfig:
     scheduler: int = 0  # SCHEDULERS code: 0 reserve at admission, 1 vLLM V1 (grow, preempt)
     watermark_blocks: int = 0  # vllm_v1: free blocks an admission leaves when others run
     # prefill/decode disaggregation: instances [0, n_prefill) prefill, the rest decode (0:
-    # aggregated); a prompt's KV moves to a decode instance at pd_latency_s + bytes / bw, bw
-    # pd_bw_local within a host (pd_instances_per_host instances per host), else pd_bw_remote
+    # aggregated); a prompt's KV moves to a decode instance through the P/D connector over the
+    # links of ``pd`` (kvtier.sim.pd; None when aggregated)
     n_prefill: int = 0
-    pd_bw_local: float = 1.0
-    pd_bw_remote: float = 1.0
-    pd_latency_s: float = 0.0
-    pd_instances_per_host: int = 1
+    pd: PdConfig | None = field(default=None, compare=False, repr=False)
 
     # the packed step-time array (kvtier.sim.timing layout; None: the plain roofline of the
     # fields above), the backend that made it and its provenance (package and data versions)
@@ -100,33 +98,6 @@ class SimConfig:
         )
 
 
-# A ConnectX-7 NIC per GPU (400 Gb/s) when the profile has no RDMA tier to take it from.
-DEFAULT_NIC_BW = 50e9
-
-
-def pd_link(hardware: Hardware, connector: str) -> dict[str, float | int]:
-    """The P/D transfer of a prompt's KV, from the hardware profile: NVLink within a host
-    (``tp`` GPUs' links together), the GPUs' NICs across hosts (the rdma tier's ports, one per
-    GPU, else 400 Gb/s each), the connector's per-transfer cost plus the link's latency
-    (docs/model.md, "Prefill/decode disaggregation")."""
-    from kvtier.policy.registries import CONNECTORS
-
-    topo = hardware.topology
-    rdma = hardware.tiers.get("rdma")
-    nic = rdma.port_read_bw / max(rdma.ports, 1) if rdma is not None else DEFAULT_NIC_BW
-    remote = nic * topo.tp
-    local = hardware.gpu.nvlink_bw * topo.tp if hardware.gpu.nvlink_bw > 0 else remote
-    rpc_us = float(CONNECTORS[connector].defaults["rpc_us"])
-    op_s = rpc_us * 1e-6 if rpc_us >= 0 else (rdma.op_overhead_s if rdma is not None else 0.0)
-    lat = rdma.latency_s if rdma is not None else 0.0
-    return {
-        "pd_bw_local": float(local),
-        "pd_bw_remote": float(remote),
-        "pd_latency_s": float(op_s + lat),
-        "pd_instances_per_host": max(topo.gpus_per_host // topo.tp, 1),
-    }
-
-
 def build_config(hardware: Hardware, model: ModelProfile, policy: Policy) -> SimConfig:
     """Derive a :class:`SimConfig`; impossible deployments raise :class:`InputError`."""
     hardware, model = apply_deployment(hardware, model, policy)
@@ -161,6 +132,9 @@ def build_config(hardware: Hardware, model: ModelProfile, policy: Policy) -> Sim
             f"choose 0 (aggregated) or 1..{n_inst - 1}"
         )
     tiers = build_tiers(hardware, model, policy, n_inst)
+    pd = None
+    if n_pf:
+        pd, tiers = build_pd(hardware, model, policy, n_inst, tiers)
     timing, backend, provenance = step_timing(hardware, model, policy, float(kvb))
     return SimConfig(
         n_instances=n_inst,
@@ -188,6 +162,6 @@ def build_config(hardware: Hardware, model: ModelProfile, policy: Policy) -> Sim
         kv_overlap_weight=float(serving.kv_overlap_weight),
         scheduler=SCHEDULERS.codes[serving.scheduler],
         n_prefill=n_pf,
-        **pd_link(hardware, serving.pd_connector),
+        pd=pd,
         watermark_blocks=int(serving.watermark * int(kv_bytes // replicated)),
     )

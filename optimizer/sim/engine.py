@@ -198,6 +198,9 @@ def simulate_engine(
         )
     kept: dict[str, np.ndarray] = {}
     ts, tp, lk = _tier_state(cfg.tiers, n_blocks, cfg.n_instances, costs, kept)
+    pd_params = _pd_params(cfg, n_refs)
+    if cfg.tiers is None and cfg.n_prefill > 0:
+        lk = LinkState.zeros(cfg.pd.n_links, 0, 0)  # the P/D transfer's links alone
     if cfg.concurrency < 0:
         raise ValueError("concurrency must be >= 0")
     # a closed loop writes each request's send time over its trace time
@@ -231,7 +234,7 @@ def simulate_engine(
         _route_weights(cfg),
         int(cfg.scheduler),
         int(cfg.watermark_blocks),
-        *_pd_params(cfg),
+        *pd_params,
     )
     out = Outputs(
         first_token=np.full(n, np.nan),
@@ -247,7 +250,8 @@ def simulate_engine(
         decode_instance=np.full(n, -1, dtype=np.int64),
         kv_transfer_s=np.zeros(n, dtype=np.float64),
     )
-    pools = _hbm_pools(cfg, n_shared, ring_len, n_refs, kept)
+    # disaggregated: a second slot region holds the prefill slots of handed-over requests
+    pools = _hbm_pools(cfg, n_shared, ring_len, n_refs * (2 if cfg.n_prefill > 0 else 1), kept)
     simulate_nb(requests, params, pools, ts, tp, lk, out)
     for role, arr in kept.items():  # only after a completed call: the map is zero again
         SCRATCH.give(role, arr)
@@ -272,29 +276,81 @@ def simulate_engine(
     )
 
 
-def _pd_params(cfg: SimConfig) -> tuple[int, float, float, float, int, float]:
-    """The disaggregation scalars of :class:`Params`, checked: a prefill pool leaves at least
-    one decode instance, transfers have positive finite rates and a finite latency."""
+def _pd_params(cfg: SimConfig, n_refs: int) -> tuple:
+    """The disaggregation fields of :class:`Params`, checked: a prefill pool leaves at least
+    one decode instance; the P/D paths index the links, whose bandwidths are finite and
+    positive; costs are finite and non-negative (aggregated: typed placeholders the kernel
+    never reads)."""
     n_pf = int(cfg.n_prefill)
-    if not 0 <= n_pf < cfg.n_instances or (n_pf > 0 and cfg.n_instances < 2):
+    K = cfg.n_instances
+    if not 0 <= n_pf < K or (n_pf > 0 and K < 2):
         raise InputError(
-            f"prefill instances must be 0 (aggregated) or 1..{cfg.n_instances - 1} of "
-            f"{cfg.n_instances}, got {n_pf}"
+            f"prefill instances must be 0 (aggregated) or 1..{K - 1} of {K}, got {n_pf}"
         )
-    rates = (cfg.pd_bw_local, cfg.pd_bw_remote)
-    if not all(np.isfinite(r) and r > 0 for r in rates) or not (
-        np.isfinite(cfg.pd_latency_s) and cfg.pd_latency_s >= 0
+    pd = cfg.pd
+    if n_pf == 0 or pd is None:
+        if n_pf > 0:
+            raise ValueError("a disaggregated configuration needs its P/D transfer (cfg.pd)")
+        i3, f3 = np.full((1, 1, 1), -1, dtype=np.int64), np.ones((1, 1, 1))
+        f1, i1 = np.ones(1), np.zeros(1, dtype=np.int64)
+        return (0, i3, i3.copy(), f3, np.zeros((1, 1)), f1, f1, i1, 0, 1.0, 0, 1, 1, 0.0,
+                np.inf, np.inf, 0, 1, 1, False, 1, 0)  # fmt: skip
+    L = pd.n_links
+    for name in ("path", "queue", "scale"):
+        arr = getattr(pd, name)
+        if arr.ndim != 3 or arr.shape[:2] != (K, K):
+            raise ValueError(f"pd.{name} must have shape ({K}, {K}, P)")
+    if pd.path.shape != pd.queue.shape or pd.path.shape != pd.scale.shape:
+        raise ValueError("pd.path, pd.queue and pd.scale must have one shape")
+    if pd.path.size and (pd.path.min() < -1 or pd.path.max() >= L):
+        raise ValueError("P/D link indices must lie in [-1, n_links)")
+    if not np.all(np.isin(pd.queue, (0, 1))) or not np.all(pd.scale > 0):
+        raise ValueError("P/D queues are 0 or 1, link scales > 0")
+    bws = (pd.link_bw_read, pd.link_bw_write)
+    if any(len(b) != L or not np.all(np.isfinite(b)) or not np.all(b > 0) for b in bws):
+        raise ValueError("P/D link bandwidths must be finite and > 0")
+    if len(pd.link_duplex) != L or not np.all(np.isin(pd.link_duplex, (0, 1))):
+        raise ValueError("link_duplex per link, 0 or 1")
+    if cfg.tiers is not None and (
+        cfg.tiers.n_links != L
+        or not np.array_equal(cfg.tiers.link_bw_read, pd.link_bw_read)
+        or not np.array_equal(cfg.tiers.link_bw_write, pd.link_bw_write)
+        or not np.array_equal(cfg.tiers.link_duplex, pd.link_duplex)
     ):
-        raise ValueError("P/D transfer rates must be finite and > 0, its latency >= 0")
-    if cfg.pd_instances_per_host < 1 or not np.isfinite(cfg.kv_bytes_per_token):
-        raise ValueError("pd_instances_per_host must be >= 1, kv_bytes_per_token finite")
+        raise ValueError("the tiers and the P/D transfer must share one set of links")
+    if pd.lat_s.shape != (K, K) or not np.all(np.isfinite(pd.lat_s)) or np.any(pd.lat_s < 0):
+        raise ValueError("P/D latencies must be finite and >= 0, one per instance pair")
+    costs = (pd.rpc_s, pd.block_bytes)
+    rates = (pd.stream_bw, pd.stage_bw)
+    if not all(math.isfinite(c) and c >= 0 for c in costs) or not all(r > 0 for r in rates):
+        raise ValueError("P/D per-operation cost and block bytes finite >= 0, rates > 0")
+    if pd.unit not in (0, 1, 2) or pd.serial not in (0, 1) or min(pd.depth, pd.workers) < 1:
+        raise ValueError("P/D unit, ordering, depth and workers out of range")
+    if min(pd.fragments, pd.coalesce, pd.layers) < 1:
+        raise ValueError("P/D fragments, coalesce and layers must be >= 1")
     return (
         n_pf,
-        float(cfg.pd_bw_local),
-        float(cfg.pd_bw_remote),
-        float(cfg.pd_latency_s),
-        int(cfg.pd_instances_per_host),
-        float(cfg.kv_bytes_per_token),
+        np.ascontiguousarray(pd.path, dtype=np.int64),
+        np.ascontiguousarray(pd.queue, dtype=np.int64),
+        np.ascontiguousarray(pd.scale, dtype=np.float64),
+        np.ascontiguousarray(pd.lat_s, dtype=np.float64),
+        np.ascontiguousarray(pd.link_bw_read, dtype=np.float64),
+        np.ascontiguousarray(pd.link_bw_write, dtype=np.float64),
+        np.ascontiguousarray(pd.link_duplex, dtype=np.int64),
+        int(L),
+        float(pd.block_bytes),
+        int(pd.unit),
+        int(pd.fragments),
+        int(pd.coalesce),
+        float(pd.rpc_s),
+        float(pd.stream_bw),
+        float(pd.stage_bw),
+        int(pd.serial),
+        int(pd.depth),
+        int(pd.workers),
+        bool(pd.layerwise),
+        int(pd.layers),
+        int(n_refs),
     )
 
 
@@ -356,7 +412,8 @@ def replay_bytes(
     its untouched pages cost nothing)."""
     n, inst = trace.n_requests, cfg.n_instances
     n_slots = inst * cfg.capacity_blocks
-    total = 4 * inst * n_shared + 24 * n_slots + 4 * (inst + 1) * ring_len + 4 * n_refs
+    total = 4 * inst * n_shared + 24 * n_slots + 4 * (inst + 1) * ring_len
+    total += 4 * n_refs * (2 if cfg.n_prefill > 0 else 1)  # slots (and held prefill slots)
     tiers = cfg.tiers
     n_tiers = 0 if tiers is None else tiers.n_tiers
     total += n * (8 * 6 + 8 * n_tiers)  # outputs

@@ -72,8 +72,10 @@ from kvtier.sim.nb_tiers import (
     choose_nb,
     computed_nb,
     hbm_evicted_nb,
+    layerwise_ready_nb,
     load_nb,
     lookup_nb,
+    ops_of_nb,
     sighted_nb,
 )
 from kvtier.sim.steptime.jit import (
@@ -83,6 +85,9 @@ from kvtier.sim.steptime.jit import (
     step_time_nb,
 )
 from kvtier.sim.timing import T_FRONTEND
+from kvtier.sim.transfer import pd_transfer
+
+pd_transfer_nb = njit(cache=True, nogil=True, _nrt=False)(pd_transfer)
 
 # Fields of a slot record in ``sl`` (int32, 4 per slot, one cache line holds 4 slots): every
 # pool operation on a slot touches one record instead of several arrays. POS is the slot's
@@ -335,11 +340,28 @@ class Params(NamedTuple):
     scheduler: int  # RESERVE (whole footprint at admission) or VLLM_V1 (grow, preempt)
     watermark_blocks: int  # vllm_v1: free blocks an admission leaves while others run
     n_prefill: int  # disaggregated: instances [0, n_prefill) prefill, the rest decode (0: none)
-    pd_bw_local: float  # bytes/s of a prompt's KV into a decode instance on the same host
-    pd_bw_remote: float  # ... on another host
-    pd_latency_s: float  # per transfer
-    pd_per_host: int  # instances per host
-    pd_kvb: float  # KV bytes per token of the whole replica
+    # the P/D transfer (kvtier.sim.pd.PdConfig): paths [prefill, decode, j], links, connector
+    pd_path: np.ndarray  # i8 (K, K, P)
+    pd_queue: np.ndarray  # i8 (K, K, P): 1 a link's outbound (write) queue, 0 its inbound
+    pd_scale: np.ndarray  # f8 (K, K, P)
+    pd_lat: np.ndarray  # f8 (K, K)
+    pd_bw_read: np.ndarray  # f8 (L,): every link (the tiers' first)
+    pd_bw_write: np.ndarray  # f8 (L,)
+    pd_duplex: np.ndarray  # i8 (L,)
+    pd_n_links: int
+    pd_block_bytes: float  # bytes moved per block
+    pd_unit: int
+    pd_fragments: int
+    pd_coalesce: int
+    pd_rpc_s: float
+    pd_stream_bw: float
+    pd_stage_bw: float
+    pd_serial: int
+    pd_depth: int
+    pd_workers: int  # connector workers per instance
+    pd_layerwise: bool  # the prefill side pushes each layer as it is computed
+    pd_layers: int
+    pd_held_base: int  # where the held prefill slots of request i start: base + slot_off[i]
 
 
 class HbmPools(NamedTuple):
@@ -385,6 +407,14 @@ class RequestState(NamedTuple):
     target: np.ndarray  # i8: tokens to compute before its next token (input, + generated)
     held: np.ndarray  # i8: slots it holds, slots[slot_off[i]:slot_off[i] + held[i]]
     handed: np.ndarray  # bool: its KV came from a prefill instance, not admitted yet
+    # disaggregated: the prefill instance's slots it holds (at prm.pd_held_base + slot_off[i],
+    # ``pf_held`` of them) until ``release_at`` (inf until the transfer is issued), the next
+    # request in that instance's list of held requests, and when its prefill ended
+    pf_held: np.ndarray  # i8
+    release_at: np.ndarray  # f8
+    next_held: np.ndarray  # i8
+    handed_at: np.ndarray  # f8
+    pd_first: np.ndarray  # bool: handed over, first token not yet seen (``seen_first_nb``)
 
 
 class InstanceState(NamedTuple):
@@ -403,7 +433,14 @@ class InstanceState(NamedTuple):
     wake: np.ndarray  # f8: while idle, when a loading request becomes ready
     act: np.ndarray  # i8: instances that act at this event, in index order
     active_blocks: np.ndarray  # i8: prompt blocks of the requests routed here, not finished
-    pd_free: np.ndarray  # f8: when a decode instance's inbound KV link frees (disaggregated)
+    # disaggregated: the P/D connector's workers (pd_workers per instance), each prefill
+    # instance's list of handed-over requests whose blocks it holds (through next_held, in
+    # hand-off order), and each instance's last iteration time (a layer-wise push overlaps it)
+    pd_wfree: np.ndarray  # f8 (n_instances * pd_workers,)
+    pd_wbusy: np.ndarray  # f8 (n_instances * pd_workers,)
+    held_head: np.ndarray  # i8 (n_instances,), -1: none
+    held_tail: np.ndarray  # i8 (n_instances,)
+    iter_dt: np.ndarray  # f8 (n_instances,)
     # decode steps run ahead of the event loop (0: none pending) and what they started from,
     # so that an early stop can count only the steps begun before it (skip_back_nb)
     seg_steps: np.ndarray
@@ -622,11 +659,13 @@ def end_iteration_nb(
     for idx in range(n_sched[k]):
         pos = sched_pos[k, idx]
         i = running[k, pos]
+        if rs.pd_first[i]:
+            seen_first_nb(i, rq, rs, prm, out, ty)
         was_prefill = kv[i] - sched_q[k, idx] < target[i]
         done = False
         first = kv[i] == target[i] and generated[i] == 0
         if was_prefill and first and k < prm.n_prefill and output_tokens[i] > 1:
-            hand_off_nb(k, i, now, rq, rs, ist, pool, prm, out, ty)
+            hand_off_nb(k, i, now, rq, rs, ist, pool, prm, out, ty, lk)
             n_done += 1
             running[k, pos] = -1
         elif was_prefill:
@@ -911,7 +950,7 @@ def admit_nb(
     B = prm.block_tokens
     base = k * prm.n_shared
     if rs.handed[i]:
-        return admit_handed_nb(k, i, now, rq, rs, ist, pool, ts, tp, lk, prm, buf)
+        return admit_handed_nb(k, i, now, rq, rs, ist, pool, ts, tp, lk, prm, out, ty, buf)
     target = rs.target
     held = rs.held
     grows = prm.scheduler == VLLM_V1
@@ -1006,6 +1045,8 @@ def admit_handed_nb(
     tp: TierParams,
     lk: LinkState,
     prm: Params,
+    out: Outputs,
+    ty: Tally,
     buf: Buffers,
 ) -> bool:
     """Decode instance ``k`` admits request ``i``, whose KV a prefill instance computed: slots
@@ -1033,7 +1074,96 @@ def admit_handed_nb(
     nb = rq.block_offsets[i + 1] - rq.block_offsets[i]
     rs.registered[i] = nb  # not cached on the decode side
     rs.computed_from[i] = nb
+    if not prm.pd_layerwise:
+        # the decode side pulls the KV into the blocks it has just allocated
+        end = pd_move_nb(out.instance[i], k, i, now, k, rq, ist, lk, prm)
+        arrived_nb(i, end, rq, rs, ist, prm, out, ty)
     return True
+
+
+@njit(cache=True, nogil=True, _nrt=False)
+def pd_move_nb(
+    p: int,
+    d: int,
+    i: int,
+    now: float,
+    worker: int,
+    rq: Requests,
+    ist: InstanceState,
+    lk: LinkState,
+    prm: Params,
+) -> float:
+    """Move request ``i``'s prompt KV from instance ``p`` to ``d`` through the P/D connector,
+    on instance ``worker``'s workers; returns when it ends (the reference's ``pd_move``)."""
+    blocks = (rq.input_tokens[i] + prm.block_tokens - 1) // prm.block_tokens
+    w = prm.pd_workers
+    return pd_transfer_nb(
+        now, blocks * prm.pd_block_bytes,
+        ops_of_nb(prm.pd_unit, blocks, prm.pd_fragments, prm.pd_coalesce),
+        prm.pd_rpc_s, prm.pd_stream_bw, prm.pd_stage_bw, prm.pd_serial, prm.pd_depth,
+        prm.pd_lat[p, d], prm.pd_path[p, d], prm.pd_queue[p, d], prm.pd_scale[p, d],
+        prm.pd_bw_read, prm.pd_bw_write, prm.pd_duplex, prm.pd_n_links, lk.free, lk.busy,
+        lk.moved, ist.pd_wfree, worker * w, w, ist.pd_wbusy,
+    )  # fmt: skip
+
+
+@njit(cache=True, nogil=True, _nrt=False)
+def arrived_nb(
+    i: int,
+    end: float,
+    rq: Requests,
+    rs: RequestState,
+    ist: InstanceState,
+    prm: Params,
+    out: Outputs,
+    ty: Tally,
+) -> None:
+    """Request ``i``'s KV is on its decode instance at ``end`` (the reference's ``arrived``):
+    its prefill instance's blocks freed from then on (waking it if idle with work)."""
+    if end > rs.ready[i]:
+        rs.ready[i] = end
+    rs.release_at[i] = end
+    p = out.instance[i]
+    if not ist.busy[p] and (ist.n_running[p] > 0 or ist.q_len[p] > 0) and end < ist.wake[p]:
+        ist.wake[p] = end
+
+
+@njit(cache=True, nogil=True, _nrt=False)
+def seen_first_nb(
+    i: int, rq: Requests, rs: RequestState, prm: Params, out: Outputs, ty: Tally
+) -> None:
+    """Handed-over request ``i``'s first iteration on its decode instance has ended: its first
+    token was seen at its KV's arrival (the reference's ``seen_first``)."""
+    rs.pd_first[i] = False
+    first_token_nb(i, rs.ready[i], rq, prm, out, ty)
+    out.kv_transfer_s[i] = rs.ready[i] - rs.handed_at[i]
+
+
+@njit(cache=True, nogil=True, _nrt=False)
+def release_held_nb(k: int, now: float, rs: RequestState, ist: InstanceState, pool: HbmPools,
+                    prm: Params) -> None:  # fmt: skip
+    """Prefill instance ``k`` frees the blocks of handed-over requests whose KV has been
+    moved by ``now``, in hand-off order (the reference's ``release_held``)."""
+    prev = -1
+    i = ist.held_head[k]
+    while i >= 0:
+        nxt = rs.next_held[i]
+        if rs.release_at[i] <= now:
+            j0 = prm.pd_held_base + rs.slot_off[i]
+            _release_nb(
+                pool.records, pool.rings, pool.slots, ist.ring_head, ist.ring_count,
+                ist.free_len, k, prm.ring_len, j0, j0 + rs.pf_held[i],
+            )  # fmt: skip
+            rs.pf_held[i] = 0
+            if prev < 0:
+                ist.held_head[k] = nxt
+            else:
+                rs.next_held[prev] = nxt
+            if nxt < 0:
+                ist.held_tail[k] = prev
+        else:
+            prev = i
+        i = nxt
 
 
 @njit(cache=True, nogil=True, _nrt=False)
@@ -1048,14 +1178,25 @@ def hand_off_nb(
     prm: Params,
     out: Outputs,
     ty: Tally,
+    lk: LinkState,
 ) -> None:
-    """Disaggregated: request ``i``'s prompt is complete on prefill instance ``k``; its KV moves
-    to the least loaded decode instance, which it joins (the reference's ``hand_off``)."""
-    _release_nb(
-        pool.records, pool.rings, pool.slots, ist.ring_head, ist.ring_count, ist.free_len, k,
-        prm.ring_len, rs.slot_off[i], rs.slot_off[i] + rs.held[i],
-    )  # fmt: skip
+    """Disaggregated: request ``i``'s prompt is complete on prefill instance ``k``, which holds
+    its slots until its KV has been moved; it joins the least loaded decode instance (the
+    reference's ``hand_off``)."""
+    so = rs.slot_off[i]
+    hb = prm.pd_held_base + so
+    for j in range(rs.held[i]):
+        pool.slots[u64(hb + j)] = pool.slots[u64(so + j)]
+    rs.pf_held[i] = rs.held[i]
     rs.held[i] = 0
+    rs.release_at[i] = np.inf
+    rs.handed_at[i] = now
+    rs.next_held[i] = -1
+    if ist.held_tail[k] < 0:
+        ist.held_head[k] = i
+    else:
+        rs.next_held[ist.held_tail[k]] = i
+    ist.held_tail[k] = i
     d = prm.n_prefill
     best = ist.q_len[d] + ist.n_running[d]
     for dd in range(prm.n_prefill + 1, prm.n_instances):
@@ -1063,16 +1204,15 @@ def hand_off_nb(
         if ld < best:
             best = ld
             d = dd
-    bw = prm.pd_bw_local if d // prm.pd_per_host == k // prm.pd_per_host else prm.pd_bw_remote
-    start = now if now >= ist.pd_free[d] else ist.pd_free[d]
-    end = start + prm.pd_latency_s + rq.input_tokens[i] * prm.pd_kvb / bw
-    ist.pd_free[d] = end
     rs.generated[i] = 1
-    first_token_nb(i, end, rq, prm, out, ty)
     out.decode_instance[i] = d
-    out.kv_transfer_s[i] = end - now
     rs.handed[i] = True
-    rs.ready[i] = end
+    rs.pd_first[i] = True
+    rs.ready[i] = now
+    if prm.pd_layerwise:
+        fin = pd_move_nb(k, d, i, now, k, rq, ist, lk, prm)
+        arrived_nb(i, layerwise_ready_nb(now, fin, prm.pd_layers, ist.iter_dt[k]), rq, rs, ist,
+                   prm, out, ty)  # fmt: skip
     blocks = (rq.input_tokens[i] + prm.block_tokens - 1) // prm.block_tokens
     ist.active_blocks[k] -= blocks
     ist.active_blocks[d] += blocks
@@ -1151,7 +1291,7 @@ def preempt_nb(
     rs.kv[i] = 0
     rs.registered[i] = 0
     rs.computed_from[i] = 0
-    rs.handed[i] = False
+    rs.handed[i] = rs.pd_first[i]  # its KV had not arrived: it is pulled again
     rs.next_waiting[i] = ist.q_head[k]
     ist.q_head[k] = i
     if ist.q_tail[k] < 0:
@@ -1304,6 +1444,8 @@ def start_iteration_nb(
     busy_until = ist.busy_until
     busy_s = out.busy_s
     ints = ty.ints
+    if k < prm.n_prefill and ist.held_head[k] >= 0:
+        release_held_nb(k, now, rs, ist, pool, prm)
     budget = prm.token_budget
     m = 0
     # the iteration's sums (tokens, attention, KV read; decode requests and their KV; measured
@@ -1339,8 +1481,8 @@ def start_iteration_nb(
             steps_left = 0
         else:
             q = 1
-            if registered[i] < boff[i + 1] - boff[i]:
-                steps_left = 0
+            if registered[i] < boff[i + 1] - boff[i] or rs.pd_first[i]:
+                steps_left = 0  # (a handed-over request's first step ends at an event)
             elif output_tokens[i] - generated[i] < steps_left:
                 steps_left = output_tokens[i] - generated[i]
         if grows:
@@ -1412,11 +1554,19 @@ def start_iteration_nb(
         return
     if m == 0:
         # every running request is loading: idle until the first one is ready (after a
-        # preemption that left none running: at once, to admit)
-        w = np.inf if n_running[k] > 0 else now
+        # preemption that left none running: at once, to admit); a prefill instance whose
+        # blocks are held wakes when the first of them is freed
+        w = np.inf
         for pos in range(n_running[k]):
             if ready[running[k, pos]] < w:
                 w = ready[running[k, pos]]
+        h = ist.held_head[k]
+        while h >= 0:
+            if rs.release_at[h] < w:
+                w = rs.release_at[h]
+            h = rs.next_held[h]
+        if n_running[k] == 0 and (preempted or ist.held_head[k] < 0):
+            w = now
         wake[k] = w
         return
     wake[k] = np.inf
@@ -1427,16 +1577,28 @@ def start_iteration_nb(
     ahead = not grows or (not preempted and q_len[k] == 0)
     if prm.n_prefill > 0 and k >= prm.n_prefill:
         # disaggregated: a prefill instance may hand a request over at its iteration's end
+        blocked = False
         for p in range(prm.n_prefill):
             b = busy_until[p] if busy[p] else wake[p]
             if b < t_next:
                 t_next = b
+            if not busy[p] and b == np.inf and q_len[p] > 0:
+                blocked = True
+        if blocked:
+            # an idle prefill instance waits for held blocks that a decode instance's next
+            # admission will free (arrived_nb wakes it): none of those run ahead of this one
+            for dd in range(prm.n_prefill, prm.n_instances):
+                if dd != k and (busy[dd] or n_running[dd] > 0 or q_len[dd] > 0):
+                    b = busy_until[dd] if busy[dd] else now  # idle with work: admits now
+                    if b < t_next:
+                        t_next = b
     if m == n_running[k] and steps_left > 1 and ahead:
         t, dt = run_ahead_nb(
             k, now, t_next, m, steps_left, dt, attn, kv_read, rs, ist, prm, out, ty, pool, buf,
             grows and not cascade,
         )  # fmt: skip
     n_sched[k] = m
+    ist.iter_dt[k] = dt
     busy[k] = True
     busy_until[k] = t + dt
     busy_s[k] += dt
@@ -1557,32 +1719,42 @@ def simulate_nb(
         rq.input_tokens.copy(),
         np.zeros(n, dtype=np.int64),
         np.zeros(n, dtype=np.bool_),
+        np.zeros(n, dtype=np.int64),
+        np.full(n, np.inf),
+        np.full(n, -1, dtype=np.int64),
+        np.zeros(n, dtype=np.float64),
+        np.zeros(n, dtype=np.bool_),
     )
+    n_pdw = n_inst * prm.pd_workers
     ist = InstanceState(
-        np.full(n_inst, -1, dtype=np.int64),
-        np.full(n_inst, -1, dtype=np.int64),
-        np.zeros(n_inst, dtype=np.int64),
-        np.empty((n_inst, max_seqs), dtype=np.int64),
-        np.zeros(n_inst, dtype=np.int64),
-        np.zeros((n_inst, max_seqs), dtype=np.int64),
-        np.zeros((n_inst, max_seqs), dtype=np.int64),
-        np.zeros(n_inst, dtype=np.int64),
-        np.zeros(n_inst, dtype=np.bool_),
-        np.zeros(n_inst, dtype=np.float64),
-        np.full(n_inst, np.inf),
-        np.empty(n_inst, dtype=np.int64),
-        np.zeros(n_inst, dtype=np.int64),
-        np.zeros(n_inst, dtype=np.float64),
-        np.zeros(n_inst, dtype=np.int64),
-        np.zeros(n_inst, dtype=np.float64),
-        np.zeros(n_inst, dtype=np.float64),
-        np.zeros(n_inst, dtype=np.int64),
-        np.zeros(n_inst, dtype=np.int64),
-        np.zeros(n_inst, dtype=np.int64),
-        np.zeros(n_inst, dtype=np.int64),
-        np.full(n_inst, cap, dtype=np.int64),
-        np.full(n_inst, cap, dtype=np.int64),
-        np.zeros(n_inst, dtype=np.bool_),
+        q_head=np.full(n_inst, -1, dtype=np.int64),
+        q_tail=np.full(n_inst, -1, dtype=np.int64),
+        q_len=np.zeros(n_inst, dtype=np.int64),
+        running=np.empty((n_inst, max_seqs), dtype=np.int64),
+        n_running=np.zeros(n_inst, dtype=np.int64),
+        sched_q=np.zeros((n_inst, max_seqs), dtype=np.int64),
+        sched_pos=np.zeros((n_inst, max_seqs), dtype=np.int64),
+        n_sched=np.zeros(n_inst, dtype=np.int64),
+        busy=np.zeros(n_inst, dtype=np.bool_),
+        busy_until=np.zeros(n_inst, dtype=np.float64),
+        wake=np.full(n_inst, np.inf),
+        act=np.empty(n_inst, dtype=np.int64),
+        active_blocks=np.zeros(n_inst, dtype=np.int64),
+        pd_wfree=np.zeros(n_pdw, dtype=np.float64),
+        pd_wbusy=np.zeros(n_pdw, dtype=np.float64),
+        held_head=np.full(n_inst, -1, dtype=np.int64),
+        held_tail=np.full(n_inst, -1, dtype=np.int64),
+        iter_dt=np.zeros(n_inst, dtype=np.float64),
+        seg_steps=np.zeros(n_inst, dtype=np.int64),
+        seg_t0=np.zeros(n_inst, dtype=np.float64),
+        seg_busy=np.zeros(n_inst, dtype=np.float64),
+        seg_attn=np.zeros(n_inst, dtype=np.int64),
+        seg_kv=np.zeros(n_inst, dtype=np.int64),
+        seg_m=np.zeros(n_inst, dtype=np.int64),
+        ring_head=np.zeros(n_inst, dtype=np.int64),
+        ring_count=np.full(n_inst, cap, dtype=np.int64),
+        free_len=np.full(n_inst, cap, dtype=np.int64),
+        saving=np.zeros(n_inst, dtype=np.bool_),
     )
     # HBM pools, possibly kept from an earlier replay, are set here. Entries of a ring past
     # its live ones name slot 0 of the instance, so the allocation loop's look-ahead always

@@ -95,6 +95,7 @@ from kvtier.sim.timing import (
     step_extrapolated,
     step_time,
 )
+from kvtier.sim.transfer import layerwise_ready, ops_of, pd_transfer
 from kvtier.trace.blocked import BlockedTrace
 
 
@@ -116,6 +117,12 @@ class Request:
     preempted_tokens: int = 0  # computed KV tokens discarded by its preemptions
     handed: bool = False  # disaggregated: its KV came from a prefill instance (not admitted yet)
     slots: list[int] = field(default_factory=list)  # prompt blocks' slots, then anonymous ones
+    # disaggregated: its prefill instance's slots, held until its KV has been moved
+    # (``release_at``; inf until the transfer is issued), and when the prefill ended
+    held_slots: list[int] = field(default_factory=list)
+    release_at: float = np.inf
+    handed_at: float = 0.0
+    pd_first: bool = False  # handed over, its first token not yet seen (at its KV's arrival)
 
 
 class HbmPool:
@@ -171,14 +178,15 @@ class HbmPool:
                 if self.slot_block[slot] == -1:
                     self.free.move_to_end(slot, last=False)
 
-    def check(self, running: list[Request], grows_b: int = 0) -> None:
-        """Capacity invariant: pinned + free == capacity, pins match the running requests;
-        each holds its whole footprint (vllm_v1, ``grows_b`` = B: at least its computed KV,
-        at most the footprint)."""
+    def check(self, running: list[Request], grows_b: int = 0, held: int = 0) -> None:
+        """Capacity invariant: pinned + free == capacity, pins match the running requests
+        (and the ``held`` slots of handed-over requests whose KV is still moving); each holds
+        its whole footprint (vllm_v1, ``grows_b`` = B: at least its computed KV, at most the
+        footprint)."""
         pinned = sum(1 for r in self.ref if r > 0)
         assert pinned + len(self.free) == self.capacity, "HBM slots lost or double-counted"
         assert pinned <= self.capacity, "HBM capacity exceeded"
-        assert sum(self.ref) == sum(len(r.slots) for r in running), "pin count mismatch"
+        assert sum(self.ref) == sum(len(r.slots) for r in running) + held, "pin count mismatch"
         if grows_b:
             assert all(-(-r.kv // grows_b) <= len(r.slots) <= r.total_blocks for r in running)
         else:
@@ -199,6 +207,11 @@ class Instance:
         self.wake = np.inf  # while idle: when a loading request becomes ready
         self.active_blocks = 0  # prompt blocks of the requests routed here, not finished
         self.saving = False  # the iteration has ended, its blocking stores have not
+        self.held: list[Request] = []  # handed-over requests whose blocks it holds, in order
+        self.iter_dt = 0.0  # the last iteration's duration (a layer-wise push overlaps it)
+
+    def held_slots(self) -> int:
+        return sum(len(r.held_slots) for r in self.held)
 
     @property
     def load(self) -> int:
@@ -254,7 +267,19 @@ def simulate_reference(
     grows = cfg.scheduler == VLLM_V1  # blocks allocated as requests grow, preemption
     n_pf = cfg.n_prefill  # disaggregated: instances [0, n_pf) prefill, the rest decode
     n_route = n_pf if n_pf > 0 else cfg.n_instances  # the router's instances
-    pd_free = np.zeros(cfg.n_instances)  # when each decode instance's inbound link frees
+    pd = cfg.pd if n_pf > 0 else None
+    if pd is not None and lower is not None:
+        link_free, link_busy, link_moved = lower.free, lower.busy, lower.moved  # shared queues
+    else:
+        n_links = pd.n_links if pd is not None else 0
+        link_free, link_busy, link_moved = (
+            np.zeros(2 * n_links),
+            np.zeros(n_links),
+            np.zeros(n_links),
+        )
+    pd_workers = pd.workers if pd is not None else 1
+    pd_wfree = np.zeros(cfg.n_instances * pd_workers)  # the P/D connector's workers
+    pd_wbusy = np.zeros(cfg.n_instances * pd_workers)
     decode_of = np.full(n, -1, dtype=np.int64)
     pd_s = np.zeros(n)  # seconds from prefill end to the KV's arrival
     preempted_out = np.zeros(n, dtype=np.int64)
@@ -422,29 +447,81 @@ def simulate_reference(
         req.handed = False
         req.kv = req.target = kv0
         req.registered = req.computed_from = len(req.blocks)  # not cached on the decode side
+        if not pd.layerwise:
+            # the decode side pulls the KV into the blocks it has just allocated (vLLM's
+            # NixlConnector); the prefill instance frees its blocks once they are read
+            end = pd_move(int(inst_of[req.idx]), k, req, now, k)
+            arrived(req, end)
         return True
 
+    def pd_move(p: int, d: int, req: Request, now: float, worker: int) -> float:
+        """Move ``req``'s prompt KV from instance ``p`` to ``d`` through the P/D connector
+        (on instance ``worker``'s connector workers); returns when it ends."""
+        blocks = -(-req.input_tokens // B)
+        w = pd.workers
+        return pd_transfer(
+            now, blocks * pd.block_bytes, ops_of(pd.unit, blocks, pd.fragments, pd.coalesce),
+            pd.rpc_s, pd.stream_bw, pd.stage_bw, pd.serial, pd.depth, pd.lat_s[p, d],
+            pd.path[p, d], pd.queue[p, d], pd.scale[p, d], pd.link_bw_read, pd.link_bw_write,
+            pd.link_duplex, pd.n_links, link_free, link_busy, link_moved, pd_wfree,
+            worker * w, w, pd_wbusy,
+        )  # fmt: skip
+
+    def arrived(req: Request, end: float) -> None:
+        """``req``'s KV is on its decode instance at ``end`` (its first token then, recorded
+        by ``seen_first`` when it is first scheduled there); its prefill instance frees its
+        blocks at its first step from then on (waking then if idle with work)."""
+        req.ready = max(req.ready, end)
+        req.release_at = end
+        p = instances[int(inst_of[req.idx])]
+        if p.busy_until is None and (p.running or p.waiting) and end < p.wake:
+            p.wake = end
+
+    def seen_first(req: Request) -> None:
+        """The first iteration of a handed-over request on its decode instance has ended: its
+        first token was seen when its KV arrived (``ready``). Recorded at an iteration's end,
+        as every first token is (the SLO's early stop sees them there), and only once the
+        KV is in use: a request preempted while its KV is still arriving pulls it again and
+        records the arrival that counted."""
+        req.pd_first = False
+        first_token(req, req.ready)
+        pd_s[req.idx] = req.ready - req.handed_at
+
+    def release_held(inst: Instance, t: float) -> None:
+        """Disaggregated prefill instance: free the blocks of handed-over requests whose KV
+        has been moved by ``t`` (in hand-off order; their prompt blocks stay cached)."""
+        if not inst.held:
+            return
+        keep: list[Request] = []
+        for req in inst.held:
+            if req.release_at <= t:
+                inst.pool.release(req.held_slots)
+                req.held_slots = []
+            else:
+                keep.append(req)
+        inst.held = keep
+
     def hand_off(inst: Instance, k: int, req: Request, t: float) -> None:
-        """Disaggregated: ``req``'s prompt is complete on a prefill instance; its KV moves to
-        the least loaded decode instance (lower index on ties) over the P/D link, one transfer
-        after another into each decode instance; the client sees the first token when it
-        has arrived. The prefill instance frees the request's blocks (its prompt blocks stay
-        cached there)."""
-        inst.pool.release(req.slots)
+        """Disaggregated: ``req``'s prompt is complete on a prefill instance, which keeps its
+        blocks until the KV has been moved; it joins the least loaded decode instance (lower
+        index on ties). A layer-wise connector pushes the KV now, overlapped with the
+        iteration that computed it (``layerwise_ready``); otherwise the decode side pulls it
+        once it has allocated the request's blocks (``admit_handed``)."""
+        req.held_slots = req.slots
         req.slots = []
+        req.release_at = np.inf
+        req.handed_at = t
+        inst.held.append(req)
         loads = [instances[d].load for d in range(n_route, cfg.n_instances)]
         d = n_route + loads.index(min(loads))
-        same = d // cfg.pd_instances_per_host == k // cfg.pd_instances_per_host
-        bw = cfg.pd_bw_local if same else cfg.pd_bw_remote
-        start = max(t, pd_free[d])
-        end = start + cfg.pd_latency_s + req.input_tokens * cfg.kv_bytes_per_token / bw
-        pd_free[d] = end
         req.generated = 1
-        first_token(req, end)
         decode_of[req.idx] = d
-        pd_s[req.idx] = end - t
         req.handed = True
-        req.ready = end
+        req.pd_first = True
+        req.ready = t
+        if pd.layerwise:
+            end = layerwise_ready(t, pd_move(k, d, req, t, k), pd.layers, inst.iter_dt)
+            arrived(req, end)
         inst.active_blocks -= -(-req.input_tokens // B)
         instances[d].active_blocks += -(-req.input_tokens // B)
         instances[d].waiting.append(req)
@@ -475,7 +552,7 @@ def simulate_reference(
         preempted_tok[req.idx] = req.preempted_tokens
         req.target = req.input_tokens + req.generated
         req.kv = req.registered = req.computed_from = 0
-        req.handed = False
+        req.handed = req.pd_first  # its KV had not arrived: it is pulled again
         inst.waiting.appendleft(req)
 
     def start_iteration(inst: Instance, k: int, t: float) -> None:
@@ -483,6 +560,7 @@ def simulate_reference(
         admissions (FCFS) take prefill chunks; requests still loading take no tokens. With
         nothing to run (every running request is loading) it stays idle until one is ready."""
         nonlocal n_iter, n_extrap
+        release_held(inst, t)
         budget = cfg.token_budget
         sched: list[tuple[Request, int]] = []
         tokens = attn = kv_read = 0
@@ -533,8 +611,13 @@ def simulate_reference(
                 inst.wake = max(loading)
                 return
         if not sched:
-            # every running request is loading (or, after a preemption, none runs: wake now)
-            inst.wake = min((r.ready for r in inst.running), default=t)
+            # every running request is loading (or, after a preemption, none runs: wake now);
+            # a prefill instance whose blocks are held wakes when the first is freed
+            w = min((r.ready for r in inst.running), default=np.inf)
+            w = min([w] + [r.release_at for r in inst.held])
+            if not inst.running and (preempted or not inst.held):
+                w = t
+            inst.wake = w
             return
         inst.wake = np.inf
         n_dec = dec_kv = pf_ns = pf_ext = 0
@@ -551,11 +634,12 @@ def simulate_reference(
         dt = float(step_time(tokens, attn, kv_read, n_dec, dec_kv, pf_ns, tp))
         n_extrap += step_extrapolated(tokens, n_dec, dec_kv, pf_ext, tp)
         inst.scheduled = sched
+        inst.iter_dt = dt
         inst.busy_until = t + dt
         inst.busy_time += dt
         n_iter += 1
         if check_invariants:
-            inst.pool.check(inst.running, B if grows else 0)
+            inst.pool.check(inst.running, B if grows else 0, inst.held_slots())
 
     def first_token(req: Request, t: float) -> None:
         """``req``'s prompt is complete at ``t``: the client sees its first token the
@@ -603,6 +687,8 @@ def simulate_reference(
         done: list[Request] = []
         handed: list[Request] = []
         for req, q in inst.scheduled:
+            if req.pd_first:
+                seen_first(req)
             if req.kv - q < req.target:  # it was a prefill
                 first_done = req.kv == req.target and req.generated == 0
                 if first_done and k < n_pf and req.output_tokens > 1:
@@ -628,7 +714,7 @@ def simulate_reference(
         inst.scheduled = []
         inst.busy_until = None
         if check_invariants:
-            pool.check(inst.running, B if grows else 0)
+            pool.check(inst.running, B if grows else 0, inst.held_slots())
             if lower is not None:
                 lower.check()
 

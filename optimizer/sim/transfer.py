@@ -181,3 +181,84 @@ def prefill_estimate(
 ) -> float:
     """Seconds to compute ``q`` prompt tokens after ``ctx`` (compute term, docs/design.md 4.2)."""
     return (flops_per_token * q + attn_coef * (q * (2 * ctx + q))) / compute_rate
+
+
+def pd_transfer(
+    now: float,
+    nbytes: float,
+    ops: int,
+    rpc_s: float,
+    stream_bw: float,
+    stage_bw: float,
+    serial: int,
+    depth: int,
+    lat_s: float,
+    path: np.ndarray,
+    queue: np.ndarray,
+    scale: np.ndarray,
+    bw_read: np.ndarray,
+    bw_write: np.ndarray,
+    duplex: np.ndarray,
+    n_links: int,
+    free: np.ndarray,
+    busy: np.ndarray,
+    moved: np.ndarray,
+    wfree: np.ndarray,
+    w0: int,
+    nw: int,
+    wbusy: np.ndarray,
+) -> float:
+    """Move a prompt's KV from a prefill to a decode instance; returns its finish time.
+
+    The rule of :func:`path_transfer` (the connector's ``ops`` operations, each costing a
+    worker ``w = rpc_s + b / stream_bw + b / stage_bw`` and the links ``c = b / bottleneck``,
+    serial or pipelined ``depth`` deep; the transfer starts when the earliest free worker of
+    ``wfree[w0:w0 + nw]`` and every link of the path are free, ends ``lat_s`` after its span),
+    except that the path crosses links in both directions: the sender's side outbound, the
+    receiver's inbound. ``queue[j]`` says which: 0 the link's read (inbound) queue at
+    ``free[l]`` with bandwidth ``bw_read``, 1 its write (outbound) queue at ``free[l +
+    n_links]`` with ``bw_write`` (one queue when the link is half duplex). These are the same
+    queues the tiers' loads (read) and copies down (write) use, so a P/D transfer and an RDMA
+    tier's traffic through one NIC wait for each other.
+    """
+    wk = w0
+    for j in range(w0 + 1, w0 + nw):
+        if wfree[j] < wfree[wk]:
+            wk = j
+    start = now
+    if wfree[wk] > start:
+        start = wfree[wk]
+    slowest = np.inf
+    for j in range(path.shape[0]):
+        link = path[j]
+        if link >= 0:
+            out = queue[j] == 1
+            q = link + n_links if (out and duplex[link] == 1) else link
+            if free[q] > start:
+                start = free[q]
+            eff = (bw_write[link] if out else bw_read[link]) / scale[j]
+            if eff < slowest:
+                slowest = eff
+    b = nbytes / ops
+    w = rpc_s + b / stream_bw + b / stage_bw
+    c = b / slowest
+    if serial == 1:
+        span = ops * (w + c)
+    else:
+        per = w / depth
+        if c > per:
+            per = c
+        span = (w + c) + (ops - 1) * per
+    for j in range(path.shape[0]):
+        link = path[j]
+        if link >= 0:
+            out = queue[j] == 1
+            q = link + n_links if (out and duplex[link] == 1) else link
+            carried = scale[j] * nbytes  # a share of the bytes when several NICs split them
+            occupied = carried / (bw_write[link] if out else bw_read[link])
+            free[q] = start + occupied
+            busy[link] += occupied
+            moved[link] += carried
+    wfree[wk] = start + span
+    wbusy[wk] += span
+    return start + span + lat_s

@@ -1,0 +1,181 @@
+"""``PdConfig``: the prefill-to-decode KV transfer as a connector transfer over real links.
+
+Derived once from the hardware, the model and the policy so that both simulators read the same
+numbers (docs/model.md, "Prefill/decode disaggregation"). A prompt's KV moves from prefill
+instance ``p`` to decode instance ``d`` by :func:`kvtier.sim.transfer.pd_transfer` over the
+links ``path[p, d]``:
+
+- within a host, NVLink: ``nvlink[p]`` outbound, ``nvlink[d]`` inbound (``tp`` GPUs' links
+  together; PCIe peer to peer when the GPU has no NVLink);
+- across hosts, GPUDirect RDMA: ``pcie[p]`` and the NICs beside ``p``'s GPUs outbound, the
+  NICs beside ``d``'s GPUs and ``pcie[d]`` inbound, the bytes split evenly over an instance's
+  NICs (``scale``). The NICs are the hardware's ``rdma`` tier ports (one per GPU on HGX-class
+  hosts, ``attach = "gpu"``), named as :func:`kvtier.sim.tiers.build_tiers` names them, so a
+  policy with an rdma tier shares their queues with the tier's loads and copies; without an
+  rdma tier in the profile, one 400 Gb/s NIC per GPU.
+
+The links are the lower tiers' links followed by those only the P/D transfer uses
+(:func:`build_pd` returns the tier configuration extended with them, so both index one set of
+link queues). The connector (``serving.pd_connector``, :data:`kvtier.policy.registries.CONNECTORS`)
+gives the operation unit, per-operation cost, ordering, workers and whether the prefill side
+streams layer by layer (``pd_layerwise``).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+
+import numpy as np
+
+from kvtier.hardware.types import GB, Hardware, ModelProfile
+from kvtier.policy.model import Policy
+from kvtier.policy.registries import CONNECTORS, UNITS
+from kvtier.sim.tiers import TierConfig, fragments_per_block
+
+# A ConnectX-7 NIC per GPU (400 Gb/s) when the profile has no RDMA tier to take it from.
+DEFAULT_NIC_BW = 50e9
+OUT, IN = 1, 0  # a path entry's queue: the link's write (outbound) or read (inbound) queue
+
+
+@dataclass(frozen=True, eq=False)
+class PdConfig:
+    """The P/D transfer of one replay; paths indexed ``[prefill, decode, j]``."""
+
+    connector: str
+    path: np.ndarray  # int64 (K, K, P): links, -1 unused
+    queue: np.ndarray  # int64 (K, K, P): OUT (write queue) or IN (read queue)
+    scale: np.ndarray  # float64 (K, K, P): share of the bytes each link carries
+    lat_s: np.ndarray  # float64 (K, K): seconds once per transfer (the RDMA round trip)
+    link_bw_read: np.ndarray  # float64 (L,): every link, the tiers' first
+    link_bw_write: np.ndarray  # float64 (L,)
+    link_duplex: np.ndarray  # int64 (L,)
+    link_names: tuple[str, ...]
+    block_bytes: float  # bytes moved per block: every rank's copy of its KV
+    unit: int  # UNITS index of one operation
+    fragments: int  # memory regions per block (KV layout)
+    coalesce: int
+    rpc_s: float  # worker seconds per operation
+    stream_bw: float  # the store's per-stream rate (inf: none)
+    stage_bw: float  # host staging copies (inf: none)
+    serial: int  # 1 serial, 0 pipelined
+    depth: int  # operations in flight when pipelined
+    workers: int  # per instance: the receiver's (pull) or the sender's (layer-wise push)
+    layerwise: bool  # the prefill side pushes each layer's KV as it is computed
+    layers: int  # model layers
+
+    @property
+    def n_links(self) -> int:
+        return len(self.link_names)
+
+
+class _Links:
+    """Links by name: the tiers' links first (same indices), then the P/D transfer's own."""
+
+    def __init__(self, tiers: TierConfig | None) -> None:
+        self.names: list[str] = list(tiers.link_names) if tiers is not None else []
+        self.read: list[float] = list(tiers.link_bw_read) if tiers is not None else []
+        self.write: list[float] = list(tiers.link_bw_write) if tiers is not None else []
+        self.duplex: list[int] = [int(x) for x in tiers.link_duplex] if tiers is not None else []
+        self.index = {n: i for i, n in enumerate(self.names)}
+
+    def get(self, name: str, read: float, write: float) -> int:
+        """The link named ``name`` (a tier's, when the tiers have it), else a new one."""
+        if name not in self.index:
+            self.index[name] = len(self.names)
+            self.names.append(name)
+            self.read.append(read)
+            self.write.append(write)
+            self.duplex.append(1)
+        return self.index[name]
+
+
+def build_pd(
+    hardware: Hardware,
+    model: ModelProfile,
+    policy: Policy,
+    n_instances: int,
+    tiers: TierConfig | None,
+) -> tuple[PdConfig, TierConfig | None]:
+    """The P/D transfer of a disaggregated policy, and ``tiers`` with its links appended."""
+    topo = hardware.topology
+    tp, gph = topo.tp, topo.gpus_per_host
+    links = _Links(tiers)
+    pcie_bw = tp * hardware.gpu.pcie_bw
+    pcie = [links.get(f"pcie[{k}]", pcie_bw, pcie_bw) for k in range(n_instances)]
+    nv_bw = tp * hardware.gpu.nvlink_bw
+    nvlink = [links.get(f"nvlink[{k}]", nv_bw, nv_bw) if nv_bw > 0 else -1
+              for k in range(n_instances)]  # fmt: skip
+    rdma = hardware.tiers.get("rdma")
+    if rdma is not None:
+        n_ports = rdma.ports if rdma.attach == "gpu" else 1
+        read, write, prefix = rdma.port_read_bw / n_ports, rdma.port_write_bw / n_ports, "rdma"
+    else:
+        n_ports, read, write, prefix = gph, DEFAULT_NIC_BW, DEFAULT_NIC_BW, "nic"
+    gpu0 = [k * tp for k in range(n_instances)]
+    host = [g // gph for g in gpu0]
+    nics: list[list[int]] = []
+    for k in range(n_instances):
+        ports = sorted({(gpu0[k] % gph + i) * n_ports // gph for i in range(tp)})
+        names = [
+            f"{prefix}.port[{host[k]}]" if n_ports == 1 else f"{prefix}.port[{host[k]}.{j}]"
+            for j in ports
+        ]
+        nics.append([links.get(n, read, write) for n in names])
+    width = 2 + 2 * max(len(x) for x in nics)
+    K = n_instances
+    path = np.full((K, K, width), -1, dtype=np.int64)
+    queue = np.zeros((K, K, width), dtype=np.int64)
+    scale = np.ones((K, K, width), dtype=np.float64)
+    lat = np.zeros((K, K), dtype=np.float64)
+    for p in range(K):
+        for d in range(K):
+            if host[p] == host[d]:
+                a, b = (nvlink[p], nvlink[d]) if nv_bw > 0 else (pcie[p], pcie[d])
+                entries = [(a, OUT, 1.0), (b, IN, 1.0)]
+            else:
+                entries = [(pcie[p], OUT, 1.0)]
+                entries += [(x, OUT, 1.0 / len(nics[p])) for x in nics[p]]
+                entries += [(x, IN, 1.0 / len(nics[d])) for x in nics[d]]
+                entries += [(pcie[d], IN, 1.0)]
+                lat[p, d] = rdma.latency_s if rdma is not None else 0.0
+            for j, (link, q, s) in enumerate(entries):
+                path[p, d, j], queue[p, d, j], scale[p, d, j] = link, q, s
+    name = policy.serving.pd_connector
+    c = CONNECTORS.get(name, path="serving.pd_connector").defaults
+    rpc = float(c["rpc_us"])
+    op_s = rpc * 1e-6 if rpc >= 0 else (rdma.op_overhead_s if rdma is not None else 0.0)
+    sg = float(c["stream_gbps"])
+    staging = int(c["staging"])
+    pd = PdConfig(
+        connector=name,
+        path=path,
+        queue=queue,
+        scale=scale,
+        lat_s=lat,
+        link_bw_read=np.array(links.read, dtype=np.float64),
+        link_bw_write=np.array(links.write, dtype=np.float64),
+        link_duplex=np.array(links.duplex, dtype=np.int64),
+        link_names=tuple(links.names),
+        block_bytes=float(policy.kv_bytes_per_block(model) * model.kv_replication(tp)),
+        unit=UNITS.index(str(c["unit"])),
+        fragments=fragments_per_block(model, policy.kv_layout),
+        coalesce=policy.coalesce,
+        rpc_s=op_s,
+        stream_bw=sg * GB if sg > 0 else math.inf,
+        stage_bw=topo.memcpy_bw / staging if staging > 0 else math.inf,
+        serial=1 if c["order"] == "serial" else 0,
+        depth=int(c["depth"]),
+        workers=int(c["workers"]),
+        layerwise=bool(c["pd_layerwise"]),
+        layers=model.layers,
+    )
+    if tiers is not None:
+        tiers = replace(
+            tiers,
+            link_bw_read=pd.link_bw_read,
+            link_bw_write=pd.link_bw_write,
+            link_duplex=pd.link_duplex,
+            link_names=pd.link_names,
+        )
+    return pd, tiers
