@@ -360,6 +360,28 @@ def bench_against(args: argparse.Namespace) -> None:
             None,
         )
     )
+    # disaggregated pools (the metrics differ from a version with another P/D model)
+    for n_pf in (4, 6):
+        cases.append(
+            (
+                f"h100-node, {n_pf} prefill + {8 - n_pf} decode, kv_aware",
+                "h100-node",
+                {"serving": {"routing": "kv_aware", "prefill_instances": n_pf}},
+                None,
+            )
+        )
+    cases.append(
+        (
+            "h100-node, 4 prefill + 4 decode, kv_aware, DRAM 800 GB (dynamo-disagg)",
+            "h100-node",
+            {
+                "write_policy": "write_through",
+                "serving": {"routing": "kv_aware", "prefill_instances": 4},
+                "tiers": [{"name": "hbm"}, {"name": "dram", "capacity_gb": 800.0}],
+            },
+            None,
+        )
+    )
     clock = time.thread_time if args.cpu_time else time.perf_counter
     print(
         f"{args.trace.name}, B={B}, Llama-3.1-8B; {args.rounds} rounds, each the median of "

@@ -48,3 +48,32 @@ def test_aggregated_exports_have_no_roles() -> None:
     r = exported("dynamo-kvbm", "vllm")
     assert "kv_producer" not in script(r) and "(prefill)" not in script(r)
     assert not any(n.startswith("Disaggregated") for n in r.notes)
+
+
+def test_targets_that_run_a_disaggregated_winner() -> None:
+    # dynamo-disagg's NIXL pull is what Dynamo's and SGLang's launch lines select; vLLM's
+    # export needs LMCache's P/D settings (not exported) beside its KV-offload tier, and the
+    # LMCache target exports no P/D backend
+    from kvtier.policy.model import policy_to_dict
+    from kvtier.search.run import runnable_targets
+
+    p = load_preset("dynamo-disagg")
+    hw, mdl = load_hardware(p.hardware), load_model(p.model)
+    assert runnable_targets(policy_to_dict(p), hw, mdl) == ["sglang", "dynamo"]
+    # HBM only: vLLM's NixlConnector is the modelled path; its launch line runs the winner
+    from dataclasses import replace
+
+    hbm = replace(p, tiers=p.tiers[:1])
+    assert "vllm" in runnable_targets(policy_to_dict(hbm), hw, mdl)
+    assert not any("Not expressible" in n for n in exported("dynamo-disagg", "vllm").notes)
+
+
+def test_layerwise_push_is_not_what_vllm_or_sglang_run() -> None:
+    from dataclasses import replace
+
+    p = load_preset("mooncake-pd")
+    p = replace(p, load_rule="always_load")
+    hw, mdl = load_hardware(p.hardware), load_model(p.model)
+    for target in ("vllm", "sglang"):
+        notes = export(p, target, hw, mdl).notes
+        assert any("layer-wise push" in n for n in notes), target

@@ -14,7 +14,8 @@ in docs/sources.md):
 - SGLang: ``--disaggregation-mode prefill`` / ``decode`` with
   ``--disaggregation-transfer-backend`` ``mooncake`` or ``nixl``.
 
-What none of them can be told is in :func:`pd_notes`.
+What they cannot be told, and where the target's own P/D path differs from the connector's
+that kvtier models, is in :func:`pd_notes`.
 """
 
 from __future__ import annotations
@@ -78,27 +79,80 @@ def _span(a: int, b: int) -> str:
 
 
 def pd_notes(deploy: Deployment, target: str) -> list[str]:
-    """What a disaggregated policy means for ``target`` and what it cannot express."""
+    """What a disaggregated policy means for ``target`` and what it cannot express.
+
+    kvtier's P/D transfer is the connector's own (docs/model.md, "Prefill/decode
+    disaggregation"): NIXL pulls the whole KV into blocks the decode side allocated first
+    (vLLM's NixlConnector, which Dynamo's vLLM workers use and SGLang's nixl backend matches
+    closely), Mooncake's Transfer Engine pushes it layer by layer. A target whose launch line
+    selects that path needs no note about it; one that cannot select it gets a note with a
+    phrase :data:`kvtier.search.run.INEXPRESSIBLE` recognises, so ``optimize`` does not list it
+    among the targets that run the winner.
+    """
     n = prefill_count(deploy)
     if n == 0:
         return []
     s = deploy.policy.serving
     last = deploy.instances - 1
+    conn = s.pd_connector
     notes = [
         f"Disaggregated: {_span(0, n - 1)} prefill, {_span(n, last)} decode; the P/D "
-        f"transfer goes through {s.pd_connector}.",
+        f"transfer goes through {conn}.",
         f"{target} needs a proxy or router that sends each request to a prefill instance "
         "first and then to a decode instance (vLLM's disaggregated proxy example, Dynamo's "
         "frontend); kvtier models the router's choice among prefill instances "
         f"(routing = {s.routing}) and sends each prompt's KV to the least loaded decode "
         "instance, which a proxy may do differently.",
-        "Not expressible in any launch line: the P/D link kvtier assumes (NVLink within a "
-        "host, the GPUs' NICs across hosts, the connector's per-transfer cost), and that the "
-        "whole KV moves after the prefill (no layer-wise streaming).",
     ]
-    if target in ("Mooncake", "LMCache") and s.pd_connector != "mooncake-te":
+    layerwise = conn == "mooncake-te"
+    if target in ("vLLM", "Dynamo") and conn != "nixl":
+        how = "Mooncake's layer-wise push" if layerwise else f"the {conn} path"
         notes.append(
-            f"pd_connector = {s.pd_connector}: {target}'s own P/D path is the Mooncake "
+            f"pd_connector = {conn} ({how}) cannot be expressed: the exported instances move "
+            "the KV with vLLM's NixlConnector, which reads the whole KV after the prefill."
+        )
+    if target == "vLLM" and conn == "nixl" and _lmcache_roles(deploy):
+        notes.append(
+            "LMCache's P/D backend settings are not exported: LMCacheConnectorV1 moves the KV "
+            "only with enable_pd, pd_role (sender on prefill, receiver on decode instances), "
+            "transfer_channel nixl and the PD buffer and peer ports in each role's "
+            "lmcache.yaml; without them the producers only store into the tiers."
+        )
+    if target == "SGLang":
+        if conn not in SGLANG_BACKENDS:
+            notes.append(
+                f"pd_connector = {conn} cannot be expressed: SGLang's transfer backends are "
+                "mooncake and nixl (mooncake is exported)."
+            )
+        elif layerwise:
+            notes.append(
+                "Mooncake's layer-wise push has no equivalent in SGLang, whose mooncake backend "
+                "sends the KV per prefill chunk: the exported deployment waits for the last "
+                "chunk's transfer after the prefill."
+            )
+        else:
+            notes.append(
+                "SGLang's decode side allocates first and the prefill side sends each prefill "
+                "chunk as it is computed; kvtier moves the whole KV after the prefill, so a "
+                "chunked prompt arrives a little earlier there."
+            )
+    if target == "LMCache":
+        notes.append(
+            "LMCache's P/D backend is not exported: enable_pd, pd_role, transfer_channel and "
+            "the PD buffer differ per role, and this export writes one configuration for "
+            "every instance."
+        )
+    if target == "Mooncake" and conn != "mooncake-te":
+        notes.append(
+            f"pd_connector = {conn}: {target}'s own P/D path is the Mooncake "
             "Transfer Engine; the exported files configure the store only."
         )
     return notes
+
+
+def _lmcache_roles(deploy: Deployment) -> bool:
+    """Whether the vLLM export gives the instances LMCacheConnectorV1 roles (LMCache holds
+    the lower tiers)."""
+    from kvtier.policy.export.vllm import lmcache_tiers
+
+    return bool(lmcache_tiers(deploy))
