@@ -377,6 +377,46 @@ def test_bundled_sample_is_what_its_documented_command_makes() -> None:
     assert sample.table.equals(synthesize("chat", requests=3000, rate=5.0, seed=1).table)
 
 
+MULTIROUND_QA = dict(  # traces/README.md, sample-multiround-qa.parquet
+    requests=2000,
+    rate=4.1,
+    seed=1,
+    turns_max=10,
+    turns_mean=10,
+    turns_fixed=True,
+    system_prompts=1,
+    system_tokens=1000,
+    first_tokens=20020,
+    user_tokens=20,
+    answer_tokens=100,
+    think_s=78,
+    length_sigma=0,
+)
+
+
+def test_multiround_qa_sample_is_what_its_documented_command_makes() -> None:
+    sample = read_trace(Path(__file__).parent.parent / "traces" / "sample-multiround-qa.parquet")
+    assert sample.table.equals(synthesize("chat", **MULTIROUND_QA).table)
+
+
+def test_fixed_turns_and_first_turn_length() -> None:
+    # fixed lengths: turn k's prompt is system + first + k * (answer + question), k < turns_max
+    t = synthesize("chat", **{**MULTIROUND_QA, "requests": 600})
+    inputs = t.table.column("input_tokens").to_numpy()
+    k, rest = np.divmod(inputs - 1000 - 20020, 100 + 20)
+    assert (rest == 0).all() and k.min() >= 0 and k.max() == 9
+    sessions = t.table.column("session_id").to_numpy()
+    assert np.bincount(sessions).max() <= 10
+    # a session's turns in the trace are consecutive rounds: its prompts grow by one round
+    for s in np.unique(sessions)[:50]:
+        assert (np.diff(k[sessions == s]) == 1).all()
+
+
+def test_fixed_turns_exclude_sessions() -> None:
+    with pytest.raises(InputError, match="--turns-fixed"):
+        synthesize("chat", requests=20, sessions=4, turns_fixed=True)
+
+
 # -- command line ------------------------------------------------------------------------------
 
 

@@ -50,10 +50,16 @@ def _system_prompts(
 def build_chat(rng: np.random.Generator, n: int, rate: float, k: ChatKnobs) -> Prompts:
     """Conversations: each turn re-sends the history (previous prompt + answer) plus new text."""
     sys_ids, sys_lens = _system_prompts(rng, k.system_prompts, k.system_tokens, k.length_sigma)
-    plan = plan_sessions(rng, n, rate, k.sessions, k.turns_mean, k.turns_max, k.think_s)
+    plan = plan_sessions(
+        rng, n, rate, k.sessions, k.turns_mean, k.turns_max, k.think_s, fixed=k.turns_fixed
+    )
     user = lengths(rng, k.user_tokens, k.length_sigma, plan.total)
     answer = lengths(rng, k.answer_tokens, k.length_sigma, plan.total)
-    return Prompts(*build_sessions(rng, plan, sys_ids, sys_lens, user, user, answer))
+    # drawn last, and only when asked for, so traces made without it keep their bytes
+    first = (
+        user if k.first_tokens is None else lengths(rng, k.first_tokens, k.length_sigma, plan.total)
+    )
+    return Prompts(*build_sessions(rng, plan, sys_ids, sys_lens, first, user, answer))
 
 
 def build_agent(rng: np.random.Generator, n: int, rate: float, k: AgentKnobs) -> Prompts:

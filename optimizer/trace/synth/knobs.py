@@ -36,9 +36,23 @@ class ChatKnobs:
         default=4.0, metadata=_help("mean turns per conversation (geometric, >= 1)")
     )
     turns_max: int = field(default=32, metadata=_help("most turns in one conversation"))
+    turns_fixed: bool = field(
+        default=False,
+        metadata=_help(
+            "every conversation has exactly --turns-max turns (a multi-round QA benchmark's "
+            "fixed rounds per user) instead of a geometric number"
+        ),
+    )
     system_prompts: int = field(default=4, metadata=_help("number of distinct system prompts"))
     system_tokens: float = field(default=1000.0, metadata=_help("mean system prompt length"))
     user_tokens: float = field(default=200.0, metadata=_help("mean new user text per turn"))
+    first_tokens: float | None = field(
+        default=None,
+        metadata=_help(
+            "mean user text of a conversation's first turn, e.g. a user's earlier history "
+            "(default: as --user-tokens)"
+        ),
+    )
     answer_tokens: float = field(
         default=300.0, metadata=_help("mean answer length (output tokens)")
     )
@@ -180,7 +194,7 @@ def make_knobs(kind: str, values: dict[str, Any]) -> Any:
             f"(their options: {', '.join(option_name(n) for n in sorted(names))})"
         )
     given = {k: v for k, v in values.items() if k in names and v is not None}
-    for k in ("turns_mean", "turns_max", "steps_mean", "steps_max"):
+    for k in ("turns_mean", "turns_max", "turns_fixed", "steps_mean", "steps_max"):
         if "sessions" in given and k in given:
             raise InputError(
                 f"--sessions and {option_name(k)} exclude each other: with --sessions the "
@@ -209,7 +223,7 @@ _INTEGER_KNOBS = (
 def _validate(knobs: Any) -> None:
     for f in dataclasses.fields(knobs):
         v = getattr(knobs, f.name)
-        if f.name in ("long", "doc_order") or v is None:
+        if f.name in ("long", "doc_order", "turns_fixed") or v is None:
             continue
         if f.name == "length_sigma":
             _check(0 <= v <= 3, f.name, "between 0 and 3", v)

@@ -65,8 +65,13 @@ def plan_sessions(
     mean: float,
     most: int,
     gap_s: float,
+    *,
+    fixed: bool = False,
 ) -> SessionPlan:
-    """Choose ``n`` turns of a session stream and their arrival order (see the module doc)."""
+    """Choose ``n`` turns of a session stream and their arrival order (see the module doc).
+
+    ``fixed``: every session has exactly ``most`` turns (no geometric draw).
+    """
     span = n / rate
     if sessions is not None:
         if sessions > n:
@@ -77,13 +82,13 @@ def plan_sessions(
         sess, turn, ideal = _ideal_times(rng, sizes, starts, gap_s)
         return SessionPlan(sizes, sess, turn, np.lexsort((turn, sess, ideal)))
     p = 1.0 / mean
-    turns_per_session = (1.0 - (1.0 - p) ** most) / p  # mean of min(geometric, most)
+    turns_per_session = most if fixed else (1.0 - (1.0 - p) ** most) / p  # mean turns
     warm = gap_s * most  # longer than any session lasts, on average per gap
     horizon = 1.5 * span + gap_s + 1.0
     while True:
         count = max(1, int(rng.poisson(rate / turns_per_session * (warm + horizon))))
         starts = rng.uniform(-warm, horizon, size=count)
-        sizes = _turns(rng, count, mean, most)
+        sizes = np.full(count, most, dtype=np.int64) if fixed else _turns(rng, count, mean, most)
         sess, turn, ideal = _ideal_times(rng, sizes, starts, gap_s)
         inside = np.flatnonzero((ideal >= 0) & (ideal < horizon))
         if len(inside) >= n:
