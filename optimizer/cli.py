@@ -1307,7 +1307,8 @@ def _optimize_options(command: Callable[..., Any]) -> Callable[..., Any]:
             type=click.IntRange(min=1),
             default=60,
             show_default=True,
-            help="Trials to run (in addition to earlier ones).",
+            help="Trials the study should hold: a rerun of a finished study reports it, one cut "
+            "short runs what it lacks; raise N to search further.",
         ),
         click.option(
             "--timeout",

@@ -43,7 +43,7 @@ def test_one_study_and_policy_per_trace(traces, tmp_path) -> None:
 
 def test_running_again_continues_every_study(traces) -> None:
     assert batch(*traces, "--trials", "2").code == 0
-    again = batch(*traces, "--trials", "1", "--study-prefix", "")
+    again = batch(*traces, "--trials", "3", "--study-prefix", "")  # the studies' total
     assert again.code == 0, again.stderr
     assert [t["trials"] for t in json.loads(again.stdout)["traces"]] == [3, 3]
 

@@ -161,7 +161,10 @@ def test_bad_options_are_one_line_errors(trace_path, tmp_path, args, needle) -> 
     assert_one_line_error(result, needle)
 
 
-def test_rerun_continues_the_study(trace_path, tmp_path) -> None:
+def test_rerun_reports_a_finished_study_and_a_larger_total_continues_it(
+    trace_path, tmp_path
+) -> None:
+    # --trials is the study's total: the same command twice gives the same answer
     common = dict(
         slo_text=SLO_TEXT,
         study_name="again",
@@ -169,9 +172,17 @@ def test_rerun_continues_the_study(trace_path, tmp_path) -> None:
         out=str(tmp_path / "a.toml"),
         seed=1,
     )
-    first = optimize(str(trace_path), n_trials=3, **common)
-    second = optimize(str(trace_path), n_trials=4, **common)
-    assert (first.n_trials, second.n_trials, second.new_trials) == (3, 7, 4)
+    first = optimize(str(trace_path), n_trials=5, **common)
+    written = (tmp_path / "a.toml").read_text()
+    second = optimize(str(trace_path), n_trials=5, **common)
+    assert (first.n_trials, first.new_trials) == (5, 5)
+    assert (second.n_trials, second.new_trials) == (5, 0)
+    assert second.best is not None and first.best is not None
+    assert (second.best.number, second.best.params) == (first.best.number, first.best.params)
+    assert (second.tiered, second.hbm_only) == (first.tiered, first.hbm_only)
+    assert (tmp_path / "a.toml").read_text() == written
+    third = optimize(str(trace_path), n_trials=7, **common)
+    assert (third.n_trials, third.new_trials) == (7, 2)
     assert (tmp_path / "runs" / "again.db").exists()
 
 
@@ -209,7 +220,8 @@ def test_interrupt_leaves_a_resumable_study(trace_path, tmp_path, monkeypatch) -
     resumed = invoke(*args, "--json")
     assert resumed.code == 0, resumed.stderr
     data = json.loads(resumed.stdout)
-    assert data["trials"] == 3 + 10 and data["new_trials"] == 10
+    # the study holds the cut run's 3 (2 complete, 1 failed) and resumes to 10
+    assert data["trials"] == 10 and data["new_trials"] == 10 - 3
 
 
 def test_pareto_and_threads(trace_path, tmp_path) -> None:

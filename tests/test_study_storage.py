@@ -45,7 +45,7 @@ def start_workers(trace: Path, storage: str, cwd: Path) -> list[subprocess.Compl
                 "--trace",
                 str(trace),
                 "--trials",
-                str(TRIALS),
+                str(WORKERS * TRIALS),  # the study's total, shared by the workers
                 "--study",
                 "shared",
                 "--storage",
@@ -78,7 +78,9 @@ def test_concurrent_workers_share_a_new_sqlite_study(trace_path, tmp_path) -> No
     with sqlite3.connect(db) as con:
         states = dict(con.execute("select state, count(*) from trials group by state"))
         (mode,) = con.execute("pragma journal_mode").fetchone()
-    assert states == {"COMPLETE": WORKERS * TRIALS}
+    assert set(states) == {"COMPLETE"}
+    # each stops once the study holds the total; ones still running then finish theirs
+    assert WORKERS * TRIALS <= states["COMPLETE"] < WORKERS * TRIALS + WORKERS
     assert mode == "wal"  # commits append to a log instead of syncing the database each time
 
 
@@ -158,7 +160,9 @@ def test_concurrent_workers_share_a_new_postgresql_study(
         assert r.returncode == 0, r.stderr
     with psycopg.connect(postgres_url) as con:
         states = dict(con.execute("select state, count(*) from trials group by state").fetchall())
-    assert states == {"COMPLETE": WORKERS * TRIALS}
+    assert set(states) == {"COMPLETE"}
+    # each stops once the study holds the total; ones still running then finish theirs
+    assert WORKERS * TRIALS <= states["COMPLETE"] < WORKERS * TRIALS + WORKERS
 
 
 def test_a_table_another_worker_just_created_is_retried(tmp_path, monkeypatch) -> None:

@@ -44,7 +44,7 @@ from kvtier.search.study import (
     open_study,
     pareto_front,
 )
-from kvtier.search.warmstart import warm_start_trials
+from kvtier.search.warmstart import knee_capacities_gb, tier_additions, warm_start_trials
 
 DEFAULT_SLO = SLO(ttft_p99_s=2.0, tpot_p99_s=0.1)
 SLO_ALIASES = {
@@ -340,6 +340,10 @@ def optimize(
     # The trials this process ran: other workers on a shared study add theirs meanwhile, so
     # a count of the study's trials before and after would credit each worker with them all.
     mine: list[int] = []
+    # --trials is the study's total: a finished study is reported, not extended, and one cut
+    # short runs only what it lacks; workers sharing a study stop once it holds that many
+    already = _finished(study)
+    budget = max(0, n_trials - already)
 
     def count(_st: optuna.Study, trial: optuna.trial.FrozenTrial) -> None:
         mine.append(trial.number)  # list.append is atomic under the GIL (n_jobs threads)
@@ -348,35 +352,41 @@ def optimize(
     if on_trial is not None:
 
         def report(st: optuna.Study, _trial: optuna.trial.FrozenTrial) -> None:
-            on_trial(len(mine), best_feasible(st))
+            on_trial(already + len(mine), best_feasible(st))
 
         callbacks.append(report)
     # Enqueued (warm-start) trials run on one thread: with several threads, two can take the
     # same waiting trial from an SQLite storage and the second then fails to report it.
-    # The last trial of the budget is kept for the HBM-only answer of the instance sweep
-    # (kvtier.search.tiering), so the study, the winner and its policy file include it; a
-    # space that pins a lower tier on or the instance count cannot express that policy.
+    # The last two trials of the budget are kept for the instance sweeps of
+    # kvtier.search.tiering (the winner without its lower tiers, an HBM-only winner with one
+    # added), so the study, the winner and its policy file include their answers; a space
+    # that pins a lower tier on or the instance count cannot express those policies.
     expressible = "serving.instances" not in search_space.pinned and not any(
         k.startswith("tiers.") and k.endswith(".enabled") and v is True
         for k, v in search_space.pinned.items()
     )
-    reserve = 1 if expressible and hw.tiers and n_trials > 1 else 0
-    n_trials -= reserve
+    reserve = min(2, budget - 1) if expressible and hw.tiers and budget > 1 else 0
+    main_phase = budget - reserve
+    # other workers' trials count too: stop when the study holds all but the reserved ones
+    stop = optuna.study.MaxTrialsCallback(n_trials - reserve, states=FINISHED)
     waiting = sum(1 for t in study.trials if t.state == optuna.trial.TrialState.WAITING)
-    first = min(waiting, n_trials) if n_jobs > 1 else 0
+    first = min(waiting, main_phase) if n_jobs > 1 else 0
     deadline = None if timeout is None else time.monotonic() + timeout
     if first:
-        study.optimize(objective, n_trials=first, timeout=timeout, callbacks=callbacks, catch=())
+        study.optimize(
+            objective, n_trials=first, timeout=timeout, callbacks=[*callbacks, stop], catch=()
+        )
     left = None if deadline is None else max(0.0, deadline - time.monotonic())
-    if n_trials - first > 0 and (left is None or left > 0):
+    if main_phase - first > 0 and (left is None or left > 0) and _finished(study) < n_trials:
         study.optimize(
             objective,
-            n_trials=n_trials - first,
+            n_trials=main_phase - first,
             timeout=left,
             n_jobs=n_jobs,
-            callbacks=callbacks,
+            callbacks=[*callbacks, stop],
             catch=(),
         )
+    reserve = min(reserve, max(0, n_trials - _finished(study)))
 
     best = best_feasible(study)
     near = None if best is not None else closest(study, slo_to_dict(slo))
@@ -397,18 +407,29 @@ def optimize(
     from kvtier.search.tiering import compare_tiering
 
     done = summaries(study)
+    additions: list[dict[str, Any]] = []
+    # A study finished by an earlier run already holds its sweeps' answers as trials (they were
+    # its reserved ones): it is reported from its trials, without sweeping again.
+    sweep_from = None if budget == 0 and expressible and hw.tiers else best
+    if reserve and best is not None:
+        won = policy_from_dict(best.policy, "<best>")
+        knees = knee_capacities_gb(scenario.blocked(won), mdl, won.kv_dtype)
+        additions = tier_additions(search_space, knees)
     tiered, hbm_only = compare_tiering(
         evaluator,
         done,
-        best,
+        sweep_from,
         hw.topology.max_instances,
         hw.topology.tp,
         hardware_has_tiers=bool(hw.tiers),
+        tier_additions=additions,
     )
     if reserve and (deadline is None or time.monotonic() < deadline):
-        if hbm_only is not None and hbm_only.label.endswith(SWEPT):
-            study.enqueue_trial(hbm_only.params, skip_if_exists=True)
-        study.optimize(objective, n_trials=1, callbacks=callbacks, catch=())
+        for swept in (tiered, hbm_only):
+            if swept is not None and swept.label.endswith(SWEPT):
+                study.enqueue_trial(swept.params, skip_if_exists=True)
+        total = optuna.study.MaxTrialsCallback(n_trials, states=FINISHED)
+        study.optimize(objective, n_trials=reserve, callbacks=[*callbacks, total], catch=())
         best = best_feasible(study)
         done = summaries(study)
         tiered, hbm_only = compare_tiering(
@@ -499,7 +520,9 @@ def _slo_bound(scenario: Scenario, base: Policy, slo: SLO, space: SearchSpace, l
         return None
 
 
-SWEPT = "without lower tiers"  # the label of the HBM-only sweep's answer (kvtier.search.tiering)
+# the labels of the instance sweeps' answers (kvtier.search.tiering): "trial N without lower
+# tiers", "trial N with dram"
+SWEPT = ("without lower tiers", "on fewest instances", *(f"with {t}" for t in LOWER_TIERS))
 
 # Export notes that mean the deployed system would not do what the simulated policy does.
 INEXPRESSIBLE = (

@@ -57,17 +57,15 @@ def _clip(param: Param, value: float) -> float | int:
     return int(round(v)) if param.integer else v
 
 
-def warm_start_trials(
-    space: SearchSpace, blocked: BlockedTrace, model: ModelProfile, policy: Policy
-) -> list[dict[str, Any]]:
-    """Parameter sets to enqueue: each free capacity parameter at each knee, tier switched on."""
+def _capacity_params(space: SearchSpace) -> list[Param]:
+    """The free capacity parameters of lower tiers that the space can switch on."""
     free_names = {p.name for p in space.free()}
 
     def reachable(p: Param) -> bool:
         # its conditions can hold: each is on a free parameter, or pinned to the needed value
         return all(k in free_names or space.pinned.get(k) == v for k, v in p.when)
 
-    capacity_params = [
+    return [
         p
         for p in space.free()
         if p.name.endswith(".capacity_gb")
@@ -75,6 +73,45 @@ def warm_start_trials(
         and reachable(p)
         and space.pinned.get(p.name.rsplit(".", 1)[0] + ".enabled", True) is not False
     ]
+
+
+def tier_additions(space: SearchSpace, knees_gb: list[float]) -> list[dict[str, Any]]:
+    """For each lower tier the space can switch on: the values that add it at the largest knee.
+
+    Each dict switches the tier on, sizes it at ``max(knees_gb)`` (clipped to the space's
+    range) and gives every other parameter that becomes active with it its first choice (its
+    eviction: the space lists LRU first), so that it completes an HBM-only trial's values
+    (:func:`kvtier.search.tiering.with_tier_values`).
+    """
+    if not knees_gb:
+        return []
+    free = space.free()
+    free_names = {p.name for p in free}
+    out = []
+    for param in _capacity_params(space):
+        enabled = param.name.rsplit(".", 1)[0] + ".enabled"
+        values: dict[str, Any] = {param.name: _clip(param, max(knees_gb))}
+        if enabled in free_names:
+            values[enabled] = True
+        values.update({k: v for k, v in param.when if k in free_names})
+        for other in free:
+            if (
+                other.name not in values
+                and other.choices is not None
+                and other.when
+                and all(values.get(k) == v for k, v in other.when)
+            ):
+                values[other.name] = other.choices[0]
+        out.append(values)
+    return out
+
+
+def warm_start_trials(
+    space: SearchSpace, blocked: BlockedTrace, model: ModelProfile, policy: Policy
+) -> list[dict[str, Any]]:
+    """Parameter sets to enqueue: each free capacity parameter at each knee, tier switched on."""
+    free_names = {p.name for p in space.free()}
+    capacity_params = _capacity_params(space)
     if not capacity_params:
         return []
     knees = knee_capacities_gb(blocked, model, policy.kv_dtype)

@@ -1,0 +1,79 @@
+"""What tiering buys: both answers get the same instance sweep (kvtier.search.tiering)."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from kvtier.hardware import load_hardware, load_model
+from kvtier.policy.model import SLO, policy_from_dict, policy_to_dict
+from kvtier.scenario import Scenario
+from kvtier.search.objective import Evaluator
+from kvtier.search.study import TrialSummary
+from kvtier.search.tiering import compare_tiering, sweep_instances, with_tier_values
+from kvtier.trace.io import read_trace, write_trace
+from kvtier.trace.synth import synthesize
+
+SLO_ = SLO(ttft_p99_s=0.5, tpot_p99_s=0.05)
+DRAM = {"tiers.dram.enabled": True, "tiers.dram.capacity_gb": 64.0, "tiers.dram.eviction": "lru"}
+HBM = {f"tiers.{t}.enabled": False for t in ("dram", "cxl", "rdma", "ssd")}
+
+
+@pytest.fixture(scope="module")
+def evaluator(tmp_path_factory) -> Evaluator:
+    path = tmp_path_factory.mktemp("tier") / "chat.parquet"
+    write_trace(synthesize("chat", requests=400, rate=12.0, seed=3), path)
+    hw, mdl = load_hardware("h100-node"), load_model("Llama-3.1-8B")
+    base = replace(policy_from_dict({"hardware": "h100-node", "model": "Llama-3.1-8B"}, "t"))
+    return Evaluator(Scenario(read_trace(path), hw, mdl, replace(base, slo=SLO_), slo=SLO_))
+
+
+def fewest(evaluator: Evaluator, values: dict, most: int) -> int:
+    """The fewest instances meeting the SLO, by trying every count."""
+    return next(
+        n
+        for n in range(1, most + 1)
+        if evaluator.evaluate({**values, "serving.instances": n}).feasible
+    )
+
+
+def test_sweep_counts_instances_of_the_policys_own_tp(evaluator) -> None:
+    # 8 GPUs hold 4 instances of tp=2: the sweep bisects over those (the simulator would clamp
+    # a larger count to them), and the answer's GPUs are instances x tp
+    values = {**HBM, "serving.tp": 2}
+    got = sweep_instances(evaluator, values, 8, "x", 1)
+    assert got is not None
+    n = fewest(evaluator, values, 4)
+    assert got.gpus == 2 * n
+    ev = evaluator.evaluate({**values, "serving.instances": n})
+    assert got.cost_per_mtok == ev.cost_per_mtok
+
+
+def test_an_hbm_only_winner_is_also_tried_with_each_tier_on_fewer_instances(evaluator) -> None:
+    winner_values = {**HBM, "serving.instances": 8}
+    ev = evaluator.evaluate(winner_values)
+    assert ev.feasible
+    winner = TrialSummary(
+        number=0,
+        params=winner_values,
+        policy=policy_to_dict(ev.policy),
+        metrics=ev.metrics.to_dict(),
+        violations=ev.violations,
+        feasible=True,
+        rate_scale=ev.rate_scale,
+    )
+    tiered, hbm = compare_tiering(
+        evaluator, [winner], winner, 8, 1, hardware_has_tiers=True, tier_additions=[DRAM]
+    )
+    assert tiered is not None and tiered.label == "trial 0 with dram"
+    values = with_tier_values(winner_values, DRAM)
+    n = fewest(evaluator, values, 8)
+    assert (tiered.gpus, tiered.tiers) == (n, {"dram": 64.0})
+    assert (
+        tiered.cost_per_mtok == evaluator.evaluate({**values, "serving.instances": n}).cost_per_mtok
+    )
+    # and the HBM-only answer is the winner on its fewest instances
+    assert hbm is not None and hbm.gpus == fewest(evaluator, winner_values, 8)
+    # without additions an HBM-only study has no tiered answer
+    assert compare_tiering(evaluator, [winner], winner, 8, 1, hardware_has_tiers=True)[0] is None
