@@ -8,8 +8,10 @@ import pytest
 
 from kvtier.hardware import load_hardware, load_model
 from kvtier.policy.model import SLO, policy_from_dict, policy_to_dict
+from kvtier.report.optimize import tiering_sentence
 from kvtier.scenario import Scenario
 from kvtier.search.objective import Evaluator
+from kvtier.search.run import Choice
 from kvtier.search.study import TrialSummary
 from kvtier.search.tiering import compare_tiering, sweep_instances, with_tier_values
 from kvtier.trace.io import read_trace, write_trace
@@ -77,3 +79,12 @@ def test_an_hbm_only_winner_is_also_tried_with_each_tier_on_fewer_instances(eval
     assert hbm is not None and hbm.gpus == fewest(evaluator, winner_values, 8)
     # without additions an HBM-only study has no tiered answer
     assert compare_tiering(evaluator, [winner], winner, 8, 1, hardware_has_tiers=True)[0] is None
+
+
+def test_the_sentence_counts_one_gpu_in_the_singular() -> None:
+    tiered = Choice("t", 0.0218, 7.03, 4, {"ssd": 1260.0}, 1.29, {})
+    hbm = Choice("h", 0.0253, 8.15, 5, {}, 1.28, {})
+    assert tiering_sentence(tiered, hbm) == (
+        "Tiering (ssd 1,260 GB) meets the SLO with 1 fewer GPU (4 instead of 5) and costs 14% "
+        "less per token than HBM alone ($0.0218 vs $0.0253 per 1M tokens)."
+    )

@@ -125,9 +125,9 @@ def tiering_sentence(tiered: Any, hbm: Any) -> str:
             f"one ${tiered.cost_per_mtok:.4f} on {_n_gpus(tiered.gpus)}."
         )
     fewer = (
-        f"{gpus} fewer GPUs ({tiered.gpus} instead of {hbm.gpus})"
+        f"{gpus} fewer {'GPU' if gpus == 1 else 'GPUs'} ({tiered.gpus} instead of {hbm.gpus})"
         if gpus > 0
-        else (f"the same {tiered.gpus} GPUs" if gpus == 0 else f"{-gpus} more GPUs")
+        else (f"the same {_n_gpus(tiered.gpus)}" if gpus == 0 else f"{_n_gpus(-gpus)} more")
     )
     word = "less" if saving >= 0 else "more"
     return (
