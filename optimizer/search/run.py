@@ -358,8 +358,8 @@ def optimize(
     # Enqueued (warm-start) trials run on one thread: with several threads, two can take the
     # same waiting trial from an SQLite storage and the second then fails to report it.
     # The last two trials of the budget are kept for the instance sweeps of
-    # kvtier.search.tiering (the winner without its lower tiers, an HBM-only winner with one
-    # added), so the study, the winner and its policy file include their answers; a space
+    # kvtier.search.tiering (the winner without its lower tiers, and with one lower tier in
+    # place of its own), so the study, the winner and its policy file include their answers; a space
     # that pins a lower tier on or the instance count cannot express those policies.
     expressible = "serving.instances" not in search_space.pinned and not any(
         k.startswith("tiers.") and k.endswith(".enabled") and v is True
