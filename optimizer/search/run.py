@@ -425,9 +425,9 @@ def optimize(
         tier_additions=additions,
     )
     if reserve and (deadline is None or time.monotonic() < deadline):
-        for swept in (tiered, hbm_only):
-            if swept is not None and swept.label.endswith(SWEPT):
-                study.enqueue_trial(swept.params, skip_if_exists=True)
+        swept = [c for c in (tiered, hbm_only) if c is not None and c.label.endswith(SWEPT)]
+        for choice in sorted(swept, key=lambda c: c.cost_per_mtok)[:reserve]:
+            study.enqueue_trial(choice.params, skip_if_exists=True)
         total = optuna.study.MaxTrialsCallback(n_trials, states=FINISHED)
         study.optimize(objective, n_trials=reserve, callbacks=[*callbacks, total], catch=())
         best = best_feasible(study)
