@@ -235,3 +235,18 @@ def test_engines_agree_on_the_bundled_trace_across_two_hosts(preset) -> None:
     # some transfers cross hosts: they occupy the NICs (rdma.port links) the tiers name
     nic = [j for j, n in enumerate(cfg.pd.link_names) if n.startswith("rdma.port")]
     assert ref.link_bytes[nic].sum() > 0
+
+
+def test_per_request_rows_carry_the_decode_instance_and_transfer() -> None:
+    from kvtier.sim.requests import request_table
+
+    t = BlockedTrace.from_lists([0.0, 0.0], [30000, 3000], [4, 1], [[], []], 16)
+    cfg = config(2, 1)
+    tables = [request_table(t, simulate_raw(t, cfg, engine=e)) for e in ENGINES]
+    assert tables[0].equals(tables[1])
+    rows = tables[0].to_pydict()
+    assert rows["decode_instance"] == [1, -1]  # a one-token answer stays on its prefill
+    assert rows["kv_transfer_s"][0] == pytest.approx(nixl_span(30000, 450 * GB), rel=1e-12)
+    assert rows["kv_transfer_s"][1] is None
+    agg = request_table(t, simulate_raw(t, config(2, 0)))
+    assert "decode_instance" not in agg.column_names

@@ -17,7 +17,11 @@ tests compare it row by row). Columns:
 - ``preemptions`` and ``preempted_tokens`` (``scheduler = "vllm_v1"``): times the request was
   preempted and the computed KV tokens those preemptions discarded (computed again, less any
   found in a cache on its return);
-- ``rejected``: the request can never fit an instance's HBM.
+- ``rejected``: the request can never fit an instance's HBM;
+- disaggregated replays only (some request handed over): ``decode_instance`` (-1: it
+  never left its prefill instance) and ``kv_transfer_s``, seconds from its prefill's end to
+  its KV's arrival on the decode instance (waiting for decode blocks included; null when not
+  handed over or its KV had not arrived when the replay stopped).
 """
 
 from __future__ import annotations
@@ -89,6 +93,10 @@ def request_table(
     columns["preemptions"] = pa.array(pre, type=i8)
     columns["preempted_tokens"] = pa.array(pre_tok, type=i8)
     columns["rejected"] = pa.array(rejected, type=pa.bool_())
+    dec = raw.decode_instance
+    if dec is not None and raw.kv_transfer_s is not None and bool((dec >= 0).any()):
+        columns["decode_instance"] = pa.array(dec, type=i8)
+        columns["kv_transfer_s"] = _nullable(raw.kv_transfer_s, (dec >= 0) & has_first, f8)
     return pa.table(columns)
 
 
