@@ -104,7 +104,10 @@ def _raw_batches(file: str, batch_rows: int) -> Iterator[pa.Table]:
         with open(file, "rb") as fh:
             parquet = fh.read(4) == b"PAR1"
         if parquet:
-            for batch in pq.ParquetFile(file).iter_batches(batch_size=batch_rows):
+            # pre_buffer=False: with it, pyarrow keeps every row group read so far cached
+            # until the reader closes, which grows with the file (36 MB a batch here)
+            reader = pq.ParquetFile(file, pre_buffer=False)
+            for batch in reader.iter_batches(batch_size=batch_rows):
                 yield pa.Table.from_batches([batch])
             return
         with pa.memory_map(file) as source:

@@ -173,7 +173,7 @@ def _write_checked(
         ],
         metadata=meta,
     )
-    reader = pq.ParquetFile(staged)
+    reader = pq.ParquetFile(staged, pre_buffer=False)  # pre-buffering caches the whole file
     arrival_bad = (
         "not a timestamp like 2023-11-16 18:17:03.97 or 2024-05-10 00:00:00+00:00"
         if kind == "timestamp"
