@@ -22,9 +22,9 @@ import polars as pl
 from numba import njit
 
 import kvtier.jitcache  # noqa: F401  (drops kernels compiled against older sources)
-from kvtier.errors import InputError
 from kvtier.trace.blocked import BlockedTrace
 from kvtier.trace.format import PASS_COLUMN, Trace
+from kvtier.trace.mapstream import check_block_size
 
 
 @njit(cache=True, nogil=True)
@@ -68,14 +68,8 @@ def block_trace(
     trace: Trace, block_tokens: int, *, share_across_tenants: bool = False
 ) -> BlockedTrace:
     """Map ``trace`` to full ``block_tokens``-token blocks with dense int32 ids."""
-    B = int(block_tokens)
     G = trace.block_tokens
-    if B <= 0 or (B % G and G % B):
-        raise InputError(
-            f"block size {B} must be a multiple or a divisor of the trace's native block size {G}",
-            path=trace.path,
-            column="block_tokens",
-        )
+    B = check_block_size(block_tokens, G, trace.path)
     n = trace.n_requests
     inp = trace.input_tokens
     tenants = tenant_codes(trace)

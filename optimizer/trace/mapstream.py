@@ -47,7 +47,8 @@ PART_ROWS = 1 << 24  # rows per file of a dataset directory written by ``trace m
 
 
 def check_block_size(block_tokens: int, native: int, path: str | None) -> int:
-    """The block size rule of :func:`~kvtier.trace.blocks.block_trace`, with its message."""
+    """``block_tokens`` if it is a multiple or a divisor of the trace's ``native`` block size
+    (the rule of :func:`~kvtier.trace.blocks.block_trace` and of the streamed mapping)."""
     B = int(block_tokens)
     if B <= 0 or (B % native and native % B):
         raise InputError(
