@@ -182,7 +182,7 @@ def stream_sample(
 
     _check_options(fraction, seed)
     try:
-        source = pq.ParquetFile(path)
+        source = pq.ParquetFile(path, pre_buffer=False)  # pre-buffering caches the whole file
     except (OSError, pa.ArrowException) as err:
         raise InputError(f"a streamed sample reads one Parquet file: {err}", path=path) from None
     meta = trace_metadata(source.schema_arrow, path)
