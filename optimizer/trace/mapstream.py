@@ -25,9 +25,10 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import polars as pl
@@ -39,6 +40,9 @@ from kvtier.trace.batches import BATCH_ROWS, TraceBatches, iter_batches, open_ba
 from kvtier.trace.blocked import BlockedTrace
 from kvtier.trace.format import HASH_TYPE, META_BLOCK_TOKENS, Trace
 from kvtier.trace.io import atomic_write
+
+if TYPE_CHECKING:
+    from kvtier.trace.idtable import IdTable
 
 TAIL_TAG = np.uint64(1 << 63)  # identity of a request's partial last block: TAIL_TAG | row
 META_MAPPED_FROM = "map.native_block_tokens"  # kept by every later read and write
@@ -68,14 +72,14 @@ class BatchMapper:
     native_block_tokens: int  # G
     has_prefix_info: bool
     salted: bool  # identities carry the tenant
-    table: object = None  # IdTable, created on first use (numba is imported only then)
+    table: IdTable | None = None  # created on first use (numba is imported only then)
 
     def __post_init__(self) -> None:
         self.tenants: dict[str, int] = {}
 
     @property
     def n_blocks(self) -> int:
-        return 0 if self.table is None else self.table.n  # type: ignore[attr-defined]
+        return 0 if self.table is None else self.table.n
 
     def tenant_codes(self, batch: pa.Table) -> np.ndarray | None:
         """Tenant index per request, numbered in order of first appearance over all batches."""
@@ -122,7 +126,7 @@ class BatchMapper:
             from kvtier.trace.idtable import IdTable  # numba: only when a trace is mapped
 
             self.table = IdTable(two_words=self.two_words)
-        return offsets, self.table.ids(hi, lo)  # type: ignore[attr-defined]
+        return offsets, self.table.ids(hi, lo)
 
     @property
     def two_words(self) -> bool:
@@ -246,7 +250,7 @@ def map_trace_file(
     meta = _out_meta(trace.meta, trace.block_tokens, mapper.block_tokens, share_across_tenants)
     counts = {"rows": 0, "refs": 0}
 
-    def write_parts(sink_for: object) -> None:
+    def write_parts(sink_for: Callable[[int], str]) -> None:
         writer: pq.ParquetWriter | None = None
         part_written = 0
         part = 0
@@ -260,11 +264,7 @@ def map_trace_file(
                     writer.close()
                     writer, part_written, part = None, 0, part + 1
                 if writer is None:
-                    writer = pq.ParquetWriter(
-                        sink_for(part),
-                        mapped.schema,
-                        compression="zstd",  # type: ignore[operator]
-                    )
+                    writer = pq.ParquetWriter(sink_for(part), mapped.schema, compression="zstd")
                 writer.write_table(mapped.cast(writer.schema))
                 part_written += mapped.num_rows
                 counts["rows"] += mapped.num_rows
@@ -292,7 +292,7 @@ def map_trace_file(
         finally:
             if os.path.isdir(tmp_dir):
                 shutil.rmtree(tmp_dir, ignore_errors=True)
-    table_bytes = 0 if mapper.table is None else mapper.table.nbytes  # type: ignore[attr-defined]
+    table_bytes = 0 if mapper.table is None else mapper.table.nbytes
     return MapSummary(
         counts["rows"], counts["refs"], mapper.n_blocks, mapper.block_tokens, table_bytes
     )
