@@ -122,7 +122,23 @@ def disaggregated(draw: st.DrawFn, cfg: SimConfig) -> SimConfig:
             link_duplex=pd.link_duplex,
             link_names=pd.link_names,
         )
-    return replace(cfg, n_prefill=draw(st.integers(1, K - 1)), pd=pd, tiers=tiers)
+    split = replace(cfg, n_prefill=draw(st.integers(1, K - 1)), pd=pd, tiers=tiers)
+    return two_pools(draw, split)
+
+
+def two_pools(draw: st.DrawFn, cfg: SimConfig) -> SimConfig:
+    """A split ``cfg`` as is, or (half the time) with a decode pool of another tensor-parallel
+    size: its own HBM blocks (fewer or more than the prefill pool's), watermark and step
+    times."""
+    if draw(st.booleans()):
+        return cfg
+    cap = draw(st.one_of(st.integers(1, 12), st.integers(12, 80)))
+    return replace(
+        cfg,
+        decode_capacity_blocks=cap,
+        decode_watermark_blocks=draw(st.sampled_from([0, min(1, cap)])),
+        decode_timing=draw(st.one_of(st.none(), timings())),
+    )
 
 
 @st.composite

@@ -203,25 +203,35 @@ class Hardware:
     source: str = ""
     tiers: dict[str, TierHardware] = field(default_factory=dict)
 
-    def kv_capacity_bytes(self, model: ModelProfile) -> float:
-        """HBM bytes left for KV blocks in one instance (``tp`` GPUs): HBM - weights - reserve.
+    def kv_capacity_bytes(self, model: ModelProfile, tp: int | None = None) -> float:
+        """HBM bytes left for KV blocks in one instance (``tp`` GPUs, default the topology's):
+        HBM - weights - reserve.
 
         The weights are split evenly over the instance's GPUs, as tensor parallelism does.
         """
-        tp = self.topology.tp
+        tp = self.topology.tp if tp is None else tp
         per_gpu = self.gpu.hbm_bytes * self.gpu_memory_utilization - self.activation_reserve_bytes
         return tp * per_gpu - model.weight_bytes
 
-    def cost_per_hour(self, instances: int, tier_gb: dict[str, float] | None = None) -> float:
-        """Dollars per hour for ``instances`` replicas: their GPUs plus the hosts they occupy.
+    def cost_per_hour(
+        self,
+        instances: int,
+        tier_gb: dict[str, float] | None = None,
+        *,
+        gpus: int | None = None,
+        hosts: int | None = None,
+    ) -> float:
+        """Dollars per hour for ``instances`` replicas: their GPUs plus the hosts they occupy
+        (``gpus`` / ``hosts`` when given, as a layout of pools of two tensor-parallel sizes
+        counts them, :class:`kvtier.hardware.layout.Layout`).
 
         ``tier_gb`` adds lower tiers: total GB of each (all hosts' DRAM, the whole pool) at
         the profile's all-in price per GB-hour, plus the fabric each needs on every occupied
         host (``fabric_per_host_hour``: CXL adapters only with a CXL tier, RDMA NICs only with
         an RDMA pool), docs/design.md 4.6 and docs/sources.md [Prices-2026].
         """
-        gpus = instances * self.topology.tp
-        hosts = -(-gpus // self.topology.gpus_per_host)
+        gpus = instances * self.topology.tp if gpus is None else gpus
+        hosts = -(-gpus // self.topology.gpus_per_host) if hosts is None else hosts
         cost = gpus * self.gpu.price_per_hour + hosts * self.host_fixed_per_hour
         for name, gb in (tier_gb or {}).items():
             tier = self.tiers[name]

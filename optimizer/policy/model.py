@@ -129,6 +129,22 @@ class ServingPolicy:
         kind="int",
         maximum=64,
     )
+    # Per-pool tensor parallelism of a disaggregated split (docs/model.md, "Per-pool tensor
+    # parallelism"): prefill and decode instances may shard over different GPU counts, as
+    # Dynamo's and vLLM's P/D deployments launch each role with its own --tensor-parallel-size.
+    # Unset: serving.tp. Aggregated (no split), both must be unset or equal to serving.tp.
+    prefill_tp: int | None = setting(
+        None,
+        "disaggregated: GPUs per prefill instance (unset: serving.tp)",
+        kind="int",
+        maximum=64,
+    )
+    decode_tp: int | None = setting(
+        None,
+        "disaggregated: GPUs per decode instance (unset: serving.tp)",
+        kind="int",
+        maximum=64,
+    )
     weight_dtype: str | None = setting(
         None,
         "weight element type (unset: the model profile's); fp8 needs a GPU with FP8",

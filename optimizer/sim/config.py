@@ -8,14 +8,15 @@ jitted engine can branch on them; they come from the router registry
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
 from kvtier.errors import InputError
 from kvtier.hardware.deploy import apply_deployment
+from kvtier.hardware.layout import plan_layout
 from kvtier.hardware.types import GB, Hardware, ModelProfile
-from kvtier.policy.model import Policy, prefill_count
+from kvtier.policy.model import Policy
 from kvtier.policy.registries import ROUTERS, SCHEDULERS
 from kvtier.sim.pd import PdConfig, build_pd
 from kvtier.sim.steptime.backend import step_timing
@@ -57,6 +58,12 @@ class SimConfig:
     # links of ``pd`` (kvtier.sim.pd; None when aggregated)
     n_prefill: int = 0
     pd: PdConfig | None = field(default=None, compare=False, repr=False)
+    # per-pool tensor parallelism (docs/model.md, "Per-pool tensor parallelism"): the decode
+    # instances' HBM blocks, watermark and packed step-time array when the decode pool shards
+    # over another GPU count than the prefill pool (None: the fields above, one pool)
+    decode_capacity_blocks: int | None = None
+    decode_watermark_blocks: int | None = None
+    decode_timing: np.ndarray | None = field(default=None, compare=False, repr=False)
 
     # the packed step-time array (kvtier.sim.timing layout; None: the plain roofline of the
     # fields above), the backend that made it and its provenance (package and data versions)
@@ -97,48 +104,88 @@ class SimConfig:
             frontend_s=self.frontend_s,
         )
 
+    @property
+    def two_pools(self) -> bool:
+        """The decode instances differ from the prefill ones (capacity, watermark or timing)."""
+        return self.n_prefill > 0 and (
+            self.decode_capacity_blocks is not None
+            or self.decode_watermark_blocks is not None
+            or self.decode_timing is not None
+        )
+
+    def instance_capacity(self) -> np.ndarray:
+        """HBM blocks of each instance (int64): the prefill (or only) pool's, then the
+        decode pool's."""
+        cap = np.full(self.n_instances, self.capacity_blocks, dtype=np.int64)
+        if self.n_prefill > 0 and self.decode_capacity_blocks is not None:
+            cap[self.n_prefill :] = self.decode_capacity_blocks
+        return cap
+
+    def instance_watermark(self) -> np.ndarray:
+        """vllm_v1's free blocks an admission leaves, per instance (int64)."""
+        wm = np.full(self.n_instances, self.watermark_blocks, dtype=np.int64)
+        if self.n_prefill > 0 and self.decode_watermark_blocks is not None:
+            wm[self.n_prefill :] = self.decode_watermark_blocks
+        return wm
+
+    def fit_blocks(self) -> int:
+        """The most blocks a request may hold and still be served: the smallest instance's
+        (a disaggregated request is held by a prefill and then a decode instance)."""
+        return int(self.instance_capacity().min())
+
+    def pool_timings(self) -> list[np.ndarray]:
+        """The packed step-time array of each pool: the prefill (or only) pool's, then the
+        decode pool's when it has its own (front-end cost: ``frontend_s`` in both)."""
+        first = self.timing_params()
+        if self.n_prefill == 0 or self.decode_timing is None:
+            return [first]
+        second = self.decode_timing.copy()
+        second[T_FRONTEND] = self.frontend_s
+        return [first, second]
+
+    def instance_timings(self) -> list[np.ndarray]:
+        """The packed step-time array of each instance (the same object within a pool)."""
+        pools = self.pool_timings()
+        return [pools[1 if k >= self.n_prefill and len(pools) > 1 else 0]
+                for k in range(self.n_instances)]  # fmt: skip
+
+
 
 def build_config(hardware: Hardware, model: ModelProfile, policy: Policy) -> SimConfig:
     """Derive a :class:`SimConfig`; impossible deployments raise :class:`InputError`."""
     hardware, model = apply_deployment(hardware, model, policy)
     topo = hardware.topology
     serving = policy.serving
-    n_inst = serving.instances if serving.instances is not None else topo.max_instances
-    if serving.tp is not None:
-        n_inst = min(n_inst, topo.max_instances)  # serving.tp set: instances follow the GPUs
-    if n_inst > topo.max_instances:
-        raise InputError(
-            f"policy asks for {n_inst} instances but hardware {hardware.name!r} has only "
-            f"{topo.max_instances} (tp={topo.tp})"
-        )
+    layout = plan_layout(topo, serving, hardware.name)
+    n_inst = layout.n_instances
     kvb = model.kv_bytes_per_token(policy.kv_dtype)
-    block_bytes = policy.kv_bytes_per_block(model)
-    hbm_tier = policy.tiers[0]
-    if hbm_tier.capacity_gb is not None:
-        kv_bytes = hbm_tier.capacity_gb * GB
-    else:
-        kv_bytes = hardware.kv_capacity_bytes(model)
-    # MLA latents (and GQA heads when tp > kv_heads) are replicated across the TP ranks
-    replicated = block_bytes * model.kv_replication(topo.tp)
-    if kv_bytes < replicated:
-        raise InputError(
-            f"model {model.name!r} leaves no room for KV blocks on {hardware.name!r}: "
-            f"{kv_bytes / GB:.1f} GB after weights per instance of tp={topo.tp}"
-        )
-    n_pf = prefill_count(serving, n_inst)
+    n_pf = layout.n_prefill
     if n_pf and not 1 <= n_pf < n_inst:
         raise InputError(
             f"serving.prefill_instances = {n_pf} leaves no decode instance of {n_inst}; "
             f"choose 0 (aggregated) or 1..{n_inst - 1}"
         )
-    tiers = build_tiers(hardware, model, policy, n_inst)
+    pools = [_pool(hardware, model, policy, layout.prefill_tp, float(kvb))]
+    if layout.mixed:
+        pools.append(_pool(hardware, model, policy, layout.decode_tp, float(kvb)))
+    first = pools[0]
+    timing, backend, provenance = first.timing, first.backend, first.provenance
+    if layout.mixed:
+        provenance = f"prefill tp={layout.prefill_tp}: {provenance}; decode tp=" + (
+            f"{layout.decode_tp}: {pools[1].provenance}"
+        )
+        if pools[1].backend != backend:
+            backend = f"{backend}+{pools[1].backend}"
+    tiers = build_tiers(hardware, model, policy, n_inst, layout)
     pd = None
     if n_pf:
-        pd, tiers = build_pd(hardware, model, policy, n_inst, tiers)
-    timing, backend, provenance = step_timing(hardware, model, policy, float(kvb))
+        # each instance's links at its own GPUs (kvtier.sim.pd): the KV crosses the smaller
+        # pool's links, each decode GPU pulling its share (docs/model.md)
+        pd, tiers = build_pd(hardware, model, policy, n_inst, tiers, layout)
+    last = pools[-1]
     return SimConfig(
         n_instances=n_inst,
-        capacity_blocks=int(kv_bytes // replicated),
+        capacity_blocks=first.blocks,
         block_tokens=policy.block_tokens,
         token_budget=serving.max_num_batched_tokens,
         max_seqs=serving.max_num_seqs,
@@ -152,7 +199,9 @@ def build_config(hardware: Hardware, model: ModelProfile, policy: Policy) -> Sim
         kv_bytes_per_token=float(timing[4]),
         mem_rate=float(timing[5]),
         step_overhead_s=float(timing[6]),
-        cost_per_hour=hardware.cost_per_hour(n_inst, tiers.tier_gb if tiers else None),
+        cost_per_hour=hardware.cost_per_hour(
+            n_inst, tiers.tier_gb if tiers else None, gpus=layout.gpus, hosts=layout.hosts
+        ),
         tiers=tiers,
         timing=timing,
         step_backend=backend,
@@ -163,5 +212,40 @@ def build_config(hardware: Hardware, model: ModelProfile, policy: Policy) -> Sim
         scheduler=SCHEDULERS.codes[serving.scheduler],
         n_prefill=n_pf,
         pd=pd,
-        watermark_blocks=int(serving.watermark * int(kv_bytes // replicated)),
+        watermark_blocks=int(serving.watermark * first.blocks),
+        decode_capacity_blocks=last.blocks if layout.mixed else None,
+        decode_watermark_blocks=int(serving.watermark * last.blocks) if layout.mixed else None,
+        decode_timing=last.timing if layout.mixed else None,
     )
+
+
+@dataclass(frozen=True)
+class _Pool:
+    """One pool's HBM blocks per instance and step-time array (its tensor-parallel size)."""
+
+    blocks: int
+    timing: np.ndarray
+    backend: str
+    provenance: str
+
+
+def _pool(hardware: Hardware, model: ModelProfile, policy: Policy, tp: int, kvb: float) -> _Pool:
+    """HBM blocks of an instance of ``tp`` GPUs (weights and KV split over them, MLA latents
+    and GQA heads beyond ``tp`` replicated) and its step times (the tables of that tp)."""
+    topo = hardware.topology
+    if tp != topo.tp:
+        hardware = replace(hardware, topology=replace(topo, tp=tp))
+    block_bytes = policy.kv_bytes_per_block(model)
+    hbm_tier = policy.tiers[0]
+    if hbm_tier.capacity_gb is not None:
+        kv_bytes = hbm_tier.capacity_gb * GB
+    else:
+        kv_bytes = hardware.kv_capacity_bytes(model)
+    replicated = block_bytes * model.kv_replication(tp)
+    if kv_bytes < replicated:
+        raise InputError(
+            f"model {model.name!r} leaves no room for KV blocks on {hardware.name!r}: "
+            f"{kv_bytes / GB:.1f} GB after weights per instance of tp={tp}"
+        )
+    timing, backend, provenance = step_timing(hardware, model, policy, kvb)
+    return _Pool(int(kv_bytes // replicated), timing, backend, provenance)

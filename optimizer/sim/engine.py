@@ -37,6 +37,7 @@ from kvtier.sim.result import RawResult, SloCheck, end_time
 from kvtier.sim.routing import kv_route_weights
 from kvtier.sim.steptime.pack import validate_timing
 from kvtier.sim.tiers import MAX_PATH, TierConfig, recompute_costs
+from kvtier.sim.timing import T_FRONTEND
 from kvtier.trace.blocked import BlockedTrace
 
 # The cache map holds one int32 per (instance, block id); it is allocated lazily (calloc), but
@@ -159,10 +160,10 @@ def simulate_engine(
         raise ValueError(
             "token_budget >= 1, a router the kernel implements, affinity_overload >= 0"
         )
-    if cfg.scheduler not in SCHEDULERS.codes.values() or not (
-        0 <= cfg.watermark_blocks <= cfg.capacity_blocks
-    ):
-        raise ValueError("scheduler must be a known code, 0 <= watermark_blocks <= capacity")
+    caps, marks, timings, pool_of = _pool_params(cfg)
+    cap = int(caps.max())  # the slot layout's stride: the largest instance's slots
+    if cfg.scheduler not in SCHEDULERS.codes.values():
+        raise ValueError("scheduler must be a known code")
     if cfg.max_seqs > MAX_SEQS:
         raise InputError(f"max_num_seqs {cfg.max_seqs} is above the supported {MAX_SEQS}")
     shared, n_shared = trace.shared_blocks  # computed once per trace, bounds by construction
@@ -176,17 +177,17 @@ def simulate_engine(
             f"{cfg.n_instances} instances x {n_shared:,} blocks read more than once is too "
             "large a cache map; use a larger block size or fewer instances"
         )
-    if cfg.n_instances * (cfg.capacity_blocks + 1) > MAX_SLOTS or cfg.capacity_blocks > MAX_CAP:
+    if cfg.n_instances * (cap + 1) > MAX_SLOTS or cap > MAX_CAP:
         raise InputError(
-            f"{cfg.n_instances} instances x {cfg.capacity_blocks:,} HBM blocks is too many "
+            f"{cfg.n_instances} instances x {cap:,} HBM blocks is too many "
             "slots; use a larger block size"
         )
-    ring_len = free_ring_length(cfg.capacity_blocks)
-    if not (max(cfg.capacity_blocks, AHEAD) < ring_len < 1 << 31):
-        raise ValueError(f"free ring of {ring_len} entries for {cfg.capacity_blocks} slots")
-    tparams = cfg.timing_params()
-    validate_timing(tparams)  # finite, positive rates; measured tables: grids and shapes
-    tb = kernel_blocks(total_blocks(trace, cfg.block_tokens), cfg.capacity_blocks)
+    ring_len = free_ring_length(cap)
+    if not (max(cap, AHEAD) < ring_len < 1 << 31):
+        raise ValueError(f"free ring of {ring_len} entries for {cap} slots")
+    tparams = timings[0]
+    fit = int(caps.min())
+    tb = kernel_blocks(total_blocks(trace, cfg.block_tokens), fit)
     n_refs = _check_counts(trace, cfg, tb, n_shared, ring_len)
     slo_on = slo is not None
     thr = slo.thresholds() if slo is not None else np.full(4, np.inf)
@@ -216,7 +217,7 @@ def simulate_engine(
     )
     params = Params(
         cfg.n_instances,
-        cfg.capacity_blocks,
+        cap,
         ring_len,
         cfg.block_tokens,
         cfg.token_budget,
@@ -225,6 +226,10 @@ def simulate_engine(
         cfg.affinity_overload,
         n_shared,
         tparams,
+        timings,
+        pool_of,
+        caps,
+        fit,
         slo_on,
         thr,
         lim,
@@ -233,7 +238,7 @@ def simulate_engine(
         float(cfg.kv_overlap_weight),
         _route_weights(cfg),
         int(cfg.scheduler),
-        int(cfg.watermark_blocks),
+        marks,
         *pd_params,
     )
     out = Outputs(
@@ -251,7 +256,9 @@ def simulate_engine(
         kv_transfer_s=np.zeros(n, dtype=np.float64),
     )
     # disaggregated: a second slot region holds the prefill slots of handed-over requests
-    pools = _hbm_pools(cfg, n_shared, ring_len, n_refs * (2 if cfg.n_prefill > 0 else 1), kept)
+    pools = _hbm_pools(
+        cfg, cap, n_shared, ring_len, n_refs * (2 if cfg.n_prefill > 0 else 1), kept
+    )
     simulate_nb(requests, params, pools, ts, tp, lk, out)
     for role, arr in kept.items():  # only after a completed call: the map is zero again
         SCRATCH.give(role, arr)
@@ -274,6 +281,32 @@ def simulate_engine(
         kv_transfer_s=out.kv_transfer_s if cfg.n_prefill > 0 else None,
         **_tier_result(cfg.tiers, lk, out.load_s),
     )
+
+
+def _pool_params(cfg: SimConfig) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Per-instance HBM slots and watermarks, each pool's packed step times as rows of one
+    array (zero-padded to the longest row) and each instance's row, checked: at least one slot
+    per instance, ``0 <= watermark <= slots``, every row valid (its tables' lengths are in its
+    own header, so the kernel never reads the padding), rows indexed in range."""
+    caps = np.ascontiguousarray(cfg.instance_capacity(), dtype=np.int64)
+    marks = np.ascontiguousarray(cfg.instance_watermark(), dtype=np.int64)
+    if caps.shape != (cfg.n_instances,) or marks.shape != caps.shape:
+        raise ValueError("one capacity and one watermark per instance")
+    if int(caps.min()) < 1 or np.any(marks < 0) or np.any(marks > caps):
+        raise ValueError("capacity_blocks must be >= 1 and 0 <= watermark_blocks <= capacity")
+    rows = cfg.pool_timings()
+    for row in rows:
+        validate_timing(row)  # finite, positive rates; measured tables: grids and shapes
+    width = max(r.size for r in rows)
+    timings = np.zeros((len(rows), width), dtype=np.float64)
+    for j, row in enumerate(rows):
+        timings[j, : row.size] = row
+    if len({float(r[T_FRONTEND]) for r in rows}) != 1:
+        raise ValueError("every pool has the same per-request front-end cost")
+    pool_of = np.zeros(cfg.n_instances, dtype=np.int64)
+    if len(rows) > 1:
+        pool_of[cfg.n_prefill :] = 1
+    return caps, marks, timings, pool_of
 
 
 def _pd_params(cfg: SimConfig, n_refs: int) -> tuple:
@@ -411,7 +444,7 @@ def replay_bytes(
     """Bytes of the arrays one numba replay allocates (the cache map counted in full, although
     its untouched pages cost nothing)."""
     n, inst = trace.n_requests, cfg.n_instances
-    n_slots = inst * cfg.capacity_blocks
+    n_slots = inst * int(cfg.instance_capacity().max())
     total = 4 * inst * n_shared + 24 * n_slots + 4 * (inst + 1) * ring_len
     total += 4 * n_refs * (2 if cfg.n_prefill > 0 else 1)  # slots (and held prefill slots)
     tiers = cfg.tiers
@@ -433,12 +466,17 @@ def physical_memory() -> int:
 
 
 def _hbm_pools(
-    cfg: SimConfig, n_shared: int, ring_len: int, n_refs: int, kept: dict[str, np.ndarray]
+    cfg: SimConfig,
+    cap: int,
+    n_shared: int,
+    ring_len: int,
+    n_refs: int,
+    kept: dict[str, np.ndarray],
 ) -> HbmPools:
     """The kernel's HBM pool arrays, kept between replays of the same shape. The map is all
     zero (new: calloc; kept: the kernel clears what it set); the kernel sets every entry of
     the others that it reads."""
-    n_slots = cfg.n_instances * cfg.capacity_blocks
+    n_slots = cfg.n_instances * cap  # cap: the largest instance's slots (the stride)
     return HbmPools(
         slot_of=SCRATCH.borrow(
             "slot_of", (cfg.n_instances * n_shared,), np.int32, kept, zeros=True

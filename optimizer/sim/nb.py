@@ -321,7 +321,7 @@ class Params(NamedTuple):
     """The serving scalars of ``SimConfig`` and the early-stop bounds of ``SloCheck``."""
 
     n_instances: int
-    capacity: int  # HBM slots per instance
+    capacity: int  # HBM slots per instance in the slot layout: the largest instance's
     ring_len: int  # entries of each free ring (engine.free_ring_length: 2 * capacity + AHEAD)
     block_tokens: int
     token_budget: int  # max_num_batched_tokens
@@ -330,6 +330,13 @@ class Params(NamedTuple):
     affinity_overload: int
     n_shared: int  # blocks read more than once (map entries per instance), >= 1
     timing: np.ndarray  # f8: packed step-time parameters (SimConfig.timing_params)
+    # per-pool tensor parallelism: each pool's packed step times (rows, zero-padded to the
+    # longest), the row of each instance, each instance's HBM slots (<= capacity) and the
+    # most blocks a request may hold (the smallest instance's)
+    timings: np.ndarray  # f8 (pools, length)
+    pool_of: np.ndarray  # i8 (n_instances,)
+    capacities: np.ndarray  # i8 (n_instances,)
+    fit_blocks: int
     slo_on: bool
     slo_thresholds: np.ndarray  # f8 (4,): mean, p99, p999 TTFT bounds, p99 TPOT bound
     slo_limits: np.ndarray  # i8 (3,): over-limits for p99, p999 TTFT and p99 TPOT
@@ -338,7 +345,7 @@ class Params(NamedTuple):
     kv_overlap_weight: float  # kv_aware router: weight of the prompt blocks left to prefill
     route_w: np.ndarray  # f8 (n_tiers, n_instances): kv_aware weight of a lower-tier hit
     scheduler: int  # RESERVE (whole footprint at admission) or VLLM_V1 (grow, preempt)
-    watermark_blocks: int  # vllm_v1: free blocks an admission leaves while others run
+    watermarks: np.ndarray  # i8 (n_instances,) vllm_v1: free blocks an admission leaves
     n_prefill: int  # disaggregated: instances [0, n_prefill) prefill, the rest decode (0: none)
     # the P/D transfer (kvtier.sim.pd.PdConfig): paths [prefill, decode, j], links, connector
     pd_path: np.ndarray  # i8 (K, K, P)
@@ -748,7 +755,8 @@ def stop_early_nb(now: float, ist: InstanceState, prm: Params, out: Outputs, ty:
     """Stop at ``now``: take back the decode steps run ahead that begin at or after it."""
     for k in range(prm.n_instances):
         if ist.seg_steps[k] > 0:
-            ty.ints[C_ITER] -= skip_back_nb(k, now, ist, out, prm.timing, ty.ints)
+            timing = prm.timings[prm.pool_of[k]]
+            ty.ints[C_ITER] -= skip_back_nb(k, now, ist, out, timing, ty.ints)
 
 
 @njit(cache=True, nogil=True, _nrt=False)
@@ -881,7 +889,7 @@ def arrive_nb(
     q_head = ist.q_head
     next_waiting = rs.next_waiting
     q_len = ist.q_len
-    if total_blocks[i] > prm.capacity:
+    if total_blocks[i] > prm.fit_blocks:
         ints[C_REJECTED] += 1
         return
     ints[C_IN_FLIGHT] += 1
@@ -932,7 +940,7 @@ def admit_nb(
     block_ids = rq.block_ids
     src = buf.src
     counts = buf.counts
-    timing = prm.timing
+    timing = prm.timings[prm.pool_of[k]]  # this instance's pool's step times
     path = buf.path
     load_s = out.load_s
     loaded_blocks = out.loaded_blocks
@@ -973,7 +981,7 @@ def admit_nb(
             q0 = budget
         need = (kv0 + q0 + B - 1) // B - h
         if others:
-            reserve = prm.watermark_blocks
+            reserve = prm.watermarks[k]
     else:
         need = total_blocks[i] - h
     ints[C_STAMP] += 1
@@ -1338,7 +1346,7 @@ def run_ahead_nb(
     busy_s = out.busy_s
     seg_attn = ist.seg_attn
     seg_kv = ist.seg_kv
-    timing = prm.timing
+    timing = prm.timings[prm.pool_of[k]]  # this instance's pool's step times
     running = ist.running
     sched_pos = ist.sched_pos
     kv = rs.kv
@@ -1438,7 +1446,7 @@ def start_iteration_nb(
     next_waiting = rs.next_waiting
     q_tail = ist.q_tail
     wake = ist.wake
-    timing = prm.timing
+    timing = prm.timings[prm.pool_of[k]]  # this instance's pool's step times
     n_sched = ist.n_sched
     busy = ist.busy
     busy_until = ist.busy_until
@@ -1752,20 +1760,24 @@ def simulate_nb(
         seg_kv=np.zeros(n_inst, dtype=np.int64),
         seg_m=np.zeros(n_inst, dtype=np.int64),
         ring_head=np.zeros(n_inst, dtype=np.int64),
-        ring_count=np.full(n_inst, cap, dtype=np.int64),
-        free_len=np.full(n_inst, cap, dtype=np.int64),
+        ring_count=prm.capacities.copy(),
+        free_len=prm.capacities.copy(),
         saving=np.zeros(n_inst, dtype=np.bool_),
     )
     # HBM pools, possibly kept from an earlier replay, are set here. Entries of a ring past
     # its live ones name slot 0 of the instance, so the allocation loop's look-ahead always
     # reads a slot record.
+    # Instance k's slots are k * cap + [0, capacities[k]) (cap: the largest instance's); the
+    # rest of its stride never enters its ring.
     for k in range(n_inst):
+        ck = prm.capacities[k]
         for r in range(R):
-            pool.rings[k * R + r] = k * cap + (r if r < cap else 0)
+            pool.rings[k * R + r] = k * cap + (r if r < ck else 0)
     for k in range(n_inst):
+        ck = prm.capacities[k]
         for x in range(cap):
             g = k * cap + x
-            pool.records[4 * g + POS] = x
+            pool.records[4 * g + POS] = x if x < ck else -1
             pool.records[4 * g + MAP] = -1
             pool.records[4 * g + REF] = 0
             pool.records[4 * g + BLOCK] = -1

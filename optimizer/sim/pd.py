@@ -28,6 +28,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
+from kvtier.hardware.layout import Layout
 from kvtier.hardware.types import GB, Hardware, ModelProfile
 from kvtier.policy.model import Policy
 from kvtier.policy.registries import CONNECTORS, UNITS
@@ -96,27 +97,31 @@ def build_pd(
     policy: Policy,
     n_instances: int,
     tiers: TierConfig | None,
+    layout: Layout | None = None,
 ) -> tuple[PdConfig, TierConfig | None]:
-    """The P/D transfer of a disaggregated policy, and ``tiers`` with its links appended."""
+    """The P/D transfer of a disaggregated policy, and ``tiers`` with its links appended.
+    ``layout`` places the instances (per-pool tensor parallelism: each instance's links are
+    its own GPUs'); None: ``tp`` GPUs each, consecutive."""
     topo = hardware.topology
     tp, gph = topo.tp, topo.gpus_per_host
+    tps = list(layout.tps) if layout is not None else [tp] * n_instances
     links = _Links(tiers)
-    pcie_bw = tp * hardware.gpu.pcie_bw
-    pcie = [links.get(f"pcie[{k}]", pcie_bw, pcie_bw) for k in range(n_instances)]
-    nv_bw = tp * hardware.gpu.nvlink_bw
-    nvlink = [links.get(f"nvlink[{k}]", nv_bw, nv_bw) if nv_bw > 0 else -1
-              for k in range(n_instances)]  # fmt: skip
+    pcie = [links.get(f"pcie[{k}]", t * hardware.gpu.pcie_bw, t * hardware.gpu.pcie_bw)
+            for k, t in enumerate(tps)]  # fmt: skip
+    nv_bw = hardware.gpu.nvlink_bw
+    nvlink = [links.get(f"nvlink[{k}]", t * nv_bw, t * nv_bw) if nv_bw > 0 else -1
+              for k, t in enumerate(tps)]  # fmt: skip
     rdma = hardware.tiers.get("rdma")
     if rdma is not None:
         n_ports = rdma.ports if rdma.attach == "gpu" else 1
         read, write, prefix = rdma.port_read_bw / n_ports, rdma.port_write_bw / n_ports, "rdma"
     else:
         n_ports, read, write, prefix = gph, DEFAULT_NIC_BW, DEFAULT_NIC_BW, "nic"
-    gpu0 = [k * tp for k in range(n_instances)]
+    gpu0 = list(layout.first_gpu) if layout is not None else [k * tp for k in range(n_instances)]
     host = [g // gph for g in gpu0]
     nics: list[list[int]] = []
     for k in range(n_instances):
-        ports = sorted({(gpu0[k] % gph + i) * n_ports // gph for i in range(tp)})
+        ports = sorted({(gpu0[k] % gph + i) * n_ports // gph for i in range(tps[k])})
         names = [
             f"{prefix}.port[{host[k]}]" if n_ports == 1 else f"{prefix}.port[{host[k]}.{j}]"
             for j in ports
@@ -157,7 +162,8 @@ def build_pd(
         link_bw_write=np.array(links.write, dtype=np.float64),
         link_duplex=np.array(links.duplex, dtype=np.int64),
         link_names=tuple(links.names),
-        block_bytes=float(policy.kv_bytes_per_block(model) * model.kv_replication(tp)),
+        # every decode rank's copy (the decode side pulls: its tp sets the replication)
+        block_bytes=float(policy.kv_bytes_per_block(model) * model.kv_replication(tps[-1])),
         unit=UNITS.index(str(c["unit"])),
         fragments=fragments_per_block(model, policy.kv_layout),
         coalesce=policy.coalesce,

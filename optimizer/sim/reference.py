@@ -240,7 +240,12 @@ def simulate_reference(
     finish_s = np.full(n, np.nan)
     hits_out = np.zeros(n, dtype=np.int64)
     inst_of = np.full(n, -1, dtype=np.int64)
-    instances = [Instance(cfg.capacity_blocks) for _ in range(cfg.n_instances)]
+    # per-pool tensor parallelism: each instance's HBM blocks, watermark and step-time array
+    caps = [int(c) for c in cfg.instance_capacity()]
+    marks = [int(w) for w in cfg.instance_watermark()]
+    timing_of = cfg.instance_timings()
+    fit = min(caps)  # a request larger than the smallest instance is never served
+    instances = [Instance(caps[k]) for k in range(cfg.n_instances)]
     requests = [
         Request(
             idx=i,
@@ -263,7 +268,7 @@ def simulate_reference(
         costs = recompute_costs(
             trace.block_offsets, trace.block_ids, trace.n_blocks, B, *compute
         )  # GDSF's cost per block
-        lower = LowerTiers(cfg.tiers, trace.n_blocks, tp, costs)
+        lower = LowerTiers(cfg.tiers, trace.n_blocks, timing_of if cfg.two_pools else tp, costs)
     grows = cfg.scheduler == VLLM_V1  # blocks allocated as requests grow, preemption
     n_pf = cfg.n_prefill  # disaggregated: instances [0, n_pf) prefill, the rest decode
     n_route = n_pf if n_pf > 0 else cfg.n_instances  # the router's instances
@@ -369,7 +374,7 @@ def simulate_reference(
         nonlocal in_flight
         req.arrival = t
         sent_s[req.idx] = t
-        if req.total_blocks > cfg.capacity_blocks:
+        if req.total_blocks > fit:
             if tracker is not None:
                 tracker.rejected()
             return
@@ -398,7 +403,7 @@ def simulate_reference(
                 loaded = lower.choose(k, now, src, h, B)
             kv0 = (h + loaded) * B
             need = -(-(kv0 + min(req.target - kv0, budget)) // B) - h
-            reserve = cfg.watermark_blocks if busy else 0
+            reserve = marks[k] if busy else 0
         else:
             need = req.total_blocks - h
             reserve = 0
@@ -621,18 +626,19 @@ def simulate_reference(
             return
         inst.wake = np.inf
         n_dec = dec_kv = pf_ns = pf_ext = 0
+        tpk = timing_of[k]  # this instance's pool's step times
         for req, q in sched:
             tokens += q
             attn += q * (2 * req.kv + q)
             kv_read += req.kv + q
             if req.kv < req.target:
-                pf_ns += prefill_attn_ns(q, req.kv, tp)
-                pf_ext += prefill_out_of_range(q, req.kv, tp)
+                pf_ns += prefill_attn_ns(q, req.kv, tpk)
+                pf_ext += prefill_out_of_range(q, req.kv, tpk)
             else:
                 n_dec += 1
                 dec_kv += req.kv + q
-        dt = float(step_time(tokens, attn, kv_read, n_dec, dec_kv, pf_ns, tp))
-        n_extrap += step_extrapolated(tokens, n_dec, dec_kv, pf_ext, tp)
+        dt = float(step_time(tokens, attn, kv_read, n_dec, dec_kv, pf_ns, tpk))
+        n_extrap += step_extrapolated(tokens, n_dec, dec_kv, pf_ext, tpk)
         inst.scheduled = sched
         inst.iter_dt = dt
         inst.busy_until = t + dt

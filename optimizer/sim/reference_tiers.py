@@ -46,11 +46,14 @@ class LowerTiers:
         self,
         cfg: TierConfig,
         n_blocks: int,
-        compute: np.ndarray,
+        compute: np.ndarray | list[np.ndarray],
         costs: np.ndarray,
     ) -> None:
         self.cfg = cfg
-        self.compute = compute  # the packed step-time array (kvtier.sim.timing)
+        # the packed step-time array (kvtier.sim.timing), or one per instance (pools of two
+        # tensor-parallel sizes): a load overlaps the loading instance's own compute
+        self.compute_of = compute if isinstance(compute, list) else None
+        self.compute = compute[0] if isinstance(compute, list) else compute
         self.pools: list[RefTier] = []
         for t in range(cfg.n_tiers):
             n = cfg.n_hosts if cfg.per_host[t] else 1
@@ -124,6 +127,10 @@ class LowerTiers:
             src.append(found)
         return src
 
+    def timing_of(self, inst: int) -> np.ndarray:
+        """The packed step-time array of instance ``inst``."""
+        return self.compute if self.compute_of is None else self.compute_of[inst]
+
     def choose(self, inst: int, now: float, src: list[int], hbm_hits: int, B: int) -> int:
         """How many of the found blocks to load (the load rule)."""
         c = self.cfg
@@ -167,7 +174,7 @@ class LowerTiers:
                 )
                 if fin - now > load:
                     load = fin - now
-        return load + float(prefill_seconds(q, ctx, self.compute))
+        return load + float(prefill_seconds(q, ctx, self.timing_of(inst)))
 
     def load(
         self, inst: int, now: float, blocks: list[int], start: int, src: list[int], q: int, ctx: int
@@ -181,7 +188,7 @@ class LowerTiers:
                 pool.remove(blocks[start + j])
             else:
                 pool.access(blocks[start + j])
-        compute = float(prefill_seconds(q, ctx, self.compute))
+        compute = float(prefill_seconds(q, ctx, self.timing_of(inst)))
         ready = now
         for t in range(c.n_tiers):
             cnt = src.count(t)

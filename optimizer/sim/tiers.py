@@ -28,6 +28,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from kvtier.errors import InputError
+from kvtier.hardware.layout import Layout
 from kvtier.hardware.types import GB, Hardware, ModelProfile
 from kvtier.policy.model import Policy
 from kvtier.policy.registries import (
@@ -128,21 +129,32 @@ class _Links:
 
 
 def build_tiers(
-    hardware: Hardware, model: ModelProfile, policy: Policy, n_instances: int
+    hardware: Hardware,
+    model: ModelProfile,
+    policy: Policy,
+    n_instances: int,
+    layout: Layout | None = None,
 ) -> TierConfig | None:
-    """The lower tiers the policy lists, sized and wired from the hardware; None if none."""
+    """The lower tiers the policy lists, sized and wired from the hardware; None if none.
+    ``layout`` places the instances (per-pool tensor parallelism); None: ``tp`` GPUs each,
+    consecutive."""
     lower = policy.lower_tiers
     if not lower:
         return None
     topo = hardware.topology
     block_bytes = float(policy.kv_bytes_per_block(model))
-    gpu0 = np.array([k * topo.tp for k in range(n_instances)], dtype=np.int64)
+    if layout is not None:
+        gpu0 = np.array(layout.first_gpu, dtype=np.int64)
+        tps = np.array(layout.tps, dtype=np.int64)
+    else:
+        gpu0 = np.array([k * topo.tp for k in range(n_instances)], dtype=np.int64)
+        tps = np.full(n_instances, topo.tp, dtype=np.int64)
     inst_host = gpu0 // topo.gpus_per_host
     local = gpu0 % topo.gpus_per_host  # first GPU of the instance within its host
     n_hosts = int(inst_host.max()) + 1
     links = _Links()
-    pcie = [links.add(f"pcie[{k}]", topo.tp * hardware.gpu.pcie_bw, topo.tp * hardware.gpu.pcie_bw)
-            for k in range(n_instances)]  # fmt: skip
+    pcie_bw = [int(tps[k]) * hardware.gpu.pcie_bw for k in range(n_instances)]
+    pcie = [links.add(f"pcie[{k}]", pcie_bw[k], pcie_bw[k]) for k in range(n_instances)]
     switch = np.full(n_instances, -1, dtype=np.int64)
     if topo.switch_uplink_bw > 0:
         ids: dict[tuple[int, int], int] = {}
