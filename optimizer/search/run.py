@@ -170,8 +170,23 @@ def baseline_policies(base: Policy) -> dict[str, Policy | InputError]:
     return out
 
 
-def fit_space_to_hardware(space: SearchSpace, hardware: Any) -> SearchSpace:
-    """Switch off tiers the hardware lacks; cap the instance count at what it has."""
+def pool_tp_sizes(hardware: Any, model: Any = None) -> tuple[int, ...]:
+    """Tensor-parallel sizes a prefill or decode pool can take on ``hardware`` beside the other
+    pool at any size of this list: sizes that fit a host or whole hosts
+    (:func:`kvtier.hardware.layout.pool_tp_choices`), at most half the GPUs (so one instance of
+    each fits), and, given ``model``, whose GPUs hold its weights with room for KV."""
+    from kvtier.hardware.layout import pool_tp_choices
+
+    topo = hardware.topology
+    sizes = [t for t in pool_tp_choices(topo) if 2 * t <= topo.gpus]
+    if model is not None:
+        sizes = [t for t in sizes if hardware.kv_capacity_bytes(model, t) > 0]
+    return tuple(sizes)
+
+
+def fit_space_to_hardware(space: SearchSpace, hardware: Any, model: Any = None) -> SearchSpace:
+    """Switch off tiers the hardware lacks; cap the instance count at what it has; keep the
+    per-pool tensor-parallel sizes every pair of which can be placed (``pool_tp_sizes``)."""
     most = hardware.topology.max_instances
     fitted = []
     for p in space.params:
@@ -184,6 +199,10 @@ def fit_space_to_hardware(space: SearchSpace, hardware: Any) -> SearchSpace:
         elif p.name == "serving.tp" and p.choices is not None:
             gpus = hardware.topology.gpus
             kept = tuple(c for c in p.choices if isinstance(c, int) and gpus % c == 0)
+            p = replace(p, choices=kept or (hardware.topology.tp,))
+        elif p.name in ("serving.prefill_tp", "serving.decode_tp") and p.choices is not None:
+            sizes = pool_tp_sizes(hardware, model)
+            kept = tuple(c for c in p.choices if c in sizes)
             p = replace(p, choices=kept or (hardware.topology.tp,))
         fitted.append(p)
     space = replace(space, params=tuple(fitted))
@@ -279,7 +298,7 @@ def optimize(
         from kvtier.hardware.prices import apply_prices, load_prices
 
         hw = apply_prices(hw, load_prices(prices))
-    search_space = fit_space_to_hardware(search_space.with_pins(pins or {}), hw)
+    search_space = fit_space_to_hardware(search_space.with_pins(pins or {}), hw, mdl)
     if target is not None:
         search_space = restrict_to_target(search_space, target, hw.tiers)
     base = policy_from_dict({"hardware": hardware, "model": model}, "<defaults>")
@@ -508,6 +527,16 @@ def _slo_bound(scenario: Scenario, base: Policy, slo: SLO, space: SearchSpace, l
         for p in space.params:
             if p.name == "serving.tp" and p.choices is not None:
                 tps = tuple(int(c) for c in p.choices)
+    # a split's pools may run at their own sizes: the bound takes the fastest of all
+    pool: set[int] = set()
+    for key in ("serving.prefill_tp", "serving.decode_tp"):
+        if key in space.pinned:
+            pool.add(int(space.pinned[key]))
+        for p in space.params:
+            if p.name == key and key not in space.pinned and p.choices is not None:
+                pool.update(int(c) for c in p.choices)
+    if tps is not None and pool:
+        tps = tuple(sorted({*tps, *pool}))
     pinned = dict(space.pinned)
     policy = replace(
         base,

@@ -61,7 +61,7 @@ class Param:
     log: bool = False
     step: float | None = None
     integer: bool = False
-    when: tuple[tuple[str, Value], ...] = ()
+    when: tuple[tuple[str, Value | tuple[Value, ...]], ...] = ()  # a tuple: one of
 
     def __post_init__(self) -> None:
         if self.choices is not None:
@@ -94,7 +94,7 @@ class Param:
                 )
 
     def active(self, values: Mapping[str, Any]) -> bool:
-        return all(values.get(k) == v for k, v in self.when)
+        return all(condition_holds(values.get(k), v) for k, v in self.when)
 
     def suggest(self, trial: Any) -> Value:
         """Ask an Optuna trial for a value."""
@@ -193,6 +193,13 @@ class SearchSpace:
         return points
 
 
+def condition_holds(value: Any, condition: Value | tuple[Value, ...]) -> bool:
+    """A ``when`` entry holds: the value equals it, or is one of its list."""
+    if isinstance(condition, tuple):
+        return value in condition
+    return value == condition
+
+
 def _check_domain(param: Param, path: str) -> Param:
     """Every value a parameter can take must be one the policy accepts for that key."""
     where = f"params.{param.name}"
@@ -201,7 +208,8 @@ def _check_domain(param: Param, path: str) -> Param:
         for value in values:
             check_pin(param.name, value)
         for key, value in param.when:
-            check_pin(key, value)
+            for one in value if isinstance(value, tuple) else (value,):
+                check_pin(key, one)
     except InputError as err:
         raise InputError(err.message, path=path, column=where) from None
     return param
@@ -221,6 +229,10 @@ def _parse_param_spec(name: str, spec: Any, path: str) -> Param:
     when = spec.get("when", {})
     if not isinstance(when, dict):
         raise InputError("'when' must be a table of name = value", path=path, column=where)
+    # a list is "one of": the parameter is sampled when the named one takes any of them
+    when = {k: tuple(v) if isinstance(v, list) else v for k, v in when.items()}
+    if any(isinstance(v, tuple) and not v for v in when.values()):
+        raise InputError("'when' lists no value", path=path, column=where)
     try:
         if "choices" in spec:
             choices = spec["choices"]
@@ -293,7 +305,8 @@ def _check_conditions(params: tuple[Param, ...], pinned: Mapping[str, Any], path
                     column=where,
                 )
             try:
-                seen[key].check(value)
+                for one in value if isinstance(value, tuple) else (value,):
+                    seen[key].check(one)
             except ValueError:
                 raise InputError(
                     f"'when' needs {key} = {value!r}, a value that parameter never takes: "

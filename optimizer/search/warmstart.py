@@ -15,7 +15,7 @@ import numpy as np
 
 from kvtier.hardware.types import ModelProfile
 from kvtier.policy.model import Policy
-from kvtier.search.space import Param, SearchSpace
+from kvtier.search.space import Param, SearchSpace, condition_holds
 from kvtier.trace.blocked import BlockedTrace
 
 GB = 1e9
@@ -63,7 +63,7 @@ def _capacity_params(space: SearchSpace) -> list[Param]:
 
     def reachable(p: Param) -> bool:
         # its conditions can hold: each is on a free parameter, or pinned to the needed value
-        return all(k in free_names or space.pinned.get(k) == v for k, v in p.when)
+        return all(k in free_names or condition_holds(space.pinned.get(k), v) for k, v in p.when)
 
     return [
         p
@@ -122,6 +122,8 @@ def warm_start_trials(
             values: dict[str, Any] = {param.name: _clip(param, gb)}
             if enabled in free_names:
                 values[enabled] = True
-            values.update({k: v for k, v in param.when if k in free_names})
+            values.update(
+                {k: v[0] if isinstance(v, tuple) else v for k, v in param.when if k in free_names}
+            )
             trials.append(values)
     return trials
