@@ -326,3 +326,91 @@ def test_every_launch_script_runs_with_stub_commands(tmp_path: Path, target: str
     assert done.returncode == 0, done.stderr
     gpus = [c.env["CUDA_VISIBLE_DEVICES"] for c in calls if "CUDA_VISIBLE_DEVICES" in c.env]
     assert sorted(gpus, key=int) == [str(g) for g in range(8)]
+
+
+# --- per-pool tensor parallelism ------------------------------------------------------------
+
+
+def pools(**serving) -> Policy:
+    return replace(Policy(), serving=ServingPolicy(**serving))
+
+
+def test_vllm_prefill_and_decode_instances_have_their_own_tp_and_gpus(tmp_path: Path) -> None:
+    # one host of 8: 2 prefill instances of tp=2 (GPUs 0-3), then 4 decode instances of tp=1
+    p = pools(prefill_instances=2, prefill_tp=2, decode_tp=1)
+    out = write(export(p, "vllm", H100, MODEL).files, tmp_path / "out")
+    done, calls = run(out / "vllm-serve.sh", tmp_path)
+    assert done.returncode == 0, done.stderr
+    by_port = serving(calls)
+    assert sorted(by_port) == list(range(8000, 8006))
+    gpus = [by_port[8000 + k].env["CUDA_VISIBLE_DEVICES"] for k in range(6)]
+    assert gpus == ["0,1", "2,3", "4", "5", "6", "7"]
+    tps = [by_port[8000 + k].flag("--tensor-parallel-size") for k in range(6)]
+    assert tps == ["2", "2", "1", "1", "1", "1"]
+    assert all('"kv_connector":"NixlConnector"' in c.flag("--kv-transfer-config") for c in calls)
+    assert "vLLM instance 0 (prefill): GPUs 0,1, port 8000, tp=2" in done.stderr
+    assert "vLLM instance 5 (decode): GPUs 7, port 8005, tp=1" in done.stderr
+
+
+def test_vllm_kv_bytes_per_gpu_follow_each_pools_tp(tmp_path: Path) -> None:
+    p = pools(prefill_instances=1, prefill_tp=4, decode_tp=2, instances=3)
+    p = replace(p, tiers=(TierPolicy(capacity_gb=40.0),))
+    out = write(export(p, "vllm", H100, MODEL).files, tmp_path / "out")
+    _, calls = run(out / "vllm-serve.sh", tmp_path)
+    by_port = serving(calls)
+    assert [by_port[8000 + k].flag("--kv-cache-memory-bytes") for k in range(3)] == [
+        str(int(40e9 / 4)),
+        str(int(40e9 / 2)),
+        str(int(40e9 / 2)),
+    ]
+    assert [by_port[8000 + k].env["CUDA_VISIBLE_DEVICES"] for k in range(3)] == [
+        "0,1,2,3",
+        "4,5",
+        "6,7",
+    ]
+
+
+def test_sglang_and_dynamo_roles_with_their_tp(tmp_path: Path) -> None:
+    p = pools(prefill_instances=1, prefill_tp=4, decode_tp=2)  # 1 x 4 + 2 x 2 GPUs
+    out = write(export(p, "sglang", H100, MODEL).files, tmp_path / "sglang")
+    done, calls = run(out / "sglang-serve.sh", tmp_path)
+    assert done.returncode == 0, done.stderr
+    by_port = serving(calls)
+    assert [by_port[30000 + k].flag("--tp-size") for k in range(3)] == ["4", "2", "2"]
+    assert [by_port[30000 + k].flag("--disaggregation-mode") for k in range(3)] == [
+        "prefill",
+        "decode",
+        "decode",
+    ]
+    assert by_port[30002].env["CUDA_VISIBLE_DEVICES"] == "6,7"
+    out = write(export(p, "dynamo", H100, MODEL).files, tmp_path / "dynamo")
+    done, calls = run(out / "dynamo-serve.sh", tmp_path)
+    assert done.returncode == 0, done.stderr
+    workers = sorted(
+        (c for c in calls if "dynamo.vllm" in c.argv), key=lambda c: c.env["CUDA_VISIBLE_DEVICES"]
+    )
+    assert [(w.env["CUDA_VISIBLE_DEVICES"], w.flag("--tensor-parallel-size")) for w in workers] == [
+        ("0,1,2,3", "4"),
+        ("4,5", "2"),
+        ("6,7", "2"),
+    ]
+    assert ["--is-prefill-worker" in w.argv for w in workers] == [True, False, False]
+
+
+def test_decode_instances_start_on_the_next_host_when_one_would_straddle(tmp_path: Path) -> None:
+    # two hosts of 8: 3 prefill instances of tp=1 (host 0, GPUs 0-2), decode instances of tp=4:
+    # GPUs 3-6 of host 0, then host 1's 0-3 and 4-7 (GPU 7 of host 0 stays idle)
+    p = pools(prefill_instances=3, prefill_tp=1, decode_tp=4)
+    files = export(p, "vllm", BELUGA, MODEL).files
+    out = write(files, tmp_path / "out")
+    _, host0 = run(out / "vllm-serve.sh", tmp_path)
+    _, host1 = run(out / "vllm-serve.sh", tmp_path, HOST_INDEX="1")
+    h0, h1 = serving(host0), serving(host1)
+    assert [h0[8000 + k].env["CUDA_VISIBLE_DEVICES"] for k in range(4)] == [
+        "0",
+        "1",
+        "2",
+        "3,4,5,6",
+    ]
+    assert [h1[8004 + k].env["CUDA_VISIBLE_DEVICES"] for k in range(2)] == ["0,1,2,3", "4,5,6,7"]
+    assert [h1[8004 + k].flag("--tensor-parallel-size") for k in range(2)] == ["4", "4"]

@@ -16,6 +16,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 
 from kvtier.errors import InputError
+from kvtier.hardware.layout import Layout
 from kvtier.hardware.types import GB, Hardware, ModelProfile
 from kvtier.policy.model import Policy
 
@@ -49,6 +50,20 @@ class Deployment:
     hbm_kv_bytes: float  # per instance
     pool_bytes: dict[str, float]  # per pool: per host for per-host tiers, else the whole pool
     per_host: dict[str, bool]
+    # where each instance runs and with how many GPUs (per-pool tensor parallelism: prefill
+    # instances of one tp, decode instances of another); None: ``tp`` GPUs each, consecutive
+    layout: Layout | None = None
+    decode_hbm_kv_bytes: float | None = None  # per decode instance, when its tp differs
+
+    def tp_of(self, instance: int) -> int:
+        """GPUs of ``instance`` (its pool's tensor-parallel size)."""
+        return self.tp if self.layout is None else self.layout.tp_of(instance)
+
+    def hbm_kv_bytes_of(self, instance: int) -> float:
+        """HBM KV bytes of ``instance`` (its pool's)."""
+        if self.layout is not None and self.layout.mixed and instance >= self.layout.n_prefill:
+            return float(self.decode_hbm_kv_bytes or self.hbm_kv_bytes)
+        return self.hbm_kv_bytes
 
     @property
     def kv_bytes_per_token(self) -> int:
@@ -76,6 +91,13 @@ class Deployment:
 
     def describe(self) -> str:
         uneven = " (the last host fewer)" if self.uneven else ""
+        if self.layout is not None and self.layout.mixed:
+            n_pf = self.layout.n_prefill
+            return (
+                f"{n_pf} prefill instance(s) of tp={self.layout.prefill_tp} and "
+                f"{self.instances - n_pf} decode instance(s) of tp={self.layout.decode_tp} on "
+                f"{self.hosts} host(s), at most {self.instances_per_host} per host"
+            )
         return (
             f"{self.instances} instance(s) of tp={self.tp} on {self.hosts} host(s), "
             f"{self.instances_per_host} per host{uneven}"
@@ -86,22 +108,20 @@ def deployment(policy: Policy, hardware: Hardware, model: ModelProfile) -> Deplo
     """Place ``policy`` on ``hardware``; impossible placements raise :class:`InputError`,
     with the same checks (and messages) as the simulator."""
     from kvtier.hardware.deploy import apply_deployment
+    from kvtier.hardware.layout import plan_layout
 
     hardware, model = apply_deployment(hardware, model, policy)  # serving.tp, weight_dtype
-    topo = hardware.topology
-    n = policy.serving.instances if policy.serving.instances is not None else topo.max_instances
-    if policy.serving.tp is not None:
-        n = min(n, topo.max_instances)  # as the simulator: instances follow the GPUs
-    if n > topo.max_instances:
-        raise InputError(
-            f"policy asks for {n} instances but hardware {hardware.name!r} has only "
-            f"{topo.max_instances} (tp={topo.tp})"
-        )
-    hosts_of = Counter((k * topo.tp) // topo.gpus_per_host for k in range(n))
+    layout = plan_layout(hardware.topology, policy.serving, hardware.name)  # as the simulator
+    n = layout.n_instances
+    hosts_of = Counter(layout.host_of(k) for k in range(n))
     hbm = policy.tiers[0]
-    hbm_bytes = hbm.capacity_gb * GB if hbm.capacity_gb is not None else None
-    if hbm_bytes is None:
-        hbm_bytes = hardware.kv_capacity_bytes(model)
+
+    def hbm_kv(tp: int) -> float:
+        if hbm.capacity_gb is not None:
+            return hbm.capacity_gb * GB
+        return hardware.kv_capacity_bytes(model, tp)
+
+    hbm_bytes = hbm_kv(layout.prefill_tp)
     pools: dict[str, float] = {}
     per_host: dict[str, bool] = {}
     for tier in policy.lower_tiers:
@@ -121,13 +141,15 @@ def deployment(policy: Policy, hardware: Hardware, model: ModelProfile) -> Deplo
         hardware=hardware,
         model=model,
         instances=n,
-        tp=topo.tp,
+        tp=layout.prefill_tp,
         instances_per_host=max(counts),
         hosts=len(counts),
         uneven=min(counts) != max(counts),
         hbm_kv_bytes=float(hbm_bytes),
         pool_bytes=pools,
         per_host=per_host,
+        layout=layout,
+        decode_hbm_kv_bytes=float(hbm_kv(layout.decode_tp)) if layout.mixed else None,
     )
 
 
@@ -256,15 +278,16 @@ def placements(deploy: Deployment) -> list[Placement]:
     per_host = deploy.hardware.topology.gpus_per_host
     out = []
     for k in range(deploy.instances):
-        first = k * deploy.tp
+        tp = deploy.tp_of(k)
+        first = deploy.layout.first_gpu[k] if deploy.layout is not None else k * tp
         local = first % per_host
-        if local + deploy.tp > per_host:
+        if local + tp > per_host:
             raise InputError(
-                f"tp={deploy.tp} does not fit the {per_host} GPUs of a host of hardware "
+                f"tp={tp} does not fit the {per_host} GPUs of a host of hardware "
                 f"{deploy.hardware.name!r}: a launch script starts each instance on one host",
                 option="serving.tp",
             )
-        out.append(Placement(k, first // per_host, tuple(range(local, local + deploy.tp))))
+        out.append(Placement(k, first // per_host, tuple(range(local, local + tp))))
     return out
 
 

@@ -35,7 +35,7 @@ from kvtier.policy.export.common import (
     placements,
     shared_notes,
 )
-from kvtier.policy.export.pd import pd_notes
+from kvtier.policy.export.pd import pd_notes, per_instance_args
 from kvtier.policy.export.pd import role as pd_role
 from kvtier.policy.export.vllm import vllm_args
 
@@ -175,7 +175,8 @@ def export_dynamo(deploy: Deployment) -> ExportResult:
         if kvbm:
             job_env["DYN_KVBM_LEADER_ZMQ_PUB_PORT"] = str(KVBM_PUB_PORT + 2 * k)
             job_env["DYN_KVBM_LEADER_ZMQ_ACK_PORT"] = str(KVBM_PUB_PORT + 2 * k + 1)
-        argv = ["python3", "-m", "dynamo.vllm", "--model", model_word(deploy), *args]
+        own = per_instance_args(deploy, k, args)  # its pool's tensor-parallel size
+        argv = ["python3", "-m", "dynamo.vllm", "--model", model_word(deploy), *own]
         r = pd_role(deploy, k)
         if r == "prefill":
             argv.append("--is-prefill-worker")  # Dynamo's disaggregated vLLM prefill workers

@@ -30,9 +30,29 @@ SGLANG_BACKENDS = {"mooncake-te": "mooncake", "nixl": "nixl"}
 
 
 def prefill_count(deploy: Deployment) -> int:
+    if deploy.layout is not None:
+        return deploy.layout.n_prefill  # the simulator's placement (kvtier.hardware.layout)
     from kvtier.policy.model import prefill_count as count
 
     return count(deploy.policy.serving, deploy.instances)
+
+
+# flags whose value is one instance's own: its GPUs (vLLM, SGLang) and vLLM's KV bytes per GPU
+TP_FLAGS = ("--tensor-parallel-size", "--tp-size")
+
+
+def per_instance_args(deploy: Deployment, instance: int, args: list[str]) -> list[str]:
+    """``args`` for ``instance``: its pool's tensor-parallel size (``--tensor-parallel-size``,
+    ``--tp-size``) and, when set, vLLM's ``--kv-cache-memory-bytes`` per GPU of that size.
+    Aggregated or one size for both pools, ``args`` unchanged."""
+    out = list(args)
+    tp = deploy.tp_of(instance)
+    for i, word in enumerate(out[:-1]):
+        if word in TP_FLAGS:
+            out[i + 1] = str(tp)
+        elif word == "--kv-cache-memory-bytes":
+            out[i + 1] = str(int(deploy.hbm_kv_bytes_of(instance) / tp))
+    return out
 
 
 def role(deploy: Deployment, instance: int) -> str:
@@ -95,9 +115,24 @@ def pd_notes(deploy: Deployment, target: str) -> list[str]:
     s = deploy.policy.serving
     last = deploy.instances - 1
     conn = s.pd_connector
+    lay = deploy.layout
+    sizes = ""
+    if lay is not None and lay.mixed:
+        sizes = (
+            f" Prefill instances run at tp={lay.prefill_tp}, decode instances at "
+            f"tp={lay.decode_tp}; each decode GPU pulls its share of the KV heads from the "
+            "prefill GPUs (vLLM's NixlConnector handles the different sizes; kvtier moves the "
+            "KV over as many GPU links as the smaller pool has GPUs)."
+        )
+        if deploy.policy.lower_tiers:
+            sizes += (
+                f" Lower-tier sizes per tensor-parallel rank are computed for tp="
+                f"{lay.prefill_tp}; a decode instance's ranks would each hold "
+                f"{lay.prefill_tp}/{lay.decode_tp} of that."
+            )
     notes = [
         f"Disaggregated: {_span(0, n - 1)} prefill, {_span(n, last)} decode; the P/D "
-        f"transfer goes through {conn}.",
+        f"transfer goes through {conn}.{sizes}",
         f"{target} needs a proxy or router that sends each request to a prefill instance "
         "first and then to a decode instance (vLLM's disaggregated proxy example, Dynamo's "
         "frontend); kvtier models the router's choice among prefill instances "

@@ -48,7 +48,7 @@ from kvtier.policy.export.common import (
     placements,
     shared_notes,
 )
-from kvtier.policy.export.pd import pd_notes
+from kvtier.policy.export.pd import pd_notes, per_instance_args
 from kvtier.policy.export.pd import sglang_args as sglang_pd_args
 
 FILE = "sglang-serve.sh"
@@ -229,7 +229,13 @@ def export_sglang(deploy: Deployment) -> ExportResult:
             Job(
                 host=place.host,
                 env=job_env,
-                argv=[*head, "--port", str(port), *args, *sglang_pd_args(deploy, place.instance)],
+                argv=[
+                    *head,
+                    "--port",
+                    str(port),
+                    *per_instance_args(deploy, place.instance, args),
+                    *sglang_pd_args(deploy, place.instance),
+                ],
                 label=f"SGLang instance {place.instance}: GPUs {place.visible_devices}, "
                 f"port {port}",
             )

@@ -11,7 +11,9 @@ docs.vllm.ai ``api/vllm/config/cache``, v0.29.0 and latest):
 * ``--kv-cache-dtype`` (``CacheDType``: ``auto``, ``fp8``, ..., ``int4_per_token_head``, ...):
   ``bf16`` -> ``auto`` (the model's own dtype; ``bfloat16`` is documented as valid only for
   models that default to fp8), ``fp8`` -> ``fp8``, ``int4`` -> ``int4_per_token_head``.
-* ``--tensor-parallel-size`` <- ``serving.tp`` (unset: the hardware profile's ``tp``).
+* ``--tensor-parallel-size`` <- ``serving.tp`` (unset: the hardware profile's ``tp``); a
+  disaggregated policy's prefill and decode instances each get their pool's
+  ``serving.prefill_tp`` / ``serving.decode_tp``.
 * ``--quantization fp8`` <- ``serving.weight_dtype = "fp8"`` (online FP8 weights).
 * ``--kv-cache-memory-bytes`` (bytes of KV cache per GPU; overrides
   ``--gpu-memory-utilization``) <- an explicit hbm ``capacity_gb`` over ``tp``; otherwise
@@ -127,13 +129,19 @@ def vllm_jobs(deploy: Deployment, head: list[str], args: list[str], name: str) -
     """One background job per instance: ``head`` (the command and model) with ``--port`` and
     ``args``, on its host's GPUs; a disaggregated policy's instances get their P/D role's
     ``--kv-transfer-config`` (:mod:`kvtier.policy.export.pd`)."""
-    from kvtier.policy.export.pd import role, vllm_transfer_config, with_transfer_config
+    from kvtier.policy.export.pd import (
+        per_instance_args,
+        role,
+        vllm_transfer_config,
+        with_transfer_config,
+    )
 
     lmcache = bool(lmcache_tiers(deploy))
     jobs = []
     for place in placements(deploy):
         port = BASE_PORT + place.instance
         own = with_transfer_config(args, vllm_transfer_config(deploy, place.instance, lmcache))
+        own = per_instance_args(deploy, place.instance, own)  # its pool's tp
         r = role(deploy, place.instance)
         jobs.append(
             Job(
@@ -142,10 +150,15 @@ def vllm_jobs(deploy: Deployment, head: list[str], args: list[str], name: str) -
                 argv=[*head, "--port", str(port), *own],
                 label=f"{name} instance {place.instance}"
                 + ("" if r == "both" else f" ({r})")
-                + f": GPUs {place.visible_devices}, port {port}",
+                + f": GPUs {place.visible_devices}, port {port}"
+                + (f", tp={deploy.tp_of(place.instance)}" if _mixed(deploy) else ""),
             )
         )
     return jobs
+
+
+def _mixed(deploy: Deployment) -> bool:
+    return deploy.layout is not None and deploy.layout.mixed
 
 
 def export_vllm(deploy: Deployment) -> ExportResult:
