@@ -65,6 +65,10 @@ def disaggregated(draw: st.DrawFn, cfg: SimConfig) -> SimConfig:
     pool and a decode pool, the P/D transfer over random paths through the tiers' links (their
     queues shared) and links of its own, slow enough to queue, a random connector, pulled
     after the prefill or pushed layer by layer."""
+    # one pool unless two_pools draws a second (a config drawn before may carry one)
+    cfg = replace(
+        cfg, decode_capacity_blocks=None, decode_watermark_blocks=None, decode_timing=None
+    )
     if cfg.n_instances < 2 or draw(st.booleans()):
         return replace(cfg, n_prefill=0)
     K = cfg.n_instances

@@ -37,8 +37,10 @@ in-flight count below N), in trace order, and its TTFT counts from then. With ev
 0 this is N clients each sending its next request when the last one finishes.
 
 Routing (at arrival). A request whose prompt plus output can never fit an instance's HBM
-(``total_blocks > capacity``) is rejected. Otherwise ``load`` = waiting + running requests:
-``round_robin`` takes instances in turn; ``least_loaded`` the lowest load; ``prefix_affinity``
+(``total_blocks > capacity``; with pools of two tensor-parallel sizes, the smaller pool's
+capacity, :meth:`SimConfig.fit_blocks`) is rejected. Otherwise ``load`` = waiting + running
+requests: ``round_robin`` takes instances in turn; ``least_loaded`` the lowest load;
+``prefix_affinity``
 the most HBM-resident prefix blocks among instances whose load is at most the minimum load plus
 ``affinity_overload``, ties by lower load, then lower index; ``kv_aware`` the lowest
 ``kv_overlap_weight * (input / B - eff) + active_blocks + ceil(input / B) - hbm_hits``, ``eff``
@@ -46,7 +48,9 @@ the HBM hits plus each further block found in a lower tier weighted by
 :func:`kvtier.sim.routing.kv_route_weights`, ``active_blocks`` the prompt blocks of the
 requests routed to the instance and not finished (Dynamo's KV router), ties by lower index.
 
-HBM (per instance, vLLM's block pool). ``capacity`` slots. A slot holds a cached block id or
+HBM (per instance, vLLM's block pool). ``capacity`` slots (per-pool tensor parallelism: each
+pool's own, :meth:`SimConfig.instance_capacity`; each iteration then takes its instance's
+pool's step-time array, :meth:`SimConfig.instance_timings`). A slot holds a cached block id or
 nothing. Unpinned slots wait in one free queue: allocation pops its head (evicting the cached
 block there, if any); a freed slot holding a block id joins the tail, a freed anonymous slot
 the head (vLLM's block_pool.free_blocks). A request frees its slots in reverse order, so its
