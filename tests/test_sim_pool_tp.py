@@ -13,7 +13,7 @@ from kvtier.hardware import load_hardware, load_model
 from kvtier.hardware.layout import plan_layout
 from kvtier.policy import Policy
 from kvtier.policy.model import policy_from_dict, policy_to_dict
-from kvtier.sim import build_config, simulate_raw
+from kvtier.sim import build_config, simulate, simulate_raw
 from kvtier.sim.timing import T_FRONTEND, prefill_attn_ns, step_time
 from kvtier.trace.blocked import BlockedTrace
 
@@ -102,6 +102,13 @@ def test_gpus_hosts_and_cost_follow_the_pools() -> None:
     layout = plan_layout(hw.topology, pol.serving)
     assert (layout.n_instances, layout.gpus) == (5, 8)
     assert layout.first_gpu == (0, 2, 4, 6, 7)
+
+
+def test_a_replay_reports_the_pools_gpus() -> None:
+    t = BlockedTrace.from_lists([0.0], [3000], [3], [[]], 16)
+    pol = policy(prefill_instances=1, prefill_tp=2, decode_tp=1, instances=3)
+    m = simulate(t, hardware(), load_model(MODEL), pol)
+    assert (m.instances, m.gpus) == (3, 4)
 
 
 def test_an_instance_never_spans_hosts() -> None:

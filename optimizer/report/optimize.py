@@ -159,7 +159,7 @@ def _print_reached(result: Any, console: Console) -> None:
             fmt_cell("{:.4f}", m.get("cost_per_mtok")),
             fmt_cell("{:.3f}", m.get("ttft_p99_s")),
             fmt_cell("{:.4f}", m.get("tpot_p99_s")),
-            str(int(m.get("instances", 0)) * int(tp)),
+            str(int(m.get("gpus") or int(m.get("instances", 0)) * int(tp))),
         )
     console.print(table)
     fastest = min(front, key=lambda s: s.metrics["ttft_p99_s"])

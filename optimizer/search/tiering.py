@@ -41,6 +41,8 @@ def lower_tiers(policy: dict[str, Any]) -> dict[str, float]:
 
 
 def gpus_of(metrics: dict[str, Any], policy: dict[str, Any], default_tp: int) -> int:
+    if metrics.get("gpus"):  # the replay's own count (pools of two sizes included)
+        return int(metrics["gpus"])
     tp = policy.get("serving", {}).get("tp") or default_tp
     return int(metrics.get("instances", 0)) * int(tp)
 

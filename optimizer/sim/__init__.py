@@ -115,5 +115,6 @@ def replay_metrics(
         step_time=cfg.step_backend,
         step_time_source=cfg.step_provenance,
         extrapolated_share=raw.extrapolated_iterations / max(raw.n_iterations, 1),
+        gpus=cfg.gpus,
     )
     return metrics, stats

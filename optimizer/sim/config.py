@@ -64,6 +64,7 @@ class SimConfig:
     decode_capacity_blocks: int | None = None
     decode_watermark_blocks: int | None = None
     decode_timing: np.ndarray | None = field(default=None, compare=False, repr=False)
+    gpus: int = 0  # GPUs the instances use (0: not derived from a deployment)
 
     # the packed step-time array (kvtier.sim.timing layout; None: the plain roofline of the
     # fields above), the backend that made it and its provenance (package and data versions)
@@ -216,6 +217,7 @@ def build_config(hardware: Hardware, model: ModelProfile, policy: Policy) -> Sim
         decode_capacity_blocks=last.blocks if layout.mixed else None,
         decode_watermark_blocks=int(serving.watermark * last.blocks) if layout.mixed else None,
         decode_timing=last.timing if layout.mixed else None,
+        gpus=layout.gpus,
     )
 
 
