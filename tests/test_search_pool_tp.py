@@ -76,3 +76,16 @@ def test_no_split_of_the_fitted_default_space_fails_to_place() -> None:
         assert cfg.n_prefill == 0 or gpus <= 8
         built += 1
     assert built == 3 * 9 * 8
+
+
+def test_a_pinned_tp_fixes_both_pools() -> None:
+    from kvtier.search.run import one_size_when_pinned
+
+    space = load_space("default")
+    assert one_size_when_pinned(space) is space
+    pinned = one_size_when_pinned(space.with_pins({"serving.tp": 2}))
+    names = {p.name for p in pinned.params}
+    assert "serving.prefill_tp" not in names and "serving.decode_tp" not in names
+    both = one_size_when_pinned(space.with_pins({"serving.tp": 2, "serving.prefill_tp": 4}))
+    assert "serving.prefill_tp" in {p.name for p in both.params}
+    assert "serving.decode_tp" not in {p.name for p in both.params}

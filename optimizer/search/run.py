@@ -184,6 +184,16 @@ def pool_tp_sizes(hardware: Any, model: Any = None) -> tuple[int, ...]:
     return tuple(sizes)
 
 
+def one_size_when_pinned(space: SearchSpace) -> SearchSpace:
+    """A pinned ``serving.tp`` fixes every instance's size: the pool sizes a split could take
+    (``serving.prefill_tp`` / ``serving.decode_tp``) are left out unless pinned themselves."""
+    if "serving.tp" not in space.pinned:
+        return space
+    pools = ("serving.prefill_tp", "serving.decode_tp")
+    kept = tuple(p for p in space.params if p.name not in pools or p.name in space.pinned)
+    return replace(space, params=kept)
+
+
 def fit_space_to_hardware(space: SearchSpace, hardware: Any, model: Any = None) -> SearchSpace:
     """Switch off tiers the hardware lacks; cap the instance count at what it has; keep the
     per-pool tensor-parallel sizes every pair of which can be placed (``pool_tp_sizes``)."""
@@ -299,6 +309,7 @@ def optimize(
 
         hw = apply_prices(hw, load_prices(prices))
     search_space = fit_space_to_hardware(search_space.with_pins(pins or {}), hw, mdl)
+    search_space = one_size_when_pinned(search_space)
     if target is not None:
         search_space = restrict_to_target(search_space, target, hw.tiers)
     base = policy_from_dict({"hardware": hardware, "model": model}, "<defaults>")
