@@ -16,6 +16,7 @@ from kvtier.policy.model import policy_from_dict, policy_to_dict
 from kvtier.sim import build_config, simulate, simulate_raw
 from kvtier.sim.timing import T_FRONTEND, prefill_attn_ns, step_time
 from kvtier.trace.blocked import BlockedTrace
+from tests.test_sim_disaggregated import GB, nixl_span
 
 ENGINES = ["reference", "numba"]
 MODEL = "Llama-3.1-8B"
@@ -66,7 +67,10 @@ def test_prefill_at_the_tp2_table_decode_at_the_tp1_table(engine) -> None:
     tp1 = config(tp=1, instances=1).timing_params()
     q = 3000
     prefill = float(step_time(q, q * q, q, 0, 0, prefill_attn_ns(q, 0, tp2), tp2))
-    transfer = cfg.pd_latency_s + q * cfg.kv_bytes_per_token / cfg.pd_bw_local
+    # NIXL over NVLink: the tp=2 instance's links carry 900 GB/s, the tp=1 one's 450: the
+    # decode side's bound the pull
+    transfer = nixl_span(q, 450 * GB)
+    assert r.kv_transfer_s[0] == pytest.approx(transfer, rel=1e-12)
     fe = float(tp1[T_FRONTEND])
     assert r.first_token_s[0] == pytest.approx(prefill + transfer + fe, rel=1e-12)
     end = prefill + transfer
@@ -121,19 +125,26 @@ def test_an_instance_never_spans_hosts() -> None:
     assert [layout.host_of(k) for k in range(5)] == [0, 0, 0, 0, 1]
     assert (layout.gpus, layout.hosts) == (11, 2)
     cfg = build_config(hw, load_model(MODEL), pol)
-    assert cfg.instance_host == (0, 0, 0, 0, 1)
+    names = cfg.pd.link_names
+    assert names[cfg.pd.path[0, 3, 0]] == "nvlink[0]"  # same host: NVLink
+    assert [names[x] for x in cfg.pd.path[0, 4] if x >= 0][0] == "pcie[0]"  # across: RDMA
     assert cfg.cost_per_hour == pytest.approx(
         11 * hw.gpu.price_per_hour + 2 * hw.host_fixed_per_hour
     )
 
 
-def test_the_link_has_the_smaller_pools_gpus() -> None:
-    # NVLink within the host: each decode GPU pulls its share, over min(prefill, decode) GPUs
-    cfg = split(instances=2)
+def test_each_instance_has_its_own_gpus_links() -> None:
+    # NVLink and PCIe of t GPUs per instance: a pull is bounded by the side with fewer GPUs
+    cfg = config(prefill_instances=1, prefill_tp=2, decode_tp=4, instances=2)
     gpu = hardware().gpu
-    assert cfg.pd_bw_local == gpu.nvlink_bw * 1
-    wide = config(prefill_instances=1, prefill_tp=2, decode_tp=4, instances=2)
-    assert wide.pd_bw_local == gpu.nvlink_bw * 2
+    pd = cfg.pd
+    bw = dict(zip(pd.link_names, pd.link_bw_read, strict=True))
+    assert bw["nvlink[0]"] == 2 * gpu.nvlink_bw and bw["nvlink[1]"] == 4 * gpu.nvlink_bw
+    assert bw["pcie[0]"] == 2 * gpu.pcie_bw and bw["pcie[1]"] == 4 * gpu.pcie_bw
+    t = BlockedTrace.from_lists([0.0], [3000], [2], [[]], 16)
+    for engine in ENGINES:
+        r = simulate_raw(t, cfg, engine=engine)
+        assert r.kv_transfer_s[0] == pytest.approx(nixl_span(3000, 2 * 450 * GB), rel=1e-12)
 
 
 def test_one_size_for_both_pools_is_todays_config() -> None:
@@ -141,7 +152,7 @@ def test_one_size_for_both_pools_is_todays_config() -> None:
     base = config(tp=2, prefill_instances=1)
     same = config(tp=2, prefill_instances=1, prefill_tp=2, decode_tp=2)
     assert same == base and not same.two_pools
-    assert same.decode_timing is None and same.instance_host is None
+    assert same.decode_timing is None and same.decode_capacity_blocks is None
 
 
 @pytest.mark.parametrize(

@@ -151,7 +151,6 @@ class SimConfig:
                 for k in range(self.n_instances)]  # fmt: skip
 
 
-
 def build_config(hardware: Hardware, model: ModelProfile, policy: Policy) -> SimConfig:
     """Derive a :class:`SimConfig`; impossible deployments raise :class:`InputError`."""
     hardware, model = apply_deployment(hardware, model, policy)

@@ -256,9 +256,7 @@ def simulate_engine(
         kv_transfer_s=np.zeros(n, dtype=np.float64),
     )
     # disaggregated: a second slot region holds the prefill slots of handed-over requests
-    pools = _hbm_pools(
-        cfg, cap, n_shared, ring_len, n_refs * (2 if cfg.n_prefill > 0 else 1), kept
-    )
+    pools = _hbm_pools(cfg, cap, n_shared, ring_len, n_refs * (2 if cfg.n_prefill > 0 else 1), kept)
     simulate_nb(requests, params, pools, ts, tp, lk, out)
     for role, arr in kept.items():  # only after a completed call: the map is zero again
         SCRATCH.give(role, arr)
