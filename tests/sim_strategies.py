@@ -162,7 +162,7 @@ def _sim_config(draw: st.DrawFn, block_tokens: int) -> SimConfig:
         router=draw(st.integers(0, 3)),
         affinity_overload=draw(st.integers(0, 3)),
         kv_overlap_weight=draw(st.sampled_from([0.0, 1.0, 2.5])),
-        scheduler=draw(st.integers(0, 1)),
+        scheduler=draw(st.integers(0, 2)),  # reserve, vllm_v1, vllm_v0
         watermark_blocks=draw(st.sampled_from([0, 0, 1])),
         flops_per_token=draw(st.sampled_from([1.0, 3.0])),
         attn_coef=draw(st.sampled_from([0.0, 0.01, 0.5])),

@@ -40,7 +40,7 @@ ROUTERS = Registry(
 )
 
 # ---- schedulers (ServingPolicy.scheduler): how an instance gives HBM blocks to requests -------
-RESERVE, VLLM_V1 = 0, 1
+RESERVE, VLLM_V1, VLLM_V0 = 0, 1, 2
 SCHEDULERS = Registry(
     "scheduler",
     [
@@ -56,6 +56,17 @@ SCHEDULERS = Registry(
             "vLLM V1: blocks are allocated as a request grows (each prompt chunk, then one "
             "block per B decode tokens); when a running request needs a block and none is "
             "free, the most recently admitted one is preempted and later recomputed",
+        ),
+        Entry(
+            "vllm_v0",
+            VLLM_V0,
+            "vLLM v0 (vllm/core/scheduler.py _schedule_default, v0.4): waiting prompts are "
+            "run whole (no chunking, the token budget caps the prompts of one iteration) in "
+            "an iteration of their own, and the running requests decode only in iterations "
+            "without a prompt; a prompt's blocks are allocated at admission (leaving the "
+            "watermark free), one block per B decode tokens later; a decode step needs a free "
+            "block per request, else the most recently admitted one is preempted and later "
+            "recomputed; a prompt longer than the token budget is rejected",
         ),
     ],
 )
@@ -211,6 +222,7 @@ __all__ = [
     "RESERVE",
     "ROUTERS",
     "SCHEDULERS",
+    "VLLM_V0",
     "VLLM_V1",
     "WRITE_BACK",
     "WRITE_POLICIES",

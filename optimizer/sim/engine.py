@@ -27,6 +27,7 @@ from kvtier.policy.registries import (
     PREFIX_AFFINITY,
     ROUND_ROBIN,
     SCHEDULERS,
+    VLLM_V0,
     VLLM_V1,
     WRITE_SELECTIVE,
 )
@@ -167,7 +168,7 @@ def simulate_engine(
     if cfg.max_seqs > MAX_SEQS:
         raise InputError(f"max_num_seqs {cfg.max_seqs} is above the supported {MAX_SEQS}")
     shared, n_shared = trace.shared_blocks  # computed once per trace, bounds by construction
-    if cfg.scheduler == VLLM_V1:
+    if cfg.scheduler in (VLLM_V1, VLLM_V0):
         # a preempted request looks its own blocks up again: every block gets a map entry
         # (its dense id, < n_blocks by BlockedTrace's checks), not only those read twice
         shared, n_shared = np.ascontiguousarray(trace.block_ids, dtype=np.int32), n_blocks

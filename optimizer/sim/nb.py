@@ -60,7 +60,9 @@ from kvtier.cache.prefetch import prefetch
 from kvtier.policy.registries import (
     KV_AWARE,
     LEAST_LOADED,
+    RESERVE,
     ROUND_ROBIN,
+    VLLM_V0,
     VLLM_V1,
     WRITE_BACK,
     WRITE_SELECTIVE,
@@ -344,7 +346,7 @@ class Params(NamedTuple):
     concurrency: int  # closed-loop load generator: requests in flight (0: open loop)
     kv_overlap_weight: float  # kv_aware router: weight of the prompt blocks left to prefill
     route_w: np.ndarray  # f8 (n_tiers, n_instances): kv_aware weight of a lower-tier hit
-    scheduler: int  # RESERVE (whole footprint at admission) or VLLM_V1 (grow, preempt)
+    scheduler: int  # RESERVE (whole footprint at admission), VLLM_V1 or VLLM_V0 (grow, preempt)
     watermarks: np.ndarray  # i8 (n_instances,) vllm_v1: free blocks an admission leaves
     n_prefill: int  # disaggregated: instances [0, n_prefill) prefill, the rest decode (0: none)
     # the P/D transfer (kvtier.sim.pd.PdConfig): paths [prefill, decode, j], links, connector
@@ -889,7 +891,9 @@ def arrive_nb(
     q_head = ist.q_head
     next_waiting = rs.next_waiting
     q_len = ist.q_len
-    if total_blocks[i] > prm.fit_blocks:
+    if total_blocks[i] > prm.fit_blocks or (
+        prm.scheduler == VLLM_V0 and rq.input_tokens[i] > prm.token_budget
+    ):  # (vLLM v0 ignores a prompt longer than its token budget)
         ints[C_REJECTED] += 1
         return
     ints[C_IN_FLIGHT] += 1
@@ -926,7 +930,8 @@ def admit_nb(
     """Admit request ``i`` on instance ``k`` if its fresh slots fit: look up its prefix (HBM,
     then the lower tiers), load, pin the hits and take the rest from the free ring (the whole
     footprint, or with vllm_v1 the blocks of its first chunk of ``budget`` tokens, leaving the
-    watermark free when ``others`` are scheduled in this iteration)."""
+    watermark free when ``others`` are scheduled in this iteration; vllm_v0: the blocks of its
+    whole prompt, leaving the watermark free when the instance runs anything)."""
     boff = rq.block_offsets
     slot_of = pool.slot_of
     shared = rq.shared
@@ -961,7 +966,8 @@ def admit_nb(
         return admit_handed_nb(k, i, now, rq, rs, ist, pool, ts, tp, lk, prm, out, ty, buf)
     target = rs.target
     held = rs.held
-    grows = prm.scheduler == VLLM_V1
+    grows = prm.scheduler != RESERVE
+    v0 = prm.scheduler == VLLM_V0
     nb = boff[i + 1] - boff[i]
     hcap = (target[i] - 1) // B
     if nb < hcap:
@@ -977,10 +983,10 @@ def admit_nb(
             loaded = choose_nb(tp, lk, k, now, src, n_src, h, B, counts, timing, path)
         kv0 = (h + loaded) * B
         q0 = target[i] - kv0
-        if q0 > budget:
+        if q0 > budget and not v0:
             q0 = budget
         need = (kv0 + q0 + B - 1) // B - h
-        if others:
+        if others or (v0 and ist.n_running[k] > 0):
             reserve = prm.watermarks[k]
     else:
         need = total_blocks[i] - h
@@ -1062,7 +1068,7 @@ def admit_handed_nb(
     reference's ``admit_handed``)."""
     B = prm.block_tokens
     kv0 = rq.input_tokens[i]
-    need = (kv0 + B) // B if prm.scheduler == VLLM_V1 else rq.total_blocks[i]
+    need = (kv0 + B) // B if prm.scheduler != RESERVE else rq.total_blocks[i]
     if need > ist.free_len[k]:
         return False
     R = prm.ring_len
@@ -1326,13 +1332,15 @@ def run_ahead_nb(
     pool: HbmPools,
     buf: Buffers,
     alloc: bool,
+    keep_free: bool,
 ) -> tuple[float, float]:
     """Run a decode-only batch's steps ahead of the event loop; (last step's start, its time).
 
     With ``alloc`` (vllm_v1, where HBM's evictions have no effect below), a step in which a
     request starts a new block takes it from the free ring as the reference's ``grow`` does,
     in the same order (step by step, in batch order), and the run stops before a step whose
-    blocks are not free (that step preempts, step by step).
+    blocks are not free (that step preempts, step by step). With ``keep_free`` (vllm_v0, whose
+    every decode needs a free block) it stops before a step that would leave none free.
 
     With every running request in the batch and decoding, until one of them finishes or the
     next request arrives (``t_next``) its steps change nothing another instance or the router
@@ -1382,8 +1390,8 @@ def run_ahead_nb(
         if alloc:
             r = (s + 1) % B
             e = bk_start[r + 1] - bk_start[r]
-            if e > ist.free_len[k]:
-                break  # step by step from here: it preempts
+            if e > ist.free_len[k] or (keep_free and e >= ist.free_len[k]):
+                break  # step by step from here: it may preempt
             for x in range(bk_start[r], bk_start[r + 1]):
                 i = running[k, sched_pos[k, bk_req[x]]]
                 hr, hl, _ = _take_nb(
@@ -1413,6 +1421,118 @@ def run_ahead_nb(
 
 
 @njit(cache=True, nogil=True, inline="always")
+def schedule_v0_nb(
+    k: int,
+    now: float,
+    rq: Requests,
+    rs: RequestState,
+    ist: InstanceState,
+    pool: HbmPools,
+    ts: TierPools,
+    tp: TierParams,
+    lk: LinkState,
+    prm: Params,
+    out: Outputs,
+    ty: Tally,
+    buf: Buffers,
+    cascade: bool,
+) -> tuple[int, int, bool, float]:
+    """vllm_v0: the iteration's requests into ``sched_pos`` / ``sched_q`` (the reference's
+    ``schedule_v0``): prompts whole and FCFS, in an iteration of their own; else every running
+    request decodes, each needing a free block, preempting from the end. Returns the scheduled
+    count, the decode steps before the first of the batch finishes (0: not decode-only),
+    whether it preempted, and the latest load end among running requests."""
+    boff = rq.block_offsets
+    n_running = ist.n_running
+    running = ist.running
+    ready = rs.ready
+    kv = rs.kv
+    target = rs.target
+    registered = rs.registered
+    generated = rs.generated
+    output_tokens = rq.output_tokens
+    sched_pos = ist.sched_pos
+    sched_q = ist.sched_q
+    q_len = ist.q_len
+    q_head = ist.q_head
+    q_tail = ist.q_tail
+    next_waiting = rs.next_waiting
+    budget = prm.token_budget
+    last_ready = now
+    m = 0
+    for pos in range(n_running[k]):  # prompts whose lower-tier loads have ended
+        i = running[k, pos]
+        if ready[i] > now:
+            if ready[i] > last_ready:
+                last_ready = ready[i]
+            continue
+        if kv[i] >= target[i] or budget == 0:
+            continue
+        q = target[i] - kv[i]
+        if m > 0 and q > budget:
+            continue
+        sched_pos[k, m] = pos
+        sched_q[k, m] = q
+        m += 1
+        budget = budget - q if q < budget else 0
+    while budget > 0 and q_len[k] > 0 and n_running[k] < prm.max_seqs:
+        i = q_head[k]
+        planned = 1 if rs.handed[i] else target[i]  # a handed-over request: one decode step
+        if m > 0 and planned > budget:
+            break
+        if not admit_nb(k, i, now, rq, rs, ist, pool, ts, tp, lk, prm, out, ty, buf, budget, m > 0):
+            break
+        q_head[k] = next_waiting[i]
+        if q_head[k] < 0:
+            q_tail[k] = -1
+        q_len[k] -= 1
+        pos = n_running[k]
+        running[k, pos] = i
+        n_running[k] += 1
+        if ready[i] > now:
+            if ready[i] > last_ready:
+                last_ready = ready[i]
+            continue
+        q = target[i] - kv[i] if kv[i] < target[i] else 1
+        sched_pos[k, m] = pos
+        sched_q[k, m] = q
+        m += 1
+        budget = budget - q if q < budget else 0
+    if m > 0:
+        return m, 0, False, last_ready
+    steps_left = np.int64(1) << 62
+    preempted = False
+    pos = -1
+    while pos + 1 < n_running[k]:  # (preemptions take requests off its end)
+        pos += 1
+        i = running[k, pos]
+        if ready[i] > now or kv[i] < target[i]:
+            continue
+        if registered[i] < boff[i + 1] - boff[i]:
+            steps_left = 0
+        elif output_tokens[i] - generated[i] < steps_left:
+            steps_left = output_tokens[i] - generated[i]
+        ok = True
+        while ist.free_len[k] < 1 or not grow_nb(
+            k, i, kv[i] + 1, now, rs, ist, pool, ts, tp, lk, prm, buf
+        ):
+            v = preempt_nb(k, rq, rs, ist, pool, prm, out)
+            preempted = True
+            if v == i:
+                ok = False
+                break
+        if not ok:
+            break
+        room = rs.held[i] * prm.block_tokens - kv[i]
+        if cascade and room < steps_left:
+            steps_left = room
+        sched_pos[k, m] = pos
+        sched_q[k, m] = 1
+        m += 1
+    return m, steps_left, preempted, last_ready
+
+
+@njit(cache=True, nogil=True, inline="always")
 def start_iteration_nb(
     k: int,
     now: float,
@@ -1430,7 +1550,8 @@ def start_iteration_nb(
     buf: Buffers,
 ) -> None:
     """Idle instance ``k`` schedules an iteration: running requests take their tokens, then
-    admissions (FCFS) take prefill chunks; with nothing to run it waits for a load."""
+    admissions (FCFS) take prefill chunks (vllm_v0: :func:`schedule_v0_nb`); with nothing to
+    run it waits for a load."""
     boff = rq.block_offsets
     n_running = ist.n_running
     running = ist.running
@@ -1473,6 +1594,24 @@ def start_iteration_nb(
     cascade = tp.n_tiers > 0 and (tp.write_policy == WRITE_BACK or tp.exclusive)
     preempted = False
     pos = -1
+    v0 = prm.scheduler == VLLM_V0
+    if v0:
+        m, steps_left, preempted, last_ready = schedule_v0_nb(
+            k, now, rq, rs, ist, pool, ts, tp, lk, prm, out, ty, buf, cascade
+        )
+        for x in range(m):
+            i = running[k, sched_pos[k, x]]
+            q = sched_q[k, x]
+            tokens += q
+            attn += q * (2 * kv[i] + q)
+            kv_read += kv[i] + q
+            if kv[i] < target[i]:
+                pf_ns += prefill_attn_ns_nb(q, kv[i], timing)
+                pf_ext += prefill_out_of_range_nb(q, kv[i], timing)
+            else:
+                n_dec += 1
+                dec_kv += kv[i] + q
+        pos = n_running[k]  # (the loops below are vllm_v1's and reserve's)
     while pos + 1 < n_running[k]:  # (vllm_v1: preemptions take requests off its end)
         pos += 1
         i = running[k, pos]
@@ -1523,7 +1662,7 @@ def start_iteration_nb(
             n_dec += 1
             dec_kv += kv[i] + q
     # (vLLM V1 admits nobody in a step that preempted)
-    while not preempted and budget > 0 and q_len[k] > 0 and n_running[k] < prm.max_seqs:
+    while not v0 and not preempted and budget > 0 and q_len[k] > 0 and n_running[k] < prm.max_seqs:
         i = q_head[k]
         if not admit_nb(k, i, now, rq, rs, ist, pool, ts, tp, lk, prm, out, ty, buf, budget, m > 0):
             break
@@ -1582,7 +1721,7 @@ def start_iteration_nb(
     ints[C_EXTRAP] += step_extrapolated_nb(tokens, n_dec, dec_kv, pf_ext, timing)
     t = now
     # vllm_v1: nothing waits (an admission's blocks may change with time) and none preempted
-    ahead = not grows or (not preempted and q_len[k] == 0)
+    ahead = not (grows or v0) or (not preempted and q_len[k] == 0)
     if prm.n_prefill > 0 and k >= prm.n_prefill:
         # disaggregated: a prefill instance may hand a request over at its iteration's end
         blocked = False
@@ -1603,7 +1742,7 @@ def start_iteration_nb(
     if m == n_running[k] and steps_left > 1 and ahead:
         t, dt = run_ahead_nb(
             k, now, t_next, m, steps_left, dt, attn, kv_read, rs, ist, prm, out, ty, pool, buf,
-            grows and not cascade,
+            (grows or v0) and not cascade, v0,
         )  # fmt: skip
     n_sched[k] = m
     ist.iter_dt[k] = dt

@@ -86,7 +86,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from kvtier.policy.registries import KV_AWARE, LEAST_LOADED, ROUND_ROBIN, VLLM_V1
+from kvtier.policy.registries import KV_AWARE, LEAST_LOADED, RESERVE, ROUND_ROBIN, VLLM_V0
 from kvtier.sim.config import SimConfig
 from kvtier.sim.reference_tiers import LowerTiers
 from kvtier.sim.result import RawResult, SloCheck, end_time
@@ -273,7 +273,8 @@ def simulate_reference(
             trace.block_offsets, trace.block_ids, trace.n_blocks, B, *compute
         )  # GDSF's cost per block
         lower = LowerTiers(cfg.tiers, trace.n_blocks, timing_of if cfg.two_pools else tp, costs)
-    grows = cfg.scheduler == VLLM_V1  # blocks allocated as requests grow, preemption
+    grows = cfg.scheduler != RESERVE  # blocks allocated as requests grow, preemption
+    v0 = cfg.scheduler == VLLM_V0  # prompts whole, in iterations without decodes
     n_pf = cfg.n_prefill  # disaggregated: instances [0, n_pf) prefill, the rest decode
     n_route = n_pf if n_pf > 0 else cfg.n_instances  # the router's instances
     pd = cfg.pd if n_pf > 0 else None
@@ -378,7 +379,8 @@ def simulate_reference(
         nonlocal in_flight
         req.arrival = t
         sent_s[req.idx] = t
-        if req.total_blocks > fit:
+        if req.total_blocks > fit or (v0 and req.input_tokens > cfg.token_budget):
+            # (vLLM v0 ignores a prompt longer than its token budget: it can never be scheduled)
             if tracker is not None:
                 tracker.rejected()
             return
@@ -392,7 +394,8 @@ def simulate_reference(
         """Admit ``req`` on instance ``k`` if its fresh slots fit: look up its prefix (HBM,
         then the lower tiers), load, pin the hits and allocate the rest (``reserve``: the whole
         footprint; ``vllm_v1``: the blocks of its first chunk of ``budget`` tokens, keeping
-        the watermark free when another request is ``busy`` in this iteration)."""
+        the watermark free when another request is ``busy`` in this iteration; ``vllm_v0``:
+        the blocks of its whole prompt, always keeping the watermark free)."""
         pool = inst.pool
         if req.handed:
             return admit_handed(inst, k, req, now)
@@ -406,8 +409,11 @@ def simulate_reference(
                 src = lower.lookup(k, req.blocks, h, cap)
                 loaded = lower.choose(k, now, src, h, B)
             kv0 = (h + loaded) * B
-            need = -(-(kv0 + min(req.target - kv0, budget)) // B) - h
-            reserve = marks[k] if busy else 0
+            step = req.target - kv0 if v0 else min(req.target - kv0, budget)
+            need = -(-(kv0 + step) // B) - h
+            # vLLM v0's can_allocate keeps the watermark free whatever else runs (kvtier: not
+            # when the instance runs nothing, where vLLM would drop a prompt that cannot fit)
+            reserve = marks[k] if busy or (v0 and inst.running) else 0
         else:
             need = req.total_blocks - h
             reserve = 0
@@ -564,10 +570,65 @@ def simulate_reference(
         req.handed = req.pd_first  # its KV had not arrived: it is pulled again
         inst.waiting.appendleft(req)
 
+    def schedule_v0(inst: Instance, k: int, t: float) -> list[tuple[Request, int]]:
+        """vLLM v0's ``_schedule_default`` (vllm/core/scheduler.py, v0.4): prompts first, each
+        whole (no chunking), FCFS while the token budget, ``max_num_seqs`` and the free blocks
+        allow (a prompt over the budget's remainder stops admission; alone it runs whole, so a
+        recomputed preempted request longer than the budget cannot stall). An iteration with
+        a prompt runs no decode. Without one, every running request decodes; each needs a free
+        block (``can_append_slots``: one per running request, whether or not it starts a
+        block), else the most recently admitted request is preempted. A request whose loads
+        ended (lower tiers) runs its prompt in the prompt phase too."""
+        budget = cfg.token_budget
+        sched: list[tuple[Request, int]] = []
+        for req in inst.running:  # prompts whose lower-tier loads have ended
+            if req.ready > t or req.kv >= req.target or budget == 0:
+                continue
+            q = req.target - req.kv
+            if sched and q > budget:
+                continue
+            sched.append((req, q))
+            budget = max(budget - q, 0)
+        while budget > 0 and inst.waiting and len(inst.running) < cfg.max_seqs:
+            req = inst.waiting[0]
+            planned = 1 if req.handed else req.target  # a handed-over request: one decode step
+            if sched and planned > budget:
+                break
+            if not admit(inst, k, req, t, budget, bool(sched)):
+                break
+            inst.waiting.popleft()
+            inst.running.append(req)
+            if req.ready > t:
+                continue
+            q = req.target - req.kv if req.kv < req.target else 1
+            sched.append((req, q))
+            budget = max(budget - q, 0)
+        if sched:
+            return sched
+        x = 0
+        while x < len(inst.running):
+            req = inst.running[x]
+            if req.ready > t or req.kv < req.target:
+                x += 1
+                continue
+            ok = True
+            while not inst.pool.free or not grow(inst, k, req, req.kv + 1, t):
+                victim = inst.running[-1]
+                preempt(inst, victim)
+                if victim is req:
+                    ok = False
+                    break
+            if not ok:
+                break
+            sched.append((req, 1))
+            x += 1
+        return sched
+
     def start_iteration(inst: Instance, k: int, t: float) -> None:
         """Idle instance ``k`` schedules an iteration: running requests take their tokens, then
-        admissions (FCFS) take prefill chunks; requests still loading take no tokens. With
-        nothing to run (every running request is loading) it stays idle until one is ready."""
+        admissions (FCFS) take prefill chunks (``vllm_v0``: :func:`schedule_v0`); requests
+        still loading take no tokens. With nothing to run (every running request is loading)
+        it stays idle until one is ready."""
         nonlocal n_iter, n_extrap
         release_held(inst, t)
         budget = cfg.token_budget
@@ -575,6 +636,10 @@ def simulate_reference(
         tokens = attn = kv_read = 0
         preempted = False
         x = 0
+        if v0:
+            sched = schedule_v0(inst, k, t)
+            x = len(inst.running)  # (the loops below are vllm_v1's and reserve's)
+            preempted = True  # (admissions are done)
         while x < len(inst.running):
             req = inst.running[x]
             if budget == 0:
@@ -583,7 +648,7 @@ def simulate_reference(
                 x += 1
                 continue
             q = min(req.target - req.kv, budget) if req.kv < req.target else 1
-            if grows:
+            if grows:  # (vllm_v1 here)
                 # vLLM V1: no free block, the most recently admitted request is preempted
                 ok = True
                 while not grow(inst, k, req, req.kv + q, t):

@@ -1,0 +1,101 @@
+"""vLLM v0 scheduling (``scheduler = "vllm_v0"``, vllm/core/scheduler.py ``_schedule_default``):
+prompts run whole in iterations of their own, decodes only in iterations without a prompt, a
+free block per decoding request; closed forms on both engines, and the engines agree."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from kvtier.policy.registries import SCHEDULERS, VLLM_V0, VLLM_V1
+from kvtier.sim import simulate_raw
+from kvtier.trace.blocked import BlockedTrace
+from tests.sim_strategies import blocked_traces, sim_configs, tiered_configs
+from tests.test_sim_preemption import ENGINES, run, token_clock
+from tests.test_sim_tiers_differential import assert_same_tiers
+
+
+def test_vllm_v0_is_a_registered_scheduler() -> None:
+    assert SCHEDULERS.codes["vllm_v0"] == VLLM_V0 != VLLM_V1
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_a_decode_waits_for_a_whole_prefill_iteration(engine) -> None:
+    # one second per computed token. Request 0 (4 in, 5 out) prefills 0-4 s and decodes
+    # 4-5, 5-6; request 1 (6 in, 2 out) arrives at 5.5 s. vLLM v0 runs its prompt alone,
+    # 6-12 s: request 0's next token waits the whole prefill. Then both decode (12-14 s, request
+    # 1 done) and request 0 its last token (14-15 s).
+    t = BlockedTrace.from_lists([0.0, 5.5], [4, 6], [5, 2], [[], []], 1)
+    v0 = run(t, token_clock(100, 1, scheduler=VLLM_V0), engine)
+    assert v0.first_token_s.tolist() == [4.0, 12.0]
+    assert v0.finish_s.tolist() == [15.0, 14.0]
+    assert v0.n_iterations == 6
+    # vLLM V1 mixes the prompt into request 0's decode step (7 tokens, 6-13 s)
+    v1 = run(t, token_clock(100, 1, scheduler=VLLM_V1), engine)
+    assert v1.first_token_s.tolist() == [4.0, 13.0]
+    assert v1.finish_s.tolist() == [15.0, 15.0]
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_prompts_are_never_chunked_and_the_budget_caps_an_iteration(engine) -> None:
+    # budget 6: request 0's prompt (4) runs alone, request 1's (4) does not fit the 2 left and
+    # runs whole in the next iteration (4-8 s) while request 0's decode waits; both decode
+    # at 8-10 s. Request 2's prompt (7) is over the budget: rejected (vLLM v0 ignores it).
+    t = BlockedTrace.from_lists([0.0, 0.0, 0.0], [4, 4, 7], [2, 2, 2], [[], [], []], 1)
+    raw = run(t, token_clock(100, 1, scheduler=VLLM_V0, token_budget=6), engine)
+    assert raw.first_token_s[:2].tolist() == [4.0, 8.0]
+    assert raw.finish_s[:2].tolist() == [10.0, 10.0]
+    assert np.isnan(raw.first_token_s[2]) and np.isnan(raw.finish_s[2])
+    # vLLM V1 chunks request 1 (2 + 2 tokens) and runs request 2 too
+    v1 = run(t, token_clock(100, 1, scheduler=VLLM_V1, token_budget=6), engine)
+    assert not np.isnan(v1.finish_s).any()
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_every_decoding_request_needs_a_free_block(engine) -> None:
+    # B = 2, 4 blocks: both prompts (3 tokens, 2 blocks each) run at once (0-6 s) and take
+    # every block. Their next token fits their second block, but vLLM v0's can_append_slots
+    # asks a free block per request: request 1 is preempted (3 tokens), request 0 decodes
+    # (6-7 s, done), then request 1 recomputes its prompt and first token (4 tokens, 7-11 s)
+    t = BlockedTrace.from_lists([0.0, 0.0], [3, 3], [2, 2], [[], []], 2)
+    v0 = run(t, token_clock(4, 2, scheduler=VLLM_V0), engine)
+    assert v0.first_token_s.tolist() == [6.0, 6.0]
+    assert v0.finish_s.tolist() == [7.0, 11.0]
+    assert v0.preemptions.tolist() == [0, 1]
+    assert v0.preempted_tokens.tolist() == [0, 3]
+    # vLLM V1 allocates only the blocks a step needs: nobody is preempted
+    v1 = run(t, token_clock(4, 2, scheduler=VLLM_V1), engine)
+    assert v1.preemptions.tolist() == [0, 0]
+    assert v1.finish_s.tolist() == [8.0, 8.0]
+
+
+@st.composite
+def v0_cases(draw: st.DrawFn):
+    """Long decodes on small pools and bursts of prompts: prompt iterations between decode
+    runs, decode steps run ahead across block boundaries, preemptions; with and without lower
+    tiers, aggregated or disaggregated."""
+    trace = draw(blocked_traces(max_output=80))
+    tiered = draw(st.booleans())
+    cfg = draw(tiered_configs(trace.block_tokens) if tiered else sim_configs(trace.block_tokens))
+    budget = draw(st.sampled_from([cfg.token_budget, 64, 4096]))
+    return trace, replace(
+        cfg,
+        scheduler=VLLM_V0,
+        token_budget=budget,
+        watermark_blocks=draw(st.sampled_from([0, 1])),
+    )
+
+
+@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(v0_cases())
+def test_engines_agree_under_vllm_v0(case) -> None:
+    trace, cfg = case
+    ref = simulate_raw(trace, cfg, engine="reference", check_invariants=True)
+    fast = simulate_raw(trace, cfg, engine="numba")
+    assert_same_tiers(ref, fast, trace, cfg)
+    np.testing.assert_array_equal(ref.preemptions, fast.preemptions)
+    np.testing.assert_array_equal(ref.preempted_tokens, fast.preempted_tokens)
