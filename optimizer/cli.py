@@ -257,12 +257,23 @@ def validate_serving(as_json: bool, markdown_path: str | None) -> None:
 
 @validate.command("pd")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as one JSON object.")
-def validate_pd(as_json: bool) -> None:
+@click.option(
+    "--markdown",
+    "markdown_path",
+    default=None,
+    help="Also write the table (docs/validation-pd.md) to this file.",
+)
+def validate_pd(as_json: bool, markdown_path: str | None) -> None:
     """Published prefill/decode results (DistServe, Mooncake): goodput per GPU, disaggregated
-    over aggregated, published beside the model's on a stand-in deployment."""
+    over aggregated, published beside the model's (the paper's model and GPU where kvtier
+    profiles them, else a stand-in)."""
     from kvtier.experiments.pd_validation import run_pd
-    from kvtier.report.pd_validation import pd_json, to_text
+    from kvtier.report.pd_validation import pd_json, to_markdown, to_text
 
+    if markdown_path is not None:
+        from kvtier.report.output import check_output
+
+        check_output(markdown_path, option="--markdown")
     result = run_pd()
     _report_validation(
         result,
@@ -274,6 +285,8 @@ def validate_pd(as_json: bool) -> None:
             f"(tolerance {c.tolerance:g}x)"
             for c in result.missed()
         ],
+        markdown_path=markdown_path,
+        to_markdown=to_markdown,
     )
 
 

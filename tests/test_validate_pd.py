@@ -2,15 +2,24 @@
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
 from click.testing import CliRunner
 
 from kvtier.cli import main
+from kvtier.errors import InputError
 from kvtier.experiments import pd_validation as pv
+from kvtier.trace.blocked import BlockedTrace
 
 
-def test_distserve_example_on_its_stand_in() -> None:
+def test_distserve_example_on_the_papers_model_and_gpu() -> None:
     c = pv.run_check("distserve-2p1d")
     assert c.published == 2.1 and c.source == "[DistServe]"
+    # OPT-13B on an A100 under the paper's own SLO, not a stand-in's scaled one
+    assert c.stand_in == "OPT-13B on a100-node"
+    assert (c.ttft_slo_s, c.tpot_slo_s) == (0.4, 0.04)
     # the disaggregated 2P + 1D serves more per GPU than one colocated GPU under the SLO
     assert c.disaggregated_rps_per_gpu > c.aggregated_rps_per_gpu > 0
     assert c.model == c.disaggregated_rps_per_gpu / c.aggregated_rps_per_gpu
@@ -28,3 +37,38 @@ def test_a_missed_target_exits_non_zero(monkeypatch) -> None:
         res = CliRunner().invoke(main, ["validate", "pd"])
         assert res.exit_code == code, res.output
         assert ("target missed: x" in res.output) == (code == 1)
+
+
+def test_the_papers_baselines_run_vllm_v0() -> None:
+    for name in pv.scenario_names():
+        agg = pv.load_pd_scenario(name)["conditions"]["aggregated"]
+        assert pv._serving_settings(name, agg)["scheduler"] == "vllm_v0"
+
+
+def test_a_deployment_names_only_known_serving_settings() -> None:
+    ok = pv._serving_settings("x", {"instances": 1, "scheduler": "vllm_v0", "max_num_seqs": 4})
+    assert ok == {"scheduler": "vllm_v0", "max_num_seqs": 4}
+    with pytest.raises(InputError, match="unknown deployment key 'chunked'"):
+        pv._serving_settings("x", {"instances": 1, "chunked": True})
+    with pytest.raises(InputError, match="scheduler 'v0'; choose from reserve, vllm_v1, vllm_v0"):
+        pv._serving_settings("x", {"instances": 1, "scheduler": "v0"})
+    with pytest.raises(InputError, match="max_num_batched_tokens must be a positive integer"):
+        pv._serving_settings("x", {"instances": 1, "max_num_batched_tokens": 0})
+
+
+def test_attainment_both_bounds_or_each_bound(monkeypatch) -> None:
+    # four requests of 3 output tokens (2 intervals): TTFT 0.1, 0.5, 0.1, 0.1 s and TPOT
+    # 0.01, 0.01, 0.05, 0.01 s against bounds 0.4 s / 0.04 s. Both bounds: 2 of 4 requests;
+    # each bound: 3 of 4 meet TTFT, 3 of 4 meet TPOT, so 0.75
+    trace = BlockedTrace.from_lists([0.0] * 4, [8] * 4, [3] * 4, [[]] * 4, 4)
+    first = np.array([0.1, 0.5, 0.1, 0.1])
+    raw = SimpleNamespace(
+        first_token_s=first, finish_s=first + 2 * np.array([0.01, 0.01, 0.05, 0.01])
+    )
+    monkeypatch.setattr("kvtier.sim.simulate_raw", lambda *a, **k: raw)
+    assert pv._attainment(trace, None, 0.4, 0.04) == 0.5
+    assert pv._attainment(trace, None, 0.4, 0.04, per_metric=True) == 0.75
+    # a request never served (NaN) meets neither bound
+    raw.first_token_s = np.array([np.nan, 0.1, 0.1, 0.1])
+    raw.finish_s = raw.first_token_s + 0.02
+    assert pv._attainment(trace, None, 0.4, 0.04, per_metric=True) == 0.75

@@ -3,16 +3,21 @@
 Each result is a scenario file under ``policies/presets/validation/pd/``: where it was
 published and what was read (``[figure]``: the published ratio of goodput per GPU,
 disaggregated over aggregated, and the tolerance of the check), and the stand-in deployment
-the model replays (``[conditions]``). The papers ran models and GPUs kvtier has no profile
-for, so the conditions name a stand-in (a model and hardware profile) and scale the SLO to it:
-``ttft_x_unloaded`` and ``tpot_x_unloaded`` are the paper's SLO over its unloaded prefill
-time and decode step, applied to the stand-in's own unloaded times (a single request replayed
-alone). The workload is either fixed lengths with Poisson arrivals (``input_tokens``,
+the model replays (``[conditions]``): a model and hardware profile, the paper's own where
+kvtier can profile them. The SLO is either the paper's (``ttft_s``, ``tpot_s``) or, for a
+stand-in deployment, scaled to it: ``ttft_x_unloaded`` and ``tpot_x_unloaded`` are the
+paper's SLO over its unloaded prefill time and decode step, applied to the stand-in's own
+unloaded times (a single request replayed alone). Each deployment may set the serving
+settings the paper's systems ran with (``scheduler``, ``max_num_batched_tokens``,
+``max_num_seqs``: e.g. the aggregated baseline as vLLM of the paper's time, ``vllm_v0``). The
+workload is either fixed lengths with Poisson arrivals (``input_tokens``,
 ``output_tokens``, ``requests``) or a bundled trace (``trace``) whose arrivals are compressed.
 
 Goodput is the largest request rate (Poisson rate, or trace compression) at which at least
 ``attainment`` of the requests meet both per-request bounds (TTFT and TPOT), DistServe's
-definition, found by doubling then bisection; per GPU it is divided by the GPUs the deployment
+definition (with ``attainment_per_metric``: the share meeting each bound, i.e. the P90 TTFT
+and the P90 TPOT each within its bound, as DistServe's Figure 1 reads them), found by
+doubling then bisection; per GPU it is divided by the GPUs the deployment
 uses. Nothing is calibrated on these figures: every one is a check, and
 :meth:`PdValidation.missed` names each whose model ratio is outside the tolerance.
 """
@@ -128,23 +133,33 @@ class _Workload:
         return BlockedTrace.from_lists([0.0], [inp], [out], [[]], self.B)
 
 
-def _attainment(trace, cfg, ttft_s: float | np.ndarray, tpot_s: float) -> float:  # noqa: ANN001
+def _attainment(  # noqa: ANN001
+    trace, cfg, ttft_s: float | np.ndarray, tpot_s: float, per_metric: bool = False
+) -> float:
+    """The share of requests meeting both bounds (``per_metric``: the lower of the shares
+    meeting each bound)."""
     from kvtier.sim import simulate_raw
 
     raw = simulate_raw(trace, cfg, engine="numba")
     ttft = raw.first_token_s - trace.arrival_s
     tpot = (raw.finish_s - raw.first_token_s) / np.maximum(trace.output_tokens - 1, 1)
-    ok = (np.nan_to_num(ttft, nan=math.inf) <= ttft_s) & (
-        np.nan_to_num(tpot, nan=math.inf) <= tpot_s
-    )
-    return float(ok.mean())
+    ttft_ok = np.nan_to_num(ttft, nan=math.inf) <= ttft_s
+    tpot_ok = np.nan_to_num(tpot, nan=math.inf) <= tpot_s
+    if per_metric:
+        return float(min(ttft_ok.mean(), tpot_ok.mean()))
+    return float((ttft_ok & tpot_ok).mean())
 
 
 def goodput(  # noqa: ANN001
-    work: _Workload, cfg, ttft_s: float | np.ndarray, tpot_s: float, share: float
+    work: _Workload,
+    cfg,
+    ttft_s: float | np.ndarray,
+    tpot_s: float,
+    share: float,
+    per_metric: bool = False,
 ) -> float:
     """The largest rate at which ``share`` of the requests meet both bounds (0: none)."""
-    ok = lambda r: _attainment(work.at(r), cfg, ttft_s, tpot_s) >= share  # noqa: E731
+    ok = lambda r: _attainment(work.at(r), cfg, ttft_s, tpot_s, per_metric) >= share  # noqa: E731
     lo, hi = 0.0, 1.0
     while ok(hi):
         lo, hi = hi, hi * 2
@@ -165,6 +180,36 @@ def goodput(  # noqa: ANN001
     return lo
 
 
+SERVING_KEYS = ("scheduler", "max_num_batched_tokens", "max_num_seqs")
+
+
+def _serving_settings(name: str, spec: dict[str, Any]) -> dict[str, Any]:
+    """The serving settings a deployment names (the paper's systems' own), checked."""
+    from kvtier.policy.registries import SCHEDULERS
+
+    unknown = sorted(set(spec) - {"instances", "prefill_instances", *SERVING_KEYS})
+    if unknown:
+        raise InputError(
+            f"P/D scenario {name!r}: unknown deployment key {unknown[0]!r}; choose from "
+            f"instances, prefill_instances, {', '.join(SERVING_KEYS)}"
+        )
+    out: dict[str, Any] = {}
+    if "scheduler" in spec:
+        if spec["scheduler"] not in SCHEDULERS.names:
+            raise InputError(
+                f"P/D scenario {name!r}: scheduler {spec['scheduler']!r}; choose from "
+                f"{', '.join(SCHEDULERS.names)}"
+            )
+        out["scheduler"] = str(spec["scheduler"])
+    for key in ("max_num_batched_tokens", "max_num_seqs"):
+        if key in spec:
+            v = spec[key]
+            if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+                raise InputError(f"P/D scenario {name!r}: {key} must be a positive integer")
+            out[key] = v
+    return out
+
+
 def run_check(name: str) -> PdCheck:
     from kvtier.hardware import load_hardware, load_model
     from kvtier.policy import Policy
@@ -180,6 +225,7 @@ def run_check(name: str) -> PdCheck:
             base.serving,
             instances=int(spec["instances"]),
             prefill_instances=int(spec.get("prefill_instances", 0)),
+            **_serving_settings(name, spec),
         )
         return build_config(hw, md, replace(base, serving=serving))
 
@@ -192,8 +238,12 @@ def run_check(name: str) -> PdCheck:
     alone = simulate_raw(one, config({"instances": 1}), engine="numba")
     prefill_s = float(alone.first_token_s[0])
     step_s = float(alone.finish_s[0] - alone.first_token_s[0]) / (int(one.output_tokens[0]) - 1)
-    ttft_s: float | np.ndarray = float(cond["ttft_x_unloaded"]) * prefill_s
-    tpot_s = float(cond["tpot_x_unloaded"]) * step_s
+    if "ttft_s" in cond:  # the paper's own bounds, on the paper's model and GPU
+        ttft_s: float | np.ndarray = float(cond["ttft_s"])
+        tpot_s = float(cond["tpot_s"])
+    else:  # a stand-in: the bounds scaled by its unloaded times
+        ttft_s = float(cond["ttft_x_unloaded"]) * prefill_s
+        tpot_s = float(cond["tpot_x_unloaded"]) * step_s
     if cond.get("ttft_per_request", False):
         # each request's bound from its own unloaded prefill (Mooncake's SLO definition)
         from kvtier.sim.timing import prefill_seconds
@@ -203,14 +253,15 @@ def run_check(name: str) -> PdCheck:
         own = np.array([prefill_seconds(int(x), 0, tp) for x in work.base.input_tokens])
         ttft_s = float(cond["ttft_x_unloaded"]) * (own + base_s)
     share = float(cond["attainment"])
+    each = bool(cond.get("attainment_per_metric", False))
     gpus = hw.topology.tp
     # a trace's rate is its compression: as requests per second over the trace's span
     span = float(work.base.arrival_s.max() - work.base.arrival_s.min())
     rps = 1.0 if work.poisson or span <= 0 else work.n / span
-    a = goodput(work, agg, ttft_s, tpot_s, share) * rps / (agg.n_instances * gpus)
+    a = goodput(work, agg, ttft_s, tpot_s, share, each) * rps / (agg.n_instances * gpus)
     d, best = -1.0, 0
     for c in dis_all:
-        g = goodput(work, c, ttft_s, tpot_s, share) * rps / (c.n_instances * gpus)
+        g = goodput(work, c, ttft_s, tpot_s, share, each) * rps / (c.n_instances * gpus)
         if g > d:
             d, best = g, c.n_prefill
     return PdCheck(
