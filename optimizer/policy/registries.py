@@ -65,8 +65,8 @@ SCHEDULERS = Registry(
             "an iteration of their own, and the running requests decode only in iterations "
             "without a prompt; a prompt's blocks are allocated at admission (leaving the "
             "watermark free), one block per B decode tokens later; a decode step needs a free "
-            "block per request, else the most recently admitted one is preempted and later "
-            "recomputed; a prompt longer than the token budget is rejected",
+            "block per request, else the most recently admitted one (whose KV is here) is "
+            "preempted and later recomputed; a prompt longer than the token budget is rejected",
         ),
     ],
 )

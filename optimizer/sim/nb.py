@@ -1281,6 +1281,7 @@ def grow_nb(
 @njit(cache=True, nogil=True, _nrt=False)
 def preempt_nb(
     k: int,
+    j: int,
     rq: Requests,
     rs: RequestState,
     ist: InstanceState,
@@ -1288,11 +1289,14 @@ def preempt_nb(
     prm: Params,
     out: Outputs,
 ) -> int:
-    """vllm_v1: the most recently admitted running request of instance ``k`` gives its slots
-    back and returns to the head of the queue, to recompute its prompt and generated tokens
-    (the reference's ``preempt``); returns it."""
+    """Running request ``j`` of instance ``k`` (vllm_v1: the most recently admitted; vllm_v0:
+    the most recently admitted whose KV is not still arriving) gives its slots back and
+    returns to the head of the queue, to recompute its prompt and generated tokens (the
+    reference's ``preempt``); returns it."""
     n = ist.n_running[k] - 1
-    i = ist.running[k, n]
+    i = ist.running[k, j]
+    for x in range(j, n):
+        ist.running[k, x] = ist.running[k, x + 1]
     ist.n_running[k] = n
     _release_nb(
         pool.records, pool.rings, pool.slots, ist.ring_head, ist.ring_count, ist.free_len, k,
@@ -1516,7 +1520,12 @@ def schedule_v0_nb(
         while ist.free_len[k] < 1 or not grow_nb(
             k, i, kv[i] + 1, now, rs, ist, pool, ts, tp, lk, prm, buf
         ):
-            v = preempt_nb(k, rq, rs, ist, pool, prm, out)
+            # the most recently admitted request whose KV is here (a handed-over request whose
+            # KV is still arriving is not yet running in vLLM's sense)
+            j = n_running[k] - 1
+            while ready[running[k, j]] > now:
+                j -= 1
+            v = preempt_nb(k, j, rq, rs, ist, pool, prm, out)
             preempted = True
             if v == i:
                 ok = False
@@ -1599,6 +1608,8 @@ def start_iteration_nb(
         m, steps_left, preempted, last_ready = schedule_v0_nb(
             k, now, rq, rs, ist, pool, ts, tp, lk, prm, out, ty, buf, cascade
         )
+        if ist.free_len[k] < 1:
+            steps_left = 0  # the next step's requests each need a free block: step by step
         for x in range(m):
             i = running[k, sched_pos[k, x]]
             q = sched_q[k, x]
@@ -1636,7 +1647,11 @@ def start_iteration_nb(
             # vLLM V1: no free block, the most recently admitted request is preempted
             ok = True
             while not grow_nb(k, i, kv[i] + q, now, rs, ist, pool, ts, tp, lk, prm, buf):
-                v = preempt_nb(k, rq, rs, ist, pool, prm, out)
+                # (not a request whose KV is still arriving: vLLM keeps those waiting)
+                j = n_running[k] - 1
+                while ready[running[k, j]] > now:
+                    j -= 1
+                v = preempt_nb(k, j, rq, rs, ist, pool, prm, out)
                 preempted = True
                 if v == i:
                     ok = False
@@ -1701,9 +1716,9 @@ def start_iteration_nb(
         return
     if m == 0:
         # every running request is loading: idle until the first one is ready (after a
-        # preemption that left none running: at once, to admit); a prefill instance whose
-        # blocks are held wakes when the first of them is freed
-        w = np.inf
+        # preemption that left none running, or any vllm_v0 preemption: at once, to admit); a
+        # prefill instance whose blocks are held wakes when the first of them is freed
+        w = now if v0 and preempted else np.inf
         for pos in range(n_running[k]):
             if ready[running[k, pos]] < w:
                 w = ready[running[k, pos]]

@@ -570,7 +570,7 @@ def simulate_reference(
         req.handed = req.pd_first  # its KV had not arrived: it is pulled again
         inst.waiting.appendleft(req)
 
-    def schedule_v0(inst: Instance, k: int, t: float) -> list[tuple[Request, int]]:
+    def schedule_v0(inst: Instance, k: int, t: float) -> tuple[list[tuple[Request, int]], bool]:
         """vLLM v0's ``_schedule_default`` (vllm/core/scheduler.py, v0.4): prompts first, each
         whole (no chunking), FCFS while the token budget, ``max_num_seqs`` and the free blocks
         allow (a prompt over the budget's remainder stops admission; alone it runs whole, so a
@@ -578,7 +578,8 @@ def simulate_reference(
         a prompt runs no decode. Without one, every running request decodes; each needs a free
         block (``can_append_slots``: one per running request, whether or not it starts a
         block), else the most recently admitted request is preempted. A request whose loads
-        ended (lower tiers) runs its prompt in the prompt phase too."""
+        ended (lower tiers) runs its prompt in the prompt phase too. Returns the iteration's
+        requests and whether it preempted."""
         budget = cfg.token_budget
         sched: list[tuple[Request, int]] = []
         for req in inst.running:  # prompts whose lower-tier loads have ended
@@ -604,7 +605,8 @@ def simulate_reference(
             sched.append((req, q))
             budget = max(budget - q, 0)
         if sched:
-            return sched
+            return sched, False
+        preempted = False
         x = 0
         while x < len(inst.running):
             req = inst.running[x]
@@ -613,8 +615,11 @@ def simulate_reference(
                 continue
             ok = True
             while not inst.pool.free or not grow(inst, k, req, req.kv + 1, t):
-                victim = inst.running[-1]
+                # the most recently admitted request whose KV is here (a handed-over request
+                # whose KV is still arriving is not yet running in vLLM's sense)
+                victim = next(r for r in reversed(inst.running) if r.ready <= t)
                 preempt(inst, victim)
+                preempted = True
                 if victim is req:
                     ok = False
                     break
@@ -622,7 +627,7 @@ def simulate_reference(
                 break
             sched.append((req, 1))
             x += 1
-        return sched
+        return sched, preempted
 
     def start_iteration(inst: Instance, k: int, t: float) -> None:
         """Idle instance ``k`` schedules an iteration: running requests take their tokens, then
@@ -636,10 +641,11 @@ def simulate_reference(
         tokens = attn = kv_read = 0
         preempted = False
         x = 0
+        v0_preempted = False
         if v0:
-            sched = schedule_v0(inst, k, t)
+            sched, v0_preempted = schedule_v0(inst, k, t)
             x = len(inst.running)  # (the loops below are vllm_v1's and reserve's)
-            preempted = True  # (admissions are done)
+            preempted = v0_preempted
         while x < len(inst.running):
             req = inst.running[x]
             if budget == 0:
@@ -652,7 +658,8 @@ def simulate_reference(
                 # vLLM V1: no free block, the most recently admitted request is preempted
                 ok = True
                 while not grow(inst, k, req, req.kv + q, t):
-                    victim = inst.running[-1]
+                    # (not a request whose KV is still arriving: vLLM keeps those waiting)
+                    victim = next(r for r in reversed(inst.running) if r.ready <= t)
                     preempt(inst, victim)
                     preempted = True
                     if victim is req:
@@ -664,8 +671,12 @@ def simulate_reference(
             budget -= q
             x += 1
         while (
-            not preempted and budget > 0 and inst.waiting and len(inst.running) < cfg.max_seqs
-        ):  # (vLLM V1 admits nobody in a step that preempted)
+            not v0
+            and not preempted
+            and budget > 0
+            and inst.waiting
+            and len(inst.running) < cfg.max_seqs
+        ):  # (vLLM V1 admits nobody in a step that preempted; vllm_v0 admitted above)
             req = inst.waiting[0]
             if not admit(inst, k, req, t, budget, bool(sched)):
                 break
@@ -686,10 +697,11 @@ def simulate_reference(
                 return
         if not sched:
             # every running request is loading (or, after a preemption, none runs: wake now);
-            # a prefill instance whose blocks are held wakes when the first is freed
+            # a prefill instance whose blocks are held wakes when the first is freed; vllm_v0:
+            # after a preemption at once, to run the preempted request's prompt
             w = min((r.ready for r in inst.running), default=np.inf)
             w = min([w] + [r.release_at for r in inst.held])
-            if not inst.running and (preempted or not inst.held):
+            if (not inst.running and (preempted or not inst.held)) or v0_preempted:
                 w = t
             inst.wake = w
             return
