@@ -14,6 +14,7 @@ from kvtier.experiments import pd_validation as pv
 from kvtier.trace.blocked import BlockedTrace
 
 
+@pytest.mark.slow
 def test_distserve_example_on_the_papers_model_and_gpu() -> None:
     c = pv.run_check("distserve-2p1d")
     assert c.published == 2.1 and c.source == "[DistServe]"
