@@ -1517,6 +1517,7 @@ def schedule_v0_nb(
         elif output_tokens[i] - generated[i] < steps_left:
             steps_left = output_tokens[i] - generated[i]
         ok = True
+        fits = (kv[i] + prm.block_tokens) // prm.block_tokens <= rs.held[i]
         while ist.free_len[k] < 1 or not grow_nb(
             k, i, kv[i] + 1, now, rs, ist, pool, ts, tp, lk, prm, buf
         ):
@@ -1525,6 +1526,8 @@ def schedule_v0_nb(
             j = n_running[k] - 1
             while ready[running[k, j]] > now:
                 j -= 1
+            if running[k, j] == i and fits:
+                break  # alone within its blocks it decodes (vLLM would re-admit it forever)
             v = preempt_nb(k, j, rq, rs, ist, pool, prm, out)
             preempted = True
             if v == i:

@@ -614,10 +614,13 @@ def simulate_reference(
                 x += 1
                 continue
             ok = True
+            fits = -(-(req.kv + 1) // B) <= len(req.slots)
             while not inst.pool.free or not grow(inst, k, req, req.kv + 1, t):
                 # the most recently admitted request whose KV is here (a handed-over request
                 # whose KV is still arriving is not yet running in vLLM's sense)
                 victim = next(r for r in reversed(inst.running) if r.ready <= t)
+                if victim is req and fits:
+                    break  # alone within its blocks it decodes (vLLM would re-admit it forever)
                 preempt(inst, victim)
                 preempted = True
                 if victim is req:
