@@ -10,6 +10,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from kvtier.policy.model import SLO
+from kvtier.policy.registries import VLLM_V0, VLLM_V1
 from kvtier.sim import compute_metrics, simulate_raw
 from kvtier.sim.engine import SCRATCH
 from kvtier.sim.requests import request_table
@@ -108,8 +109,9 @@ def test_kept_scratch_arrays_give_fresh_results(first, second, p99) -> None:
     simulate_raw(trace, cfg, engine="numba", slo=slo, stop_early=True)
     again = simulate_raw(trace, cfg, engine="numba", slo=slo, stop_early=True)
     assert_same_tiers(fresh, again, trace, cfg)
-    # (vllm_v1 maps every block: a preempted request looks its own blocks up again)
-    n_shared = max(trace.n_blocks if cfg.scheduler == 1 else trace.shared_blocks[1], 1)
+    # (vllm_v1 and vllm_v0 map every block: a preempted request looks its own blocks up again)
+    every = cfg.scheduler in (VLLM_V1, VLLM_V0)
+    n_shared = max(trace.n_blocks if every else trace.shared_blocks[1], 1)
     kept = SCRATCH.take("slot_of", (cfg.n_instances * n_shared,), np.int32)
     assert kept is not None and not kept.any()
 
