@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 import time
+import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -135,6 +136,19 @@ FINISHED = (
     optuna.trial.TrialState.PRUNED,
     optuna.trial.TrialState.FAIL,
 )
+
+
+WORKER_ATTR = "kvtier_worker"  # the user attribute naming the worker that ran a trial
+
+
+def _ran_by(study: optuna.Study, worker: str) -> int:
+    """Finished trials whose last starter was ``worker``: each trial counts for one worker, even
+    when two took it from the queue at once."""
+    return sum(
+        1
+        for t in study.get_trials(deepcopy=False, states=FINISHED)
+        if t.user_attrs.get(WORKER_ATTR) == worker
+    )
 
 
 def _finished(study: optuna.Study) -> int:
@@ -366,7 +380,16 @@ def optimize(
             study.enqueue_trial(values, skip_if_exists=True)
             warmed += 1
 
-    objective = make_objective(evaluator, search_space, pareto=pareto)
+    judge = make_objective(evaluator, search_space, pareto=pareto)
+    # Two workers can take the same enqueued trial from a shared storage at once and both run
+    # it (Optuna's claim of a waiting trial is not atomic across processes on SQLite); each
+    # trial records the last worker that started it, so that one worker, and only one, counts it.
+    worker = uuid.uuid4().hex
+
+    def objective(trial: optuna.Trial) -> Any:
+        trial.set_user_attr(WORKER_ATTR, worker)
+        return judge(trial)
+
     # The trials this process ran: other workers on a shared study add theirs meanwhile, so
     # a count of the study's trials before and after would credit each worker with them all.
     mine: list[int] = []
@@ -511,7 +534,7 @@ def optimize(
         policy_path=policy_path,
         slo=slo,
         seconds=time.perf_counter() - started,
-        new_trials=len(mine),
+        new_trials=_ran_by(study, worker),
         warm_started=warmed,
         extra={"trace": trace_path},
         tiered=tiered,
