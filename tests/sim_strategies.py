@@ -372,3 +372,18 @@ def tiered_configs(draw: st.DrawFn, block_tokens: int) -> SimConfig:
             concurrency=draw(st.sampled_from([0, 0, 1, 3])),
         ),
     )
+
+
+def branching_prompts(draw: st.DrawFn, n: int) -> list[list[int]]:
+    """``n`` token prompts, each extending or branching from an earlier one or new, so they
+    share prefixes often (the block mapping's and statistics' property tests)."""
+    prompts: list[list[int]] = []
+    for _ in range(n):
+        if prompts and draw(st.booleans()):
+            base = draw(st.sampled_from(prompts))
+            cut = draw(st.integers(0, len(base)))
+            prompt = base[:cut] + draw(st.lists(st.integers(0, 2), max_size=12))
+        else:
+            prompt = draw(st.lists(st.integers(0, 2), max_size=24))
+        prompts.append(prompt or [0])
+    return prompts

@@ -11,6 +11,7 @@ from kvtier.errors import InputError
 from kvtier.trace.blocks import block_trace
 from kvtier.trace.stats import peak_rate, prefix_hits, trace_stats
 from tests.helpers import invoke, make_trace
+from tests.sim_strategies import branching_prompts
 
 G = 4  # native granularity of the generated traces
 
@@ -19,15 +20,7 @@ G = 4  # native granularity of the generated traces
 def workloads(draw: st.DrawFn):
     """Prompts that often share prefixes: each extends or branches from an earlier one."""
     n = draw(st.integers(1, 10))
-    prompts: list[list[int]] = []
-    for _ in range(n):
-        if prompts and draw(st.booleans()):
-            base = draw(st.sampled_from(prompts))
-            cut = draw(st.integers(0, len(base)))
-            prompt = base[:cut] + draw(st.lists(st.integers(0, 2), max_size=12))
-        else:
-            prompt = draw(st.lists(st.integers(0, 2), max_size=24))
-        prompts.append(prompt or [0])
+    prompts = branching_prompts(draw, n)
     tenants = draw(st.lists(st.sampled_from(["a", "b"]), min_size=n, max_size=n))
     return prompts, tenants
 

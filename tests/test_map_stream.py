@@ -20,6 +20,7 @@ from kvtier.trace.mapstream import TAIL_TAG, map_batches, map_trace_file, mapped
 from kvtier.trace.stats import trace_stats
 from kvtier.trace.stats_stream import stream_trace_stats
 from tests.helpers import assert_one_line_error, invoke, make_trace
+from tests.sim_strategies import branching_prompts
 
 G = 4
 SETTINGS = settings(
@@ -31,15 +32,7 @@ SETTINGS = settings(
 def traces(draw: st.DrawFn):
     """Prompts that extend or branch from earlier ones, tenants, sessions, tied arrivals."""
     n = draw(st.integers(1, 14))
-    prompts: list[list[int]] = []
-    for _ in range(n):
-        if prompts and draw(st.booleans()):
-            base = draw(st.sampled_from(prompts))
-            cut = draw(st.integers(0, len(base)))
-            prompt = base[:cut] + draw(st.lists(st.integers(0, 2), max_size=12))
-        else:
-            prompt = draw(st.lists(st.integers(0, 2), max_size=24))
-        prompts.append(prompt or [0])
+    prompts = branching_prompts(draw, n)
     tenants = draw(st.none() | st.lists(st.sampled_from(["a", "b", "c"]), min_size=n, max_size=n))
     sessions = draw(st.none() | st.lists(st.integers(0, 3), min_size=n, max_size=n))
     gaps = draw(st.lists(st.sampled_from([0.0, 0.5, 20.0, 61.0]), min_size=n, max_size=n))

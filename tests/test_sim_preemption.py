@@ -111,7 +111,11 @@ def v1_cases(draw: st.DrawFn):
 @settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(v1_cases())
 def test_engines_agree_under_vllm_v1(case) -> None:
-    trace, cfg = case
+    assert_engines_agree(*case)
+
+
+def assert_engines_agree(trace, cfg) -> None:
+    """Both engines give the same replay, preemptions and preempted tokens included."""
     ref = simulate_raw(trace, cfg, engine="reference", check_invariants=True)
     fast = simulate_raw(trace, cfg, engine="numba")
     assert_same_tiers(ref, fast, trace, cfg)

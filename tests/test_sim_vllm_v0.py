@@ -12,11 +12,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from kvtier.policy.registries import SCHEDULERS, VLLM_V0, VLLM_V1
-from kvtier.sim import simulate_raw
 from kvtier.trace.blocked import BlockedTrace
 from tests.sim_strategies import blocked_traces, sim_configs, tiered_configs
-from tests.test_sim_preemption import ENGINES, run, token_clock
-from tests.test_sim_tiers_differential import assert_same_tiers
+from tests.test_sim_preemption import ENGINES, assert_engines_agree, run, token_clock
 
 
 def test_vllm_v0_is_a_registered_scheduler() -> None:
@@ -93,9 +91,4 @@ def v0_cases(draw: st.DrawFn):
 @settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(v0_cases())
 def test_engines_agree_under_vllm_v0(case) -> None:
-    trace, cfg = case
-    ref = simulate_raw(trace, cfg, engine="reference", check_invariants=True)
-    fast = simulate_raw(trace, cfg, engine="numba")
-    assert_same_tiers(ref, fast, trace, cfg)
-    np.testing.assert_array_equal(ref.preemptions, fast.preemptions)
-    np.testing.assert_array_equal(ref.preempted_tokens, fast.preempted_tokens)
+    assert_engines_agree(*case)
