@@ -10,9 +10,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from kvtier.policy.model import SLO
-from kvtier.policy.registries import VLLM_V0, VLLM_V1
 from kvtier.sim import compute_metrics, simulate_raw
-from kvtier.sim.engine import SCRATCH
+from kvtier.sim.engine import SCRATCH, maps_every_block
 from kvtier.sim.requests import request_table
 from tests.sim_strategies import blocked_traces, tiered_configs
 from tests.test_sim_differential import assert_same
@@ -109,9 +108,7 @@ def test_kept_scratch_arrays_give_fresh_results(first, second, p99) -> None:
     simulate_raw(trace, cfg, engine="numba", slo=slo, stop_early=True)
     again = simulate_raw(trace, cfg, engine="numba", slo=slo, stop_early=True)
     assert_same_tiers(fresh, again, trace, cfg)
-    # (vllm_v1 and vllm_v0 map every block: a preempted request looks its own blocks up again)
-    every = cfg.scheduler in (VLLM_V1, VLLM_V0)
-    n_shared = max(trace.n_blocks if every else trace.shared_blocks[1], 1)
+    n_shared = max(trace.n_blocks if maps_every_block(cfg.scheduler) else trace.shared_blocks[1], 1)
     kept = SCRATCH.take("slot_of", (cfg.n_instances * n_shared,), np.int32)
     assert kept is not None and not kept.any()
 

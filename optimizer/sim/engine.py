@@ -168,9 +168,8 @@ def simulate_engine(
     if cfg.max_seqs > MAX_SEQS:
         raise InputError(f"max_num_seqs {cfg.max_seqs} is above the supported {MAX_SEQS}")
     shared, n_shared = trace.shared_blocks  # computed once per trace, bounds by construction
-    if cfg.scheduler in (VLLM_V1, VLLM_V0):
-        # a preempted request looks its own blocks up again: every block gets a map entry
-        # (its dense id, < n_blocks by BlockedTrace's checks), not only those read twice
+    if maps_every_block(cfg.scheduler):
+        # every block gets a map entry (its dense id, < n_blocks by BlockedTrace's checks)
         shared, n_shared = np.ascontiguousarray(trace.block_ids, dtype=np.int32), n_blocks
     n_shared = max(n_shared, 1)
     if cfg.n_instances * n_shared > MAX_MAP_ENTRIES:
@@ -462,6 +461,13 @@ def physical_memory() -> int:
         return int(os.sysconf("SC_PAGE_SIZE")) * int(os.sysconf("SC_PHYS_PAGES"))
     except (ValueError, OSError, AttributeError):
         return 0
+
+
+def maps_every_block(scheduler: int) -> bool:
+    """Whether the prefix-cache map needs an entry for every block, not only for those read
+    twice: under the schedulers that preempt, a preempted request looks its own blocks up
+    again."""
+    return scheduler in (VLLM_V1, VLLM_V0)
 
 
 def _hbm_pools(
