@@ -142,8 +142,8 @@ WORKER_ATTR = "kvtier_worker"  # the user attribute naming the worker that ran a
 
 
 def _ran_by(study: optuna.Study, worker: str) -> int:
-    """Finished trials whose last starter was ``worker``: each trial counts for one worker, even
-    when two took it from the queue at once."""
+    """Finished trials that ``worker`` ran: on a study shared by several workers, each counts
+    only its own."""
     return sum(
         1
         for t in study.get_trials(deepcopy=False, states=FINISHED)
@@ -381,9 +381,8 @@ def optimize(
             warmed += 1
 
     judge = make_objective(evaluator, search_space, pareto=pareto)
-    # Two workers can take the same enqueued trial from a shared storage at once and both run
-    # it (Optuna's claim of a waiting trial is not atomic across processes on SQLite); each
-    # trial records the last worker that started it, so that one worker, and only one, counts it.
+    # Each trial records the worker that started it, so that a worker counts only its own
+    # trials (an enqueued trial is claimed by one worker: HeartbeatStorage.set_trial_state_values).
     worker = uuid.uuid4().hex
 
     def objective(trial: optuna.Trial) -> Any:
@@ -408,8 +407,6 @@ def optimize(
             on_trial(already + len(mine), best_feasible(st))
 
         callbacks.append(report)
-    # Enqueued (warm-start) trials run on one thread: with several threads, two can take the
-    # same waiting trial from an SQLite storage and the second then fails to report it.
     # The last two trials of the budget are kept for the instance sweeps of
     # kvtier.search.tiering (the winner without its lower tiers, and with one lower tier in
     # place of its own), so the study, the winner and its policy file include their answers; a space
@@ -422,19 +419,14 @@ def optimize(
     main_phase = budget - reserve
     # other workers' trials count too: stop when the study holds all but the reserved ones
     stop = optuna.study.MaxTrialsCallback(n_trials - reserve, states=FINISHED)
-    waiting = sum(1 for t in study.trials if t.state == optuna.trial.TrialState.WAITING)
-    first = min(waiting, main_phase) if n_jobs > 1 else 0
     deadline = None if timeout is None else time.monotonic() + timeout
-    if first:
-        study.optimize(
-            objective, n_trials=first, timeout=timeout, callbacks=[*callbacks, stop], catch=()
-        )
-    left = None if deadline is None else max(0.0, deadline - time.monotonic())
-    if main_phase - first > 0 and (left is None or left > 0) and _finished(study) < n_trials:
+    if main_phase > 0 and _finished(study) < n_trials:
+        # enqueued (warm-start) trials are taken first, by whichever thread or worker claims
+        # each (HeartbeatStorage.set_trial_state_values: one claimant per trial)
         study.optimize(
             objective,
-            n_trials=main_phase - first,
-            timeout=left,
+            n_trials=main_phase,
+            timeout=timeout,
             n_jobs=n_jobs,
             callbacks=[*callbacks, stop],
             catch=(),

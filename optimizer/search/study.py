@@ -102,6 +102,44 @@ class HeartbeatStorage(optuna.storages.RDBStorage):
     machine that wrote its start time, as Optuna's ``datetime_start`` is).
     """
 
+    def set_trial_state_values(
+        self,
+        trial_id: int,
+        state: optuna.trial.TrialState,
+        values: Any = None,
+    ) -> bool:
+        """Claims a waiting trial with one conditional ``UPDATE``, so that exactly one worker
+        gets it.
+
+        Optuna claims an enqueued trial by reading its state and then writing RUNNING; its
+        ``SELECT ... FOR UPDATE`` is a plain read on SQLite, so two workers can both read
+        WAITING, both run the trial, and the second then fails with "Cannot tell a COMPLETE
+        trial". ``UPDATE ... WHERE state = 'WAITING'`` is atomic on every database (SQLite
+        serialises writers); the row count says who won, and a loser moves on to the next
+        waiting trial. Every other change is Optuna's own.
+        """
+        if state != optuna.trial.TrialState.RUNNING or values is not None:
+            return super().set_trial_state_values(trial_id, state, values)
+        import datetime
+
+        from optuna.storages._rdb import models
+
+        table = models.TrialModel.__table__
+        claim = (
+            table.update()
+            .where(table.c.trial_id == trial_id)
+            .where(table.c.state == optuna.trial.TrialState.WAITING)
+            .values(state=optuna.trial.TrialState.RUNNING, datetime_start=datetime.datetime.now())
+        )
+        with self.engine.begin() as con:
+            claimed = con.execute(claim).rowcount == 1
+        if not claimed:
+            # another worker has it (running, or already finished: Optuna's own check would
+            # raise for a finished one, which a worker that lost the race by a trial's length
+            # meets too); a trial that does not exist raises KeyError, as Optuna's does
+            self.get_trial(trial_id)
+        return claimed
+
     def _get_stale_trial_ids(self, study_id: int) -> list[int]:
         import datetime
 
