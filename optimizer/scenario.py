@@ -393,6 +393,14 @@ def sample_bias(policy: Policy, hardware: Hardware, fraction: float) -> str | No
     return None
 
 
+def sample_instance_step(fraction: float) -> int:
+    """The smallest instance count a ``fraction`` sample scales to a whole number of instances
+    (10 for 0.1 and 0.3, 4 for 0.25): every full deployment it replays must be a multiple."""
+    from fractions import Fraction
+
+    return Fraction(fraction).limit_denominator(1_000_000).denominator
+
+
 def scaled_for_sample(
     policy: Policy, hardware: Hardware, fraction: float
 ) -> tuple[Policy, Hardware]:
@@ -421,8 +429,8 @@ def scaled_for_sample(
         raise InputError(
             f"the trace is a {fraction:g} sample, so the {full} instances of the policy must "
             f"shrink to {scaled:g}, which is not a whole number; set serving.instances to a "
-            f"multiple of {1 / fraction:g} (e.g. --set serving.instances=N) or sample another "
-            "fraction",
+            f"multiple of {sample_instance_step(fraction)} (e.g. --set serving.instances=N) or "
+            "sample another fraction",
             option="--set",
         )
     per_host = max(topo.gpus_per_host // (policy.serving.tp or topo.tp), 1)

@@ -145,3 +145,63 @@ def test_replay_of_a_sample_warns_in_one_line_for_a_biased_router(chat, tmp_path
     quiet = invoke("replay", "--trace", str(path), "--set", "serving.routing=round_robin")
     assert quiet.code == 0, quiet.stderr
     assert "warning:" not in quiet.stderr
+
+
+def test_compare_and_optimize_of_a_sample_name_each_biased_policy(chat, tmp_path) -> None:  # noqa: ANN001
+    import json
+
+    sampled, _ = sample(chat, 0.25, seed=2)
+    path = tmp_path / "s.parquet"
+    write_trace(sampled, path)
+    compared = invoke(
+        "compare", "--trace", str(path), "--preset", "vllm-hbm", "--preset", "dynamo-kvbm",
+        "--json",
+    )  # fmt: skip
+    assert compared.code == 0, compared.stderr
+    rows = {r["policy"]: r for r in json.loads(compared.stdout)["policies"]}
+    assert rows["vllm-hbm"]["sample_bias"] is None  # round_robin: the fan-out is restored
+    assert "prefix_affinity" in rows["dynamo-kvbm"]["sample_bias"]
+    shown = invoke(
+        "compare", "--trace", str(path), "--preset", "vllm-hbm", "--preset", "dynamo-kvbm"
+    )
+    assert shown.code == 0, shown.stderr
+    assert [x for x in shown.stdout.splitlines() if x.startswith("warning:")] == [
+        f"warning: {rows['dynamo-kvbm']['sample_bias']}"
+    ]
+    optimized = invoke(
+        "optimize", "--trace", str(path), "--trials", "2", "--no-presets", "--json",
+        "--pin", "serving.routing=kv_aware", "--out", str(tmp_path / "p.toml"),
+        "--study", "biased", "--storage", f"sqlite:///{tmp_path / 'b.db'}",
+    )  # fmt: skip
+    assert optimized.code in (0, 1), optimized.stderr
+    warnings = json.loads(optimized.stdout)["sample_warnings"]
+    assert len(warnings) == 1 and "kv_aware" in warnings[0]
+    write_trace(chat, tmp_path / "whole.parquet")
+    whole = invoke(
+        "optimize", "--trace", str(tmp_path / "whole.parquet"), "--trials", "1", "--no-presets",
+        "--json", "--pin", "serving.routing=kv_aware", "--out", str(tmp_path / "w.toml"),
+        "--study", "whole", "--storage", f"sqlite:///{tmp_path / 'w.db'}",
+    )  # fmt: skip
+    assert json.loads(whole.stdout)["sample_warnings"] == []
+
+
+def test_a_search_on_a_sample_tries_only_instance_counts_it_can_scale() -> None:
+    from kvtier.errors import InputError
+    from kvtier.hardware import load_hardware
+    from kvtier.scenario import sample_instance_step
+    from kvtier.search.run import fit_space_to_sample
+    from kvtier.search.space import load_space
+
+    assert [sample_instance_step(f) for f in (1.0, 0.5, 0.25, 0.1, 0.3, 0.125)] == [
+        1, 2, 4, 10, 10, 8,
+    ]  # fmt: skip
+    hw = load_hardware("h100-node")
+    space = load_space("default")
+    fitted = fit_space_to_sample(space, 0.25, hw)
+    (instances,) = [p for p in fitted.params if p.name == "serving.instances"]
+    assert all(n % 4 == 0 for n in instances.grid()) and instances.grid()[0] == 4
+    assert fit_space_to_sample(space, 1.0, hw) is space
+    with pytest.raises(InputError, match="multiple of 10 instances, and the hardware has room"):
+        fit_space_to_sample(space, 0.1, hw)
+    with pytest.raises(InputError, match="multiple of 4 instances, not 6"):
+        fit_space_to_sample(space.with_pins({"serving.instances": 6}), 0.25, hw)

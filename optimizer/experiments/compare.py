@@ -17,7 +17,14 @@ from typing import TYPE_CHECKING, Any
 from kvtier.errors import InputError
 from kvtier.hardware import load_hardware, load_model
 from kvtier.policy.model import SLO, Policy, load_policy
-from kvtier.scenario import BlockCache, Scenario, check_rate_scale, hardware_name, model_name
+from kvtier.scenario import (
+    BlockCache,
+    Scenario,
+    check_rate_scale,
+    hardware_name,
+    model_name,
+    sample_bias,
+)
 
 if TYPE_CHECKING:
     from kvtier.sim.metrics import Metrics
@@ -35,6 +42,8 @@ class Compared:
     error: str | None = None
     variant_of: str | None = None  # with what_if: the policy this row changes
     tiers: tuple = ()  # per lower tier: what the replay shows (kvtier.sim.tier_stats)
+    # on a sampled trace: which way this row's hit ratios are biased (kvtier.scenario.sample_bias)
+    sample_bias: str | None = None
 
 
 def load_compared(kind: str, name: str, overrides: Mapping[str, Any] | None = None) -> Policy:
@@ -108,6 +117,7 @@ def compare_policies(
         labelled += [(f"{name}: {v.label}", v.policy, name) for v in variants[1:]]
         for label, pol, variant_of in labelled:
             row = Compared(label, hw_name, mdl_name, pol.block_tokens, variant_of=variant_of)
+            row.sample_bias = sample_bias(pol, scenario.hardware, blocks.trace.sample_fraction)
             rows.append(row)
             try:
                 replayed = scenario.replay(pol)

@@ -74,6 +74,8 @@ def print_comparison(trace_path: str, rows: list[Compared], console: Console) ->
     for r in rows:
         if r.metrics is None:
             console.print(f"* {r.label} could not run: {escape(str(r.error))}")
+    for bias in dict.fromkeys(r.sample_bias for r in rows if r.sample_bias and r.metrics):
+        console.print(f"[yellow]warning:[/] {escape(bias)}")
     priced = [r for r in rows if r.metrics is not None and r.metrics.n_served > 0]
     if len(priced) > 1:
         cheapest = min(priced, key=lambda r: r.metrics.cost_per_mtok)  # type: ignore[union-attr]
@@ -94,6 +96,7 @@ def comparison_json(rows: list[Compared]) -> dict[str, Any]:
                 "error": r.error,
                 "metrics": r.metrics.to_dict() if r.metrics is not None else None,
                 "tiers": tier_json(r.tiers) if r.tiers else None,
+                "sample_bias": r.sample_bias,
             }
             for r in rows
         ]

@@ -177,6 +177,16 @@ def print_result(result: Any, console: Console) -> None:
     bound = getattr(result, "bound", None)
     if bound is not None:
         console.print(bound_text(bound))
+    fraction = getattr(result, "sample_fraction", 1.0)
+    if fraction != 1.0:
+        console.print(
+            f"note: the trace is a {fraction:g} sample, replayed on {fraction:g} of each "
+            "deployment: instances, GPUs and $ per hour below are that scaled cluster's "
+            f"({1 / fraction:g}x for the deployment a policy file describes); $ per 1M tokens "
+            "and latencies stand for both"
+        )
+    for line in getattr(result, "sample_warnings", []) or []:
+        console.print(f"[yellow]warning:[/] {escape(line)}")
     best = result.best
     if best is None:
         near = result.closest
@@ -306,4 +316,6 @@ def result_json(result: Any) -> dict[str, Any]:
         "slo_bound": asdict(result.bound) if getattr(result, "bound", None) else None,
         "runnable_by": list(getattr(result, "runnable_by", []) or []),
         "target": getattr(result, "target", None),
+        "sample_warnings": list(getattr(result, "sample_warnings", []) or []),
+        "sample_fraction": getattr(result, "sample_fraction", 1.0),
     }

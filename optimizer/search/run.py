@@ -32,6 +32,7 @@ from kvtier.scenario import (
     check_study_trace,
     hardware_name,
     model_name,
+    sample_bias,
     slo_to_dict,
 )
 from kvtier.search.objective import Evaluation, Evaluator, binding_term
@@ -115,6 +116,9 @@ class OptimizeResult:
     runnable_by: list[str] = field(default_factory=list)  # targets that export the winner as is
     target: str | None = None
     reached: list[TrialSummary] = field(default_factory=list)  # cost vs TTFT p99, all trials
+    # on a sampled trace: which way the winner's and the presets' hit ratios are biased
+    sample_warnings: list[str] = field(default_factory=list)
+    sample_fraction: float = 1.0  # of a sampled trace: its replays ran on that share of the cluster
 
 
 @dataclass(frozen=True)
@@ -241,6 +245,51 @@ def fit_space_to_hardware(space: SearchSpace, hardware: Any, model: Any = None) 
     return space.with_pins(pins) if pins else space
 
 
+def fit_space_to_sample(space: SearchSpace, fraction: float, hardware: Any) -> SearchSpace:
+    """On a sampled trace, search only instance counts the sample scales to whole instances.
+
+    A ``fraction`` sample replays a deployment of ``n`` instances on ``n x fraction`` of them
+    (:func:`kvtier.scenario.scaled_for_sample`), so ``n`` must be a multiple of
+    :func:`kvtier.scenario.sample_instance_step`; any other count would only be pruned. A
+    pinned count that is not one, or hardware too small for any, is refused before the search.
+    """
+    if fraction == 1.0:
+        return space
+    from kvtier.scenario import sample_instance_step
+
+    step = sample_instance_step(fraction)
+    most = hardware.topology.max_instances
+    advice = (
+        f"the trace is a {fraction:g} sample: a deployment it replays needs a multiple of {step} "
+        "instances"
+    )
+    pinned = space.pinned.get("serving.instances")
+    if pinned is not None:
+        if int(pinned) % step:
+            raise InputError(f"{advice}, not {pinned}", option="--pin")
+        return space
+    if most < step:
+        raise InputError(
+            f"{advice}, and the hardware has room for {most}; search more hosts "
+            "(--max-hosts) or sample a larger fraction",
+            option="--trace",
+        )
+    fitted = []
+    for p in space.params:
+        if p.name == "serving.instances" and p.choices is None and p.high is not None:
+            low = max(step, -(-int(p.low or 1) // step) * step)
+            high = max(step, int(p.high) // step * step)
+            if p.log:  # Optuna takes no step on a log range: the multiples as choices
+                p = replace(p, choices=tuple(range(min(low, high), high + 1, step)))
+            else:
+                p = replace(p, low=min(low, high), high=high, step=step, integer=True)
+        elif p.name == "serving.instances" and p.choices is not None:
+            kept = tuple(c for c in p.choices if isinstance(c, int) and c % step == 0)
+            p = replace(p, choices=kept or (most // step * step,))
+        fitted.append(p)
+    return replace(space, params=tuple(fitted))
+
+
 def hosts_profile(ref: str, hw: Any, hosts: int, runs_dir: Path) -> str:
     """A copy of ``hw``'s profile file with ``hosts`` hosts, under ``runs_dir``: the search may
     then place instances on up to that many hosts (each host adds its GPUs and its per-host
@@ -323,6 +372,7 @@ def optimize(
 
         hw = apply_prices(hw, load_prices(prices))
     search_space = fit_space_to_hardware(search_space.with_pins(pins or {}), hw, mdl)
+    search_space = fit_space_to_sample(search_space, trace.sample_fraction, hw)
     search_space = one_size_when_pinned(search_space)
     if target is not None:
         search_space = restrict_to_target(search_space, target, hw.tiers)
@@ -486,6 +536,10 @@ def optimize(
             hardware_has_tiers=bool(hw.tiers),
         )
     runnable = [] if best is None else runnable_targets(best.policy, hw, mdl)
+    shown = best or near  # the winner, or the closest trial when none met the SLO
+    sample_warnings = _sample_warnings(
+        scenario, None if shown is None else policy_from_dict(shown.policy, "<trial>"), baselines
+    )
 
     policy_path = None
     if best is not None:
@@ -535,7 +589,23 @@ def optimize(
         runnable_by=runnable,
         target=target,
         reached=reached_front(done),
+        sample_warnings=sample_warnings,
+        sample_fraction=scenario.trace.sample_fraction,
     )
+
+
+def _sample_warnings(
+    scenario: Scenario, best: Policy | None, baselines: list[Baseline]
+) -> list[str]:
+    """On a sampled trace, one line for each distinct way the reported trial's or a preset's
+    hit ratios are biased against the full trace's (:func:`kvtier.scenario.sample_bias`)."""
+    fraction = scenario.trace.sample_fraction
+    if fraction == 1.0:
+        return []
+    policies = [] if best is None else [best]
+    policies += [b.evaluation.policy for b in baselines if b.evaluation is not None]
+    lines = (sample_bias(p, scenario.hardware, fraction) for p in policies)
+    return list(dict.fromkeys(line for line in lines if line))
 
 
 def _slo_bound(scenario: Scenario, base: Policy, slo: SLO, space: SearchSpace, load: str) -> Any:
