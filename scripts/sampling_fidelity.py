@@ -3,9 +3,11 @@
 Replays the bundled Mooncake conversation trace whole and as 10% and 25% samples (seeds 0-3)
 under each router, as fixed in :mod:`kvtier.experiments.sampling_validation`, and prints the
 markdown table; with ``--write`` it also replaces the table between the markers in
-docs/traces.md (atomically).
+docs/traces.md (atomically). ``--floor`` instead computes the statistical floor of the TTFT
+target (:func:`kvtier.experiments.sampling_validation.composition_floor`: how often samples of
+the same size meet it with each request's full-replay TTFT) and its table.
 
-Usage: ``python scripts/sampling_fidelity.py [--write] [--routers round_robin,kv_aware]``.
+Usage: ``python scripts/sampling_fidelity.py [--write] [--floor] [--routers round_robin,...]``.
 """
 
 from __future__ import annotations
@@ -20,14 +22,33 @@ from kvtier.trace.io import atomic_write, read_trace
 ROOT = Path(__file__).resolve().parent.parent
 DOC = ROOT / "docs" / "traces.md"
 START, END = "<!-- sampling-table:start -->", "<!-- sampling-table:end -->"
+FLOOR_START, FLOOR_END = "<!-- sampling-floor:start -->", "<!-- sampling-floor:end -->"
+
+
+def write_between(start: str, end: str, table: str) -> None:
+    """Replace the text between the markers ``start`` and ``end`` of docs/traces.md."""
+    text = DOC.read_text()
+    head, rest = text.split(start, 1)
+    _, tail = rest.split(end, 1)
+    new = f"{head}{start}\n{table}\n{end}{tail}"
+    atomic_write(str(DOC), lambda tmp: Path(tmp).write_text(new))
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--write", action="store_true", help="update docs/traces.md")
+    parser.add_argument("--floor", action="store_true", help="the TTFT target's floor only")
     parser.add_argument("--routers", default=",".join(sv.ROUTERS))
     args = parser.parse_args()
     start = time.perf_counter()
+    if args.floor:
+        floors = sv.composition_floor(read_trace(str(ROOT / sv.TRACE)), args.routers.split(","))
+        table = sv.floor_markdown(floors)
+        print(table)
+        print(f"({time.perf_counter() - start:.0f} s)")
+        if args.write:
+            write_between(FLOOR_START, FLOOR_END, table)
+        return
     rows = sv.measure(read_trace(str(ROOT / sv.TRACE)), routers=args.routers.split(","))
     table = sv.markdown(rows)
     print(table)
@@ -43,11 +64,7 @@ def main() -> None:
         )
     print(f"({time.perf_counter() - start:.0f} s)")
     if args.write:
-        text = DOC.read_text()
-        head, rest = text.split(START, 1)
-        _, tail = rest.split(END, 1)
-        new = f"{head}{START}\n{table}\n{END}{tail}"
-        atomic_write(str(DOC), lambda tmp: Path(tmp).write_text(new))
+        write_between(START, END, table)
 
 
 if __name__ == "__main__":

@@ -169,3 +169,100 @@ def markdown(rows: list[Row]) -> str:
             f"{same} | {target} |"
         )
     return "\n".join(lines)
+
+
+# The statistical floor of the TTFT target: how often a sample of the same size meets it even
+# when each kept request has exactly its full-replay TTFT. Not a parameter of any replay.
+FLOOR_DRAWS = 2000  # simple random samples of requests per fraction
+FLOOR_SEEDS = 200  # whole-root samples (kvtier trace sample's seeds 0..199) per fraction
+
+
+@dataclass(frozen=True)
+class Floor:
+    """For one router and fraction, the share of samples whose full-replay TTFT quantile is
+    within :data:`TTFT_TOLERANCE` of the full replay's: simple random samples of requests and
+    kvtier's whole-root samples, for P50 and P99."""
+
+    router: str
+    fraction: float
+    requests: int  # requests in the full trace
+    iid: dict[str, float]  # part -> share of simple random samples within the tolerance
+    roots: dict[str, float]  # part -> share of whole-root samples within the tolerance
+
+
+def within_shares(
+    ttft: np.ndarray, subsets: Iterable[np.ndarray], q: float, tolerance: float = TTFT_TOLERANCE
+) -> float:
+    """The share of ``subsets`` (boolean masks or index arrays of ``ttft``) whose ``q``
+    quantile is within ``tolerance`` (relative) of the quantile of all of ``ttft``."""
+    whole = float(np.quantile(ttft, q, method="linear"))
+    ratios = [float(np.quantile(ttft[s], q, method="linear")) / whole for s in subsets]
+    return float(np.mean(np.abs(np.asarray(ratios) - 1.0) <= tolerance))
+
+
+def composition_floor(
+    trace: Trace,
+    routers: Iterable[str] = ROUTERS,
+    fractions: Iterable[float] = FRACTIONS,
+    *,
+    draws: int = FLOOR_DRAWS,
+    seeds: int = FLOOR_SEEDS,
+    engine: str = "numba",
+) -> list[Floor]:
+    """What any sample of a fraction's size can reach on the TTFT target, per router.
+
+    The full replay's per-request TTFTs are taken as they are, and their P50 and P99 are
+    computed over (a) ``draws`` simple random samples of ``F x n`` requests (the best case of
+    a sampler that could keep single requests, which a cache replay cannot: it would cut
+    every conversation) and (b) the requests of ``kvtier trace sample`` for ``seeds`` seeds.
+    Where (a) rarely meets the target, no sampler of that size can meet it reliably: the
+    sample's own replay adds its error on top."""
+    from kvtier.trace.sampling import kept_mask
+
+    hardware = load_hardware("h100-node")
+    hardware = replace(hardware, topology=replace(hardware.topology, hosts=HOSTS))
+    model = load_model("Llama-3.1-8B")
+    fractions = tuple(fractions)
+    masks = {f: [kept_mask(trace, f, seed=s)[0] for s in range(seeds)] for f in fractions}
+    rng = np.random.default_rng(0)
+    n = trace.n_requests
+    out = []
+    for router in routers:
+        policy = apply_overrides(Policy(), {"serving.routing": router}, "--set")
+        full = Scenario(trace, hardware, model, policy.with_block_tokens(16), engine=engine)
+        replay = full.replay()
+        ttft = replay.raw.first_token_s - replay.trace.arrival_s
+        for f in fractions:
+            k = max(1, round(f * n))
+            iid = [rng.choice(n, k, replace=False) for _ in range(draws)]
+            shares = {
+                part: (within_shares(ttft, iid, q), within_shares(ttft, masks[f], q))
+                for part, q in (("P50", 0.5), ("P99", 0.99))
+            }
+            out.append(
+                Floor(
+                    router,
+                    f,
+                    n,
+                    {p: v[0] for p, v in shares.items()},
+                    {p: v[1] for p, v in shares.items()},
+                )
+            )
+    return out
+
+
+def floor_markdown(floors: list[Floor]) -> str:
+    """The floor table docs/traces.md shows."""
+    lines = [
+        "| router | F | requests kept | P50 within 10%: random requests / whole roots "
+        "| P99 within 10%: random requests / whole roots "
+        "| P99, 4 of 4 seeds within (random requests, if independent) |",
+        "|---|---|---|---|---|---|",
+    ]
+    for fl in floors:
+        lines.append(
+            f"| {fl.router} | {fl.fraction:g} | {round(fl.fraction * fl.requests):,} | "
+            f"{fl.iid['P50']:.0%} / {fl.roots['P50']:.0%} | "
+            f"{fl.iid['P99']:.0%} / {fl.roots['P99']:.0%} | {fl.iid['P99'] ** 4:.0%} |"
+        )
+    return "\n".join(lines)
