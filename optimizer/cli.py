@@ -724,7 +724,15 @@ IMPORT_FORMATS = import_format_names()
 @click.option(
     "--stream/--no-stream",
     default=None,
-    help="Import a CSV log of lengths in bounded memory [default: for files over 256 MiB].",
+    help="Import a request log (CSV or JSON Lines) in bounded memory "
+    "[default: for files over 256 MiB].",
+)
+@click.option(
+    "--batch-rows",
+    type=int,
+    default=None,
+    help="Lines (JSON Lines) or rows (CSV) per batch of a streamed import "
+    "[default: 262144, 1048576].",
 )
 def trace_import(
     source_format: str,
@@ -738,6 +746,7 @@ def trace_import(
     think_time_s: float | None,
     seed: int | None,
     stream: bool | None,
+    batch_rows: int | None,
 ) -> None:
     """Convert a public or user trace (INPUT) to request-trace/1."""
     from kvtier.trace.importers import ImportOptions, import_trace, parse_columns, stream_plan
@@ -745,6 +754,8 @@ def trace_import(
 
     if block_tokens is not None and block_tokens < 1:
         raise InputError(f"must be >= 1, got {block_tokens}", option="--block-tokens")
+    if batch_rows is not None and batch_rows < 1:
+        raise InputError(f"must be >= 1, got {batch_rows}", option="--batch-rows")
     options = ImportOptions(
         tokenizer=tokenizer,
         chat_template=chat_template,
@@ -756,14 +767,26 @@ def trace_import(
     )
     plan = stream_plan(source_format, input_path, options, stream)
     if plan is not None:
+        from kvtier.trace.jsonlstream import JsonlPlan, stream_import_jsonl
         from kvtier.trace.streaming import stream_import
 
-        done = stream_import(input_path, plan, output)
+        sized = {} if batch_rows is None else {"batch_rows": batch_rows}
+        if isinstance(plan, JsonlPlan):
+            done = stream_import_jsonl(input_path, plan, output, **sized)
+        else:
+            done = stream_import(input_path, plan, output, **sized)
+        what = (
+            f"{done.block_tokens}-token blocks"
+            if done.has_prefix_info
+            else "lengths only: no prefix information"
+        )
         click.echo(
             f"wrote {done.n_requests:,} requests over {done.duration_s:,.1f} s ({source_format}, "
-            f"streamed, lengths only: no prefix information) to {output}"
+            f"streamed, {what}) to {output}"
         )
         return
+    if batch_rows is not None:
+        raise InputError("applies to a streamed import only (--stream)", option="--batch-rows")
     imported = import_trace(source_format, input_path, options)
     write_trace(imported, output)
     prefix = "" if imported.has_prefix_info else ", lengths only: no prefix information"

@@ -48,6 +48,7 @@ KERNEL_MODULES = (
     "sim/nb_tiers.py",
     "sim/steptime/jit.py",
     "trace/blocks.py",
+    "trace/crossbatch.py",
     "trace/hashing.py",
     "trace/idtable.py",
     "trace/shared.py",

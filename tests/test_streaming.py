@@ -104,7 +104,7 @@ def test_streamed_mapped_csv_and_what_cannot_stream(tmp_path: Path) -> None:
     stream_import(path, plan, str(tmp_path / "s.parquet"))
     assert read_trace(tmp_path / "s.parquet").arrival_s.tolist() == [0.0, 0.25, 1.0]
     result = invoke(
-        "trace", "import", "--from", "mooncake", path, "--stream", "-o", str(tmp_path / "m.parquet")
+        "trace", "import", "--from", "sharegpt", path, "--stream", "-o", str(tmp_path / "m.parquet")
     )
     assert_one_line_error(result, "--stream", "does not stream")
 

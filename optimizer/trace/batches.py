@@ -5,9 +5,9 @@ a Parquet file, an Arrow IPC file or a directory of Parquet parts (name order, a
 :func:`kvtier.trace.io.read_trace` reads it) is read batch by batch. Every batch is checked
 by :func:`kvtier.trace.validate.validate_table`, the in-memory reader's check, with rows
 numbered from the start of the whole trace; rows must be in arrival order across batches
-(sorting would need the whole trace). What a batch cannot show is the one cross-batch
-property of hashes: that a hash seen in an earlier batch stands at the same block position
-after the same parent (``check_chained`` runs within each batch only).
+(sorting would need the whole trace). The properties that relate rows of different batches
+are checked over all of them (:mod:`kvtier.trace.crossbatch`): that a hash always stands at
+the same block position after the same parent, and that request ids are unique.
 """
 
 from __future__ import annotations
@@ -17,7 +17,9 @@ import os
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.ipc as ipc
 import pyarrow.parquet as pq
@@ -27,7 +29,54 @@ from kvtier.trace.format import META_BLOCK_TOKENS, META_PREFIX_INFO
 from kvtier.trace.io import trace_metadata
 from kvtier.trace.validate import validate_table
 
+if TYPE_CHECKING:
+    from kvtier.trace.crossbatch import ChainCheck, UniqueCheck
+
 BATCH_ROWS = 1 << 20
+
+
+def validate_batch(
+    raw: pa.Table, block_tokens: int, has_prefix: bool, path: str, row0: int
+) -> pa.Table:
+    """:func:`validate_table` of one batch whose first row is ``row0`` of the trace (errors
+    name the row from the trace's start); chaining is left to :class:`CrossChecks`."""
+    try:
+        return validate_table(
+            raw,
+            block_tokens=block_tokens,
+            path=path,
+            has_prefix_info=has_prefix,
+            check_chaining=False,
+        )
+    except InputError as err:
+        if err.row is not None:
+            err.row += row0
+            err.args = (err.format(),)
+        raise
+
+
+class CrossChecks:
+    """The checks of a trace read by batches that span batches: chaining of hashes, unique
+    request ids (created on first use; numba is imported only then)."""
+
+    def __init__(self, has_prefix: bool, has_ids: bool) -> None:
+        self.has_prefix, self.has_ids = has_prefix, has_ids
+        self.chain: ChainCheck | None = None
+        self.unique: UniqueCheck | None = None
+
+    def check(self, table: pa.Table, row0: int, path: str | None) -> None:
+        """Check validated ``table``, whose first row is ``row0`` of the trace."""
+        from kvtier.trace.crossbatch import ChainCheck, UniqueCheck
+
+        if self.has_prefix:
+            self.chain = self.chain or ChainCheck()
+            col = table.column("block_hashes").combine_chunks()
+            offsets = col.offsets.to_numpy().astype(np.int64)
+            values = col.values.to_numpy(zero_copy_only=False)[offsets[0] : offsets[-1]]
+            self.chain.check(offsets - offsets[0], values, row0=row0, path=path)
+        if self.has_ids and "request_id" in table.column_names:
+            self.unique = self.unique or UniqueCheck()
+            self.unique.check(table.column("request_id"), row0=row0, path=path, column="request_id")
 
 
 @dataclass(frozen=True)
@@ -134,19 +183,13 @@ def iter_batches(
     has_prefix = trace.has_prefix_info
     row0 = 0
     last = -math.inf
+    checks = CrossChecks(has_prefix, "request_id" in trace.schema.names)
     for file in trace.files:
         for raw in _raw_batches(file, batch_rows):
             if raw.num_rows == 0:
                 continue
-            try:
-                table = validate_table(
-                    raw, block_tokens=block_tokens, path=file, has_prefix_info=has_prefix
-                )
-            except InputError as err:
-                if err.row is not None:
-                    err.row += row0
-                    err.args = (err.format(),)
-                raise
+            table = validate_batch(raw, block_tokens, has_prefix, file, row0)
+            checks.check(table, row0, file)
             arrival = table.column("arrival_s")
             first = arrival[0].as_py()
             if first < last:

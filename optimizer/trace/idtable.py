@@ -103,6 +103,33 @@ def _rehash_nb(
         new_vals[t] = v
 
 
+@njit(cache=True, nogil=True)
+def _find_nb(
+    keys_hi: np.ndarray,
+    keys_lo: np.ndarray,
+    vals: np.ndarray,
+    two_words: bool,
+    q_hi: np.ndarray,
+    q_lo: np.ndarray,
+    out: np.ndarray,
+) -> None:
+    """The id of each key ``(q_hi[i], q_lo[i])`` held, or -1; nothing is inserted."""
+    mask = np.uint64(vals.shape[0] - 1)
+    for i in range(q_hi.shape[0]):
+        hi = q_hi[i]
+        lo = q_lo[i] if two_words else np.uint64(0)
+        s = _slot(hi, lo, mask)
+        while True:
+            v = vals[s]
+            if v == _EMPTY:
+                out[i] = -1
+                break
+            if keys_hi[s] == hi and (not two_words or keys_lo[s] == lo):
+                out[i] = v
+                break
+            s = (s + 1) & np.int64(mask)
+
+
 class IdTable:
     """Keys (one or two uint64 words) to int32 ids ``0, 1, 2, ...`` in order of first sight."""
 
@@ -130,19 +157,28 @@ class IdTable:
         self._alloc(2 * len(old_vals))
         _rehash_nb(old_hi, old_lo, old_vals, self.two_words, self.keys_hi, self.keys_lo, self.vals)
 
-    def ids(self, hi: np.ndarray, lo: np.ndarray | None = None) -> np.ndarray:
-        """The id of every key ``(hi[i], lo[i])``, numbering new keys as they come (int32)."""
+    def find(self, hi: np.ndarray, lo: np.ndarray | None = None) -> np.ndarray:
+        """The id of every key already held, -1 for the others (int32); the table is unchanged."""
+        hi, lo = self._keys(hi, lo)
+        out = np.empty(len(hi), dtype=np.int32)
+        _find_nb(self.keys_hi, self.keys_lo, self.vals, self.two_words, hi, lo, out)
+        return out
+
+    def _keys(self, hi: np.ndarray, lo: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
         hi = np.ascontiguousarray(hi, dtype=np.uint64)
         if hi.ndim != 1:
             raise ValueError("keys must be 1-D")
         if self.two_words:
             if lo is None or len(lo) != len(hi):
                 raise ValueError("a two-word table needs a second word per key")
-            lo = np.ascontiguousarray(lo, dtype=np.uint64)
-        else:
-            if lo is not None:
-                raise ValueError("a one-word table takes one word per key")
-            lo = self.keys_lo[:0]
+            return hi, np.ascontiguousarray(lo, dtype=np.uint64)
+        if lo is not None:
+            raise ValueError("a one-word table takes one word per key")
+        return hi, self.keys_lo[:0]
+
+    def ids(self, hi: np.ndarray, lo: np.ndarray | None = None) -> np.ndarray:
+        """The id of every key ``(hi[i], lo[i])``, numbering new keys as they come (int32)."""
+        hi, lo = self._keys(hi, lo)
         out = np.empty(len(hi), dtype=np.int32)
         start = 0
         while True:

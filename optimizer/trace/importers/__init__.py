@@ -49,15 +49,23 @@ __all__ = [
 
 
 def stream_plan(kind: str, path: str, options: ImportOptions, stream: bool | None):  # noqa: ANN201
-    """How to import ``path`` streamed (a :class:`~.streaming.StreamPlan`), or None to import it
-    in memory. ``stream`` None decides by size (:data:`~kvtier.trace.streaming.STREAM_BYTES`);
-    only CSV logs of lengths stream, so asking for it elsewhere is an error."""
+    """How to import ``path`` streamed (a :class:`~.streaming.StreamPlan` for a CSV log of
+    lengths, a :class:`~kvtier.trace.jsonlstream.JsonlPlan` for JSON Lines), or None to import
+    it in memory. ``stream`` None decides by size (:data:`~kvtier.trace.streaming.STREAM_BYTES`);
+    the formats of prompt text do not stream, so asking for it there is an error."""
+    from kvtier.trace.jsonlstream import JsonlPlan
     from kvtier.trace.streaming import STREAM_BYTES, StreamPlan
 
     if stream is False:
         return None
-    plan: StreamPlan | None = None
-    if kind == "azure":
+    plan: StreamPlan | JsonlPlan | None = None
+    if kind in ("mooncake", "bailian"):
+        plan = JsonlPlan(kind)
+    elif kind == "jsonl" and options.columns:
+        from kvtier.trace.importers.mapped import column_map
+
+        plan = JsonlPlan(kind, column_map(options.columns, allow_hashes=True))
+    elif kind == "azure":
         from kvtier.trace.importers.azure import AZURE
 
         plan = StreamPlan(AZURE, "azure")
@@ -72,7 +80,9 @@ def stream_plan(kind: str, path: str, options: ImportOptions, stream: bool | Non
     if plan is None:
         if stream:
             raise InputError(
-                f"--from {kind} does not stream (CSV logs of lengths do)", option="--stream"
+                f"--from {kind} does not stream (request logs do: azure, burstgpt, csv, "
+                "mooncake, bailian, jsonl)",
+                option="--stream",
             )
         return None
     if stream is None:
@@ -82,7 +92,7 @@ def stream_plan(kind: str, path: str, options: ImportOptions, stream: bool | Non
                 gz = fh.read(2) == b"\x1f\x8b"
         except OSError:
             return None  # the in-memory importer reports it
-        if size <= STREAM_BYTES or gz:
+        if size <= STREAM_BYTES or (gz and isinstance(plan, StreamPlan)):  # CSV scans plain
             return None
     return plan
 

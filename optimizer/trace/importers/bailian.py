@@ -15,7 +15,13 @@ import pyarrow as pa
 from kvtier.errors import InputError
 from kvtier.trace.format import Trace
 from kvtier.trace.hashing import chain_hashes
-from kvtier.trace.importers.common import check_hash_ids, list_arrays, read_jsonl, validated
+from kvtier.trace.importers.common import (
+    JSONL_COLUMNS,
+    check_hash_ids,
+    list_arrays,
+    read_jsonl,
+    validated,
+)
 from kvtier.trace.importers.registry import ImportOptions, register
 
 BAILIAN_BLOCK_TOKENS = 16  # Qwen-Bailian traces: "16 tokens per block" (dataset README)
@@ -41,39 +47,43 @@ def _session_roots(chat_id: np.ndarray, parent: np.ndarray) -> np.ndarray | None
     return None if found[up].any() else up
 
 
-@register("bailian", "Qwen-Bailian JSONL (16-token per-block hashes, chat sessions)")
-def import_bailian(path: str, options: ImportOptions) -> Trace:
-    """Qwen-Bailian JSONL (timestamp in s, 16-token per-block content hashes, chat sessions)."""
-    schema = {
-        "chat_id": pl.Int64,
-        "parent_chat_id": pl.Int64,
-        "timestamp": pl.Float64,
-        "input_length": pl.Int64,
-        "output_length": pl.Int64,
-        "type": pl.String,
-        "turn": pl.Int64,
-        "hash_ids": pl.List(pl.Int64),
-    }
-    fields = {
-        "chat_id": int,
-        "parent_chat_id": int,
-        "timestamp": (int, float),
-        "input_length": int,
-        "output_length": int,
-        "type": str,
-        "turn": int,
-        "hash_ids": list,
-    }
-    df, lines = read_jsonl(path, schema, fields)
+SCHEMA = {
+    "chat_id": pl.Int64,
+    "parent_chat_id": pl.Int64,
+    "timestamp": pl.Float64,
+    "input_length": pl.Int64,
+    "output_length": pl.Int64,
+    "type": pl.String,
+    "turn": pl.Int64,
+    "hash_ids": pl.List(pl.Int64),
+}
+FIELDS = {
+    "chat_id": int,
+    "parent_chat_id": int,
+    "timestamp": (int, float),
+    "input_length": int,
+    "output_length": int,
+    "type": str,
+    "turn": int,
+    "hash_ids": list,
+}
+
+
+def bailian_trace(
+    path: str,
+    df: pl.DataFrame,
+    lines: np.ndarray,
+    session_id: np.ndarray,
+    *,
+    check_chaining: bool = True,
+) -> Trace:
+    """The trace of parsed Qwen-Bailian rows ``df`` (each at its ``lines``) in sessions
+    ``session_id`` (the root request's chat id): the whole file, or one streamed batch."""
     offsets, ids = list_arrays(df.get_column("hash_ids"))
     check_hash_ids(path, lines, offsets, ids)
-    chat_id = df.get_column("chat_id").to_numpy()
-    roots = _session_roots(chat_id, df.get_column("parent_chat_id").to_numpy())
-    if roots is None:
-        raise InputError("parent_chat_id links form a cycle", path=path, column="parent_chat_id")
     extra = {
-        "request_id": pa.array(chat_id, type=pa.int64()),
-        "session_id": pa.array(chat_id[roots], type=pa.int64()),
+        "request_id": pa.array(df.get_column("chat_id").to_numpy(), type=pa.int64()),
+        "session_id": pa.array(session_id, type=pa.int64()),
         "type": pa.array(df.get_column("type").to_numpy().astype(str)).dictionary_encode(),
         "turn": pa.array(df.get_column("turn").to_numpy(), type=pa.int64()),
     }
@@ -89,5 +99,18 @@ def import_bailian(path: str, options: ImportOptions) -> Trace:
             block_tokens=BAILIAN_BLOCK_TOKENS,
             source=f"bailian:{os.path.basename(path)}",
             extra_columns=extra,
+            check_chaining=check_chaining,
         ),
+        {**JSONL_COLUMNS, "request_id": "chat_id"},
     )
+
+
+@register("bailian", "Qwen-Bailian JSONL (16-token per-block hashes, chat sessions)")
+def import_bailian(path: str, options: ImportOptions) -> Trace:
+    """Qwen-Bailian JSONL (timestamp in s, 16-token per-block content hashes, chat sessions)."""
+    df, lines = read_jsonl(path, SCHEMA, FIELDS)
+    chat_id = df.get_column("chat_id").to_numpy()
+    roots = _session_roots(chat_id, df.get_column("parent_chat_id").to_numpy())
+    if roots is None:
+        raise InputError("parent_chat_id links form a cycle", path=path, column="parent_chat_id")
+    return bailian_trace(path, df, lines, chat_id[roots])

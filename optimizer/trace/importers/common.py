@@ -116,14 +116,22 @@ def first_bad_json_line(data: bytes, fields: dict[str, type | tuple[type, ...]])
 def read_jsonl(
     path: str, schema: dict[str, pl.DataType], fields: dict
 ) -> tuple[pl.DataFrame, np.ndarray]:
-    data = read_bytes(path)
+    """The JSON Lines file ``path`` read whole with ``schema``, and each row's line number."""
+    return parse_jsonl(read_bytes(path), path, schema, fields)
+
+
+def parse_jsonl(
+    data: bytes, path: str, schema: dict[str, pl.DataType], fields: dict, first_line: int = 1
+) -> tuple[pl.DataFrame, np.ndarray]:
+    """Rows of JSON Lines ``data`` (the file's lines from ``first_line`` on) under ``schema``,
+    and each row's line number; the first malformed line or missing field is reported."""
     try:
         df = pl.read_ndjson(data, schema=schema)
     except Exception:  # polars raises several error types for bad input
-        raise first_bad_json_line(data, fields).with_path(path) from None
-    lines = content_line_numbers(data)
+        raise _shifted(first_bad_json_line(data, fields), first_line).with_path(path) from None
+    lines = content_line_numbers(data) + (first_line - 1)
     if len(lines) != df.height:  # whitespace-only lines or other oddities: find the line
-        raise first_bad_json_line(data, fields).with_path(path)
+        raise _shifted(first_bad_json_line(data, fields), first_line).with_path(path)
     for name in schema:
         nulls = df.get_column(name).is_null().to_numpy()
         if nulls.any():
@@ -132,6 +140,14 @@ def read_jsonl(
                 "missing field or null value", path=path, line=int(lines[row]), column=name
             )
     return df, lines
+
+
+def _shifted(err: InputError, first_line: int) -> InputError:
+    """``err`` with its line counted from the file's start, not from a chunk's."""
+    if err.line is not None and first_line != 1:
+        err.line += first_line - 1
+        err.args = (err.format(),)
+    return err
 
 
 def check_rows(path: str, lines: np.ndarray, checks: list[tuple[str, np.ndarray, str]]) -> None:

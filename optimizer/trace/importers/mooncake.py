@@ -17,22 +17,20 @@ from kvtier.trace.importers.registry import ImportOptions, register
 MOONCAKE_BLOCK_TOKENS = 512  # Mooncake FAST'25 traces: one hash id per 512-token block
 
 
-@register("mooncake", "Mooncake FAST'25 JSONL (timestamp ms, 512-token chained hash_ids)")
-def import_mooncake(path: str, options: ImportOptions) -> Trace:
-    """Mooncake FAST'25 JSONL (timestamp in ms, 512-token hash ids that are already chained)."""
-    schema = {
-        "timestamp": pl.Float64,
-        "input_length": pl.Int64,
-        "output_length": pl.Int64,
-        "hash_ids": pl.List(pl.Int64),
-    }
-    fields = {
-        "timestamp": (int, float),
-        "input_length": int,
-        "output_length": int,
-        "hash_ids": list,
-    }
-    df, lines = read_jsonl(path, schema, fields)
+SCHEMA = {
+    "timestamp": pl.Float64,
+    "input_length": pl.Int64,
+    "output_length": pl.Int64,
+    "hash_ids": pl.List(pl.Int64),
+}
+FIELDS = {"timestamp": (int, float), "input_length": int, "output_length": int, "hash_ids": list}
+
+
+def mooncake_trace(
+    path: str, df: pl.DataFrame, lines: np.ndarray, *, check_chaining: bool = True
+) -> Trace:
+    """The trace of parsed Mooncake rows ``df`` (each at its ``lines``): the whole file, or one
+    batch of a streamed import, whose chaining is then checked across batches."""
     offsets, ids = list_arrays(df.get_column("hash_ids"))
     check_hash_ids(path, lines, offsets, ids)
     return validated(
@@ -46,5 +44,13 @@ def import_mooncake(path: str, options: ImportOptions) -> Trace:
             hashes=ids.astype(np.uint64),
             block_tokens=MOONCAKE_BLOCK_TOKENS,
             source=f"mooncake:{os.path.basename(path)}",
+            check_chaining=check_chaining,
         ),
     )
+
+
+@register("mooncake", "Mooncake FAST'25 JSONL (timestamp ms, 512-token chained hash_ids)")
+def import_mooncake(path: str, options: ImportOptions) -> Trace:
+    """Mooncake FAST'25 JSONL (timestamp in ms, 512-token hash ids that are already chained)."""
+    df, lines = read_jsonl(path, SCHEMA, FIELDS)
+    return mooncake_trace(path, df, lines)

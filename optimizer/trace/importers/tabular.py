@@ -98,10 +98,45 @@ def _floats(df: pl.DataFrame, name: str) -> pl.Series:
     return _where(out.is_finite(), out)
 
 
+@dataclass
+class ArrivalState:
+    """What a streamed import carries from batch to batch of a log: how arrivals read
+    (decided on the first batch), the first arrival (the trace's origin) and the last one."""
+
+    kind: str | None = None
+    origin: float | None = None
+    last: float = -np.inf
+
+    def check_order(self, path: str, lines: np.ndarray, t: np.ndarray, column: str) -> None:
+        """Refuse a row arriving before the row above it (sorting would need the whole log)."""
+        previous = np.concatenate(([self.last], t[:-1]))
+        unsorted = t < previous
+        if unsorted.any():
+            raise InputError(
+                "earlier than the row before: a streamed import needs rows in arrival order "
+                "(sort the file first)",
+                path=path,
+                line=int(lines[int(np.flatnonzero(unsorted)[0])]),
+                column=column,
+            )
+        if self.origin is None:
+            self.origin = float(t[0])
+        self.last = float(t[-1])
+
+
 def lengths_trace(
-    path: str, df: pl.DataFrame, lines: np.ndarray, cmap: ColumnMap, source: str
+    path: str,
+    df: pl.DataFrame,
+    lines: np.ndarray,
+    cmap: ColumnMap,
+    source: str,
+    state: ArrivalState | None = None,
 ) -> Trace:
-    """Build and validate the trace of ``df`` under ``cmap``; errors name line and column."""
+    """Build and validate the trace of ``df`` under ``cmap``; errors name line and column.
+
+    With ``state``, ``df`` is one batch of a streamed import: arrivals read as in the first
+    batch, count from the first batch's first arrival and must be in order, and the chaining
+    of hashes is left to the check across batches."""
     for name in cmap.used().values():
         if name not in df.columns:
             raise InputError(
@@ -109,7 +144,7 @@ def lengths_trace(
             )
     if df.height == 0:
         raise InputError("trace has no requests (only a header)", path=path)
-    kind = cmap.arrival_kind
+    kind = cmap.arrival_kind if state is None or state.kind is None else state.kind
     if kind == "auto":
         numeric = _floats(df, cmap.arrival)
         kind = "s" if numeric.null_count() == 0 else "timestamp"
@@ -132,7 +167,12 @@ def lengths_trace(
     )
     t = when.to_numpy().astype(np.float64)
     scale = {"timestamp": 1e-6, "s": 1.0, "ms": 1e-3}[kind]
-    arrival = (t - t.min()) * scale
+    if state is None:
+        arrival = (t - t.min()) * scale
+    else:
+        state.kind = kind
+        state.check_order(path, lines, t, cmap.arrival)
+        arrival = (t - state.origin) * scale
     extra: dict[str, pa.Array] = {}
     if cmap.request_id is not None:
         extra["request_id"] = _id_column(df, cmap.request_id)
@@ -168,6 +208,7 @@ def lengths_trace(
             source=f"{source}:{os.path.basename(path)}",
             has_prefix_info=prefix,
             extra_columns=extra,
+            check_chaining=state is None,
         ),
         cmap.used(),
     )

@@ -1,0 +1,139 @@
+"""The per-trace invariants of request-trace/1 that span record batches.
+
+:func:`kvtier.trace.validate.validate_table` checks a whole table; a trace read or imported by
+batches is checked batch by batch, and two of its properties relate rows of different batches:
+
+- **chaining**: a chained hash stands for its whole prefix, so one hash always sits at the
+  same block position after the same parent hash (:func:`~kvtier.trace.validate.check_chained`).
+  :class:`ChainCheck` keeps, per distinct hash, its dense id in an
+  :class:`~kvtier.trace.idtable.IdTable`, its block position and its parent's id: 20 bytes a
+  slot and 8 a distinct hash, so memory grows with the distinct blocks, not the requests.
+- **unique request ids**: :class:`UniqueCheck` keeps every id seen (an integer id exactly; a
+  string id as two independent 64-bit hashes of it, so two different strings are taken for the
+  same id with a chance of about n^2 / 2^129).
+
+Both report the first offending row as the in-memory check does (same message), numbered from
+the start of the whole trace.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import polars as pl
+import pyarrow as pa
+from numba import njit
+
+import kvtier.jitcache  # noqa: F401  (drops kernels compiled against older sources)
+from kvtier.errors import InputError
+from kvtier.trace.idtable import IdTable
+
+
+@njit(cache=True, nogil=True)
+def _chain_nb(
+    offsets: np.ndarray,
+    ids: np.ndarray,
+    pos0: np.ndarray,
+    parent0: np.ndarray,
+    filled: int,
+) -> tuple[int, int, int, int]:
+    """Record each new id's position and parent id; stop at the first hash that breaks them.
+
+    Ids are numbered in order of first appearance, in the order scanned here, so a new id is
+    always ``filled``. Returns ``(ids now recorded, bad row or -1, its position, recorded
+    position)``.
+    """
+    for r in range(offsets.shape[0] - 1):
+        for j in range(offsets[r], offsets[r + 1]):
+            d = ids[j]
+            p = j - offsets[r]
+            par = ids[j - 1] if p > 0 else -1
+            if d >= filled:
+                pos0[d] = p
+                parent0[d] = par
+                filled += 1
+            elif pos0[d] != p or parent0[d] != par:
+                return filled, r, p, pos0[d]
+    return filled, -1, 0, 0
+
+
+class ChainCheck:
+    """Chaining of block hashes checked over every batch read so far."""
+
+    def __init__(self) -> None:
+        self.table = IdTable()
+        self.pos0 = np.zeros(1 << 16, dtype=np.int32)
+        self.parent0 = np.zeros(1 << 16, dtype=np.int32)
+        self.filled = 0
+
+    @property
+    def nbytes(self) -> int:
+        return self.table.nbytes + self.pos0.nbytes + self.parent0.nbytes
+
+    def check(
+        self, offsets: np.ndarray, hashes: np.ndarray, *, row0: int, path: str | None
+    ) -> None:
+        """Check one batch (``offsets`` from 0, ``hashes`` uint64) whose first row is ``row0``."""
+        if len(hashes) == 0:
+            return
+        ids = self.table.ids(np.ascontiguousarray(hashes, dtype=np.uint64))
+        if self.table.n > len(self.pos0):
+            size = 1 << int(self.table.n - 1).bit_length()
+            for name in ("pos0", "parent0"):
+                grown = np.zeros(size, dtype=np.int32)
+                old = getattr(self, name)
+                grown[: len(old)] = old
+                setattr(self, name, grown)
+        self.filled, row, p, p0 = _chain_nb(
+            np.ascontiguousarray(offsets, dtype=np.int64), ids, self.pos0, self.parent0,
+            self.filled,
+        )  # fmt: skip
+        if row >= 0:
+            what = (
+                f"hash at block {p} also appears at block {p0}"
+                if p != p0
+                else f"hash at block {p} follows a different parent hash than before"
+            )
+            raise InputError(
+                f"hashes are not chained prefix hashes: {what}",
+                path=path,
+                row=row0 + row,
+                column="block_hashes",
+            )
+
+
+def _string_keys(values: pa.Array) -> tuple[np.ndarray, np.ndarray]:
+    s = pl.from_arrow(values).cast(pl.String)
+    hi = s.hash(seed=0x5EED).to_numpy()
+    lo = s.hash(seed=0xC0FFEE).to_numpy()
+    return hi.astype(np.uint64), lo.astype(np.uint64)
+
+
+class UniqueCheck:
+    """Request ids unique over every batch read so far (within a batch the table check does
+    it)."""
+
+    def __init__(self) -> None:
+        self._ints: IdTable | None = None
+        self._strings: IdTable | None = None
+
+    def check(self, ids: pa.Array, *, row0: int, path: str | None, column: str) -> None:
+        if isinstance(ids, pa.ChunkedArray):
+            ids = ids.combine_chunks()
+        if pa.types.is_integer(ids.type):
+            self._ints = self._ints or IdTable()
+            table = self._ints
+            before = table.n
+            dense = table.ids(ids.to_numpy(zero_copy_only=False).astype(np.int64).view(np.uint64))
+        else:
+            self._strings = self._strings or IdTable(two_words=True)
+            table = self._strings
+            before = table.n
+            dense = table.ids(*_string_keys(ids))
+        seen = dense < before
+        if seen.any():
+            raise InputError(
+                "duplicate request id",
+                path=path,
+                row=row0 + int(np.flatnonzero(seen)[0]),
+                column=column,
+            )
