@@ -908,13 +908,11 @@ def trace_sample_cmd(
     """Keep whole sessions (or prefix trees) of TRACE by a hash of their root (SHARDS-style);
     replays of the sample scale the cluster and shared tiers by the same fraction."""
     from kvtier.trace.io import read_trace, write_trace
-    from kvtier.trace.sampling import sample, stream_sample
+    from kvtier.trace.sampling import sample
 
-    if stream is None:
-        from kvtier.trace.streaming import STREAM_BYTES
+    if _stream_by_size(trace_path, stream):
+        from kvtier.trace.samplestream import stream_sample
 
-        stream = os.path.isfile(trace_path) and os.path.getsize(trace_path) > STREAM_BYTES
-    if stream:
         read, kept, roots = stream_sample(trace_path, fraction, output, seed=seed)
         click.echo(f"wrote {kept:,} of {read:,} requests (whole {roots}, streamed) to {output}")
         return
@@ -932,11 +930,25 @@ def trace_sample_cmd(
 @click.option("--start", type=float, default=0.0, show_default=True, help="First second kept.")
 @click.option("--end", type=float, default=None, help="End of the window, seconds [default: all].")
 @trace_output_option
-def trace_slice_cmd(trace_path: str, start: float, end: float | None, output: str) -> None:
+@click.option(
+    "--stream/--no-stream",
+    default=None,
+    help="Read and write by record batches, for a trace larger than memory "
+    "[default: for traces over 256 MiB].",
+)
+def trace_slice_cmd(
+    trace_path: str, start: float, end: float | None, output: str, stream: bool | None
+) -> None:
     """Keep the requests of TRACE arriving in [--start, --end), shifted to start at 0."""
     from kvtier.trace.io import read_trace, write_trace
     from kvtier.trace.sampling import time_slice
 
+    if _stream_by_size(trace_path, stream):
+        from kvtier.trace.samplestream import stream_slice
+
+        read, kept, span = stream_slice(trace_path, start, end, output)
+        click.echo(f"wrote {kept:,} of {read:,} requests ({span:,.1f} s, streamed) to {output}")
+        return
     loaded = read_trace(trace_path)
     cut = time_slice(loaded, start, end)
     write_trace(cut, output)

@@ -6,6 +6,7 @@ from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -228,7 +229,7 @@ def test_a_fraction_that_leaves_a_partial_instance_is_one_line(chat, tmp_path) -
 
 # -- streamed samples of traces larger than memory ----------------------------------------------
 def test_streamed_sample_of_sessions_equals_the_in_memory_sample(chat, tmp_path) -> None:  # noqa: ANN001
-    from kvtier.trace.sampling import stream_sample
+    from kvtier.trace.samplestream import stream_sample
 
     path = tmp_path / "chat.parquet"
     write_trace(chat, path)
@@ -267,15 +268,78 @@ def test_streamed_sample_of_lengths_only_requests(tmp_path) -> None:
     )
 
 
-def test_streamed_sample_refuses_prefix_subtrees(tmp_path) -> None:
-    result = invoke(
-        "trace",
-        "sample",
-        str(MOONCAKE),
-        "--fraction",
-        "0.4",
-        "--stream",
-        "-o",
-        str(tmp_path / "s.parquet"),
+def _same_file(path: Path, direct: Trace) -> None:
+    got = pq.read_table(path)
+    assert got.column_names == direct.table.column_names
+    for name in got.column_names:
+        assert got.column(name).to_pylist() == direct.table.column(name).to_pylist(), name
+    assert got.schema.metadata == direct.table.schema.metadata
+
+
+@pytest.mark.parametrize(("fraction", "batch_rows"), [(0.4, 1_000), (0.1, 4_096), (1.0, 50_000)])
+def test_streamed_sample_of_prefix_subtrees_equals_in_memory(
+    tmp_path: Path, fraction: float, batch_rows: int
+) -> None:
+    from kvtier.trace.samplestream import stream_sample
+
+    out = tmp_path / "s.parquet"
+    read, kept, roots = stream_sample(
+        str(MOONCAKE), fraction, str(out), seed=3, batch_rows=batch_rows
     )
-    assert_one_line_error(result, "prefix subtrees", "without --stream")
+    direct, direct_roots = sample(read_trace(MOONCAKE), fraction, seed=3)
+    assert (roots, direct_roots) == ("prefix subtrees", "prefix subtrees")
+    assert (read, kept) == (12_031, direct.n_requests)
+    _same_file(out, direct)
+
+
+def test_streamed_sample_of_tenant_subtrees_through_the_cli(tmp_path: Path) -> None:
+    rng = np.random.default_rng(4)
+    prompts = [[int(rng.integers(0, 3))] * 16 + list(rng.integers(0, 4, int(rng.integers(1, 60))))
+               for _ in range(400)]  # fmt: skip
+    tenants = [["a", "b", "c"][i % 3] for i in range(400)]
+    trace = make_trace(prompts, 16, tenants=tenants)
+    path = tmp_path / "t.parquet"
+    write_trace(trace, path)
+    out = tmp_path / "s.parquet"
+    result = invoke(
+        "trace", "sample", str(path), "--fraction", "0.3", "--seed", "2", "--stream", "-o", str(out)
+    )
+    assert result.code == 0, result.stderr
+    assert "prefix subtrees, streamed" in result.stdout
+    direct, roots = sample(trace, 0.3, seed=2)
+    assert roots == "prefix subtrees" and 0 < direct.n_requests < 400
+    _same_file(out, direct)
+
+
+@pytest.mark.parametrize(
+    ("start", "end", "batch_rows"), [(100.0, 900.0, 777), (0.0, None, 5_000), (3_000.0, None, 100)]
+)
+def test_streamed_slice_equals_in_memory(
+    tmp_path: Path, start: float, end: float | None, batch_rows: int
+) -> None:
+    from kvtier.trace.samplestream import stream_slice
+
+    out = tmp_path / "c.parquet"
+    read, kept, span = stream_slice(str(MOONCAKE), start, end, str(out), batch_rows=batch_rows)
+    direct = time_slice(read_trace(MOONCAKE), start, end)
+    assert (read, kept) == (12_031, direct.n_requests)
+    assert span == pytest.approx(direct.duration_s)
+    _same_file(out, direct)
+
+
+def test_streamed_slice_of_a_sample_keeps_its_fraction_and_refuses_an_empty_window(
+    tmp_path: Path,
+) -> None:
+    from kvtier.trace.samplestream import stream_sample
+
+    sampled = tmp_path / "s.parquet"
+    stream_sample(str(MOONCAKE), 0.5, str(sampled), batch_rows=3_000)
+    out = tmp_path / "c.parquet"
+    result = invoke(
+        "trace", "slice", str(sampled), "--start", "60", "--end", "600", "--stream", "-o", str(out)
+    )
+    assert result.code == 0, result.stderr
+    _same_file(out, time_slice(read_trace(sampled), 60.0, 600.0))
+    assert read_trace(out).sample_fraction == pytest.approx(0.5)
+    result = invoke("trace", "slice", str(sampled), "--start", "99999", "--stream", "-o", str(out))
+    assert_one_line_error(result, "--start", "no request arrives", "0 to 3,53")

@@ -170,9 +170,11 @@ def _raw_batches(file: str, batch_rows: int) -> Iterator[pa.Table]:
 
 
 def iter_batches(
-    trace: TraceBatches, batch_rows: int = BATCH_ROWS
+    trace: TraceBatches, batch_rows: int = BATCH_ROWS, *, cross_checks: bool = True
 ) -> Iterator[tuple[int, pa.Table]]:
     """``(first row, validated table)`` per batch, in trace order; rows counted from 0.
+    ``cross_checks`` False skips the checks across batches (for a second pass over a trace
+    whose first pass made them).
 
     A problem is reported as the in-memory reader reports it: the path (the part's, for a
     dataset), the row from the start of the whole trace, the column.
@@ -189,7 +191,8 @@ def iter_batches(
             if raw.num_rows == 0:
                 continue
             table = validate_batch(raw, block_tokens, has_prefix, file, row0)
-            checks.check(table, row0, file)
+            if cross_checks:
+                checks.check(table, row0, file)
             arrival = table.column("arrival_s")
             first = arrival[0].as_py()
             if first < last:

@@ -19,6 +19,9 @@ under a router blind to content the replay also restores the full cluster's rout
 **Slicing** (``kvtier trace slice --start S --end E``) keeps the requests arriving in
 ``[S, E)`` and shifts them to start at 0. Requests whose prefix was first computed before
 ``S`` now find a cold cache: the first minutes of a slice act as a warm-up.
+
+Both have streamed forms for traces larger than memory, with the same rows
+(:mod:`kvtier.trace.samplestream`).
 """
 
 from __future__ import annotations
@@ -127,12 +130,17 @@ def sample(trace: Trace, fraction: float, *, seed: int = 0) -> tuple[Trace, str]
     return _rebuilt(trace, table, trace.sample_fraction * fraction), roots
 
 
-def time_slice(trace: Trace, start: float, end: float | None) -> Trace:
-    """The requests arriving in ``[start, end)``, their arrivals shifted by ``-start``."""
+def check_window(start: float, end: float | None) -> None:
+    """Refuse a slice window that is not ``0 <= start < end``."""
     if not (math.isfinite(start) and start >= 0):
         raise InputError(f"must be a number of seconds >= 0, got {start}", option="--start")
     if end is not None and not (math.isfinite(end) and end > start):
         raise InputError(f"must be a number of seconds > --start, got {end}", option="--end")
+
+
+def time_slice(trace: Trace, start: float, end: float | None) -> Trace:
+    """The requests arriving in ``[start, end)``, their arrivals shifted by ``-start``."""
+    check_window(start, end)
     arrival = trace.arrival_s
     keep = arrival >= start
     if end is not None:
@@ -161,103 +169,3 @@ def _rebuilt(trace: Trace, table: pa.Table, fraction: float) -> Trace:
         metadata=trace.metadata,
         sample_fraction=fraction,
     )
-
-
-def stream_sample(
-    path: str, fraction: float, out: str, *, seed: int = 0, batch_rows: int = 1 << 20
-) -> tuple[int, int, str]:
-    """:func:`sample` of a trace file larger than memory, read and written by record batches.
-
-    Gives the same rows as the in-memory sample, for traces whose roots are sessions or
-    requests. A trace with prefix hashes and no sessions samples prefix subtrees, which needs
-    every request's blocks at once (the trunk is a property of the whole trace): it is refused
-    here, with the advice to sample it in memory. Each batch is validated as a trace; rows must
-    stay in arrival order across batches. Returns (requests read, requests kept, roots).
-    """
-    import pyarrow.parquet as pq
-
-    from kvtier.trace.format import META_PREFIX_INFO, META_SAMPLE_FRACTION
-    from kvtier.trace.io import atomic_write, trace_metadata
-    from kvtier.trace.validate import validate_table
-
-    _check_options(fraction, seed)
-    try:
-        source = pq.ParquetFile(path, pre_buffer=False)  # pre-buffering caches the whole file
-    except (OSError, pa.ArrowException) as err:
-        raise InputError(f"a streamed sample reads one Parquet file: {err}", path=path) from None
-    meta = trace_metadata(source.schema_arrow, path)
-    has_prefix = meta.get(META_PREFIX_INFO, "true").lower() != "false"
-    names = source.schema_arrow.names
-    if "session_id" in names:
-        roots = "sessions"
-    elif not has_prefix:
-        roots = "requests"
-    else:
-        raise InputError(
-            "a trace with prefix hashes and no sessions samples whole prefix subtrees, which "
-            "needs the whole trace in memory: sample it without --stream",
-            path=path,
-        )
-    block_tokens = int(meta.get("kvtier.block_tokens", "16"))
-    by_id = (
-        roots == "requests"
-        and "request_id" in names
-        and pa.types.is_integer(source.schema_arrow.field("request_id").type)
-    )
-    new_fraction = float(meta.get(META_SAMPLE_FRACTION, "1.0")) * fraction
-    out_meta = {k.encode(): v.encode() for k, v in meta.items()}
-    out_meta[META_SAMPLE_FRACTION.encode()] = repr(new_fraction).encode()
-    counts = {"read": 0, "kept": 0}
-
-    def write(tmp: str) -> None:
-        writer = None
-        last = -math.inf
-        try:
-            for batch in source.iter_batches(batch_size=batch_rows):
-                table = pa.Table.from_batches([batch])
-                start = counts["read"]
-                try:
-                    table = validate_table(
-                        table, block_tokens=block_tokens, path=path, has_prefix_info=has_prefix
-                    )
-                except InputError as err:
-                    if err.row is not None:
-                        err.row += start
-                        err.args = (err.format(),)
-                    raise
-                arrival = table.column("arrival_s").to_numpy()
-                if arrival[0] < last:
-                    raise InputError(
-                        "rows are not in arrival order across batches; sample in memory",
-                        path=path,
-                        row=start,
-                        column="arrival_s",
-                    )
-                last = float(arrival[-1])
-                if roots == "sessions":
-                    keys = table.column("session_id").to_numpy().view(np.uint64)
-                elif by_id:
-                    keys = table.column("request_id").to_numpy().astype(np.int64).view(np.uint64)
-                else:
-                    keys = np.arange(start, start + table.num_rows, dtype=np.uint64)
-                kept = (
-                    table if fraction == 1 else table.filter(pa.array(_kept(keys, fraction, seed)))
-                )
-                counts["read"] += table.num_rows
-                counts["kept"] += kept.num_rows
-                kept = kept.replace_schema_metadata(out_meta)
-                if writer is None:
-                    writer = pq.ParquetWriter(tmp, kept.schema, compression="zstd")
-                writer.write_table(kept.cast(writer.schema))
-        finally:
-            if writer is not None:
-                writer.close()
-        if counts["kept"] == 0:
-            raise InputError(
-                f"a {fraction:g} sample of {counts['read']:,} requests ({roots}) keeps none; "
-                "use a larger fraction or another seed",
-                option="--fraction",
-            )
-
-    atomic_write(out, write)
-    return counts["read"], counts["kept"], roots
