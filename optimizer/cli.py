@@ -350,6 +350,12 @@ def validate_pd(as_json: bool, markdown_path: str | None) -> None:
     help="Also write one row per request (times, TTFT, TPOT, prompt tokens per tier) to this "
     ".parquet file.",
 )
+@click.option(
+    "--track-tbt",
+    is_flag=True,
+    help="Record token intervals: TBT P50/P99 (each request's mean of its longest 10% "
+    "intervals) and a tbt_tail_s column in --requests-out [always with slo.tbt_p99_s].",
+)
 def replay_cmd(
     trace_path: str,
     hardware: str | None,
@@ -364,6 +370,7 @@ def replay_cmd(
     prices: str | None,
     as_json: bool,
     requests_out: str | None,
+    track_tbt: bool = False,
 ) -> None:
     """Replay a trace through the serving simulator and print latency, throughput and cost.
 
@@ -399,7 +406,7 @@ def replay_cmd(
         from kvtier.sim.requests import check_requests_path
 
         check_requests_path(requests_out)
-    result = scenario.replay()
+    result = scenario.replay(track_tbt=track_tbt)
     metrics = result.metrics
     if requests_out is not None:
         from kvtier.sim.requests import request_table, trace_request_ids, write_request_table
@@ -446,6 +453,10 @@ def _print_metrics(path: str, scenario: Any, m: Any) -> None:
     )
     table.add_row("TTFT p99 / p99.9", f"{m.ttft_p99_s:.3f} / {m.ttft_p999_s:.3f} s")
     table.add_row("TPOT mean / p99", f"{m.tpot_mean_s * 1e3:.2f} / {m.tpot_p99_s * 1e3:.2f} ms")
+    if m.tbt_p99_s is not None:  # tracked (--track-tbt, or an SLO bounding it)
+        table.add_row(
+            "TBT p50 / p99 (longest 10%)", f"{m.tbt_p50_s * 1e3:.2f} / {m.tbt_p99_s * 1e3:.2f} ms"
+        )
     table.add_row("end-to-end mean", f"{m.e2e_mean_s:.3f} s")
     table.add_row("throughput", f"{m.throughput_rps:.2f} req/s, {m.throughput_tps:,.0f} tok/s")
     table.add_row("HBM prefix hit ratio (tokens)", f"{m.hit_ratio_tokens['hbm']:.1%}")

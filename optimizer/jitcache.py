@@ -45,6 +45,7 @@ KERNEL_MODULES = (
     "cache/policies/sieve.py",
     "cache/ring.py",
     "sim/nb.py",
+    "sim/nb_tbt.py",
     "sim/nb_tiers.py",
     "sim/steptime/jit.py",
     "trace/blocks.py",

@@ -306,6 +306,7 @@ class Scenario:
         stop_early: bool = False,
         arrival_s: np.ndarray | None = None,
         concurrency: int | None = None,
+        track_tbt: bool = False,
     ) -> Replay:
         """Replay ``policy`` (the base policy by default) to its metrics.
 
@@ -313,7 +314,8 @@ class Scenario:
         ``arrival_s`` (a load generator of one's own, e.g. validation's bursts). With
         ``stop_early`` the run ends once the SLO is certainly missed. ``concurrency``
         overrides the scenario's closed loop (0: open loop); the metrics then count each
-        request from when it was sent.
+        request from when it was sent. ``track_tbt`` records each request's token intervals
+        (``raw.tbt_tail_s``, ``metrics.tbt_p99_s``); an SLO with ``tbt_p99_s`` always does.
         """
         from kvtier.sim import build_config, replay_metrics, simulate_raw
 
@@ -341,7 +343,9 @@ class Scenario:
         closed = self.concurrency if concurrency is None else concurrency
         if closed:
             cfg = replace(cfg, concurrency=int(closed))
-        raw = simulate_raw(trace, cfg, engine=self.engine, slo=slo, stop_early=stop_early)
+        raw = simulate_raw(
+            trace, cfg, engine=self.engine, slo=slo, stop_early=stop_early, track_tbt=track_tbt
+        )
         metrics, stats = replay_metrics(trace, raw, cfg, hardware, slo=slo, engine=self.engine)
         if closed and raw.arrival_s is not None:
             trace = trace.with_arrivals(raw.arrival_s)  # each request counts from its send

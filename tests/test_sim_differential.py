@@ -44,7 +44,24 @@ def assert_same(
     assert a.end_s == b.end_s
     np.testing.assert_array_equal(a.loaded_blocks, b.loaded_blocks)
     assert a.loaded_blocks.shape == (trace.n_requests, len(tier_names))
+    assert (a.tbt_tail_s is None) == (b.tbt_tail_s is None)
+    if a.tbt_tail_s is not None:
+        np.testing.assert_array_equal(a.tbt_tail_s, b.tbt_tail_s)  # NaN in the same places
+        assert_tbt_defined(trace, a)
     assert_same_rows(trace, a, b, tier_names)
+
+
+def assert_tbt_defined(trace: BlockedTrace, raw: RawResult) -> None:
+    """A TBT tail exactly for each finished request of two tokens or more, no shorter than
+    its mean interval (TPOT without the front end's share) and within its E2E."""
+    tail = raw.tbt_tail_s
+    assert tail is not None
+    has = ~np.isnan(raw.finish_s) & (trace.output_tokens >= 2)
+    np.testing.assert_array_equal(~np.isnan(tail), has)
+    gaps = trace.output_tokens[has] - 1
+    mean_gap = (raw.finish_s[has] - raw.first_token_s[has]) / gaps
+    assert np.all(tail[has] >= mean_gap * (1 - 1e-9) - 1e-12)
+    assert np.all(tail[has] <= raw.finish_s[has] - raw.first_token_s[has] + 1e-12)
 
 
 @st.composite
@@ -76,14 +93,16 @@ def test_engines_agree(case) -> None:
     st.sampled_from([None, 0.001, 0.01, 0.1]),
     st.sampled_from([None, 0.005, 0.05]),
     st.sampled_from([None, 0.001, 0.01]),
+    st.sampled_from([None, None, 0.002, 0.02]),
 )
-def test_engines_agree_with_early_stop(case, p99, mean, tpot) -> None:
+def test_engines_agree_with_early_stop(case, p99, mean, tpot, tbt) -> None:
     trace, cfg = case
-    slo = SLO(ttft_mean_s=mean, ttft_p99_s=p99, ttft_p999_s=p99, tpot_p99_s=tpot)
+    slo = SLO(ttft_mean_s=mean, ttft_p99_s=p99, ttft_p999_s=p99, tpot_p99_s=tpot, tbt_p99_s=tbt)
     ref = simulate_raw(trace, cfg, engine="reference", slo=slo, stop_early=True)
     fast = simulate_raw(trace, cfg, engine="numba", slo=slo, stop_early=True)
     assert_same(ref, fast, trace)
-    full = simulate_raw(trace, cfg, engine="numba")
+    assert (ref.tbt_tail_s is not None) == (cfg.track_tbt or tbt is not None)
+    full = simulate_raw(trace, cfg, engine="numba", slo=slo)  # (tracks TBT when slo has it)
     m_full = compute_metrics(trace, full, cost_per_hour=1.0, slo=slo)
     if ref.early_stopped:
         # an early stop is only taken when the complete run misses the SLO too

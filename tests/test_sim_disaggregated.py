@@ -226,9 +226,11 @@ def test_engines_agree_on_the_bundled_trace_across_two_hosts(preset) -> None:
     hw = replace(hw, topology=replace(hw.topology, hosts=2, gpus_per_host=4))
     cfg = build_config(hw, load_model(p.model), p)
     trace = block_trace(read_trace(path), p.block_tokens).head(80)
+    cfg = replace(cfg, track_tbt=True)
     ref = simulate_raw(trace, cfg, engine="reference", check_invariants=True)
     fast = simulate_raw(trace, cfg, engine="numba")
-    for field in ("first_token_s", "finish_s", "kv_transfer_s", "link_busy_s", "link_bytes"):
+    fields = ("first_token_s", "finish_s", "kv_transfer_s", "link_busy_s", "link_bytes")
+    for field in (*fields, "tbt_tail_s"):
         np.testing.assert_array_equal(getattr(ref, field), getattr(fast, field), err_msg=field)
     handed = ref.decode_instance >= 0
     assert handed.sum() > 60
@@ -242,10 +244,12 @@ def test_per_request_rows_carry_the_decode_instance_and_transfer() -> None:
 
     t = BlockedTrace.from_lists([0.0, 0.0], [30000, 3000], [4, 1], [[], []], 16)
     cfg = config(2, 1)
-    tables = [request_table(t, simulate_raw(t, cfg, engine=e)) for e in ENGINES]
+    tables = [request_table(t, simulate_raw(t, cfg, engine=e, track_tbt=True)) for e in ENGINES]
     assert tables[0].equals(tables[1])
     rows = tables[0].to_pydict()
     assert rows["decode_instance"] == [1, -1]  # a one-token answer stays on its prefill
+    # request 0's 3 intervals (k = 1): its first is from the KV's arrival on the decode side
+    assert rows["tbt_tail_s"][0] is not None and rows["tbt_tail_s"][1] is None
     assert rows["kv_transfer_s"][0] == pytest.approx(nixl_span(30000, 450 * GB), rel=1e-12)
     assert rows["kv_transfer_s"][1] is None
     agg = request_table(t, simulate_raw(t, config(2, 0)))

@@ -240,6 +240,12 @@ class SLO:
     tpot_p99_s: float | None = setting(
         None, "99th percentile time per output token, s", kind="float"
     )
+    tbt_p99_s: float | None = setting(
+        None,
+        "99th percentile over requests of each request's mean of its longest 10% token "
+        "intervals, s",
+        kind="float",
+    )
 
     def __post_init__(self) -> None:
         check_settings(self)

@@ -50,6 +50,7 @@ TERM_WORDS = {
     "ttft_p999_s": "the time to first token of the slowest 0.1% of requests",
     "ttft_mean_s": "the mean time to first token",
     "tpot_p99_s": "the time per output token of the slowest 1% of requests",
+    "tbt_p99_s": "the mean of the longest 10% token intervals of the slowest 1% of requests",
     "completion": "requests left unfinished at the end of the trace",
 }
 

@@ -6,7 +6,8 @@ the search may pick: an infinite prefix cache with free loads saves at most the 
 before (the longest prefix of the request's blocks that occurred earlier in the trace), and
 queueing, chunking, loads and decode steps only add time. The TTFT terms of the SLO are
 compared with the same statistic (mean, P99, P99.9) of these per-request bounds; TPOT with the
-time of one decode step of a lone request (reading the weights and its KV once).
+time of one decode step of a lone request (reading the weights and its KV once), and so is
+TBT: a request's mean of its longest intervals is at least its mean interval, its TPOT.
 
 When an SLO term is below its bound, no trial can meet it, and the bound, rounded up, is the
 tightest value of that term that is not ruled out.
@@ -97,7 +98,9 @@ def slo_bound(
     blocked = scenario.blocked(policy)
     inputs, hit = first_seen_prefix(blocked)
     requested = {
-        k: getattr(slo, k) for k in (*TTFT_TERMS, "tpot_p99_s") if getattr(slo, k, None) is not None
+        k: getattr(slo, k)
+        for k in (*TTFT_TERMS, "tpot_p99_s", "tbt_p99_s")
+        if getattr(slo, k, None) is not None
     }
     if not requested or len(inputs) == 0:
         return None
@@ -126,7 +129,8 @@ def slo_bound(
         if term in requested:
             stat = per_request.mean() if pct is None else np.percentile(per_request, pct)
             bounds[term] = float(stat)
-    if "tpot_p99_s" in requested:
-        bounds["tpot_p99_s"] = tpot
+    for term in ("tpot_p99_s", "tbt_p99_s"):
+        if term in requested:
+            bounds[term] = tpot
     share = float(hit.sum() / max(int(inputs.sum()), 1))
     return SLOBound(bounds, requested, tp, share)

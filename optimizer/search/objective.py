@@ -38,7 +38,12 @@ def slo_violations(metrics: Metrics, slo: SLO) -> dict[str, float]:
         bound = getattr(slo, term)
         if bound is not None:
             value = getattr(metrics, term)
-            out[term] = math.inf if math.isnan(value) else value - bound
+            if term == "tbt_p99_s" and value is not None and math.isnan(value):
+                out[term] = -bound  # no served request of two tokens: no interval to bound
+            elif value is None or math.isnan(value):
+                out[term] = math.inf
+            else:
+                out[term] = value - bound
     incomplete = metrics.early_stopped or metrics.n_rejected > 0 or metrics.n_served == 0
     out["completion"] = 1.0 if incomplete else 0.0
     return out

@@ -54,6 +54,7 @@ SLO_ALIASES = {
     "ttft_p99": "ttft_p99_s",
     "ttft_p999": "ttft_p999_s",
     "tpot_p99": "tpot_p99_s",
+    "tbt_p99": "tbt_p99_s",
 }
 
 

@@ -8,6 +8,8 @@ metrics on every trace.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from kvtier.errors import InputError
 from kvtier.hardware.types import Hardware, ModelProfile
 from kvtier.policy.model import SLO, Policy
@@ -20,6 +22,12 @@ from kvtier.trace.blocked import BlockedTrace
 
 ENGINES = ("numba", "reference")
 
+
+def tracks_tbt(slo: SLO | None) -> bool:
+    """Whether judging a replay by ``slo`` needs each request's TBT tail."""
+    return slo is not None and slo.tbt_p99_s is not None
+
+
 __all__ = [
     "ENGINES",
     "Metrics",
@@ -31,6 +39,7 @@ __all__ = [
     "replay_metrics",
     "simulate",
     "simulate_raw",
+    "tracks_tbt",
 ]
 
 
@@ -42,8 +51,14 @@ def simulate_raw(
     slo: SLO | None = None,
     stop_early: bool = False,
     check_invariants: bool = False,
+    track_tbt: bool = False,
 ) -> RawResult:
-    """Per-request times from one engine; ``stop_early`` acts only with a non-empty ``slo``."""
+    """Per-request times from one engine; ``stop_early`` acts only with a non-empty ``slo``.
+
+    Token intervals (``RawResult.tbt_tail_s``) are tracked with ``track_tbt`` or
+    ``cfg.track_tbt``, and always when ``slo`` bounds the TBT (its check needs them)."""
+    if track_tbt or tracks_tbt(slo):
+        cfg = replace(cfg, track_tbt=True)
     use_slo = stop_early and slo is not None and not slo.is_empty()
     check = SloCheck.from_slo(slo) if use_slo else None
     if engine == "numba":
@@ -62,11 +77,14 @@ def simulate(
     engine: str = "numba",
     slo: SLO | None = None,
     stop_early: bool = False,
+    track_tbt: bool = False,
 ) -> Metrics:
     """Replay ``trace`` on ``hardware`` serving ``model`` under ``policy``.
 
     ``slo`` defaults to the policy's. With ``stop_early`` the run ends as soon as that SLO is
     certainly missed (``Metrics.early_stopped``), which is all an optimizer needs to know.
+    ``track_tbt`` records token intervals (``Metrics.tbt_p50_s``, ``tbt_p99_s``); an SLO
+    with ``tbt_p99_s`` turns it on.
     """
     if trace.block_tokens != policy.block_tokens:
         raise InputError(
@@ -75,7 +93,9 @@ def simulate(
         )
     slo = slo if slo is not None else policy.slo
     cfg = build_config(hardware, model, policy)
-    raw = simulate_raw(trace, cfg, engine=engine, slo=slo, stop_early=stop_early)
+    raw = simulate_raw(
+        trace, cfg, engine=engine, slo=slo, stop_early=stop_early, track_tbt=track_tbt
+    )
     return replay_metrics(trace, raw, cfg, hardware, slo=slo, engine=engine)[0]
 
 
@@ -94,8 +114,6 @@ def replay_metrics(
     time, in ``raw.arrival_s``). SSD wear is charged as cost; the step-time backend that
     produced the iterations and its share of extrapolated ones are recorded.
     """
-    from dataclasses import replace
-
     from kvtier.sim.tier_stats import tier_stats
 
     if cfg.concurrency and raw.arrival_s is not None:

@@ -74,6 +74,9 @@ class SimConfig:
     # seconds per request outside the engine (HTTP, tokenization, detokenization), added to
     # the first-token and finish times a client sees (kvtier.sim.steptime.frontend)
     frontend_s: float = 0.0
+    # record each request's token intervals for its TBT tail (RawResult.tbt_tail_s); off, the
+    # replay does no per-token work for it
+    track_tbt: bool = False
 
     def timing_params(self) -> np.ndarray:
         """The packed step-time array both simulators read (layout: :mod:`kvtier.sim.timing`),

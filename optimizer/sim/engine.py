@@ -34,7 +34,7 @@ from kvtier.policy.registries import (
 from kvtier.sim.config import SimConfig
 from kvtier.sim.nb import AHEAD, HbmPools, Outputs, Params, Requests, simulate_nb
 from kvtier.sim.nb_tiers import LinkState, TierParams, TierPools, fill_rows_nb
-from kvtier.sim.result import RawResult, SloCheck, end_time
+from kvtier.sim.result import RawResult, SloCheck, end_time, tbt_tail_counts
 from kvtier.sim.routing import kv_route_weights
 from kvtier.sim.steptime.pack import validate_timing
 from kvtier.sim.tiers import MAX_PATH, TierConfig, recompute_costs
@@ -190,8 +190,8 @@ def simulate_engine(
     tb = kernel_blocks(total_blocks(trace, cfg.block_tokens), fit)
     n_refs = _check_counts(trace, cfg, tb, n_shared, ring_len)
     slo_on = slo is not None
-    thr = slo.thresholds() if slo is not None else np.full(4, np.inf)
-    lim = slo.limits(n) if slo is not None else np.ones(3, dtype=np.int64)
+    thr = slo.thresholds() if slo is not None else np.full(5, np.inf)
+    lim = slo.limits(n) if slo is not None else np.ones(4, dtype=np.int64)
     costs = None
     if cfg.tiers is not None and "gdsf" in cfg.tiers.evictions:
         costs = recompute_costs(
@@ -239,6 +239,7 @@ def simulate_engine(
         _route_weights(cfg),
         int(cfg.scheduler),
         marks,
+        bool(cfg.track_tbt),
         *pd_params,
     )
     out = Outputs(
@@ -254,6 +255,7 @@ def simulate_engine(
         preempted_tokens=np.zeros(n, dtype=np.int64),
         decode_instance=np.full(n, -1, dtype=np.int64),
         kv_transfer_s=np.zeros(n, dtype=np.float64),
+        **_tbt_arrays(trace, cfg.track_tbt),
     )
     # disaggregated: a second slot region holds the prefill slots of handed-over requests
     pools = _hbm_pools(cfg, cap, n_shared, ring_len, n_refs * (2 if cfg.n_prefill > 0 else 1), kept)
@@ -277,8 +279,46 @@ def simulate_engine(
         preempted_tokens=out.preempted_tokens,
         decode_instance=out.decode_instance if cfg.n_prefill > 0 else None,
         kv_transfer_s=out.kv_transfer_s if cfg.n_prefill > 0 else None,
+        tbt_tail_s=out.tbt_tail if cfg.track_tbt else None,
         **_tier_result(cfg.tiers, lk, out.load_s),
     )
+
+
+# the most intervals the TBT tails keep in all (8 bytes each): a tenth of the output tokens
+MAX_TBT_ENTRIES = 1 << 31
+
+
+def _tbt_arrays(trace: BlockedTrace, track: bool) -> dict[str, np.ndarray]:
+    """The TBT-tail fields of :class:`Outputs` (kvtier.sim.nb_tbt): with ``track``, each
+    request's slice of the interval heap (``tbt_tail_counts``, checked: 0 <= k <= L - 1, in
+    all below :data:`MAX_TBT_ENTRIES`); empty arrays otherwise (the kernel reads none)."""
+    n = trace.n_requests
+    if not track:
+        empty = np.zeros(0)
+        return {
+            "tbt_tail": empty,
+            "tbt_heap": empty,
+            "tbt_off": np.zeros(0, dtype=np.int64),
+            "tbt_count": np.zeros(0, dtype=np.int64),
+            "tbt_last": empty,
+        }
+    k = tbt_tail_counts(trace.output_tokens)
+    if len(k) != n or (k < 0).any() or (k > np.maximum(trace.output_tokens - 1, 0)).any():
+        raise ValueError("TBT tail counts must be 0 <= k <= output_tokens - 1 per request")
+    off = np.zeros(n + 1, dtype=np.int64)
+    np.cumsum(k, out=off[1:])
+    if off[-1] > MAX_TBT_ENTRIES:
+        raise InputError(
+            f"{int(off[-1]):,} token intervals to keep for the TBT tails is too many; "
+            "replay without tracking TBT or a shorter trace"
+        )
+    return {
+        "tbt_tail": np.full(n, np.nan),
+        "tbt_heap": np.zeros(int(off[-1])),
+        "tbt_off": off,
+        "tbt_count": np.zeros(n, dtype=np.int64),
+        "tbt_last": np.zeros(n),
+    }
 
 
 def _pool_params(cfg: SimConfig) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:

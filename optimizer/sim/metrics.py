@@ -4,7 +4,10 @@ Definitions (docs/design.md 4.2, 4.6): TTFT = first token - arrival; TPOT = (fin
 max(1, output_tokens - 1), over every served request; E2E = finish - arrival. Percentiles are
 ``numpy.quantile(x, q, method="linear")`` over served requests. Throughput counts served
 requests and their input + output tokens over the span from the first arrival to the last
-finish. ``cost_per_mtok = cost_per_hour / (tokens per hour / 1e6)``.
+finish. ``cost_per_mtok = cost_per_hour / (tokens per hour / 1e6)``. TBT (when the replay
+tracked it, ``RawResult.tbt_tail_s``; None otherwise): per request, the mean of its longest
+10% token intervals (Mooncake FAST'25 section 5.1, docs/model.md); ``tbt_p50_s`` and
+``tbt_p99_s`` are its quantiles over the served requests with two tokens or more.
 """
 
 from __future__ import annotations
@@ -70,6 +73,10 @@ class Metrics:
     # the computed KV tokens those preemptions discarded (computed again unless found cached)
     preemptions: int = 0
     preempted_tokens: int = 0
+    # quantiles of the per-request TBT tail (None: the replay did not track token intervals;
+    # NaN: no served request has two tokens)
+    tbt_p50_s: float | None = None
+    tbt_p99_s: float | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -120,6 +127,29 @@ def request_ttft(trace: BlockedTrace, raw: RawResult) -> np.ndarray:
 def request_tpot(trace: BlockedTrace, raw: RawResult) -> np.ndarray:
     """Per request, (finish - first token) / max(1, output_tokens - 1) (NaN if unfinished)."""
     return (raw.finish_s - raw.first_token_s) / np.maximum(1, trace.output_tokens - 1)
+
+
+def effective_share(
+    trace: BlockedTrace, raw: RawResult, ttft_max_s: float, tbt_max_s: float
+) -> float:
+    """Mooncake's effective request share (FAST'25, 5.1): of all requests, those whose TTFT is
+    at most ``ttft_max_s`` and whose TBT tail is at most ``tbt_max_s``. A rejected or
+    unfinished request fails; a served one of a single token has no interval and meets the
+    TBT bound. Needs a replay that tracked token intervals."""
+    if raw.tbt_tail_s is None:
+        raise ValueError("effective_share needs a replay with track_tbt (RawResult.tbt_tail_s)")
+    n = trace.n_requests
+    if not n:
+        return math.nan
+    ttft_ok = np.nan_to_num(request_ttft(trace, raw), nan=math.inf) <= ttft_max_s
+    return float((ttft_ok & _meets_tbt(trace, raw, tbt_max_s, raw.tbt_tail_s)).mean())
+
+
+def _meets_tbt(trace: BlockedTrace, raw: RawResult, bound: float, tail: np.ndarray) -> np.ndarray:
+    """Per request: served, and its TBT tail within ``bound`` (no interval: within)."""
+    served = ~np.isnan(raw.finish_s)
+    single = trace.output_tokens < 2
+    return served & (single | (np.nan_to_num(tail, nan=math.inf) <= bound))
 
 
 def compute_metrics(
@@ -183,6 +213,10 @@ def compute_metrics(
     busy = float(raw.busy_s.sum()) / (n_inst * duration) if duration > 0 and n_inst else math.nan
     cost_mtok = cost_per_hour / (tps * 3600 / 1e6) if tps and tps > 0 else math.inf
     ttft_p50, ttft_p90, ttft_p99, ttft_p999 = _quantiles(ttft, (0.5, 0.9, 0.99, 0.999))
+    tbt_p50 = tbt_p99 = None
+    if raw.tbt_tail_s is not None:
+        tail = raw.tbt_tail_s[served & (out >= 2)]
+        tbt_p50, tbt_p99 = _quantiles(tail, (0.5, 0.99))
     metrics = Metrics(
         n_requests=n,
         n_served=n_served,
@@ -211,6 +245,8 @@ def compute_metrics(
         preempted_tokens=(
             int(raw.preempted_tokens.sum()) if raw.preempted_tokens is not None else 0
         ),
+        tbt_p50_s=tbt_p50,
+        tbt_p99_s=tbt_p99,
         **tier_fields,
     )
     if slo is None or slo.is_empty():
@@ -228,10 +264,15 @@ def _with_slo(
         (slo.ttft_p999_s, m.ttft_p999_s),
         (slo.tpot_p99_s, m.tpot_p99_s),
     ]
+    if slo.tbt_p99_s is not None and raw.tbt_tail_s is None:
+        raise ValueError("an SLO with tbt_p99_s needs a replay that tracked token intervals")
+    # no served request of two tokens: no interval, the TBT bound holds vacuously
+    tbt_ok = slo.tbt_p99_s is None or m.tbt_p99_s is None or not (m.tbt_p99_s > slo.tbt_p99_s)
     met = (
         not raw.early_stopped
         and m.n_served == m.n_requests
         and all(bound is None or value <= bound for bound, value in checks)
+        and tbt_ok
     )
     ttft_bounds = [b for b in (slo.ttft_p99_s, slo.ttft_p999_s, slo.ttft_mean_s) if b is not None]
     ok = ~np.isnan(raw.finish_s)
@@ -241,5 +282,7 @@ def _with_slo(
         gen = raw.finish_s - raw.first_token_s
         tpot = gen / np.maximum(1, trace.output_tokens - 1)
         ok &= np.nan_to_num(tpot, nan=math.inf) <= slo.tpot_p99_s
+    if slo.tbt_p99_s is not None and raw.tbt_tail_s is not None:
+        ok &= _meets_tbt(trace, raw, slo.tbt_p99_s, raw.tbt_tail_s)
     attainment = float(ok.mean()) if len(ok) else math.nan
     return Metrics(**{**m.__dict__, "slo_met": met, "slo_attainment": attainment})

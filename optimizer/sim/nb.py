@@ -67,6 +67,7 @@ from kvtier.policy.registries import (
     WRITE_BACK,
     WRITE_SELECTIVE,
 )
+from kvtier.sim.nb_tbt import tbt_tail_nb, tbt_token_nb
 from kvtier.sim.nb_tiers import (
     LinkState,
     TierParams,
@@ -340,14 +341,15 @@ class Params(NamedTuple):
     capacities: np.ndarray  # i8 (n_instances,)
     fit_blocks: int
     slo_on: bool
-    slo_thresholds: np.ndarray  # f8 (4,): mean, p99, p999 TTFT bounds, p99 TPOT bound
-    slo_limits: np.ndarray  # i8 (3,): over-limits for p99, p999 TTFT and p99 TPOT
+    slo_thresholds: np.ndarray  # f8 (5,): mean, p99, p999 TTFT bounds, p99 TPOT, p99 TBT
+    slo_limits: np.ndarray  # i8 (4,): over-limits for p99, p999 TTFT, p99 TPOT and p99 TBT
     prefix_caching: bool  # serving.prefix_caching (off: no HBM prefix hits)
     concurrency: int  # closed-loop load generator: requests in flight (0: open loop)
     kv_overlap_weight: float  # kv_aware router: weight of the prompt blocks left to prefill
     route_w: np.ndarray  # f8 (n_tiers, n_instances): kv_aware weight of a lower-tier hit
     scheduler: int  # RESERVE (whole footprint at admission), VLLM_V1 or VLLM_V0 (grow, preempt)
     watermarks: np.ndarray  # i8 (n_instances,) vllm_v1: free blocks an admission leaves
+    track_tbt: bool  # record token intervals (Outputs.tbt_*; kvtier.sim.nb_tbt)
     n_prefill: int  # disaggregated: instances [0, n_prefill) prefill, the rest decode (0: none)
     # the P/D transfer (kvtier.sim.pd.PdConfig): paths [prefill, decode, j], links, connector
     pd_path: np.ndarray  # i8 (K, K, P)
@@ -401,6 +403,14 @@ class Outputs(NamedTuple):
     preempted_tokens: np.ndarray  # i8 (n,), zero: computed KV tokens its preemptions discarded
     decode_instance: np.ndarray  # i8 (n,), -1-filled: its decode instance (disaggregated)
     kv_transfer_s: np.ndarray  # f8 (n,), zero: prefill end to its KV's arrival there
+    # track_tbt (else empty): each request's TBT tail (NaN-filled), its longest intervals
+    # (tbt_heap[tbt_off[i]:tbt_off[i + 1]], a min-heap of tbt_count[i]) and its last token's
+    # time (kvtier.sim.nb_tbt)
+    tbt_tail: np.ndarray  # f8 (n,)
+    tbt_heap: np.ndarray  # f8 (tbt_off[n],)
+    tbt_off: np.ndarray  # i8 (n + 1,)
+    tbt_count: np.ndarray  # i8 (n,), zero
+    tbt_last: np.ndarray  # f8 (n,)
 
 
 class RequestState(NamedTuple):
@@ -483,13 +493,15 @@ class Buffers(NamedTuple):
 
 # Fields of the replay-wide counters (``Tally.ints``): the round-robin turn, iterations begun,
 # the admission stamp, and the SLO counts (rejected, TTFT over the p99 and p99.9 bounds, TPOT
-# over its bound), as :class:`kvtier.sim.result.SloTracker` keeps them.
+# over its bound; C_OVER_TBT: TBT tails over theirs), as :class:`kvtier.sim.result.SloTracker`
+# keeps them.
 # The closed-loop load generator's requests in flight (C_IN_FLIGHT) and, in ``Tally.ttft_sum[1]``,
 # when the last slot freed.
 # C_EXTRAP: iterations whose measured step time used values beyond the measured data.
 C_RR, C_ITER, C_STAMP, C_REJECTED, C_OVER_P99, C_OVER_P999, C_OVER_TPOT, C_IN_FLIGHT = range(8)
 C_EXTRAP = 8
-N_COUNTERS = 9
+C_OVER_TBT = 9
+N_COUNTERS = 10
 
 
 class Tally(NamedTuple):
@@ -541,6 +553,8 @@ def first_token_nb(i: int, now: float, rq: Requests, prm: Params, out: Outputs, 
     ints = ty.ints
     seen = now + prm.timing[T_FRONTEND]  # the client sees it the front-end cost later
     first_token[i] = seen
+    if prm.track_tbt:
+        out.tbt_last[i] = seen
     if prm.slo_on:
         ttft = seen - arrival[i]
         ttft_sum[0] += ttft
@@ -587,6 +601,11 @@ def finish_nb(
             d = 1
         if (seen - first_token[i]) / d > slo_thresholds[3]:
             ints[C_OVER_TPOT] += 1
+    if prm.track_tbt:
+        tail = tbt_tail_nb(i, out.tbt_heap, out.tbt_off, out.tbt_count)
+        out.tbt_tail[i] = tail
+        if prm.slo_on and tail > slo_thresholds[4]:
+            ints[C_OVER_TBT] += 1
     _release_nb(
         sl, rings, slots, ring_head, ring_count, free_len, k,
         prm.ring_len, slot_off[i], slot_off[i] + rs.held[i],
@@ -637,6 +656,7 @@ def end_iteration_nb(
     saving = ist.saving
     busy_until = ist.busy_until
     target = rs.target
+    fe = prm.timing[T_FRONTEND]  # a token is seen the front-end cost after its step
     if saving[k]:
         # the step's blocking stores have finished: its tokens are emitted now
         saving[k] = False
@@ -685,10 +705,16 @@ def end_iteration_nb(
                     done = True
             elif kv[i] == target[i]:  # a preempted request has recomputed its KV
                 generated[i] += 1
+                if prm.track_tbt:
+                    tbt_token_nb(i, now + fe, out.tbt_heap, out.tbt_off, out.tbt_count,
+                                 out.tbt_last)  # fmt: skip
                 if generated[i] >= output_tokens[i]:
                     done = True
         else:
             generated[i] += 1
+            if prm.track_tbt:
+                tbt_token_nb(i, now + fe, out.tbt_heap, out.tbt_off, out.tbt_count,
+                             out.tbt_last)  # fmt: skip
             if generated[i] >= output_tokens[i]:
                 done = True
         if done:
@@ -717,6 +743,7 @@ def slo_missed_nb(prm: Params, ty: Tally, n: int) -> bool:
         or c[C_OVER_P99] >= prm.slo_limits[0]
         or c[C_OVER_P999] >= prm.slo_limits[1]
         or c[C_OVER_TPOT] >= prm.slo_limits[2]
+        or c[C_OVER_TBT] >= prm.slo_limits[3]
     )
 
 
@@ -1147,9 +1174,15 @@ def seen_first_nb(
     i: int, rq: Requests, rs: RequestState, prm: Params, out: Outputs, ty: Tally
 ) -> None:
     """Handed-over request ``i``'s first iteration on its decode instance has ended: its first
-    token was seen at its KV's arrival (the reference's ``seen_first``)."""
+    token was seen at its KV's arrival (the reference's ``seen_first``). When that iteration
+    ended decode steps run ahead (``run_ahead_nb``, which counted its intervals from the KV's
+    arrival), its last token's time stays."""
     rs.pd_first[i] = False
+    ahead = prm.track_tbt and rs.generated[i] > 1
+    last = out.tbt_last[i] if ahead else 0.0
     first_token_nb(i, rs.ready[i], rq, prm, out, ty)
+    if ahead:
+        out.tbt_last[i] = last
     out.kv_transfer_s[i] = rs.ready[i] - rs.handed_at[i]
 
 
@@ -1389,6 +1422,13 @@ def run_ahead_nb(
         for r in range(B, 0, -1):  # back to each group's start
             bk_start[r] = bk_start[r - 1]
         bk_start[0] = 0
+    if prm.track_tbt:
+        # a handed-over request's first token is at its KV's arrival, though recorded only at
+        # the end of its first step there (seen_first_nb), which may be the last step here
+        for idx in range(m):
+            i = running[k, sched_pos[k, idx]]
+            if rs.pd_first[i]:
+                out.tbt_last[i] = rs.ready[i] + prm.timing[T_FRONTEND]
     s = 0
     while s < steps_left - 1 and t + dt < t_next:
         if alloc:
@@ -1409,6 +1449,11 @@ def run_ahead_nb(
             ist.free_len[k] -= e
         busy_s[k] += dt
         t += dt
+        if prm.track_tbt:  # every request of the batch emits a token at the step's end
+            seen = t + prm.timing[T_FRONTEND]
+            for idx in range(m):
+                tbt_token_nb(running[k, sched_pos[k, idx]], seen, out.tbt_heap, out.tbt_off,
+                             out.tbt_count, out.tbt_last)  # fmt: skip
         s += 1
         attn += 2 * m
         kv_read += m

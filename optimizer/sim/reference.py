@@ -73,6 +73,12 @@ the instance's cache (unless that id is already cached: then its slot stays anon
 request whose prompt completes emits its first token at the iteration's end; each decode step
 emits one more; after ``max(output, 1)`` tokens it finishes and frees its slots.
 
+Token intervals (``cfg.track_tbt``). A request's first token is at its recorded first-token
+time; each later token at the end (plus the front-end cost) of the iteration that emitted it,
+on whichever instance; the interval between two tokens is the difference. Its TBT tail is the
+mean of its ``ceil(TBT_TAIL_SHARE * (L - 1))`` longest intervals (``L`` its output tokens),
+summed in ascending order, at its finish (NaN below two tokens).
+
 Front end. The client sees a request's first token, and its finish, the per-request front-end
 cost (``T_FRONTEND`` of the step-time array: HTTP, tokenization, detokenization) after the
 iteration that produced it; the recorded times are those. The engine does not wait for it; a
@@ -81,6 +87,7 @@ closed-loop client's freed slot (``gate``) does.
 
 from __future__ import annotations
 
+import heapq
 from collections import OrderedDict, deque
 from dataclasses import dataclass, field
 
@@ -89,7 +96,7 @@ import numpy as np
 from kvtier.policy.registries import KV_AWARE, LEAST_LOADED, RESERVE, ROUND_ROBIN, VLLM_V0
 from kvtier.sim.config import SimConfig
 from kvtier.sim.reference_tiers import LowerTiers
-from kvtier.sim.result import RawResult, SloCheck, end_time
+from kvtier.sim.result import RawResult, SloCheck, end_time, tbt_tail_counts
 from kvtier.sim.routing import kv_route_weights
 from kvtier.sim.tiers import recompute_costs
 from kvtier.sim.timing import (
@@ -306,6 +313,39 @@ def simulate_reference(
     n_extrap = 0  # iterations whose measured step time was extrapolated
     early = False
     now = 0.0
+    track = cfg.track_tbt  # token intervals (RawResult.tbt_tail_s)
+    tail_k = [int(x) for x in tbt_tail_counts(trace.output_tokens)] if track else []
+    tails: list[list[float]] = [[] for _ in range(n)] if track else []  # min-heaps
+    last_token = [0.0] * n if track else []  # when each request's last token was seen
+    tbt_out = np.full(n, np.nan) if track else None
+
+    def token(req: Request, t: float) -> None:
+        """``req`` emitted a token after its first in the iteration ending at ``t``: its
+        interval joins the request's longest ones (a min-heap of ``tail_k`` values)."""
+        if not track:
+            return
+        i = req.idx
+        seen = t + fe
+        x = seen - last_token[i]
+        last_token[i] = seen
+        h = tails[i]
+        if len(h) < tail_k[i]:
+            heapq.heappush(h, x)
+        elif tail_k[i] > 0 and x > h[0]:
+            heapq.heapreplace(h, x)
+
+    def tbt_tail(req: Request) -> None:
+        """At ``req``'s finish: the mean of its longest intervals, summed in ascending order
+        (as the kernel does), counted by the SLO."""
+        i = req.idx
+        if not track or tail_k[i] == 0:
+            return
+        s = 0.0
+        for v in sorted(tails[i]):
+            s += v
+        tbt_out[i] = s / tail_k[i]
+        if tracker is not None:
+            tracker.tbt(tbt_out[i])
 
     def next_arrival() -> float:
         """When request ``nxt`` is sent (closed loop: once a slot is free)."""
@@ -736,6 +776,8 @@ def simulate_reference(
         front-end cost later (SLO counts)."""
         seen = t + fe
         first[req.idx] = seen
+        if track:
+            last_token[req.idx] = seen
         if tracker is not None:
             tracker.first_token(seen - req.arrival)
 
@@ -748,6 +790,7 @@ def simulate_reference(
         finish_s[req.idx] = seen
         if tracker is not None:
             tracker.finished(seen - first[req.idx], req.output_tokens)
+        tbt_tail(req)
         inst.pool.release(req.slots)
         inst.active_blocks -= -(-req.input_tokens // B)
 
@@ -791,10 +834,12 @@ def simulate_reference(
                         done.append(req)
                 elif req.kv == req.target:  # a preempted request has recomputed its KV
                     req.generated += 1
+                    token(req, t)
                     if req.generated >= req.output_tokens:
                         done.append(req)
             else:
                 req.generated += 1
+                token(req, t)
                 if req.generated >= req.output_tokens:
                     done.append(req)
             if done and done[-1] is req:
@@ -844,5 +889,6 @@ def simulate_reference(
         preempted_tokens=preempted_tok,
         decode_instance=decode_of,
         kv_transfer_s=pd_s,
+        tbt_tail_s=tbt_out,
         **(lower.result(load_s) if lower is not None else {}),
     )

@@ -21,7 +21,10 @@ tests compare it row by row). Columns:
 - disaggregated replays only (some request handed over): ``decode_instance`` (-1: it
   never left its prefill instance) and ``kv_transfer_s``, seconds from its prefill's end to
   its KV's arrival on the decode instance (waiting for decode blocks included; null when not
-  handed over or its KV had not arrived when the replay stopped).
+  handed over or its KV had not arrived when the replay stopped);
+- replays that tracked token intervals only (``track_tbt``): ``tbt_tail_s``, the mean of the
+  request's longest 10% token intervals (``RawResult.tbt_tail_s``), null below two tokens or
+  when not finished.
 """
 
 from __future__ import annotations
@@ -97,6 +100,8 @@ def request_table(
     if dec is not None and raw.kv_transfer_s is not None and bool((dec >= 0).any()):
         columns["decode_instance"] = pa.array(dec, type=i8)
         columns["kv_transfer_s"] = _nullable(raw.kv_transfer_s, (dec >= 0) & has_first, f8)
+    if raw.tbt_tail_s is not None:
+        columns["tbt_tail_s"] = _nullable(raw.tbt_tail_s, ~np.isnan(raw.tbt_tail_s), f8)
     return pa.table(columns)
 
 

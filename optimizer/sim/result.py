@@ -3,17 +3,33 @@
 Both simulators return a :class:`RawResult` (per-request times as arrays); the same function
 then computes :class:`kvtier.sim.metrics.Metrics` from it, so the two can only differ in the
 times themselves. :class:`SloCheck` decides when a run has *provably* missed its SLO, with
-integer limits computed here once for both simulators.
+integer limits computed here once for both simulators. :func:`tbt_tail_counts` sizes the
+per-request time-between-tokens tails (:data:`TBT_TAIL_SHARE`) both simulators keep.
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from fractions import Fraction
 
 import numpy as np
 
 from kvtier.policy.model import SLO
+
+# The share of a request's token intervals whose mean is its TBT: Mooncake (FAST'25, section
+# 5.1 "Metric") judges each request by "the average of the longest 10% of the token arrival
+# intervals" (docs/sources.md, [Mooncake-FAST25]).
+TBT_TAIL_SHARE = 0.1
+
+
+def tbt_tail_counts(output_tokens: np.ndarray) -> np.ndarray:
+    """Per request, how many of its longest token intervals its TBT averages (int64):
+    ``ceil(TBT_TAIL_SHARE * (L - 1))``, 0 for ``L < 2``, computed in integers (``0.1 * 30`` is
+    ``3.0000000000000004`` in floats, whose ceiling would be 4)."""
+    share = Fraction(str(TBT_TAIL_SHARE))
+    gaps = np.maximum(np.asarray(output_tokens, dtype=np.int64) - 1, 0)
+    return -(-(gaps * share.numerator) // share.denominator)
 
 
 @dataclass(frozen=True)
@@ -51,6 +67,9 @@ class RawResult:
     # seconds from its prefill's end to its KV's arrival there (None: aggregated)
     decode_instance: np.ndarray | None = None
     kv_transfer_s: np.ndarray | None = None
+    # float64 (n,): each request's mean of its longest TBT_TAIL_SHARE of token intervals (NaN
+    # below two tokens, rejected or unfinished); None when the replay did not track it
+    tbt_tail_s: np.ndarray | None = None
 
 
 def end_time(finish_s: np.ndarray, early_stopped: bool, now: float) -> float:
@@ -69,24 +88,33 @@ class SloCheck:
     ``q`` over ``n`` requests, ``numpy.quantile(..., method="linear")`` is at least the sorted
     value at ``k = floor((n - 1) * q)``; once ``n - k`` values exceed the threshold, that value
     does too, whatever the remaining requests do. The mean TTFT is missed once the TTFTs seen
-    so far, divided by ``n``, exceed its bound (TTFTs are never negative).
+    so far, divided by ``n``, exceed its bound (TTFTs are never negative). The TBT percentile
+    is over the requests with two tokens or more (``m <= n``); its limit counts all ``n``,
+    which is at least the limit for ``m``, so a stop on it is still certain.
     """
 
     ttft_mean_s: float
     ttft_p99_s: float
     ttft_p999_s: float
     tpot_p99_s: float
+    tbt_p99_s: float = math.inf
 
     @classmethod
     def from_slo(cls, slo: SLO) -> SloCheck:
         def f(x: float | None) -> float:
             return math.inf if x is None else float(x)
 
-        return cls(f(slo.ttft_mean_s), f(slo.ttft_p99_s), f(slo.ttft_p999_s), f(slo.tpot_p99_s))
+        return cls(
+            f(slo.ttft_mean_s),
+            f(slo.ttft_p99_s),
+            f(slo.ttft_p999_s),
+            f(slo.tpot_p99_s),
+            f(slo.tbt_p99_s),
+        )
 
     def thresholds(self) -> np.ndarray:
         return np.array(
-            [self.ttft_mean_s, self.ttft_p99_s, self.ttft_p999_s, self.tpot_p99_s],
+            [self.ttft_mean_s, self.ttft_p99_s, self.ttft_p999_s, self.tpot_p99_s, self.tbt_p99_s],
             dtype=np.float64,
         )
 
@@ -97,7 +125,12 @@ class SloCheck:
 
     def limits(self, n: int) -> np.ndarray:
         return np.array(
-            [self.over_limit(n, 0.99), self.over_limit(n, 0.999), self.over_limit(n, 0.99)],
+            [
+                self.over_limit(n, 0.99),
+                self.over_limit(n, 0.999),
+                self.over_limit(n, 0.99),
+                self.over_limit(n, 0.99),
+            ],
             dtype=np.int64,
         )
 
@@ -113,7 +146,8 @@ class SloTracker:
         self.n = n
         self.lim = [int(x) for x in check.limits(n)]
         self.sum_ttft = 0.0
-        self.over = [0, 0, 0]  # ttft > p99 bound, ttft > p999 bound, tpot > p99 bound
+        # ttft > p99 bound, ttft > p999 bound, tpot > p99 bound, tbt tail > p99 bound
+        self.over = [0, 0, 0, 0]
         self.n_rejected = 0
 
     def first_token(self, ttft: float) -> None:
@@ -128,6 +162,11 @@ class SloTracker:
         if tpot > self.check.tpot_p99_s:
             self.over[2] += 1
 
+    def tbt(self, tail: float) -> None:
+        """A finished request's TBT (NaN below two tokens: not counted)."""
+        if tail > self.check.tbt_p99_s:
+            self.over[3] += 1
+
     def rejected(self) -> None:
         self.n_rejected += 1
 
@@ -138,4 +177,5 @@ class SloTracker:
             or self.over[0] >= self.lim[0]
             or self.over[1] >= self.lim[1]
             or self.over[2] >= self.lim[2]
+            or self.over[3] >= self.lim[3]
         )

@@ -1,0 +1,78 @@
+"""Numba kernels of the per-request TBT tail: the longest token intervals of each request.
+
+Request ``i`` keeps its ``k_i = off[i + 1] - off[i]`` longest intervals so far in
+``heap[off[i]:off[i + 1]]``, a min-heap of ``count[i]`` values (the smallest kept one at the
+root, the one a longer interval displaces), and the time its last token was seen in
+``last[i]``. Which slots hold which values may differ from the reference's ``heapq`` list; the
+multiset of the ``k_i`` largest intervals does not, and the mean at the finish sums it in
+ascending order (popping the root), the order the reference sums its sorted list in, so both
+give the same float. The wrapper (:mod:`kvtier.sim.engine`) sizes and checks the arrays; with
+tracking off they are empty and nothing here runs.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit
+
+import kvtier.jitcache  # noqa: F401  (drops kernels compiled against older sources)
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _sift_down_nb(heap: np.ndarray, o: int, size: int, x: float) -> None:
+    """Place ``x`` at the root of the min-heap ``heap[o:o + size]`` and sift it down."""
+    j = 0
+    while True:
+        c = 2 * j + 1
+        if c >= size:
+            break
+        if c + 1 < size and heap[o + c + 1] < heap[o + c]:
+            c += 1
+        if heap[o + c] >= x:
+            break
+        heap[o + j] = heap[o + c]
+        j = c
+    heap[o + j] = x
+
+
+@njit(cache=True, nogil=True, _nrt=False)
+def tbt_token_nb(
+    i: int, seen: float, heap: np.ndarray, off: np.ndarray, count: np.ndarray, last: np.ndarray
+) -> None:
+    """Request ``i``'s next token is seen at ``seen``: its interval joins the longest ones."""
+    x = seen - last[i]
+    last[i] = seen
+    o = off[i]
+    k = off[i + 1] - o
+    c = count[i]
+    if c < k:  # not full: sift up from the end
+        j = c
+        while j > 0:
+            p = (j - 1) // 2
+            if heap[o + p] <= x:
+                break
+            heap[o + j] = heap[o + p]
+            j = p
+        heap[o + j] = x
+        count[i] = c + 1
+    elif k > 0 and x > heap[o]:
+        _sift_down_nb(heap, o, k, x)
+
+
+@njit(cache=True, nogil=True, _nrt=False)
+def tbt_tail_nb(i: int, heap: np.ndarray, off: np.ndarray, count: np.ndarray) -> float:
+    """Request ``i`` finished: the mean of its kept intervals, summed smallest first (the heap
+    is consumed); NaN when it keeps none (fewer than two tokens)."""
+    o = off[i]
+    k = off[i + 1] - o
+    if k == 0:
+        return np.nan
+    size = count[i]
+    s = 0.0
+    while size > 0:
+        s += heap[o]
+        size -= 1
+        if size > 0:
+            _sift_down_nb(heap, o, size, heap[o + size])
+    count[i] = 0
+    return s / k
