@@ -78,7 +78,7 @@ def test_streamed_gzip_and_blank_lines_keep_line_numbers(tmp_path: Path) -> None
     out = str(tmp_path / "s.parquet")
     stream_import_jsonl(str(path), JsonlPlan("mooncake"), out, batch_rows=6)
     _same_file(out, import_trace("mooncake", str(path)).table)
-    bad = [*lines[:30], '{"timestamp": 9e9, "input_length": 600, "output_length": 1}']
+    bad = [*lines[:30], '{"timestamp": 9e9, "input_length": 1024, "output_length": 1}']
     path.write_bytes(gzip.compress(("\n".join(bad) + "\n").encode()))
     with pytest.raises(InputError, match="line 31, column 'hash_ids'"):
         stream_import_jsonl(str(path), JsonlPlan("mooncake"), out, batch_rows=6)
@@ -185,39 +185,40 @@ def _import(path: str, out: Path, *extra: str) -> object:
 
 
 GOOD = [
-    '{"timestamp": 0, "input_length": 600, "output_length": 5, "hash_ids": [0, 1]}',
-    '{"timestamp": 1, "input_length": 600, "output_length": 5, "hash_ids": [0, 2]}',
+    '{"timestamp": 0, "input_length": 1024, "output_length": 5, "hash_ids": [0, 1]}',
+    '{"timestamp": 1, "input_length": 1024, "output_length": 5, "hash_ids": [0, 2]}',
 ]
 
 
 @pytest.mark.parametrize(
     ("bad", "needles"),
     [
-        ('{"timestamp": 2, "input_length": 600, "output_length": 5', ["malformed JSON"]),
+        ('{"timestamp": 2, "input_length": 1024, "output_length": 5', ["malformed JSON"]),
         (
             '{"timestamp": 2, "input_length": "x", "output_length": 5, "hash_ids": [0, 1]}',
             ["column 'input_length'"],
         ),  # fmt: skip
         (
-            '{"timestamp": 2, "input_length": 600, "output_length": 5, "hash_ids": [0]}',
+            '{"timestamp": 2, "input_length": 1024, "output_length": 5, "hash_ids": [0]}',
             ["column 'hash_ids'", "expected ceil"],
         ),  # fmt: skip
         (
-            '{"timestamp": 2, "input_length": 600, "output_length": 5, "hash_ids": [0, -3]}',
+            '{"timestamp": 2, "input_length": 1024, "output_length": 5, "hash_ids": [0, -3]}',
             ["column 'hash_ids'", "negative hash"],
         ),  # fmt: skip
         (
-            '{"timestamp": 0.5, "input_length": 600, "output_length": 5, "hash_ids": [0, 3]}',
+            '{"timestamp": 0.5, "input_length": 1024, "output_length": 5, "hash_ids": [0, 3]}',
             ["column 'timestamp'", "arrival order"],
         ),  # fmt: skip
-        # block 1 first sits at position 1 after block 0 (line 1), here after block 2: the
-        # violation spans the batch boundary
+        # block 1 first sits at position 1 after block 0 (line 1), here after block 3: the
+        # violation spans the batch boundary (full blocks: a partial last block's hash is
+        # checked within its batch only)
         (
-            '{"timestamp": 2, "input_length": 600, "output_length": 5, "hash_ids": [3, 1]}',
+            '{"timestamp": 2, "input_length": 1024, "output_length": 5, "hash_ids": [3, 1]}',
             ["column 'hash_ids'", "different parent hash"],
         ),  # fmt: skip
         (
-            '{"timestamp": 2, "input_length": 600, "output_length": 5, "hash_ids": [1, 5]}',
+            '{"timestamp": 2, "input_length": 1024, "output_length": 5, "hash_ids": [1, 5]}',
             ["column 'hash_ids'", "also appears at block 1"],
         ),  # fmt: skip
     ],
@@ -305,3 +306,13 @@ def test_streamed_and_in_memory_agree_for_any_batch_size(
     out = str(tmp_path / "h.parquet")
     stream_import_jsonl(path, JsonlPlan("mooncake"), out, batch_rows=batch_rows)
     _same_file(out, import_trace("mooncake", path).table)
+
+
+def test_partial_last_blocks_are_chained_within_their_batch(tmp_path: Path) -> None:
+    rows = [
+        '{"timestamp": 0, "input_length": 600, "output_length": 5, "hash_ids": [0, 1]}',
+        '{"timestamp": 1, "input_length": 600, "output_length": 5, "hash_ids": [3, 1]}',
+    ]
+    path = _write(tmp_path / "m.jsonl", rows)
+    result = _import(path, tmp_path / "o.parquet", "--batch-rows", "2")
+    assert_one_line_error(result, "m.jsonl", "line 2", "column 'hash_ids'", "different parent")

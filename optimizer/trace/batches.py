@@ -39,14 +39,13 @@ def validate_batch(
     raw: pa.Table, block_tokens: int, has_prefix: bool, path: str, row0: int
 ) -> pa.Table:
     """:func:`validate_table` of one batch whose first row is ``row0`` of the trace (errors
-    name the row from the trace's start); chaining is left to :class:`CrossChecks`."""
+    name the row from the trace's start); what spans batches is :class:`CrossChecks`'s."""
     try:
         return validate_table(
             raw,
             block_tokens=block_tokens,
             path=path,
             has_prefix_info=has_prefix,
-            check_chaining=False,
         )
     except InputError as err:
         if err.row is not None:
@@ -59,8 +58,8 @@ class CrossChecks:
     """The checks of a trace read by batches that span batches: chaining of hashes, unique
     request ids (created on first use; numba is imported only then)."""
 
-    def __init__(self, has_prefix: bool, has_ids: bool) -> None:
-        self.has_prefix, self.has_ids = has_prefix, has_ids
+    def __init__(self, block_tokens: int, has_prefix: bool, has_ids: bool) -> None:
+        self.block_tokens, self.has_prefix, self.has_ids = block_tokens, has_prefix, has_ids
         self.chain: ChainCheck | None = None
         self.unique: UniqueCheck | None = None
 
@@ -73,7 +72,8 @@ class CrossChecks:
             col = table.column("block_hashes").combine_chunks()
             offsets = col.offsets.to_numpy().astype(np.int64)
             values = col.values.to_numpy(zero_copy_only=False)[offsets[0] : offsets[-1]]
-            self.chain.check(offsets - offsets[0], values, row0=row0, path=path)
+            full = table.column("input_tokens").to_numpy() // self.block_tokens
+            self.chain.check(offsets - offsets[0], values, full, row0=row0, path=path)
         if self.has_ids and "request_id" in table.column_names:
             self.unique = self.unique or UniqueCheck()
             self.unique.check(table.column("request_id"), row0=row0, path=path, column="request_id")
@@ -185,7 +185,7 @@ def iter_batches(
     has_prefix = trace.has_prefix_info
     row0 = 0
     last = -math.inf
-    checks = CrossChecks(has_prefix, "request_id" in trace.schema.names)
+    checks = CrossChecks(block_tokens, has_prefix, "request_id" in trace.schema.names)
     for file in trace.files:
         for raw in _raw_batches(file, batch_rows):
             if raw.num_rows == 0:

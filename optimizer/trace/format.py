@@ -81,7 +81,6 @@ class Trace:
         has_prefix_info: bool = True,
         extra_columns: dict[str, pa.Array | np.ndarray] | None = None,
         metadata: dict[str, str] | None = None,
-        check_chaining: bool = True,
     ) -> Trace:
         """Assemble and validate a trace from flat arrays.
 
@@ -107,7 +106,6 @@ class Trace:
             source=source,
             has_prefix_info=has_prefix_info,
             metadata=metadata,
-            check_chaining=check_chaining,
         )
 
     @classmethod
@@ -121,18 +119,12 @@ class Trace:
         metadata: dict[str, str] | None = None,
         path: str | None = None,
         sample_fraction: float = 1.0,
-        check_chaining: bool = True,
     ) -> Trace:
-        """Validate ``table`` (sorting it by arrival if needed) and wrap it; ``check_chaining``
-        False is for one batch of a larger trace, whose chaining is checked across batches."""
+        """Validate ``table`` (sorting it by arrival if needed) and wrap it."""
         from kvtier.trace.validate import validate_table
 
         table = validate_table(
-            table,
-            block_tokens=block_tokens,
-            path=path,
-            has_prefix_info=has_prefix_info,
-            check_chaining=check_chaining,
+            table, block_tokens=block_tokens, path=path, has_prefix_info=has_prefix_info
         )
         meta = dict(metadata or {})
         meta.update(

@@ -205,7 +205,9 @@ def stream_import_jsonl(
                 table = trace.table
                 if writer is None:
                     names = table.column_names
-                    checks = CrossChecks(trace.has_prefix_info, "request_id" in names)
+                    checks = CrossChecks(
+                        trace.block_tokens, trace.has_prefix_info, "request_id" in names
+                    )
                     writer = pq.ParquetWriter(tmp, table.schema, compression="zstd")
                     meta.update(block_tokens=trace.block_tokens, prefix=trace.has_prefix_info)
                     summary["first"] = float(table.column("arrival_s")[0].as_py())
@@ -273,9 +275,8 @@ def _builder(path: str, plan: JsonlPlan):  # noqa: ANN202
     one chunk of the layout ``plan``."""
     from kvtier.trace.importers.common import JSONL_COLUMNS, content_line_numbers, parse_jsonl
 
-    def content(first_line: int, data: bytes) -> np.ndarray | None:
-        lines = content_line_numbers(data)
-        return None if len(lines) == 0 else lines + (first_line - 1)
+    def blank(data: bytes) -> bool:
+        return data.isspace() and not data.strip(b" \t\r\n")  # isspace stops at a visible byte
 
     if plan.kind == "mooncake":
         from kvtier.trace.importers import mooncake as mc
@@ -283,12 +284,12 @@ def _builder(path: str, plan: JsonlPlan):  # noqa: ANN202
         state = ArrivalState()
 
         def build_mooncake(first_line: int, data: bytes):  # noqa: ANN202
-            if content(first_line, data) is None:
+            if blank(data):
                 return None
             df, lines = parse_jsonl(data, path, mc.SCHEMA, mc.FIELDS, first_line)
             stamps = df.get_column("timestamp").to_numpy()
             state.check_order(path, lines, stamps, "timestamp")
-            return mc.mooncake_trace(path, df, lines, check_chaining=False), lines, JSONL_COLUMNS
+            return mc.mooncake_trace(path, df, lines), lines, JSONL_COLUMNS
 
         return build_mooncake
     if plan.kind == "bailian":
@@ -299,7 +300,7 @@ def _builder(path: str, plan: JsonlPlan):  # noqa: ANN202
         columns = {**JSONL_COLUMNS, "request_id": "chat_id"}
 
         def build_bailian(first_line: int, data: bytes):  # noqa: ANN202
-            if content(first_line, data) is None:
+            if blank(data):
                 return None
             df, lines = parse_jsonl(data, path, bl.SCHEMA, bl.FIELDS, first_line)
             state.check_order(path, lines, df.get_column("timestamp").to_numpy(), "timestamp")
@@ -309,7 +310,7 @@ def _builder(path: str, plan: JsonlPlan):  # noqa: ANN202
                 df.get_column("chat_id").to_numpy(),
                 df.get_column("parent_chat_id").to_numpy(),
             )
-            trace = bl.bailian_trace(path, df, lines, session, check_chaining=False)
+            trace = bl.bailian_trace(path, df, lines, session)
             return trace, lines, columns
 
         return build_bailian
@@ -321,9 +322,9 @@ def _builder(path: str, plan: JsonlPlan):  # noqa: ANN202
         state = ArrivalState()
 
         def build_mapped(first_line: int, data: bytes):  # noqa: ANN202
-            lines = content(first_line, data)
-            if lines is None:
+            if blank(data):
                 return None
+            lines = content_line_numbers(data) + (first_line - 1)
             try:
                 df = pl.read_ndjson(data, infer_schema_length=None)
             except Exception as err:  # polars raises several error types for bad input

@@ -143,14 +143,12 @@ def validate_table(
     block_tokens: int,
     path: str | None = None,
     has_prefix_info: bool = True,
-    check_chaining: bool = True,
 ) -> pa.Table:
     """Check ``table`` against request-trace/1 and return it normalised and sorted by arrival.
 
     Normalisation casts ``arrival_s`` to float64, token counts to int64 and ``block_hashes`` to
     list<uint64>; other columns are kept unchanged. Raises :class:`InputError` on the first
-    problem found. ``check_chaining`` False leaves the chaining of hashes to the caller: a
-    trace read by batches checks it over all batches at once (:mod:`kvtier.trace.crossbatch`).
+    problem found.
     """
     if not 0 < block_tokens <= MAX_TOKENS:
         raise InputError(
@@ -190,9 +188,8 @@ def validate_table(
                 row=row,
                 column="block_hashes",
             )
-        if check_chaining:
-            values = hashes.values.to_numpy(zero_copy_only=False)[offsets[0] : offsets[-1]]
-            check_chained(offsets - offsets[0], np.ascontiguousarray(values, dtype=np.uint64), path)
+        values = hashes.values.to_numpy(zero_copy_only=False)[offsets[0] : offsets[-1]]
+        check_chained(offsets - offsets[0], np.ascontiguousarray(values, dtype=np.uint64), path)
     elif counts.any():
         raise InputError(
             "trace says it has no prefix information but lists hashes",

@@ -74,8 +74,6 @@ def bailian_trace(
     df: pl.DataFrame,
     lines: np.ndarray,
     session_id: np.ndarray,
-    *,
-    check_chaining: bool = True,
 ) -> Trace:
     """The trace of parsed Qwen-Bailian rows ``df`` (each at its ``lines``) in sessions
     ``session_id`` (the root request's chat id): the whole file, or one streamed batch."""
@@ -99,7 +97,6 @@ def bailian_trace(
             block_tokens=BAILIAN_BLOCK_TOKENS,
             source=f"bailian:{os.path.basename(path)}",
             extra_columns=extra,
-            check_chaining=check_chaining,
         ),
         {**JSONL_COLUMNS, "request_id": "chat_id"},
     )

@@ -62,15 +62,28 @@ def read_bytes(path: str) -> bytes:
 def content_line_numbers(data: bytes) -> np.ndarray:
     """1-based line numbers of the non-blank lines, i.e. of the parsed rows, in order.
 
-    A line of only spaces, tabs or ``\\r`` is blank, as the JSON Lines reader skips it.
+    A line of only spaces, tabs or ``\\r`` is blank, as the JSON Lines reader skips it. A line
+    that starts with a visible byte holds content; only lines starting with white space are
+    looked at further (few in any real log).
     """
     buf = np.frombuffer(data, dtype=np.uint8)
     newlines = np.flatnonzero(buf == ord("\n"))
     starts = np.concatenate(([0], newlines + 1))
     ends = np.concatenate((newlines, [len(buf)]))
-    visible = ~np.isin(buf, np.frombuffer(b" \t\r\n", dtype=np.uint8))
-    cum = np.concatenate(([0], np.cumsum(visible, dtype=np.int64)))
-    return np.flatnonzero(cum[ends] - cum[starts] > 0) + 1
+    if len(buf) == 0:
+        return np.zeros(0, dtype=np.int64)
+    white = np.frombuffer(b" \t\r\n", dtype=np.uint8)
+    nonempty = ends > starts
+    leading = np.isin(buf[np.minimum(starts, len(buf) - 1)], white)
+    content = nonempty & ~leading
+    unsure = np.flatnonzero(nonempty & leading)
+    if len(unsure) > 1_000:  # many indented lines: count visible bytes over the whole buffer
+        visible = ~np.isin(buf, white)
+        cum = np.concatenate(([0], np.cumsum(visible, dtype=np.int64)))
+        return np.flatnonzero(cum[ends] - cum[starts] > 0) + 1
+    for i in unsure:
+        content[i] = bool(data[starts[i] : ends[i]].strip(b" \t\r\n"))
+    return np.flatnonzero(content) + 1
 
 
 def _bad_value(value: object, types: type | tuple[type, ...]) -> str | None:

@@ -26,11 +26,9 @@ SCHEMA = {
 FIELDS = {"timestamp": (int, float), "input_length": int, "output_length": int, "hash_ids": list}
 
 
-def mooncake_trace(
-    path: str, df: pl.DataFrame, lines: np.ndarray, *, check_chaining: bool = True
-) -> Trace:
+def mooncake_trace(path: str, df: pl.DataFrame, lines: np.ndarray) -> Trace:
     """The trace of parsed Mooncake rows ``df`` (each at its ``lines``): the whole file, or one
-    batch of a streamed import, whose chaining is then checked across batches."""
+    batch of a streamed import (checked across batches by the caller)."""
     offsets, ids = list_arrays(df.get_column("hash_ids"))
     check_hash_ids(path, lines, offsets, ids)
     return validated(
@@ -44,7 +42,6 @@ def mooncake_trace(
             hashes=ids.astype(np.uint64),
             block_tokens=MOONCAKE_BLOCK_TOKENS,
             source=f"mooncake:{os.path.basename(path)}",
-            check_chaining=check_chaining,
         ),
     )
 

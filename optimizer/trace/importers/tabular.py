@@ -135,8 +135,8 @@ def lengths_trace(
     """Build and validate the trace of ``df`` under ``cmap``; errors name line and column.
 
     With ``state``, ``df`` is one batch of a streamed import: arrivals read as in the first
-    batch, count from the first batch's first arrival and must be in order, and the chaining
-    of hashes is left to the check across batches."""
+    batch, count from the first batch's first arrival and must be in order.
+    """
     for name in cmap.used().values():
         if name not in df.columns:
             raise InputError(
@@ -208,7 +208,6 @@ def lengths_trace(
             source=f"{source}:{os.path.basename(path)}",
             has_prefix_info=prefix,
             extra_columns=extra,
-            check_chaining=state is None,
         ),
         cmap.used(),
     )
