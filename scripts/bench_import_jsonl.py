@@ -3,12 +3,14 @@
 Writes once per size (kept in --work-dir) a seeded JSONL log of N requests in the Mooncake
 FAST'25 layout (``timestamp`` ms, ``input_length``, ``output_length``, ``hash_ids`` of
 512-token blocks, chained), generated chunk by chunk in bounded memory and written by polars:
-Poisson arrivals at 1,000 requests per second; conversations of geometric turns (mean 4, at
-most 64) whose requests follow each other, each under one of 2,000 system prompts of 1-4
-blocks (Zipf 1.1 popularity); turn t's prompt is the system prompt, the conversation so far
-(lognormal messages of mean 100 tokens and answers of mean 200 per turn) whose full blocks
-are the conversation's own ids, and a partial last block with an id of its own, as in the
-Mooncake traces (99.8% of whose requests end in a partial block with its own id). Then, each
+Poisson arrivals at 1,000 requests per second; conversations of geometric turns (mean 4,
+at most 64) whose requests follow each other, each under one of 2,000 system prompts (Zipf
+1.1 popularity) of 1-32 blocks (uniform: long shared instructions, so that prompts average
+9,695 tokens, near the Mooncake conversation trace's 12,035); turn t's prompt is the system
+prompt, then the conversation so far (lognormal messages of mean 100 tokens and answers of
+mean 200 a turn), whose full blocks are the conversation's own ids, then a partial last
+block with an id of its own, as in the Mooncake traces (99.8% of whose requests end in a
+partial block with its own id). Then, each
 run in a fresh process under GNU ``time -v`` (the child's own peak resident memory):
 
     kvtier trace import --from mooncake LOG --stream -o out.parquet
@@ -37,6 +39,8 @@ from bench_import import run_timed  # noqa: E402
 G = 512
 RATE = 1_000.0
 SYSTEM_PROMPTS = 2_000
+SYS_MAX_BLOCKS = 32
+SYS_BLOCKS = np.random.default_rng(1).integers(1, SYS_MAX_BLOCKS + 1, SYSTEM_PROMPTS)
 ZIPF_A = 1.1
 TURNS_MEAN, TURNS_MAX = 4.0, 64
 USER_TOKENS, ANSWER_TOKENS = 100.0, 200.0  # lognormal means, sigma 0.8
@@ -59,7 +63,7 @@ def _chunk(rng: np.random.Generator, first: int, n: int, t0: float, conv0: int) 
     conv = np.repeat(np.arange(k, dtype=np.int64), turns)
     turn = np.arange(n) - np.repeat(np.cumsum(turns) - turns, turns)
     ranks = (rng.zipf(ZIPF_A, k) - 1) % SYSTEM_PROMPTS
-    sys_blocks = (ranks % 4 + 1)[conv]
+    sys_blocks = SYS_BLOCKS[ranks][conv]
     grown = _lognormal(rng, USER_TOKENS + ANSWER_TOKENS, n)
     grown[turn == 0] = _lognormal(rng, USER_TOKENS, int((turn == 0).sum()))
     history = np.cumsum(grown)
@@ -75,10 +79,10 @@ def _chunk(rng: np.random.Generator, first: int, n: int, t0: float, conv0: int) 
     conv_base = (conv0 + conv) * TURNS_MAX * 64  # room for every full block of a conversation
     ids = np.where(
         pos < s_blocks,
-        (ranks[conv][row] * 4 + pos),
+        ranks[conv][row] * SYS_MAX_BLOCKS + pos,
         np.where(
             pos < s_blocks + f_blocks,
-            SYSTEM_PROMPTS * 4 + conv_base[row] + (pos - s_blocks),
+            SYSTEM_PROMPTS * SYS_MAX_BLOCKS + conv_base[row] + (pos - s_blocks),
             TAIL_BASE + first + row,
         ),
     )
