@@ -431,12 +431,32 @@ def replay_cmd(
         return
     if prices is not None:
         click.echo(f"prices: {prices}")
-    _print_metrics(trace_path, scenario, metrics)
+    _print_metrics(trace_path, scenario, metrics, _pd_row(result))
     if result.tiers:
         _console().print(tier_table(result.tiers))
 
 
-def _print_metrics(path: str, scenario: Any, m: Any) -> None:
+def _pd_row(result: Any) -> tuple[str, str] | None:
+    """The P/D transfers' summary row of a disaggregated replay (None: aggregated)."""
+    raw, cfg = result.raw, result.config
+    if raw.decode_instance is None or raw.decode_hit_blocks is None or cfg.pd is None:
+        return None
+    from kvtier.sim.pd import pd_traffic
+
+    tr = pd_traffic(
+        result.trace.input_tokens, raw.decode_instance, raw.first_token_s,
+        raw.decode_hit_blocks, cfg.block_tokens, cfg.pd.block_bytes,
+    )  # fmt: skip
+    whole = tr.bytes_moved + tr.bytes_saved
+    share = tr.bytes_saved / whole if whole > 0 else 0.0
+    return (
+        "P/D transfers / GB moved / GB saved by decode hits",
+        f"{tr.requests:,} / {tr.bytes_moved / 1e9:,.1f} / {tr.bytes_saved / 1e9:,.1f} "
+        f"({share:.1%})",
+    )
+
+
+def _print_metrics(path: str, scenario: Any, m: Any, pd_row: tuple[str, str] | None = None) -> None:
     cfg = f"{scenario.hardware.name}, {scenario.model.name}, B={scenario.policy.block_tokens}, "
     cfg += f"{m.instances} instances, {scenario.policy.serving.routing}"
     table = Table(title=f"{path} ({cfg})", title_justify="left", show_header=False)
@@ -471,6 +491,8 @@ def _print_metrics(path: str, scenario: Any, m: Any) -> None:
         table.add_row("TTFT share spent loading", f"{m.load_share_of_ttft:.1%}")
         table.add_row("busiest link", f"{busiest[0]} {busiest[1]:.1%}")
     table.add_row("prefill tokens saved", f"{m.prefill_tokens_saved:,}")
+    if pd_row is not None:
+        table.add_row(*pd_row)
     table.add_row("GPU busy", f"{m.gpu_busy_fraction:.1%}")
     table.add_row("cost", f"${m.cost_per_hour:,.2f}/h, ${m.cost_per_mtok:.4f} per 1M tokens")
     table.add_row("simulated span / iterations", f"{m.duration_s:,.1f} s / {m.n_iterations:,}")

@@ -64,7 +64,8 @@ def disaggregated(draw: st.DrawFn, cfg: SimConfig) -> SimConfig:
     """``cfg`` aggregated, or (half the time, with two instances or more) split into a prefill
     pool and a decode pool, the P/D transfer over random paths through the tiers' links (their
     queues shared) and links of its own, slow enough to queue, a random connector, pulled
-    after the prefill or pushed layer by layer."""
+    after the prefill or pushed layer by layer, moving every block or only those past the
+    decode instance's own prefix hit."""
     # one pool unless two_pools draws a second (a config drawn before may carry one)
     cfg = replace(
         cfg, decode_capacity_blocks=None, decode_watermark_blocks=None, decode_timing=None
@@ -117,6 +118,7 @@ def disaggregated(draw: st.DrawFn, cfg: SimConfig) -> SimConfig:
         workers=draw(st.integers(1, 2)),
         layerwise=draw(st.booleans()),
         layers=draw(st.sampled_from([1, 4])),
+        decode_hit=draw(st.booleans()),
     )
     if tiers is not None:
         tiers = replace(

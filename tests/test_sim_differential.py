@@ -43,6 +43,11 @@ def assert_same(
     assert a.early_stopped == b.early_stopped
     assert a.end_s == b.end_s
     np.testing.assert_array_equal(a.loaded_blocks, b.loaded_blocks)
+    assert (a.decode_hit_blocks is None) == (b.decode_hit_blocks is None)
+    if a.decode_hit_blocks is not None:  # disaggregated: P/D transfers and decode-side hits
+        np.testing.assert_array_equal(a.decode_instance, b.decode_instance)
+        np.testing.assert_array_equal(a.kv_transfer_s, b.kv_transfer_s)
+        np.testing.assert_array_equal(a.decode_hit_blocks, b.decode_hit_blocks)
     assert a.loaded_blocks.shape == (trace.n_requests, len(tier_names))
     assert (a.tbt_tail_s is None) == (b.tbt_tail_s is None)
     if a.tbt_tail_s is not None:

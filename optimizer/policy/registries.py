@@ -124,7 +124,9 @@ LOAD_RULES = Registry(
 # whether the prefill side pushes each layer's KV while it computes the next
 # (``pd_layerwise``: Mooncake's layer-wise prefill) instead of the decode side pulling the
 # whole KV after the prefill (vLLM's NixlConnector; docs/model.md, "Prefill/decode
-# disaggregation").
+# disaggregation"), and whether the decode side looks the prompt up in its own prefix cache
+# and moves only the blocks past its hit (``pd_decode_hit``: vLLM's NixlConnector and
+# MooncakeConnector; LMCache's P/D backend and Mooncake's layer-wise push move every block).
 DIRECT, LMCACHE_03_MOONCAKE, LMCACHE_MOONCAKE, MOONCAKE_TE, VLLM_OFFLOADING, NIXL, BELUGA_CXL = (
     range(7)
 )
@@ -147,6 +149,7 @@ def _path(**kw: object) -> dict[str, object]:
         "via_host": True,
         "numa_aware": True,
         "pd_layerwise": False,
+        "pd_decode_hit": True,
     }
     base.update(kw)
     return base
@@ -166,7 +169,14 @@ CONNECTORS = Registry(
             LMCACHE_03_MOONCAKE,
             "LMCache 0.3.x with Mooncake Store: one blocking get per chunk, a CPU copy into "
             "pinned memory, then the copy to the GPU, chunk after chunk",
-            _path(unit="chunk", rpc_us=45000.0, stream_gbps=0.67, staging=1, numa_aware=False),
+            _path(
+                unit="chunk",
+                rpc_us=45000.0,
+                stream_gbps=0.67,
+                staging=1,
+                numa_aware=False,
+                pd_decode_hit=False,
+            ),
         ),
         Entry(
             "lmcache-mooncake",
@@ -180,13 +190,21 @@ CONNECTORS = Registry(
                 rpc_us=2000.0,
                 stream_gbps=10.0,
                 layerwise=True,
+                pd_decode_hit=False,
             ),
         ),
         Entry(
             "mooncake-te",
             MOONCAKE_TE,
             "Mooncake Transfer Engine zero-copy batches (SGLang HiCache's mooncake backend)",
-            _path(order="pipelined", depth=64, rpc_us=7.87, layerwise=True, pd_layerwise=True),
+            _path(
+                order="pipelined",
+                depth=64,
+                rpc_us=7.87,
+                layerwise=True,
+                pd_layerwise=True,
+                pd_decode_hit=False,
+            ),
         ),
         Entry(
             "vllm-offloading",

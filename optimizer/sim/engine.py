@@ -256,6 +256,7 @@ def simulate_engine(
         decode_instance=np.full(n, -1, dtype=np.int64),
         kv_transfer_s=np.zeros(n, dtype=np.float64),
         **_tbt_arrays(trace, cfg.track_tbt),
+        decode_hit_blocks=np.zeros(n, dtype=np.int64),
     )
     # disaggregated: a second slot region holds the prefill slots of handed-over requests
     pools = _hbm_pools(cfg, cap, n_shared, ring_len, n_refs * (2 if cfg.n_prefill > 0 else 1), kept)
@@ -280,6 +281,7 @@ def simulate_engine(
         decode_instance=out.decode_instance if cfg.n_prefill > 0 else None,
         kv_transfer_s=out.kv_transfer_s if cfg.n_prefill > 0 else None,
         tbt_tail_s=out.tbt_tail if cfg.track_tbt else None,
+        decode_hit_blocks=out.decode_hit_blocks if cfg.n_prefill > 0 else None,
         **_tier_result(cfg.tiers, lk, out.load_s),
     )
 
@@ -365,7 +367,7 @@ def _pd_params(cfg: SimConfig, n_refs: int) -> tuple:
         i3, f3 = np.full((1, 1, 1), -1, dtype=np.int64), np.ones((1, 1, 1))
         f1, i1 = np.ones(1), np.zeros(1, dtype=np.int64)
         return (0, i3, i3.copy(), f3, np.zeros((1, 1)), f1, f1, i1, 0, 1.0, 0, 1, 1, 0.0,
-                np.inf, np.inf, 0, 1, 1, False, 1, 0)  # fmt: skip
+                np.inf, np.inf, 0, 1, 1, False, 1, 0, False)  # fmt: skip
     L = pd.n_links
     for name in ("path", "queue", "scale"):
         arr = getattr(pd, name)
@@ -422,6 +424,7 @@ def _pd_params(cfg: SimConfig, n_refs: int) -> tuple:
         bool(pd.layerwise),
         int(pd.layers),
         int(n_refs),
+        bool(pd.decode_hit and not pd.layerwise),
     )
 
 

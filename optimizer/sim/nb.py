@@ -373,6 +373,9 @@ class Params(NamedTuple):
     pd_layerwise: bool  # the prefill side pushes each layer as it is computed
     pd_layers: int
     pd_held_base: int  # where the held prefill slots of request i start: base + slot_off[i]
+    # the decode side looks the prompt up in its HBM prefix cache and pulls only the blocks
+    # past its hit (a pull only: a layer-wise push moves every block)
+    pd_trim: bool
 
 
 class HbmPools(NamedTuple):
@@ -411,6 +414,7 @@ class Outputs(NamedTuple):
     tbt_off: np.ndarray  # i8 (n + 1,)
     tbt_count: np.ndarray  # i8 (n,), zero
     tbt_last: np.ndarray  # f8 (n,)
+    decode_hit_blocks: np.ndarray  # i8 (n,), zero: prompt blocks its decode instance held
 
 
 class RequestState(NamedTuple):
@@ -1091,33 +1095,61 @@ def admit_handed_nb(
     buf: Buffers,
 ) -> bool:
     """Decode instance ``k`` admits request ``i``, whose KV a prefill instance computed: slots
-    for its prompt and first decode token (``reserve``: its footprint), no look-ups (the
-    reference's ``admit_handed``)."""
+    for its prompt and first decode token (``reserve``: its footprint); with ``pd_trim`` the
+    leading blocks cached here are pinned and only the rest is pulled, and the pulled blocks
+    are cached at the end of its first iteration here (the reference's ``admit_handed``)."""
     B = prm.block_tokens
     kv0 = rq.input_tokens[i]
-    need = (kv0 + B) // B if prm.scheduler != RESERVE else rq.total_blocks[i]
-    if need > ist.free_len[k]:
+    boff = rq.block_offsets
+    nb = boff[i + 1] - boff[i]
+    sl = pool.records
+    found = buf.found
+    h = 0
+    pinned_free = 0
+    if prm.pd_trim and prm.prefix_caching:
+        hcap = (kv0 - 1) // B
+        if nb < hcap:
+            hcap = nb
+        h = _lookup_nb(pool.slot_of, k * prm.n_shared, rq.shared, boff[i], hcap, found)
+        ty.ints[C_STAMP] += 1
+        stamp = ty.ints[C_STAMP]
+        for j in range(h):  # distinct hit slots now in the free ring
+            s = found[u64(j)]
+            if sl[u64(4 * s + REF)] == 0 and pool.stamps[u64(s)] != stamp:
+                pool.stamps[u64(s)] = stamp
+                pinned_free += 1
+    need = ((kv0 + B) // B if prm.scheduler != RESERVE else rq.total_blocks[i]) - h
+    if need > ist.free_len[k] - pinned_free:
         return False
+    so = rs.slot_off[i]
+    for j in range(h):  # pin the hits
+        s = found[u64(j)]
+        c = sl[u64(4 * s + REF)]
+        if c == 0:
+            sl[u64(4 * s + POS)] = -1  # its ring entry is now stale
+            ist.free_len[k] -= 1
+        sl[u64(4 * s + REF)] = c + 1
+        pool.slots[u64(so + j)] = s
     R = prm.ring_len
     r, left, ne = _take_nb(
-        pool.records, pool.rings, pool.slot_of, pool.slots, buf.evbuf, k * R, R,
-        k * prm.n_shared, rs.slot_off[i], 0, need, ist.ring_head[k], ist.ring_count[k],
+        sl, pool.rings, pool.slot_of, pool.slots, buf.evbuf, k * R, R,
+        k * prm.n_shared, so, h, h + need, ist.ring_head[k], ist.ring_count[k],
     )  # fmt: skip
     ist.ring_head[k] = r
     ist.ring_count[k] = left
     ist.free_len[k] -= need
-    rs.held[i] = need
+    rs.held[i] = h + need
     if ne > 0 and tp.n_tiers > 0:
         hbm_evicted_nb(ts, tp, lk, k, now, buf.evbuf, np.int64(ne), buf.path)
     rs.handed[i] = False
     rs.kv[i] = kv0
     rs.target[i] = kv0
-    nb = rq.block_offsets[i + 1] - rq.block_offsets[i]
-    rs.registered[i] = nb  # not cached on the decode side
-    rs.computed_from[i] = nb
+    rs.registered[i] = h if prm.pd_trim else nb  # else never cached on the decode side
+    rs.computed_from[i] = nb  # pulled, not computed: no copies to lower tiers
+    out.decode_hit_blocks[i] = h
     if not prm.pd_layerwise:
-        # the decode side pulls the KV into the blocks it has just allocated
-        end = pd_move_nb(out.instance[i], k, i, now, k, rq, ist, lk, prm)
+        # the decode side pulls the KV past its hit into the blocks it has just allocated
+        end = pd_move_nb(out.instance[i], k, i, now, k, h, rq, ist, lk, prm)
         arrived_nb(i, end, rq, rs, ist, prm, out, ty)
     return True
 
@@ -1129,14 +1161,16 @@ def pd_move_nb(
     i: int,
     now: float,
     worker: int,
+    hits: int,
     rq: Requests,
     ist: InstanceState,
     lk: LinkState,
     prm: Params,
 ) -> float:
-    """Move request ``i``'s prompt KV from instance ``p`` to ``d`` through the P/D connector,
-    on instance ``worker``'s workers; returns when it ends (the reference's ``pd_move``)."""
-    blocks = (rq.input_tokens[i] + prm.block_tokens - 1) // prm.block_tokens
+    """Move request ``i``'s prompt KV but its ``hits`` leading blocks from instance ``p`` to
+    ``d`` through the P/D connector, on instance ``worker``'s workers; returns when it ends
+    (the reference's ``pd_move``)."""
+    blocks = (rq.input_tokens[i] + prm.block_tokens - 1) // prm.block_tokens - hits
     w = prm.pd_workers
     return pd_transfer_nb(
         now, blocks * prm.pd_block_bytes,
@@ -1257,7 +1291,7 @@ def hand_off_nb(
     rs.pd_first[i] = True
     rs.ready[i] = now
     if prm.pd_layerwise:
-        fin = pd_move_nb(k, d, i, now, k, rq, ist, lk, prm)
+        fin = pd_move_nb(k, d, i, now, k, 0, rq, ist, lk, prm)
         arrived_nb(i, layerwise_ready_nb(now, fin, prm.pd_layers, ist.iter_dt[k]), rq, rs, ist,
                    prm, out, ty)  # fmt: skip
     blocks = (rq.input_tokens[i] + prm.block_tokens - 1) // prm.block_tokens

@@ -17,8 +17,9 @@ links ``path[p, d]``:
 The links are the lower tiers' links followed by those only the P/D transfer uses
 (:func:`build_pd` returns the tier configuration extended with them, so both index one set of
 link queues). The connector (``serving.pd_connector``, :data:`kvtier.policy.registries.CONNECTORS`)
-gives the operation unit, per-operation cost, ordering, workers and whether the prefill side
-streams layer by layer (``pd_layerwise``).
+gives the operation unit, per-operation cost, ordering, workers, whether the prefill side
+streams layer by layer (``pd_layerwise``) and whether the decode side moves only the blocks
+past its own prefix-cache hit (``pd_decode_hit``).
 """
 
 from __future__ import annotations
@@ -64,6 +65,9 @@ class PdConfig:
     workers: int  # per instance: the receiver's (pull) or the sender's (layer-wise push)
     layerwise: bool  # the prefill side pushes each layer's KV as it is computed
     layers: int  # model layers
+    # the decode side looks the prompt up in its own HBM prefix cache and the transfer moves
+    # only the blocks past the hit (vLLM's NixlConnector); False: every block moves
+    decode_hit: bool = False
 
     @property
     def n_links(self) -> int:
@@ -175,6 +179,7 @@ def build_pd(
         workers=int(c["workers"]),
         layerwise=bool(c["pd_layerwise"]),
         layers=model.layers,
+        decode_hit=bool(c["pd_decode_hit"]),
     )
     if tiers is not None:
         tiers = replace(
@@ -185,3 +190,38 @@ def build_pd(
             link_names=pd.link_names,
         )
     return pd, tiers
+
+
+@dataclass(frozen=True)
+class PdTraffic:
+    """What a disaggregated replay's P/D transfers moved, and what decode-side hits saved."""
+
+    requests: int  # handed over, their KV arrived on the decode instance
+    blocks: int  # prompt blocks those transfers moved
+    hit_blocks: int  # prompt blocks the decode instances already held (not moved)
+    block_bytes: float
+
+    @property
+    def bytes_moved(self) -> float:
+        return self.blocks * self.block_bytes
+
+    @property
+    def bytes_saved(self) -> float:
+        return self.hit_blocks * self.block_bytes
+
+
+def pd_traffic(
+    input_tokens: np.ndarray,
+    decode_instance: np.ndarray,
+    first_token_s: np.ndarray,
+    decode_hit_blocks: np.ndarray,
+    block_tokens: int,
+    block_bytes: float,
+) -> PdTraffic:
+    """Blocks the P/D transfers of the requests whose KV arrived moved: each prompt's
+    ``ceil(input / B)`` blocks less those its decode instance held (a request pulled again
+    after a preemption counts once)."""
+    done = (decode_instance >= 0) & ~np.isnan(first_token_s)
+    prompt = -(-input_tokens[done].astype(np.int64) // block_tokens)
+    hits = decode_hit_blocks[done].astype(np.int64)
+    return PdTraffic(int(done.sum()), int((prompt - hits).sum()), int(hits.sum()), block_bytes)

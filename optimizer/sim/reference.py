@@ -295,10 +295,14 @@ def simulate_reference(
             np.zeros(n_links),
         )
     pd_workers = pd.workers if pd is not None else 1
+    # the decode side moves only the blocks past its own prefix hit (a pull: a layer-wise
+    # push leaves before the decode instance admits the request, so it moves every block)
+    trim = pd is not None and pd.decode_hit and not pd.layerwise
     pd_wfree = np.zeros(cfg.n_instances * pd_workers)  # the P/D connector's workers
     pd_wbusy = np.zeros(cfg.n_instances * pd_workers)
     decode_of = np.full(n, -1, dtype=np.int64)
     pd_s = np.zeros(n)  # seconds from prefill end to the KV's arrival
+    decode_hits = np.zeros(n, dtype=np.int64)  # prompt blocks its decode instance held
     preempted_out = np.zeros(n, dtype=np.int64)
     preempted_tok = np.zeros(n, dtype=np.int64)
     route_w = kv_route_weights(cfg)  # the kv_aware router's weight of a lower-tier hit
@@ -489,30 +493,45 @@ def simulate_reference(
 
     def admit_handed(inst: Instance, k: int, req: Request, now: float) -> bool:
         """A decode instance admits a request whose KV a prefill instance computed: blocks for
-        its prompt and first decode token (``reserve``: its footprint), no look-ups; it
-        decodes once its KV has arrived (``ready``)."""
+        its prompt and first decode token (``reserve``: its footprint). A connector that moves
+        only what the decode side lacks (``trim``: vLLM's NixlConnector) first looks
+        the prompt up in this instance's HBM prefix cache, as an aggregated admission does
+        (vLLM's ``get_computed_blocks``, capped below the last prompt token): the hits are
+        pinned, blocks are allocated for the rest, and the pulled blocks become cache entries
+        at the end of the request's first iteration here (its KV has arrived). Otherwise no
+        look-up, and the pulled blocks are not cached on the decode side. It decodes once its
+        KV has arrived (``ready``)."""
         kv0 = req.input_tokens
-        need = -(-(kv0 + 1) // B) if grows else req.total_blocks
-        if need > len(inst.pool.free):
+        pool = inst.pool
+        h = 0
+        if trim and prefix:
+            h = pool.lookup(req.blocks, min((kv0 - 1) // B, len(req.blocks)))
+        need = (-(-(kv0 + 1) // B) if grows else req.total_blocks) - h
+        if not pool.can_admit(req.blocks, h, need):
             return False
         evicted: list[int] = []
-        req.slots = [inst.pool.allocate(evicted) for _ in range(need)]
+        req.slots = [pool.pin(b) for b in req.blocks[:h]]
+        req.slots += [pool.allocate(evicted) for _ in range(need)]
         if lower is not None:
             lower.hbm_evicted(k, now, evicted)
         req.handed = False
         req.kv = req.target = kv0
-        req.registered = req.computed_from = len(req.blocks)  # not cached on the decode side
+        # cached from the hit on (trim), else never on the decode side
+        req.registered = h if trim else len(req.blocks)
+        req.computed_from = len(req.blocks)  # pulled, not computed: no copies to lower tiers
+        decode_hits[req.idx] = h
         if not pd.layerwise:
-            # the decode side pulls the KV into the blocks it has just allocated (vLLM's
-            # NixlConnector); the prefill instance frees its blocks once they are read
-            end = pd_move(int(inst_of[req.idx]), k, req, now, k)
+            # the decode side pulls the KV past its hit into the blocks it has just allocated
+            # (vLLM's NixlConnector); the prefill instance frees its blocks once they are read
+            end = pd_move(int(inst_of[req.idx]), k, req, now, k, h)
             arrived(req, end)
         return True
 
-    def pd_move(p: int, d: int, req: Request, now: float, worker: int) -> float:
+    def pd_move(p: int, d: int, req: Request, now: float, worker: int, hits: int) -> float:
         """Move ``req``'s prompt KV from instance ``p`` to ``d`` through the P/D connector
-        (on instance ``worker``'s connector workers); returns when it ends."""
-        blocks = -(-req.input_tokens // B)
+        (on instance ``worker``'s connector workers), all but the ``hits`` leading blocks the
+        decode side holds; returns when it ends."""
+        blocks = -(-req.input_tokens // B) - hits
         w = pd.workers
         return pd_transfer(
             now, blocks * pd.block_bytes, ops_of(pd.unit, blocks, pd.fragments, pd.coalesce),
@@ -575,7 +594,7 @@ def simulate_reference(
         req.pd_first = True
         req.ready = t
         if pd.layerwise:
-            end = layerwise_ready(t, pd_move(k, d, req, t, k), pd.layers, inst.iter_dt)
+            end = layerwise_ready(t, pd_move(k, d, req, t, k, 0), pd.layers, inst.iter_dt)
             arrived(req, end)
         inst.active_blocks -= -(-req.input_tokens // B)
         instances[d].active_blocks += -(-req.input_tokens // B)
@@ -890,5 +909,6 @@ def simulate_reference(
         decode_instance=decode_of,
         kv_transfer_s=pd_s,
         tbt_tail_s=tbt_out,
+        decode_hit_blocks=decode_hits if pd is not None else None,
         **(lower.result(load_s) if lower is not None else {}),
     )

@@ -21,7 +21,10 @@ tests compare it row by row). Columns:
 - disaggregated replays only (some request handed over): ``decode_instance`` (-1: it
   never left its prefill instance) and ``kv_transfer_s``, seconds from its prefill's end to
   its KV's arrival on the decode instance (waiting for decode blocks included; null when not
-  handed over or its KV had not arrived when the replay stopped);
+  handed over or its KV had not arrived when the replay stopped), and
+  ``decode_hit_blocks``, the prompt's leading blocks the decode instance already held in its
+  HBM prefix cache, which the transfer did not move (0 when the connector moves every block;
+  null when not handed over);
 - replays that tracked token intervals only (``track_tbt``): ``tbt_tail_s``, the mean of the
   request's longest 10% token intervals (``RawResult.tbt_tail_s``), null below two tokens or
   when not finished.
@@ -100,6 +103,8 @@ def request_table(
     if dec is not None and raw.kv_transfer_s is not None and bool((dec >= 0).any()):
         columns["decode_instance"] = pa.array(dec, type=i8)
         columns["kv_transfer_s"] = _nullable(raw.kv_transfer_s, (dec >= 0) & has_first, f8)
+        hits = raw.decode_hit_blocks if raw.decode_hit_blocks is not None else zeros
+        columns["decode_hit_blocks"] = _nullable(hits, dec >= 0, i8)
     if raw.tbt_tail_s is not None:
         columns["tbt_tail_s"] = _nullable(raw.tbt_tail_s, ~np.isnan(raw.tbt_tail_s), f8)
     return pa.table(columns)

@@ -70,6 +70,9 @@ class RawResult:
     # float64 (n,): each request's mean of its longest TBT_TAIL_SHARE of token intervals (NaN
     # below two tokens, rejected or unfinished); None when the replay did not track it
     tbt_tail_s: np.ndarray | None = None
+    # disaggregated: int64 (n,), the prompt's leading blocks its decode instance already held
+    # in HBM when it admitted it (not moved; 0 when the connector moves every block)
+    decode_hit_blocks: np.ndarray | None = None
 
 
 def end_time(finish_s: np.ndarray, early_stopped: bool, now: float) -> float:
