@@ -46,6 +46,9 @@ AIC_SYSTEMS: dict[str, str] = {
     "B200": "b200_sxm",
     "L40S": "l40s",
     "A100-SXM": "a100_sxm",
+    # A800: A100 compute and HBM, NVLink cut to 400 GB/s; the A100 tables' all-reduce is
+    # measured at A100's 600 GB/s (docs/sources.md [NVIDIA-A800])
+    "A800-SXM": "a100_sxm",
 }
 FRAMEWORKS = ("vllm", "sglang", "trtllm")
 # the database's measured ranges (systems/data/*/attention/*: context attention isl to 16,384;
