@@ -20,6 +20,9 @@ and the P90 TPOT each within its bound, as DistServe's Figure 1 reads them), fou
 doubling then bisection; per GPU it is divided by the GPUs the deployment
 uses. Nothing is calibrated on these figures: every one is a check, and
 :meth:`PdValidation.missed` names each whose model ratio is outside the tolerance.
+
+A scenario with ``kind = "capacity"`` is instead Mooncake's effective request capacity at the
+trace's own rate, one check per TBT threshold (:mod:`kvtier.experiments.pd_capacity`).
 """
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ from typing import Any
 import numpy as np
 
 from kvtier.errors import InputError
+from kvtier.experiments.pd_capacity import CapacityCheck, run_capacity
 from kvtier.policy.presets import BUILTIN_DIR
 
 PD_DIR = BUILTIN_DIR / "validation" / "pd"
@@ -70,9 +74,10 @@ class PdCheck:
 @dataclass(frozen=True)
 class PdValidation:
     checks: tuple[PdCheck, ...]
+    capacity: tuple[CapacityCheck, ...] = ()
 
-    def missed(self) -> list[PdCheck]:
-        return [c for c in self.checks if not c.met]
+    def missed(self) -> list[PdCheck | CapacityCheck]:
+        return [c for c in (*self.checks, *self.capacity) if not c.met]
 
 
 def scenario_names() -> list[str]:
@@ -280,5 +285,24 @@ def run_check(name: str) -> PdCheck:
     )
 
 
+CAPACITY = "capacity"
+
+
+def is_capacity(name: str) -> bool:
+    """Whether scenario ``name`` is an effective-capacity one (else a goodput ratio)."""
+    return load_pd_scenario(name).get("kind") == CAPACITY
+
+
 def run_pd() -> PdValidation:
-    return PdValidation(tuple(run_check(n) for n in scenario_names()))
+    goodput: list[PdCheck] = []
+    capacity: list[CapacityCheck] = []
+    for n in scenario_names():
+        data = load_pd_scenario(n)
+        kind = data.get("kind", "goodput")
+        if kind == CAPACITY:
+            capacity.extend(run_capacity(n, data))
+        elif kind == "goodput":
+            goodput.append(run_check(n))
+        else:
+            raise InputError(f"P/D scenario {n!r}: kind {kind!r}; choose from goodput, capacity")
+    return PdValidation(tuple(goodput), tuple(capacity))
