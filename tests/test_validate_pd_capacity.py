@@ -5,7 +5,6 @@ from __future__ import annotations
 import copy
 import math
 
-import numpy as np
 import pytest
 from click.testing import CliRunner
 
@@ -14,7 +13,6 @@ from kvtier.errors import InputError
 from kvtier.experiments import pd_capacity as pc
 from kvtier.experiments import pd_validation as pv
 from kvtier.report.pd_validation import pd_json, to_markdown, to_text
-from kvtier.trace.blocked import BlockedTrace
 
 CAPACITY = [n for n in pv.scenario_names() if pv.is_capacity(n)]
 
@@ -23,19 +21,6 @@ def test_the_capacity_scenarios_are_bundled() -> None:
     assert "mooncake-conversation-capacity" in CAPACITY
     # the goodput scenarios keep their kind
     assert {"distserve-2p1d", "mooncake-kimi"} <= set(pv.scenario_names()) - set(CAPACITY)
-
-
-def test_effective_needs_both_bounds() -> None:
-    # five requests: TTFT 1, 40, 1, 1, 1 s; TBT tails 0.05, 0.05, 0.25, NaN (one output token),
-    # NaN (never served); bounds 30 s / 0.1 s
-    trace = BlockedTrace.from_lists([0.0] * 5, [8] * 5, [3, 3, 3, 1, 3], [[]] * 5, 4)
-    first = np.array([1.0, 40.0, 1.0, 1.0, np.nan])
-    tbt = np.array([0.05, 0.05, 0.25, np.nan, np.nan])
-    # request 0 meets both; 1 misses TTFT; 2 misses TBT; 3 has no token interval and is
-    # served in time; 4 was never served
-    assert pc.effective(trace, first, tbt, 30.0, 0.1) == 2 / 5
-    assert pc.effective(trace, first, tbt, 30.0, 0.3) == 3 / 5
-    assert pc.effective(trace, first, tbt, 0.5, 0.3) == 0.0
 
 
 def _scenario() -> dict:

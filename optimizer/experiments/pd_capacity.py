@@ -5,8 +5,9 @@ trace at its own timestamps on every system it names (``[conditions.systems.NAME
 ``preset`` or kvtier's defaults, with dotted ``set`` overrides as ``kvtier replay --set``
 takes them) and counts, for each TBT threshold, the share of all requests that are
 *effective*: TTFT within ``ttft_s`` and TBT (the mean of the request's longest 10 % of token
-intervals, ``RawResult.tbt_tail_s``) within the threshold. A rejected or unfinished request
-is never effective. The published value at each threshold is the paper's ratio of Mooncake's
+intervals, ``RawResult.tbt_tail_s``) within the threshold
+(:func:`kvtier.sim.metrics.effective_share`). A rejected or unfinished request is never
+effective. The published value at each threshold is the paper's ratio of Mooncake's
 capacity over one baseline's (``against``); the model's is the same ratio on the replays. The
 curves' values read from the figure (``[figure.capacity]``) are shown beside the model's and
 not checked. Nothing is calibrated on these figures.
@@ -18,8 +19,6 @@ import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
-
-import numpy as np
 
 from kvtier.errors import InputError
 
@@ -110,40 +109,19 @@ def system_policy(name: str, sname: str, spec: dict[str, Any]):  # noqa: ANN201
     return apply_overrides(base, sets, f"{name}: systems.{sname}.set")
 
 
-def effective(
-    trace,  # noqa: ANN001
-    first_token_s: np.ndarray,
-    tbt_tail_s: np.ndarray,
-    ttft_max_s: float,
-    tbt_max_s: float,
-) -> float:
-    """The share of all requests with TTFT within ``ttft_max_s`` and TBT within ``tbt_max_s``.
-
-    A request with fewer than two output tokens has no token interval: its TBT bound holds
-    once it is served. Rejected and unfinished requests (NaN) are never effective.
-    """
-    ttft = first_token_s - trace.arrival_s
-    ttft_ok = np.nan_to_num(ttft, nan=math.inf) <= ttft_max_s
-    no_gap = (trace.output_tokens < 2) & np.isfinite(first_token_s)
-    tbt_ok = (np.nan_to_num(tbt_tail_s, nan=math.inf) <= tbt_max_s) | no_gap
-    return float((ttft_ok & tbt_ok).mean())
-
-
 def replay_system(trace_path: Path, hw, md, pol):  # noqa: ANN001, ANN201
     """One replay of the trace at its own timestamps, with each request's TBT tail."""
-    from dataclasses import replace
-
     from kvtier.scenario import Scenario
     from kvtier.sim import build_config, simulate_raw
 
     trace = Scenario.from_files(str(trace_path), block_tokens=pol.block_tokens).blocked()
-    cfg = replace(build_config(hw, md, pol), track_tbt=True)
-    return trace, simulate_raw(trace, cfg, engine="numba")
+    return trace, simulate_raw(trace, build_config(hw, md, pol), engine="numba", track_tbt=True)
 
 
 def run_capacity(name: str, data: dict[str, Any]) -> tuple[CapacityCheck, ...]:
     """Every threshold of capacity scenario ``name``, each system replayed once."""
     from kvtier.hardware import load_hardware, load_model
+    from kvtier.sim.metrics import effective_share
 
     check_scenario(name, data)
     fig, cond = data["figure"], data["conditions"]
@@ -155,9 +133,7 @@ def run_capacity(name: str, data: dict[str, Any]) -> tuple[CapacityCheck, ...]:
     for sname, spec in cond["systems"].items():
         pol = system_policy(name, sname, spec)
         trace, raw = replay_system(path, hw, md, pol)
-        shares[sname] = [
-            effective(trace, raw.first_token_s, raw.tbt_tail_s, ttft_s, t / 1e3) for t in thresholds
-        ]
+        shares[sname] = [effective_share(trace, raw, ttft_s, t / 1e3) for t in thresholds]
     against = str(fig["against"])
     read_cap = fig.get("capacity", {})
     out = []
