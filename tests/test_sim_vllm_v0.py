@@ -92,3 +92,42 @@ def v0_cases(draw: st.DrawFn):
 @given(v0_cases())
 def test_engines_agree_under_vllm_v0(case) -> None:
     assert_engines_agree(*case)
+
+
+def test_a_handed_over_first_step_is_not_run_ahead_under_vllm_v0() -> None:
+    """Disaggregated vllm_v0: a handed-over request's first decode step on its decode instance
+    ends at an event (its first token counts in the mean-TTFT early stop there), so the
+    kernel does not run its decode steps ahead; both engines stop at the same instant."""
+    from kvtier.policy.model import SLO
+    from kvtier.sim import simulate_raw
+    from kvtier.sim.config import SimConfig
+    from kvtier.sim.pd import PdConfig
+
+    K = 3
+    path = np.full((K, K, 2), -1, dtype=np.int64)
+    path[2, 1:] = 0
+    scale = np.ones((K, K, 2))
+    scale[2, 1:] = 0.5
+    pd = PdConfig(
+        connector="drawn", path=path, queue=np.zeros((K, K, 2), dtype=np.int64), scale=scale,
+        lat_s=np.zeros((K, K)), link_bw_read=np.array([0.5]), link_bw_write=np.array([0.5]),
+        link_duplex=np.array([0]), link_names=("pd[0]",), block_bytes=0.0, unit=0,
+        fragments=1, coalesce=1, rpc_s=1e-4, stream_bw=np.inf, stage_bw=np.inf, serial=0,
+        depth=1, workers=1, layerwise=False, layers=1,
+    )  # fmt: skip
+    cfg = SimConfig(
+        n_instances=K, capacity_blocks=7, block_tokens=1, token_budget=8, max_seqs=1,
+        router=0, affinity_overload=0, flops_per_token=1.0, attn_coef=0.0, compute_rate=1000.0,
+        weight_bytes=1.0, kv_bytes_per_token=0.01, mem_rate=100.0, step_overhead_s=0.0,
+        cost_per_hour=1.0, scheduler=VLLM_V0, n_prefill=1, pd=pd,
+    )  # fmt: skip
+    trace = BlockedTrace.from_lists(
+        [0.0] * 8, [1, 1, 1, 4, 1, 1, 1, 1], [0, 0, 4, 0, 0, 0, 0, 0],
+        [[], [], [], [0, 0, 0, 0], [], [], [], []], 1, n_blocks=1,
+    )  # fmt: skip
+    slo = SLO(ttft_mean_s=0.005)
+    ref, fast = (simulate_raw(trace, cfg, engine=e, slo=slo, stop_early=True) for e in ENGINES)
+    assert ref.early_stopped and fast.early_stopped
+    np.testing.assert_array_equal(ref.first_token_s, fast.first_token_s)
+    np.testing.assert_array_equal(ref.busy_s, fast.busy_s)
+    assert not np.isnan(ref.first_token_s[2])  # the handed-over request's, at the stop

@@ -1208,15 +1208,10 @@ def seen_first_nb(
     i: int, rq: Requests, rs: RequestState, prm: Params, out: Outputs, ty: Tally
 ) -> None:
     """Handed-over request ``i``'s first iteration on its decode instance has ended: its first
-    token was seen at its KV's arrival (the reference's ``seen_first``). When that iteration
-    ended decode steps run ahead (``run_ahead_nb``, which counted its intervals from the KV's
-    arrival), its last token's time stays."""
+    token was seen at its KV's arrival (the reference's ``seen_first``). That iteration is
+    never run ahead: the first token counts in the SLO's early stop at its end."""
     rs.pd_first[i] = False
-    ahead = prm.track_tbt and rs.generated[i] > 1
-    last = out.tbt_last[i] if ahead else 0.0
     first_token_nb(i, rs.ready[i], rq, prm, out, ty)
-    if ahead:
-        out.tbt_last[i] = last
     out.kv_transfer_s[i] = rs.ready[i] - rs.handed_at[i]
 
 
@@ -1456,13 +1451,6 @@ def run_ahead_nb(
         for r in range(B, 0, -1):  # back to each group's start
             bk_start[r] = bk_start[r - 1]
         bk_start[0] = 0
-    if prm.track_tbt:
-        # a handed-over request's first token is at its KV's arrival, though recorded only at
-        # the end of its first step there (seen_first_nb), which may be the last step here
-        for idx in range(m):
-            i = running[k, sched_pos[k, idx]]
-            if rs.pd_first[i]:
-                out.tbt_last[i] = rs.ready[i] + prm.timing[T_FRONTEND]
     s = 0
     while s < steps_left - 1 and t + dt < t_next:
         if alloc:
@@ -1591,8 +1579,8 @@ def schedule_v0_nb(
         i = running[k, pos]
         if ready[i] > now or kv[i] < target[i]:
             continue
-        if registered[i] < boff[i + 1] - boff[i]:
-            steps_left = 0
+        if registered[i] < boff[i + 1] - boff[i] or rs.pd_first[i]:
+            steps_left = 0  # (a handed-over request's first step ends at an event)
         elif output_tokens[i] - generated[i] < steps_left:
             steps_left = output_tokens[i] - generated[i]
         ok = True
