@@ -116,3 +116,29 @@ def test_requests_out_must_be_parquet(small_trace: Path, tmp_path: Path) -> None
     assert "--requests-out" in res.output and ".parquet" in res.output
     assert "Traceback" not in res.output
     assert not (tmp_path / "r.csv").exists()
+
+
+def test_track_tbt_adds_the_tail_column_and_quantiles(small_trace: Path, tmp_path: Path) -> None:
+    policy = tmp_path / "p.toml"
+    policy.write_text(POLICY)
+    out = tmp_path / "requests.parquet"
+    metrics = replay(small_trace, policy, out, "--track-tbt")
+    rows = pq.read_table(out).to_pydict()
+    has = [t is not None for t in rows["tbt_tail_s"]]
+    served = [f is not None for f in rows["finish_s"]]
+    two = [n >= 2 for n in rows["output_tokens"]]
+    assert has == [s and t for s, t in zip(served, two, strict=True)]
+    tails = np.array([t for t in rows["tbt_tail_s"] if t is not None])
+    assert float(np.quantile(tails, 0.99, method="linear")) == metrics["tbt_p99_s"]
+    assert float(np.quantile(tails, 0.5, method="linear")) == metrics["tbt_p50_s"]
+    plain = replay(small_trace, policy, tmp_path / "plain.parquet")
+    assert plain["tbt_p99_s"] is None and plain["ttft_p99_s"] == metrics["ttft_p99_s"]
+    assert "tbt_tail_s" not in pq.read_table(tmp_path / "plain.parquet").column_names
+    # an SLO bounding the TBT tracks it without the flag; the text report shows it then only
+    policy.write_text(POLICY + "\n[slo]\ntbt_p99_s = 1.0\n")
+    res = CliRunner().invoke(main, ["replay", "--trace", str(small_trace), "--policy", str(policy)])
+    assert res.exit_code == 0, res.output
+    assert "TBT p50 / p99" in res.output
+    policy.write_text(POLICY)
+    res = CliRunner().invoke(main, ["replay", "--trace", str(small_trace), "--policy", str(policy)])
+    assert res.exit_code == 0 and "TBT" not in res.output

@@ -67,7 +67,7 @@ from kvtier.policy.registries import (
     WRITE_BACK,
     WRITE_SELECTIVE,
 )
-from kvtier.sim.nb_tbt import tbt_tail_nb, tbt_token_nb
+from kvtier.sim.nb_tbt import tbt_run_nb, tbt_tail_nb, tbt_token_nb
 from kvtier.sim.nb_tiers import (
     LinkState,
     TierParams,
@@ -493,6 +493,9 @@ class Buffers(NamedTuple):
     # the steps at which each needs a new block, in batch order (counting sort)
     bk_start: np.ndarray  # i8 (B + 1,)
     bk_req: np.ndarray  # i8 (max_seqs,)
+    # track_tbt: when each decode step run ahead ends, as its tokens are seen (longest output
+    # + 1; one entry otherwise)
+    tbt_seen: np.ndarray  # f8
 
 
 # Fields of the replay-wide counters (``Tally.ints``): the round-robin turn, iterations begun,
@@ -1413,6 +1416,10 @@ def run_ahead_nb(
     sees, and each step's sums grow by a fixed amount. The reference runs them as iterations
     one by one (``start_iteration`` / ``end_iteration``); the times here are computed by the
     same operations in the same order (see :func:`skip_back_nb`). No reference counterpart.
+    With ``prm.track_tbt`` each step's end (plus the front-end cost) is kept in
+    ``buf.tbt_seen`` and, after the loop, each request's intervals to those tokens join its
+    longest ones (``tbt_run_nb``: the same subtractions as token by token, one request's
+    slice at a time). A handed-over request's first step there is never run ahead.
     """
     seg_t0 = ist.seg_t0
     seg_m = ist.seg_m
@@ -1472,10 +1479,7 @@ def run_ahead_nb(
         busy_s[k] += dt
         t += dt
         if prm.track_tbt:  # every request of the batch emits a token at the step's end
-            seen = t + prm.timing[T_FRONTEND]
-            for idx in range(m):
-                tbt_token_nb(running[k, sched_pos[k, idx]], seen, out.tbt_heap, out.tbt_off,
-                             out.tbt_count, out.tbt_last)  # fmt: skip
+            buf.tbt_seen[s] = t + prm.timing[T_FRONTEND]
         s += 1
         attn += 2 * m
         kv_read += m
@@ -1486,6 +1490,9 @@ def run_ahead_nb(
             i = running[k, sched_pos[k, idx]]
             kv[i] += s
             generated[i] += s
+            if prm.track_tbt:
+                tbt_run_nb(i, buf.tbt_seen, s, out.tbt_heap, out.tbt_off, out.tbt_count,
+                           out.tbt_last)  # fmt: skip
         ints[C_ITER] += s
     seg_steps[k] = s + 1 if s > 0 else 0
     return t, dt
@@ -2007,9 +2014,12 @@ def simulate_nb(
             pool.records[4 * g + BLOCK] = -1
             pool.stamps[g] = -1
     max_nb = 0
+    max_out = 0
     for i in range(n):
         if rq.block_offsets[i + 1] - rq.block_offsets[i] > max_nb:
             max_nb = rq.block_offsets[i + 1] - rq.block_offsets[i]
+        if rq.output_tokens[i] > max_out:
+            max_out = rq.output_tokens[i]
     buf = Buffers(
         np.empty(max_nb + 1, dtype=np.int32),
         np.empty(max_nb + 1, dtype=np.int32),
@@ -2020,6 +2030,7 @@ def simulate_nb(
         np.empty(prm.token_budget // prm.block_tokens + max_seqs + 2, dtype=np.int32),
         np.zeros(prm.block_tokens + 1, dtype=np.int64),
         np.zeros(max_seqs, dtype=np.int64),
+        np.empty(max_out + 1 if prm.track_tbt else 1, dtype=np.float64),
     )
     ty = Tally(np.zeros(N_COUNTERS, dtype=np.int64), np.zeros(2, dtype=np.float64))
     early, now = event_loop_nb(rq, rs, ist, pool, ts, tp, lk, prm, out, ty, buf)

@@ -6,7 +6,9 @@ root, the one a longer interval displaces), and the time its last token was seen
 ``last[i]``. Which slots hold which values may differ from the reference's ``heapq`` list; the
 multiset of the ``k_i`` largest intervals does not, and the mean at the finish sums it in
 ascending order (popping the root), the order the reference sums its sorted list in, so both
-give the same float. The wrapper (:mod:`kvtier.sim.engine`) sizes and checks the arrays; with
+give the same float. Decode steps run ahead (``kvtier.sim.nb.run_ahead_nb``) hand a request
+its tokens' times in one call (:func:`tbt_run_nb`), so its slice is read once per run rather
+than once per token. The wrapper (:mod:`kvtier.sim.engine`) sizes and checks the arrays; with
 tracking off they are empty and nothing here runs.
 """
 
@@ -57,6 +59,41 @@ def tbt_token_nb(
         count[i] = c + 1
     elif k > 0 and x > heap[o]:
         _sift_down_nb(heap, o, k, x)
+
+
+@njit(cache=True, nogil=True, _nrt=False)
+def tbt_run_nb(
+    i: int,
+    seen: np.ndarray,
+    steps: int,
+    heap: np.ndarray,
+    off: np.ndarray,
+    count: np.ndarray,
+    last: np.ndarray,
+) -> None:
+    """Request ``i``'s next ``steps`` tokens are seen at ``seen[:steps]`` (decode steps run
+    ahead): :func:`tbt_token_nb` for each, in order, with the request's slice read once."""
+    t_last = last[i]
+    o = off[i]
+    k = off[i + 1] - o
+    c = count[i]
+    for j in range(steps):
+        x = seen[j] - t_last
+        t_last = seen[j]
+        if c < k:
+            q = c
+            while q > 0:
+                p = (q - 1) // 2
+                if heap[o + p] <= x:
+                    break
+                heap[o + q] = heap[o + p]
+                q = p
+            heap[o + q] = x
+            c += 1
+        elif k > 0 and x > heap[o]:
+            _sift_down_nb(heap, o, k, x)
+    count[i] = c
+    last[i] = t_last
 
 
 @njit(cache=True, nogil=True, _nrt=False)
