@@ -12,6 +12,10 @@ Measures, for Llama-3.1-8B on the ``h100-node`` profile (8 instances, B=16 by de
   write-back: warm replay median, and the ratio to the reference on the first N requests for
   each N in ``--tier-samples``.
 
+With ``--tbt`` it instead times replays that track token intervals (``track_tbt``, the TBT
+tails) against the same replays without, side by side in rounds (the order alternating; the
+replaying thread's CPU time), for the default deployment and a disaggregated one.
+
 With ``--against DIR`` it instead times this tree's kernels against another version's, side
 by side in one process: ``DIR`` holds that version's source as a package named ``kvtier_old``
 (``git archive REV optimizer | tar -x -C DIR``, the folder renamed and its ``kvtier`` imports
@@ -23,7 +27,7 @@ new / old (median and range) and whether both versions give identical metrics. W
 on a shared machine disturb less (the kernel runs in that thread, GIL released).
 
 Usage: ``PYTHONPATH=. python scripts/bench_replay.py [--runs 5] [--samples 1000,12031]
-[--tiers] [--tier-samples 500,2000] [--against DIR --rounds 7 [--cpu-time]]``.
+[--tiers] [--tier-samples 500,2000] [--against DIR --rounds 7 [--cpu-time]] [--tbt]``.
 """
 
 from __future__ import annotations
@@ -161,7 +165,15 @@ def main() -> None:
         action="store_true",
         help="--against: time the replaying thread's CPU time (less disturbed by other jobs).",
     )
+    ap.add_argument(
+        "--tbt",
+        action="store_true",
+        help="Only replays tracking token intervals against the same without, side by side.",
+    )
     args = ap.parse_args()
+    if args.tbt:
+        bench_tbt(args)
+        return
     if args.backends:
         bench_backends(args)
         return
@@ -324,6 +336,54 @@ class Version:
         return run, m
 
 
+def bench_tbt(args: argparse.Namespace) -> None:
+    """Replays tracking token intervals against the same replays without, in one process."""
+    sys.path.insert(0, str(ROOT))
+    from kvtier.scenario import Scenario
+    from kvtier.sim import simulate
+
+    B = args.block_tokens
+    scenario = Scenario.from_files(str(args.trace), block_tokens=B)
+    tr, hw, model, policy = scenario.blocked(), scenario.hardware, scenario.model, scenario.policy
+    cases = {
+        "h100-node, 8 instances, prefix_affinity": {"routing": "prefix_affinity"},
+        "h100-node, 8 instances, prefix_affinity, vllm_v0": {
+            "routing": "prefix_affinity",
+            "scheduler": "vllm_v0",
+        },
+        "h100-node, 4 prefill + 4 decode, kv_aware": {
+            "routing": "kv_aware",
+            "prefill_instances": 4,
+        },
+    }
+    print(
+        f"{args.trace.name}, B={B}, Llama-3.1-8B; {args.rounds} rounds, each the median of "
+        f"{args.runs} warm replays (thread CPU time); ratio = tracked / untracked"
+    )
+    for label, serving in cases.items():
+        pol = replace(policy, serving=replace(policy.serving, **serving))
+        plain = simulate(tr, hw, model, pol)
+        tracked = simulate(tr, hw, model, pol, track_tbt=True)
+        t_on, t_off, ratios = [], [], []
+        for r in range(args.rounds):
+            order = [(False, t_off), (True, t_on)]
+            if r % 2:
+                order.reverse()
+            for on, times in order:
+                fn = lambda on=on, pol=pol: simulate(tr, hw, model, pol, track_tbt=on)  # noqa: E731
+                times.append(statistics.median(timed(fn, args.runs, time.thread_time)))
+            ratios.append(t_on[-1] / t_off[-1])
+        same = replace(tracked, tbt_p50_s=None, tbt_p99_s=None).same_as(plain)
+        print(
+            f"{label}: tracked {statistics.median(t_on):.4f} s, untracked "
+            f"{statistics.median(t_off):.4f} s; ratio per round median "
+            f"{statistics.median(ratios):.3f} (range {min(ratios):.3f}-{max(ratios):.3f}); "
+            f"TBT p50 / p99 {tracked.tbt_p50_s * 1e3:.1f} / {tracked.tbt_p99_s * 1e3:.1f} ms, "
+            f"TPOT p99 {tracked.tpot_p99_s * 1e3:.1f} ms; other metrics identical: {same}",
+            flush=True,
+        )
+
+
 def bench_against(args: argparse.Namespace) -> None:
     """This tree's kernels against ``args.against``'s, alternated in one process."""
     sys.path.insert(0, str(ROOT))
@@ -404,7 +464,8 @@ def bench_against(args: argparse.Namespace) -> None:
             f"{label}: new {statistics.median(t_new):.4f} s, old {statistics.median(t_old):.4f} s; "
             f"ratio per round median {statistics.median(ratios):.3f} "
             f"(range {min(ratios):.3f}-{max(ratios):.3f}); "
-            f"{m_new['n_iterations']:,} iterations; identical metrics: {m_new == m_old}",
+            f"{m_new['n_iterations']:,} iterations; identical metrics: "
+            f"{ {k: m_new[k] for k in m_old} == m_old }",  # (metrics the old version has)
             flush=True,
         )
 
