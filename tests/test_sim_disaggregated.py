@@ -254,3 +254,21 @@ def test_per_request_rows_carry_the_decode_instance_and_transfer() -> None:
     assert rows["kv_transfer_s"][1] is None
     agg = request_table(t, simulate_raw(t, config(2, 0)))
     assert "decode_instance" not in agg.column_names
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_tbt_counts_from_the_kv_arrival_on_the_decode_instance(engine) -> None:
+    """A lone handed-over request: its first token is at its KV's arrival (its TTFT), each
+    later one a decode step of the decode instance later, so its intervals are those steps
+    and its tail (3 intervals, k = 1) the longest, the last (its KV is largest)."""
+    from kvtier.sim.timing import step_time
+
+    cfg = config(2, 1)
+    raw = simulate_raw(single(3000, 4), cfg, engine=engine, track_tbt=True)
+    p = cfg.instance_timings()[1]
+    steps = [float(step_time(1, 2 * kv + 1, kv + 1, 1, kv + 1, 0, p)) for kv in (3000, 3001, 3002)]
+    assert raw.decode_instance[0] == 1
+    assert raw.finish_s[0] - raw.first_token_s[0] == pytest.approx(sum(steps), rel=1e-9)
+    assert raw.tbt_tail_s is not None
+    assert raw.tbt_tail_s[0] == pytest.approx(max(steps), rel=1e-9)
+    assert max(steps) == steps[-1]

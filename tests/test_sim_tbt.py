@@ -242,3 +242,25 @@ def test_optimize_constrains_tbt_and_policy_files_keep_it(tmp_path) -> None:
     write_policy_file(path, Policy(slo=slo), metrics=m.to_dict())
     back = read_policy_file(path)
     assert back.policy.slo == slo and back.metrics["tbt_p99_s"] == m.tbt_p99_s
+
+
+def test_the_slo_lower_bound_on_tbt_is_the_tpot_one() -> None:
+    """A request's TBT tail is at least its mean interval, so the lower bound on TPOT (one
+    lone decode step) bounds the TBT term too; a TBT SLO below it is unreachable."""
+    from types import SimpleNamespace
+
+    from kvtier.hardware import load_hardware, load_model
+    from kvtier.policy import Policy
+    from kvtier.search.bound import slo_bound
+
+    trace = BlockedTrace.from_lists([0.0, 1.0], [64, 64], [8, 8], [[0, 1, 2, 3], [4, 5]], 16)
+    scenario = SimpleNamespace(
+        blocked=lambda policy: trace,
+        hardware=load_hardware("h100-node"),
+        model=load_model("Llama-3.1-8B"),
+    )
+    bound = slo_bound(scenario, Policy(), SLO(tpot_p99_s=1e-6, tbt_p99_s=1e-6), None)
+    assert bound is not None
+    assert bound.bounds["tbt_p99_s"] == bound.bounds["tpot_p99_s"] > 1e-6
+    assert set(bound.unreachable) == {"tpot_p99_s", "tbt_p99_s"}
+    assert "tbt_p99=" in bound.suggestion()
