@@ -348,3 +348,31 @@ def test_cxl_sizing_space_on_a_pooled_testbed(tmp_path) -> None:
     assert result.best is not None
     tiers = {t["name"] for t in result.best.policy["tiers"]}
     assert "cxl" in tiers
+
+
+def test_a_tbt_slo_is_a_constraint_of_every_trial(trace_path, tmp_path) -> None:
+    """``--slo tbt_p99=...``: each trial's replay tracks token intervals and the term is one
+    of its constraints; the table shows the TBT column, the policy file keeps the bound."""
+    import optuna
+
+    db = tmp_path / "t.db"
+    out = tmp_path / "p.toml"
+    result = invoke(
+        "optimize", "--trace", str(trace_path), "--trials", "2",
+        "--slo", "ttft_p99=0.5,tbt_p99=0.05", "--storage", f"sqlite:///{db}", "--out", str(out),
+    )  # fmt: skip
+    assert result.code == 0, result.stderr
+    assert "TBT p99 s" in result.stdout and "tbt_p99 >= " in result.stdout  # lower bound too
+    stored = read_policy_file(out)
+    assert stored.policy.slo is not None and stored.policy.slo.tbt_p99_s == 0.05
+    assert 0 < stored.metrics["tbt_p99_s"] <= 0.05
+    (name,) = optuna.study.get_all_study_names(f"sqlite:///{db}")
+    study = optuna.load_study(study_name=name, storage=f"sqlite:///{db}")
+    done = [t for t in study.trials if t.state == optuna.trial.TrialState.COMPLETE]
+    assert done
+    for trial in done:
+        violations = trial.user_attrs["violations"]
+        assert list(violations) == ["ttft_p99_s", "tbt_p99_s", "completion"]
+        assert len(trial.system_attrs["constraints"]) == 3  # what the samplers read
+        tbt = trial.user_attrs["metrics"]["tbt_p99_s"]
+        assert violations["tbt_p99_s"] == tbt - 0.05

@@ -23,6 +23,10 @@ ROWS = (
 )
 
 
+# shown when the SLO bounds the TBT (only then do the trials' replays track token intervals)
+TBT_ROW = ("TBT p99 s", "tbt_p99_s", "{:.4f}")
+
+
 def fmt_cell(fmt: str, value: Any) -> str:
     """A table cell: ``value`` formatted, or ``-`` when there is none (None, NaN, infinite)."""
     if value is None or (isinstance(value, float) and not math.isfinite(value)):
@@ -207,13 +211,14 @@ def print_result(result: Any, console: Console) -> None:
         title="best policy and the presets, on this trace, hardware, model and SLO",
         title_justify="left",
     )
+    rows = (*ROWS[:5], TBT_ROW, *ROWS[5:]) if result.slo.tbt_p99_s is not None else ROWS
     table.add_column("policy", style="bold")
-    for label, _, _ in ROWS:
+    for label, _, _ in rows:
         table.add_column(label, justify="right")
     table.add_column("meets SLO")
     table.add_row(
         f"best (trial {best.number})",
-        *(fmt_cell(fmt, best.metrics.get(key)) for _, key, fmt in ROWS),
+        *(fmt_cell(fmt, best.metrics.get(key)) for _, key, fmt in rows),
         "yes",
     )
     left_out = []
@@ -224,7 +229,7 @@ def print_result(result: Any, console: Console) -> None:
         m = b.evaluation.metrics
         verdict = "yes" if b.evaluation.feasible else "no: " + _misses(b.evaluation.violations)
         table.add_row(
-            b.name, *(fmt_cell(fmt, getattr(m, key)) for _, key, fmt in ROWS), escape(verdict)
+            b.name, *(fmt_cell(fmt, getattr(m, key)) for _, key, fmt in rows), escape(verdict)
         )
     console.print(table)
     if left_out:
