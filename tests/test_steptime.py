@@ -281,3 +281,31 @@ def test_frontend_cost_in_both_engines() -> None:
             b.finish_s - b.first_token_s, a.finish_s - a.first_token_s, atol=1e-12
         )
         assert b.busy_s.tolist() == a.busy_s.tolist()
+
+
+def test_cpu_overhead_adds_to_every_iteration_in_both_engines() -> None:
+    """serving.cpu_overhead_s is packed into the step overhead of either backend, so a lone
+    decode's TPOT rises by exactly that much and its prefill iteration too, the same in both
+    engines; 0 (the default) leaves the packed array as it was."""
+    hw, md = load_hardware("h100-node"), load_model("llama-3.1-8b")
+    trace = BlockedTrace.from_lists([0.0], [300], [9], [[]], 16)
+    for step in ("measured", "roofline"):
+        runs = {}
+        for cpu in (0.0, 0.043):
+            cfg = build_config(hw, md, _policy(step_time=step, cpu_overhead_s=cpu))
+            cfg = replace(cfg, n_instances=1)
+            ref = simulate_raw(trace, cfg, engine="reference")
+            fast = simulate_raw(trace, cfg, engine="numba")
+            np.testing.assert_array_equal(ref.first_token_s, fast.first_token_s)
+            np.testing.assert_array_equal(ref.finish_s, fast.finish_s)
+            runs[cpu] = (cfg, ref)
+        (c0, a), (c1, b) = runs[0.0], runs[0.043]
+        base = build_config(hw, md, _policy(step_time=step))
+        np.testing.assert_array_equal(c0.timing_params(), base.timing_params())
+        diff = c1.timing_params() - c0.timing_params()
+        assert diff[T.T_OVERHEAD] == pytest.approx(0.043, abs=1e-15)
+        assert np.count_nonzero(diff) == 1
+        # the prefill iteration and each of the 8 decode steps, 0.043 s longer
+        np.testing.assert_allclose(b.first_token_s, a.first_token_s + 0.043, atol=1e-12)
+        tpot = lambda r: (r.finish_s - r.first_token_s) / 8  # noqa: E731
+        np.testing.assert_allclose(tpot(b), tpot(a) + 0.043, atol=1e-12)

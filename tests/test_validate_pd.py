@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from types import SimpleNamespace
 
 import numpy as np
@@ -55,6 +56,30 @@ def test_a_deployment_names_only_known_serving_settings() -> None:
         pv._serving_settings("x", {"instances": 1, "scheduler": "v0"})
     with pytest.raises(InputError, match="max_num_batched_tokens must be a positive integer"):
         pv._serving_settings("x", {"instances": 1, "max_num_batched_tokens": 0})
+    got = pv._serving_settings("x", {"instances": 1, "cpu_overhead_s": 0.043})
+    assert got == {"cpu_overhead_s": 0.043}
+    for bad in (-0.1, "1", True, float("nan")):
+        with pytest.raises(InputError, match="cpu_overhead_s must be a number in"):
+            pv._serving_settings("x", {"instances": 1, "cpu_overhead_s": bad})
+
+
+def test_the_vllm_v05_era_baselines_carry_its_cpu_overhead() -> None:
+    """Every aggregated baseline of a vLLM older than v0.6.0 adds vLLM v0.5.3's CPU time per
+    iteration ([vLLM-v0.6-perf]); the disaggregated systems (Mooncake, DistServe) do not."""
+    from kvtier.hardware import load_hardware, load_model
+    from kvtier.policy import Policy
+    from kvtier.sim import build_config
+
+    for name in ("distserve-2p1d", "mooncake-kimi"):
+        cond = pv.load_pd_scenario(name)["conditions"]
+        agg = pv._serving_settings(name, cond["aggregated"])
+        assert agg["cpu_overhead_s"] == 0.043
+        assert "cpu_overhead_s" not in pv._serving_settings(name, cond["disaggregated"])
+        hw, md = load_hardware(cond["hardware"]), load_model(cond["model"])
+        pol = Policy()
+        cfg = build_config(hw, md, replace(pol, serving=replace(pol.serving, **agg)))
+        plain = build_config(hw, md, pol)
+        assert cfg.step_overhead_s == pytest.approx(plain.step_overhead_s + 0.043, abs=1e-15)
 
 
 def test_attainment_both_bounds_or_each_bound(monkeypatch) -> None:

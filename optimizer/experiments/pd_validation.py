@@ -9,7 +9,8 @@ stand-in deployment, scaled to it: ``ttft_x_unloaded`` and ``tpot_x_unloaded`` a
 paper's SLO over its unloaded prefill time and decode step, applied to the stand-in's own
 unloaded times (a single request replayed alone). Each deployment may set the serving
 settings the paper's systems ran with (``scheduler``, ``max_num_batched_tokens``,
-``max_num_seqs``: e.g. the aggregated baseline as vLLM of the paper's time, ``vllm_v0``). The
+``max_num_seqs``, ``cpu_overhead_s``: e.g. the aggregated baseline as vLLM of the paper's time,
+``vllm_v0`` with its CPU time per iteration). The
 workload is either fixed lengths with Poisson arrivals (``input_tokens``,
 ``output_tokens``, ``requests``) or a bundled trace (``trace``) whose arrivals are compressed.
 
@@ -185,7 +186,7 @@ def goodput(  # noqa: ANN001
     return lo
 
 
-SERVING_KEYS = ("scheduler", "max_num_batched_tokens", "max_num_seqs")
+SERVING_KEYS = ("scheduler", "max_num_batched_tokens", "max_num_seqs", "cpu_overhead_s")
 
 
 def _serving_settings(name: str, spec: dict[str, Any]) -> dict[str, Any]:
@@ -212,6 +213,12 @@ def _serving_settings(name: str, spec: dict[str, Any]) -> dict[str, Any]:
             if not isinstance(v, int) or isinstance(v, bool) or v < 1:
                 raise InputError(f"P/D scenario {name!r}: {key} must be a positive integer")
             out[key] = v
+    if "cpu_overhead_s" in spec:  # the framework's CPU time per iteration (vLLM v0.5 era)
+        v = spec["cpu_overhead_s"]
+        ok = isinstance(v, (int, float)) and not isinstance(v, bool) and 0 <= v <= 10
+        if not ok or not math.isfinite(v):
+            raise InputError(f"P/D scenario {name!r}: cpu_overhead_s must be a number in [0, 10]")
+        out["cpu_overhead_s"] = float(v)
     return out
 
 

@@ -162,6 +162,17 @@ class ServingPolicy:
         "framework data version: the database's current, previous or next slot",
         choices=FRAMEWORK_VERSIONS,
     )
+    # The framework's own CPU time per scheduler iteration (scheduling, input preparation,
+    # output processing, the API server sharing the process), which blocks the GPU in engines
+    # that run them synchronously (vLLM before v0.6.0: docs/sources.md [vLLM-v0.6-perf]) and
+    # is absent from the measured operator times; added to every iteration as the hardware
+    # profile's step_overhead_s is (docs/model.md, "Step time").
+    cpu_overhead_s: float = setting(
+        0.0,
+        "framework CPU seconds added to every iteration (0: none; vLLM v0.5: 0.043)",
+        nonneg=True,
+        maximum=10.0,
+    )
 
     def __post_init__(self) -> None:
         check_settings(self)

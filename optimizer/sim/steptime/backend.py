@@ -64,7 +64,7 @@ def roofline_timing(
         weight_bytes=dense_bytes,
         kv_bytes_per_token=kvb,
         mem_rate=tp * hardware.gpu.hbm_bw * eff.mbu,
-        step_overhead_s=eff.step_overhead_s,
+        step_overhead_s=eff.step_overhead_s + policy.serving.cpu_overhead_s,
         ar_s_per_token=ar_token,
         ar_fixed_s=ar_fixed,
         expert_bytes=expert_bytes,
@@ -118,5 +118,6 @@ def step_timing(
         f"{key.version}, tp={key.tp}, weights {key.weight_dtype}, kv {key.kv_dtype})"
     )
     # the measured operator times carry the GPU work; the scheduler's own per-step CPU time is
-    # not in them and is left out (docs/model.md)
-    return pack_measured(base, tables, 0.0), "measured", provenance
+    # not in them: only the framework's, when the scenario states it (docs/model.md)
+    overhead = policy.serving.cpu_overhead_s
+    return pack_measured(base, tables, overhead), "measured", provenance
