@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import replace
 from types import SimpleNamespace
 
@@ -22,11 +23,10 @@ def test_distserve_example_on_the_papers_model_and_gpu() -> None:
     # OPT-13B on an A100 under the paper's own SLO, not a stand-in's scaled one
     assert c.stand_in == "OPT-13B on a100-node"
     assert (c.ttft_slo_s, c.tpot_slo_s) == (0.4, 0.04)
-    # the disaggregated 2P + 1D serves more per GPU than one colocated GPU under the SLO
-    assert c.disaggregated_rps_per_gpu > c.aggregated_rps_per_gpu > 0
-    assert c.model == c.disaggregated_rps_per_gpu / c.aggregated_rps_per_gpu
-    assert c.residual == c.model / c.published
-    assert c.met == (1 / 1.5 <= c.residual <= 1.5)
+    # the colocated vLLM's every iteration carries vLLM v0.5.3's 0.043 s of CPU time, above
+    # the 0.04 s TPOT bound: it meets the bound at no rate, the 2P + 1D does
+    assert c.disaggregated_rps_per_gpu > 0 and c.aggregated_rps_per_gpu == 0
+    assert c.model == math.inf and not c.met
     assert c.split == "1 aggregated against 2P + 1D"
 
 
