@@ -64,14 +64,6 @@ def test_the_systems_are_the_papers_baselines_and_mooncake() -> None:
     assert pols["vllm-prefix-caching"].serving.prefix_caching
     assert pols["vllm-chunked-prefill"].serving.max_num_batched_tokens == 512
     assert not pols["vllm-chunked-prefill"].serving.prefix_caching
-    # every vLLM v0.5.1 system adds the era's CPU time per iteration, Mooncake does not
-    over = {s: p.serving.cpu_overhead_s for s, p in pols.items()}
-    assert over == {
-        "vllm": 0.043,
-        "vllm-prefix-caching": 0.043,
-        "vllm-chunked-prefill": 0.043,
-        "mooncake": 0.0,
-    }
     cfgs = {s: build_config(hw, md, p) for s, p in pols.items()}
     assert all(c.n_instances == 16 for c in cfgs.values())
     # Mooncake: 8 prefill + 8 decode nodes, the store behind RDMA, its 256-token blocks

@@ -169,7 +169,7 @@ class ServingPolicy:
     # profile's step_overhead_s is (docs/model.md, "Step time").
     cpu_overhead_s: float = setting(
         0.0,
-        "framework CPU seconds added to every iteration (0: none; vLLM v0.5: 0.043)",
+        "framework CPU seconds added to every iteration (0: none; docs/model.md)",
         nonneg=True,
         maximum=10.0,
     )
