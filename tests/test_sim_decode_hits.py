@@ -118,4 +118,19 @@ def test_decode_hits_are_the_pull_connectors() -> None:
         "vllm-offloading": True,
         "nixl": True,
         "beluga-cxl": True,
+        "lmcache-pd": False,
+    }
+
+
+def test_the_lmcache_pd_preset_moves_every_block_of_a_later_turn() -> None:
+    # vllm-pd-lmcache's P/D path is LMCache's backend: no decode-side trim, NIXL's rates
+    from kvtier.policy.presets import load_preset
+    from kvtier.policy.registries import CONNECTORS
+
+    preset = load_preset("vllm-pd-lmcache")
+    assert preset.serving.pd_connector == "lmcache-pd"
+    lm, nixl = CONNECTORS.get("lmcache-pd").defaults, CONNECTORS.get("nixl").defaults
+    assert not lm["pd_decode_hit"] and nixl["pd_decode_hit"]
+    assert {k: v for k, v in lm.items() if k != "pd_decode_hit"} == {
+        k: v for k, v in nixl.items() if k != "pd_decode_hit"
     }

@@ -127,9 +127,16 @@ LOAD_RULES = Registry(
 # disaggregation"), and whether the decode side looks the prompt up in its own prefix cache
 # and moves only the blocks past its hit (``pd_decode_hit``: vLLM's NixlConnector and
 # MooncakeConnector; LMCache's P/D backend and Mooncake's layer-wise push move every block).
-DIRECT, LMCACHE_03_MOONCAKE, LMCACHE_MOONCAKE, MOONCAKE_TE, VLLM_OFFLOADING, NIXL, BELUGA_CXL = (
-    range(7)
-)
+(
+    DIRECT,
+    LMCACHE_03_MOONCAKE,
+    LMCACHE_MOONCAKE,
+    MOONCAKE_TE,
+    VLLM_OFFLOADING,
+    NIXL,
+    BELUGA_CXL,
+    LMCACHE_PD,
+) = range(8)
 UNIT_CHUNK, UNIT_FRAGMENT, UNIT_TRANSFER = 0, 1, 2
 UNITS = ("chunk", "fragment", "transfer")
 
@@ -223,6 +230,15 @@ CONNECTORS = Registry(
             BELUGA_CXL,
             "Beluga: GPU DMA from a CXL-attached pool, the profile's per-fragment cost",
             _path(),
+        ),
+        Entry(
+            "lmcache-pd",
+            LMCACHE_PD,
+            "LMCache's P/D backend over NIXL (enable_pd, transfer_channel nixl): every chunk "
+            "of the prompt is sent, whatever the decode side already holds",
+            # NIXL's operations ([LMCache-PD]: the sender writes by NIXL), and no decode-side
+            # trim: the sender skips only chunks already in the receiver's PD buffer
+            _path(order="pipelined", depth=32, rpc_us=2.57, pd_decode_hit=False),
         ),
     ],
 )

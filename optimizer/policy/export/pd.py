@@ -140,13 +140,14 @@ def pd_notes(deploy: Deployment, target: str) -> list[str]:
         "instance, which a proxy may do differently.",
     ]
     layerwise = conn == "mooncake-te"
-    if target in ("vLLM", "Dynamo") and conn != "nixl":
+    lmcache_pd = conn == "lmcache-pd" and target == "vLLM" and _lmcache_roles(deploy)
+    if target in ("vLLM", "Dynamo") and conn != "nixl" and not lmcache_pd:
         how = "Mooncake's layer-wise push" if layerwise else f"the {conn} path"
         notes.append(
             f"pd_connector = {conn} ({how}) cannot be expressed: the exported instances move "
             "the KV with vLLM's NixlConnector, which reads the whole KV after the prefill."
         )
-    if target == "vLLM" and conn == "nixl" and _lmcache_roles(deploy):
+    if target == "vLLM" and conn in ("nixl", "lmcache-pd") and _lmcache_roles(deploy):
         notes.append(
             "LMCache's P/D backend settings are not exported: LMCacheConnectorV1 moves the KV "
             "only with enable_pd, pd_role (sender on prefill, receiver on decode instances), "
