@@ -37,17 +37,12 @@ def _sift_down_nb(heap: np.ndarray, o: int, size: int, x: float) -> None:
     heap[o + j] = x
 
 
-@njit(cache=True, nogil=True, _nrt=False)
-def tbt_token_nb(
-    i: int, seen: float, heap: np.ndarray, off: np.ndarray, count: np.ndarray, last: np.ndarray
-) -> None:
-    """Request ``i``'s next token is seen at ``seen``: its interval joins the longest ones."""
-    x = seen - last[i]
-    last[i] = seen
-    o = off[i]
-    k = off[i + 1] - o
-    c = count[i]
-    if c < k:  # not full: sift up from the end
+@njit(cache=True, nogil=True, inline="always")
+def _keep_nb(heap: np.ndarray, o: int, k: int, c: int, x: float) -> int:
+    """Offer interval ``x`` to the min-heap ``heap[o:o + k]`` of ``c`` kept values: appended
+    and sifted up while it is not full, else in place of the root when longer. Returns the
+    new count."""
+    if c < k:
         j = c
         while j > 0:
             p = (j - 1) // 2
@@ -56,9 +51,21 @@ def tbt_token_nb(
             heap[o + j] = heap[o + p]
             j = p
         heap[o + j] = x
-        count[i] = c + 1
-    elif k > 0 and x > heap[o]:
+        return c + 1
+    if k > 0 and x > heap[o]:
         _sift_down_nb(heap, o, k, x)
+    return c
+
+
+@njit(cache=True, nogil=True, _nrt=False)
+def tbt_token_nb(
+    i: int, seen: float, heap: np.ndarray, off: np.ndarray, count: np.ndarray, last: np.ndarray
+) -> None:
+    """Request ``i``'s next token is seen at ``seen``: its interval joins the longest ones."""
+    x = seen - last[i]
+    last[i] = seen
+    o = off[i]
+    count[i] = _keep_nb(heap, o, off[i + 1] - o, count[i], x)
 
 
 @njit(cache=True, nogil=True, _nrt=False)
@@ -78,20 +85,8 @@ def tbt_run_nb(
     k = off[i + 1] - o
     c = count[i]
     for j in range(steps):
-        x = seen[j] - t_last
+        c = _keep_nb(heap, o, k, c, seen[j] - t_last)
         t_last = seen[j]
-        if c < k:
-            q = c
-            while q > 0:
-                p = (q - 1) // 2
-                if heap[o + p] <= x:
-                    break
-                heap[o + q] = heap[o + p]
-                q = p
-            heap[o + q] = x
-            c += 1
-        elif k > 0 and x > heap[o]:
-            _sift_down_nb(heap, o, k, x)
     count[i] = c
     last[i] = t_last
 

@@ -35,6 +35,25 @@ def _slot(hi: np.uint64, lo: np.uint64, mask: np.uint64) -> np.int64:
     return np.int64(z & mask)
 
 
+@njit(cache=True, nogil=True, inline="always")
+def _probe(
+    keys_hi: np.ndarray,
+    keys_lo: np.ndarray,
+    vals: np.ndarray,
+    two_words: bool,
+    hi: np.uint64,
+    lo: np.uint64,
+    mask: np.uint64,
+) -> np.int64:
+    """The slot holding key ``(hi, lo)``, or the empty slot where it would go (linear
+    probing from its hash)."""
+    s = _slot(hi, lo, mask)
+    while True:
+        if vals[s] == _EMPTY or (keys_hi[s] == hi and (not two_words or keys_lo[s] == lo)):
+            return s
+        s = (s + 1) & np.int64(mask)
+
+
 @njit(cache=True, nogil=True)
 def _insert_nb(
     keys_hi: np.ndarray,
@@ -57,23 +76,19 @@ def _insert_nb(
     for i in range(start, q_hi.shape[0]):
         hi = q_hi[i]
         lo = q_lo[i] if two_words else np.uint64(0)
-        s = _slot(hi, lo, mask)
-        while True:
-            v = vals[s]
-            if v == _EMPTY:
-                if n_used >= limit:
-                    return i, n_used
-                keys_hi[s] = hi
-                if two_words:
-                    keys_lo[s] = lo
-                vals[s] = n_used
-                out[i] = n_used
-                n_used += 1
-                break
-            if keys_hi[s] == hi and (not two_words or keys_lo[s] == lo):
-                out[i] = v
-                break
-            s = (s + 1) & np.int64(mask)
+        s = _probe(keys_hi, keys_lo, vals, two_words, hi, lo, mask)
+        v = vals[s]
+        if v != _EMPTY:
+            out[i] = v
+            continue
+        if n_used >= limit:
+            return i, n_used
+        keys_hi[s] = hi
+        if two_words:
+            keys_lo[s] = lo
+        vals[s] = n_used
+        out[i] = n_used
+        n_used += 1
     return q_hi.shape[0], n_used
 
 
@@ -116,18 +131,8 @@ def _find_nb(
     """The id of each key ``(q_hi[i], q_lo[i])`` held, or -1; nothing is inserted."""
     mask = np.uint64(vals.shape[0] - 1)
     for i in range(q_hi.shape[0]):
-        hi = q_hi[i]
         lo = q_lo[i] if two_words else np.uint64(0)
-        s = _slot(hi, lo, mask)
-        while True:
-            v = vals[s]
-            if v == _EMPTY:
-                out[i] = -1
-                break
-            if keys_hi[s] == hi and (not two_words or keys_lo[s] == lo):
-                out[i] = v
-                break
-            s = (s + 1) & np.int64(mask)
+        out[i] = vals[_probe(keys_hi, keys_lo, vals, two_words, q_hi[i], lo, mask)]
 
 
 class IdTable:
