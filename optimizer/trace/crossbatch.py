@@ -32,6 +32,7 @@ from numba import njit
 import kvtier.jitcache  # noqa: F401  (drops kernels compiled against older sources)
 from kvtier.errors import InputError
 from kvtier.trace.idtable import IdTable
+from kvtier.trace.validate import chain_error
 
 
 @njit(cache=True, nogil=True)
@@ -111,17 +112,7 @@ class ChainCheck:
             self.filled,
         )  # fmt: skip
         if row >= 0:
-            what = (
-                f"hash at block {p} also appears at block {p0}"
-                if p != p0
-                else f"hash at block {p} follows a different parent hash than before"
-            )
-            raise InputError(
-                f"hashes are not chained prefix hashes: {what}",
-                path=path,
-                row=row0 + row,
-                column="block_hashes",
-            )
+            raise chain_error(p, p0, path=path, row=row0 + row)
 
 
 def _string_keys(values: pa.Array) -> tuple[np.ndarray, np.ndarray]:

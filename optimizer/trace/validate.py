@@ -124,17 +124,20 @@ def check_chained(offsets: np.ndarray, hashes: np.ndarray, path: str | None = No
     )
     if bad.height:
         row, p, p0 = bad.row(0)
-        what = (
-            f"hash at block {p} also appears at block {p0}"
-            if p != p0
-            else f"hash at block {p} follows a different parent hash than before"
-        )
-        raise InputError(
-            f"hashes are not chained prefix hashes: {what}",
-            path=path,
-            row=row,
-            column="block_hashes",
-        )
+        raise chain_error(p, p0, path=path, row=row)
+
+
+def chain_error(p: int, p0: int, *, path: str | None, row: int) -> InputError:
+    """The error of a hash at block ``p`` of ``row`` that was first seen at block ``p0`` (or,
+    when ``p == p0``, after another parent hash)."""
+    what = (
+        f"hash at block {p} also appears at block {p0}"
+        if p != p0
+        else f"hash at block {p} follows a different parent hash than before"
+    )
+    return InputError(
+        f"hashes are not chained prefix hashes: {what}", path=path, row=row, column="block_hashes"
+    )
 
 
 def validate_table(
