@@ -26,8 +26,26 @@ MOONCAKE = "mooncake"  # the system whose capacity is the ratio's numerator
 SYSTEM_KEYS = ("preset", "set")
 
 
+class RatioCheck:
+    """A published ratio against the model's, met within a factor ``tolerance`` either way
+    (the dataclasses that use it hold ``model``, ``published`` and ``tolerance``)."""
+
+    model: float
+    published: float
+    tolerance: float
+
+    @property
+    def residual(self) -> float:
+        """Model over published (1: reproduced)."""
+        return self.model / self.published
+
+    @property
+    def met(self) -> bool:
+        return 1 / self.tolerance <= self.residual <= self.tolerance
+
+
 @dataclass(frozen=True)
-class CapacityCheck:
+class CapacityCheck(RatioCheck):
     """One threshold of a capacity scenario: the published ratio and the model's."""
 
     name: str  # scenario @ threshold
@@ -43,15 +61,6 @@ class CapacityCheck:
     published_capacity: dict[str, float]  # read from the figure (NaN: not read)
     best_baseline: str  # the model's best baseline at this threshold
     stand_in: str
-
-    @property
-    def residual(self) -> float:
-        """Model over published (1: reproduced)."""
-        return self.model / self.published
-
-    @property
-    def met(self) -> bool:
-        return 1 / self.tolerance <= self.residual <= self.tolerance
 
 
 def _fail(name: str, msg: str) -> InputError:
@@ -109,19 +118,21 @@ def system_policy(name: str, sname: str, spec: dict[str, Any]):  # noqa: ANN201
     return apply_overrides(base, sets, f"{name}: systems.{sname}.set")
 
 
-def replay_system(trace_path: Path, hw, md, pol):  # noqa: ANN001, ANN201
-    """One replay of the trace at its own timestamps, with each request's TBT tail."""
-    from kvtier.scenario import Scenario
+def replay_system(blocks, hw, md, pol):  # noqa: ANN001, ANN201
+    """One replay of the trace at its own timestamps, with each request's TBT tail; ``blocks``
+    (:class:`kvtier.scenario.BlockCache`) maps the trace once per block size."""
     from kvtier.sim import build_config, simulate_raw
 
-    trace = Scenario.from_files(str(trace_path), block_tokens=pol.block_tokens).blocked()
+    trace = blocks.get(pol)
     return trace, simulate_raw(trace, build_config(hw, md, pol), engine="numba", track_tbt=True)
 
 
 def run_capacity(name: str, data: dict[str, Any]) -> tuple[CapacityCheck, ...]:
     """Every threshold of capacity scenario ``name``, each system replayed once."""
     from kvtier.hardware import load_hardware, load_model
+    from kvtier.scenario import BlockCache
     from kvtier.sim.metrics import effective_share
+    from kvtier.trace.io import read_trace
 
     check_scenario(name, data)
     fig, cond = data["figure"], data["conditions"]
@@ -130,9 +141,10 @@ def run_capacity(name: str, data: dict[str, Any]) -> tuple[CapacityCheck, ...]:
     ttft_s = float(cond["ttft_s"])
     thresholds = [float(t) for t in fig["thresholds_ms"]]
     shares: dict[str, list[float]] = {}
+    blocks = BlockCache(read_trace(str(path)))
     for sname, spec in cond["systems"].items():
         pol = system_policy(name, sname, spec)
-        trace, raw = replay_system(path, hw, md, pol)
+        trace, raw = replay_system(blocks, hw, md, pol)
         shares[sname] = [effective_share(trace, raw, ttft_s, t / 1e3) for t in thresholds]
     against = str(fig["against"])
     read_cap = fig.get("capacity", {})

@@ -37,7 +37,7 @@ from typing import Any
 import numpy as np
 
 from kvtier.errors import InputError
-from kvtier.experiments.pd_capacity import CapacityCheck, run_capacity
+from kvtier.experiments.pd_capacity import CapacityCheck, RatioCheck, run_capacity
 from kvtier.policy.presets import BUILTIN_DIR
 
 PD_DIR = BUILTIN_DIR / "validation" / "pd"
@@ -46,7 +46,7 @@ SEED = 0
 
 
 @dataclass(frozen=True)
-class PdCheck:
+class PdCheck(RatioCheck):
     """One published result: its ratio and the model's, with each deployment's goodput."""
 
     name: str
@@ -61,15 +61,6 @@ class PdCheck:
     tpot_slo_s: float
     stand_in: str
     split: str = ""
-
-    @property
-    def residual(self) -> float:
-        """Model over published (1: reproduced)."""
-        return self.model / self.published
-
-    @property
-    def met(self) -> bool:
-        return 1 / self.tolerance <= self.residual <= self.tolerance
 
 
 @dataclass(frozen=True)
