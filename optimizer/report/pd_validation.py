@@ -10,14 +10,10 @@ from typing import Any
 
 from kvtier.experiments.pd_validation import PdValidation
 
+# the columns every check shows: what it is, the published ratio beside the model's, the verdict
+CHECK_HEAD = ["result", "source", "published", "model", "model / published", "tolerance", "met"]
 HEAD = [
-    "result",
-    "source",
-    "published",
-    "model",
-    "model / published",
-    "tolerance",
-    "met",
+    *CHECK_HEAD,
     "aggregated rps/GPU",
     "disaggregated rps/GPU",
     "deployments",
@@ -25,16 +21,23 @@ HEAD = [
 ]
 
 
+def _check_cells(c: Any, published: str) -> list[str]:
+    """The :data:`CHECK_HEAD` cells of check ``c`` (``published`` as the check words it)."""
+    return [
+        c.name,
+        c.source,
+        published,
+        f"{c.model:.2f}x",
+        f"{c.residual:.2f}",
+        f"1/{c.tolerance:g}..{c.tolerance:g}",
+        "yes" if c.met else "MISSED",
+    ]
+
+
 def _rows(result: PdValidation) -> list[list[str]]:
     return [
         [
-            c.name,
-            c.source,
-            f"{c.published:.2f}x",
-            f"{c.model:.2f}x",
-            f"{c.residual:.2f}",
-            f"1/{c.tolerance:g}..{c.tolerance:g}",
-            "yes" if c.met else "MISSED",
+            *_check_cells(c, f"{c.published:.2f}x"),
             f"{c.aggregated_rps_per_gpu:.3g}",
             f"{c.disaggregated_rps_per_gpu:.3g}",
             f"{c.split} ({c.stand_in})",
@@ -45,13 +48,7 @@ def _rows(result: PdValidation) -> list[list[str]]:
 
 
 CAPACITY_HEAD = [
-    "result",
-    "source",
-    "published",
-    "model",
-    "model / published",
-    "tolerance",
-    "met",
+    *CHECK_HEAD,
     "effective share, model (figure)",
     "model's best baseline",
     "SLO TTFT / TBT",
@@ -66,13 +63,7 @@ def _share(model: float, read: float) -> str:
 def _capacity_rows(result: PdValidation) -> list[list[str]]:
     return [
         [
-            c.name,
-            c.source,
-            f"{c.published:.2f}x over {c.against}",
-            f"{c.model:.2f}x",
-            f"{c.residual:.2f}",
-            f"1/{c.tolerance:g}..{c.tolerance:g}",
-            "yes" if c.met else "MISSED",
+            *_check_cells(c, f"{c.published:.2f}x over {c.against}"),
             "; ".join(f"{s} {_share(v, c.published_capacity[s])}" for s, v in c.capacity.items()),
             c.best_baseline,
             f"{c.ttft_slo_s:g} s / {c.threshold_ms:g} ms",
