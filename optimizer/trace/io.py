@@ -13,6 +13,7 @@ import os
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
+from typing import BinaryIO
 
 import pyarrow as pa
 import pyarrow.ipc as ipc
@@ -67,18 +68,38 @@ def _read_dataset(path: str) -> pa.Table:
         raise InputError(f"the files' columns do not match: {err}", path=path) from None
 
 
+def _unreadable(path: str, err: OSError) -> InputError:
+    """The one-line error of an input file that cannot be opened or read."""
+    if isinstance(err, FileNotFoundError):
+        return InputError("no such file", path=path)
+    if isinstance(err, IsADirectoryError):
+        return InputError("is a directory, not a trace file", path=path)
+    return InputError(f"cannot read: {err.strerror}", path=path)
+
+
+def open_input(path: str) -> BinaryIO:
+    """``path`` opened to read bytes (the caller closes it); a missing, directory or unreadable
+    file is a one-line error naming it."""
+    try:
+        return open(path, "rb")  # noqa: SIM115
+    except OSError as err:
+        raise _unreadable(path, err) from None
+
+
+def read_input(path: str, size: int = -1) -> bytes:
+    """The first ``size`` bytes of ``path`` (all with -1), with :func:`open_input`'s errors,
+    and the same for a read that fails."""
+    try:
+        with open(path, "rb") as fh:
+            return fh.read(size)
+    except OSError as err:
+        raise _unreadable(path, err) from None
+
+
 def _read_table(path: str) -> pa.Table:
     if os.path.isdir(path):
         return _read_dataset(path)
-    try:
-        with open(path, "rb") as fh:
-            head = fh.read(8)
-    except FileNotFoundError:
-        raise InputError("no such file", path=path) from None
-    except IsADirectoryError:
-        raise InputError("is a directory, not a trace file", path=path) from None
-    except OSError as err:
-        raise InputError(f"cannot read: {err.strerror}", path=path) from None
+    head = read_input(path, 8)
     if not head:
         raise InputError("empty file", path=path)
     try:

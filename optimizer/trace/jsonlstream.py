@@ -34,8 +34,9 @@ import pyarrow.parquet as pq
 from kvtier.errors import InputError
 from kvtier.trace.batches import CrossChecks
 from kvtier.trace.format import Trace
+from kvtier.trace.importers.common import check_utf8
 from kvtier.trace.importers.tabular import ArrivalState, ColumnMap
-from kvtier.trace.io import atomic_write
+from kvtier.trace.io import atomic_write, open_input, read_input
 from kvtier.trace.streaming import StreamSummary
 
 if TYPE_CHECKING:
@@ -58,21 +59,14 @@ class JsonlPlan:
 def line_chunks(path: str, batch_rows: int) -> Iterator[tuple[int, bytes]]:
     """``(line number of the first line, bytes)`` of up to ``batch_rows`` whole lines at a time
     (gzip decompressed, a leading UTF-8 byte-order mark dropped, text checked to be UTF-8)."""
-    try:
-        with open(path, "rb") as probe:
-            gz = probe.read(2) == b"\x1f\x8b"
-        fh = gzip.open(path, "rb") if gz else open(path, "rb")  # noqa: SIM115
-    except FileNotFoundError:
-        raise InputError("no such file", path=path) from None
-    except IsADirectoryError:
-        raise InputError("is a directory, not a trace file", path=path) from None
-    except OSError as err:
-        raise InputError(f"cannot read: {err.strerror}", path=path) from None
+    gz = read_input(path, 2) == b"\x1f\x8b"
+    raw = open_input(path)
+    fh = gzip.GzipFile(fileobj=raw) if gz else raw  # a GzipFile leaves its file open
     line = 1
     parts: list[bytes] = []
     count = 0  # newlines in parts
     first = True
-    with fh:
+    with raw, fh:
         while True:
             try:
                 block = fh.read(_READ_BYTES)
@@ -87,7 +81,7 @@ def line_chunks(path: str, batch_rows: int) -> Iterator[tuple[int, bytes]]:
             start, taken = 0, 0
             while count + len(nl) - taken >= batch_rows:
                 end = int(nl[taken + batch_rows - count - 1]) + 1
-                yield line, _utf8(path, line, b"".join([*parts, block[start:end]]))
+                yield line, check_utf8(path, line, b"".join([*parts, block[start:end]]))
                 taken += batch_rows - count
                 line += batch_rows
                 parts, count, start = [], 0, end
@@ -95,19 +89,7 @@ def line_chunks(path: str, batch_rows: int) -> Iterator[tuple[int, bytes]]:
                 parts.append(block[start:])
                 count += len(nl) - taken
     if parts:
-        yield line, _utf8(path, line, b"".join(parts))
-
-
-def _utf8(path: str, first_line: int, data: bytes) -> bytes:
-    try:
-        data.decode("utf-8")
-    except UnicodeDecodeError as err:
-        raise InputError(
-            f"not UTF-8 text (byte 0x{data[err.start]:02x}); is the file compressed?",
-            path=path,
-            line=first_line + data.count(b"\n", 0, err.start),
-        ) from None
-    return data
+        yield line, check_utf8(path, line, b"".join(parts))
 
 
 class SessionLinks:

@@ -20,6 +20,7 @@ import pyarrow as pa
 
 from kvtier.errors import InputError
 from kvtier.trace.format import Trace
+from kvtier.trace.io import read_input
 
 _GZIP_MAGIC = b"\x1f\x8b"
 _UTF8_BOM = b"\xef\xbb\xbf"
@@ -29,33 +30,29 @@ _INT64_MAX = (1 << 63) - 1
 def read_bytes(path: str) -> bytes:
     """The file's bytes: gzip-compressed files are decompressed, a UTF-8 byte-order mark is
     dropped (line numbers are unchanged by either), and text that is not UTF-8 is refused."""
-    try:
-        with open(path, "rb") as fh:
-            data = fh.read()
-    except FileNotFoundError:
-        raise InputError("no such file", path=path) from None
-    except IsADirectoryError:
-        raise InputError("is a directory, not a trace file", path=path) from None
-    except OSError as err:
-        raise InputError(f"cannot read: {err.strerror}", path=path) from None
+    data = read_input(path)
     if data.startswith(_GZIP_MAGIC):
         try:
             data = gzip.decompress(data)
         except (OSError, EOFError, zlib.error) as err:
             raise InputError(f"corrupt gzip file: {err}", path=path) from None
-    if data.startswith(_UTF8_BOM):
-        data = data[len(_UTF8_BOM) :]
+    data = check_utf8(path, 1, data.removeprefix(_UTF8_BOM))
+    if not data.strip():
+        raise InputError("empty file", path=path)
+    return data
+
+
+def check_utf8(path: str, first_line: int, data: bytes) -> bytes:
+    """``data`` (lines of ``path`` from ``first_line`` on) if it is UTF-8 text, else a one-line
+    error naming the line of the first bad byte."""
     try:
         data.decode("utf-8")
     except UnicodeDecodeError as err:
-        line = data.count(b"\n", 0, err.start) + 1
         raise InputError(
             f"not UTF-8 text (byte 0x{data[err.start]:02x}); is the file compressed?",
             path=path,
-            line=line,
+            line=first_line + data.count(b"\n", 0, err.start),
         ) from None
-    if not data.strip():
-        raise InputError("empty file", path=path)
     return data
 
 
