@@ -78,6 +78,18 @@ def within(full: Point, sample: Point) -> dict[str, bool]:
     }
 
 
+def _cluster():  # noqa: ANN202
+    """The validation's deployment: Llama-3.1-8B on :data:`HOSTS` copies of ``h100-node``."""
+    hardware = load_hardware("h100-node")
+    hardware = replace(hardware, topology=replace(hardware.topology, hosts=HOSTS))
+    return hardware, load_model("Llama-3.1-8B")
+
+
+def _policy(router: str) -> Policy:
+    """The validation's policy under ``router``: HBM only, B=16."""
+    return apply_overrides(Policy(), {"serving.routing": router}, "--set").with_block_tokens(16)
+
+
 def _point(scenario: Scenario, full: Replay | None = None, kept: np.ndarray | None = None):  # noqa: ANN202
     """``(figures, replay)`` of the scenario's replay; with the ``full`` replay and the mask
     of the requests the sample ``kept``, also the full replay's TTFT quantiles and HBM hit
@@ -114,16 +126,13 @@ def measure(
     (and, with ``plain``, the same samples without the fan-out correction)."""
     from kvtier.trace.sampling import kept_mask, sample
 
-    hardware = load_hardware("h100-node")
-    hardware = replace(hardware, topology=replace(hardware.topology, hosts=HOSTS))
-    model = load_model("Llama-3.1-8B")
+    hardware, model = _cluster()
     seeds = tuple(seeds)
     samples = {(f, s): sample(trace, f, seed=s)[0] for f in fractions for s in seeds}
     masks = {(f, s): kept_mask(trace, f, seed=s)[0] for f in fractions for s in seeds}
     rows = []
     for router in routers:
-        policy = apply_overrides(Policy(), {"serving.routing": router}, "--set")
-        policy = policy.with_block_tokens(16)
+        policy = _policy(router)
         full, full_replay = _point(Scenario(trace, hardware, model, policy, engine=engine))
         blind = fan_out_applies(policy, hardware)
         for f in fractions:
@@ -219,17 +228,14 @@ def composition_floor(
     sample's own replay adds its error on top."""
     from kvtier.trace.sampling import kept_mask
 
-    hardware = load_hardware("h100-node")
-    hardware = replace(hardware, topology=replace(hardware.topology, hosts=HOSTS))
-    model = load_model("Llama-3.1-8B")
+    hardware, model = _cluster()
     fractions = tuple(fractions)
     masks = {f: [kept_mask(trace, f, seed=s)[0] for s in range(seeds)] for f in fractions}
     rng = np.random.default_rng(0)
     n = trace.n_requests
     out = []
     for router in routers:
-        policy = apply_overrides(Policy(), {"serving.routing": router}, "--set")
-        full = Scenario(trace, hardware, model, policy.with_block_tokens(16), engine=engine)
+        full = Scenario(trace, hardware, model, _policy(router), engine=engine)
         replay = full.replay()
         ttft = replay.raw.first_token_s - replay.trace.arrival_s
         for f in fractions:
