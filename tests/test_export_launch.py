@@ -9,6 +9,7 @@ exits, so what reaches the serving commands is checked exactly, without starting
 
 from __future__ import annotations
 
+import json
 import shutil
 import stat
 import subprocess
@@ -414,3 +415,61 @@ def test_decode_instances_start_on_the_next_host_when_one_would_straddle(tmp_pat
     ]
     assert [h1[8004 + k].env["CUDA_VISIBLE_DEVICES"] for k in range(2)] == ["0,1,2,3", "4,5,6,7"]
     assert [h1[8004 + k].flag("--tensor-parallel-size") for k in range(2)] == ["4", "4"]
+
+
+# --- the P/D connectors of a disaggregated launch --------------------------------------------
+
+
+def pd_with_dram(**serving) -> Policy:
+    """A disaggregated policy whose tier below HBM is host DRAM (LMCache's or KVBM's)."""
+    return replace(tiers("dram"), serving=ServingPolicy(**serving))
+
+
+def transfer(call: Call) -> dict:
+    return json.loads(call.flag("--kv-transfer-config"))
+
+
+def test_vllm_nixl_handover_beside_lmcache_tiers(tmp_path: Path) -> None:
+    # the NIXL pull is the modelled P/D path and LMCache holds the DRAM tier the prefill side
+    # looks up: the prefill instances stack both in vLLM's MultiConnector, the decode
+    # instances pull with NixlConnector (never an LMCache producer/consumer pair, which
+    # moves nothing without LMCache's own P/D settings)
+    p = pd_with_dram(prefill_instances=2, prefill_tp=2, decode_tp=1)
+    out = write(export(p, "vllm", H100, MODEL).files, tmp_path / "out")
+    done, calls = run(out / "vllm-serve.sh", tmp_path)
+    assert done.returncode == 0, done.stderr
+    by_port = serving(calls)
+    configs = [transfer(by_port[8000 + k]) for k in range(6)]
+    nixl = {"kv_connector": "NixlConnector", "kv_role": "kv_both"}
+    stacked = {
+        "kv_connector": "MultiConnector",
+        "kv_role": "kv_both",
+        "kv_connector_extra_config": {
+            "connectors": [nixl, {"kv_connector": "LMCacheConnectorV1", "kv_role": "kv_both"}]
+        },
+    }
+    assert configs == [stacked] * 2 + [nixl] * 4
+    # every NIXL instance of the host listens on its own side channel, its tp ranks above it
+    ports = [int(by_port[8000 + k].env["VLLM_NIXL_SIDE_CHANNEL_PORT"]) for k in range(6)]
+    assert ports == [5600, 5602, 5604, 5605, 5606, 5607]
+
+
+def test_dynamo_disaggregated_workers_connect_kvbm_and_nixl(tmp_path: Path) -> None:
+    # Dynamo's disagg_kvbm launch: KVBM and NIXL on the prefill workers, NIXL alone on the
+    # decode workers (which start no KVBM leader)
+    p = pd_with_dram(prefill_instances=1, prefill_tp=4, decode_tp=2)
+    out = write(export(p, "dynamo", H100, MODEL).files, tmp_path / "out")
+    done, calls = run(out / "dynamo-serve.sh", tmp_path)
+    assert done.returncode == 0, done.stderr
+    workers = sorted(
+        (c for c in calls if "dynamo.vllm" in c.argv), key=lambda c: c.env["CUDA_VISIBLE_DEVICES"]
+    )
+    prefill, *decode = (transfer(w) for w in workers)
+    assert prefill["kv_connector"] == "PdConnector"
+    assert prefill["kv_connector_module_path"] == "kvbm.vllm_integration.connector"
+    inner = [c["kv_connector"] for c in prefill["kv_connector_extra_config"]["connectors"]]
+    assert inner == ["DynamoConnector", "NixlConnector"]
+    assert decode == [{"kv_connector": "NixlConnector", "kv_role": "kv_both"}] * 2
+    assert ["DYN_KVBM_LEADER_ZMQ_PUB_PORT" in w.env for w in workers] == [True, False, False]
+    ports = [w.env["VLLM_NIXL_SIDE_CHANNEL_PORT"] for w in workers]
+    assert ports == ["5600", "5604", "5606"]

@@ -51,15 +51,15 @@ def test_aggregated_exports_have_no_roles() -> None:
 
 
 def test_targets_that_run_a_disaggregated_winner() -> None:
-    # dynamo-disagg's NIXL pull is what Dynamo's and SGLang's launch lines select; vLLM's
-    # export needs LMCache's P/D settings (not exported) beside its KV-offload tier, and the
-    # LMCache target exports no P/D backend
+    # dynamo-disagg's NIXL pull is what vLLM's (NixlConnector beside LMCache in a
+    # MultiConnector), SGLang's and Dynamo's launch lines select; the LMCache target exports
+    # no P/D backend
     from kvtier.policy.model import policy_to_dict
     from kvtier.search.run import runnable_targets
 
     p = load_preset("dynamo-disagg")
     hw, mdl = load_hardware(p.hardware), load_model(p.model)
-    assert runnable_targets(policy_to_dict(p), hw, mdl) == ["sglang", "dynamo"]
+    assert runnable_targets(policy_to_dict(p), hw, mdl) == ["vllm", "sglang", "dynamo"]
     # HBM only: vLLM's NixlConnector is the modelled path; its launch line runs the winner
     from dataclasses import replace
 

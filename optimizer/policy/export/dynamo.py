@@ -17,6 +17,12 @@ argument):
   ``--gpu-memory-utilization`` and ``--enforce-eager``), so the others are the vLLM target's.
 * ``DYN_ROUTER_MODE`` (``round-robin``, ``random``, ``kv``), read by ``python -m
   dynamo.frontend`` as ``--router-mode``.
+* Disaggregated: decode workers load NIXL alone and prefill workers KVBM and NIXL together
+  (``examples/backends/vllm/launch/disagg_kvbm.sh`` at 15bb523 and ``disagg_kvbm_2p2d.sh`` at
+  7893f26: ``--connector nixl`` on decode, ``--connector kvbm nixl`` with
+  ``--is-prefill-worker`` on prefill, a ``VLLM_NIXL_SIDE_CHANNEL_PORT`` per worker; later
+  revisions spell the pair as ``PdConnector`` over ``DynamoConnector`` and ``NixlConnector``
+  in ``--kv-transfer-config``, the form exported here).
 """
 
 from __future__ import annotations
@@ -35,7 +41,13 @@ from kvtier.policy.export.common import (
     placements,
     shared_notes,
 )
-from kvtier.policy.export.pd import pd_notes, per_instance_args
+from kvtier.policy.export.pd import (
+    NIXL,
+    nixl_env,
+    pd_notes,
+    per_instance_args,
+    with_transfer_config,
+)
 from kvtier.policy.export.pd import role as pd_role
 from kvtier.policy.export.vllm import vllm_args
 
@@ -45,6 +57,13 @@ CONNECTOR = {
     "kv_connector": "DynamoConnector",
     "kv_connector_module_path": "kvbm.vllm_integration.connector",
     "kv_role": "kv_both",
+}
+# a disaggregated prefill worker with KVBM: Dynamo's PdConnector stacks KVBM and NIXL
+PD_CONNECTOR = {
+    "kv_connector": "PdConnector",
+    "kv_role": "kv_both",
+    "kv_connector_extra_config": {"connectors": [CONNECTOR, NIXL]},
+    "kv_connector_module_path": "kvbm.vllm_integration.connector",
 }
 ROUTER_MODES = {"round_robin": "round-robin", "prefix_affinity": "kv", "kv_aware": "kv"}
 DISK_DIR = "/var/cache/kvbm"
@@ -172,12 +191,15 @@ def export_dynamo(deploy: Deployment) -> ExportResult:
         k = place.instance
         job_env = {"CUDA_VISIBLE_DEVICES": place.visible_devices}
         job_env["DYN_VLLM_KV_EVENT_PORT"] = str(KV_EVENT_PORT + k)
-        if kvbm:
+        r = pd_role(deploy, k)
+        config = _worker_config(r, kvbm)
+        if kvbm and r != "decode":  # decode workers of a disaggregated deployment run no KVBM
             job_env["DYN_KVBM_LEADER_ZMQ_PUB_PORT"] = str(KVBM_PUB_PORT + 2 * k)
             job_env["DYN_KVBM_LEADER_ZMQ_ACK_PORT"] = str(KVBM_PUB_PORT + 2 * k + 1)
+        job_env.update(nixl_env(deploy, k, config))
         own = per_instance_args(deploy, k, args)  # its pool's tensor-parallel size
+        own = with_transfer_config(own, config)
         argv = ["python3", "-m", "dynamo.vllm", "--model", model_word(deploy), *own]
-        r = pd_role(deploy, k)
         if r == "prefill":
             argv.append("--is-prefill-worker")  # Dynamo's disaggregated vLLM prefill workers
         label = f"Dynamo worker {k}" + ("" if r == "both" else f" ({r})")
@@ -193,6 +215,16 @@ def export_dynamo(deploy: Deployment) -> ExportResult:
     )
     notes += pd_notes(deploy, "Dynamo")
     return ExportResult("dynamo", files, [*shared_notes(deploy, "Dynamo KVBM"), *notes])
+
+
+def _worker_config(role: str, kvbm: bool) -> str | None:
+    """A disaggregated worker's ``--kv-transfer-config`` (None: aggregated, the shared args'
+    own): NIXL moves the KV from the prefill to the decode workers, KVBM holds the tiers on the
+    prefill side only (the lower tiers kvtier looks up and writes there)."""
+    if role == "both":
+        return None
+    cfg = PD_CONNECTOR if role == "prefill" and kvbm else NIXL
+    return json.dumps(cfg, separators=(",", ":"))
 
 
 def _frontend(env: dict[str, str]) -> Job:

@@ -6,11 +6,23 @@ target's launch line gets for that, as its documentation gives it ([vLLM-PD], [D
 in docs/sources.md):
 
 - vLLM: ``--kv-transfer-config`` per instance: ``NixlConnector`` with ``kv_role kv_both`` on
-  every instance (the NIXL connector needs no producer/consumer split), or, when LMCache holds
-  the lower tiers, ``LMCacheConnectorV1`` with ``kv_role kv_producer`` on prefill and
-  ``kv_consumer`` on decode instances;
+  every instance (the NIXL connector needs no producer/consumer split); when LMCache holds the
+  lower tiers, the prefill instances stack ``NixlConnector`` and ``LMCacheConnectorV1`` in
+  vLLM's ``MultiConnector`` (its ``kv_connector_extra_config.connectors`` list, docs.vllm.ai
+  "Disaggregated Prefilling"), since kvtier looks the lower tiers up and writes them on the
+  prefill side; only LMCache's own P/D backend (``pd_connector = "lmcache-pd"``) takes
+  ``LMCacheConnectorV1`` with ``kv_role kv_producer`` on prefill and ``kv_consumer`` on
+  decode instances;
 - Dynamo: ``--is-prefill-worker`` on the prefill workers (the frontend routes to the decode
-  workers, which hand prompts to the prefill pool);
+  workers, which hand prompts to the prefill pool); decode workers run ``NixlConnector`` alone
+  and prefill workers KVBM and NIXL together (Dynamo's ``PdConnector`` over ``DynamoConnector``
+  and ``NixlConnector``), as ``examples/backends/vllm/launch/disagg_kvbm.sh`` and
+  ``disagg_kvbm_2p2d.sh`` launch them (ai-dynamo/dynamo, 15bb523 and 7893f26: ``--connector
+  kvbm nixl`` on prefill, ``--connector nixl`` on decode);
+- every NIXL instance on a host needs its own side channel: ``VLLM_NIXL_SIDE_CHANNEL_PORT``
+  (vLLM's default 5600) plus the instance's first GPU, so tensor-parallel ranks above it stay
+  free, as vLLM's ``tests/v1/kv_connector/nixl_integration/run_accuracy_test.sh`` spaces them
+  ("Avoid clash with TP workers", vllm-project/vllm 002a105);
 - SGLang: ``--disaggregation-mode prefill`` / ``decode`` with
   ``--disaggregation-transfer-backend`` ``mooncake`` or ``nixl``.
 
@@ -25,6 +37,8 @@ import json
 from kvtier.policy.export.common import Deployment
 
 NIXL = {"kv_connector": "NixlConnector", "kv_role": "kv_both"}
+LMCACHE_BOTH = {"kv_connector": "LMCacheConnectorV1", "kv_role": "kv_both"}
+NIXL_SIDE_CHANNEL_PORT = 5600  # vLLM's VLLM_NIXL_SIDE_CHANNEL_PORT default (vllm/envs.py)
 LMCACHE_ROLES = {"prefill": "kv_producer", "decode": "kv_consumer"}
 SGLANG_BACKENDS = {"mooncake-te": "mooncake", "nixl": "nixl"}
 
@@ -68,11 +82,32 @@ def vllm_transfer_config(deploy: Deployment, instance: int, lmcache: bool) -> st
     r = role(deploy, instance)
     if r == "both":
         return None
-    if lmcache:
+    cfg: dict[str, object]
+    if lmcache and deploy.policy.serving.pd_connector == "lmcache-pd":
+        # LMCache's own P/D backend: the producer sends, the consumer receives
         cfg = {"kv_connector": "LMCacheConnectorV1", "kv_role": LMCACHE_ROLES[r]}
+    elif lmcache and r == "prefill":
+        # NIXL hands the KV over, LMCache holds the tiers the prefill side looks up and fills
+        cfg = {
+            "kv_connector": "MultiConnector",
+            "kv_role": "kv_both",
+            "kv_connector_extra_config": {"connectors": [dict(NIXL), dict(LMCACHE_BOTH)]},
+        }
     else:
         cfg = dict(NIXL)
     return json.dumps(cfg, separators=(",", ":"))
+
+
+def nixl_env(deploy: Deployment, instance: int, config: str | None) -> dict[str, str]:
+    """``VLLM_NIXL_SIDE_CHANNEL_PORT`` of an instance whose ``config`` loads NixlConnector:
+    instances sharing a host would otherwise all listen on vLLM's default port."""
+    if config is None or "NixlConnector" not in config:
+        return {}
+    if deploy.layout is not None:
+        first = deploy.layout.first_gpu[instance]
+    else:
+        first = instance * deploy.tp_of(instance)
+    return {"VLLM_NIXL_SIDE_CHANNEL_PORT": str(NIXL_SIDE_CHANNEL_PORT + first)}
 
 
 def with_transfer_config(args: list[str], config: str | None) -> list[str]:
@@ -147,7 +182,19 @@ def pd_notes(deploy: Deployment, target: str) -> list[str]:
             f"pd_connector = {conn} ({how}) cannot be expressed: the exported instances move "
             "the KV with vLLM's NixlConnector, which reads the whole KV after the prefill."
         )
-    if target == "vLLM" and conn in ("nixl", "lmcache-pd") and _lmcache_roles(deploy):
+    if target == "vLLM" and conn != "lmcache-pd" and _lmcache_roles(deploy):
+        notes.append(
+            "Prefill instances stack NixlConnector (the P/D transfer) and LMCacheConnectorV1 "
+            "(the lower tiers) in vLLM's MultiConnector; decode instances run NixlConnector "
+            "alone, as kvtier looks the lower tiers up and writes them on the prefill side."
+        )
+    if target == "Dynamo" and (deploy.has("dram") or deploy.has("ssd")):
+        notes.append(
+            "Prefill workers stack KVBM (DynamoConnector) and NIXL in Dynamo's PdConnector; "
+            "decode workers run NixlConnector alone, as kvtier looks the lower tiers up and "
+            "writes them on the prefill side."
+        )
+    if target == "vLLM" and conn == "lmcache-pd" and _lmcache_roles(deploy):
         notes.append(
             "LMCache's P/D backend settings are not exported: LMCacheConnectorV1 moves the KV "
             "only with enable_pd, pd_role (sender on prefill, receiver on decode instances), "

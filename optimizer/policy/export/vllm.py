@@ -130,6 +130,7 @@ def vllm_jobs(deploy: Deployment, head: list[str], args: list[str], name: str) -
     ``args``, on its host's GPUs; a disaggregated policy's instances get their P/D role's
     ``--kv-transfer-config`` (:mod:`kvtier.policy.export.pd`)."""
     from kvtier.policy.export.pd import (
+        nixl_env,
         per_instance_args,
         role,
         vllm_transfer_config,
@@ -140,13 +141,17 @@ def vllm_jobs(deploy: Deployment, head: list[str], args: list[str], name: str) -
     jobs = []
     for place in placements(deploy):
         port = BASE_PORT + place.instance
-        own = with_transfer_config(args, vllm_transfer_config(deploy, place.instance, lmcache))
+        config = vllm_transfer_config(deploy, place.instance, lmcache)
+        own = with_transfer_config(args, config)
         own = per_instance_args(deploy, place.instance, own)  # its pool's tp
         r = role(deploy, place.instance)
         jobs.append(
             Job(
                 host=place.host,
-                env={"CUDA_VISIBLE_DEVICES": place.visible_devices},
+                env={
+                    "CUDA_VISIBLE_DEVICES": place.visible_devices,
+                    **nixl_env(deploy, place.instance, config),
+                },
                 argv=[*head, "--port", str(port), *own],
                 label=f"{name} instance {place.instance}"
                 + ("" if r == "both" else f" ({r})")
