@@ -62,3 +62,28 @@ def test_empty_trace_on_both_engines(cfg) -> None:
             empty, load_hardware("h100-node"), load_model("Llama-3.1-8B"), Policy(), engine=engine
         )
         assert m.n_requests == 0 and m.n_served == 0 and m.n_iterations == 0
+
+
+def test_an_hbm_size_below_one_block_names_the_key() -> None:
+    # the policy's own capacity_gb is what to change, not the model's weights
+    from kvtier.policy.overrides import apply_overrides
+
+    policy = apply_overrides(Policy(), {"tiers.hbm.capacity_gb": 0.001}, "--set")
+    with pytest.raises(InputError) as err:
+        build_config(load_hardware("h100-node"), load_model("Llama-3.1-8B"), policy)
+    assert err.value.option == "tiers.hbm.capacity_gb"
+    assert "holds no KV block" in err.value.message and "at least 0.0021" in err.value.message
+
+
+def test_a_decode_pool_without_room_names_its_tp_and_the_sizes_that_fit() -> None:
+    from kvtier.policy.overrides import apply_overrides
+
+    policy = apply_overrides(
+        Policy(),
+        {"serving.prefill_instances": 1, "serving.prefill_tp": 4, "serving.decode_tp": 1},
+        "--set",
+    )
+    with pytest.raises(InputError, match="leaves no room for KV blocks") as err:
+        build_config(load_hardware("h100-node"), load_model("Llama-3.1-70B"), policy)
+    assert err.value.option == "serving.decode_tp"
+    assert "sizes that leave room: 4, 8" in err.value.message

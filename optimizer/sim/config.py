@@ -14,7 +14,7 @@ import numpy as np
 
 from kvtier.errors import InputError
 from kvtier.hardware.deploy import apply_deployment
-from kvtier.hardware.layout import plan_layout
+from kvtier.hardware.layout import plan_layout, pool_tp_choices
 from kvtier.hardware.types import GB, Hardware, ModelProfile
 from kvtier.policy.model import Policy
 from kvtier.policy.registries import ROUTERS, SCHEDULERS
@@ -168,9 +168,10 @@ def build_config(hardware: Hardware, model: ModelProfile, policy: Policy) -> Sim
             f"serving.prefill_instances = {n_pf} leaves no decode instance of {n_inst}; "
             f"choose 0 (aggregated) or 1..{n_inst - 1}"
         )
-    pools = [_pool(hardware, model, policy, layout.prefill_tp, float(kvb))]
+    keys = ("serving.prefill_tp", "serving.decode_tp") if layout.mixed else ("serving.tp",) * 2
+    pools = [_pool(hardware, model, policy, layout.prefill_tp, float(kvb), keys[0])]
     if layout.mixed:
-        pools.append(_pool(hardware, model, policy, layout.decode_tp, float(kvb)))
+        pools.append(_pool(hardware, model, policy, layout.decode_tp, float(kvb), keys[1]))
     first = pools[0]
     timing, backend, provenance = first.timing, first.backend, first.provenance
     if layout.mixed:
@@ -233,9 +234,15 @@ class _Pool:
     provenance: str
 
 
-def _pool(hardware: Hardware, model: ModelProfile, policy: Policy, tp: int, kvb: float) -> _Pool:
+def _pool(
+    hardware: Hardware, model: ModelProfile, policy: Policy, tp: int, kvb: float, key: str
+) -> _Pool:
     """HBM blocks of an instance of ``tp`` GPUs (weights and KV split over them, MLA latents
-    and GQA heads beyond ``tp`` replicated) and its step times (the tables of that tp)."""
+    and GQA heads beyond ``tp`` replicated) and its step times (the tables of that tp).
+
+    An instance that cannot hold one block is refused naming what to change: the policy's
+    hbm ``capacity_gb`` when it set one, else ``key`` (the pool's tensor-parallel size) with
+    the sizes whose GPUs leave room beside the weights."""
     topo = hardware.topology
     if tp != topo.tp:
         hardware = replace(hardware, topology=replace(topo, tp=tp))
@@ -247,9 +254,23 @@ def _pool(hardware: Hardware, model: ModelProfile, policy: Policy, tp: int, kvb:
         kv_bytes = hardware.kv_capacity_bytes(model)
     replicated = block_bytes * model.kv_replication(tp)
     if kv_bytes < replicated:
+        if hbm_tier.capacity_gb is not None:
+            raise InputError(
+                f"tiers.hbm.capacity_gb = {hbm_tier.capacity_gb:g} GB holds no KV block of "
+                f"{policy.block_tokens} tokens at tp={tp} ({replicated / GB:.3g} GB); give at "
+                f"least {replicated / GB:.3g}",
+                option="tiers.hbm.capacity_gb",
+            )
+        fits = [
+            t
+            for t in pool_tp_choices(topo)
+            if hardware.kv_capacity_bytes(model, t) >= block_bytes * model.kv_replication(t)
+        ]
         raise InputError(
             f"model {model.name!r} leaves no room for KV blocks on {hardware.name!r}: "
-            f"{kv_bytes / GB:.1f} GB after weights per instance of tp={tp}"
+            f"{kv_bytes / GB:.1f} GB after weights per instance of {key} = {tp} (sizes that "
+            f"leave room: {', '.join(map(str, fits)) or 'none on this hardware'})",
+            option=key,
         )
     timing, backend, provenance = step_timing(hardware, model, policy, kvb)
     return _Pool(int(kv_bytes // replicated), timing, backend, provenance)
