@@ -703,6 +703,26 @@ def trace_synth(
 IMPORT_FORMATS = import_format_names()
 
 
+def _not_the_input(input_path: str, output: str) -> None:
+    """Refuse an output that is the input, or lies inside an input dataset directory.
+
+    Writing a derived trace over its source destroys the source (the write is atomic, so the
+    result would be whole, but the original is gone), and a file written into a dataset
+    directory becomes one of its parts on the next read.
+    """
+    source, target = os.path.realpath(input_path), os.path.realpath(output)
+    same = target == source or (
+        os.path.exists(target) and os.path.exists(source) and os.path.samefile(source, target)
+    )
+    if same:
+        where = "is the input"
+    elif os.path.isdir(source) and os.path.commonpath([source, target]) == source:
+        where = "is inside the input dataset directory"
+    else:
+        return
+    raise InputError(f"{output} {where} {input_path}; write to another path", option="--output")
+
+
 @trace.command("import")
 @click.option(
     "--from",
@@ -785,6 +805,7 @@ def trace_import(
     from kvtier.trace.importers import ImportOptions, import_trace, parse_columns, stream_plan
     from kvtier.trace.io import write_trace
 
+    _not_the_input(input_path, output)
     if block_tokens is not None and block_tokens < 1:
         raise InputError(f"must be >= 1, got {block_tokens}", option="--block-tokens")
     if batch_rows is not None and batch_rows < 1:
@@ -915,6 +936,7 @@ def trace_capture(
         options = ImportOptions(
             tokenizer=tokenizer, chat_template=chat_template, block_tokens=block_tokens
         )
+        _not_the_input(log_path, output)  # type: ignore[arg-type]
         captured = import_trace("openai-log", log_path, options)  # type: ignore[arg-type]
         what = "the request log"
     write_trace(captured, output)
@@ -943,6 +965,7 @@ def trace_sample_cmd(
     from kvtier.trace.io import read_trace, write_trace
     from kvtier.trace.sampling import sample
 
+    _not_the_input(trace_path, output)
     if _stream_by_size(trace_path, stream):
         from kvtier.trace.samplestream import stream_sample
 
@@ -976,6 +999,7 @@ def trace_slice_cmd(
     from kvtier.trace.io import read_trace, write_trace
     from kvtier.trace.sampling import time_slice
 
+    _not_the_input(trace_path, output)
     if _stream_by_size(trace_path, stream):
         from kvtier.trace.samplestream import stream_slice
 
@@ -1056,6 +1080,7 @@ def trace_map_cmd(
         raise InputError(f"must be >= 1, got {block_tokens}", option="--block-tokens")
     if batch_rows is not None and batch_rows < 1:
         raise InputError(f"must be >= 1, got {batch_rows}", option="--batch-rows")
+    _not_the_input(trace_path, output)
     if _stream_by_size(trace_path, stream):
         if block_tokens is None:
             from kvtier.trace.batches import open_batches

@@ -343,3 +343,33 @@ def test_streamed_slice_of_a_sample_keeps_its_fraction_and_refuses_an_empty_wind
     assert read_trace(out).sample_fraction == pytest.approx(0.5)
     result = invoke("trace", "slice", str(sampled), "--start", "99999", "--stream", "-o", str(out))
     assert_one_line_error(result, "--start", "no request arrives", "0 to 3,53")
+
+
+@pytest.mark.parametrize(
+    "command",
+    [
+        ["sample", "--fraction", "1"],
+        ["slice", "--start", "0"],
+        ["map", "-B", "16"],
+    ],
+)
+@pytest.mark.parametrize("stream", ["--stream", "--no-stream"])
+def test_an_output_that_is_the_input_is_refused(
+    tmp_path: Path, command: list[str], stream: str
+) -> None:
+    """Writing a derived trace over its source would destroy the source; a file written into
+    a dataset directory would become one of its parts."""
+    trace = tmp_path / "t.parquet"
+    write_trace(make_trace([[1] * 40, [1] * 20 + [2] * 20], 16), trace)
+    before = trace.read_bytes()
+    name, *rest = command
+    for target in (trace, tmp_path / "." / "t.parquet"):
+        result = invoke("trace", name, str(trace), *rest, "-o", str(target), stream)
+        assert_one_line_error(result, "--output", "is the input")
+    assert trace.read_bytes() == before
+    dataset = tmp_path / "ds"
+    dataset.mkdir()
+    write_trace(read_trace(trace), dataset / "part-0.parquet")
+    result = invoke("trace", name, str(dataset), *rest, "-o", str(dataset / "x.parquet"), stream)
+    assert_one_line_error(result, "--output", "inside the input dataset directory")
+    assert sorted(p.name for p in dataset.iterdir()) == ["part-0.parquet"]
