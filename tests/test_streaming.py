@@ -85,6 +85,60 @@ def test_streamed_bounds_as_in_memory(tmp_path: Path, bad: str, needle: str) -> 
     assert_one_line_error(result, "line 6", "ContextTokens", needle)
 
 
+def _raw(path: Path, data: bytes) -> str:
+    path.write_bytes(data)
+    return str(path)
+
+
+@pytest.mark.parametrize(
+    ("last", "needles"),
+    [
+        # a row with a field too many or too few, as the in-memory import reports it
+        (b",1,2,3", ("line 3", "row has 4 fields, the header 3")),
+        (b",1", ("line 3", "row has 2 fields, the header 3")),
+        (b",1\xff2,3", ("line 3", "not UTF-8")),
+        (None, ("empty file",)),
+    ],
+)
+def test_streamed_csv_errors_name_their_line_as_in_memory(
+    tmp_path: Path, last: bytes | None, needles: tuple[str, ...]
+) -> None:
+    rows = _azure_rows(2)
+    data = b""
+    if last is not None:
+        stamp = rows[1].split(",")[0].encode()
+        data = b"\n".join([AZURE_HEAD.encode(), rows[0].encode(), stamp + last]) + b"\n"
+    path = _raw(tmp_path / "a.csv", data)
+    for stream in ("--stream", "--no-stream"):
+        out = tmp_path / "s.parquet"
+        result = invoke("trace", "import", "--from", "azure", path, stream, "-o", str(out))
+        assert_one_line_error(result, *needles)
+        assert not out.exists()
+
+
+def test_streamed_csv_reads_a_quoted_header_as_in_memory(tmp_path: Path) -> None:
+    head = ",".join(f'"{name}"' for name in AZURE_HEAD.split(","))
+    path = _write(tmp_path / "a.csv", [head, *_azure_rows(20)])
+    plan = stream_plan("azure", path, ImportOptions(), True)
+    stream_import(path, plan, str(tmp_path / "s.parquet"), batch_rows=7)
+    _columns_equal(read_trace(tmp_path / "s.parquet"), import_trace("azure", path))
+
+
+def test_a_streamed_gzip_csv_is_refused_and_imports_in_memory(tmp_path: Path) -> None:
+    """polars scans plain text only; decompressing the whole file would break the bound."""
+    import gzip
+
+    text = "\n".join([AZURE_HEAD, *_azure_rows(20)]) + "\n"
+    path = _raw(tmp_path / "a.csv.gz", gzip.compress(text.encode()))
+    out = tmp_path / "s.parquet"
+    result = invoke("trace", "import", "--from", "azure", path, "--stream", "-o", str(out))
+    assert_one_line_error(result, "--stream", "gzip", "--no-stream")
+    assert not out.exists()
+    result = invoke("trace", "import", "--from", "azure", path, "-o", str(out))
+    assert result.code == 0, result.stderr
+    assert read_trace(out).n_requests == 20
+
+
 def test_streamed_burstgpt_leaves_out_failed_requests(tmp_path: Path) -> None:
     head = "Timestamp,Model,Request tokens,Response tokens,Total tokens,Log Type"
     rows = [f"{i},ChatGPT,{0 if i % 5 == 0 else 10 + i},3,0,API log" for i in range(1, 40)]

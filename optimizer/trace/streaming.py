@@ -13,10 +13,13 @@ line out of order (sort it first), since sorting would need the whole file in me
 
 from __future__ import annotations
 
+import csv
 import os
 import tempfile
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import BinaryIO
 
 import numpy as np
 import polars as pl
@@ -36,6 +39,8 @@ from kvtier.trace.format import (
 from kvtier.trace.importers.tabular import NOMINAL_BLOCK_TOKENS, ColumnMap, timestamp_expr
 from kvtier.trace.io import atomic_write
 
+_GZIP_MAGIC = b"\x1f\x8b"
+_UTF8_BOM = b"\xef\xbb\xbf"
 BATCH_ROWS = 1 << 20
 STREAM_BYTES = 256 << 20  # files larger than this import streamed by default
 
@@ -72,12 +77,82 @@ def _has_quotes(path: str) -> bool:
     return False
 
 
+def _header(path: str) -> list[str]:
+    """The column names on the first line (quoted as CSV allows, after a byte-order mark).
+
+    A gzip file is refused: polars scans plain text only, and decompressing in memory would
+    break the bound a streamed import promises.
+    """
+    with open(path, "rb") as fh:
+        head = fh.readline()
+        if head.startswith(_GZIP_MAGIC):
+            raise InputError(
+                "a gzip-compressed CSV cannot be scanned in bounded memory: decompress it "
+                "first, or import it in memory (--no-stream)",
+                path=path,
+                option="--stream",
+            )
+        if not head.strip() and not fh.read(1 << 16).strip():
+            raise InputError("empty file", path=path)
+    try:
+        text = head.removeprefix(_UTF8_BOM).decode("utf-8")
+    except UnicodeDecodeError as err:
+        raise InputError(
+            f"not UTF-8 text (byte 0x{head[err.start]:02x}); is the file compressed?",
+            path=path,
+            line=1,
+        ) from None
+    return next(csv.reader([text]), [])
+
+
+def _first_bad_line(path: str, until: int | None = None) -> InputError | None:
+    """The first line (up to line ``until``) that is not UTF-8, is malformed CSV, or holds a
+    row with a field count other than the header's, as the in-memory import reports it.
+
+    Error path only: the file is read line by line, in constant memory.
+    """
+
+    def lines(fh: BinaryIO) -> Iterator[str]:
+        for number, raw in enumerate(fh, start=1):
+            if number == 1:
+                raw = raw.removeprefix(_UTF8_BOM)
+            try:
+                yield raw.decode("utf-8")
+            except UnicodeDecodeError as err:
+                raise InputError(
+                    f"not UTF-8 text (byte 0x{raw[err.start]:02x}); is the file compressed?",
+                    path=path,
+                    line=number,
+                ) from None
+
+    with open(path, "rb") as fh:
+        reader = csv.reader(lines(fh))
+        try:
+            header = next(reader, None)
+            if header is None:
+                return None
+            start = reader.line_num + 1
+            for row in reader:
+                if until is not None and start > until:
+                    return None
+                if row and len(row) != len(header):
+                    return InputError(
+                        f"row has {len(row)} fields, the header {len(header)}",
+                        path=path,
+                        line=start,
+                    )
+                start = reader.line_num + 1
+        except csv.Error as err:
+            return InputError(f"malformed CSV: {err}", path=path, line=reader.line_num)
+        except InputError as err:
+            return err
+    return None
+
+
 def _line_of(path: str, row: int, quoted: bool) -> int:
     """The line where data row ``row`` starts (line 1 is the header)."""
     if not quoted:
         return row + 2
-    import csv
-
     with open(path, newline="", encoding="utf-8") as fh:
         reader = csv.reader(fh)
         next(reader)
@@ -107,9 +182,7 @@ def stream_import(
             "streamed import reads arrival and lengths only; import smaller files in memory",
             option="--columns",
         )
-    with open(path, "rb") as fh:
-        head = fh.readline()
-    header = head.decode("utf-8", errors="replace").strip().lstrip("\ufeff").split(",")
+    header = _header(path)
     for name in (cmap.arrival, cmap.input, cmap.output):
         if name not in header:
             raise InputError(
@@ -138,7 +211,7 @@ def stream_import(
         try:
             frame.sink_parquet(staged, row_group_size=batch_rows)
         except pl.exceptions.PolarsError as err:
-            raise InputError(
+            raise _first_bad_line(path) or InputError(
                 f"malformed CSV: {' '.join(str(err).split())[:200]}", path=path
             ) from None
         return _write_checked(
@@ -181,7 +254,11 @@ def _write_checked(
     )
 
     def fail(row: int, column: str, message: str) -> InputError:
-        return InputError(message, path=path, line=_line_of(path, row, quoted), column=column)
+        line = _line_of(path, row, quoted)
+        # a row with too few fields reads as nulls: name it as the in-memory import does
+        return _first_bad_line(path, until=line) or InputError(
+            message, path=path, line=line, column=column
+        )
 
     summary: dict[str, float] = {"n": 0, "t0": np.nan, "last": -np.inf, "failed": 0}
 
