@@ -197,3 +197,17 @@ def test_a_directory_of_different_traces_is_refused(tmp_path: Path) -> None:
     empty = tmp_path / "empty"
     empty.mkdir()
     assert_one_line_error(invoke("trace", "stats", str(empty)), "no .parquet files")
+
+
+def test_a_streamed_csv_import_creates_the_output_directory_or_says_why_not(
+    tmp_path: Path,
+) -> None:
+    path = _write(tmp_path / "a.csv", [AZURE_HEAD, *_azure_rows(5)])
+    out = tmp_path / "new" / "dir" / "s.parquet"
+    result = invoke("trace", "import", "--from", "azure", path, "--stream", "-o", str(out))
+    assert result.code == 0, result.stderr
+    assert read_trace(out).n_requests == 5
+    (tmp_path / "file").write_text("")
+    bad = tmp_path / "file" / "s.parquet"
+    result = invoke("trace", "import", "--from", "azure", path, "--stream", "-o", str(bad))
+    assert_one_line_error(result, "--output", "not a directory")

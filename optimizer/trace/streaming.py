@@ -182,6 +182,9 @@ def stream_import(
             "streamed import reads arrival and lengths only; import smaller files in memory",
             option="--columns",
         )
+    from kvtier.report.output import check_output
+
+    check_output(out, option="--output")  # the staging directory goes beside it
     header = _header(path)
     for name in (cmap.arrival, cmap.input, cmap.output):
         if name not in header:
