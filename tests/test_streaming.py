@@ -211,3 +211,14 @@ def test_a_streamed_csv_import_creates_the_output_directory_or_says_why_not(
     bad = tmp_path / "file" / "s.parquet"
     result = invoke("trace", "import", "--from", "azure", path, "--stream", "-o", str(bad))
     assert_one_line_error(result, "--output", "not a directory")
+
+
+@pytest.mark.parametrize("stream", ["--stream", "--no-stream"])
+def test_a_column_named_twice_in_the_header_is_refused(tmp_path: Path, stream: str) -> None:
+    """A CSV reader keeps one of two same-named columns; the other's values would be lost."""
+    rows = [f"{row},7" for row in _azure_rows(5)]
+    path = _write(tmp_path / "a.csv", [AZURE_HEAD + ",ContextTokens", *rows])
+    out = tmp_path / "s.parquet"
+    result = invoke("trace", "import", "--from", "azure", path, stream, "-o", str(out))
+    assert_one_line_error(result, "line 1", "ContextTokens", "named twice")
+    assert not out.exists()

@@ -36,6 +36,7 @@ from kvtier.trace.format import (
     META_PREFIX_INFO,
     META_SOURCE,
 )
+from kvtier.trace.importers.common import check_header
 from kvtier.trace.importers.tabular import NOMINAL_BLOCK_TOKENS, ColumnMap, timestamp_expr
 from kvtier.trace.io import atomic_write
 
@@ -186,6 +187,7 @@ def stream_import(
 
     check_output(out, option="--output")  # the staging directory goes beside it
     header = _header(path)
+    check_header(header, path)
     for name in (cmap.arrival, cmap.input, cmap.output):
         if name not in header:
             raise InputError(

@@ -13,8 +13,10 @@ import polars as pl
 from kvtier.trace.format import Trace
 from kvtier.trace.importers.common import (
     check_field_counts,
+    check_header,
     csv_row_lines,
     first_bad_csv_line,
+    header_of,
     read_bytes,
 )
 from kvtier.trace.importers.registry import ImportOptions, register
@@ -28,6 +30,7 @@ AZURE = ColumnMap(
 def read_csv_strings(path: str) -> tuple[pl.DataFrame, object]:
     """A CSV file as string columns, with the line where each row starts."""
     data = read_bytes(path)
+    check_header(header_of(data), path)
     check_field_counts(data, path)
     try:
         df = pl.read_csv(data, infer_schema=False)

@@ -235,6 +235,22 @@ def csv_row_lines(data: bytes, n_rows: int) -> np.ndarray:
     return np.asarray(starts[1 : n_rows + 1], dtype=np.int64)
 
 
+def check_header(header: list[str], path: str) -> None:
+    """Refuse a header naming a column twice: a CSV reader would keep one of the two (polars
+    renames the second), so the other's values would be dropped without a word."""
+    seen: set[str] = set()
+    for name in header:
+        if name in seen:
+            raise InputError("column named twice in the header", path=path, line=1, column=name)
+        seen.add(name)
+
+
+def header_of(data: bytes) -> list[str]:
+    """The column names of CSV ``data`` (its first record, quoted as CSV allows)."""
+    first = data.split(b"\n", 1)[0]
+    return next(csv.reader([first.decode("utf-8")]), [])
+
+
 def check_field_counts(data: bytes, path: str) -> None:
     """Refuse rows with fewer fields than the header (a CSV reader would fill them with nulls).
 
