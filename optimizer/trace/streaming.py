@@ -14,7 +14,9 @@ line out of order (sort it first), since sorting would need the whole file in me
 from __future__ import annotations
 
 import csv
+import itertools
 import os
+import re
 import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -36,7 +38,7 @@ from kvtier.trace.format import (
     META_PREFIX_INFO,
     META_SOURCE,
 )
-from kvtier.trace.importers.common import check_header
+from kvtier.trace.importers.common import blank_record, check_header
 from kvtier.trace.importers.tabular import NOMINAL_BLOCK_TOKENS, ColumnMap, timestamp_expr
 from kvtier.trace.io import atomic_write
 
@@ -70,12 +72,40 @@ def _number_expr(name: str, integer: bool) -> pl.Expr:
     return raw.cast(pl.Int64, strict=False) if integer else raw.cast(pl.Float64, strict=False)
 
 
-def _has_quotes(path: str) -> bool:
+_BLANK_LINE = re.compile(rb"\n[ \t\r]*(?:\n|[ \t\r]\Z)")
+
+
+def _scan(path: str) -> tuple[bool, bool]:
+    """Whether the file holds a quote character, and whether it may hold a blank line (one
+    pass; chunks overlap by a few bytes so that a blank line across two is seen)."""
+    quoted = blank = False
+    tail = b""
     with open(path, "rb") as fh:
         while chunk := fh.read(1 << 24):
-            if b'"' in chunk:
-                return True
-    return False
+            quoted = quoted or b'"' in chunk
+            window = tail + chunk
+            blank = blank or _BLANK_LINE.search(window) is not None
+            cut = window.rfind(b"\n")
+            tail = window[cut:] if cut >= 0 and len(window) - cut < 4096 else b""
+            if quoted and blank:
+                break
+    return quoted, blank
+
+
+def _blank_rows(path: str, quoted: bool) -> Iterator[bool]:
+    """For each data row polars reads (every record after the header), whether it is a blank
+    line; read line by line, only for a file that :func:`_scan` found blank lines in."""
+    with open(path, "rb") as fh:
+        if not quoted:
+            fh.readline()
+            for raw in fh:
+                yield not raw.strip(b" \t\r\n")
+            return
+        text = (raw.decode("utf-8", "replace") for raw in fh)
+        reader = csv.reader(text)
+        next(reader, None)
+        for row in reader:
+            yield blank_record(row)
 
 
 def _header(path: str) -> list[str]:
@@ -136,7 +166,7 @@ def _first_bad_line(path: str, until: int | None = None) -> InputError | None:
             for row in reader:
                 if until is not None and start > until:
                     return None
-                if row and len(row) != len(header):
+                if not blank_record(row) and len(row) != len(header):
                     return InputError(
                         f"row has {len(row)} fields, the header {len(header)}",
                         path=path,
@@ -197,7 +227,9 @@ def stream_import(
     lazy = pl.scan_csv(path, infer_schema=False).select(cmap.arrival, cmap.input, cmap.output)
     if kind == "auto":
         probe = lazy.head(1000).collect()
-        numeric = probe.get_column(cmap.arrival).str.strip_chars().cast(pl.Float64, strict=False)
+        values = probe.get_column(cmap.arrival).str.strip_chars()
+        values = values.filter(values.is_not_null() & (values != ""))  # blank lines read as null
+        numeric = values.cast(pl.Float64, strict=False)
         kind = "s" if numeric.null_count() == 0 else "timestamp"
     arrival = (
         timestamp_expr(cmap.arrival)
@@ -210,7 +242,7 @@ def stream_import(
         _number_expr(cmap.input, integer=True).alias("inp"),
         _number_expr(cmap.output, integer=True).alias("out"),
     )
-    quoted = _has_quotes(path)
+    quoted, blanks = _scan(path)
     with tempfile.TemporaryDirectory(dir=Path(out).resolve().parent) as tmp:
         staged = os.path.join(tmp, "staged.parquet")
         try:
@@ -220,7 +252,17 @@ def stream_import(
                 f"malformed CSV: {' '.join(str(err).split())[:200]}", path=path
             ) from None
         return _write_checked(
-            path, staged, out, cmap, kind, scale, quoted, source, batch_rows, plan.skip_failed
+            path,
+            staged,
+            out,
+            cmap,
+            kind,
+            scale,
+            quoted,
+            source,
+            batch_rows,
+            plan.skip_failed,
+            _blank_rows(path, quoted) if blanks else None,
         )
 
 
@@ -235,6 +277,7 @@ def _write_checked(
     source: str,
     batch_rows: int,
     skip_failed: bool,
+    blank_rows: Iterator[bool] | None = None,
 ) -> StreamSummary:
     meta = {
         META_FORMAT: FORMAT_VERSION,
@@ -274,6 +317,13 @@ def _write_checked(
                 t = batch.column("t").to_numpy(zero_copy_only=False).astype(np.float64)
                 inp = batch.column("inp").to_numpy(zero_copy_only=False)
                 outp = batch.column("out").to_numpy(zero_copy_only=False)
+                rows = np.arange(row0, row0 + len(t))
+                row0 += len(t)
+                if blank_rows is not None:  # blank lines read as rows of nulls: drop them
+                    keep = ~np.fromiter(itertools.islice(blank_rows, len(t)), bool, len(t))
+                    t, inp, outp, rows = t[keep], inp[keep], outp[keep], rows[keep]
+                    if len(t) == 0:
+                        continue
                 checks = [
                     (cmap.arrival, ~np.isfinite(t), arrival_bad),
                     (cmap.input, np.isnan(inp.astype(np.float64)), "not an integer"),
@@ -288,10 +338,8 @@ def _write_checked(
                     default=None,
                 )
                 if first is not None:
-                    raise fail(row0 + first[0], first[1], first[2])
+                    raise fail(int(rows[first[0]]), first[1], first[2])
                 inp, outp = inp.astype(np.int64), outp.astype(np.int64)
-                rows = np.arange(row0, row0 + len(t))
-                row0 += len(t)
                 if skip_failed:
                     failed = inp == 0
                     if failed.any():

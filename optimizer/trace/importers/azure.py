@@ -8,6 +8,7 @@ gets empty hash lists and ``kvtier.prefix_info = false``.
 
 from __future__ import annotations
 
+import numpy as np
 import polars as pl
 
 from kvtier.trace.format import Trace
@@ -27,8 +28,9 @@ AZURE = ColumnMap(
 )
 
 
-def read_csv_strings(path: str) -> tuple[pl.DataFrame, object]:
-    """A CSV file as string columns, with the line where each row starts."""
+def read_csv_strings(path: str) -> tuple[pl.DataFrame, np.ndarray]:
+    """A CSV file as string columns, with the line where each row starts; blank lines (often a
+    trailing one, or CRLF blank lines) are skipped as JSON Lines skips them."""
     data = read_bytes(path)
     check_header(header_of(data), path)
     check_field_counts(data, path)
@@ -36,7 +38,10 @@ def read_csv_strings(path: str) -> tuple[pl.DataFrame, object]:
         df = pl.read_csv(data, infer_schema=False)
     except Exception as err:
         raise first_bad_csv_line(data, path, err) from None
-    return df, csv_row_lines(data, df.height)
+    lines, blank = csv_row_lines(data, df.height)
+    if blank.any():
+        df, lines = df.filter(pl.Series(~blank)), lines[~blank]
+    return df, lines
 
 
 @register("azure", "Azure LLM inference CSV, 2023 or 2024 (lengths only, no prefix hashes)")

@@ -218,21 +218,40 @@ def list_arrays(series: pl.Series) -> tuple[np.ndarray, np.ndarray]:
 
 
 # -- CSV -------------------------------------------------------------------------------------------
-def csv_row_lines(data: bytes, n_rows: int) -> np.ndarray:
-    """1-based line number where each data row starts (line 1 is the header).
+def blank_record(row: list[str]) -> bool:
+    """A CSV record of an empty or white-space-only line (skipped, as JSON Lines skips blank
+    lines); a line of separators only (``,,``) is a record of empty fields, not blank."""
+    return not row or (len(row) == 1 and not row[0].strip())
+
+
+def csv_row_lines(data: bytes, n_rows: int) -> tuple[np.ndarray, np.ndarray]:
+    """1-based line number where each data row starts (line 1 is the header), and which rows
+    are blank lines (a CSV reader makes a row of nulls of each; the caller drops them).
 
     Without quote characters every row is one line; a quoted field may hold newlines, and then
     the rows are counted by Python's csv reader (which tracks physical lines).
     """
     if b'"' not in data:
-        return np.arange(n_rows, dtype=np.int64) + 2
+        buf = np.frombuffer(data, dtype=np.uint8)
+        newlines = np.flatnonzero(buf == ord("\n"))
+        starts = np.concatenate(([0], newlines + 1))[1 : n_rows + 1]
+        ends = np.concatenate((newlines, [len(buf)]))[1 : n_rows + 1]
+        visible = ~np.isin(buf, np.frombuffer(b" \t\r\n", dtype=np.uint8))
+        cum = np.concatenate(([0], np.cumsum(visible, dtype=np.int64)))
+        blank = cum[ends] - cum[starts] == 0
+        return np.arange(len(starts), dtype=np.int64) + 2, blank
     reader = csv.reader(io.StringIO(data.decode("utf-8"), newline=""))
     starts = []
+    blanks = []
     line = 1
-    for _ in reader:
+    for row in reader:
         starts.append(line)
+        blanks.append(blank_record(row))
         line = reader.line_num + 1
-    return np.asarray(starts[1 : n_rows + 1], dtype=np.int64)
+    return (
+        np.asarray(starts[1 : n_rows + 1], dtype=np.int64),
+        np.asarray(blanks[1 : n_rows + 1], dtype=bool),
+    )
 
 
 def check_header(header: list[str], path: str) -> None:
@@ -288,7 +307,7 @@ def first_bad_csv_line(data: bytes, path: str, err: Exception) -> InputError:
         header = next(reader)
         start = reader.line_num + 1
         for row in reader:
-            if row and len(row) != len(header):
+            if not blank_record(row) and len(row) != len(header):
                 return InputError(
                     f"row has {len(row)} fields, the header {len(header)}", path=path, line=start
                 )

@@ -1,0 +1,81 @@
+"""Edges of the request-log importers, in memory and streamed alike: blank CSV lines, duplicate
+JSON keys, fields a format does not use, mixed Parquet parts, mixed timestamp kinds, outputs
+under a file."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from kvtier.errors import InputError
+from kvtier.trace.importers import ImportOptions, import_trace, parse_columns, stream_plan
+from kvtier.trace.streaming import stream_import
+
+AZURE_HEAD = "TIMESTAMP,ContextTokens,GeneratedTokens"
+AZURE_ROWS = [
+    "2024-05-10 00:00:00.000000+00:00,100,5",
+    "2024-05-10 00:00:01.500000+00:00,200,6",
+    "2024-05-10 00:00:02.000000+00:00,300,7",
+]
+
+
+def _both(path: str, kind: str = "azure", columns: str | None = None) -> list[list]:
+    """The imported (input, output) tokens of ``path``, in memory and streamed."""
+    options = ImportOptions(columns=parse_columns(columns) if columns else {})
+    memory = import_trace(kind, path, options)
+    plan = stream_plan(kind, path, options, True)
+    out = str(Path(path).with_suffix(".streamed.parquet"))
+    stream_import(path, plan, out, batch_rows=2)
+    from kvtier.trace.io import read_trace
+
+    streamed = read_trace(out)
+    return [
+        [t.table.column(c).to_pylist() for c in ("arrival_s", "input_tokens", "output_tokens")]
+        for t in (memory, streamed)
+    ]
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "\n".join([AZURE_HEAD, *AZURE_ROWS]) + "\n\n",  # a trailing blank line
+        "\r\n".join([AZURE_HEAD, AZURE_ROWS[0], "", AZURE_ROWS[1], " \t", AZURE_ROWS[2]]) + "\r\n",
+        "\n".join([AZURE_HEAD, AZURE_ROWS[0], "", "", AZURE_ROWS[1], AZURE_ROWS[2], "   "]),
+    ],
+)
+def test_blank_csv_lines_are_skipped_in_memory_and_streamed(tmp_path: Path, text: str) -> None:
+    path = tmp_path / "a.csv"
+    path.write_bytes(text.encode())
+    memory, streamed = _both(str(path))
+    assert memory == streamed
+    assert memory[1] == [100, 200, 300] and memory[0] == [0.0, 1.5, 2.0]
+
+
+def test_blank_lines_keep_line_numbers_and_quoted_files_skip_them(tmp_path: Path) -> None:
+    path = tmp_path / "a.csv"
+    rows = [AZURE_HEAD, AZURE_ROWS[0], "", AZURE_ROWS[1], "", '"2024-05-10 00:00:03",x,1']
+    path.write_text("\n".join(rows) + "\n\n")
+    with pytest.raises(InputError) as memory:
+        import_trace("azure", str(path))
+    assert memory.value.line == 6 and memory.value.column == "ContextTokens"
+    plan = stream_plan("azure", str(path), ImportOptions(), True)
+    with pytest.raises(InputError) as streamed:
+        stream_import(str(path), plan, str(tmp_path / "s.parquet"), batch_rows=2)
+    assert streamed.value.line == 6 and streamed.value.column == "ContextTokens"
+    rows[-1] = '"2024-05-10 00:00:03",400,1'
+    path.write_text("\n".join(rows) + "\n\n")
+    memory_cols, streamed_cols = _both(str(path))
+    assert memory_cols == streamed_cols and memory_cols[1] == [100, 200, 400]
+
+
+def test_a_line_of_separators_only_is_still_malformed(tmp_path: Path) -> None:
+    path = tmp_path / "a.csv"
+    path.write_text("\n".join([AZURE_HEAD, AZURE_ROWS[0], ",,", AZURE_ROWS[1]]) + "\n")
+    with pytest.raises(InputError) as memory:
+        import_trace("azure", str(path))
+    assert memory.value.line == 3
+    plan = stream_plan("azure", str(path), ImportOptions(), True)
+    with pytest.raises(InputError) as streamed:
+        stream_import(str(path), plan, str(tmp_path / "s.parquet"))
+    assert streamed.value.line == 3
