@@ -841,6 +841,9 @@ def trace_import(
         return
     if batch_rows is not None:
         raise InputError("applies to a streamed import only (--stream)", option="--batch-rows")
+    from kvtier.report.output import check_output
+
+    check_output(output, option="--output")  # as the streamed import does, before the work
     imported = import_trace(source_format, input_path, options)
     write_trace(imported, output)
     prefix = "" if imported.has_prefix_info else ", lengths only: no prefix information"

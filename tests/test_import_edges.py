@@ -79,3 +79,18 @@ def test_a_line_of_separators_only_is_still_malformed(tmp_path: Path) -> None:
     with pytest.raises(InputError) as streamed:
         stream_import(str(path), plan, str(tmp_path / "s.parquet"))
     assert streamed.value.line == 3
+
+
+def test_an_output_under_a_file_is_refused_in_one_line(tmp_path: Path) -> None:
+    from kvtier.trace.io import write_trace
+    from tests.helpers import assert_one_line_error, invoke
+
+    path = tmp_path / "a.csv"
+    path.write_text("\n".join([AZURE_HEAD, *AZURE_ROWS]) + "\n")
+    (tmp_path / "f").write_text("x")
+    out = str(tmp_path / "f" / "sub" / "t.parquet")
+    for stream in ("--no-stream", "--stream"):
+        result = invoke("trace", "import", "--from", "azure", str(path), stream, "-o", out)
+        assert_one_line_error(result, "--output", f"{tmp_path / 'f'} is not a directory")
+    with pytest.raises(InputError, match="f is a file, not a directory"):
+        write_trace(import_trace("azure", str(path)), out)

@@ -194,6 +194,9 @@ def atomic_write(path: str | os.PathLike[str], write: Callable[[str], None]) -> 
     left behind).
     """
     target = Path(path)
+    for parent in target.parents:  # mkdir would say only "File exists"
+        if parent.exists() and not parent.is_dir():
+            raise InputError(f"cannot write: {parent} is a file, not a directory", path=str(target))
     tmp: str | None = None
     try:
         target.parent.mkdir(parents=True, exist_ok=True)
