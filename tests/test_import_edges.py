@@ -54,7 +54,7 @@ def test_blank_csv_lines_are_skipped_in_memory_and_streamed(tmp_path: Path, text
 
 def test_blank_lines_keep_line_numbers_and_quoted_files_skip_them(tmp_path: Path) -> None:
     path = tmp_path / "a.csv"
-    rows = [AZURE_HEAD, AZURE_ROWS[0], "", AZURE_ROWS[1], "", '"2024-05-10 00:00:03",x,1']
+    rows = [AZURE_HEAD, AZURE_ROWS[0], "", AZURE_ROWS[1], "", '"2024-05-10 00:00:03+00:00",x,1']
     path.write_text("\n".join(rows) + "\n\n")
     with pytest.raises(InputError) as memory:
         import_trace("azure", str(path))
@@ -63,7 +63,7 @@ def test_blank_lines_keep_line_numbers_and_quoted_files_skip_them(tmp_path: Path
     with pytest.raises(InputError) as streamed:
         stream_import(str(path), plan, str(tmp_path / "s.parquet"), batch_rows=2)
     assert streamed.value.line == 6 and streamed.value.column == "ContextTokens"
-    rows[-1] = '"2024-05-10 00:00:03",400,1'
+    rows[-1] = '"2024-05-10 00:00:03+00:00",400,1'
     path.write_text("\n".join(rows) + "\n\n")
     memory_cols, streamed_cols = _both(str(path))
     assert memory_cols == streamed_cols and memory_cols[1] == [100, 200, 400]
@@ -94,3 +94,20 @@ def test_an_output_under_a_file_is_refused_in_one_line(tmp_path: Path) -> None:
         assert_one_line_error(result, "--output", f"{tmp_path / 'f'} is not a directory")
     with pytest.raises(InputError, match="f is a file, not a directory"):
         write_trace(import_trace("azure", str(path)), out)
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_azure_mixing_naive_and_utc_offset_timestamps_is_refused_by_line(
+    tmp_path: Path, stream: bool
+) -> None:
+    path = tmp_path / "a.csv"
+    rows = [*AZURE_ROWS, "2024-05-10 00:00:03.000000,400,8", "2024-05-10 00:00:04+00:00,1,1"]
+    path.write_text("\n".join([AZURE_HEAD, *rows]) + "\n")
+    with pytest.raises(InputError, match="must not mix naive and UTC-offset") as err:
+        if stream:
+            plan = stream_plan("azure", str(path), ImportOptions(), True)
+            stream_import(str(path), plan, str(tmp_path / "s.parquet"), batch_rows=2)
+        else:
+            import_trace("azure", str(path))
+    assert err.value.line == 5 and err.value.column == "TIMESTAMP"
+    assert "without a UTC offset, the first one with one" in str(err.value)

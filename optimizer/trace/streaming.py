@@ -39,7 +39,13 @@ from kvtier.trace.format import (
     META_SOURCE,
 )
 from kvtier.trace.importers.common import blank_record, check_header
-from kvtier.trace.importers.tabular import NOMINAL_BLOCK_TOKENS, ColumnMap, timestamp_expr
+from kvtier.trace.importers.tabular import (
+    NOMINAL_BLOCK_TOKENS,
+    ColumnMap,
+    mixed_timestamp,
+    timestamp_aware_expr,
+    timestamp_expr,
+)
 from kvtier.trace.io import atomic_write
 
 _GZIP_MAGIC = b"\x1f\x8b"
@@ -241,6 +247,7 @@ def stream_import(
         arrival.alias("t"),
         _number_expr(cmap.input, integer=True).alias("inp"),
         _number_expr(cmap.output, integer=True).alias("out"),
+        *([timestamp_aware_expr(cmap.arrival).alias("aware")] if kind == "timestamp" else []),
     )
     quoted, blanks = _scan(path)
     with tempfile.TemporaryDirectory(dir=Path(out).resolve().parent) as tmp:
@@ -308,7 +315,7 @@ def _write_checked(
             message, path=path, line=line, column=column
         )
 
-    summary: dict[str, float] = {"n": 0, "t0": np.nan, "last": -np.inf, "failed": 0}
+    summary: dict[str, float | bool] = {"n": 0, "t0": np.nan, "last": -np.inf, "failed": 0}
 
     def write(tmp: str) -> None:
         with pq.ParquetWriter(tmp, schema, compression="zstd") as writer:
@@ -319,9 +326,15 @@ def _write_checked(
                 outp = batch.column("out").to_numpy(zero_copy_only=False)
                 rows = np.arange(row0, row0 + len(t))
                 row0 += len(t)
+                aware = (
+                    batch.column("aware").to_numpy(zero_copy_only=False)
+                    if "aware" in batch.schema.names
+                    else None
+                )
                 if blank_rows is not None:  # blank lines read as rows of nulls: drop them
                     keep = ~np.fromiter(itertools.islice(blank_rows, len(t)), bool, len(t))
                     t, inp, outp, rows = t[keep], inp[keep], outp[keep], rows[keep]
+                    aware = None if aware is None else aware[keep]
                     if len(t) == 0:
                         continue
                 checks = [
@@ -339,6 +352,12 @@ def _write_checked(
                 )
                 if first is not None:
                     raise fail(int(rows[first[0]]), first[1], first[2])
+                if aware is not None:
+                    aware = aware.astype(bool)
+                    mixed = mixed_timestamp(aware, summary.get("aware"))
+                    if mixed is not None:
+                        raise fail(int(rows[mixed[0]]), cmap.arrival, mixed[1])
+                    summary.setdefault("aware", bool(aware[0]))
                 inp, outp = inp.astype(np.int64), outp.astype(np.int64)
                 if skip_failed:
                     failed = inp == 0

@@ -52,6 +52,18 @@ class ColumnMap:
         return out
 
 
+def _timestamp_parts(name: str) -> tuple[pl.Expr, pl.Expr]:
+    """The naive and the UTC-offset readings of column ``name`` (each null where the text is
+    not of its kind)."""
+    s = pl.col(name).str.strip_chars().str.replace(r"^(\d{4}-\d\d-\d\d)T", "${1} ")
+    s = s.str.replace(r"Z$", "+00:00").str.replace(r"^(.*\.\d{6})\d+", "${1}")
+    naive = s.str.to_datetime("%Y-%m-%d %H:%M:%S%.f", strict=False, time_unit="us")
+    aware = s.str.to_datetime(
+        "%Y-%m-%d %H:%M:%S%.f%:z", strict=False, time_unit="us", time_zone="UTC"
+    )
+    return naive, aware
+
+
 def timestamp_expr(name: str) -> pl.Expr:
     """Microseconds since the epoch of the wall-clock timestamps in column ``name``, null
     where unparseable.
@@ -60,13 +72,38 @@ def timestamp_expr(name: str) -> pl.Expr:
     cut), ``2024-05-10 00:00:00.009930+00:00`` (with a UTC offset), a ``T`` separator and a
     trailing ``Z``; the fraction is optional.
     """
-    s = pl.col(name).str.strip_chars().str.replace(r"^(\d{4}-\d\d-\d\d)T", "${1} ")
-    s = s.str.replace(r"Z$", "+00:00").str.replace(r"^(.*\.\d{6})\d+", "${1}")
-    naive = s.str.to_datetime("%Y-%m-%d %H:%M:%S%.f", strict=False, time_unit="us")
-    aware = s.str.to_datetime(
-        "%Y-%m-%d %H:%M:%S%.f%:z", strict=False, time_unit="us", time_zone="UTC"
-    )
+    naive, aware = _timestamp_parts(name)
     return naive.dt.epoch("us").fill_null(aware.dt.epoch("us")).cast(pl.Float64)
+
+
+def timestamp_aware_expr(name: str) -> pl.Expr:
+    """Whether each timestamp of column ``name`` carries a UTC offset (null if unparseable).
+
+    A log mixing the two kinds is refused: a naive time is read as UTC, which is a guess that
+    a log writing offsets elsewhere says is wrong (it may be local time)."""
+    naive, aware = _timestamp_parts(name)
+    return pl.when(naive.is_not_null()).then(False).when(aware.is_not_null()).then(True)
+
+
+TIMESTAMP_MIX = (
+    "a timestamp {0} a UTC offset, the first one {1}: a log must not mix naive and "
+    "UTC-offset timestamps"
+)
+
+
+def mixed_timestamp(aware: np.ndarray, first: bool | None) -> tuple[int, str] | None:
+    """The first row whose timestamp kind (``aware``, no nulls) differs from ``first`` (the
+    log's first row's, or this batch's first if None), with the message naming both."""
+    if len(aware) == 0:
+        return None
+    want = bool(aware[0]) if first is None else first
+    other = np.flatnonzero(aware != want)
+    if len(other) == 0:
+        return None
+    row = int(other[0])
+    has = "with" if aware[row] else "without"
+    first_has = "with one" if want else "without"
+    return row, TIMESTAMP_MIX.format(has, first_has)
 
 
 def parse_timestamps(text: pl.Series) -> pl.Series:
@@ -104,6 +141,7 @@ class ArrivalState:
     (decided on the first batch), the first arrival (the trace's origin) and the last one."""
 
     kind: str | None = None
+    aware: bool | None = None  # timestamps: whether the first carried a UTC offset
     origin: float | None = None
     last: float = -np.inf
 
@@ -165,6 +203,19 @@ def lengths_trace(
             (cmap.output, out.is_null().to_numpy(), "not an integer"),
         ],
     )
+    if kind == "timestamp":
+        aware = (
+            pl.DataFrame({"t": df.get_column(cmap.arrival).cast(pl.String)})
+            .select(timestamp_aware_expr("t"))
+            .to_series()
+            .to_numpy()
+            .astype(bool)
+        )
+        mixed = mixed_timestamp(aware, None if state is None else state.aware)
+        if mixed is not None:
+            raise InputError(mixed[1], path=path, line=int(lines[mixed[0]]), column=cmap.arrival)
+        if state is not None and state.aware is None:
+            state.aware = bool(aware[0])
     t = when.to_numpy().astype(np.float64)
     scale = {"timestamp": 1e-6, "s": 1.0, "ms": 1e-3}[kind]
     if state is None:
