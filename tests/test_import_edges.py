@@ -111,3 +111,29 @@ def test_azure_mixing_naive_and_utc_offset_timestamps_is_refused_by_line(
             import_trace("azure", str(path))
     assert err.value.line == 5 and err.value.column == "TIMESTAMP"
     assert "without a UTC offset, the first one with one" in str(err.value)
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_dataset_parts_with_different_columns_are_refused(tmp_path: Path, stream: bool) -> None:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from kvtier.trace.batches import iter_batches, open_batches
+    from kvtier.trace.io import read_trace
+
+    path = tmp_path / "a.csv"
+    path.write_text("\n".join([AZURE_HEAD, *AZURE_ROWS]) + "\n")
+    table = import_trace("azure", str(path)).table
+    parts = tmp_path / "ds"
+    parts.mkdir()
+    pq.write_table(table, parts / "part-0.parquet")
+    tenant = pa.array(["a"] * table.num_rows).dictionary_encode()
+    pq.write_table(table.append_column("tenant", tenant), parts / "part-1.parquet")
+    with pytest.raises(InputError) as err:
+        if stream:
+            list(iter_batches(open_batches(parts)))
+        else:
+            read_trace(parts)
+    message = str(err.value)
+    assert "part-1.parquet" in message and "part-0.parquet" in message
+    assert "'tenant'" in message and "\n" not in message

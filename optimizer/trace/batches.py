@@ -26,7 +26,7 @@ import pyarrow.parquet as pq
 
 from kvtier.errors import InputError
 from kvtier.trace.format import META_BLOCK_TOKENS, META_PREFIX_INFO
-from kvtier.trace.io import trace_metadata
+from kvtier.trace.io import check_same_columns, trace_metadata
 from kvtier.trace.validate import validate_table
 
 if TYPE_CHECKING:
@@ -138,7 +138,9 @@ def open_batches(path: str | os.PathLike[str]) -> TraceBatches:
     meta = trace_metadata(schema, files[0])
     kvtier_meta = {k: v for k, v in meta.items() if k.startswith("kvtier.")}
     for file in files[1:]:
-        other = trace_metadata(_schema_of(file), file)
+        part_schema = _schema_of(file)
+        check_same_columns(files[0], schema, file, part_schema)
+        other = trace_metadata(part_schema, file)
         if {k: v for k, v in other.items() if k.startswith("kvtier.")} != kvtier_meta:
             raise InputError(
                 f"schema metadata differs from {Path(files[0]).name}'s: the files are not "

@@ -36,6 +36,26 @@ _ARROW_FILE_MAGIC = b"ARROW1"
 _ARROW_STREAM_MAGIC = b"\xff\xff\xff\xff"
 
 
+def check_same_columns(first: str, first_schema: pa.Schema, file: str, schema: pa.Schema) -> None:
+    """Refuse a dataset part whose columns differ from the first part's: merging them would
+    fill the missing column with nulls in one part without a word."""
+    names, others = first_schema.names, set(schema.names)
+    for name in names:
+        if name not in others:
+            raise InputError(
+                f"has no column '{name}', which {Path(first).name} has: the parts of a dataset "
+                "must have the same columns",
+                path=file,
+            )
+    for name in schema.names:
+        if name not in set(names):
+            raise InputError(
+                f"has a column '{name}' that {Path(first).name} has not: the parts of a dataset "
+                "must have the same columns",
+                path=file,
+            )
+
+
 def _read_dataset(path: str) -> pa.Table:
     """A directory of Parquet files (a dataset) as one table, files in name order.
 
@@ -61,6 +81,8 @@ def _read_dataset(path: str) -> pa.Table:
                 "one trace",
                 path=str(file),
             )
+        if tables:
+            check_same_columns(str(files[0]), tables[0].schema, str(file), table.schema)
         tables.append(table)
     try:
         return pa.concat_tables(tables, promote_options="permissive")
