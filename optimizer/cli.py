@@ -28,7 +28,8 @@ from kvtier.trace.importers import format_names as import_format_names
 
 
 def _one_line_warning(message, category, filename, lineno, file=None, line=None) -> None:  # noqa: ANN001
-    click.echo(f"warning: {' '.join(str(message).split())}", err=True)
+    label = getattr(category, "label", "warning")  # a note is information, not a problem
+    click.echo(f"{label}: {' '.join(str(message).split())}", err=True)
 
 
 class OneLineErrors:

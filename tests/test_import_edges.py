@@ -137,3 +137,80 @@ def test_dataset_parts_with_different_columns_are_refused(tmp_path: Path, stream
     message = str(err.value)
     assert "part-1.parquet" in message and "part-0.parquet" in message
     assert "'tenant'" in message and "\n" not in message
+
+
+MOONCAKE = '{"timestamp": %d, "input_length": 600, "output_length": 1, "hash_ids": [1, 2]%s}'
+
+
+def _jsonl(tmp_path: Path, extras: list[str]) -> str:
+    path = tmp_path / "m.jsonl"
+    path.write_text("\n".join(MOONCAKE % (i * 10, e) for i, e in enumerate(extras)) + "\n")
+    return str(path)
+
+
+def _import_jsonl(path: str, stream: bool, kind: str = "mooncake", columns: str = "") -> None:
+    from kvtier.trace.jsonlstream import stream_import_jsonl
+
+    options = ImportOptions(columns=parse_columns(columns) if columns else {})
+    if stream:
+        plan = stream_plan(kind, path, options, True)
+        stream_import_jsonl(path, plan, str(Path(path).with_suffix(".parquet")), batch_rows=2)
+    else:
+        import_trace(kind, path, options)
+
+
+@pytest.mark.parametrize("stream", [False, True])
+@pytest.mark.parametrize(
+    ("extra", "key"),
+    [(', "input_length": 700', "input_length"), (', "note": 1, "note": 2', "note")],
+)
+def test_a_duplicate_json_key_is_refused_by_line_and_key(
+    tmp_path: Path, stream: bool, extra: str, key: str
+) -> None:
+    path = _jsonl(tmp_path, ["", "", "", extra])
+    with pytest.raises(InputError, match="key given twice") as err:
+        _import_jsonl(path, stream)
+    assert err.value.line == 4 and err.value.column == key
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_duplicate_key_in_a_mapped_jsonl_log_is_refused(tmp_path: Path, stream: bool) -> None:
+    path = tmp_path / "m.jsonl"
+    path.write_text('{"t": 0, "i": 5, "o": 1}\n{"t": 1, "i": 5, "o": 1, "i": 9}\n')
+    with pytest.raises(InputError, match="key given twice") as err:
+        _import_jsonl(str(path), stream, "jsonl", "arrival=t,input=i,output=o")
+    assert err.value.line == 2 and err.value.column == "i"
+
+
+def test_same_key_in_different_nested_objects_and_in_string_values_is_fine(
+    tmp_path: Path,
+) -> None:
+    path = _jsonl(tmp_path, [', "a": {"x": 1}, "b": {"x": 2}', ', "s": "\\"timestamp\\": 1"'])
+    from kvtier.trace.importers.common import IgnoredFieldsNote
+
+    for stream in (False, True):  # the note names the top-level fields only
+        with pytest.warns(IgnoredFieldsNote, match="ignored: a, b, s$"):
+            _import_jsonl(path, stream)
+
+
+@pytest.mark.parametrize("stream", ["--no-stream", "--stream"])
+def test_fields_a_format_does_not_read_are_named_once(tmp_path: Path, stream: str) -> None:
+    from tests.helpers import invoke
+
+    path = _jsonl(tmp_path, [', "tenant": "a"', "", ', "model": "m"', ', "tenant": "b"', ""])
+    out = str(tmp_path / "o.parquet")
+    sized = ["--batch-rows", "2"] if stream == "--stream" else []
+    result = invoke("trace", "import", "--from", "mooncake", path, stream, *sized, "-o", out)
+    notes = [ln for ln in result.stderr.splitlines() if ln.startswith("note:")]
+    assert result.code == 0, result.stderr
+    assert notes == [f"note: {path}: fields not read by this format, ignored: model, tenant"]
+
+
+def test_a_log_with_only_the_fields_read_gets_no_note(tmp_path: Path) -> None:
+    import warnings
+
+    path = _jsonl(tmp_path, ["", ""])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        _import_jsonl(path, False)
+        _import_jsonl(path, True)

@@ -171,7 +171,8 @@ def stream_import_jsonl(
         raise InputError("a streamed import writes Parquet: name the output .parquet", path=out)
     if batch_rows < 1:
         raise InputError(f"must be >= 1, got {batch_rows}", option="--batch-rows")
-    build = _builder(path, plan)
+    keys: set[str] = set()
+    build, used = _builder(path, plan, keys)
     summary = {"n": 0, "first": 0.0, "last": 0.0}
     meta: dict[str, object] = {}
 
@@ -205,6 +206,9 @@ def stream_import_jsonl(
             raise InputError("empty file", path=path)
 
     atomic_write(out, write)
+    from kvtier.trace.importers.common import note_ignored
+
+    note_ignored(path, keys, used)
     return StreamSummary(
         n_requests=int(summary["n"]),
         duration_s=summary["last"] - summary["first"],
@@ -252,10 +256,16 @@ def _conformed(table: pa.Table, schema: pa.Schema, path: str, lines: np.ndarray)
         ) from None
 
 
-def _builder(path: str, plan: JsonlPlan):  # noqa: ANN202
+def _builder(path: str, plan: JsonlPlan, keys: set[str]):  # noqa: ANN202
     """``build(first_line, data) -> (trace, lines, trace column -> source field) | None`` for
-    one chunk of the layout ``plan``."""
-    from kvtier.trace.importers.common import JSONL_COLUMNS, content_line_numbers, parse_jsonl
+    one chunk of the layout ``plan``, and the source fields it reads; the field names seen
+    are added to ``keys`` (for the note on those ignored)."""
+    from kvtier.trace.importers.common import (
+        JSONL_COLUMNS,
+        content_line_numbers,
+        parse_jsonl,
+        scan_keys,
+    )
 
     def blank(data: bytes) -> bool:
         return data.isspace() and not data.strip(b" \t\r\n")  # isspace stops at a visible byte
@@ -268,12 +278,12 @@ def _builder(path: str, plan: JsonlPlan):  # noqa: ANN202
         def build_mooncake(first_line: int, data: bytes):  # noqa: ANN202
             if blank(data):
                 return None
-            df, lines = parse_jsonl(data, path, mc.SCHEMA, mc.FIELDS, first_line)
+            df, lines = parse_jsonl(data, path, mc.SCHEMA, mc.FIELDS, first_line, keys)
             stamps = df.get_column("timestamp").to_numpy()
             state.check_order(path, lines, stamps, "timestamp")
             return mc.mooncake_trace(path, df, lines), lines, JSONL_COLUMNS
 
-        return build_mooncake
+        return build_mooncake, set(mc.SCHEMA)
     if plan.kind == "bailian":
         from kvtier.trace.importers import bailian as bl
 
@@ -284,7 +294,7 @@ def _builder(path: str, plan: JsonlPlan):  # noqa: ANN202
         def build_bailian(first_line: int, data: bytes):  # noqa: ANN202
             if blank(data):
                 return None
-            df, lines = parse_jsonl(data, path, bl.SCHEMA, bl.FIELDS, first_line)
+            df, lines = parse_jsonl(data, path, bl.SCHEMA, bl.FIELDS, first_line, keys)
             state.check_order(path, lines, df.get_column("timestamp").to_numpy(), "timestamp")
             session = links.sessions(
                 path,
@@ -295,7 +305,7 @@ def _builder(path: str, plan: JsonlPlan):  # noqa: ANN202
             trace = bl.bailian_trace(path, df, lines, session)
             return trace, lines, columns
 
-        return build_bailian
+        return build_bailian, set(bl.SCHEMA)
     if plan.kind == "jsonl" and plan.cmap is not None:
         from kvtier.trace.importers.common import first_bad_json_line
         from kvtier.trace.importers.tabular import lengths_trace
@@ -319,8 +329,9 @@ def _builder(path: str, plan: JsonlPlan):  # noqa: ANN202
                 raise error.with_path(path) from None
             if len(lines) != df.height:
                 raise InputError("could not match JSON rows to lines", path=path)
+            keys.update(scan_keys(data, path, first_line))
             trace: Trace = lengths_trace(path, df, lines, cmap, "jsonl", state)
             return trace, lines, cmap.used()
 
-        return build_mapped
+        return build_mapped, set(cmap.used().values())
     raise InputError(f"--from {plan.kind} does not stream as JSON Lines", option="--stream")

@@ -123,18 +123,159 @@ def first_bad_json_line(data: bytes, fields: dict[str, type | tuple[type, ...]])
     return InputError("could not parse the file as JSON Lines")
 
 
+# every JSON string, with the colon after it when it is an object key: matched left to right,
+# string tokens of valid JSON are found from their opening quote, so values never read as keys
+_JSON_STRING = r'"(?:[^"\\]|\\.)*"\s*:?'
+_EXACT_SIGNATURES = 64  # distinct key sequences whose first line is parsed for its own keys
+
+
+class _DuplicateKey(ValueError):
+    def __init__(self, key: str) -> None:
+        super().__init__(key)
+        self.key = key
+
+
+def _refuse_duplicates(pairs: list[tuple[str, object]]) -> dict[str, object]:
+    """``object_pairs_hook`` for :func:`json.loads` that raises on a key given twice."""
+    seen: set[str] = set()
+    for key, _ in pairs:
+        if key in seen:
+            raise _DuplicateKey(key)
+        seen.add(key)
+    return dict(pairs)
+
+
+def _key_counts(data: bytes) -> np.ndarray:
+    """Per line of ``data``, the colons that follow a closing quote (white space between
+    allowed): the keys of a line whose strings hold no such colon."""
+    buf = np.frombuffer(data, dtype=np.uint8)
+    newlines = np.flatnonzero(buf == ord("\n"))
+    colons = np.flatnonzero(buf == ord(":"))
+    prev = colons - 1
+    white = np.frombuffer(b" \t\r\n", dtype=np.uint8)
+    while True:
+        step = (prev >= 0) & np.isin(buf[np.maximum(prev, 0)], white)
+        if not step.any():
+            break
+        prev[step] -= 1
+    keyed = colons[(prev >= 0) & (buf[np.maximum(prev, 0)] == ord('"'))]
+    return np.bincount(np.searchsorted(newlines, keyed), minlength=len(newlines) + 1)
+
+
+def scan_keys(
+    data: bytes, path: str, first_line: int = 1, required: int | None = None
+) -> set[str]:
+    """The field names of the objects on the JSON Lines ``data`` (the file's lines from
+    ``first_line`` on); a key given twice in one object is refused by line and key.
+
+    A JSON reader keeps the last of two values under one key without a word. Python's
+    ``object_pairs_hook`` on every line would cost as much as the parse itself, so the keys
+    are first listed by a vectorised scan of string tokens; only a line where a key repeats
+    (or holds an escape, which may spell another key) is parsed exactly, and a repeat in two
+    different nested objects is not an error.
+    """
+    if required is None:
+        text = data.decode("utf-8")
+        frame = pl.DataFrame({"line": text.split("\n")}).with_row_index("i")
+    else:
+        # every line is known to hold the ``required`` fields: one with exactly that many key
+        # tokens repeats none and has no other; only the rest are scanned
+        other = np.flatnonzero(_key_counts(data) != required)
+        if len(other) == 0:
+            return set()
+        pieces = data.split(b"\n")
+        picked = [pieces[k].decode("utf-8") for k in other]
+        frame = pl.DataFrame(
+            {"i": pl.Series(other, dtype=pl.UInt32), "line": pl.Series(picked, dtype=pl.String)}
+        )
+    frame = (
+        frame
+        .with_columns(
+            pl.col("line")
+            .str.extract_all(_JSON_STRING)
+            .list.eval(pl.element().filter(pl.element().str.ends_with(":")))
+            .list.eval(pl.element().str.replace(r"\s*:$", ""))
+            .alias("keys")
+        )
+    )
+    suspect = frame.filter(
+        (pl.col("keys").list.len() != pl.col("keys").list.n_unique())
+        | pl.col("keys").list.eval(pl.element().str.contains("\\", literal=True)).list.any()
+    )
+    for i, line in suspect.select("i", "line").iter_rows():
+        try:
+            json.loads(line, object_pairs_hook=_refuse_duplicates)
+        except _DuplicateKey as dup:
+            raise InputError(
+                "key given twice in one object (a reader would keep the last value)",
+                path=path,
+                line=first_line + int(i),
+                column=dup.key,
+            ) from None
+        except ValueError:
+            continue  # malformed: the parser reports it
+    signatures = (
+        frame.filter(pl.col("keys").list.len() > 0)
+        .with_columns(pl.col("keys").list.join("\x00").alias("sig"))
+        .unique(subset="sig", keep="first", maintain_order=True)
+    )
+    found: set[str] = set()
+    for n, (line, keys) in enumerate(signatures.select("line", "keys").iter_rows()):
+        obj = None
+        if n < _EXACT_SIGNATURES:
+            try:
+                obj = json.loads(line)
+            except ValueError:
+                obj = None
+        if isinstance(obj, dict):
+            found.update(obj)
+        else:  # many shapes: the keys of any object on the line
+            found.update(str(json.loads(k)) for k in keys)
+    return found
+
+
+class IgnoredFieldsNote(UserWarning):
+    """Fields of a JSON Lines log that its format does not read (said once per import)."""
+
+    label = "note"
+
+
+def note_ignored(path: str, keys: set[str], used: set[str]) -> None:
+    """Say once which fields of ``path`` the import does not read, so none is dropped
+    silently."""
+    ignored = sorted(keys - used)
+    if ignored:
+        import warnings
+
+        warnings.warn(
+            f"{path}: fields not read by this format, ignored: {', '.join(ignored)}",
+            IgnoredFieldsNote,
+            stacklevel=3,
+        )
+
+
 def read_jsonl(
     path: str, schema: dict[str, pl.DataType], fields: dict
 ) -> tuple[pl.DataFrame, np.ndarray]:
-    """The JSON Lines file ``path`` read whole with ``schema``, and each row's line number."""
-    return parse_jsonl(read_bytes(path), path, schema, fields)
+    """The JSON Lines file ``path`` read whole with ``schema``, and each row's line number;
+    fields the schema does not read are named in a note."""
+    keys: set[str] = set()
+    df, lines = parse_jsonl(read_bytes(path), path, schema, fields, keys=keys)
+    note_ignored(path, keys, set(schema))
+    return df, lines
 
 
 def parse_jsonl(
-    data: bytes, path: str, schema: dict[str, pl.DataType], fields: dict, first_line: int = 1
+    data: bytes,
+    path: str,
+    schema: dict[str, pl.DataType],
+    fields: dict,
+    first_line: int = 1,
+    keys: set[str] | None = None,
 ) -> tuple[pl.DataFrame, np.ndarray]:
     """Rows of JSON Lines ``data`` (the file's lines from ``first_line`` on) under ``schema``,
-    and each row's line number; the first malformed line or missing field is reported."""
+    and each row's line number; the first malformed line, missing field or key given twice
+    is reported. The field names seen are added to ``keys`` when given."""
     try:
         df = pl.read_ndjson(data, schema=schema)
     except Exception:  # polars raises several error types for bad input
@@ -142,6 +283,9 @@ def parse_jsonl(
     lines = content_line_numbers(data) + (first_line - 1)
     if len(lines) != df.height:  # whitespace-only lines or other oddities: find the line
         raise _shifted(first_bad_json_line(data, fields), first_line).with_path(path)
+    seen = scan_keys(data, path, first_line, required=len(schema)) | set(schema)
+    if keys is not None:
+        keys.update(seen)
     for name in schema:
         nulls = df.get_column(name).is_null().to_numpy()
         if nulls.any():

@@ -15,7 +15,12 @@ import polars as pl
 from kvtier.errors import InputError
 from kvtier.trace.format import Trace
 from kvtier.trace.importers.azure import read_csv_strings
-from kvtier.trace.importers.common import content_line_numbers, read_bytes
+from kvtier.trace.importers.common import (
+    content_line_numbers,
+    note_ignored,
+    read_bytes,
+    scan_keys,
+)
 from kvtier.trace.importers.registry import ImportOptions, register
 from kvtier.trace.importers.tabular import ARRIVAL_KINDS, ColumnMap, lengths_trace
 
@@ -103,4 +108,7 @@ def import_jsonl(path: str, options: ImportOptions) -> Trace:
         raise error.with_path(path) from None
     if len(lines) != df.height:
         raise InputError("could not match JSON rows to lines", path=path)
-    return lengths_trace(path, df, np.asarray(lines), cmap, "jsonl")
+    keys = scan_keys(data, path)
+    trace = lengths_trace(path, df, np.asarray(lines), cmap, "jsonl")
+    note_ignored(path, keys, set(cmap.used().values()))
+    return trace
