@@ -10,8 +10,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 from functools import cached_property
+from typing import TYPE_CHECKING
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from kvtier.trace.strata import SampleStrata
 
 
 @dataclass(frozen=True, eq=False)
@@ -36,6 +40,8 @@ class BlockedTrace:
     source: str = ""
     extra: dict[str, object] = field(default_factory=dict)
     sample_fraction: float = 1.0  # of the full trace's sessions / prefix trees (trace sample)
+    # a sample's full-trace prompt-length strata: its replays weight latencies by them
+    sample_strata: SampleStrata | None = None
 
     def __post_init__(self) -> None:
         n = len(self.arrival_s)
@@ -152,6 +158,7 @@ class BlockedTrace:
             pass_index=cut(self.pass_index),
             source=self.source,
             sample_fraction=self.sample_fraction,
+            sample_strata=self.sample_strata,
         )
 
     @classmethod

@@ -126,4 +126,5 @@ def block_trace(
         pass_index=optional(PASS_COLUMN, np.int32),
         source=trace.source,
         sample_fraction=trace.sample_fraction,
+        sample_strata=trace.sample_strata,
     )

@@ -27,6 +27,8 @@ from dataclasses import dataclass, field
 import numpy as np
 import pyarrow as pa
 
+from kvtier.trace.strata import META_SAMPLE_STRATA, SampleStrata
+
 FORMAT_VERSION = "request-trace/1"
 META_FORMAT = "kvtier.format"
 META_BLOCK_TOKENS = "kvtier.block_tokens"
@@ -35,6 +37,8 @@ META_PREFIX_INFO = "kvtier.prefix_info"
 # A spatial sample (``kvtier trace sample``) keeps this fraction of the sessions or prefix trees;
 # a replay scales the cluster and the shared tiers by it.
 META_SAMPLE_FRACTION = "kvtier.sample_fraction"
+# ... and its full trace's prompt-length strata (META_SAMPLE_STRATA, JSON), by which a replay
+# weights its latencies (kvtier.trace.strata)
 
 REQUIRED_COLUMNS = ("arrival_s", "input_tokens", "output_tokens", "block_hashes")
 OPTIONAL_COLUMNS = ("request_id", "session_id", "tenant")
@@ -65,6 +69,7 @@ class Trace:
     path: str | None = None
     metadata: dict[str, str] = field(default_factory=dict)  # extra schema metadata, kept as is
     sample_fraction: float = 1.0  # < 1 for a spatial sample of a larger trace
+    sample_strata: SampleStrata | None = None  # a sample's full-trace prompt-length strata
 
     # -- construction -------------------------------------------------------------------------
     @classmethod
@@ -119,6 +124,7 @@ class Trace:
         metadata: dict[str, str] | None = None,
         path: str | None = None,
         sample_fraction: float = 1.0,
+        sample_strata: SampleStrata | None = None,
     ) -> Trace:
         """Validate ``table`` (sorting it by arrival if needed) and wrap it."""
         from kvtier.trace.validate import validate_table
@@ -137,6 +143,8 @@ class Trace:
         )
         if sample_fraction != 1.0:
             meta[META_SAMPLE_FRACTION] = repr(float(sample_fraction))
+        if sample_strata is not None:
+            meta[META_SAMPLE_STRATA] = sample_strata.to_json()
         table = table.replace_schema_metadata(meta)
         extra = {k: v for k, v in meta.items() if not k.startswith("kvtier.")}
         return cls(
@@ -147,6 +155,7 @@ class Trace:
             path=path,
             metadata=extra,
             sample_fraction=float(sample_fraction),
+            sample_strata=sample_strata,
         )
 
     # -- accessors ----------------------------------------------------------------------------

@@ -30,6 +30,7 @@ from kvtier.trace.format import (
     META_SOURCE,
     Trace,
 )
+from kvtier.trace.strata import META_SAMPLE_STRATA, SampleStrata
 
 _PARQUET_MAGIC = b"PAR1"
 _ARROW_FILE_MAGIC = b"ARROW1"
@@ -171,7 +172,14 @@ def trace_metadata(schema: pa.Schema, path: str) -> dict[str, str]:
             path=path,
         )
     _sample_fraction(meta.get(META_SAMPLE_FRACTION, "1.0"), path)
+    sample_strata(meta, path)
     return meta
+
+
+def sample_strata(meta: dict[str, str], path: str | None) -> SampleStrata | None:
+    """The checked ``kvtier.sample_strata`` of a trace's metadata (None without one)."""
+    text = meta.get(META_SAMPLE_STRATA)
+    return None if text is None else SampleStrata.from_json(text, path)
 
 
 def read_trace(path: str | os.PathLike[str]) -> Trace:
@@ -191,6 +199,7 @@ def read_trace(path: str | os.PathLike[str]) -> Trace:
         metadata=extra,
         path=path,
         sample_fraction=fraction,
+        sample_strata=sample_strata(meta, path),
     )
 
 

@@ -330,5 +330,6 @@ def mapped_trace(
         metadata={k.decode(): v.decode() for k, v in meta.items() if not k.startswith(b"kvtier.")},
         path=trace.path,
         sample_fraction=trace.sample_fraction,
+        sample_strata=trace.sample_strata,
     )
     return out, blocked

@@ -9,7 +9,10 @@ requests reading each distinct block (a table of distinct hashes, as the streame
 :class:`~kvtier.trace.idtable.IdTable`, plus 4 bytes a distinct block) and numbers the tenants
 in order of first appearance; the second finds each request's root from those counts, as the
 in-memory sample does from the whole trace's. Memory grows with the distinct blocks, not the
-requests.
+requests. A sample of a trace that records no strata yet also needs the whole trace's
+prompt-length histogram (:class:`~kvtier.trace.strata.LengthHistogram`, one count per length
+up to the longest prompt) before it writes its metadata: it is taken in that first pass, which
+a sample by sessions or by requests then makes for it alone.
 """
 
 from __future__ import annotations
@@ -33,17 +36,20 @@ from kvtier.trace.format import (
     META_SAMPLE_FRACTION,
     META_SOURCE,
 )
-from kvtier.trace.io import atomic_write
+from kvtier.trace.io import atomic_write, sample_strata
 from kvtier.trace.sampling import TRUNK_SHARE, _check_options, _kept, _mix64, check_window
+from kvtier.trace.strata import META_SAMPLE_STRATA, LengthHistogram, SampleStrata
 
 if TYPE_CHECKING:
     from kvtier.trace.idtable import IdTable
 
 
-def output_metadata(trace: TraceBatches, fraction: float) -> dict[str, str]:
+def output_metadata(
+    trace: TraceBatches, fraction: float, strata: SampleStrata | None = None
+) -> dict[str, str]:
     """The schema metadata the in-memory path writes for a sample or slice of ``trace`` with
-    ``kvtier.sample_fraction`` ``fraction``: the trace's own keys outside ``kvtier.``, then the
-    format's."""
+    ``kvtier.sample_fraction`` ``fraction`` and ``kvtier.sample_strata`` ``strata``: the
+    trace's own keys outside ``kvtier.``, then the format's."""
     meta = {k: v for k, v in trace.meta.items() if not k.startswith("kvtier.")}
     meta.update(
         {
@@ -55,6 +61,8 @@ def output_metadata(trace: TraceBatches, fraction: float) -> dict[str, str]:
     )
     if fraction != 1.0:
         meta[META_SAMPLE_FRACTION] = repr(float(fraction))
+    if strata is not None:
+        meta[META_SAMPLE_STRATA] = strata.to_json()
     return meta
 
 
@@ -130,7 +138,7 @@ def stream_slice(
             option="--start",
         )
 
-    meta = output_metadata(trace, _fraction_of(trace))
+    meta = output_metadata(trace, _fraction_of(trace))  # a slice keeps no strata
     kept = _write_batches(out, cut(), meta, none_kept)
     return int(seen["read"]), kept, seen["last_kept"] - seen["first_kept"]
 
@@ -205,10 +213,20 @@ def stream_sample(
     elif trace.has_prefix_info:
         roots = "prefix subtrees"
         readers = _Readers()
-        for _row0, table in iter_batches(trace, batch_rows):
-            readers.add(table)
     else:
         roots = "requests"
+    out_fraction = _fraction_of(trace) * fraction
+    strata = sample_strata(trace.meta, trace.path) if out_fraction != 1.0 else None
+    lengths = LengthHistogram() if out_fraction != 1.0 and strata is None else None
+    if readers is not None or lengths is not None:
+        for _row0, table in iter_batches(trace, batch_rows):
+            if readers is not None:
+                readers.add(table)
+            if lengths is not None:
+                lengths.add(table.column("input_tokens").to_numpy())
+        if lengths is not None:
+            strata = lengths.strata()
+    first_pass = readers is not None or lengths is not None
     by_id = (
         roots == "requests"
         and "request_id" in names
@@ -226,7 +244,7 @@ def stream_sample(
         return np.arange(row0, row0 + table.num_rows, dtype=np.uint64)
 
     def kept(keys_of: Callable[[int, pa.Table], np.ndarray]) -> Iterator[pa.Table]:
-        checked = readers is None  # pass one checked every batch already
+        checked = not first_pass  # pass one checked every batch already
         for row0, table in iter_batches(trace, batch_rows, cross_checks=checked):
             counts["read"] += table.num_rows
             if fraction >= 1:
@@ -241,6 +259,6 @@ def stream_sample(
             option="--fraction",
         )
 
-    meta = output_metadata(trace, _fraction_of(trace) * fraction)
+    meta = output_metadata(trace, out_fraction, strata)
     n_kept = _write_batches(out, kept(key_of), meta, none_kept)
     return counts["read"], n_kept, roots

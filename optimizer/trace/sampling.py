@@ -34,6 +34,7 @@ import pyarrow.compute as pc
 
 from kvtier.errors import InputError
 from kvtier.trace.format import Trace
+from kvtier.trace.strata import SampleStrata
 
 _GOLDEN = np.uint64(0x9E3779B97F4A7C15)
 TRUNK_SHARE = 0.01  # a block read by more than 1% of the requests is trunk, not a root
@@ -127,7 +128,19 @@ def sample(trace: Trace, fraction: float, *, seed: int = 0) -> tuple[Trace, str]
             option="--fraction",
         )
     table = trace.table.filter(pa.array(keep))
-    return _rebuilt(trace, table, trace.sample_fraction * fraction), roots
+    out_fraction = trace.sample_fraction * fraction
+    return _rebuilt(trace, table, out_fraction, sample_strata_of(trace, out_fraction)), roots
+
+
+def sample_strata_of(trace: Trace, out_fraction: float) -> SampleStrata | None:
+    """The prompt-length strata a sample of ``trace`` records (:mod:`kvtier.trace.strata`):
+    ``trace``'s own when it is a sample already (a sample of a sample is weighted to the first
+    full trace), else those of ``trace``'s prompt lengths; none when the output keeps it all."""
+    if out_fraction == 1.0:
+        return None
+    if trace.sample_strata is not None:
+        return trace.sample_strata
+    return SampleStrata.of_lengths(trace.input_tokens)
 
 
 def check_window(start: float, end: float | None) -> None:
@@ -157,10 +170,11 @@ def time_slice(trace: Trace, start: float, end: float | None) -> Trace:
     table = table.set_column(
         table.schema.get_field_index("arrival_s"), "arrival_s", pa.array(shifted)
     )
-    return _rebuilt(trace, table, trace.sample_fraction)
+    # a window of a sample no longer holds the population its strata count: none kept
+    return _rebuilt(trace, table, trace.sample_fraction, None)
 
 
-def _rebuilt(trace: Trace, table: pa.Table, fraction: float) -> Trace:
+def _rebuilt(trace: Trace, table: pa.Table, fraction: float, strata: SampleStrata | None) -> Trace:
     return Trace.from_table(
         table,
         block_tokens=trace.block_tokens,
@@ -168,4 +182,5 @@ def _rebuilt(trace: Trace, table: pa.Table, fraction: float) -> Trace:
         has_prefix_info=trace.has_prefix_info,
         metadata=trace.metadata,
         sample_fraction=fraction,
+        sample_strata=strata,
     )
