@@ -312,7 +312,9 @@ class Scenario:
 
         Arrivals are divided by ``rate_scale`` (the scenario's by default), or replaced by
         ``arrival_s`` (a load generator of one's own, e.g. validation's bursts). With
-        ``stop_early`` the run ends once the SLO is certainly missed. ``concurrency``
+        ``stop_early`` the run ends once the SLO is certainly missed, except for a sample with
+        prompt-length strata, whose SLO is judged on weighted latencies the engines' early
+        stop does not count (:func:`kvtier.sim.simulate_raw` turns it off). ``concurrency``
         overrides the scenario's closed loop (0: open loop); the metrics then count each
         request from when it was sent. ``track_tbt`` records each request's token intervals
         (``raw.tbt_tail_s``, ``metrics.tbt_p99_s``); an SLO with ``tbt_p99_s`` always does.

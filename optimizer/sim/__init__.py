@@ -53,13 +53,17 @@ def simulate_raw(
     check_invariants: bool = False,
     track_tbt: bool = False,
 ) -> RawResult:
-    """Per-request times from one engine; ``stop_early`` acts only with a non-empty ``slo``.
+    """Per-request times from one engine; ``stop_early`` acts only with a non-empty ``slo``,
+    and never on a sample with prompt-length strata: the engines' early stop counts requests
+    unweighted, while that sample's SLO is judged on post-stratified latencies
+    (:mod:`kvtier.sim.metrics`), so an unweighted count could stop a run the weighted figures
+    pass.
 
     Token intervals (``RawResult.tbt_tail_s``) are tracked with ``track_tbt`` or
     ``cfg.track_tbt``, and always when ``slo`` bounds the TBT (its check needs them)."""
     if track_tbt or tracks_tbt(slo):
         cfg = replace(cfg, track_tbt=True)
-    use_slo = stop_early and slo is not None and not slo.is_empty()
+    use_slo = stop_early and slo is not None and not slo.is_empty() and trace.sample_strata is None
     check = SloCheck.from_slo(slo) if use_slo else None
     if engine == "numba":
         return simulate_engine(trace, cfg, slo=check)

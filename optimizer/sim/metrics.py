@@ -8,6 +8,13 @@ finish. ``cost_per_mtok = cost_per_hour / (tokens per hour / 1e6)``. TBT (when t
 tracked it, ``RawResult.tbt_tail_s``; None otherwise): per request, the mean of its longest
 10% token intervals (Mooncake FAST'25 section 5.1, docs/model.md); ``tbt_p50_s`` and
 ``tbt_p99_s`` are its quantiles over the served requests with two tokens or more.
+
+A replay of a spatial sample that records prompt-length strata (``kvtier.sample_strata``,
+:mod:`kvtier.trace.strata`) has its per-request latency statistics post-stratified: each
+request weighs its stratum's full-trace count over this replay's count of requests in that
+stratum, means are weighted, and quantiles are ``numpy.quantile(x, q, weights=w,
+method="inverted_cdf")`` (the one method numpy weights) over the requests each statistic
+uses. ``Metrics.extra["latency_weighting"]`` then says so. Without strata nothing changes.
 """
 
 from __future__ import annotations
@@ -108,15 +115,37 @@ def _nan_equal(a: Any, b: Any) -> bool:
     return a == b
 
 
-def _quantiles(x: np.ndarray, qs: tuple[float, ...]) -> list[float]:
-    """Linear-interpolation quantiles (NaN for no data), in one partition of ``x``."""
+def _quantiles(x: np.ndarray, qs: tuple[float, ...], w: np.ndarray | None = None) -> list[float]:
+    """Linear-interpolation quantiles (NaN for no data), in one partition of ``x``; with
+    weights ``w``, the weighted ``inverted_cdf`` quantiles (NaN when no value weighs)."""
     if not len(x):
         return [math.nan] * len(qs)
-    return [float(v) for v in np.quantile(x, qs, method="linear")]
+    if w is None:
+        return [float(v) for v in np.quantile(x, qs, method="linear")]
+    if not w.sum() > 0:
+        return [math.nan] * len(qs)
+    return [float(v) for v in np.quantile(x, qs, weights=w, method="inverted_cdf")]
 
 
-def _mean(x: np.ndarray) -> float:
-    return float(np.mean(x)) if len(x) else math.nan
+def _mean(x: np.ndarray, w: np.ndarray | None = None) -> float:
+    """The mean of ``x`` (NaN for no data), weighted by ``w`` when given."""
+    if not len(x):
+        return math.nan
+    if w is None:
+        return float(np.mean(x))
+    return float(np.average(x, weights=w)) if w.sum() > 0 else math.nan
+
+
+def request_weights(trace: BlockedTrace) -> np.ndarray | None:
+    """Per request, its post-stratification weight when ``trace`` is a sample with strata
+    (:meth:`kvtier.trace.strata.SampleStrata.weights`), else None (every request counts once)."""
+    if trace.sample_strata is None:
+        return None
+    return trace.sample_strata.weights(trace.input_tokens)
+
+
+def _part(w: np.ndarray | None, mask: np.ndarray) -> np.ndarray | None:
+    return None if w is None else w[mask]
 
 
 def request_ttft(trace: BlockedTrace, raw: RawResult) -> np.ndarray:
@@ -165,6 +194,14 @@ def compute_metrics(
 
     With ``tiers``, blocks loaded from a lower tier count as saved prefill tokens and as that
     tier's hits (``hit_ratio_tokens[name]``: its tokens over admitted prompt tokens).
+
+    A trace with strata (a sample) has its per-request latency statistics post-stratified
+    (TTFT mean and quantiles, TPOT mean and P99, E2E mean, TBT quantiles, SLO attainment):
+    they estimate the full trace's distribution, which the sample's mix of long and short
+    prompts misstates. Throughput, cost, hit ratios and tier counts stay unweighted: they are
+    totals or ratios of totals over the replayed cluster, which the sample's replay already
+    scales to per-instance figures (fewer instances for fewer requests); weighting requests
+    would not make the simulated cluster serve a different load.
     """
     n = trace.n_requests
     served = ~np.isnan(raw.finish_s)
@@ -176,6 +213,7 @@ def compute_metrics(
     ttft = request_ttft(trace, raw)[has_first]
     tpot = request_tpot(trace, raw)[served]
     e2e = raw.finish_s[served] - arrival[served]
+    w = request_weights(trace)
     if n and served.any():
         duration = float(np.max(raw.finish_s[served]) - arrival[0])
     else:
@@ -212,23 +250,27 @@ def compute_metrics(
     n_inst = len(raw.busy_s)
     busy = float(raw.busy_s.sum()) / (n_inst * duration) if duration > 0 and n_inst else math.nan
     cost_mtok = cost_per_hour / (tps * 3600 / 1e6) if tps and tps > 0 else math.inf
-    ttft_p50, ttft_p90, ttft_p99, ttft_p999 = _quantiles(ttft, (0.5, 0.9, 0.99, 0.999))
+    w_ttft = _part(w, has_first)
+    ttft_p50, ttft_p90, ttft_p99, ttft_p999 = _quantiles(ttft, (0.5, 0.9, 0.99, 0.999), w_ttft)
     tbt_p50 = tbt_p99 = None
     if raw.tbt_tail_s is not None:
-        tail = raw.tbt_tail_s[served & (out >= 2)]
-        tbt_p50, tbt_p99 = _quantiles(tail, (0.5, 0.99))
+        two = served & (out >= 2)
+        tbt_p50, tbt_p99 = _quantiles(raw.tbt_tail_s[two], (0.5, 0.99), _part(w, two))
+    extra: dict[str, Any] = {}
+    if trace.sample_strata is not None:
+        extra["latency_weighting"] = trace.sample_strata.describe()
     metrics = Metrics(
         n_requests=n,
         n_served=n_served,
         n_rejected=int(rejected.sum()),
-        ttft_mean_s=_mean(ttft),
+        ttft_mean_s=_mean(ttft, w_ttft),
         ttft_p50_s=ttft_p50,
         ttft_p90_s=ttft_p90,
         ttft_p99_s=ttft_p99,
         ttft_p999_s=ttft_p999,
-        tpot_mean_s=_mean(tpot),
-        tpot_p99_s=_quantiles(tpot, (0.99,))[0],
-        e2e_mean_s=_mean(e2e),
+        tpot_mean_s=_mean(tpot, _part(w, served)),
+        tpot_p99_s=_quantiles(tpot, (0.99,), _part(w, served))[0],
+        e2e_mean_s=_mean(e2e, _part(w, served)),
         throughput_rps=rps,
         throughput_tps=tps,
         hit_ratio_tokens=hit_ratio,
@@ -241,6 +283,7 @@ def compute_metrics(
         instances=n_inst,
         early_stopped=raw.early_stopped,
         engine=engine,
+        extra=extra,
         preemptions=int(raw.preemptions.sum()) if raw.preemptions is not None else 0,
         preempted_tokens=(
             int(raw.preempted_tokens.sum()) if raw.preempted_tokens is not None else 0
@@ -284,5 +327,9 @@ def _with_slo(
         ok &= np.nan_to_num(tpot, nan=math.inf) <= slo.tpot_p99_s
     if slo.tbt_p99_s is not None and raw.tbt_tail_s is not None:
         ok &= _meets_tbt(trace, raw, slo.tbt_p99_s, raw.tbt_tail_s)
-    attainment = float(ok.mean()) if len(ok) else math.nan
+    w = request_weights(trace)
+    if w is None:
+        attainment = float(ok.mean()) if len(ok) else math.nan
+    else:
+        attainment = _mean(ok.astype(np.float64), w)
     return Metrics(**{**m.__dict__, "slo_met": met, "slo_attainment": attainment})
