@@ -378,7 +378,7 @@ def replay_cmd(
     A policy file that optimize found at the prices of a --prices file replays at them."""
     from dataclasses import replace
 
-    from kvtier.scenario import Scenario, recorded_prices, sample_bias
+    from kvtier.scenario import Scenario, recorded_prices, sample_bias, sample_weighting
 
     if preset is not None and policy_path is not None:
         raise click.UsageError("give --policy or --preset, not both")
@@ -403,6 +403,9 @@ def replay_cmd(
     bias = sample_bias(scenario.policy, scenario.hardware, scenario.trace.sample_fraction)
     if bias is not None:
         click.echo(f"warning: {bias}", err=True)
+    weighting = sample_weighting(scenario.trace)
+    if weighting is not None:
+        click.echo(f"note: {weighting}", err=True)
     if requests_out is not None:
         from kvtier.sim.requests import check_requests_path
 
@@ -1005,18 +1008,28 @@ def trace_slice_cmd(
 
     _not_the_input(trace_path, output)
     if _stream_by_size(trace_path, stream):
+        from kvtier.trace.batches import open_batches
         from kvtier.trace.samplestream import stream_slice
+        from kvtier.trace.strata import META_SAMPLE_STRATA
 
+        had_strata = META_SAMPLE_STRATA in open_batches(trace_path).meta
         read, kept, span = stream_slice(trace_path, start, end, output)
         click.echo(f"wrote {kept:,} of {read:,} requests ({span:,.1f} s, streamed) to {output}")
-        return
-    loaded = read_trace(trace_path)
-    cut = time_slice(loaded, start, end)
-    write_trace(cut, output)
-    click.echo(
-        f"wrote {cut.n_requests:,} of {loaded.n_requests:,} requests "
-        f"({cut.duration_s:,.1f} s) to {output}"
-    )
+    else:
+        loaded = read_trace(trace_path)
+        had_strata = loaded.sample_strata is not None
+        cut = time_slice(loaded, start, end)
+        write_trace(cut, output)
+        click.echo(
+            f"wrote {cut.n_requests:,} of {loaded.n_requests:,} requests "
+            f"({cut.duration_s:,.1f} s) to {output}"
+        )
+    if had_strata:
+        click.echo(
+            "note: the slice keeps no prompt-length strata (the full trace's counts they hold "
+            "do not apply to a time window): its replays' latencies are not post-stratified",
+            err=True,
+        )
 
 
 def _trace_bytes(path: str) -> int:
@@ -1231,6 +1244,20 @@ def _print_stats(path: str, stats: Any) -> None:
         table.add_row("tenants", f"{stats.tenants:,}")
     if stats.distinct_kv_bytes is not None:
         table.add_row(f"distinct KV ({stats.model})", _fmt_bytes(stats.distinct_kv_bytes))
+    if stats.sample_fraction != 1.0:
+        table.add_row("sample fraction", f"{stats.sample_fraction:g}")
+    if stats.sample_strata is not None:
+        strata = stats.sample_strata
+        edges = [f"{e:,}" for e in strata["edges"]]
+        names = [f"<= {edges[0]}"]
+        names += [f"({a}, {b}]" for a, b in zip(edges, edges[1:], strict=False)]
+        names += [f"> {edges[-1]}"]
+        shown = [f"{n}: {c:,}" for n, c in zip(names, strata["population"], strict=True)]
+        quantiles = "/".join(f"P{100 * q:g}" for q in strata["quantiles"])
+        table.add_row(
+            f"sample strata (input tokens, full trace's {quantiles}; its requests)",
+            "; ".join(shown),
+        )
     _console().print(table)
 
 

@@ -399,6 +399,13 @@ def sample_bias(policy: Policy, hardware: Hardware, fraction: float) -> str | No
     return None
 
 
+def sample_weighting(trace: Trace) -> str | None:
+    """One line saying how a replay of ``trace`` weights its latencies: post-stratified by
+    prompt length when it is a sample with strata (:mod:`kvtier.trace.strata`), else None."""
+    strata = trace.sample_strata
+    return None if strata is None else strata.describe()
+
+
 def sample_instance_step(fraction: float) -> int:
     """The smallest instance count a ``fraction`` sample scales to a whole number of instances
     (10 for 0.1 and 0.3, 4 for 0.25): every full deployment it replays must be a multiple."""

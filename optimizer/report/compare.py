@@ -76,6 +76,9 @@ def print_comparison(trace_path: str, rows: list[Compared], console: Console) ->
             console.print(f"* {r.label} could not run: {escape(str(r.error))}")
     for bias in dict.fromkeys(r.sample_bias for r in rows if r.sample_bias and r.metrics):
         console.print(f"[yellow]warning:[/] {escape(bias)}")
+    weighting = [r.metrics.extra.get("latency_weighting") for r in rows if r.metrics is not None]
+    for line in dict.fromkeys(w for w in weighting if w):
+        console.print(f"note: {escape(line)}")
     priced = [r for r in rows if r.metrics is not None and r.metrics.n_served > 0]
     if len(priced) > 1:
         cheapest = min(priced, key=lambda r: r.metrics.cost_per_mtok)  # type: ignore[union-attr]

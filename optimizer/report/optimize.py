@@ -192,6 +192,9 @@ def print_result(result: Any, console: Console) -> None:
         )
     for line in getattr(result, "sample_warnings", []) or []:
         console.print(f"[yellow]warning:[/] {escape(line)}")
+    weighting = getattr(result, "sample_weighting", None)
+    if weighting:
+        console.print(f"note: {escape(weighting)}")
     best = result.best
     if best is None:
         near = result.closest
@@ -324,4 +327,5 @@ def result_json(result: Any) -> dict[str, Any]:
         "target": getattr(result, "target", None),
         "sample_warnings": list(getattr(result, "sample_warnings", []) or []),
         "sample_fraction": getattr(result, "sample_fraction", 1.0),
+        "sample_weighting": getattr(result, "sample_weighting", None),
     }

@@ -33,6 +33,7 @@ from kvtier.scenario import (
     hardware_name,
     model_name,
     sample_bias,
+    sample_weighting,
     slo_to_dict,
 )
 from kvtier.search.objective import Evaluation, Evaluator, binding_term
@@ -120,6 +121,8 @@ class OptimizeResult:
     # on a sampled trace: which way the winner's and the presets' hit ratios are biased
     sample_warnings: list[str] = field(default_factory=list)
     sample_fraction: float = 1.0  # of a sampled trace: its replays ran on that share of the cluster
+    # of a sample with prompt-length strata: how its latencies are weighted
+    sample_weighting: str | None = None
 
 
 @dataclass(frozen=True)
@@ -592,6 +595,7 @@ def optimize(
         reached=reached_front(done),
         sample_warnings=sample_warnings,
         sample_fraction=scenario.trace.sample_fraction,
+        sample_weighting=sample_weighting(scenario.trace),
     )
 
 

@@ -8,12 +8,14 @@ save on the trace, at that block size.
 
 from __future__ import annotations
 
+import json
 from dataclasses import asdict, dataclass
 
 import numpy as np
 
 from kvtier.trace.blocked import BlockedTrace
 from kvtier.trace.format import Trace
+from kvtier.trace.strata import SampleStrata
 
 PEAK_WINDOW_S = 60.0
 
@@ -98,6 +100,9 @@ class TraceStats:
     model: str | None = None
     kv_bytes_per_token: int | None = None
     distinct_kv_bytes: int | None = None
+    # a spatial sample's fraction and prompt-length strata (kvtier.trace.strata), as recorded
+    sample_fraction: float = 1.0
+    sample_strata: dict[str, object] | None = None
 
     def as_dict(self) -> dict[str, object]:
         return asdict(self)
@@ -143,4 +148,11 @@ def trace_stats(
         model=model,
         kv_bytes_per_token=kv_bytes_per_token,
         distinct_kv_bytes=distinct_kv,
+        sample_fraction=trace.sample_fraction,
+        sample_strata=strata_dict(trace.sample_strata),
     )
+
+
+def strata_dict(strata: SampleStrata | None) -> dict[str, object] | None:
+    """``strata`` as its metadata's JSON object (None without strata)."""
+    return None if strata is None else json.loads(strata.to_json())

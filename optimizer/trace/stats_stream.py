@@ -23,9 +23,10 @@ from numba import njit
 
 import kvtier.jitcache  # noqa: F401  (drops kernels compiled against older sources)
 from kvtier.trace.batches import BATCH_ROWS, open_batches
-from kvtier.trace.format import META_SOURCE
+from kvtier.trace.format import META_SAMPLE_FRACTION, META_SOURCE
+from kvtier.trace.io import sample_strata
 from kvtier.trace.mapstream import mapper_for
-from kvtier.trace.stats import PEAK_WINDOW_S, TraceStats
+from kvtier.trace.stats import PEAK_WINDOW_S, TraceStats, strata_dict
 
 
 @njit(cache=True, nogil=True)
@@ -192,4 +193,6 @@ def stream_trace_stats(
         model=model,
         kv_bytes_per_token=kv_bytes_per_token,
         distinct_kv_bytes=distinct_kv,
+        sample_fraction=float(trace.meta.get(META_SAMPLE_FRACTION, "1.0")),
+        sample_strata=strata_dict(sample_strata(trace.meta, trace.path)),
     )
