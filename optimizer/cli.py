@@ -403,15 +403,15 @@ def replay_cmd(
     bias = sample_bias(scenario.policy, scenario.hardware, scenario.trace.sample_fraction)
     if bias is not None:
         click.echo(f"warning: {bias}", err=True)
-    weighting = sample_weighting(scenario.trace)
-    if weighting is not None:
-        click.echo(f"note: {weighting}", err=True)
     if requests_out is not None:
         from kvtier.sim.requests import check_requests_path
 
         check_requests_path(requests_out)
     result = scenario.replay(track_tbt=track_tbt)
     metrics = result.metrics
+    weighting = sample_weighting(scenario.trace)
+    if weighting is not None:
+        click.echo(f"note: {weighting}", err=True)
     if requests_out is not None:
         from kvtier.sim.requests import request_table, trace_request_ids, write_request_table
 
