@@ -3,6 +3,7 @@ replay is"): 10% and 25% samples, seeds 0-3, against the full replay on 40 insta
 
 Asserted here are the parts of the target the measurement met, for the routers it met them
 for (content-blind: round_robin, least_loaded); the misses are reported in docs/traces.md.
+A sample's TTFT figures are post-stratified by prompt length (kvtier.trace.strata).
 """
 
 from __future__ import annotations
@@ -48,16 +49,43 @@ def test_without_the_fan_out_correction_a_10_percent_sample_misses(rows: list[sv
             assert all(p.hit > r.full.hit + sv.HIT_TOLERANCE for p in r.plain), r
 
 
-def test_25_percent_samples_meet_the_ttft_p50_target(rows: list[sv.Row]) -> None:
+def test_samples_meet_the_ttft_p50_target(rows: list[sv.Row]) -> None:
+    for r in rows:
+        assert r.met()["P50"], r
+
+
+def test_25_percent_post_stratified_samples_meet_the_ttft_p99_target(rows: list[sv.Row]) -> None:
+    """Met at 25% for every seed; at 10% one seed of four misses (docs/traces.md), so that
+    fraction is not asserted."""
     for r in rows:
         if r.fraction == 0.25:
-            assert r.met()["P50"], r
+            assert r.met()["P99"], r
+
+
+def test_sample_figures_are_post_stratified(rows: list[sv.Row]) -> None:
+    """The sample's P99 is the weighted one: an unweighted replay of the same sample gives
+    another figure for at least one seed."""
+    from dataclasses import replace
+
+    from kvtier.trace.sampling import sample
+
+    trace = read_trace(str(MOONCAKE))
+    hardware, model = sv._cluster()
+    r = next(r for r in rows if r.router == "round_robin" and r.fraction == 0.1)
+    differ = []
+    for seed, s in enumerate(r.samples):
+        sampled = sample(trace, 0.1, seed=seed)[0]
+        assert sampled.sample_strata is not None
+        plain = replace(sampled, sample_strata=None)
+        scenario = sv.Scenario(plain, hardware, model, sv._policy("round_robin"))
+        differ.append(scenario.replay().metrics.ttft_p99_s != s.ttft_p99_s)
+    assert any(differ)
 
 
 def test_a_sample_replays_its_own_requests_as_the_full_replay_does(rows: list[sv.Row]) -> None:
     """The TTFT misses are the sample's composition, not the replay: each sample's TTFT P50
-    and P99 are within 10% of the full replay's over the same requests (a diagnostic added
-    after the first measurement, docs/traces.md)."""
+    and P99 are within 10% of the full replay's over the same requests, both post-stratified
+    alike (a diagnostic added after the first measurement, docs/traces.md)."""
     for r in rows:
         for seed, s in enumerate(r.samples):
             assert s.same_p50_s is not None and s.same_p99_s is not None
