@@ -312,3 +312,17 @@ def test_replay_compare_optimize_and_stats_name_the_weighting(tmp_path: Path) ->
     whole = invoke("replay", "--trace", str(tmp_path / "full.parquet"))
     assert "post-stratified" not in whole.stderr + whole.stdout
     assert math.isfinite(data["requests"])
+
+
+def test_block_mapping_carries_the_strata(tmp_path: Path) -> None:
+    from kvtier.trace.blocks import block_trace
+    from kvtier.trace.mapstream import map_trace_file, mapped_trace
+
+    sampled, _ = sample(_traces()["sessions"], 0.5, seed=1)
+    assert block_trace(sampled, 32).sample_strata == sampled.sample_strata
+    assert block_trace(sampled, 32).head(10).sample_strata == sampled.sample_strata
+    in_memory, blocked = mapped_trace(sampled, 32)
+    assert in_memory.sample_strata == blocked.sample_strata == sampled.sample_strata
+    write_trace(sampled, tmp_path / "s.parquet")
+    map_trace_file(str(tmp_path / "s.parquet"), 32, str(tmp_path / "m.parquet"))
+    assert read_trace(tmp_path / "m.parquet").sample_strata == sampled.sample_strata
