@@ -1255,7 +1255,7 @@ def _print_stats(path: str, stats: Any) -> None:
         shown = [f"{n}: {c:,}" for n, c in zip(names, strata["population"], strict=True)]
         quantiles = "/".join(f"P{100 * q:g}" for q in strata["quantiles"])
         table.add_row(
-            f"sample strata (input tokens, full trace's {quantiles}; its requests)",
+            f"sample strata: full trace's requests by input tokens (edges its {quantiles})",
             "; ".join(shown),
         )
     _console().print(table)
