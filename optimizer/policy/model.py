@@ -188,6 +188,22 @@ def prefill_count(serving: ServingPolicy, instances: int) -> int:
     return min(max(round(serving.prefill_share * instances), 1), instances - 1)
 
 
+def split_conflict(serving: ServingPolicy) -> str | None:
+    """Why ``serving`` states its prefill/decode split twice, or None.
+
+    ``prefill_instances`` and ``prefill_share`` are two ways of saying one thing; with both
+    set, the count would win and the share would be ignored without a word, so a policy may
+    give one of them (``prefill_instances = 0`` leaves the split to the share).
+    """
+    if serving.prefill_instances and serving.prefill_share > 0:
+        return (
+            f"serving.prefill_share = {serving.prefill_share:g} and serving.prefill_instances "
+            f"= {serving.prefill_instances} both set the prefill/decode split; give one "
+            "(serving.prefill_instances = 0 leaves the split to the share)"
+        )
+    return None
+
+
 @dataclass(frozen=True)
 class TierPolicy:
     """One cache tier: which one, its size and its eviction policy.
@@ -368,6 +384,8 @@ def policy_from_dict(data: dict[str, Any], source: str = "<policy>") -> Policy:
     if st is not None:
         serving = ServingPolicy(**read_settings(ServingPolicy, st))
         st.done()
+        if (conflict := split_conflict(serving)) is not None:
+            raise t.error("serving.prefill_share", conflict)
     tiers: list[TierPolicy] = []
     for i, tt in enumerate(t.tables("tiers")):
         name = tt.string("name", choices=TIER_NAMES)

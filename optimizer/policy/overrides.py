@@ -183,6 +183,30 @@ def overlay(base: Mapping[str, Any], values: Mapping[str, Any]) -> dict[str, Any
     return data
 
 
+SPLIT_KEYS = ("serving.prefill_instances", "serving.prefill_share")
+
+
+def _check_split(policy: Policy, checked: Mapping[str, Any], option: str) -> None:
+    """Refuse an override of one form of the prefill/decode split over a policy that states
+    the other: the count would win and the share be ignored (or the share be ignored while
+    the user believes it applies), so the user says which one is meant."""
+    given = [k for k in SPLIT_KEYS if k in checked and checked[k]]
+    if len(given) != 1:
+        return  # neither, or both (the policy's own rule reports both in one place)
+    key = given[0]
+    other = SPLIT_KEYS[1 - SPLIT_KEYS.index(key)]
+    name = other.removeprefix("serving.")
+    base = getattr(policy.serving, name)
+    if other in checked or not base:
+        return
+    zero = "0" if name == "prefill_instances" else "0.0"
+    raise InputError(
+        f"{key} = {checked[key]:g} and the policy's {other} = {base:g} both set the "
+        f"prefill/decode split; add {option.split()[0]} {other}={zero} to use {key}",
+        option=option,
+    )
+
+
 def apply_overrides(policy: Policy, overrides: Mapping[str, Any], option: str) -> Policy:
     """``policy`` with ``overrides`` applied, validated like a policy file.
 
@@ -193,6 +217,7 @@ def apply_overrides(policy: Policy, overrides: Mapping[str, Any], option: str) -
     if not overrides:
         return policy
     checked = {k: check_override(k, v, option) for k, v in overrides.items()}
+    _check_split(policy, checked, option)
     try:
         return policy_from_dict(overlay(policy_to_dict(policy), checked), option)
     except InputError as err:

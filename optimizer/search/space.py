@@ -165,7 +165,8 @@ class SearchSpace:
                     known[name].check(checked[name])
                 except ValueError as err:
                     raise InputError(str(err), option=f"--pin {name}") from None
-        return SearchSpace(self.params, {**self.pinned, **checked}, self.description, self.source)
+        pinned = {**self.pinned, **checked}
+        return SearchSpace(fixed_split(self.params, pinned), pinned, self.description, self.source)
 
     def size(self) -> int | None:
         """Number of points of a fully discrete space without conditions, else None."""
@@ -191,6 +192,44 @@ class SearchSpace:
                     nxt.append(point)
             points = nxt
         return points
+
+
+SPLIT_COUNT, SPLIT_SHARE = "serving.prefill_instances", "serving.prefill_share"
+
+
+def fixed_split(params: tuple[Param, ...], pinned: Mapping[str, Value]) -> tuple[Param, ...]:
+    """``params`` under a pinned prefill instance count (docs/policy.md, "The split").
+
+    A count fixes the prefill/decode split, so a searched ``serving.prefill_share`` would be
+    ignored by every trial: it is left out, a condition on it is read as "the split is on"
+    (a parameter sampled only for a nonzero share is then always sampled, one sampled only
+    without a split never is). A count and a nonzero share both pinned is the user's
+    conflict: an :class:`InputError` naming both keys.
+    """
+    count = pinned.get(SPLIT_COUNT)
+    if not count:
+        return params  # 0 leaves the split to the share
+    share = pinned.get(SPLIT_SHARE)
+    if share:
+        raise InputError(
+            f"{SPLIT_SHARE} = {share:g} and {SPLIT_COUNT} = {count} both set the "
+            f"prefill/decode split; pin one ({SPLIT_COUNT} = 0 leaves the split to the share)",
+            option=f"--pin {SPLIT_SHARE}",
+        )
+    kept = []
+    for p in params:
+        if p.name == SPLIT_SHARE:
+            continue
+        when = []
+        sampled = True
+        for key, cond in p.when:
+            if key != SPLIT_SHARE:
+                when.append((key, cond))
+            elif not any(v for v in (cond if isinstance(cond, tuple) else (cond,))):
+                sampled = False  # only without a split: never, under a pinned count
+        if sampled:
+            kept.append(replace(p, when=tuple(when)))
+    return tuple(kept)
 
 
 def condition_holds(value: Any, condition: Value | tuple[Value, ...]) -> bool:
