@@ -188,6 +188,37 @@ def prefill_count(serving: ServingPolicy, instances: int) -> int:
     return min(max(round(serving.prefill_share * instances), 1), instances - 1)
 
 
+SPLIT_ONLY_KEYS = ("serving.prefill_share", "serving.prefill_tp", "serving.decode_tp")
+
+
+def inert_split_keys(serving: ServingPolicy, instances: int) -> tuple[str, ...]:
+    """The split keys ``serving`` sets that take no effect on ``instances`` instances.
+
+    A share of a single instance leaves it aggregated (:func:`prefill_count`), and then the
+    share and the pool sizes do nothing: a report showing them, or a policy file carrying
+    them, would describe a split that does not run.
+    """
+    if prefill_count(serving, instances):
+        return ()
+    return tuple(
+        key
+        for key in SPLIT_ONLY_KEYS
+        if getattr(serving, key.removeprefix("serving.")) not in (None, 0, 0.0)
+    )
+
+
+def without_inert_split(policy: Policy, instances: int) -> Policy:
+    """``policy`` as the deployment it ran: aggregated on ``instances`` instances, without the
+    split keys that had no effect (:func:`inert_split_keys`). The instance count is stated,
+    since unset it would follow from the GPUs at the one size and could differ."""
+    if not inert_split_keys(policy.serving, instances):
+        return policy
+    serving = replace(
+        policy.serving, instances=instances, prefill_share=0.0, prefill_tp=None, decode_tp=None
+    )
+    return replace(policy, serving=serving)
+
+
 def split_conflict(serving: ServingPolicy) -> str | None:
     """Why ``serving`` states its prefill/decode split twice, or None.
 

@@ -27,6 +27,15 @@ ROWS = (
 TBT_ROW = ("TBT p99 s", "tbt_p99_s", "{:.4f}")
 
 
+def _inert_params(best: Any) -> tuple[str, ...]:
+    """The winner's split parameters that took no effect (its split left one instance
+    aggregated: kvtier.policy.model.inert_split_keys); the policy file leaves them out."""
+    from kvtier.policy.model import inert_split_keys, policy_from_dict
+
+    instances = int(best.metrics.get("instances", 0) or 0)
+    return inert_split_keys(policy_from_dict(best.policy, "<best>").serving, instances)
+
+
 def fmt_cell(fmt: str, value: Any) -> str:
     """A table cell: ``value`` formatted, or ``-`` when there is none (None, NaN, infinite)."""
     if value is None or (isinstance(value, float) and not math.isfinite(value)):
@@ -243,8 +252,12 @@ def print_result(result: Any, console: Console) -> None:
     params = Table(title="chosen parameters", title_justify="left", show_header=False)
     params.add_column("name", style="bold")
     params.add_column("value", justify="right")
+    inert = _inert_params(best)
     for k, v in sorted(best.params.items()):
-        params.add_row(k, f"{v:.4g}" if isinstance(v, float) else str(v))
+        text = f"{v:.4g}" if isinstance(v, float) else str(v)
+        if k in inert:  # a share of one instance: aggregated, the split's keys do nothing
+            text += " (no effect: aggregated)"
+        params.add_row(k, text)
     if result.best.rate_scale != 1.0:
         params.add_row("load (rate scale)", f"{best.rate_scale:.3g}x the trace's arrival rate")
     console.print(params)
@@ -306,6 +319,8 @@ def result_json(result: Any) -> dict[str, Any]:
         "seconds": result.seconds,
         "slo": {t: getattr(result.slo, t) for t in SLO_TERMS if getattr(result.slo, t) is not None},
         "best": trial(result.best),
+        # the winner's split keys that took no effect (left out of the policy file)
+        "inert_params": list(_inert_params(result.best)) if result.best is not None else [],
         "closest": trial(result.closest),
         "binding_constraint": result.binding,
         "pareto_front": [asdict(s) for s in result.front],

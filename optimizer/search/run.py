@@ -23,7 +23,13 @@ from kvtier.errors import InputError
 from kvtier.hardware import load_hardware, load_model
 from kvtier.hardware.types import LOWER_TIERS
 from kvtier.policy.file import sha256_of, write_policy_file
-from kvtier.policy.model import SLO, Policy, policy_from_dict
+from kvtier.policy.model import (
+    SLO,
+    Policy,
+    policy_from_dict,
+    policy_to_dict,
+    without_inert_split,
+)
 from kvtier.report.output import check_output
 from kvtier.scenario import (
     SLO_TERMS,
@@ -539,19 +545,27 @@ def optimize(
             hw.topology.tp,
             hardware_has_tiers=bool(hw.tiers),
         )
-    runnable = [] if best is None else runnable_targets(best.policy, hw, mdl)
+    # the winner as it ran: a split that left one instance aggregated is written without its
+    # share and pool sizes, which would otherwise describe (and export) a split never run
+    won_policy = None
+    if best is not None:
+        won_policy = without_inert_split(
+            policy_from_dict(best.policy, f"{name} trial {best.number}"),
+            int(best.metrics.get("instances", 0) or 0),
+        )
+    runnable = [] if won_policy is None else runnable_targets(policy_to_dict(won_policy), hw, mdl)
     shown = best or near  # the winner, or the closest trial when none met the SLO
     sample_warnings = _sample_warnings(
         scenario, None if shown is None else policy_from_dict(shown.policy, "<trial>"), baselines
     )
 
     policy_path = None
-    if best is not None:
+    if best is not None and won_policy is not None:
         policy_path = Path(out) if out else runs_dir / f"{name}.toml"
         best_trial = study.trials[best.number]
         write_policy_file(
             policy_path,
-            policy_from_dict(best.policy, f"{name} trial {best.number}"),
+            won_policy,
             metrics=best.metrics,
             provenance={
                 "trace": str(trace_path),
