@@ -423,21 +423,32 @@ def replay_cmd(
             trace_request_ids(scenario.trace.table),
         )
         write_request_table(requests_out, table)
+    from kvtier.report.rejections import rejection_note
     from kvtier.report.tiers import tier_json, tier_table
 
+    # a rejected request is the deployment's answer, not bad input: said plainly, exit 0
+    rejected = rejection_note(result)
     if as_json:
         data = metrics.to_dict()
         if result.tiers:
             data["tiers"] = tier_json(result.tiers)
         if prices is not None:
             data["prices"] = prices
-        _echo_json(data, why=null_reason(data))
+        why = null_reason(data)
+        if rejected is not None and why is not None:  # one line: the cause, then the nulls
+            why = f"{rejected}; latencies, throughput and per-token cost are null"
+        elif rejected is not None:
+            click.echo(f"warning: {rejected}", err=True)
+        _echo_json(data, why=why)
         return
     if prices is not None:
         click.echo(f"prices: {prices}")
     _print_metrics(trace_path, scenario, metrics, _pd_row(result))
     if result.tiers:
         _console().print(tier_table(result.tiers))
+    if rejected is not None:
+        served = "no request was served: " if metrics.n_served == 0 else ""
+        click.echo(f"warning: {served}{rejected}", err=True)
 
 
 def _pd_row(result: Any) -> tuple[str, str] | None:

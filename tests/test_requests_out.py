@@ -60,7 +60,7 @@ def replay(trace: Path, policy: Path, out: Path, *extra: str) -> dict:
         + ["--requests-out", str(out), *extra],
     )
     assert res.exit_code == 0, res.output
-    return json.loads(res.output)
+    return json.loads(res.stdout)  # a rejection warning goes to stderr
 
 
 def test_requests_out_rows_match_the_metrics(small_trace: Path, tmp_path: Path) -> None:

@@ -217,6 +217,14 @@ def print_result(result: Any, console: Console) -> None:
             f"({TERM_WORDS.get(result.binding or '', result.binding)}). "
             "Relax it, allow more hardware (--max-hosts), or lower --rate-scale."
         )
+        rejected = int(near.metrics.get("n_rejected", 0) or 0)
+        if rejected:  # no SLO relaxation serves a request that never fits
+            console.print(
+                f"Trial {near.number} rejected {rejected:,} of "
+                f"{int(near.metrics.get('n_requests', 0) or 0):,} requests: larger than an "
+                "instance's HBM pool (tiers.hbm.capacity_gb, serving.tp, kv_dtype), or under "
+                "vllm_v0 a prompt over serving.max_num_batched_tokens."
+            )
         _print_reached(result, console)
         return
     table = Table(
