@@ -1697,6 +1697,12 @@ def optimize_main(**kwargs: Any) -> None:
     help="TOML file of your own prices for every row, as optimize --prices takes [default: "
     "the profiles'].",
 )
+@click.option(
+    "--track-tbt",
+    is_flag=True,
+    help="Record token intervals: a TBT p99 column (each request's mean of its longest 10% "
+    "intervals) and tbt_p50_s / tbt_p99_s in --json [always with an SLO bounding tbt_p99].",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print the comparison as one JSON object.")
 def compare_cmd(
     trace_path: str,
@@ -1710,6 +1716,7 @@ def compare_cmd(
     sets: tuple[str, ...],
     prices: str | None,
     as_json: bool,
+    track_tbt: bool = False,
 ) -> None:
     """Replay several policies on one trace and show their cost and latency side by side.
 
@@ -1746,6 +1753,7 @@ def compare_cmd(
         what_if=what_if,
         overrides=_overrides(sets),
         prices=prices,
+        track_tbt=track_tbt,
     )
     if as_json:
         _echo_json(comparison_json(rows))

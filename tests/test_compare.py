@@ -115,3 +115,40 @@ def test_what_if_rows_follow_each_policy_and_equal_their_replays(trace_path, tmp
     assert rows[1]["metrics"] == json.loads(alone.stdout)
     shown = invoke("compare", "--trace", str(trace_path), "--preset", "beluga-cxl", "--what-if")
     assert shown.code == 0 and "beluga-cxl: without cxl" in shown.stdout
+
+
+def _header(stdout: str) -> list[str]:
+    line = next(ln for ln in stdout.splitlines() if "TTFT mean" in ln)
+    return [c.strip() for c in line.strip("┃ ").split("┃")]
+
+
+def test_a_tbt_slo_adds_the_tbt_column_as_replay_shows_it(trace_path) -> None:
+    slo = "ttft_p99=5,tbt_p99=0.05"
+    r = invoke("compare", "--trace", str(trace_path), "--preset", "vllm-hbm", "--slo", slo)
+    assert r.code == 0, r.stderr
+    header = _header(r.stdout)
+    assert header.index("TBT p99 ms") == header.index("TPOT p99 ms") + 1
+    alone = invoke(
+        "replay", "--trace", str(trace_path), "--preset", "vllm-hbm", "--track-tbt", "--json"
+    )
+    tbt_ms = json.loads(alone.stdout)["tbt_p99_s"] * 1e3
+    row = next(ln for ln in r.stdout.splitlines() if "vllm-hbm" in ln and "│" in ln)
+    cells = [c.strip() for c in row.strip("│ ").split("│")]
+    assert cells[header.index("TBT p99 ms")] == f"{tbt_ms:.1f}"
+    # no SLO on TBT and no --track-tbt: the column is left out (nothing was tracked)
+    plain = invoke("compare", "--trace", str(trace_path), "--preset", "vllm-hbm")
+    assert "TBT p99 ms" not in _header(plain.stdout)
+
+
+def test_track_tbt_records_tbt_in_the_table_and_json(trace_path) -> None:
+    args = ("compare", "--trace", str(trace_path), "--preset", "vllm-hbm", "--track-tbt")
+    assert "TBT p99 ms" in _header(invoke(*args).stdout)
+    r = invoke(*args, "--json")
+    assert r.code == 0, r.stderr
+    (row,) = json.loads(r.stdout)["policies"]
+    alone = invoke(
+        "replay", "--trace", str(trace_path), "--preset", "vllm-hbm", "--track-tbt", "--json"
+    )
+    replayed = json.loads(alone.stdout)
+    assert row["metrics"]["tbt_p99_s"] == replayed["tbt_p99_s"] is not None
+    assert row["metrics"]["tbt_p50_s"] == replayed["tbt_p50_s"]

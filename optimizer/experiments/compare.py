@@ -70,6 +70,7 @@ def compare_policies(
     what_if: bool = False,
     overrides: Mapping[str, Any] | None = None,
     prices: str | None = None,
+    track_tbt: bool = False,
 ) -> list[Compared]:
     """Replay each ``(kind, name)`` (kind ``preset`` or ``policy`` file) on the trace.
 
@@ -78,7 +79,8 @@ def compare_policies(
     With ``what_if``, each policy is followed by its tier variants
     (:func:`kvtier.experiments.whatif.tier_variants`), labelled ``NAME: VARIANT``. Every
     scenario shares one cache of the trace's block mappings. ``prices`` (a ``--prices`` file)
-    prices every row's hardware, so the rows stay on one basis.
+    prices every row's hardware, so the rows stay on one basis. ``track_tbt`` records token
+    intervals in every replay (TBT p50 / p99), as a row whose SLO bounds ``tbt_p99_s`` does.
     """
     from kvtier.experiments.whatif import tier_variants
     from kvtier.trace.io import read_trace
@@ -120,7 +122,7 @@ def compare_policies(
             row.sample_bias = sample_bias(pol, scenario.hardware, blocks.trace.sample_fraction)
             rows.append(row)
             try:
-                replayed = scenario.replay(pol)
+                replayed = scenario.replay(pol, track_tbt=track_tbt)
                 row.metrics, row.tiers = replayed.metrics, tuple(replayed.tiers)
             except InputError as err:
                 if kind == "policy" and variant_of is None:

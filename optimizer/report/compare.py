@@ -27,6 +27,20 @@ COLUMNS = (
 )
 
 
+# shown when a row tracked token intervals (--track-tbt, or an SLO bounding tbt_p99), after
+# TPOT as replay shows it: the p99 over requests of each one's mean of its longest 10%
+TBT_COLUMN = ("TBT p99 ms", "tbt_p99_ms", "{:.1f}")
+
+
+def columns(rows: list[Compared]) -> tuple[tuple[str, str, str], ...]:
+    """The table's columns: TBT beside TPOT when any row tracked it."""
+    tracked = any(r.metrics is not None and r.metrics.tbt_p99_s is not None for r in rows)
+    if not tracked:
+        return COLUMNS
+    at = next(i for i, c in enumerate(COLUMNS) if c[1] == "tpot_p99_ms") + 1
+    return (*COLUMNS[:at], TBT_COLUMN, *COLUMNS[at:])
+
+
 def cell_value(row: Compared, key: str) -> float | None:
     """The value shown in column ``key`` (a metric, or one derived from the metrics)."""
     m = row.metrics
@@ -36,6 +50,8 @@ def cell_value(row: Compared, key: str) -> float | None:
         return None
     if key == "tpot_p99_ms":
         return m.tpot_p99_s * 1e3
+    if key == "tbt_p99_ms":
+        return None if m.tbt_p99_s is None else m.tbt_p99_s * 1e3
     if key == "hit_total":
         return sum(m.hit_ratio_tokens.values())
     return float(getattr(m, key))
@@ -44,17 +60,18 @@ def cell_value(row: Compared, key: str) -> float | None:
 def print_comparison(trace_path: str, rows: list[Compared], console: Console) -> None:
     table = Table(title=f"{trace_path}: policies side by side (times in s)", title_justify="left")
     table.add_column("policy", style="bold", no_wrap=True)
-    for label, _, _ in COLUMNS:
+    cols = columns(rows)
+    for label, _, _ in cols:
         table.add_column(label, justify="right")
     with_slo = any(r.metrics is not None and r.metrics.slo_met is not None for r in rows)
     if with_slo:
         table.add_column("SLO")
     for r in rows:
         if r.metrics is None:
-            cells = [fmt_cell(COLUMNS[0][2], cell_value(r, "block_tokens"))]
-            table.add_row(f"{r.label} *", *cells, *["-"] * (len(COLUMNS) - 1 + with_slo))
+            cells = [fmt_cell(cols[0][2], cell_value(r, "block_tokens"))]
+            table.add_row(f"{r.label} *", *cells, *["-"] * (len(cols) - 1 + with_slo))
             continue
-        cells = [fmt_cell(fmt, cell_value(r, key)) for _, key, fmt in COLUMNS]
+        cells = [fmt_cell(fmt, cell_value(r, key)) for _, key, fmt in cols]
         if with_slo:
             cells.append("met" if r.metrics.slo_met else f"{r.metrics.slo_attainment:.0%}")
         table.add_row(r.label, *cells)
@@ -71,6 +88,11 @@ def print_comparison(trace_path: str, rows: list[Compared], console: Console) ->
         )
     if with_slo:
         console.print("SLO: met, or the share of requests meeting every bound")
+    if cols is not COLUMNS:
+        console.print(
+            "TBT p99: the 99th percentile over requests of each one's mean of its longest 10% "
+            "token intervals"
+        )
     for r in rows:
         if r.metrics is None:
             console.print(f"* {r.label} could not run: {escape(str(r.error))}")
