@@ -436,7 +436,8 @@ def replay_cmd(
             data["prices"] = prices
         why = null_reason(data)
         if rejected is not None and why is not None:  # one line: the cause, then the nulls
-            why = f"{rejected}; latencies, throughput and per-token cost are null"
+            nulls = "latencies, throughput and per-token cost are null"
+            why = f"no request was served: {rejected}; {nulls}"
         elif rejected is not None:
             click.echo(f"warning: {rejected}", err=True)
         _echo_json(data, why=why)

@@ -162,9 +162,7 @@ def _key_counts(data: bytes) -> np.ndarray:
     return np.bincount(np.searchsorted(newlines, keyed), minlength=len(newlines) + 1)
 
 
-def scan_keys(
-    data: bytes, path: str, first_line: int = 1, required: int | None = None
-) -> set[str]:
+def scan_keys(data: bytes, path: str, first_line: int = 1, required: int | None = None) -> set[str]:
     """The field names of the objects on the JSON Lines ``data`` (the file's lines from
     ``first_line`` on); a key given twice in one object is refused by line and key.
 
@@ -188,15 +186,12 @@ def scan_keys(
         frame = pl.DataFrame(
             {"i": pl.Series(other, dtype=pl.UInt32), "line": pl.Series(picked, dtype=pl.String)}
         )
-    frame = (
-        frame
-        .with_columns(
-            pl.col("line")
-            .str.extract_all(_JSON_STRING)
-            .list.eval(pl.element().filter(pl.element().str.ends_with(":")))
-            .list.eval(pl.element().str.replace(r"\s*:$", ""))
-            .alias("keys")
-        )
+    frame = frame.with_columns(
+        pl.col("line")
+        .str.extract_all(_JSON_STRING)
+        .list.eval(pl.element().filter(pl.element().str.ends_with(":")))
+        .list.eval(pl.element().str.replace(r"\s*:$", ""))
+        .alias("keys")
     )
     suspect = frame.filter(
         (pl.col("keys").list.len() != pl.col("keys").list.n_unique())
