@@ -348,8 +348,8 @@ def validate_pd(as_json: bool, markdown_path: str | None) -> None:
     "--requests-out",
     default=None,
     type=click.Path(dir_okay=False),
-    help="Also write one row per request (times, TTFT, TPOT, prompt tokens per tier) to this "
-    ".parquet file.",
+    help="Also write one row per request (times, TTFT, TPOT, prompt tokens per tier, its "
+    "weight in the latency statistics: 1.0 unless a sample with strata) to this .parquet file.",
 )
 @click.option(
     "--track-tbt",

@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 
 import numpy as np
+import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from click.testing import CliRunner
@@ -77,6 +78,7 @@ def test_requests_out_rows_match_the_metrics(small_trace: Path, tmp_path: Path) 
     assert float(np.quantile(ttft, 0.99, method="linear")) == metrics["ttft_p99_s"]
     tpot = np.array([x for x in rows["tpot_s"] if x is not None])
     assert float(np.quantile(tpot, 0.99, method="linear")) == metrics["tpot_p99_s"]
+    assert rows["weight"] == [1.0] * 150  # no strata: every request counts once
     rejected = np.array(rows["rejected"])
     assert int(rejected.sum()) == metrics["n_rejected"] > 0
     assert all(i == -1 for i, r in zip(rows["instance"], rejected, strict=True) if r)
@@ -106,6 +108,41 @@ def test_requests_out_rows_match_the_metrics(small_trace: Path, tmp_path: Path) 
     ref_out = tmp_path / "ref.parquet"
     replay(small_trace, policy, ref_out, "--engine", "reference")
     assert pq.read_table(ref_out).to_pylist() == table.to_pylist()
+
+
+def test_the_weight_column_reproduces_a_stratified_samples_metrics(tmp_path: Path) -> None:
+    """A sample with prompt-length strata: each row's weight is its post-stratification
+    weight, and the weighted quantiles and means of the rows are the replay's metrics."""
+    from kvtier.trace.sampling import sample
+    from kvtier.trace.synth import synthesize
+
+    sampled, _ = sample(synthesize("chat", requests=400, rate=5.0, seed=5), 0.25, seed=2)
+    assert sampled.sample_strata is not None
+    path = tmp_path / "s.parquet"
+    write_trace(sampled, path)
+    policy = tmp_path / "p.toml"
+    policy.write_text("[slo]\nttft_p99_s = 0.5\n")
+    out = tmp_path / "requests.parquet"
+    metrics = replay(path, policy, out, "--track-tbt")
+    table = pq.read_table(out)
+    assert table.schema.field("weight").type == pa.float64()
+    rows = table.to_pydict()
+    w = np.array(rows["weight"])
+    assert np.array_equal(w, sampled.sample_strata.weights(sampled.input_tokens))
+    assert len(set(w.tolist())) > 1  # the strata are not sampled in their full-trace shares
+
+    def weighted(column: str, q: float) -> float:
+        has = np.array([x is not None for x in rows[column]])
+        x = np.array([v for v in rows[column] if v is not None])
+        return float(np.quantile(x, q, weights=w[has], method="inverted_cdf"))
+
+    assert weighted("ttft_s", 0.99) == metrics["ttft_p99_s"]
+    assert weighted("ttft_s", 0.5) == metrics["ttft_p50_s"]
+    assert weighted("tpot_s", 0.99) == metrics["tpot_p99_s"]
+    assert weighted("tbt_tail_s", 0.99) == metrics["tbt_p99_s"]
+    ttft = np.array([np.nan if x is None else x for x in rows["ttft_s"]])
+    met = np.nan_to_num(ttft, nan=np.inf) <= 0.5
+    assert float(np.average(met, weights=w)) == pytest.approx(metrics["slo_attainment"])
 
 
 def test_requests_out_must_be_parquet(small_trace: Path, tmp_path: Path) -> None:

@@ -11,6 +11,7 @@ from functools import cache
 from pathlib import Path
 
 import numpy as np
+import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -245,6 +246,75 @@ def test_metrics_of_a_trace_without_strata_are_unweighted_linear_quantiles() -> 
     assert m.ttft_p99_s == float(np.quantile(ttft, 0.99, method="linear"))
     assert m.ttft_mean_s == float(np.mean(ttft))
     assert m.extra == {}
+
+
+def test_effective_share_weighs_a_samples_requests() -> None:
+    """Weights 30, 30, 14, 14, 10, 2 (sum 100): TTFT <= 4.5 s holds for the first four, 88 of
+    100; a TBT tail over 0.2 s for the fifth alone takes its 10 off. Unweighted: 4 and 5 of 6."""
+    from kvtier.sim.metrics import effective_share
+
+    tails = np.array([0.1, 0.1, 0.1, 0.1, 0.5, 0.1])
+    strata = SampleStrata(edges=(10, 20, 30), population=(60, 28, 10, 2))
+    for s, by_ttft, by_tbt in ((strata, 0.88, 0.90), (None, 4 / 6, 5 / 6)):
+        trace, raw = _tiny(s)
+        raw = replace(raw, tbt_tail_s=tails)
+        assert effective_share(trace, raw, 4.5, math.inf) == pytest.approx(by_ttft)
+        assert effective_share(trace, raw, math.inf, 0.2) == pytest.approx(by_tbt)
+        assert effective_share(trace, raw, 4.5, 0.2) == pytest.approx(by_ttft)
+
+
+def test_request_rows_carry_the_weight_the_metrics_used() -> None:
+    from kvtier.sim.requests import request_table
+
+    strata = SampleStrata(edges=(10, 20, 30), population=(60, 28, 10, 2))
+    trace, raw = _tiny(strata)
+    raw = replace(raw, loaded_blocks=np.zeros((6, 0), dtype=np.int64))  # no lower tier
+    rows = request_table(trace, raw).to_pydict()
+    assert rows["weight"] == [30.0, 30.0, 14.0, 14.0, 10.0, 2.0]
+    m = compute_metrics(trace, raw, cost_per_hour=1.0)
+    w, ttft = np.array(rows["weight"]), np.array(rows["ttft_s"])
+    assert float(np.quantile(ttft, 0.9, weights=w, method="inverted_cdf")) == m.ttft_p90_s
+    assert float(np.average(ttft, weights=w)) == pytest.approx(m.ttft_mean_s)
+    plain = request_table(_tiny(None)[0], raw)
+    assert plain.schema.field("weight").type == pa.float64()
+    assert plain.column("weight").to_pylist() == [1.0] * 6
+
+
+def test_the_slo_lower_bound_takes_the_weighted_statistics() -> None:
+    """Prompts of 5k to 40k tokens, no prefix shared, weights 30, 30, 14, 14, 10, 2: the
+    weighted P99 and P99.9 are the 40k prompt's prefill (cumulative 98 < 99), the mean the
+    weighted mean of the six; unweighted, the linear P99 falls short of the longest prompt."""
+    from types import SimpleNamespace
+
+    from kvtier.hardware import load_hardware, load_model
+    from kvtier.policy import Policy
+    from kvtier.policy.model import SLO
+    from kvtier.search.bound import slo_bound
+
+    lengths = [5000, 10000, 15000, 20000, 25000, 40000]
+    strata = SampleStrata(edges=(10000, 20000, 30000), population=(60, 28, 10, 2))
+    slo = SLO(ttft_mean_s=1e-6, ttft_p99_s=1e-6, ttft_p999_s=1e-6)
+
+    def bound(lens: list[int], s: SampleStrata | None) -> dict[str, float]:
+        n = len(lens)
+        trace = BlockedTrace.from_lists([0.0] * n, lens, [2] * n, [[]] * n, block_tokens=16)
+        scenario = SimpleNamespace(
+            blocked=lambda policy: replace(trace, sample_strata=s),
+            hardware=load_hardware("h100-node"),
+            model=load_model("Llama-3.1-8B"),
+        )
+        got = slo_bound(scenario, Policy(), slo, None)
+        assert got is not None
+        return got.bounds
+
+    alone = [bound([x], None)["ttft_p99_s"] for x in lengths]
+    weighted = bound(lengths, strata)
+    assert weighted["ttft_p99_s"] == weighted["ttft_p999_s"] == alone[-1]
+    mean = np.dot([30, 30, 14, 14, 10, 2], alone) / 100
+    assert weighted["ttft_mean_s"] == pytest.approx(mean, rel=1e-12)
+    plain = bound(lengths, None)
+    assert plain["ttft_p99_s"] < alone[-1]
+    assert plain["ttft_mean_s"] == pytest.approx(np.mean(alone), rel=1e-12)
 
 
 # -- replays of a stratified sample -------------------------------------------------------------

@@ -11,6 +11,12 @@ TBT: a request's mean of its longest intervals is at least its mean interval, it
 
 When an SLO term is below its bound, no trial can meet it, and the bound, rounded up, is the
 tightest value of that term that is not ruled out.
+
+On a sample with prompt-length strata the replay's latency statistics are post-stratified
+(:mod:`kvtier.sim.metrics`): the bound then takes the same weighted mean and ``inverted_cdf``
+quantiles of the per-request bounds (and the weighted median prompt for the decode step), since
+a weighted quantile of per-request lower bounds bounds the weighted quantile of the TTFTs,
+while the unweighted one may exceed it.
 """
 
 from __future__ import annotations
@@ -105,6 +111,9 @@ def slo_bound(
     if not requested or len(inputs) == 0:
         return None
     hw, model = scenario.hardware, scenario.model
+    from kvtier.sim.metrics import request_weights
+
+    weights = request_weights(blocked)
     best: tuple[float, int, np.ndarray, float] | None = None
     for tp in tp_choices or (hw.topology.tp,):
         trial = replace(policy, serving=replace(policy.serving, tp=tp, instances=None))
@@ -116,9 +125,9 @@ def slo_bound(
         per_request = np.array(
             [prefill_seconds(int(q - h), int(h), packed) for q, h in zip(inputs, hit, strict=True)]
         )
-        ctx = int(np.median(inputs))
+        ctx = int(_statistic(inputs, 50.0, weights))
         tpot = float(step_time(1, 2 * ctx - 1, ctx, 1, ctx, 0, packed))
-        p99 = float(np.percentile(per_request, 99))
+        p99 = _statistic(per_request, 99.0, weights)
         if best is None or p99 < best[0]:
             best = (p99, tp, per_request, tpot)
     if best is None:
@@ -127,10 +136,20 @@ def slo_bound(
     bounds: dict[str, float] = {}
     for term, pct in TTFT_TERMS.items():
         if term in requested:
-            stat = per_request.mean() if pct is None else np.percentile(per_request, pct)
-            bounds[term] = float(stat)
+            bounds[term] = _statistic(per_request, pct, weights)
     for term in ("tpot_p99_s", "tbt_p99_s"):
         if term in requested:
             bounds[term] = tpot
     share = float(hit.sum() / max(int(inputs.sum()), 1))
     return SLOBound(bounds, requested, tp, share)
+
+
+def _statistic(x: np.ndarray, pct: float | None, weights: np.ndarray | None) -> float:
+    """The mean (``pct`` None) or percentile ``pct`` of ``x`` as the replay's metrics compute
+    it: linear percentiles unweighted, or, with post-stratification ``weights``, the weighted
+    mean and ``inverted_cdf`` quantile (a bound must be the statistic it is compared with)."""
+    if weights is None:
+        return float(np.mean(x) if pct is None else np.percentile(x, pct))
+    if pct is None:
+        return float(np.average(x, weights=weights))
+    return float(np.quantile(x, pct / 100.0, weights=weights, method="inverted_cdf"))

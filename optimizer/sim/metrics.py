@@ -14,7 +14,9 @@ A replay of a spatial sample that records prompt-length strata (``kvtier.sample_
 request weighs its stratum's full-trace count over this replay's count of requests in that
 stratum, means are weighted, and quantiles are ``numpy.quantile(x, q, weights=w,
 method="inverted_cdf")`` (the one method numpy weights) over the requests each statistic
-uses. ``Metrics.extra["latency_weighting"]`` then says so. Without strata nothing changes.
+uses; so are the shares of requests (SLO attainment, :func:`effective_share`), through
+:func:`request_share`. ``Metrics.extra["latency_weighting"]`` then says so. Without strata
+nothing changes.
 """
 
 from __future__ import annotations
@@ -164,14 +166,30 @@ def effective_share(
     """Mooncake's effective request share (FAST'25, 5.1): of all requests, those whose TTFT is
     at most ``ttft_max_s`` and whose TBT tail is at most ``tbt_max_s``. A rejected or
     unfinished request fails; a served one of a single token has no interval and meets the
-    TBT bound. Needs a replay that tracked token intervals."""
+    TBT bound. Needs a replay that tracked token intervals.
+
+    A share of requests is a per-request statistic like ``slo_attainment``: on a sample with
+    strata each request counts with its post-stratification weight, so the share estimates the
+    full trace's rather than the sample's mix of prompt lengths (unweighted otherwise)."""
     if raw.tbt_tail_s is None:
         raise ValueError("effective_share needs a replay with track_tbt (RawResult.tbt_tail_s)")
     n = trace.n_requests
     if not n:
         return math.nan
     ttft_ok = np.nan_to_num(request_ttft(trace, raw), nan=math.inf) <= ttft_max_s
-    return float((ttft_ok & _meets_tbt(trace, raw, tbt_max_s, raw.tbt_tail_s)).mean())
+    return request_share(trace, ttft_ok & _meets_tbt(trace, raw, tbt_max_s, raw.tbt_tail_s))
+
+
+def request_share(trace: BlockedTrace, ok: np.ndarray) -> float:
+    """The share of ``trace``'s requests for which ``ok`` (one bool per request) holds, each
+    request weighted by :func:`request_weights` (NaN for no request): the one definition the
+    SLO attainment and the effective share use, so both weigh a sample's requests alike."""
+    if not len(ok):
+        return math.nan
+    w = request_weights(trace)
+    if w is None:
+        return float(ok.mean())
+    return _mean(ok.astype(np.float64), w)
 
 
 def _meets_tbt(trace: BlockedTrace, raw: RawResult, bound: float, tail: np.ndarray) -> np.ndarray:
@@ -327,9 +345,4 @@ def _with_slo(
         ok &= np.nan_to_num(tpot, nan=math.inf) <= slo.tpot_p99_s
     if slo.tbt_p99_s is not None and raw.tbt_tail_s is not None:
         ok &= _meets_tbt(trace, raw, slo.tbt_p99_s, raw.tbt_tail_s)
-    w = request_weights(trace)
-    if w is None:
-        attainment = float(ok.mean()) if len(ok) else math.nan
-    else:
-        attainment = _mean(ok.astype(np.float64), w)
-    return Metrics(**{**m.__dict__, "slo_met": met, "slo_attainment": attainment})
+    return Metrics(**{**m.__dict__, "slo_met": met, "slo_attainment": request_share(trace, ok)})

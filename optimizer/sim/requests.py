@@ -18,6 +18,11 @@ tests compare it row by row). Columns:
   preempted and the computed KV tokens those preemptions discarded (computed again, less any
   found in a cache on its return);
 - ``rejected``: the request can never fit an instance's HBM;
+- ``weight``: what the request counts for in the replay's per-request latency statistics, its
+  post-stratification weight on a sample with prompt-length strata
+  (:func:`kvtier.sim.metrics.request_weights`), 1.0 for every request otherwise; always there,
+  so any weighted statistic of the rows is the metrics' own (``numpy.quantile(x, q,
+  weights=weight, method="inverted_cdf")`` over the rows a statistic uses, on a sample);
 - disaggregated replays only (some request handed over): ``decode_instance`` (-1: it
   never left its prefill instance) and ``kv_transfer_s``, seconds from its prefill's end to
   its KV's arrival on the decode instance (waiting for decode blocks included; null when not
@@ -38,7 +43,7 @@ import numpy as np
 import pyarrow as pa
 
 from kvtier.errors import InputError
-from kvtier.sim.metrics import request_tpot, request_ttft
+from kvtier.sim.metrics import request_tpot, request_ttft, request_weights
 from kvtier.sim.result import RawResult
 from kvtier.trace.blocked import BlockedTrace
 
@@ -99,6 +104,8 @@ def request_table(
     columns["preemptions"] = pa.array(pre, type=i8)
     columns["preempted_tokens"] = pa.array(pre_tok, type=i8)
     columns["rejected"] = pa.array(rejected, type=pa.bool_())
+    weights = request_weights(trace)
+    columns["weight"] = pa.array(np.ones(n) if weights is None else weights, type=f8)
     dec = raw.decode_instance
     if dec is not None and raw.kv_transfer_s is not None and bool((dec >= 0).any()):
         columns["decode_instance"] = pa.array(dec, type=i8)
