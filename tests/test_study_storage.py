@@ -100,33 +100,101 @@ def test_unreachable_postgresql_is_a_one_line_error(trace_path, tmp_path) -> Non
     assert_one_line_error(result, "option --storage", "cannot open study")
 
 
-def _pg_bin() -> Path | None:
-    found = sorted(Path("/usr/lib/postgresql").glob("*/bin/initdb"))
+def _system_pg_bin() -> Path | None:
+    """The newest server from the system's packages (Debian/Ubuntu keep each major version in
+    /usr/lib/postgresql/N/bin, off PATH), else an ``initdb`` on PATH."""
+    found = sorted(
+        Path("/usr/lib/postgresql").glob("*/bin/initdb"),
+        key=lambda p: [int(x) for x in p.parent.parent.name.split(".") if x.isdigit()],
+    )
     if found:
         return found[-1].parent
     initdb = shutil.which("initdb")
-    return Path(initdb).parent if initdb else None
+    return Path(initdb).resolve().parent if initdb else None
+
+
+def _pgserver_bin() -> Path | None:
+    """The server binaries bundled in the ``pgserver`` wheel (the test extra): the directory
+    its ``_commands.POSTGRES_BIN_PATH`` names, pgserver/pginstall/bin. Found without importing
+    the package, whose import looks up a per-user runtime directory (a warning without
+    XDG_RUNTIME_DIR) that these tests do not use."""
+    import importlib.util
+
+    spec = importlib.util.find_spec("pgserver")
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    bindir = Path(next(iter(spec.submodule_search_locations))) / "pginstall" / "bin"
+    return bindir if (bindir / "initdb").is_file() else None
+
+
+def _server_user() -> str:
+    """Whom a root test run starts the server as (it refuses root): ``postgres`` where the
+    system's packages created it, else ``nobody``, which every Linux system has."""
+    import pwd
+
+    try:
+        pwd.getpwnam("postgres")
+    except KeyError:
+        return "nobody"
+    return "postgres"
+
+
+def _runs_as(as_user: list[str], bindir: Path, cwd: Path) -> bool:
+    """Whether ``as_user`` can execute the binaries and load their libraries: a non-root user
+    cannot reach a virtual environment under a directory only root may enter (/root, a 0700
+    home)."""
+    for exe in ("initdb", "pg_ctl", "postgres"):
+        version = subprocess.run([*as_user, str(bindir / exe), "-V"], capture_output=True, cwd=cwd)
+        if version.returncode != 0:
+            return False
+    return True
+
+
+def _copy_pgserver(bindir: Path, dest: Path) -> Path:
+    """The wheel's bin/lib/share tree copied under ``dest`` with the relative layout the
+    binaries rely on: the server finds share/ and lib/ next to bin/, and initdb's RPATH is
+    $ORIGIN/../../../pgserver.libs (the wheel's bundled libpq)."""
+    prefix = bindir.parent  # pgserver/pginstall
+    out = dest / prefix.parent.name / prefix.name
+    for sub in ("bin", "lib", "share"):
+        shutil.copytree(prefix / sub, out / sub, symlinks=True)
+    libs = prefix.parent.parent / "pgserver.libs"
+    if libs.is_dir():
+        shutil.copytree(libs, dest / libs.name, symlinks=True)
+    for d in (dest, *dest.rglob("*")):
+        if d.is_dir():
+            d.chmod(0o755)
+    return out / "bin"
 
 
 @pytest.fixture(scope="module")
 def postgres_url() -> Iterator[str]:
-    """A throw-away PostgreSQL cluster on a free local port, when the machine has one."""
+    """A throw-away PostgreSQL cluster on a free local port: the system's server binaries,
+    else the ones the ``pgserver`` wheel of the test extra bundles."""
     pytest.importorskip("psycopg", reason="the 'postgres' extra is not installed")
-    bindir = _pg_bin()
+    bindir = _system_pg_bin()
+    from_wheel = bindir is None
+    if from_wheel:
+        bindir = _pgserver_bin()
     if bindir is None:
-        pytest.skip("no PostgreSQL server binaries on this machine")
-    as_user: list[str] = []
-    if os.geteuid() == 0:  # the server refuses to run as root
-        if shutil.which("runuser") is None:
-            pytest.skip("running as root without runuser")
-        as_user = ["runuser", "-u", "postgres", "--"]
+        pytest.skip("no PostgreSQL server binaries (system packages or the pgserver wheel)")
     # Not under pytest's base directory, which only its owner may enter.
     root = Path(tempfile.mkdtemp(prefix="kvtier-pg-"))
     root.chmod(0o755)
     data = root / "data"
     data.mkdir()
-    if as_user:
-        shutil.chown(data, "postgres")
+    as_user: list[str] = []
+    if os.geteuid() == 0:  # the server refuses to run as root
+        if shutil.which("runuser") is None:
+            pytest.skip("running as root without runuser")
+        user = _server_user()
+        as_user = ["runuser", "-u", user, "--"]
+        shutil.chown(data, user)
+        if from_wheel and not _runs_as(as_user, bindir, root):
+            bindir = _copy_pgserver(bindir, root / "pginstall")
+        if not _runs_as(as_user, bindir, root):
+            shutil.rmtree(root, ignore_errors=True)
+            pytest.skip(f"user {user} cannot run the PostgreSQL binaries in {bindir}")
     import socket
 
     with socket.socket() as s:
@@ -136,20 +204,29 @@ def postgres_url() -> Iterator[str]:
         [*as_user, str(bindir / "initdb"), "-D", str(data), "-A", "trust", "-U", "postgres"],
         capture_output=True,
         text=True,
+        cwd=root,
     )
     if init.returncode != 0:
+        shutil.rmtree(root, ignore_errors=True)
         pytest.skip(f"initdb failed: {init.stderr.strip()[:200]}")
     opts = f"-p {port} -k {data} -c listen_addresses=127.0.0.1"
     ctl = [*as_user, str(bindir / "pg_ctl"), "-D", str(data)]
+    # the server's output goes to its log file: a pipe it inherited would keep run() waiting
     start = subprocess.run(
-        [*ctl, "-o", opts, "-l", str(data / "log"), "-w", "start"], capture_output=True
+        [*ctl, "-o", opts, "-l", str(data / "log"), "-w", "start"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=root,
     )
     if start.returncode != 0:
-        pytest.skip("the PostgreSQL server did not start")
+        log = (data / "log").read_text(errors="replace") if (data / "log").exists() else ""
+        shutil.rmtree(root, ignore_errors=True)
+        pytest.skip(f"the PostgreSQL server did not start: {(start.stderr + log).strip()[-200:]}")
     try:
         yield f"postgresql://postgres@127.0.0.1:{port}/postgres"
     finally:
-        subprocess.run([*ctl, "-m", "fast", "stop"], capture_output=True)
+        subprocess.run([*ctl, "-m", "fast", "stop"], capture_output=True, cwd=root)
         shutil.rmtree(root, ignore_errors=True)
 
 
