@@ -178,6 +178,8 @@ def postgres_url() -> Iterator[str]:
         bindir = _pgserver_bin()
     if bindir is None:
         pytest.skip("no PostgreSQL server binaries (system packages or the pgserver wheel)")
+    if os.geteuid() == 0 and shutil.which("runuser") is None:
+        pytest.skip("running as root without runuser")
     # Not under pytest's base directory, which only its owner may enter.
     root = Path(tempfile.mkdtemp(prefix="kvtier-pg-"))
     root.chmod(0o755)
@@ -185,8 +187,6 @@ def postgres_url() -> Iterator[str]:
     data.mkdir()
     as_user: list[str] = []
     if os.geteuid() == 0:  # the server refuses to run as root
-        if shutil.which("runuser") is None:
-            pytest.skip("running as root without runuser")
         user = _server_user()
         as_user = ["runuser", "-u", user, "--"]
         shutil.chown(data, user)
