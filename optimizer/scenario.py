@@ -515,6 +515,9 @@ class StudySetup:
     load: str = "trace"
     rate_scale: float = 1.0
     space: str = ""
+    # the price figures every trial was costed at (kvtier.hardware.prices.price_figures);
+    # None for a study recorded before they were kept
+    prices: dict[str, Any] | None = None
 
     def to_attrs(self) -> dict[str, Any]:
         """The study user attributes this setup is stored as."""
@@ -527,6 +530,8 @@ class StudySetup:
             "rate_scale": self.rate_scale,
             "space": self.space,
         }
+        if self.prices is not None:
+            setup["prices"] = self.prices
         return {SHA256_ATTR: self.trace_sha256, SETUP_ATTR: setup}
 
     def record(self, study: Any) -> None:
@@ -550,6 +555,7 @@ class StudySetup:
             load=str(setup.get("load", "trace")),
             rate_scale=float(setup.get("rate_scale", 1.0)),
             space=str(setup.get("space", "")),
+            prices=setup.get("prices"),
         )
 
     def scenario(self, policy: Policy, *, trace_path: str | None = None) -> Scenario:
@@ -559,11 +565,15 @@ class StudySetup:
         same trace (:func:`check_study_trace` first).
         """
         from kvtier.hardware import load_hardware, load_model
+        from kvtier.hardware.prices import with_price_figures
         from kvtier.trace.io import read_trace
 
+        hardware = load_hardware(self.hardware)
+        if self.prices is not None:
+            hardware = with_price_figures(hardware, self.prices)
         return Scenario(
             read_trace(trace_path or self.trace),
-            load_hardware(self.hardware),
+            hardware,
             load_model(self.model),
             policy,
             slo=self.slo,

@@ -74,6 +74,27 @@ def test_a_rerun_with_another_setup_is_refused(trace_path, tmp_path, changed, ne
     assert states(db)["COMPLETE"] + states(db).get("PRUNED", 0) == 2  # none ran since
 
 
+def test_a_rerun_with_other_prices_is_refused(trace_path, tmp_path) -> None:
+    """Every trial's cost was computed at the prices of its run: trials priced at a GPU-hour
+    of $2 and of $100 in one study would make the cheapest of them meaningless."""
+    db = tmp_path / "s.db"
+    first = invoke(*optimize_args(trace_path, db, "--trials", "2"))
+    assert first.code in (0, 1), first.stderr
+    prices = tmp_path / "prices.toml"
+    prices.write_text("gpu_per_hour = 100\n")
+    again = invoke(*optimize_args(trace_path, db, "--trials", "3", "--prices", str(prices)))
+    assert_one_line_error(again, "--study", "another setup", "prices was", "gpu_per_hour=100")
+    assert states(db)["COMPLETE"] + states(db).get("PRUNED", 0) == 2  # none ran since
+    # the same figures from another file are the same prices: the study continues
+    same = tmp_path / "same.toml"
+    same.write_text("gpu_per_hour = 100\n")
+    other = tmp_path / "o.db"
+    ok = invoke(*optimize_args(trace_path, other, "--trials", "1", "--prices", str(prices)))
+    assert ok.code in (0, 1), ok.stderr
+    ok = invoke(*optimize_args(trace_path, other, "--trials", "2", "--prices", str(same)))
+    assert ok.code in (0, 1), ok.stderr
+
+
 def test_the_same_setup_continues(trace_path, tmp_path) -> None:
     db = tmp_path / "s.db"
     args = optimize_args(trace_path, db, "--slo", "ttft_p99=2", "--json")

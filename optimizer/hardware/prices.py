@@ -123,3 +123,38 @@ def apply_prices(hardware: Hardware, prices: Prices) -> Hardware:
             fabric_per_host_hour=values.get("fabric_per_host_hour", tier.fabric_per_host_hour),
         )
     return replace(hardware, gpu=gpu, host_fixed_per_hour=host, tiers=tiers)
+
+
+def price_figures(hardware: Hardware) -> dict[str, Any]:
+    """The figures ``hardware`` is priced at, as plain numbers a study records.
+
+    A study's trials are priced at these; a rerun at other figures (another ``--prices``
+    file, or none after one) would mix costs computed on two bases, so the study keeps them
+    as part of its identity, and ``report --what-if`` prices its variants at them too.
+    """
+    return {
+        "gpu_per_hour": hardware.gpu.price_per_hour,
+        "host_per_hour": hardware.host_fixed_per_hour,
+        "tiers": {
+            name: {
+                "per_gb_hour": tier.price_per_gb_hour,
+                "fabric_per_host_hour": tier.fabric_per_host_hour,
+            }
+            for name, tier in hardware.tiers.items()
+            if name in LOWER_TIERS
+        },
+    }
+
+
+def with_price_figures(hardware: Hardware, figures: dict[str, Any]) -> Hardware:
+    """``hardware`` priced at ``figures`` (what :func:`price_figures` recorded)."""
+    tiers = {k: v for k, v in (figures.get("tiers") or {}).items() if k in hardware.tiers}
+    return apply_prices(
+        hardware,
+        Prices(
+            gpu_per_hour=figures.get("gpu_per_hour"),
+            host_per_hour=figures.get("host_per_hour"),
+            tiers=tiers,
+            source="<study>",
+        ),
+    )

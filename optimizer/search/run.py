@@ -354,6 +354,7 @@ def optimize(
     on_trial: Callable[[int, TrialSummary | None], None] | None = None,
     on_bound: Callable[[Any], None] | None = None,
 ) -> OptimizeResult:
+    from kvtier.hardware.prices import price_figures
     from kvtier.trace.io import read_trace
 
     started = time.perf_counter()
@@ -420,6 +421,7 @@ def optimize(
         load=load,
         rate_scale=rate_scale,
         space=search_space.source,
+        prices=price_figures(hw),
     )
     check_study_setup(study, setup, storage)
     setup.record(study)

@@ -293,7 +293,7 @@ def open_study(study_name: str, *, storage: str | None, seed: int, pareto: bool)
     return study
 
 
-IDENTITY = ("hardware", "model", "slo", "load", "rate_scale")
+IDENTITY = ("hardware", "model", "slo", "load", "rate_scale", "prices")
 
 
 def check_study_setup(study: optuna.Study, setup: StudySetup, storage: str) -> None:
@@ -312,7 +312,7 @@ def check_study_setup(study: optuna.Study, setup: StudySetup, storage: str) -> N
     current = setup.to_attrs()[SETUP_ATTR]
     changed = [k for k in IDENTITY if k in recorded and recorded[k] != current[k]]
     if changed:
-        what = "; ".join(f"{k} was {_show(recorded[k])}, now {_show(current[k])}" for k in changed)
+        what = "; ".join(_changed(k, recorded[k], current[k]) for k in changed)
         raise InputError(
             f"study {study.study_name!r} in {storage} was run with another setup ({what}); "
             "its trials' verdicts would not hold: rerun with the same options or choose "
@@ -321,9 +321,35 @@ def check_study_setup(study: optuna.Study, setup: StudySetup, storage: str) -> N
         )
 
 
-def _show(value: Any) -> str:
+def _flat(value: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for k, v in value.items():
+        if isinstance(v, dict):
+            out.update(_flat(v, f"{prefix}{k}."))
+        else:
+            out[f"{prefix}{k}"] = v
+    return out
+
+
+def _changed(key: str, was: Any, now: Any) -> str:
+    """One changed setup item in words; of the price figures only those that differ."""
+    if key == "prices" and isinstance(was, dict) and isinstance(now, dict):
+        a, b = _flat(was), _flat(now)
+        keys = [k for k in dict.fromkeys([*a, *b]) if a.get(k) != b.get(k)]
+        was = {k: a.get(k, "none") for k in keys}
+        now = {k: b.get(k, "none") for k in keys}
+    return f"{key} was {_show(was)}, now {_show(now)}"
+
+
+def _show(value: Any, prefix: str = "") -> str:
     if isinstance(value, dict):
-        return ",".join(f"{k}={v:g}" for k, v in value.items()) or "none"
+        return (
+            ",".join(
+                _show(v, f"{prefix}{k}.") if isinstance(v, dict) else f"{prefix}{k}={_show(v)}"
+                for k, v in value.items()
+            )
+            or "none"
+        )
     return f"{value:g}" if isinstance(value, float) else str(value)
 
 
