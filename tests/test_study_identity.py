@@ -311,3 +311,12 @@ def test_report_on_a_read_only_copy(finished_study, public_dir) -> None:
     assert as_user.code == 0, as_user.stderr
     assert json.loads(as_user.stdout)["finished"] == 3
     assert copy.read_bytes() == before
+
+
+def test_an_unmakeable_runs_directory_is_one_line(trace_path, tmp_path, monkeypatch) -> None:
+    """The default study and policy file go under ./runs; where it cannot be made (a file of
+    that name, a read-only working directory) the job says so before any work."""
+    (tmp_path / "runs").write_text("not a directory")
+    monkeypatch.chdir(tmp_path)
+    result = invoke("optimize", "--trace", str(trace_path), "--trials", "1", "--no-presets")
+    assert_one_line_error(result, "runs", "--storage")

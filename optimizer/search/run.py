@@ -50,6 +50,7 @@ from kvtier.search.study import (
     check_study_setup,
     closest,
     make_objective,
+    make_runs_dir,
     open_study,
     pareto_front,
 )
@@ -397,7 +398,7 @@ def optimize(
 
     name = study_name or f"{Path(trace_path).stem}-{hw.name}-{mdl.name}".lower()
     if storage is None:
-        runs_dir.mkdir(parents=True, exist_ok=True)
+        make_runs_dir(runs_dir)
         storage = f"sqlite:///{runs_dir / (name + '.db')}"
     study = open_study(name, storage=storage, seed=seed, pareto=pareto)
     if out is None:

@@ -34,8 +34,24 @@ from kvtier.search.space import SearchSpace
 RUNS_DIR = Path("runs")
 
 
+def make_runs_dir(runs_dir: Path = RUNS_DIR) -> None:
+    """Create the directory for the default study and policy file, or say in one line why it
+    cannot be made (a file of that name, a read-only working directory) and what to give
+    instead, before any trial has run."""
+    try:
+        runs_dir.mkdir(parents=True, exist_ok=True)
+        if not runs_dir.is_dir():
+            raise NotADirectoryError(0, "not a directory")
+    except OSError as err:
+        raise InputError(
+            f"cannot make {runs_dir}/ for the study and its policy file: "
+            f"{err.strerror or err}; run where it can be made, or give --storage and --out",
+            option="--storage",
+        ) from None
+
+
 def default_storage(study_name: str, runs_dir: Path = RUNS_DIR) -> str:
-    runs_dir.mkdir(parents=True, exist_ok=True)
+    make_runs_dir(runs_dir)
     return f"sqlite:///{runs_dir / (study_name + '.db')}"
 
 
