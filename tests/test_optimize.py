@@ -220,8 +220,14 @@ def test_interrupt_leaves_a_resumable_study(trace_path, tmp_path, monkeypatch) -
     resumed = invoke(*args, "--json")
     assert resumed.code == 0, resumed.stderr
     data = json.loads(resumed.stdout)
-    # the study holds the cut run's 3 (2 complete, 1 failed) and resumes to 10
-    assert data["trials"] == 10 and data["new_trials"] == 10 - 3
+    # the cut run's interrupted trial failed and is not one of the 10: the study holds 10
+    # trials that ran to the end, 8 of them run by the resumed command
+    assert data["trials"] == 10 and data["new_trials"] == 10 - 2
+    import optuna
+
+    study = optuna.load_study(study_name="cut", storage=f"sqlite:///{tmp_path / 'cut.db'}")
+    done = study.get_trials(states=(optuna.trial.TrialState.COMPLETE,))
+    assert len(done) == 10
 
 
 def test_pareto_and_threads(trace_path, tmp_path) -> None:

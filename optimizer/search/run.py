@@ -146,10 +146,12 @@ class Choice:
     params: dict[str, Any]
 
 
+# The trials that count toward --trials: those that ran to the end. A FAIL is a trial cut
+# short (Ctrl-C, or a killed worker's trial failed by the heartbeat check, which enqueues it
+# again); counting it would leave a resumed study one evaluated trial short of N.
 FINISHED = (
     optuna.trial.TrialState.COMPLETE,
     optuna.trial.TrialState.PRUNED,
-    optuna.trial.TrialState.FAIL,
 )
 
 
@@ -450,7 +452,13 @@ def optimize(
 
     def objective(trial: optuna.Trial) -> Any:
         trial.set_user_attr(WORKER_ATTR, worker)
-        return judge(trial)
+        try:
+            return judge(trial)
+        except KeyboardInterrupt:
+            # Optuna fails the trial; the next run of the command runs it again with the
+            # parameters it had, as it does a killed worker's trial
+            study.enqueue_trial(trial.params, user_attrs={"kvtier_interrupted": trial.number})
+            raise
 
     # The trials this process ran: other workers on a shared study add theirs meanwhile, so
     # a count of the study's trials before and after would credit each worker with them all.

@@ -255,6 +255,34 @@ def read_only_storage(url: str, study_name: str) -> optuna.storages.RDBStorage:
         )
 
 
+_INTERRUPTED: set[str] = set()  # trials whose failure by Ctrl-C was not shown
+
+
+def _not_an_interrupt(record: Any) -> bool:
+    """False for Optuna's two warnings about a trial failed by Ctrl-C."""
+    import re
+
+    text = record.getMessage()
+    number = re.match(r"Trial (\d+) failed", text)
+    exc = record.exc_info[1] if record.exc_info else None
+    if isinstance(exc, KeyboardInterrupt) or "KeyboardInterrupt" in text:
+        if number:
+            _INTERRUPTED.add(number.group(1))
+        return False
+    return not (number and number.group(1) in _INTERRUPTED and "with value None" in text)
+
+
+def quiet_interrupts() -> None:
+    """Drop Optuna's warnings about a trial failed by Ctrl-C (its parameters and a
+    traceback): the command says in one line that the study is kept and how to continue."""
+    import logging
+
+    optuna.logging.get_logger("optuna")  # makes Optuna's handler, if it has none yet
+    for handler in logging.getLogger("optuna").handlers:
+        if _not_an_interrupt not in handler.filters:
+            handler.addFilter(_not_an_interrupt)
+
+
 def open_study(study_name: str, *, storage: str | None, seed: int, pareto: bool) -> optuna.Study:
     """Create the study, or load it to continue when it exists.
 
@@ -272,6 +300,7 @@ def open_study(study_name: str, *, storage: str | None, seed: int, pareto: bool)
         )
     url = storage or default_storage(study_name)
     optuna.logging.set_verbosity(optuna.logging.WARNING)
+    quiet_interrupts()
     directions = ["minimize", "minimize"] if pareto else ["minimize"]
     for attempt in range(OPEN_ATTEMPTS):
         try:
