@@ -1913,7 +1913,3 @@ def batch_cmd(traces: tuple[str, ...], out_dir: str, study_prefix: str, **kwargs
         print_batch(items, _console())
     if any(item.result is None or item.result.best is None for item in items):
         sys.exit(1)
-
-
-if __name__ == "__main__":  # pragma: no cover
-    main()
