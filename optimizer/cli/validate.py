@@ -1,0 +1,144 @@
+"""``kvtier validate``: reproduce published results with the model and report them beside the
+published figures, exit code 1 when a reproduction target is missed."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable
+from typing import Any
+
+import click
+
+from kvtier.cli.common import KvtierGroup, _echo_json
+
+
+@click.group(cls=KvtierGroup)
+def validate() -> None:
+    """Reproduce published results with the model and compare (docs/validation.md)."""
+
+
+def _report_validation(
+    result: Any,
+    *,
+    as_json: bool,
+    to_json: Callable[[Any], Any],
+    to_text: Callable[[Any], str],
+    misses: list[str],
+    markdown_path: str | None = None,
+    to_markdown: Callable[[Any], str] | None = None,
+) -> None:
+    """What every ``kvtier validate`` command does with its result: the markdown file when
+    asked (its location was checked before the work), JSON or text on stdout, and each missed
+    reproduction target on stderr with exit code 1."""
+    if markdown_path is not None and to_markdown is not None:
+        from pathlib import Path
+
+        from kvtier.trace.io import atomic_write
+
+        text = to_markdown(result)
+        atomic_write(markdown_path, lambda tmp: Path(tmp).write_text(text))
+    if as_json:
+        _echo_json(to_json(result))
+    else:
+        click.echo(to_text(result))
+    for line in misses:
+        click.echo(f"target missed: {line}", err=True)
+    if misses:
+        sys.exit(1)
+
+
+@validate.command("beluga")
+@click.option("--json", "as_json", is_flag=True, help="Print the result as one JSON object.")
+@click.option(
+    "--markdown",
+    "markdown_path",
+    default=None,
+    help="Also write the full report (docs/validation.md) to this file.",
+)
+def validate_beluga(as_json: bool, markdown_path: str | None) -> None:
+    """The Beluga paper's LV-Eval comparison: MoonCake, Beluga, vLLM, paper beside model."""
+    from kvtier.experiments.validation import run_beluga
+    from kvtier.report.validation import to_markdown, to_text, validation_json
+
+    if markdown_path is not None:
+        from kvtier.report.output import check_output
+
+        check_output(markdown_path, option="--markdown")
+    result = run_beluga()
+    _report_validation(
+        result,
+        as_json=as_json,
+        to_json=validation_json,
+        to_text=to_text,
+        misses=[f"{a.ratio}: model {a.model:.3g}, target {a.target}" for a in result.missed()],
+        markdown_path=markdown_path,
+        to_markdown=to_markdown,
+    )
+
+
+@validate.command("serving")
+@click.option("--json", "as_json", is_flag=True, help="Print the result as one JSON object.")
+@click.option(
+    "--markdown",
+    "markdown_path",
+    default=None,
+    help="Also write the table (docs/validation-serving.md) to this file.",
+)
+def validate_serving(as_json: bool, markdown_path: str | None) -> None:
+    """Published serving figures (TTFT, ITL, offline throughput) beside both step-time
+    backends: published / model / ratio and the MAPE per backend over the checks."""
+    from kvtier.experiments.serving_validation import run_serving
+    from kvtier.report.serving_validation import serving_json, to_markdown, to_text
+
+    if markdown_path is not None:
+        from kvtier.report.output import check_output
+
+        check_output(markdown_path, option="--markdown")
+    result = run_serving()
+    _report_validation(
+        result,
+        as_json=as_json,
+        to_json=serving_json,
+        to_text=to_text,
+        misses=[
+            f"{m.backend} MAPE {100 * m.mape:.1f} % > {100 * m.target:.0f} %"
+            for m in result.missed()
+        ],
+        markdown_path=markdown_path,
+        to_markdown=to_markdown,
+    )
+
+
+@validate.command("pd")
+@click.option("--json", "as_json", is_flag=True, help="Print the result as one JSON object.")
+@click.option(
+    "--markdown",
+    "markdown_path",
+    default=None,
+    help="Also write the table (docs/validation-pd.md) to this file.",
+)
+def validate_pd(as_json: bool, markdown_path: str | None) -> None:
+    """Published prefill/decode results (DistServe, Mooncake): goodput per GPU, disaggregated
+    over aggregated, published beside the model's (the paper's model and GPU where kvtier
+    profiles them, else a stand-in)."""
+    from kvtier.experiments.pd_validation import run_pd
+    from kvtier.report.pd_validation import pd_json, to_markdown, to_text
+
+    if markdown_path is not None:
+        from kvtier.report.output import check_output
+
+        check_output(markdown_path, option="--markdown")
+    result = run_pd()
+    _report_validation(
+        result,
+        as_json=as_json,
+        to_json=pd_json,
+        to_text=to_text,
+        misses=[
+            f"{c.name}: model {c.model:.3g}x, published {c.published:g}x "
+            f"(tolerance {c.tolerance:g}x)"
+            for c in result.missed()
+        ],
+        markdown_path=markdown_path,
+        to_markdown=to_markdown,
+    )
