@@ -1,5 +1,6 @@
 """``kvtier trace``: import, capture, synthesise, sample, slice, map and inspect request
-traces. None of these commands simulates: numba is never imported here."""
+traces. Only ``trace mrc`` runs the cache engine's kernels; the imports they need stay inside
+the commands, so the others start without numba."""
 
 from __future__ import annotations
 
