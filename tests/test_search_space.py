@@ -101,3 +101,20 @@ def test_overlay_and_round_trip() -> None:
         apply(Policy(), {"serving.routing": "nope"})
     with pytest.raises(InputError, match="hbm tier cannot be disabled"):
         overlay(base, {"tiers.hbm.enabled": False})
+
+
+@pytest.mark.parametrize(
+    ("text", "valid"),
+    [
+        # a parameter table's keys
+        ("[params.coalesce]\nchoices = [1]\nchoice = [2]\n", "choices, high, log, low, step, when"),
+        # the file's top-level keys
+        ("pined = {}\n[params.coalesce]\nchoices = [1]\n", "description, format, params, pinned"),
+    ],
+)
+def test_unknown_space_keys_list_the_valid_ones(tmp_path, text: str, valid: str) -> None:
+    # as the prices file's error does: the user sees what the key should have been
+    with pytest.raises(InputError) as err:
+        load_space(write(tmp_path, text))
+    assert f"(valid: {valid})" in str(err.value), str(err.value)
+    assert "\n" not in str(err.value)

@@ -45,6 +45,10 @@ from kvtier.errors import InputError
 from kvtier.policy.overrides import check_override, parse_overrides
 
 SPACE_FORMAT = "kvtier-space/1"
+# the keys a space file and each of its [params.NAME] tables may hold (named in the error for
+# any other key, so a misspelt one shows what it should have been)
+SPACE_KEYS = ("description", "format", "params", "pinned")
+PARAM_KEYS = ("choices", "high", "log", "low", "step", "when")
 SPACES_DIR = policies_dir() / "spaces"
 
 Value = bool | int | float | str
@@ -262,9 +266,13 @@ def _parse_param_spec(name: str, spec: Any, path: str) -> Param:
     where = f"params.{name}"
     if not isinstance(spec, dict):
         raise InputError("must be a table", path=path, column=where)
-    unknown = set(spec) - {"choices", "low", "high", "log", "step", "when"}
+    unknown = set(spec) - set(PARAM_KEYS)
     if unknown:
-        raise InputError(f"unknown key(s) {sorted(unknown)}", path=path, column=where)
+        raise InputError(
+            f"unknown key(s) {sorted(unknown)} (valid: {', '.join(PARAM_KEYS)})",
+            path=path,
+            column=where,
+        )
     when = spec.get("when", {})
     if not isinstance(when, dict):
         raise InputError("'when' must be a table of name = value", path=path, column=where)
@@ -376,9 +384,11 @@ def load_space(name_or_path: str | Path) -> SearchSpace:
     fmt = data.get("format")
     if fmt != SPACE_FORMAT:
         raise InputError(f"must be '{SPACE_FORMAT}', got {fmt!r}", path=spath, column="format")
-    unknown = set(data) - {"format", "description", "params", "pinned"}
+    unknown = set(data) - set(SPACE_KEYS)
     if unknown:
-        raise InputError(f"unknown key(s) {sorted(unknown)}", path=spath)
+        raise InputError(
+            f"unknown key(s) {sorted(unknown)} (valid: {', '.join(SPACE_KEYS)})", path=spath
+        )
     params_spec = data.get("params", {})
     if not isinstance(params_spec, dict) or not params_spec:
         raise InputError("needs at least one [params.NAME] table", path=spath, column="params")
