@@ -320,3 +320,26 @@ def test_an_unmakeable_runs_directory_is_one_line(trace_path, tmp_path, monkeypa
     monkeypatch.chdir(tmp_path)
     result = invoke("optimize", "--trace", str(trace_path), "--trials", "1", "--no-presets")
     assert_one_line_error(result, "runs", "--storage")
+
+
+def test_max_hosts_where_runs_cannot_be_made_is_one_line(trace_path, tmp_path, monkeypatch) -> None:
+    """The --max-hosts profile is always written under ./runs, whatever --storage and --out
+    say: the error names that file and a way round it, not the options that would not help."""
+    (tmp_path / "runs").write_text("not a directory")
+    monkeypatch.chdir(tmp_path)
+    result = invoke(
+        "optimize",
+        "--trace",
+        str(trace_path),
+        "--trials",
+        "1",
+        "--no-presets",
+        "--max-hosts",
+        "2",
+        "--storage",
+        f"sqlite:///{tmp_path / 'elsewhere.db'}",
+        "--out",
+        str(tmp_path / "elsewhere.toml"),
+    )
+    assert_one_line_error(result, "--max-hosts", "runs/h100-node-x2.toml", "--hardware")
+    assert "--storage" not in result.stderr and "--out" not in result.stderr

@@ -323,8 +323,16 @@ def hosts_profile(ref: str, hw: Any, hosts: int, runs_dir: Path) -> str:
     if n != 1:
         raise InputError(f"profile {hw.name!r} has no topology.hosts line", option="--max-hosts")
     text = re.sub(r'(?m)^name\s*=\s*"[^"]*"', f'name = "{hw.name}-x{hosts}"', text, count=1)
-    runs_dir.mkdir(parents=True, exist_ok=True)
     path = runs_dir / f"{hw.name}-x{hosts}.toml"
+    # the profile goes under runs_dir whatever --storage and --out say (the policy file names
+    # it): the way round an unmakeable directory is a profile of one's own
+    make_runs_dir(
+        runs_dir,
+        purpose=f"the --max-hosts profile {path}",
+        advice=f"give --hardware a copy of profile {hw.name!r} with hosts = {hosts} "
+        "in place of --max-hosts",
+        option="--max-hosts",
+    )
     atomic_write(path, lambda tmp: Path(tmp).write_text(text))
     return str(path)
 

@@ -34,19 +34,29 @@ from kvtier.search.space import SearchSpace
 RUNS_DIR = Path("runs")
 
 
-def make_runs_dir(runs_dir: Path = RUNS_DIR) -> None:
+def make_runs_dir(
+    runs_dir: Path = RUNS_DIR,
+    *,
+    purpose: str = "the study and its policy file",
+    advice: str = "give --storage and --out",
+    option: str = "--storage",
+) -> None:
     """Create the directory for the default study and policy file, or say in one line why it
     cannot be made (a file of that name, a read-only working directory) and what to give
-    instead, before any trial has run."""
+    instead, before any trial has run.
+
+    ``purpose``, ``advice`` and ``option`` name what needed the directory and the way round
+    it that helps that need: another file (``--max-hosts``'s profile) is not moved elsewhere
+    by ``--storage`` and ``--out``."""
     try:
         runs_dir.mkdir(parents=True, exist_ok=True)
         if not runs_dir.is_dir():
             raise NotADirectoryError(0, "not a directory")
     except OSError as err:
         raise InputError(
-            f"cannot make {runs_dir}/ for the study and its policy file: "
-            f"{err.strerror or err}; run where it can be made, or give --storage and --out",
-            option="--storage",
+            f"cannot make {runs_dir}/ for {purpose}: "
+            f"{err.strerror or err}; run where it can be made, or {advice}",
+            option=option,
         ) from None
 
 
