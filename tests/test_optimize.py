@@ -382,3 +382,85 @@ def test_a_tbt_slo_is_a_constraint_of_every_trial(trace_path, tmp_path) -> None:
         assert len(trial.system_attrs["constraints"]) == 3  # what the samplers read
         tbt = trial.user_attrs["metrics"]["tbt_p99_s"]
         assert violations["tbt_p99_s"] == tbt - 0.05
+
+
+# A study's first space, and spaces a rerun of it may (compatible) or may not use: Optuna
+# keeps one distribution per parameter name in a study.
+FIRST_SPACE = """
+format = "kvtier-space/1"
+[params."serving.routing"]
+choices = ["round_robin", "least_loaded"]
+[params."serving.max_num_batched_tokens"]
+low = 2048
+high = 8192
+[params.block_tokens]
+choices = [16, 64]
+"""
+# another range of the same kind, a parameter dropped (block_tokens), one added (coalesce)
+COMPATIBLE_SPACE = """
+format = "kvtier-space/1"
+[params."serving.routing"]
+choices = ["round_robin", "least_loaded"]
+[params."serving.max_num_batched_tokens"]
+low = 1024
+high = 16384
+[params.coalesce]
+choices = [1, 16]
+"""
+
+
+@pytest.mark.parametrize(
+    ("param", "spec", "was", "now"),
+    [
+        (
+            "serving.routing",
+            'choices = ["round_robin", "prefix_affinity"]',
+            "choices round_robin, least_loaded",
+            "choices round_robin, prefix_affinity",
+        ),
+        (
+            "serving.max_num_batched_tokens",
+            "choices = [2048, 8192]",
+            "integers 2048 to 8192",
+            "choices 2048, 8192",
+        ),
+        (
+            "serving.max_num_batched_tokens",
+            "low = 2048\nhigh = 8192\nlog = true",
+            "integers 2048 to 8192",
+            "integers 2048 to 8192, log scale",
+        ),
+    ],
+)
+def test_a_rerun_may_change_the_space_only_compatibly(
+    trace_path, tmp_path, param, spec, was, now
+) -> None:
+    first = tmp_path / "first.toml"
+    first.write_text(FIRST_SPACE)
+    storage = f"sqlite:///{tmp_path / 'spaces.db'}"
+    common = dict(slo_text=SLO_TEXT, study_name="spaces", storage=storage, compare_presets=False)
+    out = str(tmp_path / "p.toml")
+    done = optimize(str(trace_path), space=str(first), n_trials=2, out=out, **common)
+    assert done.n_trials == 2
+    # a parameter whose distribution Optuna cannot change within a study: one line before
+    # any trial, naming it, both distributions and what to do
+    changed = tmp_path / "changed.toml"
+    changed.write_text(
+        FIRST_SPACE.replace(
+            {
+                "serving.routing": 'choices = ["round_robin", "least_loaded"]',
+                "serving.max_num_batched_tokens": "low = 2048\nhigh = 8192",
+            }[param],
+            spec,
+        )
+    )
+    args = ["optimize", "--trace", str(trace_path), "--slo", SLO_TEXT, "--no-presets"]
+    args += ["--study", "spaces", "--storage", storage, "--out", out, "--trials", "3"]
+    refused = invoke(*args, "--space", str(changed))
+    assert_one_line_error(refused, param, was, now, "--study", str(first))
+    # new and dropped parameters, and another range of the same kind, continue the study
+    compatible = tmp_path / "compatible.toml"
+    compatible.write_text(COMPATIBLE_SPACE)
+    again = invoke(*args, "--space", str(compatible), "--json")
+    assert again.code == 0, again.stderr
+    assert json.loads(again.stdout)["trials"] == 3

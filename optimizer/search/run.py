@@ -48,6 +48,7 @@ from kvtier.search.study import (
     TrialSummary,
     best_feasible,
     check_study_setup,
+    check_study_space,
     closest,
     make_objective,
     make_runs_dir,
@@ -435,6 +436,8 @@ def optimize(
         prices=price_figures(hw),
     )
     check_study_setup(study, setup, storage)
+    # before the setup is recorded: the refusal names the space the study ran with
+    check_study_space(study, search_space, storage)
     setup.record(study)
 
     warmed = 0

@@ -112,6 +112,24 @@ class Param:
             self.name, float(self.low), float(self.high), log=self.log, step=self.step
         )
 
+    def distribution(self) -> Any:
+        """The Optuna distribution :meth:`suggest` asks for: a study keeps one per parameter
+        name, and a rerun's space is checked against it before any trial
+        (:func:`kvtier.search.study.check_study_space`)."""
+        from optuna.distributions import (
+            CategoricalDistribution,
+            FloatDistribution,
+            IntDistribution,
+        )
+
+        if self.choices is not None:
+            return CategoricalDistribution(list(self.choices))
+        if self.integer:
+            return IntDistribution(
+                int(self.low), int(self.high), log=self.log, step=int(self.step or 1)
+            )
+        return FloatDistribution(float(self.low), float(self.high), log=self.log, step=self.step)
+
     def grid(self) -> list[Value]:
         """Every value of a discrete parameter (for exhaustive search of small spaces)."""
         if self.choices is not None:

@@ -376,6 +376,68 @@ def check_study_setup(study: optuna.Study, setup: StudySetup, storage: str) -> N
         )
 
 
+def check_study_space(study: optuna.Study, space: SearchSpace, storage: str) -> None:
+    """Refuse, before the first new trial, a space that changes a parameter's distribution in
+    a way the study cannot take.
+
+    Optuna keeps one distribution per parameter name in a study and raises mid-trial (a
+    traceback, after the replay) when a trial asks for another kind of distribution (a range
+    where there were choices, integers where there were floats), another log setting, or other
+    choices (their order included). Other changes are compatible: a parameter the study never
+    searched, one the space drops (or pins), and a range's new bounds or step (trials outside
+    the new range stay in the study). Each free parameter is checked with Optuna's own rule
+    (:func:`optuna.distributions.check_distribution_compatibility`) against the distribution
+    the study first stored for it, as Optuna does.
+    """
+    from optuna.distributions import check_distribution_compatibility
+
+    stored: dict[str, Any] = {}
+    for trial in study.get_trials(deepcopy=False):
+        for name, dist in trial.distributions.items():
+            stored.setdefault(name, dist)
+    for param in space.free():
+        old = stored.get(param.name)
+        if old is None:
+            continue
+        new = param.distribution()
+        try:
+            check_distribution_compatibility(old, new)
+        except ValueError:
+            setup = study.user_attrs.get(SETUP_ATTR) or {}
+            before = _space_name(str(setup.get("space") or "")) or "its earlier one"
+            raise InputError(
+                f"study {study.study_name!r} in {storage} searched {param.name} over "
+                f"{_describe(old)}; space {_space_name(space.source) or '<space>'} gives "
+                f"{_describe(new)}, which Optuna cannot mix in one study: choose another "
+                f"--study name, or rerun with the space it ran with ({before})",
+                option="--space",
+            ) from None
+
+
+def _space_name(source: str) -> str:
+    """A space as ``--space`` takes it: a built-in by name, else its file."""
+    from kvtier.search.space import SPACES_DIR
+
+    path = Path(source)
+    if source and path.parent.resolve() == SPACES_DIR.resolve() and path.suffix == ".toml":
+        return path.stem
+    return source
+
+
+def _describe(dist: Any) -> str:
+    """An Optuna distribution in the words of a space file."""
+    from optuna.distributions import CategoricalDistribution, IntDistribution
+
+    if isinstance(dist, CategoricalDistribution):
+        shown = (str(c).lower() if isinstance(c, bool) else str(c) for c in dist.choices)
+        return "choices " + ", ".join(shown)
+    kind = "integers" if isinstance(dist, IntDistribution) else "numbers"
+    text = f"{kind} {dist.low:g} to {dist.high:g}"
+    if dist.step is not None and not (isinstance(dist, IntDistribution) and dist.step == 1):
+        text += f", step {dist.step:g}"
+    return text + (", log scale" if dist.log else "")
+
+
 def _flat(value: dict[str, Any], prefix: str = "") -> dict[str, Any]:
     out: dict[str, Any] = {}
     for k, v in value.items():
