@@ -339,6 +339,13 @@ def open_study(study_name: str, *, storage: str | None, seed: int, pareto: bool)
             sqlalchemy.exc.SQLAlchemyError,
         ) as err:
             raise storage_error(study_name, url, err) from None
+    held = len(study.get_trials(deepcopy=False))
+    if held:
+        # A resumed study: a sampler seeded as the first run's would draw its random stream
+        # from the start again, and while fewer trials than TPE's startup count have finished
+        # (its random phase) propose the parameter sets the first run already ran. The seed
+        # is mixed with the trial count, so a resume is as reproducible but draws anew.
+        study.sampler = make_sampler(seed=resumed_seed(seed, held), pareto=pareto)
     if len(study.directions) != len(directions):
         raise InputError(
             f"study {study_name!r} exists with {len(study.directions)} objective(s); "
@@ -346,6 +353,14 @@ def open_study(study_name: str, *, storage: str | None, seed: int, pareto: bool)
             option="--study",
         )
     return study
+
+
+def resumed_seed(seed: int, held: int) -> int:
+    """The sampler seed of a run that finds ``held`` trials in its study: ``seed`` and
+    ``held`` mixed by NumPy's ``SeedSequence`` (a 32-bit seed, as NumPy's generators take)."""
+    import numpy as np
+
+    return int(np.random.SeedSequence([seed % 2**32, held]).generate_state(1)[0])
 
 
 IDENTITY = ("hardware", "model", "slo", "load", "rate_scale", "prices")
