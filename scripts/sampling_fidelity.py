@@ -17,7 +17,8 @@ import time
 from pathlib import Path
 
 from kvtier.experiments import sampling_validation as sv
-from kvtier.trace.io import atomic_write, read_trace
+from kvtier.files import atomic_write
+from kvtier.trace.io import read_trace
 
 ROOT = Path(__file__).resolve().parent.parent
 DOC = ROOT / "docs" / "traces.md"

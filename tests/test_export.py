@@ -24,9 +24,9 @@ from hypothesis import strategies as st
 from kvtier import cli
 from kvtier.cli import main
 from kvtier.errors import InputError
+from kvtier.export import TARGETS, export
 from kvtier.hardware import load_hardware, load_model
 from kvtier.hardware.types import Hardware
-from kvtier.policy.export import TARGETS, export
 from kvtier.policy.file import write_policy_file
 from kvtier.policy.model import (
     EVICTIONS,

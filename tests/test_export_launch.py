@@ -19,9 +19,9 @@ from pathlib import Path
 import pytest
 import yaml
 
+from kvtier.export import export
 from kvtier.hardware import load_hardware, load_model
 from kvtier.hardware.types import Hardware
-from kvtier.policy.export import export
 from kvtier.policy.model import Policy, ServingPolicy, TierPolicy
 
 MODEL = load_model("Llama-3.1-8B")

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import re
 
+from kvtier.export import export
 from kvtier.hardware import load_hardware, load_model
-from kvtier.policy.export import export
 from kvtier.policy.presets import load_preset
 
 

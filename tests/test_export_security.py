@@ -18,9 +18,9 @@ from pathlib import Path
 
 import pytest
 
+from kvtier.export import EXPORTERS, export
+from kvtier.export import common as export_common
 from kvtier.hardware import load_hardware, load_model
-from kvtier.policy.export import EXPORTERS, export
-from kvtier.policy.export import common as export_common
 from kvtier.policy.model import Policy, TierPolicy
 
 STUBS = ("vllm", "python3", "mooncake_master")
@@ -81,7 +81,7 @@ def test_hostile_names_paths_and_hosts_never_run(tmp_path: Path, monkeypatch, in
     model = replace(load_model("Llama-3.1-8B"), name=text)
     hardware = replace(load_hardware("beluga-testbed"), name=text)
     # Placeholders the exporters write: paths and hosts.
-    from kvtier.policy.export import lmcache, mooncake, sglang
+    from kvtier.export import lmcache, mooncake, sglang
 
     monkeypatch.setattr(sglang, "FILE_DIR", f"/tmp/{text}")
     monkeypatch.setattr(mooncake, "OFFLOAD_DIR", f"/tmp/{text}")

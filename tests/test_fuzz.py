@@ -23,8 +23,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from kvtier.errors import InputError
+from kvtier.export import EXPORTERS, export
 from kvtier.hardware import load_hardware, load_model
-from kvtier.policy.export import EXPORTERS, export
 from kvtier.policy.model import POLICY_FORMAT, policy_from_dict
 from kvtier.policy.overrides import override_keys
 from kvtier.search.space import SPACE_FORMAT, load_space

@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
+from kvtier.export import export
 from kvtier.hardware import load_hardware, load_model
-from kvtier.policy.export import export
 from kvtier.policy.model import Policy, ServingPolicy, TierPolicy
 
 LMCACHE = "lmcache==0.5.6"  # the version docs/export.md checks the keys against

@@ -7,8 +7,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from kvtier.export import export
 from kvtier.hardware import load_hardware, load_model
-from kvtier.policy.export import export
 from kvtier.policy.file import read_policy_file
 from kvtier.search.bound import first_seen_prefix, round_up
 from kvtier.search.run import INEXPRESSIBLE, optimize

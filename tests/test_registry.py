@@ -12,7 +12,7 @@ import pytest
 from kvtier.cache import gen
 from kvtier.cache.registry import EVICTIONS
 from kvtier.errors import InputError
-from kvtier.policy.export import EXPORTERS
+from kvtier.export import EXPORTERS
 from kvtier.policy.model import Policy, ServingPolicy, TierPolicy
 from kvtier.policy.registries import LOAD_RULES, ROUTERS, WRITE_POLICIES
 from kvtier.registry import Entry, Registry
@@ -110,7 +110,7 @@ def test_every_exporter_loads() -> None:
 
 def test_registries_do_not_import_numba() -> None:
     code = (
-        "import sys, kvtier.policy.model, kvtier.policy.overrides, kvtier.policy.export, "
+        "import sys, kvtier.policy.model, kvtier.policy.overrides, kvtier.export, "
         "kvtier.cache.registry; print('numba' in sys.modules)"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
@@ -119,8 +119,8 @@ def test_registries_do_not_import_numba() -> None:
 
 def test_docs_tables_are_written_from_the_code() -> None:
     """docs/policy.md, cache.md and export.md hold the tables the registries and field metadata
-    give today (python -m kvtier.policy.doctables rewrites them)."""
-    from kvtier.policy import doctables
+    give today (python -m kvtier.report.doctables rewrites them)."""
+    from kvtier.report import doctables
 
     for name in doctables.TABLES:
         assert doctables.current(name) == doctables.render(name), name

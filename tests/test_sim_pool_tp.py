@@ -8,9 +8,9 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
+from kvtier.deploy.layout import plan_layout
 from kvtier.errors import InputError
 from kvtier.hardware import load_hardware, load_model
-from kvtier.hardware.layout import plan_layout
 from kvtier.policy import Policy
 from kvtier.policy.model import policy_from_dict, policy_to_dict
 from kvtier.sim import build_config, simulate, simulate_raw

@@ -17,9 +17,10 @@ import pyarrow.parquet as pq
 import pytest
 
 from kvtier.errors import InputError
+from kvtier.files import atomic_write
 from kvtier.trace.format import MAX_TOKENS, Trace
 from kvtier.trace.importers import import_trace
-from kvtier.trace.io import atomic_write, read_trace, write_trace
+from kvtier.trace.io import read_trace, write_trace
 from tests.helpers import assert_one_line_error, invoke
 
 MOONCAKE_ROW = {"timestamp": 0, "input_length": 600, "output_length": 5, "hash_ids": [1, 2]}

@@ -13,7 +13,7 @@ import os
 
 import numpy as np
 
-from kvtier.trace.io import atomic_write
+from kvtier.files import atomic_write
 
 ORACLE_GENERAL = np.dtype(
     [("time", "<u4"), ("obj_id", "<u8"), ("obj_size", "<u4"), ("next_access_vtime", "<i8")]

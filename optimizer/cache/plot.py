@@ -5,8 +5,8 @@ from __future__ import annotations
 import os
 from typing import TYPE_CHECKING
 
+from kvtier.files import atomic_write
 from kvtier.plotting import pyplot
-from kvtier.trace.io import atomic_write
 
 if TYPE_CHECKING:
     from kvtier.cache.mrc import MrcResult

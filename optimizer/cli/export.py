@@ -11,9 +11,9 @@ from rich.rule import Rule
 
 from kvtier.cli.common import _console, _echo_json, policy_profile_options
 from kvtier.errors import InputError
-from kvtier.policy.export import EXPORTERS
+from kvtier.export import EXPORTERS
 
-EXPORT_TARGETS = EXPORTERS.names  # the exporter registry (kvtier.policy.export)
+EXPORT_TARGETS = EXPORTERS.names  # the exporter registry (kvtier.export)
 
 
 @click.command("export")
@@ -45,8 +45,8 @@ def export_cmd(
 ) -> None:
     """Turn a policy file into the configuration vLLM, LMCache, SGLang, Dynamo or Mooncake
     loads, with notes on every setting the target cannot express (docs/export.md)."""
+    from kvtier.export import export
     from kvtier.hardware import load_hardware, load_model
-    from kvtier.policy.export import export
     from kvtier.policy.file import read_policy_file
     from kvtier.scenario import hardware_name, model_name
 
@@ -93,7 +93,7 @@ def _write_export(directory: str, result: Any) -> list[str]:
     """Write ``result``'s files and its notes (``notes.txt``) into ``directory`` atomically."""
     from pathlib import Path
 
-    from kvtier.trace.io import atomic_write
+    from kvtier.files import atomic_write
 
     files = dict(result.files)
     files["notes.txt"] = "".join(f"- {n}\n" for n in result.notes)

@@ -302,7 +302,7 @@ def report_cmd(
     With --what-if, the best policy is also replayed with its memory tiers changed, one change
     at a time, on the study's trace, hardware, model, SLO and load mode.
     """
-    from kvtier.report.output import check_output
+    from kvtier.files import check_output
     from kvtier.report.study import (
         html_study_report,
         load_existing_study,

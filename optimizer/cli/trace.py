@@ -266,7 +266,7 @@ def trace_import(
         return
     if batch_rows is not None:
         raise InputError("applies to a streamed import only (--stream)", option="--batch-rows")
-    from kvtier.report.output import check_output
+    from kvtier.files import check_output
 
     check_output(output, option="--output")  # as the streamed import does, before the work
     imported = import_trace(source_format, input_path, options)

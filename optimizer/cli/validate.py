@@ -33,7 +33,7 @@ def _report_validation(
     if markdown_path is not None and to_markdown is not None:
         from pathlib import Path
 
-        from kvtier.trace.io import atomic_write
+        from kvtier.files import atomic_write
 
         text = to_markdown(result)
         atomic_write(markdown_path, lambda tmp: Path(tmp).write_text(text))
@@ -61,7 +61,7 @@ def validate_beluga(as_json: bool, markdown_path: str | None) -> None:
     from kvtier.report.validation import to_markdown, to_text, validation_json
 
     if markdown_path is not None:
-        from kvtier.report.output import check_output
+        from kvtier.files import check_output
 
         check_output(markdown_path, option="--markdown")
     result = run_beluga()
@@ -91,7 +91,7 @@ def validate_serving(as_json: bool, markdown_path: str | None) -> None:
     from kvtier.report.serving_validation import serving_json, to_markdown, to_text
 
     if markdown_path is not None:
-        from kvtier.report.output import check_output
+        from kvtier.files import check_output
 
         check_output(markdown_path, option="--markdown")
     result = run_serving()
@@ -125,7 +125,7 @@ def validate_pd(as_json: bool, markdown_path: str | None) -> None:
     from kvtier.report.pd_validation import pd_json, to_markdown, to_text
 
     if markdown_path is not None:
-        from kvtier.report.output import check_output
+        from kvtier.files import check_output
 
         check_output(markdown_path, option="--markdown")
     result = run_pd()

@@ -223,7 +223,7 @@ class Hardware:
     ) -> float:
         """Dollars per hour for ``instances`` replicas: their GPUs plus the hosts they occupy
         (``gpus`` / ``hosts`` when given, as a layout of pools of two tensor-parallel sizes
-        counts them, :class:`kvtier.hardware.layout.Layout`).
+        counts them, :class:`kvtier.deploy.layout.Layout`).
 
         ``tier_gb`` adds lower tiers: total GB of each (all hosts' DRAM, the whole pool) at
         the profile's all-in price per GB-hour, plus the fabric each needs on every occupied

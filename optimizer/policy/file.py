@@ -68,7 +68,7 @@ def write_policy_file(
     metrics: dict[str, Any] | None = None,
     provenance: dict[str, Any] | None = None,
 ) -> None:
-    from kvtier.trace.io import atomic_write
+    from kvtier.files import atomic_write
 
     data = policy_to_dict(policy)
     if metrics:

@@ -27,6 +27,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from kvtier.errors import InputError
+from kvtier.files import atomic_write
 from kvtier.plotting import pyplot
 from kvtier.report.optimize import fmt_cell
 from kvtier.search.study import (
@@ -38,7 +39,6 @@ from kvtier.search.study import (
     storage_error,
     summaries,
 )
-from kvtier.trace.io import atomic_write
 
 
 def load_existing_study(name: str, storage: str | None, runs_dir: Path = Path("runs")) -> Any:

@@ -20,6 +20,7 @@ import optuna
 
 from kvtier import __version__
 from kvtier.errors import InputError
+from kvtier.files import check_output
 from kvtier.hardware import load_hardware, load_model
 from kvtier.hardware.types import LOWER_TIERS
 from kvtier.policy.file import sha256_of, write_policy_file
@@ -30,7 +31,6 @@ from kvtier.policy.model import (
     policy_to_dict,
     without_inert_split,
 )
-from kvtier.report.output import check_output
 from kvtier.scenario import (
     SLO_TERMS,
     Scenario,
@@ -205,9 +205,9 @@ def baseline_policies(base: Policy) -> dict[str, Policy | InputError]:
 def pool_tp_sizes(hardware: Any, model: Any = None) -> tuple[int, ...]:
     """Tensor-parallel sizes a prefill or decode pool can take on ``hardware`` beside the other
     pool at any size of this list: sizes that fit a host or whole hosts
-    (:func:`kvtier.hardware.layout.pool_tp_choices`), at most half the GPUs (so one instance of
+    (:func:`kvtier.deploy.layout.pool_tp_choices`), at most half the GPUs (so one instance of
     each fits), and, given ``model``, whose GPUs hold its weights with room for KV."""
-    from kvtier.hardware.layout import pool_tp_choices
+    from kvtier.deploy.layout import pool_tp_choices
 
     topo = hardware.topology
     sizes = [t for t in pool_tp_choices(topo) if 2 * t <= topo.gpus]
@@ -311,8 +311,8 @@ def hosts_profile(ref: str, hw: Any, hosts: int, runs_dir: Path) -> str:
     profile, so its replay and export see the same hardware."""
     import re
 
+    from kvtier.files import atomic_write
     from kvtier.hardware.loader import resolve
-    from kvtier.trace.io import atomic_write
 
     if hosts < 1:
         raise InputError(f"must be at least 1, got {hosts}", option="--max-hosts")
@@ -704,7 +704,7 @@ INEXPRESSIBLE = (
 def runnable_targets(policy: dict[str, Any], hw: Any, mdl: Any) -> list[str]:
     """The export targets whose export of ``policy`` has no note that a setting could not be
     expressed (:data:`INEXPRESSIBLE`)."""
-    from kvtier.policy.export import TARGETS, export
+    from kvtier.export import TARGETS, export
 
     chosen = policy_from_dict(policy, "<best>")
     out = []

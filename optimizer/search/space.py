@@ -455,7 +455,7 @@ class TargetRules:
     take there (a parameter of the space keeps only those choices, a setting the space does
     not search is pinned to the first); ``requires``: extra conditions on a parameter (a tier
     that can only be enabled beside another). Read from the exporters' own notes
-    (``kvtier.policy.export``): a policy inside these rules exports without a note that a
+    (``kvtier.export``): a policy inside these rules exports without a note that a
     setting could not be expressed.
     """
 

@@ -12,9 +12,9 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
+from kvtier.deploy.apply import apply_deployment
+from kvtier.deploy.layout import plan_layout, pool_tp_choices
 from kvtier.errors import InputError
-from kvtier.hardware.deploy import apply_deployment
-from kvtier.hardware.layout import plan_layout, pool_tp_choices
 from kvtier.hardware.types import GB, Hardware, ModelProfile
 from kvtier.policy.model import Policy
 from kvtier.policy.registries import ROUTERS, SCHEDULERS

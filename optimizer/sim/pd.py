@@ -29,7 +29,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from kvtier.hardware.layout import Layout
+from kvtier.deploy.layout import Layout
 from kvtier.hardware.types import GB, Hardware, ModelProfile
 from kvtier.policy.model import Policy
 from kvtier.policy.registries import CONNECTORS, UNITS

@@ -126,7 +126,7 @@ def write_request_table(path: str, table: pa.Table) -> None:
     """Write ``table`` as Parquet at ``path``, atomically (a crash leaves no partial file)."""
     import pyarrow.parquet as pq
 
-    from kvtier.trace.io import atomic_write
+    from kvtier.files import atomic_write
 
     check_requests_path(path)
     atomic_write(path, lambda tmp: pq.write_table(table, tmp))

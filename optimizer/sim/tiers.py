@@ -27,8 +27,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from kvtier.deploy.layout import Layout
 from kvtier.errors import InputError
-from kvtier.hardware.layout import Layout
 from kvtier.hardware.types import GB, Hardware, ModelProfile
 from kvtier.policy.model import Policy
 from kvtier.policy.registries import (

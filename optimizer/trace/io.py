@@ -10,8 +10,6 @@ from __future__ import annotations
 
 import math
 import os
-import tempfile
-from collections.abc import Callable
 from pathlib import Path
 from typing import BinaryIO
 
@@ -20,6 +18,7 @@ import pyarrow.ipc as ipc
 import pyarrow.parquet as pq
 
 from kvtier.errors import InputError
+from kvtier.files import atomic_write
 from kvtier.trace.format import (
     FORMAT_VERSION,
     MAX_TOKENS,
@@ -214,58 +213,6 @@ def _sample_fraction(text: str, path: str) -> float:
             path=path,
         )
     return value
-
-
-def atomic_write(path: str | os.PathLike[str], write: Callable[[str], None]) -> None:
-    """Call ``write(tmp_path)`` and rename the result onto ``path`` in one step.
-
-    The temporary file is flushed to disk (fsync) before the rename and the directory after it,
-    so a crash leaves either the old file or the whole new one. A directory that cannot be
-    created or written, or a full disk, is an :class:`InputError` naming the path (nothing is
-    left behind).
-    """
-    target = Path(path)
-    for parent in target.parents:  # mkdir would say only "File exists"
-        if parent.exists() and not parent.is_dir():
-            raise InputError(f"cannot write: {parent} is a file, not a directory", path=str(target))
-    tmp: str | None = None
-    try:
-        target.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
-        os.close(fd)
-        write(tmp)
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes 0600; give the file normal permissions
-        _fsync(tmp)
-        os.replace(tmp, target)
-        _fsync(str(target.parent), directory=True)
-    except OSError as err:
-        if tmp is not None:
-            Path(tmp).unlink(missing_ok=True)
-        reason = err.strerror or str(err)
-        raise InputError(f"cannot write: {reason}", path=str(target)) from None
-    except BaseException:
-        if tmp is not None:
-            Path(tmp).unlink(missing_ok=True)
-        raise
-
-
-def _fsync(path: str, *, directory: bool = False) -> None:
-    flags = os.O_RDONLY | (getattr(os, "O_DIRECTORY", 0) if directory else 0)
-    try:
-        fd = os.open(path, flags)
-    except OSError:
-        if directory:
-            return  # some file systems cannot open a directory; the rename is still atomic
-        raise
-    try:
-        os.fsync(fd)
-    except OSError:
-        if not directory:
-            raise
-    finally:
-        os.close(fd)
 
 
 def write_trace(trace: Trace, path: str | os.PathLike[str]) -> None:

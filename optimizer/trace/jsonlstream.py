@@ -32,11 +32,12 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from kvtier.errors import InputError
+from kvtier.files import atomic_write
 from kvtier.trace.batches import CrossChecks
 from kvtier.trace.format import Trace
 from kvtier.trace.importers.common import check_utf8
 from kvtier.trace.importers.tabular import ArrivalState, ColumnMap
-from kvtier.trace.io import atomic_write, open_input, read_input
+from kvtier.trace.io import open_input, read_input
 from kvtier.trace.streaming import StreamSummary
 
 if TYPE_CHECKING:

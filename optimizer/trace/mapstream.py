@@ -36,10 +36,10 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from kvtier.errors import InputError
+from kvtier.files import atomic_write
 from kvtier.trace.batches import BATCH_ROWS, TraceBatches, iter_batches, open_batches
 from kvtier.trace.blocked import BlockedTrace
 from kvtier.trace.format import HASH_TYPE, META_BLOCK_TOKENS, Trace
-from kvtier.trace.io import atomic_write
 
 if TYPE_CHECKING:
     from kvtier.trace.idtable import IdTable

@@ -27,6 +27,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from kvtier.errors import InputError
+from kvtier.files import atomic_write
 from kvtier.trace.batches import BATCH_ROWS, TraceBatches, iter_batches, open_batches
 from kvtier.trace.format import (
     FORMAT_VERSION,
@@ -36,7 +37,7 @@ from kvtier.trace.format import (
     META_SAMPLE_FRACTION,
     META_SOURCE,
 )
-from kvtier.trace.io import atomic_write, sample_strata
+from kvtier.trace.io import sample_strata
 from kvtier.trace.sampling import TRUNK_SHARE, _check_options, _kept, _mix64, check_window
 from kvtier.trace.strata import META_SAMPLE_STRATA, LengthHistogram, SampleStrata
 

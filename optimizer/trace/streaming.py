@@ -29,6 +29,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from kvtier.errors import InputError
+from kvtier.files import atomic_write
 from kvtier.trace.format import (
     FORMAT_VERSION,
     HASH_TYPE,
@@ -46,7 +47,6 @@ from kvtier.trace.importers.tabular import (
     timestamp_aware_expr,
     timestamp_expr,
 )
-from kvtier.trace.io import atomic_write
 
 _GZIP_MAGIC = b"\x1f\x8b"
 _UTF8_BOM = b"\xef\xbb\xbf"
@@ -219,7 +219,7 @@ def stream_import(
             "streamed import reads arrival and lengths only; import smaller files in memory",
             option="--columns",
         )
-    from kvtier.report.output import check_output
+    from kvtier.files import check_output
 
     check_output(out, option="--output")  # the staging directory goes beside it
     header = _header(path)

@@ -235,7 +235,7 @@ def _cache_path(key: MeasuredKey) -> Path:
 
 
 def _save(path: Path, t: MeasuredTables) -> None:
-    from kvtier.trace.io import atomic_write
+    from kvtier.files import atomic_write
 
     buf = io.BytesIO()
     np.savez(

@@ -29,7 +29,7 @@ from __future__ import annotations
 import json
 import shlex
 
-from kvtier.policy.export.common import (
+from kvtier.export.common import (
     Deployment,
     ExportResult,
     env_file,
@@ -171,7 +171,7 @@ def export_mooncake(deploy: Deployment) -> ExportResult:
         "Mooncake stores what its clients put: block size, write policy into the pool and "
         "the load rule are the serving side's (LMCache or SGLang)."
     )
-    from kvtier.policy.export.pd import pd_notes
+    from kvtier.export.pd import pd_notes
 
     notes += pd_notes(deploy, "Mooncake")
     return ExportResult("mooncake", files, [*shared_notes(deploy, "Mooncake"), *notes])

@@ -15,8 +15,8 @@ import shlex
 from collections import Counter
 from dataclasses import dataclass, field
 
+from kvtier.deploy.layout import Layout
 from kvtier.errors import InputError
-from kvtier.hardware.layout import Layout
 from kvtier.hardware.types import GB, Hardware, ModelProfile
 from kvtier.policy.model import Policy
 
@@ -107,8 +107,8 @@ class Deployment:
 def deployment(policy: Policy, hardware: Hardware, model: ModelProfile) -> Deployment:
     """Place ``policy`` on ``hardware``; impossible placements raise :class:`InputError`,
     with the same checks (and messages) as the simulator."""
-    from kvtier.hardware.deploy import apply_deployment
-    from kvtier.hardware.layout import plan_layout
+    from kvtier.deploy.apply import apply_deployment
+    from kvtier.deploy.layout import plan_layout
 
     hardware, model = apply_deployment(hardware, model, policy)  # serving.tp, weight_dtype
     layout = plan_layout(hardware.topology, policy.serving, hardware.name)  # as the simulator

@@ -38,8 +38,7 @@ from __future__ import annotations
 
 import math
 
-from kvtier.hardware.types import GB
-from kvtier.policy.export.common import (
+from kvtier.export.common import (
     Deployment,
     ExportResult,
     Job,
@@ -48,8 +47,9 @@ from kvtier.policy.export.common import (
     placements,
     shared_notes,
 )
-from kvtier.policy.export.pd import pd_notes, per_instance_args
-from kvtier.policy.export.pd import sglang_args as sglang_pd_args
+from kvtier.export.pd import pd_notes, per_instance_args
+from kvtier.export.pd import sglang_args as sglang_pd_args
+from kvtier.hardware.types import GB
 
 FILE = "sglang-serve.sh"
 KV_DTYPES = {"bf16": "bf16", "fp8": "fp8_e4m3"}

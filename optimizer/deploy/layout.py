@@ -4,7 +4,7 @@ A disaggregated policy may shard its prefill and its decode instances over diffe
 counts (``serving.prefill_tp`` / ``serving.decode_tp``, default ``serving.tp``), as Dynamo's
 and vLLM's P/D deployments launch each role with its own ``--tensor-parallel-size``. The
 simulator (:func:`kvtier.sim.config.build_config`: capacity, step times, lower-tier links, the
-P/D link, cost) and the exporters (:func:`kvtier.policy.export.common.deployment`: GPU sets,
+P/D link, cost) and the exporters (:func:`kvtier.export.common.deployment`: GPU sets,
 worker counts) read the same :class:`Layout`, so both place an instance on the same GPUs.
 
 Placement (docs/model.md, "Per-pool tensor parallelism"): prefill instances first, then decode
@@ -115,7 +115,7 @@ def _pool_tp(value: int | None, tp: int, key: str, topo: Topology) -> int:
 
 def plan_layout(topo: Topology, serving: ServingPolicy, hardware_name: str = "") -> Layout:
     """The instances ``serving`` runs on ``topo`` (the topology already cut at ``serving.tp``,
-    :func:`kvtier.hardware.deploy.apply_deployment`); impossible ones raise InputError."""
+    :func:`kvtier.deploy.apply.apply_deployment`); impossible ones raise InputError."""
     from kvtier.policy.model import prefill_count
 
     tp = topo.tp

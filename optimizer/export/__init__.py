@@ -1,7 +1,7 @@
 """Exporters: a kvtier policy as the configuration a serving system loads.
 
 ``export(policy, target, hardware, model)`` places the policy on the hardware profile
-(:class:`~kvtier.policy.export.common.Deployment`) and hands it to one module per target;
+(:class:`~kvtier.export.common.Deployment`) and hands it to one module per target;
 each returns an :class:`ExportResult`: the files to write and plain notes on every setting the
 target cannot express or only approximates. Each module's docstring names the source (repository
 and path, or documentation page) and the version every key was read from; ``docs/export.md``
@@ -10,18 +10,18 @@ has the mapping tables.
 
 from __future__ import annotations
 
+from kvtier.export.common import Deployment, ExportResult, deployment
 from kvtier.hardware.types import Hardware, ModelProfile
-from kvtier.policy.export.common import Deployment, ExportResult, deployment
 from kvtier.policy.model import Policy
 from kvtier.registry import Entry, Registry
 
 
 def _target(name: str, code: int, help: str) -> Entry:
-    return Entry(name, code, help, impl=f"kvtier.policy.export.{name}:export_{name}")
+    return Entry(name, code, help, impl=f"kvtier.export.{name}:export_{name}")
 
 
 # The exporter registry: the CLI's --target choices and docs/export.md read it. An exporter is a
-# module kvtier/policy/export/NAME.py with export_NAME(Deployment) -> ExportResult, imported
+# module kvtier/export/NAME.py with export_NAME(Deployment) -> ExportResult, imported
 # only when that target is exported.
 EXPORTERS = Registry(
     "export target",

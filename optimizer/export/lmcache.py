@@ -42,7 +42,7 @@ from __future__ import annotations
 
 import yaml
 
-from kvtier.policy.export.common import Deployment, ExportResult, gib, shared_notes
+from kvtier.export.common import Deployment, ExportResult, gib, shared_notes
 
 FILE = "lmcache.yaml"
 CACHE_POLICIES = {"lru": "LRU", "lfu": "LFU", "fifo": "FIFO"}
@@ -170,7 +170,7 @@ def export_lmcache(deploy: Deployment) -> ExportResult:
     if not deploy.policy.lower_tiers:
         notes.insert(0, "The policy has no tier below HBM: LMCache would add nothing to it.")
     files = {FILE: lmcache_yaml(cfg)}
-    from kvtier.policy.export.pd import pd_notes
+    from kvtier.export.pd import pd_notes
 
     notes += pd_notes(deploy, "LMCache")
     return ExportResult("lmcache", files, [*shared_notes(deploy, "LMCache"), *notes])

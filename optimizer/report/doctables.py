@@ -1,6 +1,6 @@
 """The docs' tables of settings and plug-ins, written from the code.
 
-Run ``python -m kvtier.policy.doctables``. Each table sits in a docs page between
+Run ``python -m kvtier.report.doctables``. Each table sits in a docs page between
 ``<!-- BEGIN generated: NAME -->`` and ``<!-- END generated: NAME -->``; :func:`render` gives
 its text from the field metadata (``kvtier.policy.fields``) and the registries, :func:`main`
 rewrites the pages, and ``tests/test_registry.py`` fails when a page's table differs from what
@@ -15,7 +15,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from kvtier.cache.registry import EVICTIONS
-from kvtier.policy.export import EXPORTERS
+from kvtier.export import EXPORTERS
 from kvtier.policy.fields import settings_table
 from kvtier.policy.overrides import CONNECTOR_FIELDS, override_keys
 from kvtier.policy.registries import CONNECTORS, LOAD_RULES, ROUTERS, WRITE_POLICIES

@@ -1,7 +1,7 @@
 """A hardware and model profile as a policy deploys them (``serving.tp``, ``serving.weight_dtype``).
 
 The simulator (:func:`kvtier.sim.config.build_config`) and the exporters
-(:func:`kvtier.policy.export.common.deployment`) both start from this, so a policy's tensor
+(:func:`kvtier.export.common.deployment`) both start from this, so a policy's tensor
 parallelism and weight type mean the same in a replay and in the launch scripts.
 """
 

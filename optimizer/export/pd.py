@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import json
 
-from kvtier.policy.export.common import Deployment
+from kvtier.export.common import Deployment
 
 NIXL = {"kv_connector": "NixlConnector", "kv_role": "kv_both"}
 LMCACHE_BOTH = {"kv_connector": "LMCacheConnectorV1", "kv_role": "kv_both"}
@@ -45,7 +45,7 @@ SGLANG_BACKENDS = {"mooncake-te": "mooncake", "nixl": "nixl"}
 
 def prefill_count(deploy: Deployment) -> int:
     if deploy.layout is not None:
-        return deploy.layout.n_prefill  # the simulator's placement (kvtier.hardware.layout)
+        return deploy.layout.n_prefill  # the simulator's placement (kvtier.deploy.layout)
     from kvtier.policy.model import prefill_count as count
 
     return count(deploy.policy.serving, deploy.instances)
@@ -236,6 +236,6 @@ def pd_notes(deploy: Deployment, target: str) -> list[str]:
 def _lmcache_roles(deploy: Deployment) -> bool:
     """Whether the vLLM export gives the instances LMCacheConnectorV1 roles (LMCache holds
     the lower tiers)."""
-    from kvtier.policy.export.vllm import lmcache_tiers
+    from kvtier.export.vllm import lmcache_tiers
 
     return bool(lmcache_tiers(deploy))

@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import json
 
-from kvtier.policy.export.common import (
+from kvtier.export.common import (
     Deployment,
     ExportResult,
     Job,
@@ -40,8 +40,8 @@ from kvtier.policy.export.common import (
     placements,
     shared_notes,
 )
-from kvtier.policy.export.lmcache import FILE as LMCACHE_FILE
-from kvtier.policy.export.lmcache import lmcache_config, lmcache_yaml
+from kvtier.export.lmcache import FILE as LMCACHE_FILE
+from kvtier.export.lmcache import lmcache_config, lmcache_yaml
 
 FILE = "vllm-serve.sh"
 BASE_PORT = 8000  # vllm serve --port default; instance k listens on BASE_PORT + k
@@ -128,8 +128,8 @@ def _routing_notes(deploy: Deployment) -> list[str]:
 def vllm_jobs(deploy: Deployment, head: list[str], args: list[str], name: str) -> list[Job]:
     """One background job per instance: ``head`` (the command and model) with ``--port`` and
     ``args``, on its host's GPUs; a disaggregated policy's instances get their P/D role's
-    ``--kv-transfer-config`` (:mod:`kvtier.policy.export.pd`)."""
-    from kvtier.policy.export.pd import (
+    ``--kv-transfer-config`` (:mod:`kvtier.export.pd`)."""
+    from kvtier.export.pd import (
         nixl_env,
         per_instance_args,
         role,
@@ -197,7 +197,7 @@ def export_vllm(deploy: Deployment) -> ExportResult:
             )
     jobs = vllm_jobs(deploy, ["vllm", "serve", model_word(deploy)], args, "vLLM")
     files[FILE] = launch_script(comments, {}, file_env, jobs, deploy.hosts)
-    from kvtier.policy.export.pd import pd_notes
+    from kvtier.export.pd import pd_notes
 
     notes += pd_notes(deploy, "vLLM")
     return ExportResult(

@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import json
 
-from kvtier.policy.export.common import (
+from kvtier.export.common import (
     Deployment,
     ExportResult,
     Job,
@@ -41,15 +41,15 @@ from kvtier.policy.export.common import (
     placements,
     shared_notes,
 )
-from kvtier.policy.export.pd import (
+from kvtier.export.pd import (
     NIXL,
     nixl_env,
     pd_notes,
     per_instance_args,
     with_transfer_config,
 )
-from kvtier.policy.export.pd import role as pd_role
-from kvtier.policy.export.vllm import vllm_args
+from kvtier.export.pd import role as pd_role
+from kvtier.export.vllm import vllm_args
 
 ENV_FILE = "kvbm.env"
 SERVE_FILE = "dynamo-serve.sh"
