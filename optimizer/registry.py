@@ -29,7 +29,8 @@ class Entry:
     ``defaults`` are the plug-in's own parameters (e.g. S3-FIFO's ``small``), in the order its
     canonical name prints them. ``impl`` is the module implementing it (empty when the plug-in
     is a branch of a kernel that owns all entries of its kind, e.g. routers), or
-    ``"module:attribute"`` to name one function of it.
+    ``"module:attribute"`` to name one function of it. ``traits`` are facts other layers
+    read without importing the implementation (a router's ``content_blind``).
     """
 
     name: str
@@ -37,9 +38,11 @@ class Entry:
     help: str
     defaults: Mapping[str, Any] = field(default_factory=dict)
     impl: str = ""
+    traits: Mapping[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "defaults", MappingProxyType(dict(self.defaults)))
+        object.__setattr__(self, "traits", MappingProxyType(dict(self.traits)))
 
     def load(self) -> Any:
         """The implementation, imported on first use: the module ``impl`` names, or for

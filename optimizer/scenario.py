@@ -32,6 +32,7 @@ import numpy as np
 from kvtier.errors import InputError
 from kvtier.hardware.types import Hardware, ModelProfile
 from kvtier.policy.model import SLO, Policy
+from kvtier.policy.registries import content_blind_routers
 from kvtier.trace.blocked import BlockedTrace
 from kvtier.trace.format import Trace
 
@@ -354,9 +355,10 @@ class Scenario:
         return Replay(metrics, raw, trace, cfg, policy, scale, stats)
 
 
-# Routers that place a request without looking at its blocks: the replay of a sample restores
-# their fan-out (kvtier.trace.fanout). The content-affine ones send a turn to its prefix.
-CONTENT_BLIND_ROUTERS = ("round_robin", "least_loaded")
+# Routers that place a request without looking at its blocks (the registry's content_blind
+# trait): the replay of a sample restores their fan-out (kvtier.trace.fanout). The
+# content-affine ones send a turn to its prefix.
+CONTENT_BLIND_ROUTERS = content_blind_routers()
 
 
 def _cluster_shared_tiers(policy: Policy, hardware: Hardware) -> list[str]:

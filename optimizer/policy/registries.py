@@ -12,32 +12,57 @@ from __future__ import annotations
 from kvtier.cache.registry import EVICTIONS
 from kvtier.registry import Entry, Registry
 
-# ---- routers (ServingPolicy.routing): codes the serving kernels branch on ----------------------
+# ---- routers (ServingPolicy.routing): one module each in kvtier.sim.routers ------------------
 ROUND_ROBIN, LEAST_LOADED, PREFIX_AFFINITY, KV_AWARE = 0, 1, 2, 3
+
+
+def _router(name: str, code: int, help: str, *, content_blind: bool) -> Entry:
+    """A router: its module ``kvtier.sim.routers.<name>`` holds the reference step and its
+    numba twin; ``content_blind``: the choice never reads the cache (docs/traces.md)."""
+    return Entry(
+        name,
+        code,
+        help,
+        impl=f"kvtier.sim.routers.{name}",
+        traits={"content_blind": content_blind},
+    )
+
+
 ROUTERS = Registry(
     "router",
     [
-        Entry("round_robin", ROUND_ROBIN, "requests go to the instances in turn"),
-        Entry(
+        _router(
+            "round_robin", ROUND_ROBIN, "requests go to the instances in turn", content_blind=True
+        ),
+        _router(
             "least_loaded",
             LEAST_LOADED,
             "the instance with the fewest waiting plus running requests (lower index on ties)",
+            content_blind=True,
         ),
-        Entry(
+        _router(
             "prefix_affinity",
             PREFIX_AFFINITY,
             "the instance with the most HBM-resident prefix blocks among those whose load is "
             "at most the least load plus serving.affinity_overload",
+            content_blind=False,
         ),
-        Entry(
+        _router(
             "kv_aware",
             KV_AWARE,
             "Dynamo's KV router cost: serving.kv_overlap_weight x the prompt blocks left to "
             "prefill (HBM hits count 1, lower-tier hits their tier's weight: loading against "
             "recomputing) plus the instance's active blocks; the lowest cost, lower index on ties",
+            content_blind=False,
         ),
     ],
 )
+
+
+def content_blind_routers() -> tuple[str, ...]:
+    """The routers whose choice never reads the cache (the registry's ``content_blind``)."""
+    return tuple(e.name for e in ROUTERS if e.traits.get("content_blind"))
+
 
 # ---- schedulers (ServingPolicy.scheduler): how an instance gives HBM blocks to requests -------
 RESERVE, VLLM_V1, VLLM_V0 = 0, 1, 2
@@ -262,4 +287,5 @@ __all__ = [
     "WRITE_POLICIES",
     "WRITE_SELECTIVE",
     "WRITE_THROUGH",
+    "content_blind_routers",
 ]

@@ -23,18 +23,18 @@ from kvtier.cache.state import TierState
 from kvtier.errors import InputError
 from kvtier.policy.registries import (
     KV_AWARE,
-    LEAST_LOADED,
-    PREFIX_AFFINITY,
-    ROUND_ROBIN,
     SCHEDULERS,
     VLLM_V0,
     VLLM_V1,
     WRITE_SELECTIVE,
 )
 from kvtier.sim.config import SimConfig
-from kvtier.sim.nb import AHEAD, HbmPools, Outputs, Params, Requests, simulate_nb
+from kvtier.sim.nb import simulate_nb
+from kvtier.sim.nb_hbm import AHEAD
+from kvtier.sim.nb_state import HbmPools, Outputs, Params, Requests
 from kvtier.sim.nb_tiers import LinkState, TierParams, TierPools, fill_rows_nb
 from kvtier.sim.result import RawResult, SloCheck, end_time, tbt_tail_counts
+from kvtier.sim.routers.dispatch import CODES as ROUTER_DISPATCH
 from kvtier.sim.routing import kv_route_weights
 from kvtier.sim.steptime.pack import validate_timing
 from kvtier.sim.tiers import MAX_PATH, TierConfig, recompute_costs
@@ -48,8 +48,6 @@ MAX_SLOTS = 1 << 30
 MAX_CAP = (1 << 30) - AHEAD  # a free ring of 2 x capacity + AHEAD entries is indexed by int32
 MAX_SEQS = 1 << 20
 MAX_REFS = 1 << 31  # slot references of all requests (each request's blocks, summed)
-# the routers the kernel implements
-ROUTER_CODES = (ROUND_ROBIN, LEAST_LOADED, PREFIX_AFFINITY, KV_AWARE)
 
 
 def free_ring_length(capacity: int) -> int:
@@ -157,7 +155,7 @@ def simulate_engine(
     n_blocks = max(int(trace.n_blocks), 1)
     if cfg.n_instances < 1 or cfg.capacity_blocks < 1 or cfg.max_seqs < 1:
         raise ValueError("n_instances, capacity_blocks and max_seqs must be >= 1")
-    if cfg.token_budget < 1 or cfg.router not in ROUTER_CODES or cfg.affinity_overload < 0:
+    if cfg.token_budget < 1 or cfg.router not in ROUTER_DISPATCH or cfg.affinity_overload < 0:
         raise ValueError(
             "token_budget >= 1, a router the kernel implements, affinity_overload >= 0"
         )

@@ -50,22 +50,47 @@ Only :func:`simulate_nb`, which allocates the state, counts references.
 
 from __future__ import annotations
 
-from typing import NamedTuple
-
 import numpy as np
 from numba import njit
 
 import kvtier.jitcache  # noqa: F401  (drops kernels compiled against older sources)
-from kvtier.cache.prefetch import prefetch
 from kvtier.policy.registries import (
-    KV_AWARE,
-    LEAST_LOADED,
     RESERVE,
-    ROUND_ROBIN,
     VLLM_V0,
     VLLM_V1,
     WRITE_BACK,
     WRITE_SELECTIVE,
+)
+from kvtier.sim.nb_hbm import (
+    BLOCK,
+    MAP,
+    POS,
+    REF,
+    hbm_lookup_nb,
+    hbm_register_nb,
+    hbm_release_nb,
+    hbm_take_nb,
+    u64,
+)
+from kvtier.sim.nb_state import (
+    C_EXTRAP,
+    C_IN_FLIGHT,
+    C_ITER,
+    C_OVER_P99,
+    C_OVER_P999,
+    C_OVER_TBT,
+    C_OVER_TPOT,
+    C_REJECTED,
+    C_STAMP,
+    N_COUNTERS,
+    Buffers,
+    HbmPools,
+    InstanceState,
+    Outputs,
+    Params,
+    Requests,
+    RequestState,
+    Tally,
 )
 from kvtier.sim.nb_tbt import tbt_run_nb, tbt_tail_nb, tbt_token_nb
 from kvtier.sim.nb_tiers import (
@@ -81,6 +106,7 @@ from kvtier.sim.nb_tiers import (
     ops_of_nb,
     sighted_nb,
 )
+from kvtier.sim.routers.dispatch import route_nb
 from kvtier.sim.steptime.jit import (
     prefill_attn_ns_nb,
     prefill_out_of_range_nb,
@@ -91,431 +117,6 @@ from kvtier.sim.timing import T_FRONTEND
 from kvtier.sim.transfer import pd_transfer
 
 pd_transfer_nb = njit(cache=True, nogil=True, _nrt=False)(pd_transfer)
-
-# Fields of a slot record in ``sl`` (int32, 4 per slot, one cache line holds 4 slots): every
-# pool operation on a slot touches one record instead of several arrays. POS is the slot's
-# index in its instance's free ring while it is free (-1 while pinned); BLOCK the block it
-# caches (-1: none, an anonymous slot); MAP the block's map index while the map names this
-# slot (-1 otherwise: no block, or a block read only once).
-POS, MAP, REF, BLOCK = 0, 1, 2, 3
-# Entries between prefetching a slot record (ring or request order) and using it: far enough
-# for a miss to arrive meanwhile. The ring (2 * capacity + AHEAD entries) is longer than AHEAD,
-# which the allocation loop's wrap of ``r + AHEAD`` relies on.
-AHEAD = 16
-# An index numba takes as is (no wrap-around of negative values): see the module docstring.
-u64 = np.uint64
-
-
-@njit(cache=True, nogil=True, _nrt=False)
-def _compact_nb(
-    sl: np.ndarray, ring: np.ndarray, rh: np.ndarray, rn: np.ndarray, k: int, R: int
-) -> None:
-    """Drop the stale entries of instance ``k``'s full free ring, keeping the order.
-
-    At most ``capacity`` entries are live (one per free slot) and the ring has room for
-    ``2 * capacity + AHEAD``, so a compaction frees more than half the ring: its cost is
-    amortised over at least as many pushes. It is rare (stale entries come only from pinning
-    free slots that hold a cached block), so it is a call of its own, off the hot loops.
-    """
-    o = k * R
-    e = ring.shape[0] - R  # scratch area after the last instance's ring
-    h = rh[k]
-    m = 0
-    for t in range(rn[k]):
-        r = h + t
-        if r >= R:
-            r -= R
-        s = ring[o + r]
-        if sl[4 * s + POS] == r:
-            ring[e + m] = s
-            m += 1
-    for t in range(m):
-        s = ring[e + t]
-        ring[o + t] = s
-        sl[4 * s + POS] = t
-    rh[k] = 0
-    rn[k] = m
-
-
-@njit(cache=True, nogil=True, _nrt=False)
-def _lookup_nb(
-    slot_of: np.ndarray, base: int, shared: np.ndarray, start: int, cap: int, found: np.ndarray
-) -> int:
-    """Leading blocks of references ``start:start+cap`` cached in the map at offset ``base``.
-
-    Their slots go to ``found[0:h]`` (room for the longest prompt), saving a second look-up.
-    A block read only once (``shared`` -1) is never cached for another request: a miss.
-    """
-    h = 0
-    while h < cap:
-        m = shared[u64(start + h)]
-        if m < 0:
-            break
-        s1 = slot_of[u64(base + m)]
-        if s1 == 0:
-            break
-        found[u64(h)] = s1 - 1
-        h += 1
-    return h
-
-
-@njit(cache=True, nogil=True, _nrt=False)
-def _take_nb(
-    sl: np.ndarray,
-    ring: np.ndarray,
-    slot_of: np.ndarray,
-    slots: np.ndarray,
-    evbuf: np.ndarray,
-    o: int,
-    R: int,
-    base: int,
-    so: int,
-    j0: int,
-    j1: int,
-    r: int,
-    left: int,
-) -> tuple[int, int, int]:
-    """Take slots ``slots[so + j0:so + j1]`` from the head of the free ring at ``ring[o:o + R]``.
-
-    ``r`` is the ring's head and ``left`` its entry count; stale entries (free slots a request
-    has pinned since) are skipped. A block cached in a taken slot is evicted: its map entry
-    (map offset ``base``) is cleared and its id goes to ``evbuf``. Returns the new head, the
-    new entry count and the number of evicted blocks. The records of later entries are
-    prefetched so that their misses overlap. (Clearing a map entry is a store, which does not
-    wait for its line; prefetching those entries too, which needs the record of a slot taken
-    later, made replays slower.)
-    """
-    ne = 0
-    for j in range(j0, j1):
-        while True:
-            t = r + AHEAD
-            if t >= R:
-                t -= R
-            prefetch(sl, 4 * ring[u64(o + t)])
-            s = ring[u64(o + r)]
-            live = sl[u64(4 * s + POS)] == r
-            r += 1
-            if r == R:
-                r = 0
-            left -= 1
-            if live:
-                break
-        sl[u64(4 * s + POS)] = -1
-        old = sl[u64(4 * s + BLOCK)]
-        if old != -1:
-            mo = sl[u64(4 * s + MAP)]
-            if mo >= 0:
-                slot_of[u64(base + mo)] = 0
-                sl[u64(4 * s + MAP)] = -1
-            sl[u64(4 * s + BLOCK)] = -1
-            evbuf[u64(ne)] = old
-            ne += 1
-        sl[u64(4 * s + REF)] = 1
-        slots[u64(so + j)] = s
-    return r, left, ne
-
-
-@njit(cache=True, nogil=True, _nrt=False)
-def _register_nb(
-    sl: np.ndarray,
-    slot_of: np.ndarray,
-    slots: np.ndarray,
-    block_ids: np.ndarray,
-    shared: np.ndarray,
-    base: int,
-    ref0: int,
-    slot0: int,
-    j0: int,
-    j1: int,
-    wbuf: np.ndarray,
-    nw: int,
-    w_from: int,
-) -> int:
-    """Cache a request's newly computed blocks ``j0:j1`` in their slots.
-
-    Block ``j`` is reference ``ref0 + j`` and sits in slot ``slots[slot0 + j]``. A block read
-    more than once goes into the map (offset ``base``) unless another slot already holds it
-    (then this slot stays anonymous); a block read once is only recorded in its slot. Blocks
-    from ``w_from`` on are appended to ``wbuf`` for the lower tiers; returns the new length.
-    """
-    for j in range(j0, j1):
-        b = block_ids[u64(ref0 + j)]
-        mi = shared[u64(ref0 + j)]
-        if mi < 0:  # read by no other request: cached, never looked up
-            sl[u64(4 * slots[u64(slot0 + j)] + BLOCK)] = b
-        elif slot_of[u64(base + mi)] == 0:
-            s = slots[u64(slot0 + j)]
-            slot_of[u64(base + mi)] = s + 1
-            sl[u64(4 * s + BLOCK)] = b
-            sl[u64(4 * s + MAP)] = mi
-        if j >= w_from:
-            wbuf[u64(nw)] = b
-            nw += 1
-    return nw
-
-
-@njit(cache=True, nogil=True, _nrt=False)
-def _release_nb(
-    sl: np.ndarray,
-    ring: np.ndarray,
-    slots: np.ndarray,
-    rh: np.ndarray,
-    rn: np.ndarray,
-    free_len: np.ndarray,
-    k: int,
-    R: int,
-    j0: int,
-    j1: int,
-) -> None:
-    """Unpin a finished request's slots ``slots[j0:j1]`` on instance ``k``, tail-first.
-
-    A slot no longer pinned joins the free ring: at the tail if it caches a block (the least
-    recently used are taken first), at the head if it is anonymous (reused before any cached
-    block is evicted).
-    """
-    head = rh[k]
-    count = rn[k]
-    free = free_len[k]
-    o = k * R
-    for j in range(j1 - 1, j0 - 1, -1):
-        if j - AHEAD >= j0:
-            prefetch(sl, 4 * slots[u64(j - AHEAD)])
-        s = slots[u64(j)]
-        c = sl[u64(4 * s + REF)] - 1
-        sl[u64(4 * s + REF)] = c
-        if c == 0:
-            free += 1
-            if count == R:
-                rh[k] = head
-                rn[k] = count
-                _compact_nb(sl, ring, rh, rn, k, R)
-                head = rh[k]
-                count = rn[k]
-            if sl[u64(4 * s + BLOCK)] == -1:  # anonymous: to the head
-                head -= 1
-                if head < 0:
-                    head += R
-                r = head
-            else:  # to the tail
-                r = head + count
-                if r >= R:
-                    r -= R
-            ring[u64(o + r)] = s
-            sl[u64(4 * s + POS)] = r
-            count += 1
-    rh[k] = head
-    rn[k] = count
-    free_len[k] = free
-
-
-class Requests(NamedTuple):
-    """The trace as the kernel reads it (read-only; :class:`BlockedTrace` checked it)."""
-
-    arrival: np.ndarray  # f8 (n,)
-    input_tokens: np.ndarray  # i8 (n,)
-    output_tokens: np.ndarray  # i8 (n,)
-    block_offsets: np.ndarray  # i8 (n + 1,): request i's full prompt blocks are refs boff[i]:..
-    block_ids: np.ndarray  # i4 (refs,)
-    shared: np.ndarray  # i4 (refs,): map index of a block read more than once, else -1
-    total_blocks: np.ndarray  # i8 (n,): HBM blocks reserved at admission
-
-
-class Params(NamedTuple):
-    """The serving scalars of ``SimConfig`` and the early-stop bounds of ``SloCheck``."""
-
-    n_instances: int
-    capacity: int  # HBM slots per instance in the slot layout: the largest instance's
-    ring_len: int  # entries of each free ring (engine.free_ring_length: 2 * capacity + AHEAD)
-    block_tokens: int
-    token_budget: int  # max_num_batched_tokens
-    max_seqs: int  # max_num_seqs
-    router: int  # ROUND_ROBIN, LEAST_LOADED, PREFIX_AFFINITY
-    affinity_overload: int
-    n_shared: int  # blocks read more than once (map entries per instance), >= 1
-    timing: np.ndarray  # f8: packed step-time parameters (SimConfig.timing_params)
-    # per-pool tensor parallelism: each pool's packed step times (rows, zero-padded to the
-    # longest), the row of each instance, each instance's HBM slots (<= capacity) and the
-    # most blocks a request may hold (the smallest instance's)
-    timings: np.ndarray  # f8 (pools, length)
-    pool_of: np.ndarray  # i8 (n_instances,)
-    capacities: np.ndarray  # i8 (n_instances,)
-    fit_blocks: int
-    slo_on: bool
-    slo_thresholds: np.ndarray  # f8 (5,): mean, p99, p999 TTFT bounds, p99 TPOT, p99 TBT
-    slo_limits: np.ndarray  # i8 (4,): over-limits for p99, p999 TTFT, p99 TPOT and p99 TBT
-    prefix_caching: bool  # serving.prefix_caching (off: no HBM prefix hits)
-    concurrency: int  # closed-loop load generator: requests in flight (0: open loop)
-    kv_overlap_weight: float  # kv_aware router: weight of the prompt blocks left to prefill
-    route_w: np.ndarray  # f8 (n_tiers, n_instances): kv_aware weight of a lower-tier hit
-    scheduler: int  # RESERVE (whole footprint at admission), VLLM_V1 or VLLM_V0 (grow, preempt)
-    watermarks: np.ndarray  # i8 (n_instances,) vllm_v1: free blocks an admission leaves
-    track_tbt: bool  # record token intervals (Outputs.tbt_*; kvtier.sim.nb_tbt)
-    n_prefill: int  # disaggregated: instances [0, n_prefill) prefill, the rest decode (0: none)
-    # the P/D transfer (kvtier.sim.pd.PdConfig): paths [prefill, decode, j], links, connector
-    pd_path: np.ndarray  # i8 (K, K, P)
-    pd_queue: np.ndarray  # i8 (K, K, P): 1 a link's outbound (write) queue, 0 its inbound
-    pd_scale: np.ndarray  # f8 (K, K, P)
-    pd_lat: np.ndarray  # f8 (K, K)
-    pd_bw_read: np.ndarray  # f8 (L,): every link (the tiers' first)
-    pd_bw_write: np.ndarray  # f8 (L,)
-    pd_duplex: np.ndarray  # i8 (L,)
-    pd_n_links: int
-    pd_block_bytes: float  # bytes moved per block
-    pd_unit: int
-    pd_fragments: int
-    pd_coalesce: int
-    pd_rpc_s: float
-    pd_stream_bw: float
-    pd_stage_bw: float
-    pd_serial: int
-    pd_depth: int
-    pd_workers: int  # connector workers per instance
-    pd_layerwise: bool  # the prefill side pushes each layer as it is computed
-    pd_layers: int
-    pd_held_base: int  # where the held prefill slots of request i start: base + slot_off[i]
-    # the decode side looks the prompt up in its HBM prefix cache and pulls only the blocks
-    # past its hit (a pull only: a layer-wise push moves every block)
-    pd_trim: bool
-
-
-class HbmPools(NamedTuple):
-    """Every instance's HBM slots, prefix-cache map and free ring (arrays the caller keeps).
-
-    The map comes all zero and is left all zero; the other arrays are set by the kernel.
-    """
-
-    slot_of: np.ndarray  # i4 (n_instances * n_shared,): cached block -> slot + 1
-    records: np.ndarray  # i4 (4 * n_instances * capacity,): POS, MAP, REF, BLOCK per slot
-    stamps: np.ndarray  # i8 (n_instances * capacity,): admission stamps (distinct hit slots)
-    rings: np.ndarray  # i4 ((n_instances + 1) * ring_len,): free rings, then a scratch ring
-    slots: np.ndarray  # i4 (sum of total_blocks,): each request's slots, in order
-
-
-class Outputs(NamedTuple):
-    """What a replay returns per request and per instance (filled by the caller first)."""
-
-    first_token: np.ndarray  # f8 (n,), NaN-filled
-    finish: np.ndarray  # f8 (n,), NaN-filled
-    hit_blocks: np.ndarray  # i8 (n,): prefix blocks found in HBM at admission
-    instance: np.ndarray  # i8 (n,), -1-filled (stays -1 for a rejected request)
-    busy_s: np.ndarray  # f8 (n_instances,), zero
-    load_s: np.ndarray  # f8 (n,), zero: seconds from admission to the last loaded block
-    loaded_blocks: np.ndarray  # i8 (n, n_tiers), zero: blocks loaded from each lower tier
-    stats: np.ndarray  # f8 (4,): n_iterations, early_stopped, end time, extrapolated steps
-    preemptions: np.ndarray  # i8 (n,), zero: times preempted (vllm_v1)
-    preempted_tokens: np.ndarray  # i8 (n,), zero: computed KV tokens its preemptions discarded
-    decode_instance: np.ndarray  # i8 (n,), -1-filled: its decode instance (disaggregated)
-    kv_transfer_s: np.ndarray  # f8 (n,), zero: prefill end to its KV's arrival there
-    # track_tbt (else empty): each request's TBT tail (NaN-filled), its longest intervals
-    # (tbt_heap[tbt_off[i]:tbt_off[i + 1]], a min-heap of tbt_count[i]) and its last token's
-    # time (kvtier.sim.nb_tbt)
-    tbt_tail: np.ndarray  # f8 (n,)
-    tbt_heap: np.ndarray  # f8 (tbt_off[n],)
-    tbt_off: np.ndarray  # i8 (n + 1,)
-    tbt_count: np.ndarray  # i8 (n,), zero
-    tbt_last: np.ndarray  # f8 (n,)
-    decode_hit_blocks: np.ndarray  # i8 (n,), zero: prompt blocks its decode instance held
-
-
-class RequestState(NamedTuple):
-    """Per-request progress (the reference's ``Request`` fields)."""
-
-    slot_off: np.ndarray  # i8 (n + 1,): request i's slots are slots[slot_off[i]:slot_off[i+1]]
-    kv: np.ndarray  # i8: tokens whose KV is computed (hits and loads included)
-    generated: np.ndarray  # i8
-    registered: np.ndarray  # i8: prompt blocks [0, registered) are cached or were offered
-    computed_from: np.ndarray  # i8: prompt blocks from here on are computed
-    ready: np.ndarray  # f8: its prefill may start once loaded blocks have arrived
-    next_waiting: np.ndarray  # i8: the next request in its instance's queue, -1 at the tail
-    target: np.ndarray  # i8: tokens to compute before its next token (input, + generated)
-    held: np.ndarray  # i8: slots it holds, slots[slot_off[i]:slot_off[i] + held[i]]
-    handed: np.ndarray  # bool: its KV came from a prefill instance, not admitted yet
-    # disaggregated: the prefill instance's slots it holds (at prm.pd_held_base + slot_off[i],
-    # ``pf_held`` of them) until ``release_at`` (inf until the transfer is issued), the next
-    # request in that instance's list of held requests, and when its prefill ended
-    pf_held: np.ndarray  # i8
-    release_at: np.ndarray  # f8
-    next_held: np.ndarray  # i8
-    handed_at: np.ndarray  # f8
-    pd_first: np.ndarray  # bool: handed over, first token not yet seen (``seen_first_nb``)
-
-
-class InstanceState(NamedTuple):
-    """Per-instance queues, running set, iteration and free-ring state (``Instance``)."""
-
-    q_head: np.ndarray  # i8 (n_instances,): waiting queue, a list through next_waiting
-    q_tail: np.ndarray
-    q_len: np.ndarray
-    running: np.ndarray  # i8 (n_instances, max_seqs): running requests, admission order
-    n_running: np.ndarray
-    sched_q: np.ndarray  # i8 (n_instances, max_seqs): tokens of each scheduled request
-    sched_pos: np.ndarray  # i8 (n_instances, max_seqs): its position in ``running``
-    n_sched: np.ndarray
-    busy: np.ndarray  # bool: in an iteration
-    busy_until: np.ndarray  # f8: when the iteration ends
-    wake: np.ndarray  # f8: while idle, when a loading request becomes ready
-    act: np.ndarray  # i8: instances that act at this event, in index order
-    active_blocks: np.ndarray  # i8: prompt blocks of the requests routed here, not finished
-    # disaggregated: the P/D connector's workers (pd_workers per instance), each prefill
-    # instance's list of handed-over requests whose blocks it holds (through next_held, in
-    # hand-off order), and each instance's last iteration time (a layer-wise push overlaps it)
-    pd_wfree: np.ndarray  # f8 (n_instances * pd_workers,)
-    pd_wbusy: np.ndarray  # f8 (n_instances * pd_workers,)
-    held_head: np.ndarray  # i8 (n_instances,), -1: none
-    held_tail: np.ndarray  # i8 (n_instances,)
-    iter_dt: np.ndarray  # f8 (n_instances,)
-    # decode steps run ahead of the event loop (0: none pending) and what they started from,
-    # so that an early stop can count only the steps begun before it (skip_back_nb)
-    seg_steps: np.ndarray
-    seg_t0: np.ndarray
-    seg_busy: np.ndarray
-    seg_attn: np.ndarray
-    seg_kv: np.ndarray
-    seg_m: np.ndarray
-    # free ring of instance k: head index, entries (live and stale) from the head, free slots
-    ring_head: np.ndarray
-    ring_count: np.ndarray
-    free_len: np.ndarray
-    saving: np.ndarray  # bool: the iteration has ended, its blocking stores have not
-
-
-class Buffers(NamedTuple):
-    """Scratch of one admission or iteration end: found slots, lower-tier sources, blocks."""
-
-    found: np.ndarray  # i4 (longest prompt + 1,): the HBM slots of a request's prefix
-    src: np.ndarray  # i4: source tier of each block found below HBM
-    counts: np.ndarray  # i8 (n_tiers + 1,): blocks per tier
-    path: np.ndarray  # i8 (4,): links of one transfer
-    hitbuf: np.ndarray  # i4: HBM hits reaching their k-th sighting
-    evbuf: np.ndarray  # i4 (capacity + 1,): blocks one admission evicted from HBM
-    wbuf: np.ndarray  # i4: blocks one iteration computed
-    # vllm_v1 decode steps run ahead: the batch's requests grouped by the residue (mod B) of
-    # the steps at which each needs a new block, in batch order (counting sort)
-    bk_start: np.ndarray  # i8 (B + 1,)
-    bk_req: np.ndarray  # i8 (max_seqs,)
-    # track_tbt: when each decode step run ahead ends, as its tokens are seen (longest output
-    # + 1; one entry otherwise)
-    tbt_seen: np.ndarray  # f8
-
-
-# Fields of the replay-wide counters (``Tally.ints``): the round-robin turn, iterations begun,
-# the admission stamp, and the SLO counts (rejected, TTFT over the p99 and p99.9 bounds, TPOT
-# over its bound; C_OVER_TBT: TBT tails over theirs), as :class:`kvtier.sim.result.SloTracker`
-# keeps them.
-# The closed-loop load generator's requests in flight (C_IN_FLIGHT) and, in ``Tally.ttft_sum[1]``,
-# when the last slot freed.
-# C_EXTRAP: iterations whose measured step time used values beyond the measured data.
-C_RR, C_ITER, C_STAMP, C_REJECTED, C_OVER_P99, C_OVER_P999, C_OVER_TPOT, C_IN_FLIGHT = range(8)
-C_EXTRAP = 8
-C_OVER_TBT = 9
-N_COUNTERS = 10
-
-
-class Tally(NamedTuple):
-    """Replay-wide counters the steps update (arrays, so that a step can change them)."""
-
-    ints: np.ndarray  # i8 (N_COUNTERS,): fields C_*
-    ttft_sum: np.ndarray  # f8 (2,): summed TTFT so far (the SLO's mean bound), last slot freed
 
 
 @njit(cache=True, nogil=True, inline="always")
@@ -613,7 +214,7 @@ def finish_nb(
         out.tbt_tail[i] = tail
         if prm.slo_on and tail > slo_thresholds[4]:
             ints[C_OVER_TBT] += 1
-    _release_nb(
+    hbm_release_nb(
         sl, rings, slots, ring_head, ring_count, free_len, k,
         prm.ring_len, slot_off[i], slot_off[i] + rs.held[i],
     )  # fmt: skip
@@ -679,7 +280,7 @@ def end_iteration_nb(
                 full = nb
             if full > registered[i]:
                 w_from = computed_from[i] if tp.n_tiers > 0 else full  # computed: to lower tiers
-                nw = _register_nb(
+                nw = hbm_register_nb(
                     sl, slot_of, slots, block_ids, shared, base, boff[i],
                     slot_off[i], registered[i], full, wbuf, nw, w_from,
                 )  # fmt: skip
@@ -795,114 +396,6 @@ def stop_early_nb(now: float, ist: InstanceState, prm: Params, out: Outputs, ty:
             ty.ints[C_ITER] -= skip_back_nb(k, now, ist, out, timing, ty.ints)
 
 
-@njit(cache=True, nogil=True, _nrt=False)
-def kv_route_nb(
-    i: int,
-    rq: Requests,
-    ist: InstanceState,
-    pool: HbmPools,
-    ts: TierPools,
-    tp: TierParams,
-    prm: Params,
-    buf: Buffers,
-) -> int:
-    """Dynamo's KV router: the lowest ``overlap_weight * prefill_blocks + active_blocks``
-    (the reference's ``kv_route``; the same float operations in the same order)."""
-    boff = rq.block_offsets
-    inp = rq.input_tokens
-    B = prm.block_tokens
-    hcap = (inp[i] - 1) // B
-    nb = boff[i + 1] - boff[i]
-    if nb < hcap:
-        hcap = nb
-    n_req = (inp[i] + B - 1) // B
-    best = -1
-    best_cost = np.inf
-    for kk in range(prm.n_prefill if prm.n_prefill > 0 else prm.n_instances):
-        h = 0
-        if prm.prefix_caching:
-            h = _lookup_nb(pool.slot_of, kk * prm.n_shared, rq.shared, boff[i], hcap, buf.found)
-        eff = float(h)
-        if tp.n_tiers > 0:
-            n_src = lookup_nb(ts, tp, kk, rq.block_ids, boff[i], h, hcap, buf.src)
-            for j in range(n_src):
-                eff += prm.route_w[buf.src[j], kk]
-        cost = prm.kv_overlap_weight * (inp[i] / B - eff) + (ist.active_blocks[kk] + n_req - h)
-        if cost < best_cost:
-            best = kk
-            best_cost = cost
-    return best
-
-
-@njit(cache=True, nogil=True, inline="always")
-def route_nb(
-    i: int,
-    rq: Requests,
-    ist: InstanceState,
-    pool: HbmPools,
-    ts: TierPools,
-    tp: TierParams,
-    prm: Params,
-    ty: Tally,
-    buf: Buffers,
-) -> int:
-    """The instance request ``i`` joins (load = waiting + running requests)."""
-    ints = ty.ints
-    q_len = ist.q_len
-    n_running = ist.n_running
-    boff = rq.block_offsets
-    inp = rq.input_tokens
-    shared = rq.shared
-    slot_of = pool.slot_of
-    found = buf.found
-    n_inst = prm.n_prefill if prm.n_prefill > 0 else prm.n_instances  # the router's instances
-    if prm.router == ROUND_ROBIN:
-        k = ints[C_RR] % n_inst
-        ints[C_RR] += 1
-        return k
-    if prm.router == KV_AWARE:
-        return kv_route_nb(i, rq, ist, pool, ts, tp, prm, buf)
-    if prm.router == LEAST_LOADED:
-        k = 0
-        best_load = q_len[0] + n_running[0]
-        for kk in range(1, n_inst):
-            ld = q_len[kk] + n_running[kk]
-            if ld < best_load:
-                best_load = ld
-                k = kk
-        return k
-    # prefix affinity: the most HBM-resident prefix blocks among instances not overloaded
-    min_load = q_len[0] + n_running[0]
-    for kk in range(1, n_inst):
-        ld = q_len[kk] + n_running[kk]
-        if ld < min_load:
-            min_load = ld
-    limit = min_load + prm.affinity_overload
-    hcap = (inp[i] - 1) // prm.block_tokens
-    nb = boff[i + 1] - boff[i]
-    if nb < hcap:
-        hcap = nb
-    k = -1
-    best_hits = -1
-    best_load = 0
-    if hcap > 0 and shared[boff[i]] >= 0:
-        # each instance's first look-up misses: let the misses overlap
-        for kk in range(n_inst):
-            prefetch(slot_of, kk * prm.n_shared + shared[boff[i]])
-    for kk in range(n_inst):
-        ld = q_len[kk] + n_running[kk]
-        if ld > limit:
-            continue
-        h = _lookup_nb(slot_of, kk * prm.n_shared, shared, boff[i], hcap, found)
-        if not prm.prefix_caching:
-            h = 0
-        if h > best_hits or (h == best_hits and ld < best_load):
-            k = kk
-            best_hits = h
-            best_load = ld
-    return k
-
-
 @njit(cache=True, nogil=True, inline="always")
 def arrive_nb(
     i: int,
@@ -1006,7 +499,7 @@ def admit_nb(
     hcap = (target[i] - 1) // B
     if nb < hcap:
         hcap = nb
-    h = _lookup_nb(slot_of, base, shared, boff[i], hcap, found) if prm.prefix_caching else 0
+    h = hbm_lookup_nb(slot_of, base, shared, boff[i], hcap, found) if prm.prefix_caching else 0
     n_src = 0
     loaded = 0
     reserve = 0
@@ -1062,7 +555,7 @@ def admit_nb(
         sl[u64(4 * s + REF)] = c + 1
         slots[u64(so + j)] = s
     # take the other slots from the free ring's head
-    r, left, ne = _take_nb(
+    r, left, ne = hbm_take_nb(
         sl, rings, slot_of, slots, evbuf, k * prm.ring_len, prm.ring_len,
         base, so, h, h + need, ring_head[k], ring_count[k],
     )  # fmt: skip
@@ -1113,7 +606,7 @@ def admit_handed_nb(
         hcap = (kv0 - 1) // B
         if nb < hcap:
             hcap = nb
-        h = _lookup_nb(pool.slot_of, k * prm.n_shared, rq.shared, boff[i], hcap, found)
+        h = hbm_lookup_nb(pool.slot_of, k * prm.n_shared, rq.shared, boff[i], hcap, found)
         ty.ints[C_STAMP] += 1
         stamp = ty.ints[C_STAMP]
         for j in range(h):  # distinct hit slots now in the free ring
@@ -1134,7 +627,7 @@ def admit_handed_nb(
         sl[u64(4 * s + REF)] = c + 1
         pool.slots[u64(so + j)] = s
     R = prm.ring_len
-    r, left, ne = _take_nb(
+    r, left, ne = hbm_take_nb(
         sl, pool.rings, pool.slot_of, pool.slots, buf.evbuf, k * R, R,
         k * prm.n_shared, so, h, h + need, ist.ring_head[k], ist.ring_count[k],
     )  # fmt: skip
@@ -1229,7 +722,7 @@ def release_held_nb(k: int, now: float, rs: RequestState, ist: InstanceState, po
         nxt = rs.next_held[i]
         if rs.release_at[i] <= now:
             j0 = prm.pd_held_base + rs.slot_off[i]
-            _release_nb(
+            hbm_release_nb(
                 pool.records, pool.rings, pool.slots, ist.ring_head, ist.ring_count,
                 ist.free_len, k, prm.ring_len, j0, j0 + rs.pf_held[i],
             )  # fmt: skip
@@ -1329,7 +822,7 @@ def grow_nb(
     if need > ist.free_len[k]:
         return False
     R = prm.ring_len
-    r, left, ne = _take_nb(
+    r, left, ne = hbm_take_nb(
         pool.records, pool.rings, pool.slot_of, pool.slots, buf.evbuf, k * R, R,
         k * prm.n_shared, rs.slot_off[i], held[i], held[i] + need,
         ist.ring_head[k], ist.ring_count[k],
@@ -1363,7 +856,7 @@ def preempt_nb(
     for x in range(j, n):
         ist.running[k, x] = ist.running[k, x + 1]
     ist.n_running[k] = n
-    _release_nb(
+    hbm_release_nb(
         pool.records, pool.rings, pool.slots, ist.ring_head, ist.ring_count, ist.free_len, k,
         prm.ring_len, rs.slot_off[i], rs.slot_off[i] + rs.held[i],
     )  # fmt: skip
@@ -1467,7 +960,7 @@ def run_ahead_nb(
                 break  # step by step from here: it may preempt
             for x in range(bk_start[r], bk_start[r + 1]):
                 i = running[k, sched_pos[k, bk_req[x]]]
-                hr, hl, _ = _take_nb(
+                hr, hl, _ = hbm_take_nb(
                     pool.records, pool.rings, pool.slot_of, pool.slots, buf.evbuf,
                     k * prm.ring_len, prm.ring_len, k * prm.n_shared, rs.slot_off[i],
                     rs.held[i], rs.held[i] + 1, ist.ring_head[k], ist.ring_count[k],

@@ -93,10 +93,11 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from kvtier.policy.registries import KV_AWARE, LEAST_LOADED, RESERVE, ROUND_ROBIN, VLLM_V0
+from kvtier.policy.registries import RESERVE, ROUTERS, VLLM_V0
 from kvtier.sim.config import SimConfig
 from kvtier.sim.reference_tiers import LowerTiers
 from kvtier.sim.result import RawResult, SloCheck, end_time, tbt_tail_counts
+from kvtier.sim.routers import RouteView
 from kvtier.sim.routing import kv_route_weights
 from kvtier.sim.tiers import recompute_costs
 from kvtier.sim.timing import (
@@ -305,10 +306,11 @@ def simulate_reference(
     decode_hits = np.zeros(n, dtype=np.int64)  # prompt blocks its decode instance held
     preempted_out = np.zeros(n, dtype=np.int64)
     preempted_tok = np.zeros(n, dtype=np.int64)
-    route_w = kv_route_weights(cfg)  # the kv_aware router's weight of a lower-tier hit
     load_s = np.zeros(n)
     loaded_blocks = np.zeros((n, cfg.tiers.n_tiers if cfg.tiers is not None else 0), np.int64)
-    rr = 0
+    # the router: its module's reference step over the instances it reads
+    router = ROUTERS.by_code(cfg.router).load()
+    routing = RouteView(instances, n_route, cfg, prefix, lower, kv_route_weights(cfg))
     nxt = 0
     in_flight = 0  # requests sent and not finished (closed loop)
     gate = 0.0  # when the last slot freed (closed loop)
@@ -371,52 +373,6 @@ def simulate_reference(
         t_wake = min(wakes) if wakes else np.inf
         return min(t_arr, t_end, t_wake)
 
-    def route(req: Request) -> int:
-        """The instance ``req`` joins (load = waiting + running requests)."""
-        nonlocal rr
-        if cfg.router == ROUND_ROBIN:
-            k = rr % n_route
-            rr += 1
-            return k
-        if cfg.router == KV_AWARE:
-            return kv_route(req)
-        loads = [inst.load for inst in instances[:n_route]]
-        if cfg.router == LEAST_LOADED:
-            return loads.index(min(loads))
-        limit = min(loads) + cfg.affinity_overload
-        cap = (req.input_tokens - 1) // B
-        best, best_hits, best_load = -1, -1, 0
-        for k, inst in enumerate(instances[:n_route]):
-            if loads[k] > limit:
-                continue
-            h = inst.pool.lookup(req.blocks, min(cap, len(req.blocks))) if prefix else 0
-            if h > best_hits or (h == best_hits and loads[k] < best_load):
-                best, best_hits, best_load = k, h, loads[k]
-        return best
-
-    def kv_route(req: Request) -> int:
-        """Dynamo's KV router: the lowest ``overlap_weight * prefill_blocks + active_blocks``.
-
-        ``prefill_blocks`` is the prompt's blocks less those the instance can serve (an HBM
-        hit counts 1, a lower-tier hit the weight of its tier, ``route_w``); the instance's
-        active blocks are the prompt blocks of the requests routed to it and not finished,
-        plus this request's blocks that are not HBM hits. Ties: the lower index."""
-        cap = min((req.input_tokens - 1) // B, len(req.blocks))
-        n_req = -(-req.input_tokens // B)
-        best, best_cost = -1, np.inf
-        for k, inst in enumerate(instances[:n_route]):
-            h = inst.pool.lookup(req.blocks, cap) if prefix else 0
-            eff = float(h)
-            if lower is not None:
-                for t in lower.lookup(k, req.blocks, h, cap):
-                    eff += route_w[t, k]
-            cost = cfg.kv_overlap_weight * (req.input_tokens / B - eff) + (
-                inst.active_blocks + n_req - h
-            )
-            if cost < best_cost:
-                best, best_cost = k, cost
-        return best
-
     def arrive(req: Request, t: float) -> None:
         """``req`` arrives at ``t``: rejected if it can never fit, else routed to a waiting
         queue (closed loop: it takes a slot until it finishes)."""
@@ -429,7 +385,7 @@ def simulate_reference(
                 tracker.rejected()
             return
         in_flight += 1
-        k = route(req)
+        k = router.route(routing, req)
         inst_of[req.idx] = k
         instances[k].waiting.append(req)
         instances[k].active_blocks += -(-req.input_tokens // B)

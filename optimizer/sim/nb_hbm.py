@@ -1,0 +1,229 @@
+"""The HBM pools' primitives in the numba engine: slot records, free rings, the prefix-cache map.
+
+Each runs once per request's run of blocks (taking, registering and releasing slots;
+look-ups) and is handed only the arrays it uses; see :mod:`kvtier.sim.nb` for the layout
+(slot records, the per-instance free ring and the map) and why indices are unsigned.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit
+
+import kvtier.jitcache  # noqa: F401  (drops kernels compiled against older sources)
+from kvtier.cache.prefetch import prefetch
+
+# Fields of a slot record in ``sl`` (int32, 4 per slot, one cache line holds 4 slots): every
+# pool operation on a slot touches one record instead of several arrays. POS is the slot's
+# index in its instance's free ring while it is free (-1 while pinned); BLOCK the block it
+# caches (-1: none, an anonymous slot); MAP the block's map index while the map names this
+# slot (-1 otherwise: no block, or a block read only once).
+POS, MAP, REF, BLOCK = 0, 1, 2, 3
+# Entries between prefetching a slot record (ring or request order) and using it: far enough
+# for a miss to arrive meanwhile. The ring (2 * capacity + AHEAD entries) is longer than AHEAD,
+# which the allocation loop's wrap of ``r + AHEAD`` relies on.
+AHEAD = 16
+# An index numba takes as is (no wrap-around of negative values): see the module docstring.
+u64 = np.uint64
+
+
+@njit(cache=True, nogil=True, _nrt=False)
+def hbm_compact_nb(
+    sl: np.ndarray, ring: np.ndarray, rh: np.ndarray, rn: np.ndarray, k: int, R: int
+) -> None:
+    """Drop the stale entries of instance ``k``'s full free ring, keeping the order.
+
+    At most ``capacity`` entries are live (one per free slot) and the ring has room for
+    ``2 * capacity + AHEAD``, so a compaction frees more than half the ring: its cost is
+    amortised over at least as many pushes. It is rare (stale entries come only from pinning
+    free slots that hold a cached block), so it is a call of its own, off the hot loops.
+    """
+    o = k * R
+    e = ring.shape[0] - R  # scratch area after the last instance's ring
+    h = rh[k]
+    m = 0
+    for t in range(rn[k]):
+        r = h + t
+        if r >= R:
+            r -= R
+        s = ring[o + r]
+        if sl[4 * s + POS] == r:
+            ring[e + m] = s
+            m += 1
+    for t in range(m):
+        s = ring[e + t]
+        ring[o + t] = s
+        sl[4 * s + POS] = t
+    rh[k] = 0
+    rn[k] = m
+
+
+@njit(cache=True, nogil=True, _nrt=False)
+def hbm_lookup_nb(
+    slot_of: np.ndarray, base: int, shared: np.ndarray, start: int, cap: int, found: np.ndarray
+) -> int:
+    """Leading blocks of references ``start:start+cap`` cached in the map at offset ``base``.
+
+    Their slots go to ``found[0:h]`` (room for the longest prompt), saving a second look-up.
+    A block read only once (``shared`` -1) is never cached for another request: a miss.
+    """
+    h = 0
+    while h < cap:
+        m = shared[u64(start + h)]
+        if m < 0:
+            break
+        s1 = slot_of[u64(base + m)]
+        if s1 == 0:
+            break
+        found[u64(h)] = s1 - 1
+        h += 1
+    return h
+
+
+@njit(cache=True, nogil=True, _nrt=False)
+def hbm_take_nb(
+    sl: np.ndarray,
+    ring: np.ndarray,
+    slot_of: np.ndarray,
+    slots: np.ndarray,
+    evbuf: np.ndarray,
+    o: int,
+    R: int,
+    base: int,
+    so: int,
+    j0: int,
+    j1: int,
+    r: int,
+    left: int,
+) -> tuple[int, int, int]:
+    """Take slots ``slots[so + j0:so + j1]`` from the head of the free ring at ``ring[o:o + R]``.
+
+    ``r`` is the ring's head and ``left`` its entry count; stale entries (free slots a request
+    has pinned since) are skipped. A block cached in a taken slot is evicted: its map entry
+    (map offset ``base``) is cleared and its id goes to ``evbuf``. Returns the new head, the
+    new entry count and the number of evicted blocks. The records of later entries are
+    prefetched so that their misses overlap. (Clearing a map entry is a store, which does not
+    wait for its line; prefetching those entries too, which needs the record of a slot taken
+    later, made replays slower.)
+    """
+    ne = 0
+    for j in range(j0, j1):
+        while True:
+            t = r + AHEAD
+            if t >= R:
+                t -= R
+            prefetch(sl, 4 * ring[u64(o + t)])
+            s = ring[u64(o + r)]
+            live = sl[u64(4 * s + POS)] == r
+            r += 1
+            if r == R:
+                r = 0
+            left -= 1
+            if live:
+                break
+        sl[u64(4 * s + POS)] = -1
+        old = sl[u64(4 * s + BLOCK)]
+        if old != -1:
+            mo = sl[u64(4 * s + MAP)]
+            if mo >= 0:
+                slot_of[u64(base + mo)] = 0
+                sl[u64(4 * s + MAP)] = -1
+            sl[u64(4 * s + BLOCK)] = -1
+            evbuf[u64(ne)] = old
+            ne += 1
+        sl[u64(4 * s + REF)] = 1
+        slots[u64(so + j)] = s
+    return r, left, ne
+
+
+@njit(cache=True, nogil=True, _nrt=False)
+def hbm_register_nb(
+    sl: np.ndarray,
+    slot_of: np.ndarray,
+    slots: np.ndarray,
+    block_ids: np.ndarray,
+    shared: np.ndarray,
+    base: int,
+    ref0: int,
+    slot0: int,
+    j0: int,
+    j1: int,
+    wbuf: np.ndarray,
+    nw: int,
+    w_from: int,
+) -> int:
+    """Cache a request's newly computed blocks ``j0:j1`` in their slots.
+
+    Block ``j`` is reference ``ref0 + j`` and sits in slot ``slots[slot0 + j]``. A block read
+    more than once goes into the map (offset ``base``) unless another slot already holds it
+    (then this slot stays anonymous); a block read once is only recorded in its slot. Blocks
+    from ``w_from`` on are appended to ``wbuf`` for the lower tiers; returns the new length.
+    """
+    for j in range(j0, j1):
+        b = block_ids[u64(ref0 + j)]
+        mi = shared[u64(ref0 + j)]
+        if mi < 0:  # read by no other request: cached, never looked up
+            sl[u64(4 * slots[u64(slot0 + j)] + BLOCK)] = b
+        elif slot_of[u64(base + mi)] == 0:
+            s = slots[u64(slot0 + j)]
+            slot_of[u64(base + mi)] = s + 1
+            sl[u64(4 * s + BLOCK)] = b
+            sl[u64(4 * s + MAP)] = mi
+        if j >= w_from:
+            wbuf[u64(nw)] = b
+            nw += 1
+    return nw
+
+
+@njit(cache=True, nogil=True, _nrt=False)
+def hbm_release_nb(
+    sl: np.ndarray,
+    ring: np.ndarray,
+    slots: np.ndarray,
+    rh: np.ndarray,
+    rn: np.ndarray,
+    free_len: np.ndarray,
+    k: int,
+    R: int,
+    j0: int,
+    j1: int,
+) -> None:
+    """Unpin a finished request's slots ``slots[j0:j1]`` on instance ``k``, tail-first.
+
+    A slot no longer pinned joins the free ring: at the tail if it caches a block (the least
+    recently used are taken first), at the head if it is anonymous (reused before any cached
+    block is evicted).
+    """
+    head = rh[k]
+    count = rn[k]
+    free = free_len[k]
+    o = k * R
+    for j in range(j1 - 1, j0 - 1, -1):
+        if j - AHEAD >= j0:
+            prefetch(sl, 4 * slots[u64(j - AHEAD)])
+        s = slots[u64(j)]
+        c = sl[u64(4 * s + REF)] - 1
+        sl[u64(4 * s + REF)] = c
+        if c == 0:
+            free += 1
+            if count == R:
+                rh[k] = head
+                rn[k] = count
+                hbm_compact_nb(sl, ring, rh, rn, k, R)
+                head = rh[k]
+                count = rn[k]
+            if sl[u64(4 * s + BLOCK)] == -1:  # anonymous: to the head
+                head -= 1
+                if head < 0:
+                    head += R
+                r = head
+            else:  # to the tail
+                r = head + count
+                if r >= R:
+                    r -= R
+            ring[u64(o + r)] = s
+            sl[u64(4 * s + POS)] = r
+            count += 1
+    rh[k] = head
+    rn[k] = count
+    free_len[k] = free

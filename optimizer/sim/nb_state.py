@@ -1,0 +1,221 @@
+"""The numba engine's state, as named tuples the kernels and the plug-ins' twins share.
+
+numba compiles a ``NamedTuple`` as a plain tuple: a field read by name costs nothing. The
+layouts are fixed by :mod:`kvtier.sim.engine`, which fills and checks every array.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import numpy as np
+
+
+class Requests(NamedTuple):
+    """The trace as the kernel reads it (read-only; :class:`BlockedTrace` checked it)."""
+
+    arrival: np.ndarray  # f8 (n,)
+    input_tokens: np.ndarray  # i8 (n,)
+    output_tokens: np.ndarray  # i8 (n,)
+    block_offsets: np.ndarray  # i8 (n + 1,): request i's full prompt blocks are refs boff[i]:..
+    block_ids: np.ndarray  # i4 (refs,)
+    shared: np.ndarray  # i4 (refs,): map index of a block read more than once, else -1
+    total_blocks: np.ndarray  # i8 (n,): HBM blocks reserved at admission
+
+
+class Params(NamedTuple):
+    """The serving scalars of ``SimConfig`` and the early-stop bounds of ``SloCheck``."""
+
+    n_instances: int
+    capacity: int  # HBM slots per instance in the slot layout: the largest instance's
+    ring_len: int  # entries of each free ring (engine.free_ring_length: 2 * capacity + AHEAD)
+    block_tokens: int
+    token_budget: int  # max_num_batched_tokens
+    max_seqs: int  # max_num_seqs
+    router: int  # ROUND_ROBIN, LEAST_LOADED, PREFIX_AFFINITY
+    affinity_overload: int
+    n_shared: int  # blocks read more than once (map entries per instance), >= 1
+    timing: np.ndarray  # f8: packed step-time parameters (SimConfig.timing_params)
+    # per-pool tensor parallelism: each pool's packed step times (rows, zero-padded to the
+    # longest), the row of each instance, each instance's HBM slots (<= capacity) and the
+    # most blocks a request may hold (the smallest instance's)
+    timings: np.ndarray  # f8 (pools, length)
+    pool_of: np.ndarray  # i8 (n_instances,)
+    capacities: np.ndarray  # i8 (n_instances,)
+    fit_blocks: int
+    slo_on: bool
+    slo_thresholds: np.ndarray  # f8 (5,): mean, p99, p999 TTFT bounds, p99 TPOT, p99 TBT
+    slo_limits: np.ndarray  # i8 (4,): over-limits for p99, p999 TTFT, p99 TPOT and p99 TBT
+    prefix_caching: bool  # serving.prefix_caching (off: no HBM prefix hits)
+    concurrency: int  # closed-loop load generator: requests in flight (0: open loop)
+    kv_overlap_weight: float  # kv_aware router: weight of the prompt blocks left to prefill
+    route_w: np.ndarray  # f8 (n_tiers, n_instances): kv_aware weight of a lower-tier hit
+    scheduler: int  # RESERVE (whole footprint at admission), VLLM_V1 or VLLM_V0 (grow, preempt)
+    watermarks: np.ndarray  # i8 (n_instances,) vllm_v1: free blocks an admission leaves
+    track_tbt: bool  # record token intervals (Outputs.tbt_*; kvtier.sim.nb_tbt)
+    n_prefill: int  # disaggregated: instances [0, n_prefill) prefill, the rest decode (0: none)
+    # the P/D transfer (kvtier.sim.pd.PdConfig): paths [prefill, decode, j], links, connector
+    pd_path: np.ndarray  # i8 (K, K, P)
+    pd_queue: np.ndarray  # i8 (K, K, P): 1 a link's outbound (write) queue, 0 its inbound
+    pd_scale: np.ndarray  # f8 (K, K, P)
+    pd_lat: np.ndarray  # f8 (K, K)
+    pd_bw_read: np.ndarray  # f8 (L,): every link (the tiers' first)
+    pd_bw_write: np.ndarray  # f8 (L,)
+    pd_duplex: np.ndarray  # i8 (L,)
+    pd_n_links: int
+    pd_block_bytes: float  # bytes moved per block
+    pd_unit: int
+    pd_fragments: int
+    pd_coalesce: int
+    pd_rpc_s: float
+    pd_stream_bw: float
+    pd_stage_bw: float
+    pd_serial: int
+    pd_depth: int
+    pd_workers: int  # connector workers per instance
+    pd_layerwise: bool  # the prefill side pushes each layer as it is computed
+    pd_layers: int
+    pd_held_base: int  # where the held prefill slots of request i start: base + slot_off[i]
+    # the decode side looks the prompt up in its HBM prefix cache and pulls only the blocks
+    # past its hit (a pull only: a layer-wise push moves every block)
+    pd_trim: bool
+
+
+class HbmPools(NamedTuple):
+    """Every instance's HBM slots, prefix-cache map and free ring (arrays the caller keeps).
+
+    The map comes all zero and is left all zero; the other arrays are set by the kernel.
+    """
+
+    slot_of: np.ndarray  # i4 (n_instances * n_shared,): cached block -> slot + 1
+    records: np.ndarray  # i4 (4 * n_instances * capacity,): POS, MAP, REF, BLOCK per slot
+    stamps: np.ndarray  # i8 (n_instances * capacity,): admission stamps (distinct hit slots)
+    rings: np.ndarray  # i4 ((n_instances + 1) * ring_len,): free rings, then a scratch ring
+    slots: np.ndarray  # i4 (sum of total_blocks,): each request's slots, in order
+
+
+class Outputs(NamedTuple):
+    """What a replay returns per request and per instance (filled by the caller first)."""
+
+    first_token: np.ndarray  # f8 (n,), NaN-filled
+    finish: np.ndarray  # f8 (n,), NaN-filled
+    hit_blocks: np.ndarray  # i8 (n,): prefix blocks found in HBM at admission
+    instance: np.ndarray  # i8 (n,), -1-filled (stays -1 for a rejected request)
+    busy_s: np.ndarray  # f8 (n_instances,), zero
+    load_s: np.ndarray  # f8 (n,), zero: seconds from admission to the last loaded block
+    loaded_blocks: np.ndarray  # i8 (n, n_tiers), zero: blocks loaded from each lower tier
+    stats: np.ndarray  # f8 (4,): n_iterations, early_stopped, end time, extrapolated steps
+    preemptions: np.ndarray  # i8 (n,), zero: times preempted (vllm_v1)
+    preempted_tokens: np.ndarray  # i8 (n,), zero: computed KV tokens its preemptions discarded
+    decode_instance: np.ndarray  # i8 (n,), -1-filled: its decode instance (disaggregated)
+    kv_transfer_s: np.ndarray  # f8 (n,), zero: prefill end to its KV's arrival there
+    # track_tbt (else empty): each request's TBT tail (NaN-filled), its longest intervals
+    # (tbt_heap[tbt_off[i]:tbt_off[i + 1]], a min-heap of tbt_count[i]) and its last token's
+    # time (kvtier.sim.nb_tbt)
+    tbt_tail: np.ndarray  # f8 (n,)
+    tbt_heap: np.ndarray  # f8 (tbt_off[n],)
+    tbt_off: np.ndarray  # i8 (n + 1,)
+    tbt_count: np.ndarray  # i8 (n,), zero
+    tbt_last: np.ndarray  # f8 (n,)
+    decode_hit_blocks: np.ndarray  # i8 (n,), zero: prompt blocks its decode instance held
+
+
+class RequestState(NamedTuple):
+    """Per-request progress (the reference's ``Request`` fields)."""
+
+    slot_off: np.ndarray  # i8 (n + 1,): request i's slots are slots[slot_off[i]:slot_off[i+1]]
+    kv: np.ndarray  # i8: tokens whose KV is computed (hits and loads included)
+    generated: np.ndarray  # i8
+    registered: np.ndarray  # i8: prompt blocks [0, registered) are cached or were offered
+    computed_from: np.ndarray  # i8: prompt blocks from here on are computed
+    ready: np.ndarray  # f8: its prefill may start once loaded blocks have arrived
+    next_waiting: np.ndarray  # i8: the next request in its instance's queue, -1 at the tail
+    target: np.ndarray  # i8: tokens to compute before its next token (input, + generated)
+    held: np.ndarray  # i8: slots it holds, slots[slot_off[i]:slot_off[i] + held[i]]
+    handed: np.ndarray  # bool: its KV came from a prefill instance, not admitted yet
+    # disaggregated: the prefill instance's slots it holds (at prm.pd_held_base + slot_off[i],
+    # ``pf_held`` of them) until ``release_at`` (inf until the transfer is issued), the next
+    # request in that instance's list of held requests, and when its prefill ended
+    pf_held: np.ndarray  # i8
+    release_at: np.ndarray  # f8
+    next_held: np.ndarray  # i8
+    handed_at: np.ndarray  # f8
+    pd_first: np.ndarray  # bool: handed over, first token not yet seen (``seen_first_nb``)
+
+
+class InstanceState(NamedTuple):
+    """Per-instance queues, running set, iteration and free-ring state (``Instance``)."""
+
+    q_head: np.ndarray  # i8 (n_instances,): waiting queue, a list through next_waiting
+    q_tail: np.ndarray
+    q_len: np.ndarray
+    running: np.ndarray  # i8 (n_instances, max_seqs): running requests, admission order
+    n_running: np.ndarray
+    sched_q: np.ndarray  # i8 (n_instances, max_seqs): tokens of each scheduled request
+    sched_pos: np.ndarray  # i8 (n_instances, max_seqs): its position in ``running``
+    n_sched: np.ndarray
+    busy: np.ndarray  # bool: in an iteration
+    busy_until: np.ndarray  # f8: when the iteration ends
+    wake: np.ndarray  # f8: while idle, when a loading request becomes ready
+    act: np.ndarray  # i8: instances that act at this event, in index order
+    active_blocks: np.ndarray  # i8: prompt blocks of the requests routed here, not finished
+    # disaggregated: the P/D connector's workers (pd_workers per instance), each prefill
+    # instance's list of handed-over requests whose blocks it holds (through next_held, in
+    # hand-off order), and each instance's last iteration time (a layer-wise push overlaps it)
+    pd_wfree: np.ndarray  # f8 (n_instances * pd_workers,)
+    pd_wbusy: np.ndarray  # f8 (n_instances * pd_workers,)
+    held_head: np.ndarray  # i8 (n_instances,), -1: none
+    held_tail: np.ndarray  # i8 (n_instances,)
+    iter_dt: np.ndarray  # f8 (n_instances,)
+    # decode steps run ahead of the event loop (0: none pending) and what they started from,
+    # so that an early stop can count only the steps begun before it (skip_back_nb)
+    seg_steps: np.ndarray
+    seg_t0: np.ndarray
+    seg_busy: np.ndarray
+    seg_attn: np.ndarray
+    seg_kv: np.ndarray
+    seg_m: np.ndarray
+    # free ring of instance k: head index, entries (live and stale) from the head, free slots
+    ring_head: np.ndarray
+    ring_count: np.ndarray
+    free_len: np.ndarray
+    saving: np.ndarray  # bool: the iteration has ended, its blocking stores have not
+
+
+class Buffers(NamedTuple):
+    """Scratch of one admission or iteration end: found slots, lower-tier sources, blocks."""
+
+    found: np.ndarray  # i4 (longest prompt + 1,): the HBM slots of a request's prefix
+    src: np.ndarray  # i4: source tier of each block found below HBM
+    counts: np.ndarray  # i8 (n_tiers + 1,): blocks per tier
+    path: np.ndarray  # i8 (4,): links of one transfer
+    hitbuf: np.ndarray  # i4: HBM hits reaching their k-th sighting
+    evbuf: np.ndarray  # i4 (capacity + 1,): blocks one admission evicted from HBM
+    wbuf: np.ndarray  # i4: blocks one iteration computed
+    # vllm_v1 decode steps run ahead: the batch's requests grouped by the residue (mod B) of
+    # the steps at which each needs a new block, in batch order (counting sort)
+    bk_start: np.ndarray  # i8 (B + 1,)
+    bk_req: np.ndarray  # i8 (max_seqs,)
+    # track_tbt: when each decode step run ahead ends, as its tokens are seen (longest output
+    # + 1; one entry otherwise)
+    tbt_seen: np.ndarray  # f8
+
+
+# Fields of the replay-wide counters (``Tally.ints``): the round-robin turn, iterations begun,
+# the admission stamp, and the SLO counts (rejected, TTFT over the p99 and p99.9 bounds, TPOT
+# over its bound; C_OVER_TBT: TBT tails over theirs), as :class:`kvtier.sim.result.SloTracker`
+# keeps them.
+# The closed-loop load generator's requests in flight (C_IN_FLIGHT) and, in ``Tally.ttft_sum[1]``,
+# when the last slot freed.
+# C_EXTRAP: iterations whose measured step time used values beyond the measured data.
+C_RR, C_ITER, C_STAMP, C_REJECTED, C_OVER_P99, C_OVER_P999, C_OVER_TPOT, C_IN_FLIGHT = range(8)
+C_EXTRAP = 8
+C_OVER_TBT = 9
+N_COUNTERS = 10
+
+
+class Tally(NamedTuple):
+    """Replay-wide counters the steps update (arrays, so that a step can change them)."""
+
+    ints: np.ndarray  # i8 (N_COUNTERS,): fields C_*
+    ttft_sum: np.ndarray  # f8 (2,): summed TTFT so far (the SLO's mean bound), last slot freed

@@ -1,0 +1,68 @@
+"""The serving engines' plug-in families: one module per mechanism, the registry the only list.
+
+A router is a module of :mod:`kvtier.sim.routers` holding its reference step and its numba
+twin; its registry entry names the module and carries its traits; the kernels reach it through
+the dispatch :mod:`kvtier.sim.gen` writes from the registry. These tests fail when a registry
+entry has no module, a module lacks a twin, or the checked-in dispatch is stale.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+import pytest
+
+from kvtier.policy.registries import ROUTERS, content_blind_routers
+from kvtier.registry import Entry, Registry
+from kvtier.sim import gen
+
+
+def test_generated_dispatch_is_current() -> None:
+    for path, text in gen.sources().items():
+        assert path.read_text() == text, f"{path} is stale: run python -m kvtier.sim.gen"
+
+
+@pytest.mark.parametrize("entry", list(ROUTERS), ids=ROUTERS.names)
+def test_every_router_module_holds_both_twins(entry: Entry) -> None:
+    module = importlib.import_module(entry.impl)
+    assert callable(module.route), entry.name
+    assert hasattr(module.route_nb, "py_func"), f"{entry.name}: route_nb is not a numba function"
+    assert isinstance(entry.traits.get("content_blind"), bool), entry.name
+
+
+def test_dispatch_has_one_branch_per_registered_router() -> None:
+    from kvtier.sim.routers import dispatch
+
+    assert dispatch.CODES == tuple(e.code for e in ROUTERS)
+    text = gen.dispatch_source(gen.ROUTER_FAMILY)
+    for entry in ROUTERS:
+        assert f"{entry.impl.rsplit('.', 1)[1]}.route_nb(" in text, entry.name
+
+
+def test_a_new_registry_entry_gets_its_branch() -> None:
+    """The generator writes a branch for an entry it was not written for (a plug-in from
+    outside the package), and the checked-in text then differs."""
+    extra = Entry("sticky", len(ROUTERS), "a test router", impl="my_plugins.sticky")
+    family = gen.Family(
+        **{**gen.ROUTER_FAMILY.__dict__, "registry": Registry("router", [*ROUTERS, extra])}
+    )
+    text = gen.dispatch_source(family)
+    assert "import my_plugins.sticky as sticky" in text
+    assert "return sticky.route_nb(i, rq, ist, pool, ts, tp, prm, ty, buf)  # sticky" in text
+    assert text != gen.dispatch_source(gen.ROUTER_FAMILY)
+
+
+def test_two_plugin_modules_with_one_name_are_refused() -> None:
+    clash = Entry("other", len(ROUTERS), "clash", impl="elsewhere.round_robin")
+    family = gen.Family(
+        **{**gen.ROUTER_FAMILY.__dict__, "registry": Registry("router", [*ROUTERS, clash])}
+    )
+    with pytest.raises(ValueError, match="share a name"):
+        gen.dispatch_source(family)
+
+
+def test_content_blind_routers_come_from_the_traits() -> None:
+    from kvtier.scenario import CONTENT_BLIND_ROUTERS
+
+    assert content_blind_routers() == ("round_robin", "least_loaded")
+    assert CONTENT_BLIND_ROUTERS == content_blind_routers()
