@@ -33,7 +33,7 @@ def test_every_router_module_holds_both_twins(entry: Entry) -> None:
 def test_dispatch_has_one_branch_per_registered_router() -> None:
     from kvtier.sim.routers import dispatch
 
-    assert dispatch.CODES == tuple(e.code for e in ROUTERS)
+    assert tuple(e.code for e in ROUTERS) == dispatch.CODES
     text = gen.dispatch_source(gen.ROUTER_FAMILY)
     for entry in ROUTERS:
         assert f"{entry.impl.rsplit('.', 1)[1]}.route_nb(" in text, entry.name
@@ -65,4 +65,4 @@ def test_content_blind_routers_come_from_the_traits() -> None:
     from kvtier.scenario import CONTENT_BLIND_ROUTERS
 
     assert content_blind_routers() == ("round_robin", "least_loaded")
-    assert CONTENT_BLIND_ROUTERS == content_blind_routers()
+    assert content_blind_routers() == CONTENT_BLIND_ROUTERS
