@@ -74,6 +74,24 @@ class Registry:
     def __iter__(self) -> Iterator[Entry]:
         return iter(self._entries)
 
+    def register(self, entry: Entry) -> Entry:
+        """Add a plug-in from outside the package (:mod:`kvtier.plugins`); its code must be
+        the next one, its name new."""
+        if entry.name in self._by_name:
+            raise ValueError(f"{self.kind} {entry.name!r} is registered already")
+        if entry.code != len(self._entries):
+            raise ValueError(
+                f"{self.kind} {entry.name!r}: code must be {len(self._entries)} (the next one), "
+                f"got {entry.code}"
+            )
+        self._entries = (*self._entries, entry)
+        self._by_name[entry.name] = entry
+        return entry
+
+    def next_code(self) -> int:
+        """The code the next registered entry takes."""
+        return len(self._entries)
+
     def __len__(self) -> int:
         return len(self._entries)
 

@@ -7,6 +7,7 @@ from dataclasses import replace
 import numpy as np
 from hypothesis import strategies as st
 
+from kvtier.policy.registries import LOAD_RULES, WRITE_POLICIES
 from kvtier.sim.config import SimConfig
 from kvtier.sim.pd import PdConfig
 from kvtier.sim.steptime.measured import MeasuredKey, MeasuredTables
@@ -341,10 +342,10 @@ def tier_configs(draw: st.DrawFn, n_instances: int, block_tokens: int) -> TierCo
         gpu_scale=gpu_scale,
         casc_path=casc_path,
         casc_scale=np.ones((T, MAX_PATH)),
-        write_policy=draw(st.integers(0, 2)),
+        write_policy=draw(st.integers(0, len(WRITE_POLICIES) - 1)),
         selective_k=draw(st.integers(1, 3)),
         exclusive=draw(st.booleans()),
-        cost_aware=draw(st.booleans()),
+        load_rule=draw(st.integers(0, len(LOAD_RULES) - 1)),
         batch_waits=draw(st.booleans()),
         fragments=draw(st.sampled_from([1, 4])),
         coalesce=draw(st.sampled_from([1, 3])),

@@ -18,7 +18,16 @@ import pytest
 
 SOURCE = Path(__file__).resolve().parents[1] / "optimizer"
 
-GROUND = {"errors", "toml_fields", "registry", "builtin", "jitcache", "files", "plotting"}
+GROUND = {
+    "errors",
+    "toml_fields",
+    "registry",
+    "builtin",
+    "jitcache",
+    "files",
+    "plotting",
+    "plugins",
+}
 FLOORS = [
     "trace",
     "cache",

@@ -12,7 +12,7 @@ import importlib
 
 import pytest
 
-from kvtier.policy.registries import ROUTERS, content_blind_routers
+from kvtier.policy.registries import LOAD_RULES, ROUTERS, WRITE_POLICIES, content_blind_routers
 from kvtier.registry import Entry, Registry
 from kvtier.sim import gen
 
@@ -22,21 +22,33 @@ def test_generated_dispatch_is_current() -> None:
         assert path.read_text() == text, f"{path} is stale: run python -m kvtier.sim.gen"
 
 
-@pytest.mark.parametrize("entry", list(ROUTERS), ids=ROUTERS.names)
-def test_every_router_module_holds_both_twins(entry: Entry) -> None:
+# family -> (reference step, numba twin, traits every entry declares)
+TWINS = {
+    "router": ("route", "route_nb", ("content_blind",)),
+    "write policy": ("chosen", "chosen_nb", ("cascade", "sightings")),
+    "load rule": ("choose", "choose_nb", ()),
+}
+ENTRIES = [e for reg in (ROUTERS, WRITE_POLICIES, LOAD_RULES) for e in reg]
+KINDS = {e.name: reg.kind for reg in (ROUTERS, WRITE_POLICIES, LOAD_RULES) for e in reg}
+
+
+@pytest.mark.parametrize("entry", ENTRIES, ids=[e.name for e in ENTRIES])
+def test_every_plugin_module_holds_both_twins(entry: Entry) -> None:
+    step, twin, traits = TWINS[KINDS[entry.name]]
     module = importlib.import_module(entry.impl)
-    assert callable(module.route), entry.name
-    assert hasattr(module.route_nb, "py_func"), f"{entry.name}: route_nb is not a numba function"
-    assert isinstance(entry.traits.get("content_blind"), bool), entry.name
+    assert callable(getattr(module, step)), entry.name
+    assert hasattr(getattr(module, twin), "py_func"), f"{entry.name}: {twin} is not numba's"
+    for trait in traits:
+        assert isinstance(entry.traits.get(trait), bool), (entry.name, trait)
 
 
-def test_dispatch_has_one_branch_per_registered_router() -> None:
-    from kvtier.sim.routers import dispatch
-
-    assert tuple(e.code for e in ROUTERS) == dispatch.CODES
-    text = gen.dispatch_source(gen.ROUTER_FAMILY)
-    for entry in ROUTERS:
-        assert f"{entry.impl.rsplit('.', 1)[1]}.route_nb(" in text, entry.name
+@pytest.mark.parametrize("family", gen.FAMILIES, ids=lambda f: f.registry.kind)
+def test_dispatch_has_one_branch_per_registered_plugin(family: gen.Family) -> None:
+    dispatch = importlib.import_module(f"{family.package}.dispatch")
+    assert tuple(e.code for e in family.registry) == dispatch.CODES
+    text = gen.dispatch_source(family)
+    for entry in family.registry:
+        assert f"{entry.impl.rsplit('.', 1)[1]}.{family.step}(" in text, entry.name
 
 
 def test_a_new_registry_entry_gets_its_branch() -> None:
@@ -48,7 +60,7 @@ def test_a_new_registry_entry_gets_its_branch() -> None:
     )
     text = gen.dispatch_source(family)
     assert "import my_plugins.sticky as sticky" in text
-    assert "return sticky.route_nb(i, rq, ist, pool, ts, tp, prm, ty, buf)  # sticky" in text
+    assert "    # sticky\n    return sticky.route_nb(sim, i)\n" in text
     assert text != gen.dispatch_source(gen.ROUTER_FAMILY)
 
 

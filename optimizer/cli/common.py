@@ -16,6 +16,7 @@ from typing import Any
 import click
 from rich.console import Console
 
+from kvtier import plugins
 from kvtier.errors import InputError
 from kvtier.report.jsonout import dumps as dumps_json
 
@@ -52,6 +53,7 @@ class OneLineErrors:
     def invoke(self, ctx: click.Context) -> Any:
         warnings.showwarning = _one_line_warning
         try:
+            plugins.check()  # a plug-in module that failed to load (KVTIER_PLUGINS)
             return super().invoke(ctx)  # type: ignore[misc]
         except InputError as err:
             click.echo(f"error: {err}", err=True)

@@ -10,6 +10,7 @@ re-exported here so a policy's every plug-in kind can be found in one module.
 from __future__ import annotations
 
 from kvtier.cache.registry import EVICTIONS
+from kvtier.plugins import load_plugins
 from kvtier.registry import Entry, Registry
 
 # ---- routers (ServingPolicy.routing): one module each in kvtier.sim.routers ------------------
@@ -96,39 +97,66 @@ SCHEDULERS = Registry(
     ],
 )
 
-# ---- write policies (Policy.write_policy): how computed blocks reach the lower tiers -----------
+# ---- write policies (Policy.write_policy): one module each in kvtier.sim.write_policies ------
 WRITE_THROUGH, WRITE_BACK, WRITE_SELECTIVE = 0, 1, 2
+
+
+def _write_policy(name: str, code: int, help: str, *, cascade: bool, sightings: bool) -> Entry:
+    """A write policy: its module ``kvtier.sim.write_policies.<name>`` chooses the computed
+    blocks copied down; ``cascade``: evicted blocks go to the next tier down; ``sightings``:
+    admissions count each block's sightings (an HBM hit reaching ``selective_k`` is copied)."""
+    return Entry(
+        name,
+        code,
+        help,
+        impl=f"kvtier.sim.write_policies.{name}",
+        traits={"cascade": cascade, "sightings": sightings},
+    )
+
+
 WRITE_POLICIES = Registry(
     "write policy",
     [
-        Entry(
+        _write_policy(
             "write_through",
             WRITE_THROUGH,
             "newly computed blocks are copied into every lower tier (only the first if exclusive)",
+            cascade=False,
+            sightings=False,
         ),
-        Entry(
+        _write_policy(
             "write_back",
             WRITE_BACK,
             "a block is copied into the next tier down when the tier above evicts it",
+            cascade=True,
+            sightings=False,
         ),
-        Entry(
+        _write_policy(
             "write_through_selective",
             WRITE_SELECTIVE,
             "write_through, only for blocks sighted at least selective_k times (SGLang HiCache)",
+            cascade=False,
+            sightings=True,
         ),
     ],
 )
 
-# ---- load rules (Policy.load_rule): when a lower-tier hit is loaded instead of recomputed -----
+# ---- load rules (Policy.load_rule): one module each in kvtier.sim.load_rules -----------------
 ALWAYS_LOAD, COST_AWARE = 0, 1
 LOAD_RULES = Registry(
     "load rule",
     [
-        Entry("always_load", ALWAYS_LOAD, "every lower-tier hit is loaded"),
+        Entry(
+            "always_load",
+            ALWAYS_LOAD,
+            "every lower-tier hit is loaded",
+            impl="kvtier.sim.load_rules.always_load",
+        ),
         Entry(
             "cost_aware",
             COST_AWARE,
             "a lower-tier hit is loaded only when loading it is faster than recomputing it",
+            impl="kvtier.sim.load_rules.cost_aware",
         ),
     ],
 )
@@ -267,6 +295,9 @@ CONNECTORS = Registry(
         ),
     ],
 )
+
+# plug-ins from outside the package register here as they are imported (KVTIER_PLUGINS)
+load_plugins()
 
 __all__ = [
     "ALWAYS_LOAD",

@@ -3,7 +3,9 @@
 ``simulate(blocked_trace, hardware, model, policy)`` replays a trace on the deployment and
 returns :class:`Metrics`. ``engine="reference"`` runs the executable specification
 (:mod:`kvtier.sim.reference`), ``engine="numba"`` the fast kernel; both give identical
-metrics on every trace.
+metrics on every trace. The engines are imported when a replay runs, so the package's plain
+parts (configuration, metrics, the dispatch generator :mod:`kvtier.sim.gen`) load without the
+kernels.
 """
 
 from __future__ import annotations
@@ -14,9 +16,7 @@ from kvtier.errors import InputError
 from kvtier.hardware.types import Hardware, ModelProfile
 from kvtier.policy.model import SLO, Policy
 from kvtier.sim.config import SimConfig, build_config
-from kvtier.sim.engine import simulate_engine
 from kvtier.sim.metrics import Metrics, compute_metrics
-from kvtier.sim.reference import simulate_reference
 from kvtier.sim.result import RawResult, SloCheck
 from kvtier.trace.blocked import BlockedTrace
 
@@ -66,8 +66,12 @@ def simulate_raw(
     use_slo = stop_early and slo is not None and not slo.is_empty() and trace.sample_strata is None
     check = SloCheck.from_slo(slo) if use_slo else None
     if engine == "numba":
+        from kvtier.sim.engine import simulate_engine
+
         return simulate_engine(trace, cfg, slo=check)
     if engine == "reference":
+        from kvtier.sim.reference import simulate_reference
+
         return simulate_reference(trace, cfg, slo=check, check_invariants=check_invariants)
     raise InputError(f"unknown engine {engine!r} (choose from {', '.join(ENGINES)})")
 

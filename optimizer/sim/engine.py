@@ -23,10 +23,12 @@ from kvtier.cache.state import TierState
 from kvtier.errors import InputError
 from kvtier.policy.registries import (
     KV_AWARE,
+    LOAD_RULES,
+    ROUTERS,
     SCHEDULERS,
     VLLM_V0,
     VLLM_V1,
-    WRITE_SELECTIVE,
+    WRITE_POLICIES,
 )
 from kvtier.sim.config import SimConfig
 from kvtier.sim.nb import simulate_nb
@@ -34,7 +36,6 @@ from kvtier.sim.nb_hbm import AHEAD
 from kvtier.sim.nb_state import HbmPools, Outputs, Params, Requests
 from kvtier.sim.nb_tiers import LinkState, TierParams, TierPools, fill_rows_nb
 from kvtier.sim.result import RawResult, SloCheck, end_time, tbt_tail_counts
-from kvtier.sim.routers.dispatch import CODES as ROUTER_DISPATCH
 from kvtier.sim.routing import kv_route_weights
 from kvtier.sim.steptime.pack import validate_timing
 from kvtier.sim.tiers import MAX_PATH, TierConfig, recompute_costs
@@ -155,7 +156,7 @@ def simulate_engine(
     n_blocks = max(int(trace.n_blocks), 1)
     if cfg.n_instances < 1 or cfg.capacity_blocks < 1 or cfg.max_seqs < 1:
         raise ValueError("n_instances, capacity_blocks and max_seqs must be >= 1")
-    if cfg.token_budget < 1 or cfg.router not in ROUTER_DISPATCH or cfg.affinity_overload < 0:
+    if cfg.token_budget < 1 or not 0 <= cfg.router < len(ROUTERS) or cfg.affinity_overload < 0:
         raise ValueError(
             "token_budget >= 1, a router the kernel implements, affinity_overload >= 0"
         )
@@ -587,7 +588,7 @@ def _tier_state(
     if costs is not None:  # GDSF pools read them (recompute seconds per block)
         cost[:] = costs[:width]
     heap = filled("heap", (P, heap_len), np.int32, 0)
-    selective = tiers.write_policy == WRITE_SELECTIVE
+    selective = tiers.counts_sightings
     sightings = filled("sightings", (n_blocks if selective else 1,), np.int64, 0)
     ts = TierPools(meta, fmeta, blk, prio, stamp, heap, hpos, cost, sightings)
     tp = TierParams(
@@ -616,9 +617,11 @@ def _tier_state(
         casc_scale=tiers.casc_scale,
         n_links=int(tiers.n_links),
         write_policy=int(tiers.write_policy),
+        cascade=tiers.cascade,
+        counts_sightings=tiers.counts_sightings,
         selective_k=int(tiers.selective_k),
         exclusive=bool(tiers.exclusive),
-        cost_aware=bool(tiers.cost_aware),
+        load_rule=int(tiers.load_rule),
         batch_waits=bool(tiers.batch_waits),
         fragments=int(tiers.fragments),
         coalesce=int(tiers.coalesce),
@@ -680,8 +683,10 @@ def _check_tiers(c: TierConfig, n_instances: int) -> None:
         raise ValueError("link_duplex per link, 0 or 1")
     if c.fragments < 1 or c.coalesce < 1 or c.selective_k < 1 or c.layers < 1:
         raise ValueError("fragments, coalesce, selective_k and layers >= 1")
-    if not (math.isfinite(c.block_bytes) and c.block_bytes > 0) or c.write_policy not in (0, 1, 2):
-        raise ValueError("block_bytes > 0 and a known write policy required")
+    if not (math.isfinite(c.block_bytes) and c.block_bytes > 0):
+        raise ValueError("block_bytes must be finite and > 0")
+    if not (0 <= c.write_policy < len(WRITE_POLICIES) and 0 <= c.load_rule < len(LOAD_RULES)):
+        raise ValueError("a write policy and a load rule the kernels dispatch required")
 
 
 def _tier_result(tiers: TierConfig | None, lk: LinkState, load_s: np.ndarray) -> dict:

@@ -11,11 +11,17 @@ so a registry entry without its branch cannot go unnoticed.
 
 from __future__ import annotations
 
+import importlib
+import importlib.util
 import sys
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
-from kvtier.policy.registries import ROUTERS
+from kvtier.files import atomic_write
+from kvtier.plugins import active_folder
+from kvtier.plugins import check as check_plugins
+from kvtier.policy.registries import LOAD_RULES, ROUTERS, WRITE_POLICIES
 from kvtier.registry import Registry
 
 HERE = Path(__file__).resolve().parent
@@ -49,27 +55,73 @@ ROUTER_FAMILY = Family(
     registry=ROUTERS,
     package="kvtier.sim.routers",
     step="route_nb",
-    select="prm.router",
-    params=(
-        ("i", "int"),
-        ("rq", "Requests"),
-        ("ist", "InstanceState"),
-        ("pool", "HbmPools"),
-        ("ts", "TierPools"),
-        ("tp", "TierParams"),
-        ("prm", "Params"),
-        ("ty", "Tally"),
-        ("buf", "Buffers"),
-    ),
+    select="sim.prm.router",
+    params=(("sim", "Sim"), ("i", "int")),
     returns="int",
-    imports=(
-        "from kvtier.sim.nb_state import Buffers, HbmPools, InstanceState, Params, Requests, Tally",
-        "from kvtier.sim.nb_tiers import TierParams, TierPools",
-    ),
-    doc="The instance request ``i`` joins, by the router ``prm.router`` names.",
+    imports=("from kvtier.sim.nb_state import Sim",),
+    doc="The instance request ``i`` joins, by the router ``sim.prm.router`` names.",
 )
 
-FAMILIES = (ROUTER_FAMILY,)
+WRITE_POLICY_FAMILY = Family(
+    registry=WRITE_POLICIES,
+    package="kvtier.sim.write_policies",
+    step="chosen_nb",
+    select="tp.write_policy",
+    params=(("ts", ""), ("tp", ""), ("buf", ""), ("nbuf", "")),
+    returns="",
+    imports=(),
+    doc="How many of ``buf[:nbuf]`` the write policy ``tp.write_policy`` copies down.",
+)
+
+LOAD_RULE_FAMILY = Family(
+    registry=LOAD_RULES,
+    package="kvtier.sim.load_rules",
+    step="choose_nb",
+    select="tp.load_rule",
+    params=tuple(
+        (name, "")
+        for name in [
+            "tp",
+            "lk",
+            "k",
+            "now",
+            "src",
+            "n_src",
+            "hbm_hits",
+            "B",
+            "counts",
+            "timing",
+            "path",
+        ]
+    ),
+    returns="",
+    imports=(),
+    doc="How many found blocks the load rule ``tp.load_rule`` loads.",
+)
+
+FAMILIES = (ROUTER_FAMILY, WRITE_POLICY_FAMILY, LOAD_RULE_FAMILY)
+
+
+def _signature(family: Family) -> list[str]:
+    """The ``def`` lines: annotated parameters one a line, or (for twins over untyped tuples,
+    as :mod:`kvtier.sim.nb_tiers` writes them) the names on one line."""
+    if all(annotation for _, annotation in family.params):
+        return [
+            f"def {family.step}(",
+            *(f"    {name}: {annotation}," for name, annotation in family.params),
+            f") -> {family.returns}:",
+        ]
+    names = ", ".join(name for name, _ in family.params)
+    return [f"def {family.step}({names}):  # noqa: ANN001, ANN201"]
+
+
+def _return(call: str, args: str, *, indent: int) -> list[str]:
+    """``return call(args)``, wrapped as ``ruff format`` wraps it past 100 columns."""
+    pad = " " * indent
+    line = f"{pad}return {call}({args})"
+    if len(line) <= 100:
+        return [line]
+    return [f"{pad}return {call}(", f"{pad}    {args}", f"{pad})"]
 
 
 def _alias(module: str) -> str:
@@ -104,21 +156,49 @@ def dispatch_source(family: Family) -> str:
         "",
         "",
         '@njit(cache=True, nogil=True, _nrt=False, inline="always")',
-        f"def {family.step}(",
-        *(f"    {name}: {annotation}," for name, annotation in family.params),
-        f") -> {family.returns}:",
+        *_signature(family),
         f'    """{family.doc}"""',
         f"    code = {family.select}",
     ]
     args = ", ".join(name for name, _ in family.params)
     for n, entry in enumerate(entries):
-        call = f"{_alias(entry.impl)}.{family.step}({args})"
+        call = f"{_alias(entry.impl)}.{family.step}"
         if n == len(entries) - 1:
-            lines.append(f"    return {call}  # {entry.name}")
+            lines.append(f"    # {entry.name}")
+            lines += _return(call, args, indent=4)
         else:
             lines.append(f"    if code == {entry.code}:  # {entry.name}")
-            lines.append(f"        return {call}")
+            lines += _return(call, args, indent=8)
     return "\n".join(lines) + "\n"
+
+
+def twin(family: Family) -> Any:
+    """The family's dispatch function for the kernels: the checked-in module's when it covers
+    every registered code, else (plug-ins registered from outside the package,
+    :mod:`kvtier.plugins`) one written for the registry as it is, into the plug-ins' cache
+    folder, and imported from there."""
+    check_plugins()
+    builtin = importlib.import_module(f"{family.package}.dispatch")
+    codes = tuple(e.code for e in family.registry)
+    if codes == builtin.CODES:
+        return getattr(builtin, family.step)
+    folder = active_folder()
+    if folder is None:
+        raise RuntimeError(
+            f"{family.path} is stale: run python -m kvtier.sim.gen (registry codes {codes}, "
+            f"dispatched {builtin.CODES})"
+        )
+    name = f"kvtier_plugin_dispatch_{family.package.rsplit('.', 1)[1]}"
+    path = folder / f"{name}.py"
+    text = dispatch_source(family)
+    if not path.exists() or path.read_text() != text:
+        atomic_write(path, lambda tmp: Path(tmp).write_text(text))
+    spec = importlib.util.spec_from_file_location(name, path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return getattr(module, family.step)
 
 
 def sources() -> dict[Path, str]:

@@ -50,17 +50,20 @@ Only :func:`simulate_nb`, which allocates the state, counts references.
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import numpy as np
 from numba import njit
 
 import kvtier.jitcache  # noqa: F401  (drops kernels compiled against older sources)
+import kvtier.sim.load_rules.dispatch  # noqa: F401  (its sources, for kvtier.jitcache)
+import kvtier.sim.routers.dispatch  # noqa: F401  (its sources, for kvtier.jitcache)
 from kvtier.policy.registries import (
     RESERVE,
     VLLM_V0,
     VLLM_V1,
-    WRITE_BACK,
-    WRITE_SELECTIVE,
 )
+from kvtier.sim.gen import LOAD_RULE_FAMILY, ROUTER_FAMILY, twin
 from kvtier.sim.nb_hbm import (
     BLOCK,
     MAP,
@@ -90,6 +93,7 @@ from kvtier.sim.nb_state import (
     Params,
     Requests,
     RequestState,
+    Sim,
     Tally,
 )
 from kvtier.sim.nb_tbt import tbt_run_nb, tbt_tail_nb, tbt_token_nb
@@ -97,7 +101,6 @@ from kvtier.sim.nb_tiers import (
     LinkState,
     TierParams,
     TierPools,
-    choose_nb,
     computed_nb,
     hbm_evicted_nb,
     layerwise_ready_nb,
@@ -106,7 +109,6 @@ from kvtier.sim.nb_tiers import (
     ops_of_nb,
     sighted_nb,
 )
-from kvtier.sim.routers.dispatch import route_nb
 from kvtier.sim.steptime.jit import (
     prefill_attn_ns_nb,
     prefill_out_of_range_nb,
@@ -117,6 +119,10 @@ from kvtier.sim.timing import T_FRONTEND
 from kvtier.sim.transfer import pd_transfer
 
 pd_transfer_nb = njit(cache=True, nogil=True, _nrt=False)(pd_transfer)
+# the plug-in families' dispatch (kvtier.sim.gen): the checked-in modules, imported here so
+# kvtier.jitcache follows their sources, unless plug-ins from outside the package extend them
+route_nb = twin(ROUTER_FAMILY)
+choose_nb = twin(LOAD_RULE_FAMILY)
 
 
 @njit(cache=True, nogil=True, inline="always")
@@ -173,19 +179,15 @@ def first_token_nb(i: int, now: float, rq: Requests, prm: Params, out: Outputs, 
 
 
 @njit(cache=True, nogil=True, inline="always")
-def finish_nb(
-    k: int,
-    i: int,
-    now: float,
-    rq: Requests,
-    rs: RequestState,
-    ist: InstanceState,
-    pool: HbmPools,
-    prm: Params,
-    out: Outputs,
-    ty: Tally,
-) -> None:
+def finish_nb(sim: Sim, k: int, i: int, now: float) -> None:
     """Request ``i`` emitted its last token: record it, count its TPOT, free its slots."""
+    rq = sim.rq
+    rs = sim.rs
+    ist = sim.ist
+    pool = sim.pool
+    prm = sim.prm
+    out = sim.out
+    ty = sim.ty
     finish = out.finish
     output_tokens = rq.output_tokens
     first_token = out.first_token
@@ -221,24 +223,21 @@ def finish_nb(
 
 
 @njit(cache=True, nogil=True, inline="always")
-def end_iteration_nb(
-    k: int,
-    now: float,
-    rq: Requests,
-    rs: RequestState,
-    ist: InstanceState,
-    pool: HbmPools,
-    ts: TierPools,
-    tp: TierParams,
-    lk: LinkState,
-    prm: Params,
-    out: Outputs,
-    ty: Tally,
-    buf: Buffers,
-) -> None:
+def end_iteration_nb(sim: Sim, k: int, now: float) -> None:
     """Instance ``k``'s iteration ends: KV grows, full blocks register and are copied down,
     tokens are emitted. When a blocking connector's copies end later, the instance stays busy
     until they do and the tokens are emitted then (a second call, ``ist.saving``)."""
+    rq = sim.rq
+    rs = sim.rs
+    ist = sim.ist
+    pool = sim.pool
+    ts = sim.ts
+    tp = sim.tp
+    lk = sim.lk
+    prm = sim.prm
+    out = sim.out
+    ty = sim.ty
+    buf = sim.buf
     boff = rq.block_offsets
     n_sched = ist.n_sched
     sched_pos = ist.sched_pos
@@ -302,7 +301,7 @@ def end_iteration_nb(
         done = False
         first = kv[i] == target[i] and generated[i] == 0
         if was_prefill and first and k < prm.n_prefill and output_tokens[i] > 1:
-            hand_off_nb(k, i, now, rq, rs, ist, pool, prm, out, ty, lk)
+            hand_off_nb(sim, k, i, now)
             n_done += 1
             running[k, pos] = -1
         elif was_prefill:
@@ -326,7 +325,7 @@ def end_iteration_nb(
             if generated[i] >= output_tokens[i]:
                 done = True
         if done:
-            finish_nb(k, i, now, rq, rs, ist, pool, prm, out, ty)
+            finish_nb(sim, k, i, now)
             n_done += 1
             running[k, pos] = -1
     if n_done:
@@ -397,20 +396,14 @@ def stop_early_nb(now: float, ist: InstanceState, prm: Params, out: Outputs, ty:
 
 
 @njit(cache=True, nogil=True, inline="always")
-def arrive_nb(
-    i: int,
-    rq: Requests,
-    rs: RequestState,
-    ist: InstanceState,
-    pool: HbmPools,
-    ts: TierPools,
-    tp: TierParams,
-    prm: Params,
-    out: Outputs,
-    ty: Tally,
-    buf: Buffers,
-) -> None:
+def arrive_nb(sim: Sim, i: int) -> None:
     """Request ``i`` arrives: rejected if it can never fit, else routed to a waiting queue."""
+    rq = sim.rq
+    rs = sim.rs
+    ist = sim.ist
+    prm = sim.prm
+    out = sim.out
+    ty = sim.ty
     total_blocks = rq.total_blocks
     ints = ty.ints
     instance = out.instance
@@ -424,7 +417,7 @@ def arrive_nb(
         ints[C_REJECTED] += 1
         return
     ints[C_IN_FLIGHT] += 1
-    k = route_nb(i, rq, ist, pool, ts, tp, prm, ty, buf)
+    k = route_nb(sim, i)
     instance[i] = k
     ist.active_blocks[k] += (rq.input_tokens[i] + prm.block_tokens - 1) // prm.block_tokens
     if q_tail[k] < 0:
@@ -436,29 +429,23 @@ def arrive_nb(
 
 
 @njit(cache=True, nogil=True, inline="always")
-def admit_nb(
-    k: int,
-    i: int,
-    now: float,
-    rq: Requests,
-    rs: RequestState,
-    ist: InstanceState,
-    pool: HbmPools,
-    ts: TierPools,
-    tp: TierParams,
-    lk: LinkState,
-    prm: Params,
-    out: Outputs,
-    ty: Tally,
-    buf: Buffers,
-    budget: int,
-    others: bool,
-) -> bool:
+def admit_nb(sim: Sim, k: int, i: int, now: float, budget: int, others: bool) -> bool:
     """Admit request ``i`` on instance ``k`` if its fresh slots fit: look up its prefix (HBM,
     then the lower tiers), load, pin the hits and take the rest from the free ring (the whole
     footprint, or with vllm_v1 the blocks of its first chunk of ``budget`` tokens, leaving the
     watermark free when ``others`` are scheduled in this iteration; vllm_v0: the blocks of its
     whole prompt, leaving the watermark free when the instance runs anything)."""
+    rq = sim.rq
+    rs = sim.rs
+    ist = sim.ist
+    pool = sim.pool
+    ts = sim.ts
+    tp = sim.tp
+    lk = sim.lk
+    prm = sim.prm
+    out = sim.out
+    ty = sim.ty
+    buf = sim.buf
     boff = rq.block_offsets
     slot_of = pool.slot_of
     shared = rq.shared
@@ -490,7 +477,7 @@ def admit_nb(
     B = prm.block_tokens
     base = k * prm.n_shared
     if rs.handed[i]:
-        return admit_handed_nb(k, i, now, rq, rs, ist, pool, ts, tp, lk, prm, out, ty, buf)
+        return admit_handed_nb(sim, k, i, now)
     target = rs.target
     held = rs.held
     grows = prm.scheduler != RESERVE
@@ -542,7 +529,7 @@ def admit_nb(
                 load_s[i] = ready[i] - now
                 for t in range(tp.n_tiers):  # load_nb counted the loaded blocks per tier
                     loaded_blocks[i, t] = counts[t]
-        if tp.write_policy == WRITE_SELECTIVE:  # only it reads the sightings
+        if tp.counts_sightings:  # only such a write policy reads the sightings
             sighted_nb(ts, tp, lk, k, now, block_ids, boff[i], nb, h, hitbuf, path)
     # pin the hits
     so = slot_off[i]
@@ -574,26 +561,22 @@ def admit_nb(
 
 
 @njit(cache=True, nogil=True, _nrt=False)
-def admit_handed_nb(
-    k: int,
-    i: int,
-    now: float,
-    rq: Requests,
-    rs: RequestState,
-    ist: InstanceState,
-    pool: HbmPools,
-    ts: TierPools,
-    tp: TierParams,
-    lk: LinkState,
-    prm: Params,
-    out: Outputs,
-    ty: Tally,
-    buf: Buffers,
-) -> bool:
+def admit_handed_nb(sim: Sim, k: int, i: int, now: float) -> bool:
     """Decode instance ``k`` admits request ``i``, whose KV a prefill instance computed: slots
     for its prompt and first decode token (``reserve``: its footprint); with ``pd_trim`` the
     leading blocks cached here are pinned and only the rest is pulled, and the pulled blocks
     are cached at the end of its first iteration here (the reference's ``admit_handed``)."""
+    rq = sim.rq
+    rs = sim.rs
+    ist = sim.ist
+    pool = sim.pool
+    ts = sim.ts
+    tp = sim.tp
+    lk = sim.lk
+    prm = sim.prm
+    out = sim.out
+    ty = sim.ty
+    buf = sim.buf
     B = prm.block_tokens
     kv0 = rq.input_tokens[i]
     boff = rq.block_offsets
@@ -645,27 +628,20 @@ def admit_handed_nb(
     out.decode_hit_blocks[i] = h
     if not prm.pd_layerwise:
         # the decode side pulls the KV past its hit into the blocks it has just allocated
-        end = pd_move_nb(out.instance[i], k, i, now, k, h, rq, ist, lk, prm)
+        end = pd_move_nb(sim, out.instance[i], k, i, now, k, h)
         arrived_nb(i, end, rq, rs, ist, prm, out, ty)
     return True
 
 
 @njit(cache=True, nogil=True, _nrt=False)
-def pd_move_nb(
-    p: int,
-    d: int,
-    i: int,
-    now: float,
-    worker: int,
-    hits: int,
-    rq: Requests,
-    ist: InstanceState,
-    lk: LinkState,
-    prm: Params,
-) -> float:
+def pd_move_nb(sim: Sim, p: int, d: int, i: int, now: float, worker: int, hits: int) -> float:
     """Move request ``i``'s prompt KV but its ``hits`` leading blocks from instance ``p`` to
     ``d`` through the P/D connector, on instance ``worker``'s workers; returns when it ends
     (the reference's ``pd_move``)."""
+    rq = sim.rq
+    ist = sim.ist
+    lk = sim.lk
+    prm = sim.prm
     blocks = (rq.input_tokens[i] + prm.block_tokens - 1) // prm.block_tokens - hits
     w = prm.pd_workers
     return pd_transfer_nb(
@@ -739,22 +715,17 @@ def release_held_nb(k: int, now: float, rs: RequestState, ist: InstanceState, po
 
 
 @njit(cache=True, nogil=True, _nrt=False)
-def hand_off_nb(
-    k: int,
-    i: int,
-    now: float,
-    rq: Requests,
-    rs: RequestState,
-    ist: InstanceState,
-    pool: HbmPools,
-    prm: Params,
-    out: Outputs,
-    ty: Tally,
-    lk: LinkState,
-) -> None:
+def hand_off_nb(sim: Sim, k: int, i: int, now: float) -> None:
     """Disaggregated: request ``i``'s prompt is complete on prefill instance ``k``, which holds
     its slots until its KV has been moved; it joins the least loaded decode instance (the
     reference's ``hand_off``)."""
+    rq = sim.rq
+    rs = sim.rs
+    ist = sim.ist
+    pool = sim.pool
+    prm = sim.prm
+    out = sim.out
+    ty = sim.ty
     so = rs.slot_off[i]
     hb = prm.pd_held_base + so
     for j in range(rs.held[i]):
@@ -782,7 +753,7 @@ def hand_off_nb(
     rs.pd_first[i] = True
     rs.ready[i] = now
     if prm.pd_layerwise:
-        fin = pd_move_nb(k, d, i, now, k, 0, rq, ist, lk, prm)
+        fin = pd_move_nb(sim, k, d, i, now, k, 0)
         arrived_nb(i, layerwise_ready_nb(now, fin, prm.pd_layers, ist.iter_dt[k]), rq, rs, ist,
                    prm, out, ty)  # fmt: skip
     blocks = (rq.input_tokens[i] + prm.block_tokens - 1) // prm.block_tokens
@@ -798,22 +769,17 @@ def hand_off_nb(
 
 
 @njit(cache=True, nogil=True, _nrt=False)
-def grow_nb(
-    k: int,
-    i: int,
-    tokens: int,
-    now: float,
-    rs: RequestState,
-    ist: InstanceState,
-    pool: HbmPools,
-    ts: TierPools,
-    tp: TierParams,
-    lk: LinkState,
-    prm: Params,
-    buf: Buffers,
-) -> bool:
+def grow_nb(sim: Sim, k: int, i: int, tokens: int, now: float) -> bool:
     """vllm_v1: take the slots request ``i`` needs to hold ``tokens`` tokens of KV from the free
     ring's head; False (nothing taken) when too few are free (the reference's ``grow``)."""
+    rs = sim.rs
+    ist = sim.ist
+    pool = sim.pool
+    ts = sim.ts
+    tp = sim.tp
+    lk = sim.lk
+    prm = sim.prm
+    buf = sim.buf
     B = prm.block_tokens
     held = rs.held
     need = (tokens + B - 1) // B - held[i]
@@ -876,25 +842,23 @@ def preempt_nb(
     return i
 
 
+class AheadPlan(NamedTuple):
+    """A decode-only batch as :func:`run_ahead_nb` takes it: run until ``t_next`` at most,
+    ``m`` requests, ``steps_left`` steps before the first finishes, the first step's time and
+    its attention and KV-read sums, and whether a step allocates its new blocks (``alloc``)."""
+
+    t_next: float
+    m: int
+    steps_left: int
+    dt: float
+    attn: int
+    kv_read: int
+    alloc: bool
+
+
 @njit(cache=True, nogil=True, inline="always")
 def run_ahead_nb(
-    k: int,
-    now: float,
-    t_next: float,
-    m: int,
-    steps_left: int,
-    dt: float,
-    attn: int,
-    kv_read: int,
-    rs: RequestState,
-    ist: InstanceState,
-    prm: Params,
-    out: Outputs,
-    ty: Tally,
-    pool: HbmPools,
-    buf: Buffers,
-    alloc: bool,
-    keep_free: bool,
+    sim: Sim, k: int, now: float, plan: AheadPlan, keep_free: bool
 ) -> tuple[float, float]:
     """Run a decode-only batch's steps ahead of the event loop; (last step's start, its time).
 
@@ -914,6 +878,14 @@ def run_ahead_nb(
     longest ones (``tbt_run_nb``: the same subtractions as token by token, one request's
     slice at a time). A handed-over request's first step there is never run ahead.
     """
+    t_next, m, steps_left, dt, attn, kv_read, alloc = plan
+    rs = sim.rs
+    ist = sim.ist
+    prm = sim.prm
+    out = sim.out
+    ty = sim.ty
+    pool = sim.pool
+    buf = sim.buf
     seg_t0 = ist.seg_t0
     seg_m = ist.seg_m
     seg_busy = ist.seg_busy
@@ -992,27 +964,18 @@ def run_ahead_nb(
 
 
 @njit(cache=True, nogil=True, inline="always")
-def schedule_v0_nb(
-    k: int,
-    now: float,
-    rq: Requests,
-    rs: RequestState,
-    ist: InstanceState,
-    pool: HbmPools,
-    ts: TierPools,
-    tp: TierParams,
-    lk: LinkState,
-    prm: Params,
-    out: Outputs,
-    ty: Tally,
-    buf: Buffers,
-    cascade: bool,
-) -> tuple[int, int, bool, float]:
+def schedule_v0_nb(sim: Sim, k: int, now: float, cascade: bool) -> tuple[int, int, bool, float]:
     """vllm_v0: the iteration's requests into ``sched_pos`` / ``sched_q`` (the reference's
     ``schedule_v0``): prompts whole and FCFS, in an iteration of their own; else every running
     request decodes, each needing a free block, preempting from the end. Returns the scheduled
     count, the decode steps before the first of the batch finishes (0: not decode-only),
     whether it preempted, and the latest load end among running requests."""
+    rq = sim.rq
+    rs = sim.rs
+    ist = sim.ist
+    pool = sim.pool
+    prm = sim.prm
+    out = sim.out
     boff = rq.block_offsets
     n_running = ist.n_running
     running = ist.running
@@ -1051,7 +1014,7 @@ def schedule_v0_nb(
         planned = 1 if rs.handed[i] else target[i]  # a handed-over request: one decode step
         if m > 0 and planned > budget:
             break
-        if not admit_nb(k, i, now, rq, rs, ist, pool, ts, tp, lk, prm, out, ty, buf, budget, m > 0):
+        if not admit_nb(sim, k, i, now, budget, m > 0):
             break
         q_head[k] = next_waiting[i]
         if q_head[k] < 0:
@@ -1085,9 +1048,7 @@ def schedule_v0_nb(
             steps_left = output_tokens[i] - generated[i]
         ok = True
         fits = (kv[i] + prm.block_tokens) // prm.block_tokens <= rs.held[i]
-        while ist.free_len[k] < 1 or not grow_nb(
-            k, i, kv[i] + 1, now, rs, ist, pool, ts, tp, lk, prm, buf
-        ):
+        while ist.free_len[k] < 1 or not grow_nb(sim, k, i, kv[i] + 1, now):
             # the most recently admitted request whose KV is here (a handed-over request whose
             # KV is still arriving is not yet running in vLLM's sense)
             j = n_running[k] - 1
@@ -1111,88 +1072,65 @@ def schedule_v0_nb(
     return m, steps_left, preempted, last_ready
 
 
+class StepSums(NamedTuple):
+    """The sums an iteration's step time is computed from, grown as requests are scheduled:
+    tokens, attention work, KV read; decode requests and their KV; measured prefill attention
+    in ns and its lookups beyond the data (:func:`kvtier.sim.timing.step_time`)."""
+
+    tokens: int
+    attn: int
+    kv_read: int
+    n_dec: int
+    dec_kv: int
+    pf_ns: int
+    pf_ext: int
+
+
 @njit(cache=True, nogil=True, inline="always")
-def start_iteration_nb(
-    k: int,
-    now: float,
-    t_next: float,
-    rq: Requests,
-    rs: RequestState,
-    ist: InstanceState,
-    pool: HbmPools,
-    ts: TierPools,
-    tp: TierParams,
-    lk: LinkState,
-    prm: Params,
-    out: Outputs,
-    ty: Tally,
-    buf: Buffers,
-) -> None:
-    """Idle instance ``k`` schedules an iteration: running requests take their tokens, then
-    admissions (FCFS) take prefill chunks (vllm_v0: :func:`schedule_v0_nb`); with nothing to
-    run it waits for a load."""
+def take_nb(s: StepSums, q: int, kv: int, target: int, timing: np.ndarray) -> StepSums:
+    """The sums once a request with ``kv`` of its ``target`` tokens computed takes ``q``
+    tokens in this iteration (prefill while ``kv < target``, else a decode step)."""
+    tokens = s.tokens + q
+    attn = s.attn + q * (2 * kv + q)
+    kv_read = s.kv_read + kv + q
+    if kv < target:
+        pf_ns = s.pf_ns + prefill_attn_ns_nb(q, kv, timing)
+        pf_ext = s.pf_ext + prefill_out_of_range_nb(q, kv, timing)
+        return StepSums(tokens, attn, kv_read, s.n_dec, s.dec_kv, pf_ns, pf_ext)
+    return StepSums(tokens, attn, kv_read, s.n_dec + 1, s.dec_kv + kv + q, s.pf_ns, s.pf_ext)
+
+
+class Scheduled(NamedTuple):
+    """An iteration as it is being scheduled: requests taken (``m``), token budget left, the
+    sums, decode steps before the first of a decode-only batch finishes (0: not one), the
+    latest load end among running requests (``load_wait = batch``), and whether it preempted."""
+
+    m: int
+    budget: int
+    sums: StepSums
+    steps_left: int
+    last_ready: float
+    preempted: bool
+
+
+@njit(cache=True, nogil=True, inline="always")
+def schedule_running_nb(sim: Sim, k: int, now: float, sc: Scheduled, cascade: bool) -> Scheduled:
+    """The running requests of instance ``k`` take their tokens, in order (vllm_v1: a
+    request that finds no free block preempts the most recently admitted one)."""
+    rq = sim.rq
+    rs = sim.rs
+    ist = sim.ist
+    prm = sim.prm
     boff = rq.block_offsets
     n_running = ist.n_running
     running = ist.running
     ready = rs.ready
     kv = rs.kv
-    registered = rs.registered
-    output_tokens = rq.output_tokens
-    generated = rs.generated
-    sched_pos = ist.sched_pos
-    sched_q = ist.sched_q
-    q_len = ist.q_len
-    q_head = ist.q_head
-    next_waiting = rs.next_waiting
-    q_tail = ist.q_tail
-    wake = ist.wake
-    timing = prm.timings[prm.pool_of[k]]  # this instance's pool's step times
-    n_sched = ist.n_sched
-    busy = ist.busy
-    busy_until = ist.busy_until
-    busy_s = out.busy_s
-    ints = ty.ints
-    if k < prm.n_prefill and ist.held_head[k] >= 0:
-        release_held_nb(k, now, rs, ist, pool, prm)
-    budget = prm.token_budget
-    m = 0
-    # the iteration's sums (tokens, attention, KV read; decode requests and their KV; measured
-    # prefill attention in ns and its lookups beyond the data) as requests are scheduled
-    tokens = 0
-    attn = 0
-    kv_read = 0
-    n_dec = 0
-    dec_kv = 0
-    pf_ns = 0
-    pf_ext = 0
-    # decode steps before the first of the batch finishes (0: not a decode-only batch)
-    steps_left = np.int64(1) << 62
-    last_ready = now  # the latest load end among running requests (load_wait = batch)
     target = rs.target
+    timing = prm.timings[prm.pool_of[k]]  # this instance's pool's step times
     grows = prm.scheduler == VLLM_V1
-    cascade = tp.n_tiers > 0 and (tp.write_policy == WRITE_BACK or tp.exclusive)
-    preempted = False
+    m, budget, sums, steps_left, last_ready, preempted = sc
     pos = -1
-    v0 = prm.scheduler == VLLM_V0
-    if v0:
-        m, steps_left, preempted, last_ready = schedule_v0_nb(
-            k, now, rq, rs, ist, pool, ts, tp, lk, prm, out, ty, buf, cascade
-        )
-        if ist.free_len[k] < 1:
-            steps_left = 0  # the next step's requests each need a free block: step by step
-        for x in range(m):
-            i = running[k, sched_pos[k, x]]
-            q = sched_q[k, x]
-            tokens += q
-            attn += q * (2 * kv[i] + q)
-            kv_read += kv[i] + q
-            if kv[i] < target[i]:
-                pf_ns += prefill_attn_ns_nb(q, kv[i], timing)
-                pf_ext += prefill_out_of_range_nb(q, kv[i], timing)
-            else:
-                n_dec += 1
-                dec_kv += kv[i] + q
-        pos = n_running[k]  # (the loops below are vllm_v1's and reserve's)
     while pos + 1 < n_running[k]:  # (vllm_v1: preemptions take requests off its end)
         pos += 1
         i = running[k, pos]
@@ -1209,19 +1147,19 @@ def start_iteration_nb(
             steps_left = 0
         else:
             q = 1
-            if registered[i] < boff[i + 1] - boff[i] or rs.pd_first[i]:
+            if rs.registered[i] < boff[i + 1] - boff[i] or rs.pd_first[i]:
                 steps_left = 0  # (a handed-over request's first step ends at an event)
-            elif output_tokens[i] - generated[i] < steps_left:
-                steps_left = output_tokens[i] - generated[i]
+            elif rq.output_tokens[i] - rs.generated[i] < steps_left:
+                steps_left = rq.output_tokens[i] - rs.generated[i]
         if grows:
             # vLLM V1: no free block, the most recently admitted request is preempted
             ok = True
-            while not grow_nb(k, i, kv[i] + q, now, rs, ist, pool, ts, tp, lk, prm, buf):
+            while not grow_nb(sim, k, i, kv[i] + q, now):
                 # (not a request whose KV is still arriving: vLLM keeps those waiting)
                 j = n_running[k] - 1
                 while ready[running[k, j]] > now:
                     j -= 1
-                v = preempt_nb(k, j, rq, rs, ist, pool, prm, out)
+                v = preempt_nb(k, j, rq, rs, ist, sim.pool, prm, sim.out)
                 preempted = True
                 if v == i:
                     ok = False
@@ -1233,124 +1171,170 @@ def start_iteration_nb(
             room = rs.held[i] * prm.block_tokens - kv[i]
             if cascade and kv[i] >= target[i] and room < steps_left:
                 steps_left = room
-        sched_pos[k, m] = pos
-        sched_q[k, m] = q
+        ist.sched_pos[k, m] = pos
+        ist.sched_q[k, m] = q
         budget -= q
         m += 1
-        tokens += q
-        attn += q * (2 * kv[i] + q)
-        kv_read += kv[i] + q
-        if kv[i] < target[i]:
-            pf_ns += prefill_attn_ns_nb(q, kv[i], timing)
-            pf_ext += prefill_out_of_range_nb(q, kv[i], timing)
-        else:
-            n_dec += 1
-            dec_kv += kv[i] + q
-    # (vLLM V1 admits nobody in a step that preempted)
-    while not v0 and not preempted and budget > 0 and q_len[k] > 0 and n_running[k] < prm.max_seqs:
+        sums = take_nb(sums, q, kv[i], target[i], timing)
+    return Scheduled(m, budget, sums, steps_left, last_ready, preempted)
+
+
+@njit(cache=True, nogil=True, inline="always")
+def schedule_admissions_nb(sim: Sim, k: int, now: float, sc: Scheduled) -> Scheduled:
+    """Waiting requests of instance ``k`` are admitted in FCFS order while the budget, the
+    running-request limit and HBM allow; each that is ready takes a prefill chunk (a decode
+    instance's handed-over request: its first decode step)."""
+    rs = sim.rs
+    ist = sim.ist
+    prm = sim.prm
+    ready = rs.ready
+    kv = rs.kv
+    target = rs.target
+    q_len = ist.q_len
+    q_head = ist.q_head
+    n_running = ist.n_running
+    timing = prm.timings[prm.pool_of[k]]  # this instance's pool's step times
+    m, budget, sums, steps_left, last_ready, preempted = sc
+    while budget > 0 and q_len[k] > 0 and n_running[k] < prm.max_seqs:
         i = q_head[k]
-        if not admit_nb(k, i, now, rq, rs, ist, pool, ts, tp, lk, prm, out, ty, buf, budget, m > 0):
+        if not admit_nb(sim, k, i, now, budget, m > 0):
             break
-        q_head[k] = next_waiting[i]
+        q_head[k] = rs.next_waiting[i]
         if q_head[k] < 0:
-            q_tail[k] = -1
+            ist.q_tail[k] = -1
         q_len[k] -= 1
         pos = n_running[k]
-        running[k, pos] = i
+        ist.running[k, pos] = i
         n_running[k] += 1
         steps_left = 0
         if ready[i] > now:
             if ready[i] > last_ready:
                 last_ready = ready[i]
             continue
-        # a prefill chunk (a decode instance's handed-over request: its first decode step)
         q = target[i] - kv[i] if kv[i] < target[i] else 1
         if q > budget:
             q = budget
-        sched_pos[k, m] = pos
-        sched_q[k, m] = q
+        ist.sched_pos[k, m] = pos
+        ist.sched_q[k, m] = q
         budget -= q
         m += 1
-        tokens += q
-        attn += q * (2 * kv[i] + q)
-        kv_read += kv[i] + q
-        if kv[i] < target[i]:
-            pf_ns += prefill_attn_ns_nb(q, kv[i], timing)
-            pf_ext += prefill_out_of_range_nb(q, kv[i], timing)
-        else:
-            n_dec += 1
-            dec_kv += kv[i] + q
+        sums = take_nb(sums, q, kv[i], target[i], timing)
+    return Scheduled(m, budget, sums, steps_left, last_ready, preempted)
+
+
+@njit(cache=True, nogil=True, inline="always")
+def idle_until_nb(sim: Sim, k: int, now: float, v0: bool, preempted: bool) -> float:
+    """When instance ``k``, with nothing to run because every running request is loading,
+    wakes: when the first of them is ready (after a preemption that left none running, or
+    any vllm_v0 preemption: at once, to admit); a prefill instance whose blocks are held wakes
+    when the first of them is freed."""
+    rs = sim.rs
+    ist = sim.ist
+    n_running = ist.n_running
+    ready = rs.ready
+    w = now if v0 and preempted else np.inf
+    for pos in range(n_running[k]):
+        if ready[ist.running[k, pos]] < w:
+            w = ready[ist.running[k, pos]]
+    h = ist.held_head[k]
+    while h >= 0:
+        if rs.release_at[h] < w:
+            w = rs.release_at[h]
+        h = rs.next_held[h]
+    if n_running[k] == 0 and (preempted or ist.held_head[k] < 0):
+        w = now
+    return w
+
+
+@njit(cache=True, nogil=True, inline="always")
+def pd_horizon_nb(sim: Sim, k: int, now: float, t_next: float) -> float:
+    """How far decode instance ``k`` may run ahead: a prefill instance may hand a request over
+    at its iteration's end, and an idle one waiting for held blocks waits for another decode
+    instance's next admission (``arrived_nb`` wakes it), so none of those run ahead of it."""
+    ist = sim.ist
+    prm = sim.prm
+    busy = ist.busy
+    busy_until = ist.busy_until
+    wake = ist.wake
+    blocked = False
+    for p in range(prm.n_prefill):
+        b = busy_until[p] if busy[p] else wake[p]
+        if b < t_next:
+            t_next = b
+        if not busy[p] and b == np.inf and ist.q_len[p] > 0:
+            blocked = True
+    if blocked:
+        for dd in range(prm.n_prefill, prm.n_instances):
+            if dd != k and (busy[dd] or ist.n_running[dd] > 0 or ist.q_len[dd] > 0):
+                b = busy_until[dd] if busy[dd] else now  # idle with work: admits now
+                if b < t_next:
+                    t_next = b
+    return t_next
+
+
+@njit(cache=True, nogil=True, inline="always")
+def start_iteration_nb(sim: Sim, k: int, now: float, t_next: float) -> None:
+    """Idle instance ``k`` schedules an iteration: running requests take their tokens, then
+    admissions (FCFS) take prefill chunks (vllm_v0: :func:`schedule_v0_nb`); with nothing to
+    run it waits for a load."""
+    rs = sim.rs
+    ist = sim.ist
+    tp = sim.tp
+    prm = sim.prm
+    n_running = ist.n_running
+    wake = ist.wake
+    timing = prm.timings[prm.pool_of[k]]  # this instance's pool's step times
+    ints = sim.ty.ints
+    if k < prm.n_prefill and ist.held_head[k] >= 0:
+        release_held_nb(k, now, rs, ist, sim.pool, prm)
+    grows = prm.scheduler == VLLM_V1
+    cascade = tp.n_tiers > 0 and (tp.cascade or tp.exclusive)
+    v0 = prm.scheduler == VLLM_V0
+    sums = StepSums(0, 0, 0, 0, 0, 0, 0)
+    steps_left = np.int64(1) << 62  # (0: not a decode-only batch)
+    if v0:
+        m, steps_left, preempted, last_ready = schedule_v0_nb(sim, k, now, cascade)
+        if ist.free_len[k] < 1:
+            steps_left = 0  # the next step's requests each need a free block: step by step
+        for x in range(m):
+            i = ist.running[k, ist.sched_pos[k, x]]
+            sums = take_nb(sums, ist.sched_q[k, x], rs.kv[i], rs.target[i], timing)
+        sc = Scheduled(m, prm.token_budget, sums, steps_left, last_ready, preempted)
+    else:
+        sc = Scheduled(0, prm.token_budget, sums, steps_left, now, False)
+        sc = schedule_running_nb(sim, k, now, sc, cascade)
+        if not sc.preempted:  # (vLLM V1 admits nobody in a step that preempted)
+            sc = schedule_admissions_nb(sim, k, now, sc)
+    m, _, sums, steps_left, last_ready, preempted = sc
     if tp.batch_waits and last_ready > now:
         # the batch waits for every load (load_wait = batch): idle until the last one
         wake[k] = last_ready
         return
     if m == 0:
-        # every running request is loading: idle until the first one is ready (after a
-        # preemption that left none running, or any vllm_v0 preemption: at once, to admit); a
-        # prefill instance whose blocks are held wakes when the first of them is freed
-        w = now if v0 and preempted else np.inf
-        for pos in range(n_running[k]):
-            if ready[running[k, pos]] < w:
-                w = ready[running[k, pos]]
-        h = ist.held_head[k]
-        while h >= 0:
-            if rs.release_at[h] < w:
-                w = rs.release_at[h]
-            h = rs.next_held[h]
-        if n_running[k] == 0 and (preempted or ist.held_head[k] < 0):
-            w = now
-        wake[k] = w
+        wake[k] = idle_until_nb(sim, k, now, v0, preempted)
         return
     wake[k] = np.inf
+    tokens, attn, kv_read, n_dec, dec_kv, pf_ns, pf_ext = sums
     dt = step_time_nb(tokens, attn, kv_read, n_dec, dec_kv, pf_ns, timing)
     ints[C_EXTRAP] += step_extrapolated_nb(tokens, n_dec, dec_kv, pf_ext, timing)
     t = now
     # vllm_v1: nothing waits (an admission's blocks may change with time) and none preempted
-    ahead = not (grows or v0) or (not preempted and q_len[k] == 0)
+    ahead = not (grows or v0) or (not preempted and ist.q_len[k] == 0)
     if prm.n_prefill > 0 and k >= prm.n_prefill:
-        # disaggregated: a prefill instance may hand a request over at its iteration's end
-        blocked = False
-        for p in range(prm.n_prefill):
-            b = busy_until[p] if busy[p] else wake[p]
-            if b < t_next:
-                t_next = b
-            if not busy[p] and b == np.inf and q_len[p] > 0:
-                blocked = True
-        if blocked:
-            # an idle prefill instance waits for held blocks that a decode instance's next
-            # admission will free (arrived_nb wakes it): none of those run ahead of this one
-            for dd in range(prm.n_prefill, prm.n_instances):
-                if dd != k and (busy[dd] or n_running[dd] > 0 or q_len[dd] > 0):
-                    b = busy_until[dd] if busy[dd] else now  # idle with work: admits now
-                    if b < t_next:
-                        t_next = b
+        t_next = pd_horizon_nb(sim, k, now, t_next)
     if m == n_running[k] and steps_left > 1 and ahead:
-        t, dt = run_ahead_nb(
-            k, now, t_next, m, steps_left, dt, attn, kv_read, rs, ist, prm, out, ty, pool, buf,
-            (grows or v0) and not cascade, v0,
-        )  # fmt: skip
-    n_sched[k] = m
+        plan = AheadPlan(t_next, m, steps_left, dt, attn, kv_read, (grows or v0) and not cascade)
+        t, dt = run_ahead_nb(sim, k, now, plan, v0)
+    ist.n_sched[k] = m
     ist.iter_dt[k] = dt
-    busy[k] = True
-    busy_until[k] = t + dt
-    busy_s[k] += dt
+    ist.busy[k] = True
+    ist.busy_until[k] = t + dt
+    sim.out.busy_s[k] += dt
     ints[C_ITER] += 1
 
 
 @njit(cache=True, nogil=True, _nrt=False)
-def event_loop_nb(
-    rq: Requests,
-    rs: RequestState,
-    ist: InstanceState,
-    pool: HbmPools,
-    ts: TierPools,
-    tp: TierParams,
-    lk: LinkState,
-    prm: Params,
-    out: Outputs,
-    ty: Tally,
-    buf: Buffers,
-) -> tuple[bool, float]:
+def event_loop_nb(sim: Sim) -> tuple[bool, float]:
     """The event loop of one replay, on state :func:`simulate_nb` has set up; returns
     (stopped early, the last event's time).
 
@@ -1363,6 +1347,11 @@ def event_loop_nb(
     array field yields a new reference, which would otherwise be counted (an atomic
     increment and decrement) wherever a step reads one.
     """
+    rq = sim.rq
+    ist = sim.ist
+    prm = sim.prm
+    out = sim.out
+    ty = sim.ty
     n = rq.arrival.shape[0]
     n_inst = prm.n_instances
     nx = 0
@@ -1389,14 +1378,14 @@ def event_loop_nb(
                 act[n_act] = k
                 n_act += 1
         for a in range(n_act):
-            end_iteration_nb(act[a], now, rq, rs, ist, pool, ts, tp, lk, prm, out, ty, buf)
+            end_iteration_nb(sim, act[a], now)
         if slo_on and slo_missed_nb(prm, ty, n):
             early = True
             stop_early_nb(now, ist, prm, out, ty)
             break
         while next_arrival_nb(rq, nx, prm, ty) == now:
             arrival[nx] = now  # when it was sent (a closed loop's copy of the trace times)
-            arrive_nb(nx, rq, rs, ist, pool, ts, tp, prm, out, ty, buf)
+            arrive_nb(sim, nx)
             nx += 1
         n_act = 0
         for k in range(n_inst):
@@ -1409,9 +1398,7 @@ def event_loop_nb(
         if prm.concurrency > 0 and nx < n and t_next == np.inf:
             t_next = now
         for a in range(n_act):
-            start_iteration_nb(
-                act[a], now, t_next, rq, rs, ist, pool, ts, tp, lk, prm, out, ty, buf
-            )
+            start_iteration_nb(sim, act[a], now, t_next)
 
     return early, now
 
@@ -1526,7 +1513,8 @@ def simulate_nb(
         np.empty(max_out + 1 if prm.track_tbt else 1, dtype=np.float64),
     )
     ty = Tally(np.zeros(N_COUNTERS, dtype=np.int64), np.zeros(2, dtype=np.float64))
-    early, now = event_loop_nb(rq, rs, ist, pool, ts, tp, lk, prm, out, ty, buf)
+    sim = Sim(rq, rs, ist, pool, ts, tp, lk, prm, out, ty, buf)
+    early, now = event_loop_nb(sim)
     # Leave the map all zero again so the caller can reuse it for the next replay: every
     # non-zero entry is named by the MAP field of the slot it holds, so clearing those entries
     # costs one pass over the slots instead of one over the whole map.

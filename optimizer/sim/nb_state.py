@@ -6,9 +6,12 @@ layouts are fixed by :mod:`kvtier.sim.engine`, which fills and checks every arra
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from kvtier.sim.nb_tiers import LinkState, TierParams, TierPools
 
 
 class Requests(NamedTuple):
@@ -219,3 +222,21 @@ class Tally(NamedTuple):
 
     ints: np.ndarray  # i8 (N_COUNTERS,): fields C_*
     ttft_sum: np.ndarray  # f8 (2,): summed TTFT so far (the SLO's mean bound), last slot freed
+
+
+class Sim(NamedTuple):
+    """The whole state of one replay in one value: what the engine's steps take, so that a step
+    (or a plug-in's numba twin) has one parameter for it instead of eleven. numba passes a
+    tuple's fields as it would pass them one by one, so bundling costs nothing at a call."""
+
+    rq: Requests
+    rs: RequestState
+    ist: InstanceState
+    pool: HbmPools
+    ts: TierPools
+    tp: TierParams
+    lk: LinkState
+    prm: Params
+    out: Outputs
+    ty: Tally
+    buf: Buffers

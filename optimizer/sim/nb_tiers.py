@@ -36,9 +36,10 @@ import numpy as np
 from numba import njit
 
 import kvtier.jitcache  # noqa: F401  (drops kernels compiled against older sources)
+import kvtier.sim.write_policies.dispatch  # noqa: F401  (its sources, for kvtier.jitcache)
 from kvtier.cache.enums import L_WHERE, M_POLICY, W_MAIN, W_SMALL
 from kvtier.cache.nb import _access_nb, remove_nb
-from kvtier.policy.registries import WRITE_BACK, WRITE_SELECTIVE, WRITE_THROUGH
+from kvtier.sim.gen import WRITE_POLICY_FAMILY, twin
 from kvtier.sim.steptime.jit import prefill_seconds_nb
 from kvtier.sim.transfer import (
     layerwise_ready,
@@ -51,6 +52,8 @@ transfer_nb = njit(cache=True, nogil=True, _nrt=False)(path_transfer)
 estimate_nb = njit(cache=True, nogil=True, _nrt=False)(path_estimate)
 ops_of_nb = njit(cache=True, nogil=True)(ops_of)
 layerwise_ready_nb = njit(cache=True, nogil=True)(layerwise_ready)
+# the write policies' dispatch (kvtier.sim.gen; plug-ins from outside the package extend it)
+chosen_nb = twin(WRITE_POLICY_FAMILY)
 
 
 class TierPools(NamedTuple):
@@ -105,10 +108,12 @@ class TierParams(NamedTuple):
     casc_path: np.ndarray  # i8 (T, n_instances, MAX_PATH)
     casc_scale: np.ndarray  # f8 (T, MAX_PATH)
     n_links: int
-    write_policy: int  # WRITE_* code
+    write_policy: int  # the write policy's registry code (kvtier.sim.write_policies)
+    cascade: bool  # its trait: evicted blocks are copied into the next tier down
+    counts_sightings: bool  # its trait: admissions count sightings (a hit may be copied down)
     selective_k: int  # sightings before write_through_selective copies a block
     exclusive: bool  # a loaded block leaves its tier (it moves up)
-    cost_aware: bool  # load rule cost_aware (else always_load)
+    load_rule: int  # the load rule's registry code (kvtier.sim.load_rules)
     batch_waits: bool  # load_wait = batch: no iteration while a running request loads
     fragments: int  # memory regions per block
     coalesce: int  # fragments per transfer operation
@@ -124,7 +129,8 @@ class TierParams(NamedTuple):
         i3 = np.zeros((0, 0, 0), dtype=np.int64)
         return cls(
             0, b1, i8, np.zeros(n_instances, dtype=np.int64), f8, f8, f8, f8, f2, i8, i8, i8,
-            b1, b1, i2, i8, f8, f8, i8, i3, f2, i3, f2, 0, 0, 1, False, False, False, 1, 1, 1, 0.0,
+            b1, b1, i2, i8, f8, f8, i8, i3, f2, i3, f2, 0, 0, False, False, 1, False, 0, False,
+            1, 1, 1, 0.0,
         )  # fmt: skip
 
 
@@ -249,7 +255,9 @@ def lookup_nb(ts, tp, k, block_ids, bo, start, cap, src):  # noqa: ANN001, ANN20
 
 
 @njit(cache=True, nogil=True, _nrt=False)
-def _cost_nb(tp, lk, k, now, counts, q, ctx, timing, path):  # noqa: ANN001, ANN201
+def load_cost_nb(tp, lk, k, now, counts, q, ctx, timing, path):  # noqa: ANN001, ANN201
+    """Estimated seconds until a request loading ``counts[t]`` blocks from each tier ``t`` and
+    computing ``q`` tokens after ``ctx`` is ready (the cost-aware load rule's objective)."""
     load = 0.0
     for t in range(tp.n_tiers):
         if counts[t] > 0:
@@ -277,24 +285,6 @@ def _cost_nb(tp, lk, k, now, counts, q, ctx, timing, path):  # noqa: ANN001, ANN
             if fin - now > load:
                 load = fin - now
     return load + prefill_seconds_nb(q, ctx, timing)
-
-
-@njit(cache=True, nogil=True, _nrt=False)
-def choose_nb(tp, lk, k, now, src, n_src, hbm_hits, B, counts, timing, path):  # noqa: ANN001, ANN201
-    """How many found blocks to load: all, or the cost-aware choice (ties: load more)."""
-    if tp.cost_aware == 0:
-        return n_src
-    for t in range(tp.n_tiers):
-        counts[t] = 0
-    best_c = 0
-    best = _cost_nb(tp, lk, k, now, counts, n_src * B, hbm_hits * B, timing, path)
-    for c in range(1, n_src + 1):
-        counts[src[c - 1]] += 1
-        v = _cost_nb(tp, lk, k, now, counts, (n_src - c) * B, (hbm_hits + c) * B, timing, path)
-        if v <= best:
-            best = v
-            best_c = c
-    return best_c
 
 
 @njit(cache=True, nogil=True, _nrt=False)
@@ -331,7 +321,7 @@ def load_nb(ts, tp, lk, k, now, block_ids, bo, start, src, c, counts, q, ctx, ti
 @njit(cache=True, nogil=True, _nrt=False, inline="always")
 def insert_nb(ts, tp, lk, k, now, t, b, path):  # noqa: ANN001, ANN201
     """Admit ``b`` into tier ``t``; victims cascade down under write-back or exclusive."""
-    cascade = tp.write_policy == WRITE_BACK or tp.exclusive
+    cascade = tp.cascade or tp.exclusive
     while True:
         victim = touch_nb(ts, pool_nb(tp, t, k), b)
         if victim < 0 or not cascade or t + 1 >= tp.n_tiers:
@@ -407,7 +397,7 @@ def sighted_nb(ts, tp, lk, k, now, block_ids, bo, nb, hbm_hits, buf, path):  # n
         if j < hbm_hits and ts.sightings[b] == tp.selective_k:
             buf[n] = b
             n += 1
-    if tp.write_policy == WRITE_SELECTIVE and n > 0:
+    if tp.counts_sightings and n > 0:
         targets = new_targets_nb(tp)
         write_down_nb(ts, tp, lk, k, now, buf, np.int64(n), np.int64(targets), path)
 
@@ -416,17 +406,7 @@ def sighted_nb(ts, tp, lk, k, now, block_ids, bo, nb, hbm_hits, buf, path):  # n
 def computed_nb(ts, tp, lk, k, now, buf, nbuf, path):  # noqa: ANN001, ANN201
     """Newly computed blocks ``buf[:nbuf]``: copy down per the write policy; returns when the
     copies the engine step waits for end (``now`` if none)."""
-    wp = tp.write_policy
-    if wp == WRITE_THROUGH:
-        n = nbuf
-    elif wp == WRITE_SELECTIVE:
-        n = 0
-        for x in range(nbuf):
-            if ts.sightings[buf[x]] >= tp.selective_k:
-                buf[n] = buf[x]
-                n += 1
-    else:
-        return now
+    n = chosen_nb(ts, tp, buf, nbuf)
     if n > 0:
         targets = new_targets_nb(tp)
         return write_down_nb(ts, tp, lk, k, now, buf, np.int64(n), np.int64(targets), path)
@@ -435,7 +415,7 @@ def computed_nb(ts, tp, lk, k, now, buf, nbuf, path):  # noqa: ANN001, ANN201
 
 @njit(cache=True, nogil=True, _nrt=False)
 def hbm_evicted_nb(ts, tp, lk, k, now, buf, nbuf, path):  # noqa: ANN001, ANN201
-    if (tp.write_policy == WRITE_BACK or tp.exclusive) and nbuf > 0:
+    if (tp.cascade or tp.exclusive) and nbuf > 0:
         write_down_nb(ts, tp, lk, k, now, buf, np.int64(nbuf), np.int64(1), path)
 
 

@@ -236,161 +236,188 @@ def total_blocks_of(input_tokens: int, output_tokens: int, block_tokens: int) ->
     return -(-tokens // block_tokens)
 
 
-def simulate_reference(
-    trace: BlockedTrace,
-    cfg: SimConfig,
-    *,
-    slo: SloCheck | None = None,
-    check_invariants: bool = False,
-) -> RawResult:
-    """Replay ``trace``; per-request first-token and finish times (NaN when not reached)."""
-    n = trace.n_requests
-    B = cfg.block_tokens
-    tp = cfg.timing_params()
-    fe = float(tp[T_FRONTEND])  # per-request front-end seconds (kvtier.sim.timing)
-    first = np.full(n, np.nan)
-    finish_s = np.full(n, np.nan)
-    hits_out = np.zeros(n, dtype=np.int64)
-    inst_of = np.full(n, -1, dtype=np.int64)
-    # per-pool tensor parallelism: each instance's HBM blocks, watermark and step-time array
-    caps = [int(c) for c in cfg.instance_capacity()]
-    marks = [int(w) for w in cfg.instance_watermark()]
-    timing_of = cfg.instance_timings()
-    fit = min(caps)  # a request larger than the smallest instance is never served
-    instances = [Instance(caps[k]) for k in range(cfg.n_instances)]
-    requests = [
-        Request(
-            idx=i,
-            arrival=float(trace.arrival_s[i]),
-            input_tokens=int(trace.input_tokens[i]),
-            output_tokens=int(trace.output_tokens[i]),
-            blocks=trace.request_blocks(i).tolist(),
-            total_blocks=total_blocks_of(
-                int(trace.input_tokens[i]), int(trace.output_tokens[i]), B
-            ),
-            target=int(trace.input_tokens[i]),
-        )
-        for i in range(n)
-    ]
-    tracker = slo.tracker(n) if slo is not None else None
-    prefix = cfg.prefix_caching  # vLLM's own prefix cache (off: no HBM hits)
-    lower = None
-    if cfg.tiers is not None:
-        compute = (float(tp[0]), float(tp[1]), float(tp[2]))
-        costs = recompute_costs(
-            trace.block_offsets, trace.block_ids, trace.n_blocks, B, *compute
-        )  # GDSF's cost per block
-        lower = LowerTiers(cfg.tiers, trace.n_blocks, timing_of if cfg.two_pools else tp, costs)
-    grows = cfg.scheduler != RESERVE  # blocks allocated as requests grow, preemption
-    v0 = cfg.scheduler == VLLM_V0  # prompts whole, in iterations without decodes
-    n_pf = cfg.n_prefill  # disaggregated: instances [0, n_pf) prefill, the rest decode
-    n_route = n_pf if n_pf > 0 else cfg.n_instances  # the router's instances
-    pd = cfg.pd if n_pf > 0 else None
-    if pd is not None and lower is not None:
-        link_free, link_busy, link_moved = lower.free, lower.busy, lower.moved  # shared queues
-    else:
-        n_links = pd.n_links if pd is not None else 0
-        link_free, link_busy, link_moved = (
-            np.zeros(2 * n_links),
-            np.zeros(n_links),
-            np.zeros(n_links),
-        )
-    pd_workers = pd.workers if pd is not None else 1
-    # the decode side moves only the blocks past its own prefix hit (a pull: a layer-wise
-    # push leaves before the decode instance admits the request, so it moves every block)
-    trim = pd is not None and pd.decode_hit and not pd.layerwise
-    pd_wfree = np.zeros(cfg.n_instances * pd_workers)  # the P/D connector's workers
-    pd_wbusy = np.zeros(cfg.n_instances * pd_workers)
-    decode_of = np.full(n, -1, dtype=np.int64)
-    pd_s = np.zeros(n)  # seconds from prefill end to the KV's arrival
-    decode_hits = np.zeros(n, dtype=np.int64)  # prompt blocks its decode instance held
-    preempted_out = np.zeros(n, dtype=np.int64)
-    preempted_tok = np.zeros(n, dtype=np.int64)
-    load_s = np.zeros(n)
-    loaded_blocks = np.zeros((n, cfg.tiers.n_tiers if cfg.tiers is not None else 0), np.int64)
-    # the router: its module's reference step over the instances it reads
-    router = ROUTERS.by_code(cfg.router).load()
-    routing = RouteView(instances, n_route, cfg, prefix, lower, kv_route_weights(cfg))
-    nxt = 0
-    in_flight = 0  # requests sent and not finished (closed loop)
-    gate = 0.0  # when the last slot freed (closed loop)
-    sent_s = np.array([r.arrival for r in requests], dtype=np.float64)
-    n_iter = 0
-    n_extrap = 0  # iterations whose measured step time was extrapolated
-    early = False
-    now = 0.0
-    track = cfg.track_tbt  # token intervals (RawResult.tbt_tail_s)
-    tail_k = [int(x) for x in tbt_tail_counts(trace.output_tokens)] if track else []
-    tails: list[list[float]] = [[] for _ in range(n)] if track else []  # min-heaps
-    last_token = [0.0] * n if track else []  # when each request's last token was seen
-    tbt_out = np.full(n, np.nan) if track else None
+class ReferenceReplay:
+    """One replay in the reference engine: the state of every request, instance and tier as
+    plain attributes, and each step of the event loop a method over it (the numba engine's
+    steps in :mod:`kvtier.sim.nb` carry the same names)."""
 
-    def token(req: Request, t: float) -> None:
+    def __init__(
+        self,
+        trace: BlockedTrace,
+        cfg: SimConfig,
+        slo: SloCheck | None,
+        check_invariants: bool,
+    ) -> None:
+        self.trace = trace
+        self.cfg = cfg
+        self.slo = slo
+        self.check_invariants = check_invariants
+        self.n = trace.n_requests
+        self.B = self.cfg.block_tokens
+        tp = self.cfg.timing_params()
+        self.fe = float(tp[T_FRONTEND])  # per-request front-end seconds (kvtier.sim.timing)
+        self.first = np.full(self.n, np.nan)
+        self.finish_s = np.full(self.n, np.nan)
+        self.hits_out = np.zeros(self.n, dtype=np.int64)
+        self.inst_of = np.full(self.n, -1, dtype=np.int64)
+        # per-pool tensor parallelism: each instance's HBM blocks, watermark and step-time array
+        caps = [int(c) for c in self.cfg.instance_capacity()]
+        self.marks = [int(w) for w in self.cfg.instance_watermark()]
+        self.timing_of = self.cfg.instance_timings()
+        self.fit = min(caps)  # a request larger than the smallest instance is never served
+        self.instances = [Instance(caps[k]) for k in range(self.cfg.n_instances)]
+        self.requests = [
+            Request(
+                idx=i,
+                arrival=float(trace.arrival_s[i]),
+                input_tokens=int(trace.input_tokens[i]),
+                output_tokens=int(trace.output_tokens[i]),
+                blocks=trace.request_blocks(i).tolist(),
+                total_blocks=total_blocks_of(
+                    int(trace.input_tokens[i]), int(trace.output_tokens[i]), self.B
+                ),
+                target=int(trace.input_tokens[i]),
+            )
+            for i in range(self.n)
+        ]
+        self.tracker = slo.tracker(self.n) if slo is not None else None
+        self.prefix = self.cfg.prefix_caching  # vLLM's own prefix cache (off: no HBM hits)
+        self.lower = None
+        if self.cfg.tiers is not None:
+            compute = (float(tp[0]), float(tp[1]), float(tp[2]))
+            costs = recompute_costs(
+                trace.block_offsets, trace.block_ids, trace.n_blocks, self.B, *compute
+            )  # GDSF's cost per block
+            self.lower = LowerTiers(
+                self.cfg.tiers, trace.n_blocks, self.timing_of if self.cfg.two_pools else tp, costs
+            )
+        self.grows = self.cfg.scheduler != RESERVE  # blocks allocated as requests grow, preemption
+        self.v0 = self.cfg.scheduler == VLLM_V0  # prompts whole, in iterations without decodes
+        # disaggregated: instances [0, n_pf) prefill, the rest decode
+        self.n_pf = self.cfg.n_prefill
+        # the router's instances
+        self.n_route = self.n_pf if self.n_pf > 0 else self.cfg.n_instances
+        self.pd = self.cfg.pd if self.n_pf > 0 else None
+        if self.pd is not None and self.lower is not None:
+            self.link_free, self.link_busy, self.link_moved = (
+                self.lower.free,
+                self.lower.busy,
+                self.lower.moved,
+            )  # shared queues
+        else:
+            n_links = self.pd.n_links if self.pd is not None else 0
+            self.link_free, self.link_busy, self.link_moved = (
+                np.zeros(2 * n_links),
+                np.zeros(n_links),
+                np.zeros(n_links),
+            )
+        pd_workers = self.pd.workers if self.pd is not None else 1
+        # the decode side moves only the blocks past its own prefix hit (a pull: a layer-wise
+        # push leaves before the decode instance admits the request, so it moves every block)
+        self.trim = self.pd is not None and self.pd.decode_hit and not self.pd.layerwise
+        self.pd_wfree = np.zeros(self.cfg.n_instances * pd_workers)  # the P/D connector's workers
+        self.pd_wbusy = np.zeros(self.cfg.n_instances * pd_workers)
+        self.decode_of = np.full(self.n, -1, dtype=np.int64)
+        self.pd_s = np.zeros(self.n)  # seconds from prefill end to the KV's arrival
+        self.decode_hits = np.zeros(self.n, dtype=np.int64)  # prompt blocks its decode held
+        self.preempted_out = np.zeros(self.n, dtype=np.int64)
+        self.preempted_tok = np.zeros(self.n, dtype=np.int64)
+        self.load_s = np.zeros(self.n)
+        self.loaded_blocks = np.zeros(
+            (self.n, self.cfg.tiers.n_tiers if self.cfg.tiers is not None else 0), np.int64
+        )
+        # the router: its module's reference step over the instances it reads
+        self.router = ROUTERS.by_code(self.cfg.router).load()
+        self.routing = RouteView(
+            self.instances,
+            self.n_route,
+            self.cfg,
+            self.prefix,
+            self.lower,
+            kv_route_weights(self.cfg),
+        )
+        self.nxt = 0
+        self.in_flight = 0  # requests sent and not finished (closed loop)
+        self.gate = 0.0  # when the last slot freed (closed loop)
+        self.sent_s = np.array([r.arrival for r in self.requests], dtype=np.float64)
+        self.n_iter = 0
+        self.n_extrap = 0  # iterations whose measured step time was extrapolated
+        self.early = False
+        self.track = self.cfg.track_tbt  # token intervals (RawResult.tbt_tail_s)
+        self.tail_k = [int(x) for x in tbt_tail_counts(trace.output_tokens)] if self.track else []
+        # min-heaps
+        self.tails: list[list[float]] = [[] for _ in range(self.n)] if self.track else []
+        # when each request's last token was seen
+        self.last_token = [0.0] * self.n if self.track else []
+        self.tbt_out = np.full(self.n, np.nan) if self.track else None
+
+    def token(self, req: Request, t: float) -> None:
         """``req`` emitted a token after its first in the iteration ending at ``t``: its
         interval joins the request's longest ones (a min-heap of ``tail_k`` values)."""
-        if not track:
+        if not self.track:
             return
         i = req.idx
-        seen = t + fe
-        x = seen - last_token[i]
-        last_token[i] = seen
-        h = tails[i]
-        if len(h) < tail_k[i]:
+        seen = t + self.fe
+        x = seen - self.last_token[i]
+        self.last_token[i] = seen
+        h = self.tails[i]
+        if len(h) < self.tail_k[i]:
             heapq.heappush(h, x)
-        elif tail_k[i] > 0 and x > h[0]:
+        elif self.tail_k[i] > 0 and x > h[0]:
             heapq.heapreplace(h, x)
 
-    def tbt_tail(req: Request) -> None:
+    def tbt_tail(self, req: Request) -> None:
         """At ``req``'s finish: the mean of its longest intervals, summed in ascending order
         (as the kernel does), counted by the SLO."""
         i = req.idx
-        if not track or tail_k[i] == 0:
+        if not self.track or self.tail_k[i] == 0:
             return
         s = 0.0
-        for v in sorted(tails[i]):
+        for v in sorted(self.tails[i]):
             s += v
-        tbt_out[i] = s / tail_k[i]
-        if tracker is not None:
-            tracker.tbt(tbt_out[i])
+        self.tbt_out[i] = s / self.tail_k[i]
+        if self.tracker is not None:
+            self.tracker.tbt(self.tbt_out[i])
 
-    def next_arrival() -> float:
+    def next_arrival(self) -> float:
         """When request ``nxt`` is sent (closed loop: once a slot is free)."""
-        if nxt >= n:
+        if self.nxt >= self.n:
             return np.inf
-        a = requests[nxt].arrival
-        if cfg.concurrency > 0:
-            if in_flight >= cfg.concurrency:
+        a = self.requests[self.nxt].arrival
+        if self.cfg.concurrency > 0:
+            if self.in_flight >= self.cfg.concurrency:
                 return np.inf
-            return a if a > gate else gate
+            return a if a > self.gate else self.gate
         return a
 
-    def next_event() -> float:
+    def next_event(self) -> float:
         """The next instant: an arrival, an iteration's end or an idle instance's wake-up."""
-        t_arr = next_arrival()
-        busy = [inst.busy_until for inst in instances if inst.busy_until is not None]
+        t_arr = self.next_arrival()
+        busy = [inst.busy_until for inst in self.instances if inst.busy_until is not None]
         t_end = min(busy) if busy else np.inf
-        wakes = [inst.wake for inst in instances if inst.busy_until is None]
+        wakes = [inst.wake for inst in self.instances if inst.busy_until is None]
         t_wake = min(wakes) if wakes else np.inf
         return min(t_arr, t_end, t_wake)
 
-    def arrive(req: Request, t: float) -> None:
+    def arrive(self, req: Request, t: float) -> None:
         """``req`` arrives at ``t``: rejected if it can never fit, else routed to a waiting
         queue (closed loop: it takes a slot until it finishes)."""
-        nonlocal in_flight
         req.arrival = t
-        sent_s[req.idx] = t
-        if req.total_blocks > fit or (v0 and req.input_tokens > cfg.token_budget):
+        self.sent_s[req.idx] = t
+        if req.total_blocks > self.fit or (self.v0 and req.input_tokens > self.cfg.token_budget):
             # (vLLM v0 ignores a prompt longer than its token budget: it can never be scheduled)
-            if tracker is not None:
-                tracker.rejected()
+            if self.tracker is not None:
+                self.tracker.rejected()
             return
-        in_flight += 1
-        k = router.route(routing, req)
-        inst_of[req.idx] = k
-        instances[k].waiting.append(req)
-        instances[k].active_blocks += -(-req.input_tokens // B)
+        self.in_flight += 1
+        k = self.router.route(self.routing, req)
+        self.inst_of[req.idx] = k
+        self.instances[k].waiting.append(req)
+        self.instances[k].active_blocks += -(-req.input_tokens // self.B)
 
-    def admit(inst: Instance, k: int, req: Request, now: float, budget: int, busy: bool) -> bool:
+    def admit(
+        self, inst: Instance, k: int, req: Request, now: float, budget: int, busy: bool
+    ) -> bool:
         """Admit ``req`` on instance ``k`` if its fresh slots fit: look up its prefix (HBM,
         then the lower tiers), load, pin the hits and allocate the rest (``reserve``: the whole
         footprint; ``vllm_v1``: the blocks of its first chunk of ``budget`` tokens, keeping
@@ -398,56 +425,56 @@ def simulate_reference(
         the blocks of its whole prompt, always keeping the watermark free)."""
         pool = inst.pool
         if req.handed:
-            return admit_handed(inst, k, req, now)
-        cap = min((req.target - 1) // B, len(req.blocks))
-        h = pool.lookup(req.blocks, cap) if prefix else 0
+            return self.admit_handed(inst, k, req, now)
+        cap = min((req.target - 1) // self.B, len(req.blocks))
+        h = pool.lookup(req.blocks, cap) if self.prefix else 0
         src: list[int] = []
         loaded = 0
-        if grows:
+        if self.grows:
             # vLLM V1's allocate_slots: the blocks of the tokens this step computes
-            if lower is not None:
-                src = lower.lookup(k, req.blocks, h, cap)
-                loaded = lower.choose(k, now, src, h, B)
-            kv0 = (h + loaded) * B
-            step = req.target - kv0 if v0 else min(req.target - kv0, budget)
-            need = -(-(kv0 + step) // B) - h
+            if self.lower is not None:
+                src = self.lower.lookup(k, req.blocks, h, cap)
+                loaded = self.lower.choose(k, now, src, h, self.B)
+            kv0 = (h + loaded) * self.B
+            step = req.target - kv0 if self.v0 else min(req.target - kv0, budget)
+            need = -(-(kv0 + step) // self.B) - h
             # vLLM v0's can_allocate keeps the watermark free whatever else runs (kvtier: not
             # when the instance runs nothing, where vLLM would drop a prompt that cannot fit)
-            reserve = marks[k] if busy or (v0 and inst.running) else 0
+            reserve = self.marks[k] if busy or (self.v0 and inst.running) else 0
         else:
             need = req.total_blocks - h
             reserve = 0
         if not pool.can_admit(req.blocks, h, need + reserve):
             return False
         req.ready = now
-        if lower is not None:
-            if not grows:
-                src = lower.lookup(k, req.blocks, h, cap)
-                loaded = lower.choose(k, now, src, h, B)
+        if self.lower is not None:
+            if not self.grows:
+                src = self.lower.lookup(k, req.blocks, h, cap)
+                loaded = self.lower.choose(k, now, src, h, self.B)
             if loaded:
-                done_tokens = (h + loaded) * B
-                req.ready = lower.load(
+                done_tokens = (h + loaded) * self.B
+                req.ready = self.lower.load(
                     k, now, req.blocks, h, src[:loaded], req.target - done_tokens,
                     done_tokens,
                 )  # fmt: skip
                 if req.preemptions == 0:  # the first admission's (the prompt's)
-                    load_s[req.idx] = req.ready - now
+                    self.load_s[req.idx] = req.ready - now
                     for t in src[:loaded]:
-                        loaded_blocks[req.idx, t] += 1
-            lower.sighted(k, now, req.blocks, h)
+                        self.loaded_blocks[req.idx, t] += 1
+            self.lower.sighted(k, now, req.blocks, h)
         evicted: list[int] = []
         req.slots = [pool.pin(b) for b in req.blocks[:h]]
         req.slots += [pool.allocate(evicted) for _ in range(need)]
-        if lower is not None:
-            lower.hbm_evicted(k, now, evicted)
-        req.kv = (h + loaded) * B
+        if self.lower is not None:
+            self.lower.hbm_evicted(k, now, evicted)
+        req.kv = (h + loaded) * self.B
         req.registered = h
         req.computed_from = h + loaded
         if req.preemptions == 0:  # hits and loads of its first admission (the prompt's)
-            hits_out[req.idx] = h
+            self.hits_out[req.idx] = h
         return True
 
-    def admit_handed(inst: Instance, k: int, req: Request, now: float) -> bool:
+    def admit_handed(self, inst: Instance, k: int, req: Request, now: float) -> bool:
         """A decode instance admits a request whose KV a prefill instance computed: blocks for
         its prompt and first decode token (``reserve``: its footprint). A connector that moves
         only what the decode side lacks (``trim``: vLLM's NixlConnector) first looks
@@ -460,64 +487,65 @@ def simulate_reference(
         kv0 = req.input_tokens
         pool = inst.pool
         h = 0
-        if trim and prefix:
-            h = pool.lookup(req.blocks, min((kv0 - 1) // B, len(req.blocks)))
-        need = (-(-(kv0 + 1) // B) if grows else req.total_blocks) - h
+        if self.trim and self.prefix:
+            h = pool.lookup(req.blocks, min((kv0 - 1) // self.B, len(req.blocks)))
+        need = (-(-(kv0 + 1) // self.B) if self.grows else req.total_blocks) - h
         if not pool.can_admit(req.blocks, h, need):
             return False
         evicted: list[int] = []
         req.slots = [pool.pin(b) for b in req.blocks[:h]]
         req.slots += [pool.allocate(evicted) for _ in range(need)]
-        if lower is not None:
-            lower.hbm_evicted(k, now, evicted)
+        if self.lower is not None:
+            self.lower.hbm_evicted(k, now, evicted)
         req.handed = False
         req.kv = req.target = kv0
         # cached from the hit on (trim), else never on the decode side
-        req.registered = h if trim else len(req.blocks)
+        req.registered = h if self.trim else len(req.blocks)
         req.computed_from = len(req.blocks)  # pulled, not computed: no copies to lower tiers
-        decode_hits[req.idx] = h
-        if not pd.layerwise:
+        self.decode_hits[req.idx] = h
+        if not self.pd.layerwise:
             # the decode side pulls the KV past its hit into the blocks it has just allocated
             # (vLLM's NixlConnector); the prefill instance frees its blocks once they are read
-            end = pd_move(int(inst_of[req.idx]), k, req, now, k, h)
-            arrived(req, end)
+            end = self.pd_move(int(self.inst_of[req.idx]), k, req, now, k, h)
+            self.arrived(req, end)
         return True
 
-    def pd_move(p: int, d: int, req: Request, now: float, worker: int, hits: int) -> float:
+    def pd_move(self, p: int, d: int, req: Request, now: float, worker: int, hits: int) -> float:
         """Move ``req``'s prompt KV from instance ``p`` to ``d`` through the P/D connector
         (on instance ``worker``'s connector workers), all but the ``hits`` leading blocks the
         decode side holds; returns when it ends."""
-        blocks = -(-req.input_tokens // B) - hits
+        blocks = -(-req.input_tokens // self.B) - hits
+        pd = self.pd
         w = pd.workers
         return pd_transfer(
             now, blocks * pd.block_bytes, ops_of(pd.unit, blocks, pd.fragments, pd.coalesce),
             pd.rpc_s, pd.stream_bw, pd.stage_bw, pd.serial, pd.depth, pd.lat_s[p, d],
             pd.path[p, d], pd.queue[p, d], pd.scale[p, d], pd.link_bw_read, pd.link_bw_write,
-            pd.link_duplex, pd.n_links, link_free, link_busy, link_moved, pd_wfree,
-            worker * w, w, pd_wbusy,
+            pd.link_duplex, pd.n_links, self.link_free, self.link_busy, self.link_moved,
+            self.pd_wfree, worker * w, w, self.pd_wbusy,
         )  # fmt: skip
 
-    def arrived(req: Request, end: float) -> None:
+    def arrived(self, req: Request, end: float) -> None:
         """``req``'s KV is on its decode instance at ``end`` (its first token then, recorded
         by ``seen_first`` when it is first scheduled there); its prefill instance frees its
         blocks at its first step from then on (waking then if idle with work)."""
         req.ready = max(req.ready, end)
         req.release_at = end
-        p = instances[int(inst_of[req.idx])]
+        p = self.instances[int(self.inst_of[req.idx])]
         if p.busy_until is None and (p.running or p.waiting) and end < p.wake:
             p.wake = end
 
-    def seen_first(req: Request) -> None:
+    def seen_first(self, req: Request) -> None:
         """The first iteration of a handed-over request on its decode instance has ended: its
         first token was seen when its KV arrived (``ready``). Recorded at an iteration's end,
         as every first token is (the SLO's early stop sees them there), and only once the
         KV is in use: a request preempted while its KV is still arriving pulls it again and
         records the arrival that counted."""
         req.pd_first = False
-        first_token(req, req.ready)
-        pd_s[req.idx] = req.ready - req.handed_at
+        self.first_token(req, req.ready)
+        self.pd_s[req.idx] = req.ready - req.handed_at
 
-    def release_held(inst: Instance, t: float) -> None:
+    def release_held(self, inst: Instance, t: float) -> None:
         """Disaggregated prefill instance: free the blocks of handed-over requests whose KV
         has been moved by ``t`` (in hand-off order; their prompt blocks stay cached)."""
         if not inst.held:
@@ -531,7 +559,7 @@ def simulate_reference(
                 keep.append(req)
         inst.held = keep
 
-    def hand_off(inst: Instance, k: int, req: Request, t: float) -> None:
+    def hand_off(self, inst: Instance, k: int, req: Request, t: float) -> None:
         """Disaggregated: ``req``'s prompt is complete on a prefill instance, which keeps its
         blocks until the KV has been moved; it joins the least loaded decode instance (lower
         index on ties). A layer-wise connector pushes the KV now, overlapped with the
@@ -542,35 +570,35 @@ def simulate_reference(
         req.release_at = np.inf
         req.handed_at = t
         inst.held.append(req)
-        loads = [instances[d].load for d in range(n_route, cfg.n_instances)]
-        d = n_route + loads.index(min(loads))
+        loads = [self.instances[d].load for d in range(self.n_route, self.cfg.n_instances)]
+        d = self.n_route + loads.index(min(loads))
         req.generated = 1
-        decode_of[req.idx] = d
+        self.decode_of[req.idx] = d
         req.handed = True
         req.pd_first = True
         req.ready = t
-        if pd.layerwise:
-            end = layerwise_ready(t, pd_move(k, d, req, t, k, 0), pd.layers, inst.iter_dt)
-            arrived(req, end)
-        inst.active_blocks -= -(-req.input_tokens // B)
-        instances[d].active_blocks += -(-req.input_tokens // B)
-        instances[d].waiting.append(req)
+        if self.pd.layerwise:
+            end = layerwise_ready(t, self.pd_move(k, d, req, t, k, 0), self.pd.layers, inst.iter_dt)
+            self.arrived(req, end)
+        inst.active_blocks -= -(-req.input_tokens // self.B)
+        self.instances[d].active_blocks += -(-req.input_tokens // self.B)
+        self.instances[d].waiting.append(req)
 
-    def grow(inst: Instance, k: int, req: Request, tokens: int, now: float) -> bool:
+    def grow(self, inst: Instance, k: int, req: Request, tokens: int, now: float) -> bool:
         """vllm_v1: allocate the blocks ``req`` needs to hold ``tokens`` tokens of KV; False
         (nothing allocated) when the free queue is too short."""
-        need = -(-tokens // B) - len(req.slots)
+        need = -(-tokens // self.B) - len(req.slots)
         if need <= 0:
             return True
         if need > len(inst.pool.free):
             return False
         evicted: list[int] = []
         req.slots += [inst.pool.allocate(evicted) for _ in range(need)]
-        if lower is not None:
-            lower.hbm_evicted(k, now, evicted)
+        if self.lower is not None:
+            self.lower.hbm_evicted(k, now, evicted)
         return True
 
-    def preempt(inst: Instance, req: Request) -> None:
+    def preempt(self, inst: Instance, req: Request) -> None:
         """vllm_v1: ``req`` (the most recently admitted running request) gives its blocks back
         and returns to the head of the queue; it recomputes its prompt and generated tokens."""
         inst.running.remove(req)
@@ -578,14 +606,16 @@ def simulate_reference(
         req.slots = []
         req.preemptions += 1
         req.preempted_tokens += req.kv
-        preempted_out[req.idx] = req.preemptions
-        preempted_tok[req.idx] = req.preempted_tokens
+        self.preempted_out[req.idx] = req.preemptions
+        self.preempted_tok[req.idx] = req.preempted_tokens
         req.target = req.input_tokens + req.generated
         req.kv = req.registered = req.computed_from = 0
         req.handed = req.pd_first  # its KV had not arrived: it is pulled again
         inst.waiting.appendleft(req)
 
-    def schedule_v0(inst: Instance, k: int, t: float) -> tuple[list[tuple[Request, int]], bool]:
+    def schedule_v0(
+        self, inst: Instance, k: int, t: float
+    ) -> tuple[list[tuple[Request, int]], bool]:
         """vLLM v0's ``_schedule_default`` (vllm/core/scheduler.py, v0.4): prompts first, each
         whole (no chunking), FCFS while the token budget, ``max_num_seqs`` and the free blocks
         allow (a prompt over the budget's remainder stops admission; alone it runs whole, so a
@@ -595,7 +625,7 @@ def simulate_reference(
         block), else the most recently admitted request is preempted. A request whose loads
         ended (lower tiers) runs its prompt in the prompt phase too. Returns the iteration's
         requests and whether it preempted."""
-        budget = cfg.token_budget
+        budget = self.cfg.token_budget
         sched: list[tuple[Request, int]] = []
         for req in inst.running:  # prompts whose lower-tier loads have ended
             if req.ready > t or req.kv >= req.target or budget == 0:
@@ -605,12 +635,12 @@ def simulate_reference(
                 continue
             sched.append((req, q))
             budget = max(budget - q, 0)
-        while budget > 0 and inst.waiting and len(inst.running) < cfg.max_seqs:
+        while budget > 0 and inst.waiting and len(inst.running) < self.cfg.max_seqs:
             req = inst.waiting[0]
             planned = 1 if req.handed else req.target  # a handed-over request: one decode step
             if sched and planned > budget:
                 break
-            if not admit(inst, k, req, t, budget, bool(sched)):
+            if not self.admit(inst, k, req, t, budget, bool(sched)):
                 break
             inst.waiting.popleft()
             inst.running.append(req)
@@ -629,14 +659,14 @@ def simulate_reference(
                 x += 1
                 continue
             ok = True
-            fits = -(-(req.kv + 1) // B) <= len(req.slots)
-            while not inst.pool.free or not grow(inst, k, req, req.kv + 1, t):
+            fits = -(-(req.kv + 1) // self.B) <= len(req.slots)
+            while not inst.pool.free or not self.grow(inst, k, req, req.kv + 1, t):
                 # the most recently admitted request whose KV is here (a handed-over request
                 # whose KV is still arriving is not yet running in vLLM's sense)
                 victim = next(r for r in reversed(inst.running) if r.ready <= t)
                 if victim is req and fits:
                     break  # alone within its blocks it decodes (vLLM would re-admit it forever)
-                preempt(inst, victim)
+                self.preempt(inst, victim)
                 preempted = True
                 if victim is req:
                     ok = False
@@ -647,21 +677,20 @@ def simulate_reference(
             x += 1
         return sched, preempted
 
-    def start_iteration(inst: Instance, k: int, t: float) -> None:
+    def start_iteration(self, inst: Instance, k: int, t: float) -> None:
         """Idle instance ``k`` schedules an iteration: running requests take their tokens, then
         admissions (FCFS) take prefill chunks (``vllm_v0``: :func:`schedule_v0`); requests
         still loading take no tokens. With nothing to run (every running request is loading)
         it stays idle until one is ready."""
-        nonlocal n_iter, n_extrap
-        release_held(inst, t)
-        budget = cfg.token_budget
+        self.release_held(inst, t)
+        budget = self.cfg.token_budget
         sched: list[tuple[Request, int]] = []
         tokens = attn = kv_read = 0
         preempted = False
         x = 0
         v0_preempted = False
-        if v0:
-            sched, v0_preempted = schedule_v0(inst, k, t)
+        if self.v0:
+            sched, v0_preempted = self.schedule_v0(inst, k, t)
             x = len(inst.running)  # (the loops below are vllm_v1's and reserve's)
             preempted = v0_preempted
         while x < len(inst.running):
@@ -672,13 +701,13 @@ def simulate_reference(
                 x += 1
                 continue
             q = min(req.target - req.kv, budget) if req.kv < req.target else 1
-            if grows:  # (vllm_v1 here)
+            if self.grows:  # (vllm_v1 here)
                 # vLLM V1: no free block, the most recently admitted request is preempted
                 ok = True
-                while not grow(inst, k, req, req.kv + q, t):
+                while not self.grow(inst, k, req, req.kv + q, t):
                     # (not a request whose KV is still arriving: vLLM keeps those waiting)
                     victim = next(r for r in reversed(inst.running) if r.ready <= t)
-                    preempt(inst, victim)
+                    self.preempt(inst, victim)
                     preempted = True
                     if victim is req:
                         ok = False
@@ -689,14 +718,14 @@ def simulate_reference(
             budget -= q
             x += 1
         while (
-            not v0
+            not self.v0
             and not preempted
             and budget > 0
             and inst.waiting
-            and len(inst.running) < cfg.max_seqs
+            and len(inst.running) < self.cfg.max_seqs
         ):  # (vLLM V1 admits nobody in a step that preempted; vllm_v0 admitted above)
             req = inst.waiting[0]
-            if not admit(inst, k, req, t, budget, bool(sched)):
+            if not self.admit(inst, k, req, t, budget, bool(sched)):
                 break
             inst.waiting.popleft()
             inst.running.append(req)
@@ -706,9 +735,9 @@ def simulate_reference(
             q = min(req.target - req.kv, budget) if req.kv < req.target else 1
             sched.append((req, q))
             budget -= q
-        if check_invariants and lower is not None:
-            lower.check()
-        if cfg.tiers is not None and cfg.tiers.batch_waits:
+        if self.check_invariants and self.lower is not None:
+            self.lower.check()
+        if self.cfg.tiers is not None and self.cfg.tiers.batch_waits:
             loading = [r.ready for r in inst.running if r.ready > t]
             if loading:
                 inst.wake = max(loading)
@@ -725,7 +754,7 @@ def simulate_reference(
             return
         inst.wake = np.inf
         n_dec = dec_kv = pf_ns = pf_ext = 0
-        tpk = timing_of[k]  # this instance's pool's step times
+        tpk = self.timing_of[k]  # this instance's pool's step times
         for req, q in sched:
             tokens += q
             attn += q * (2 * req.kv + q)
@@ -737,39 +766,38 @@ def simulate_reference(
                 n_dec += 1
                 dec_kv += req.kv + q
         dt = float(step_time(tokens, attn, kv_read, n_dec, dec_kv, pf_ns, tpk))
-        n_extrap += step_extrapolated(tokens, n_dec, dec_kv, pf_ext, tpk)
+        self.n_extrap += step_extrapolated(tokens, n_dec, dec_kv, pf_ext, tpk)
         inst.scheduled = sched
         inst.iter_dt = dt
         inst.busy_until = t + dt
         inst.busy_time += dt
-        n_iter += 1
-        if check_invariants:
-            inst.pool.check(inst.running, B if grows else 0, inst.held_slots())
+        self.n_iter += 1
+        if self.check_invariants:
+            inst.pool.check(inst.running, self.B if self.grows else 0, inst.held_slots())
 
-    def first_token(req: Request, t: float) -> None:
+    def first_token(self, req: Request, t: float) -> None:
         """``req``'s prompt is complete at ``t``: the client sees its first token the
         front-end cost later (SLO counts)."""
-        seen = t + fe
-        first[req.idx] = seen
-        if track:
-            last_token[req.idx] = seen
-        if tracker is not None:
-            tracker.first_token(seen - req.arrival)
+        seen = t + self.fe
+        self.first[req.idx] = seen
+        if self.track:
+            self.last_token[req.idx] = seen
+        if self.tracker is not None:
+            self.tracker.first_token(seen - req.arrival)
 
-    def finish(inst: Instance, req: Request, t: float) -> None:
+    def finish(self, inst: Instance, req: Request, t: float) -> None:
         """``req`` emitted its last token: record it, count its TPOT, free its slots."""
-        nonlocal in_flight, gate
-        seen = t + fe  # the client has the whole response the front-end cost later
-        in_flight -= 1
-        gate = seen
-        finish_s[req.idx] = seen
-        if tracker is not None:
-            tracker.finished(seen - first[req.idx], req.output_tokens)
-        tbt_tail(req)
+        seen = t + self.fe  # the client has the whole response the front-end cost later
+        self.in_flight -= 1
+        self.gate = seen
+        self.finish_s[req.idx] = seen
+        if self.tracker is not None:
+            self.tracker.finished(seen - self.first[req.idx], req.output_tokens)
+        self.tbt_tail(req)
         inst.pool.release(req.slots)
-        inst.active_blocks -= -(-req.input_tokens // B)
+        inst.active_blocks -= -(-req.input_tokens // self.B)
 
-    def end_iteration(inst: Instance, k: int, t: float) -> None:
+    def end_iteration(self, inst: Instance, k: int, t: float) -> None:
         """Instance ``k``'s iteration ends: KV grows, full blocks register and are copied
         down, tokens are emitted. A connector that blocks the step (vLLM's ``wait_for_save``)
         keeps the instance busy until its copies end; the tokens are emitted then."""
@@ -780,14 +808,14 @@ def simulate_reference(
             computed: list[int] = []
             for req, q in inst.scheduled:
                 req.kv += q
-                full = min(req.kv // B, len(req.blocks))
+                full = min(req.kv // self.B, len(req.blocks))
                 for j in range(req.registered, full):
                     pool.register(req.slots[j], req.blocks[j])
                     if j >= req.computed_from:
                         computed.append(req.blocks[j])
                 req.registered = max(req.registered, full)
-            if lower is not None and computed:
-                saved = lower.computed(k, t, computed)
+            if self.lower is not None and computed:
+                saved = self.lower.computed(k, t, computed)
                 if saved > t:
                     inst.saving = True
                     inst.busy_until = saved
@@ -796,75 +824,88 @@ def simulate_reference(
         handed: list[Request] = []
         for req, q in inst.scheduled:
             if req.pd_first:
-                seen_first(req)
+                self.seen_first(req)
             if req.kv - q < req.target:  # it was a prefill
                 first_done = req.kv == req.target and req.generated == 0
-                if first_done and k < n_pf and req.output_tokens > 1:
-                    hand_off(inst, k, req, t)
+                if first_done and k < self.n_pf and req.output_tokens > 1:
+                    self.hand_off(inst, k, req, t)
                     handed.append(req)
                 elif first_done:
                     req.generated = 1
-                    first_token(req, t)
+                    self.first_token(req, t)
                     if req.output_tokens <= 1:
                         done.append(req)
                 elif req.kv == req.target:  # a preempted request has recomputed its KV
                     req.generated += 1
-                    token(req, t)
+                    self.token(req, t)
                     if req.generated >= req.output_tokens:
                         done.append(req)
             else:
                 req.generated += 1
-                token(req, t)
+                self.token(req, t)
                 if req.generated >= req.output_tokens:
                     done.append(req)
             if done and done[-1] is req:
-                finish(inst, req, t)
+                self.finish(inst, req, t)
         for req in done + handed:
             inst.running.remove(req)
         inst.scheduled = []
         inst.busy_until = None
-        if check_invariants:
-            pool.check(inst.running, B if grows else 0, inst.held_slots())
-            if lower is not None:
-                lower.check()
+        if self.check_invariants:
+            pool.check(inst.running, self.B if self.grows else 0, inst.held_slots())
+            if self.lower is not None:
+                self.lower.check()
 
-    # The event loop; the numba kernel's loop (kvtier.sim.nb.simulate_nb) has the same steps
-    # under the same names (next_event_nb, end_iteration_nb, slo_missed_nb, arrive_nb,
-    # start_iteration_nb).
-    while True:
-        now = next_event()
-        if now == np.inf:
-            break
-        for k, inst in enumerate(instances):
-            if inst.busy_until is not None and inst.busy_until == now:
-                end_iteration(inst, k, now)
-        if tracker is not None and tracker.missed():
-            early = True
-            break
-        while next_arrival() == now:
-            arrive(requests[nxt], now)
-            nxt += 1
-        for k, inst in enumerate(instances):
-            if inst.busy_until is None and (inst.running or inst.waiting):
-                start_iteration(inst, k, now)
+    def run(self) -> RawResult:
+        """Replay every request; per-request first-token and finish times (NaN when not reached)."""
+        # The event loop; the numba kernel's loop (kvtier.sim.nb.simulate_nb) has the same steps
+        # under the same names (next_event_nb, end_iteration_nb, slo_missed_nb, arrive_nb,
+        # start_iteration_nb).
+        while True:
+            now = self.next_event()
+            if now == np.inf:
+                break
+            for k, inst in enumerate(self.instances):
+                if inst.busy_until is not None and inst.busy_until == now:
+                    self.end_iteration(inst, k, now)
+            if self.tracker is not None and self.tracker.missed():
+                self.early = True
+                break
+            while self.next_arrival() == now:
+                self.arrive(self.requests[self.nxt], now)
+                self.nxt += 1
+            for k, inst in enumerate(self.instances):
+                if inst.busy_until is None and (inst.running or inst.waiting):
+                    self.start_iteration(inst, k, now)
 
-    return RawResult(
-        first_token_s=first,
-        finish_s=finish_s,
-        hit_blocks=hits_out,
-        instance=inst_of,
-        busy_s=np.array([inst.busy_time for inst in instances]),
-        n_iterations=n_iter,
-        extrapolated_iterations=n_extrap,
-        early_stopped=early,
-        end_s=end_time(finish_s, early, now),
-        loaded_blocks=loaded_blocks,
-        arrival_s=sent_s,
-        preemptions=preempted_out,
-        preempted_tokens=preempted_tok,
-        decode_instance=decode_of,
-        kv_transfer_s=pd_s,
-        tbt_tail_s=tbt_out,
-        decode_hit_blocks=decode_hits if pd is not None else None,
-        **(lower.result(load_s) if lower is not None else {}),
-    )
+        return RawResult(
+            first_token_s=self.first,
+            finish_s=self.finish_s,
+            hit_blocks=self.hits_out,
+            instance=self.inst_of,
+            busy_s=np.array([inst.busy_time for inst in self.instances]),
+            n_iterations=self.n_iter,
+            extrapolated_iterations=self.n_extrap,
+            early_stopped=self.early,
+            end_s=end_time(self.finish_s, self.early, now),
+            loaded_blocks=self.loaded_blocks,
+            arrival_s=self.sent_s,
+            preemptions=self.preempted_out,
+            preempted_tokens=self.preempted_tok,
+            decode_instance=self.decode_of,
+            kv_transfer_s=self.pd_s,
+            tbt_tail_s=self.tbt_out,
+            decode_hit_blocks=self.decode_hits if self.pd is not None else None,
+            **(self.lower.result(self.load_s) if self.lower is not None else {}),
+        )
+
+
+def simulate_reference(
+    trace: BlockedTrace,
+    cfg: SimConfig,
+    *,
+    slo: SloCheck | None = None,
+    check_invariants: bool = False,
+) -> RawResult:
+    """Replay ``trace``; per-request first-token and finish times (NaN when not reached)."""
+    return ReferenceReplay(trace, cfg, slo, check_invariants).run()

@@ -28,7 +28,7 @@ from __future__ import annotations
 import numpy as np
 
 from kvtier.cache.reference import RefTier
-from kvtier.policy.registries import WRITE_BACK, WRITE_SELECTIVE, WRITE_THROUGH
+from kvtier.policy.registries import LOAD_RULES, WRITE_POLICIES
 from kvtier.sim.tiers import TierConfig
 from kvtier.sim.timing import prefill_seconds
 from kvtier.sim.transfer import (
@@ -71,7 +71,10 @@ class LowerTiers:
         self.bytes_read = np.zeros(cfg.n_tiers)
         self.bytes_written = np.zeros(cfg.n_tiers)
         self.sightings = np.zeros(max(n_blocks, 1), dtype=np.int64)
-        self.cascade = cfg.write_policy == WRITE_BACK or cfg.exclusive
+        self.cascade = cfg.cascade or cfg.exclusive
+        # the write policy's and the load rule's modules (their reference steps)
+        self.writes = WRITE_POLICIES.by_code(cfg.write_policy).load()
+        self.load_rule = LOAD_RULES.by_code(cfg.load_rule).load()
 
     # ---- wiring ------------------------------------------------------------------------------
     def pool(self, t: int, inst: int) -> RefTier:
@@ -132,21 +135,12 @@ class LowerTiers:
         return self.compute if self.compute_of is None else self.compute_of[inst]
 
     def choose(self, inst: int, now: float, src: list[int], hbm_hits: int, B: int) -> int:
-        """How many of the found blocks to load (the load rule)."""
-        c = self.cfg
-        if not c.cost_aware:
-            return len(src)
-        counts = [0] * c.n_tiers
-        best_c = 0
-        best = self._cost(inst, now, counts, len(src) * B, hbm_hits * B)
-        for k in range(1, len(src) + 1):
-            counts[src[k - 1]] += 1
-            v = self._cost(inst, now, counts, (len(src) - k) * B, (hbm_hits + k) * B)
-            if v <= best:
-                best, best_c = v, k
-        return best_c
+        """How many of the found blocks to load (the load rule's step)."""
+        return self.load_rule.choose(self, inst, now, src, hbm_hits, B)
 
-    def _cost(self, inst: int, now: float, counts: list[int], q: int, ctx: int) -> float:
+    def load_cost(self, inst: int, now: float, counts: list[int], q: int, ctx: int) -> float:
+        """Estimated seconds until a request loading ``counts[t]`` blocks from each tier and
+        computing ``q`` tokens after ``ctx`` is ready (the cost-aware rule's objective)."""
         c = self.cfg
         load = 0.0
         for t in range(c.n_tiers):
@@ -212,19 +206,13 @@ class LowerTiers:
             self.sightings[b] += 1
             if j < hbm_hits and self.sightings[b] == k:
                 reached.append(b)
-        if self.cfg.write_policy == WRITE_SELECTIVE and reached:
+        if self.cfg.counts_sightings and reached:
             self.write_down(inst, now, reached, self.new_block_targets())
 
     def computed(self, inst: int, now: float, blocks: list[int]) -> float:
         """Blocks an iteration has just computed on ``inst``: copy them down per write policy;
         returns when the copies the engine step waits for end (``now`` if none)."""
-        wp = self.cfg.write_policy
-        if wp == WRITE_THROUGH:
-            chosen = blocks
-        elif wp == WRITE_SELECTIVE:
-            chosen = [b for b in blocks if self.sightings[b] >= self.cfg.selective_k]
-        else:
-            return now
+        chosen = self.writes.chosen(self, blocks)
         if chosen:
             return self.write_down(inst, now, chosen, self.new_block_targets())
         return now

@@ -29,11 +29,10 @@ import numpy as np
 
 from kvtier.deploy.layout import Layout
 from kvtier.errors import InputError
-from kvtier.hardware.types import GB, Hardware, ModelProfile
-from kvtier.policy.model import Policy
+from kvtier.hardware.types import GB, Hardware, ModelProfile, TierHardware, Topology
+from kvtier.policy.model import Policy, TierPolicy
 from kvtier.policy.registries import (
     CONNECTORS,
-    COST_AWARE,
     LOAD_RULES,
     UNITS,
     WRITE_POLICIES,
@@ -79,10 +78,10 @@ class TierConfig:
     gpu_scale: np.ndarray  # float64 (T, MAX_PATH)
     casc_path: np.ndarray  # int64 (T, n_instances, MAX_PATH): tier t to t + 1
     casc_scale: np.ndarray  # float64 (T, MAX_PATH)
-    write_policy: int  # WRITE_* code
+    write_policy: int  # the write policy's registry code (kvtier.sim.write_policies)
     selective_k: int
     exclusive: bool
-    cost_aware: bool
+    load_rule: int  # the load rule's registry code (kvtier.sim.load_rules)
     batch_waits: bool  # policy load_wait = "batch": no iteration while a request loads
     fragments: int  # fragments per block (KV layout)
     coalesce: int
@@ -93,6 +92,16 @@ class TierConfig:
     @property
     def n_tiers(self) -> int:
         return len(self.names)
+
+    @property
+    def cascade(self) -> bool:
+        """The write policy's ``cascade`` trait: evicted blocks go to the next tier down."""
+        return bool(WRITE_POLICIES.by_code(self.write_policy).traits["cascade"])
+
+    @property
+    def counts_sightings(self) -> bool:
+        """The write policy's ``sightings`` trait: admissions count each block's sightings."""
+        return bool(WRITE_POLICIES.by_code(self.write_policy).traits["sightings"])
 
     @property
     def n_links(self) -> int:
@@ -128,6 +137,197 @@ class _Links:
         return len(self.names) - 1
 
 
+@dataclass
+class _Placement:
+    """Where the instances sit: each one's first GPU, tensor-parallel size, host and first GPU
+    within its host."""
+
+    gpu0: np.ndarray
+    tps: np.ndarray
+    inst_host: np.ndarray
+    local: np.ndarray
+    n_hosts: int
+
+    @classmethod
+    def of(cls, topo: Topology, n_instances: int, layout: Layout | None) -> _Placement:
+        if layout is not None:
+            gpu0 = np.array(layout.first_gpu, dtype=np.int64)
+            tps = np.array(layout.tps, dtype=np.int64)
+        else:
+            gpu0 = np.array([k * topo.tp for k in range(n_instances)], dtype=np.int64)
+            tps = np.full(n_instances, topo.tp, dtype=np.int64)
+        inst_host = gpu0 // topo.gpus_per_host
+        local = gpu0 % topo.gpus_per_host  # first GPU of the instance within its host
+        return cls(gpu0, tps, inst_host, local, int(inst_host.max()) + 1)
+
+
+@dataclass
+class _HostLinks:
+    """The links every tier's path shares: each instance's PCIe, its PCIe switch's uplink
+    (-1: none), each host's memory bus (-1: none), and each instance's socket."""
+
+    pcie: list[int]
+    switch: np.ndarray
+    membus: np.ndarray
+    socket: np.ndarray
+
+
+def _host_links(links: _Links, hardware: Hardware, at: _Placement) -> _HostLinks:
+    topo = hardware.topology
+    n_instances = len(at.gpu0)
+    pcie_bw = [int(at.tps[k]) * hardware.gpu.pcie_bw for k in range(n_instances)]
+    pcie = [links.add(f"pcie[{k}]", pcie_bw[k], pcie_bw[k]) for k in range(n_instances)]
+    switch = np.full(n_instances, -1, dtype=np.int64)
+    if topo.switch_uplink_bw > 0:
+        ids: dict[tuple[int, int], int] = {}
+        for k in range(n_instances):
+            key = (int(at.inst_host[k]), int(at.local[k]) // topo.gpus_per_switch)
+            if key not in ids:
+                bw = topo.switch_uplink_bw
+                ids[key] = links.add(f"switch[{key[0]}.{key[1]}]", bw, bw)
+            switch[k] = ids[key]
+    membus = np.full(at.n_hosts, -1, dtype=np.int64)
+    if topo.dram_bw > 0:
+        for h in range(at.n_hosts):
+            membus[h] = links.add(f"dram.bus[{h}]", topo.dram_bw, topo.dram_bw, duplex=False)
+    socket = at.local * topo.sockets // topo.gpus_per_host
+    return _HostLinks(pcie, switch, membus, socket)
+
+
+class _TierColumns:
+    """The per-tier columns of a :class:`TierConfig`, filled one tier at a time."""
+
+    def __init__(self, n_tiers: int, n_instances: int) -> None:
+        T = n_tiers
+        self.names: list[str] = []
+        self.evictions: list[str] = []
+        self.connectors: list[str] = []
+        self.caps: list[int] = []
+        self.per_host: list[bool] = []
+        self.base: list[int] = []
+        self.lat_s: list[float] = []
+        self.cap_bw: list[float] = []
+        self.rpc_s: list[float] = []
+        self.stream_bw: list[float] = []
+        self.serial: list[int] = []
+        self.depth: list[int] = []
+        self.unit: list[int] = []
+        self.layerwise: list[bool] = []
+        self.blocks_step: list[bool] = []
+        self.stage_bw = np.full((T, n_instances), math.inf)
+        self.port = np.full((T, n_instances), -1, dtype=np.int64)
+        self.pool_link = np.full(T, -1, dtype=np.int64)
+        self.w0 = np.zeros((T, n_instances), dtype=np.int64)
+        self.nw = np.zeros(T, dtype=np.int64)
+        self.via_host = np.zeros(T, dtype=np.bool_)
+        self.staging = np.zeros(T, dtype=np.int64)
+        self.n_workers = 0
+        self.n_pools = 0
+        self.tier_gb: dict[str, float] = {}
+
+    def add_tier(
+        self, tp: TierPolicy, hw: TierHardware, block_bytes: float, at: _Placement
+    ) -> None:
+        """The tier's pools, capacity in blocks, latency and device bandwidth."""
+        cap_bytes = tp.capacity_gb * GB if tp.capacity_gb is not None else hw.capacity_bytes
+        blocks = int(cap_bytes // block_bytes)
+        if blocks < 1:
+            raise InputError(f"tier {tp.name!r} of {cap_bytes / GB:g} GB holds no block")
+        self.names.append(tp.name)
+        self.evictions.append(tp.eviction)
+        self.connectors.append(tp.connector)
+        self.caps.append(blocks)
+        self.per_host.append(hw.per_host)
+        self.base.append(self.n_pools)
+        pools = at.n_hosts if hw.per_host else 1
+        self.n_pools += pools
+        self.tier_gb[tp.name] = cap_bytes / GB * pools
+        self.lat_s.append(hw.latency_s)
+        interleave = hw.interleave if tp.interleave is None else tp.interleave
+        self.cap_bw.append(hw.device_bw if (hw.device_bw > 0 and not interleave) else math.inf)
+
+    def add_connector(
+        self, t: int, tp: TierPolicy, hw: TierHardware, topo: Topology, at: _Placement,
+        host: _HostLinks,
+    ) -> None:  # fmt: skip
+        """Tier ``t``'s transfer path (the connector registry's entry): its stages, ordering,
+        staging copies and workers."""
+        d = CONNECTORS.get(tp.connector, path=f"tiers.{tp.name}.connector").defaults
+        rpc = float(d["rpc_us"])
+        self.rpc_s.append(hw.op_overhead_s if rpc < 0 else rpc * 1e-6)
+        sg = float(d["stream_gbps"])
+        self.stream_bw.append(sg * GB if sg > 0 else math.inf)
+        self.serial.append(1 if d["order"] == "serial" else 0)
+        self.depth.append(int(tp.depth if tp.depth is not None else d["depth"]))
+        self.unit.append(UNITS.index(str(d["unit"])))
+        self.layerwise.append(bool(tp.layerwise if tp.layerwise is not None else d["layerwise"]))
+        store = tp.store_blocks if tp.store_blocks is not None else d["store_blocks"]
+        self.blocks_step.append(bool(store))
+        self.via_host[t] = bool(d["via_host"])
+        self.staging[t] = int(d["staging"])
+        n_instances = len(at.gpu0)
+        if self.staging[t] > 0:
+            for k in range(n_instances):
+                remote = host.socket[k] != 0 and not d["numa_aware"]
+                rate = topo.memcpy_bw
+                if remote and topo.numa_remote_memcpy_bw > 0:
+                    rate = topo.numa_remote_memcpy_bw
+                self.stage_bw[t, k] = rate / self.staging[t]
+        workers = int(tp.workers if tp.workers is not None else d["workers"])
+        self.nw[t] = workers
+        if d["scope"] == "host":
+            self.w0[t] = self.n_workers + at.inst_host * workers
+            self.n_workers += at.n_hosts * workers
+        else:
+            self.w0[t] = self.n_workers + np.arange(n_instances) * workers
+            self.n_workers += n_instances * workers
+
+    def add_ports(
+        self, t: int, tp: TierPolicy, hw: TierHardware, topo: Topology, at: _Placement,
+        links: _Links,
+    ) -> None:  # fmt: skip
+        """Tier ``t``'s ports (one per host, or ``ports`` per host with each GPU on the one
+        beside it) and its pool's own link."""
+        n_ports = hw.ports if hw.attach == "gpu" else 1
+        ids: dict[tuple[int, int], int] = {}
+        for k in range(len(at.gpu0)):
+            h = int(at.inst_host[k])
+            j = int(at.local[k]) * n_ports // topo.gpus_per_host
+            if (h, j) not in ids:
+                label = f"{tp.name}.port[{h}]" if n_ports == 1 else f"{tp.name}.port[{h}.{j}]"
+                ids[(h, j)] = links.add(label, hw.port_read_bw / n_ports,
+                                        hw.port_write_bw / n_ports)  # fmt: skip
+            self.port[t, k] = ids[(h, j)]
+        if hw.pool_bw > 0:
+            self.pool_link[t] = links.add(f"{tp.name}.pool", hw.pool_bw, hw.pool_bw)
+
+    def paths(
+        self, at: _Placement, host: _HostLinks
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """The links of each tier's path to each instance's GPU, and of each cascade from tier
+        ``t`` to ``t + 1``, with their scale (a staging copy reads and writes DRAM)."""
+        T, n_instances = self.port.shape
+        gpu_path = np.full((T, n_instances, MAX_PATH), -1, dtype=np.int64)
+        gpu_scale = np.ones((T, MAX_PATH), dtype=np.float64)
+        casc_path = np.full((T, n_instances, MAX_PATH), -1, dtype=np.int64)
+        casc_scale = np.ones((T, MAX_PATH), dtype=np.float64)
+        port, pool_link = self.port, self.pool_link
+        for t in range(T):
+            gpu_scale[t, 4] = 2.0 * max(int(self.staging[t]), 1)  # each copy reads and writes
+            for k in range(n_instances):
+                h = int(at.inst_host[k])
+                gpu_path[t, k, 0] = host.pcie[k]
+                gpu_path[t, k, 1] = host.switch[k] if self.via_host[t] else -1
+                gpu_path[t, k, 2] = port[t, k]
+                gpu_path[t, k, 3] = pool_link[t]
+                gpu_path[t, k, 4] = host.membus[h] if self.staging[t] > 0 else -1
+                if t + 1 < T:
+                    casc_path[t, k, :4] = (
+                        port[t, k], pool_link[t], port[t + 1, k], pool_link[t + 1]
+                    )  # fmt: skip
+        return gpu_path, gpu_scale, casc_path, casc_scale
+
+
 def build_tiers(
     hardware: Hardware,
     model: ModelProfile,
@@ -143,47 +343,10 @@ def build_tiers(
         return None
     topo = hardware.topology
     block_bytes = float(policy.kv_bytes_per_block(model))
-    if layout is not None:
-        gpu0 = np.array(layout.first_gpu, dtype=np.int64)
-        tps = np.array(layout.tps, dtype=np.int64)
-    else:
-        gpu0 = np.array([k * topo.tp for k in range(n_instances)], dtype=np.int64)
-        tps = np.full(n_instances, topo.tp, dtype=np.int64)
-    inst_host = gpu0 // topo.gpus_per_host
-    local = gpu0 % topo.gpus_per_host  # first GPU of the instance within its host
-    n_hosts = int(inst_host.max()) + 1
+    at = _Placement.of(topo, n_instances, layout)
     links = _Links()
-    pcie_bw = [int(tps[k]) * hardware.gpu.pcie_bw for k in range(n_instances)]
-    pcie = [links.add(f"pcie[{k}]", pcie_bw[k], pcie_bw[k]) for k in range(n_instances)]
-    switch = np.full(n_instances, -1, dtype=np.int64)
-    if topo.switch_uplink_bw > 0:
-        ids: dict[tuple[int, int], int] = {}
-        for k in range(n_instances):
-            key = (int(inst_host[k]), int(local[k]) // topo.gpus_per_switch)
-            if key not in ids:
-                bw = topo.switch_uplink_bw
-                ids[key] = links.add(f"switch[{key[0]}.{key[1]}]", bw, bw)
-            switch[k] = ids[key]
-    membus = np.full(n_hosts, -1, dtype=np.int64)
-    if topo.dram_bw > 0:
-        for h in range(n_hosts):
-            membus[h] = links.add(f"dram.bus[{h}]", topo.dram_bw, topo.dram_bw, duplex=False)
-    socket = local * topo.sockets // topo.gpus_per_host
-    T = len(lower)
-    names, evictions, connectors, caps, per_host, base = [], [], [], [], [], []
-    lat_s, cap_bw, rpc_s, stream_bw, serial, depth, unit, layerwise, blocks_step = (
-        [] for _ in range(9)
-    )
-    stage_bw = np.full((T, n_instances), math.inf)
-    port = np.full((T, n_instances), -1, dtype=np.int64)
-    pool_link = np.full(T, -1, dtype=np.int64)
-    w0 = np.zeros((T, n_instances), dtype=np.int64)
-    nw = np.zeros(T, dtype=np.int64)
-    via_host = np.zeros(T, dtype=np.bool_)
-    staging = np.zeros(T, dtype=np.int64)
-    n_workers = 0
-    tier_gb: dict[str, float] = {}
-    n_pools = 0
+    host = _host_links(links, hardware, at)
+    cols = _TierColumns(len(lower), n_instances)
     for t, tp in enumerate(lower):
         hw = hardware.tiers.get(tp.name)
         if hw is None:
@@ -191,102 +354,33 @@ def build_tiers(
                 f"policy lists tier {tp.name!r} but hardware {hardware.name!r} has no "
                 f"[tiers.{tp.name}] table"
             )
-        cap_bytes = tp.capacity_gb * GB if tp.capacity_gb is not None else hw.capacity_bytes
-        blocks = int(cap_bytes // block_bytes)
-        if blocks < 1:
-            raise InputError(f"tier {tp.name!r} of {cap_bytes / GB:g} GB holds no block")
-        names.append(tp.name)
-        evictions.append(tp.eviction)
-        connectors.append(tp.connector)
-        caps.append(blocks)
-        per_host.append(hw.per_host)
-        base.append(n_pools)
-        pools = n_hosts if hw.per_host else 1
-        n_pools += pools
-        tier_gb[tp.name] = cap_bytes / GB * pools
-        lat_s.append(hw.latency_s)
-        interleave = hw.interleave if tp.interleave is None else tp.interleave
-        cap_bw.append(hw.device_bw if (hw.device_bw > 0 and not interleave) else math.inf)
-        # the connector: its stages, ordering and workers
-        d = CONNECTORS.get(tp.connector, path=f"tiers.{tp.name}.connector").defaults
-        rpc = float(d["rpc_us"])
-        rpc_s.append(hw.op_overhead_s if rpc < 0 else rpc * 1e-6)
-        sg = float(d["stream_gbps"])
-        stream_bw.append(sg * GB if sg > 0 else math.inf)
-        serial.append(1 if d["order"] == "serial" else 0)
-        depth.append(int(tp.depth if tp.depth is not None else d["depth"]))
-        unit.append(UNITS.index(str(d["unit"])))
-        layerwise.append(bool(tp.layerwise if tp.layerwise is not None else d["layerwise"]))
-        store = tp.store_blocks if tp.store_blocks is not None else d["store_blocks"]
-        blocks_step.append(bool(store))
-        via_host[t] = bool(d["via_host"])
-        staging[t] = int(d["staging"])
-        if staging[t] > 0:
-            for k in range(n_instances):
-                remote = socket[k] != 0 and not d["numa_aware"]
-                rate = topo.memcpy_bw
-                if remote and topo.numa_remote_memcpy_bw > 0:
-                    rate = topo.numa_remote_memcpy_bw
-                stage_bw[t, k] = rate / staging[t]
-        workers = int(tp.workers if tp.workers is not None else d["workers"])
-        nw[t] = workers
-        if d["scope"] == "host":
-            w0[t] = n_workers + inst_host * workers
-            n_workers += n_hosts * workers
-        else:
-            w0[t] = n_workers + np.arange(n_instances) * workers
-            n_workers += n_instances * workers
-        # ports: one per host, or `ports` per host with each GPU on the one beside it
-        n_ports = hw.ports if hw.attach == "gpu" else 1
-        ids = {}
-        for k in range(n_instances):
-            h = int(inst_host[k])
-            j = int(local[k]) * n_ports // topo.gpus_per_host
-            if (h, j) not in ids:
-                label = f"{tp.name}.port[{h}]" if n_ports == 1 else f"{tp.name}.port[{h}.{j}]"
-                ids[(h, j)] = links.add(label, hw.port_read_bw / n_ports,
-                                        hw.port_write_bw / n_ports)  # fmt: skip
-            port[t, k] = ids[(h, j)]
-        if hw.pool_bw > 0:
-            pool_link[t] = links.add(f"{tp.name}.pool", hw.pool_bw, hw.pool_bw)
-    gpu_path = np.full((T, n_instances, MAX_PATH), -1, dtype=np.int64)
-    gpu_scale = np.ones((T, MAX_PATH), dtype=np.float64)
-    casc_path = np.full((T, n_instances, MAX_PATH), -1, dtype=np.int64)
-    casc_scale = np.ones((T, MAX_PATH), dtype=np.float64)
-    for t in range(T):
-        gpu_scale[t, 4] = 2.0 * max(int(staging[t]), 1)  # each copy reads and writes DRAM
-        for k in range(n_instances):
-            h = int(inst_host[k])
-            gpu_path[t, k, 0] = pcie[k]
-            gpu_path[t, k, 1] = switch[k] if via_host[t] else -1
-            gpu_path[t, k, 2] = port[t, k]
-            gpu_path[t, k, 3] = pool_link[t]
-            gpu_path[t, k, 4] = membus[h] if staging[t] > 0 else -1
-            if t + 1 < T:
-                casc_path[t, k, :4] = (port[t, k], pool_link[t], port[t + 1, k], pool_link[t + 1])
+        cols.add_tier(tp, hw, block_bytes, at)
+        cols.add_connector(t, tp, hw, topo, at, host)
+        cols.add_ports(t, tp, hw, topo, at, links)
+    gpu_path, gpu_scale, casc_path, casc_scale = cols.paths(at, host)
     return TierConfig(
-        names=tuple(names),
-        evictions=tuple(evictions),
-        connectors=tuple(connectors),
-        capacity_blocks=np.array(caps, dtype=np.int64),
-        per_host=np.array(per_host, dtype=np.bool_),
-        pool_base=np.array(base, dtype=np.int64),
-        n_pools=n_pools,
-        n_hosts=n_hosts,
-        inst_host=inst_host,
-        lat_s=np.array(lat_s, dtype=np.float64),
-        cap_bw=np.array(cap_bw, dtype=np.float64),
-        rpc_s=np.array(rpc_s, dtype=np.float64),
-        stream_bw=np.array(stream_bw, dtype=np.float64),
-        stage_bw=stage_bw,
-        serial=np.array(serial, dtype=np.int64),
-        depth=np.array(depth, dtype=np.int64),
-        unit=np.array(unit, dtype=np.int64),
-        layerwise=np.array(layerwise, dtype=np.bool_),
-        store_blocks=np.array(blocks_step, dtype=np.bool_),
-        w0=w0,
-        nw=nw,
-        n_workers=n_workers,
+        names=tuple(cols.names),
+        evictions=tuple(cols.evictions),
+        connectors=tuple(cols.connectors),
+        capacity_blocks=np.array(cols.caps, dtype=np.int64),
+        per_host=np.array(cols.per_host, dtype=np.bool_),
+        pool_base=np.array(cols.base, dtype=np.int64),
+        n_pools=cols.n_pools,
+        n_hosts=at.n_hosts,
+        inst_host=at.inst_host,
+        lat_s=np.array(cols.lat_s, dtype=np.float64),
+        cap_bw=np.array(cols.cap_bw, dtype=np.float64),
+        rpc_s=np.array(cols.rpc_s, dtype=np.float64),
+        stream_bw=np.array(cols.stream_bw, dtype=np.float64),
+        stage_bw=cols.stage_bw,
+        serial=np.array(cols.serial, dtype=np.int64),
+        depth=np.array(cols.depth, dtype=np.int64),
+        unit=np.array(cols.unit, dtype=np.int64),
+        layerwise=np.array(cols.layerwise, dtype=np.bool_),
+        store_blocks=np.array(cols.blocks_step, dtype=np.bool_),
+        w0=cols.w0,
+        nw=cols.nw,
+        n_workers=cols.n_workers,
         link_bw_read=np.array(links.read, dtype=np.float64),
         link_bw_write=np.array(links.write, dtype=np.float64),
         link_duplex=np.array(links.duplex, dtype=np.int64),
@@ -298,13 +392,13 @@ def build_tiers(
         write_policy=WRITE_CODES[policy.write_policy],
         selective_k=policy.selective_k,
         exclusive=policy.hierarchy == "exclusive",
-        cost_aware=LOAD_RULES.code(policy.load_rule) == COST_AWARE,
+        load_rule=LOAD_RULES.code(policy.load_rule),
         batch_waits=policy.load_wait == "batch",
         fragments=fragments_per_block(model, policy.kv_layout),
         coalesce=policy.coalesce,
         layers=model.layers,
         block_bytes=block_bytes,
-        tier_gb=tier_gb,
+        tier_gb=cols.tier_gb,
     )
 
 

@@ -16,30 +16,23 @@ import kvtier.sim.routers.kv_aware as kv_aware
 import kvtier.sim.routers.least_loaded as least_loaded
 import kvtier.sim.routers.prefix_affinity as prefix_affinity
 import kvtier.sim.routers.round_robin as round_robin
-from kvtier.sim.nb_state import Buffers, HbmPools, InstanceState, Params, Requests, Tally
-from kvtier.sim.nb_tiers import TierParams, TierPools
+from kvtier.sim.nb_state import Sim
 
 CODES = (0, 1, 2, 3)  # every code dispatched below
 
 
 @njit(cache=True, nogil=True, _nrt=False, inline="always")
 def route_nb(
+    sim: Sim,
     i: int,
-    rq: Requests,
-    ist: InstanceState,
-    pool: HbmPools,
-    ts: TierPools,
-    tp: TierParams,
-    prm: Params,
-    ty: Tally,
-    buf: Buffers,
 ) -> int:
-    """The instance request ``i`` joins, by the router ``prm.router`` names."""
-    code = prm.router
+    """The instance request ``i`` joins, by the router ``sim.prm.router`` names."""
+    code = sim.prm.router
     if code == 0:  # round_robin
-        return round_robin.route_nb(i, rq, ist, pool, ts, tp, prm, ty, buf)
+        return round_robin.route_nb(sim, i)
     if code == 1:  # least_loaded
-        return least_loaded.route_nb(i, rq, ist, pool, ts, tp, prm, ty, buf)
+        return least_loaded.route_nb(sim, i)
     if code == 2:  # prefix_affinity
-        return prefix_affinity.route_nb(i, rq, ist, pool, ts, tp, prm, ty, buf)
-    return kv_aware.route_nb(i, rq, ist, pool, ts, tp, prm, ty, buf)  # kv_aware
+        return prefix_affinity.route_nb(sim, i)
+    # kv_aware
+    return kv_aware.route_nb(sim, i)

@@ -13,8 +13,8 @@ from numba import njit
 
 import kvtier.jitcache  # noqa: F401  (drops kernels compiled against older sources)
 from kvtier.sim.nb_hbm import hbm_lookup_nb
-from kvtier.sim.nb_state import Buffers, HbmPools, InstanceState, Params, Requests, Tally
-from kvtier.sim.nb_tiers import TierParams, TierPools, lookup_nb
+from kvtier.sim.nb_state import Sim
+from kvtier.sim.nb_tiers import lookup_nb
 from kvtier.sim.routers.base_nb import n_routed_nb
 
 if TYPE_CHECKING:
@@ -41,18 +41,15 @@ def route(view: RouteView, req: Any) -> int:
 
 
 @njit(cache=True, nogil=True, _nrt=False)
-def route_nb(
-    i: int,
-    rq: Requests,
-    ist: InstanceState,
-    pool: HbmPools,
-    ts: TierPools,
-    tp: TierParams,
-    prm: Params,
-    ty: Tally,
-    buf: Buffers,
-) -> int:
+def route_nb(sim: Sim, i: int) -> int:
     """The same float operations in the same order as :func:`route`."""
+    rq = sim.rq
+    ist = sim.ist
+    pool = sim.pool
+    ts = sim.ts
+    tp = sim.tp
+    prm = sim.prm
+    buf = sim.buf
     boff = rq.block_offsets
     inp = rq.input_tokens
     B = prm.block_tokens

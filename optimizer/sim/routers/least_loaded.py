@@ -8,8 +8,7 @@ from typing import TYPE_CHECKING
 from numba import njit
 
 import kvtier.jitcache  # noqa: F401  (drops kernels compiled against older sources)
-from kvtier.sim.nb_state import Buffers, HbmPools, InstanceState, Params, Requests, Tally
-from kvtier.sim.nb_tiers import TierParams, TierPools
+from kvtier.sim.nb_state import Sim
 from kvtier.sim.routers.base_nb import n_routed_nb
 
 if TYPE_CHECKING:
@@ -22,17 +21,9 @@ def route(view: RouteView, req: object) -> int:
 
 
 @njit(cache=True, nogil=True, _nrt=False, inline="always")
-def route_nb(
-    i: int,
-    rq: Requests,
-    ist: InstanceState,
-    pool: HbmPools,
-    ts: TierPools,
-    tp: TierParams,
-    prm: Params,
-    ty: Tally,
-    buf: Buffers,
-) -> int:
+def route_nb(sim: Sim, i: int) -> int:
+    ist = sim.ist
+    prm = sim.prm
     q_len = ist.q_len
     n_running = ist.n_running
     k = 0

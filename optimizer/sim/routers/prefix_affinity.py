@@ -11,8 +11,7 @@ from numba import njit
 import kvtier.jitcache  # noqa: F401  (drops kernels compiled against older sources)
 from kvtier.cache.prefetch import prefetch
 from kvtier.sim.nb_hbm import hbm_lookup_nb
-from kvtier.sim.nb_state import Buffers, HbmPools, InstanceState, Params, Requests, Tally
-from kvtier.sim.nb_tiers import TierParams, TierPools
+from kvtier.sim.nb_state import Sim
 from kvtier.sim.routers.base_nb import n_routed_nb
 
 if TYPE_CHECKING:
@@ -34,17 +33,12 @@ def route(view: RouteView, req: Any) -> int:
 
 
 @njit(cache=True, nogil=True, _nrt=False, inline="always")
-def route_nb(
-    i: int,
-    rq: Requests,
-    ist: InstanceState,
-    pool: HbmPools,
-    ts: TierPools,
-    tp: TierParams,
-    prm: Params,
-    ty: Tally,
-    buf: Buffers,
-) -> int:
+def route_nb(sim: Sim, i: int) -> int:
+    rq = sim.rq
+    ist = sim.ist
+    pool = sim.pool
+    prm = sim.prm
+    buf = sim.buf
     q_len = ist.q_len
     n_running = ist.n_running
     boff = rq.block_offsets

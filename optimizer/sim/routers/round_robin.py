@@ -7,16 +7,7 @@ from typing import TYPE_CHECKING
 from numba import njit
 
 import kvtier.jitcache  # noqa: F401  (drops kernels compiled against older sources)
-from kvtier.sim.nb_state import (
-    C_RR,
-    Buffers,
-    HbmPools,
-    InstanceState,
-    Params,
-    Requests,
-    Tally,
-)
-from kvtier.sim.nb_tiers import TierParams, TierPools
+from kvtier.sim.nb_state import C_RR, Sim
 from kvtier.sim.routers.base_nb import n_routed_nb
 
 if TYPE_CHECKING:
@@ -30,17 +21,9 @@ def route(view: RouteView, req: object) -> int:
 
 
 @njit(cache=True, nogil=True, _nrt=False, inline="always")
-def route_nb(
-    i: int,
-    rq: Requests,
-    ist: InstanceState,
-    pool: HbmPools,
-    ts: TierPools,
-    tp: TierParams,
-    prm: Params,
-    ty: Tally,
-    buf: Buffers,
-) -> int:
+def route_nb(sim: Sim, i: int) -> int:
+    prm = sim.prm
+    ty = sim.ty
     ints = ty.ints
     k = ints[C_RR] % n_routed_nb(prm)
     ints[C_RR] += 1

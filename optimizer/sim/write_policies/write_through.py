@@ -1,0 +1,18 @@
+"""``write_through``: every newly computed block is copied down at the end of its iteration."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from numba import njit
+
+import kvtier.jitcache  # noqa: F401  (drops kernels compiled against older sources)
+
+
+def chosen(lower: Any, blocks: list[int]) -> list[int]:
+    return blocks
+
+
+@njit(cache=True, nogil=True, _nrt=False, inline="always")
+def chosen_nb(ts, tp, buf, nbuf):  # noqa: ANN001, ANN201
+    return nbuf
