@@ -38,10 +38,15 @@ from __future__ import annotations
 
 import math
 
+from kvtier.export.capabilities import BlockSizes, Capabilities
 from kvtier.export.common import (
     Deployment,
     ExportResult,
     Job,
+    ShellVar,
+    approximate,
+    inexpressible,
+    info,
     launch_script,
     model_word,
     placements,
@@ -50,6 +55,7 @@ from kvtier.export.common import (
 from kvtier.export.pd import pd_notes, per_instance_args
 from kvtier.export.pd import sglang_args as sglang_pd_args
 from kvtier.hardware.types import GB
+from kvtier.policy.model import ROUTERS
 
 FILE = "sglang-serve.sh"
 KV_DTYPES = {"bf16": "bf16", "fp8": "fp8_e4m3"}
@@ -57,14 +63,46 @@ LAYOUTS = {"contiguous": "page_first", "per_layer": "layer_first"}
 SELECTIVE_THRESHOLD = 2  # hiradix_cache.py: write_through_threshold for the other policies
 FILE_DIR = "/var/cache/sglang-hicache"
 BASE_PORT = 30000  # sglang.launch_server --port default; instance k listens on BASE_PORT + k
+# Each host's own name for its Mooncake Store client: sglang 0.5.23 reads
+# MOONCAKE_LOCAL_HOSTNAME (else LOCAL_HOSTNAME, else "localhost":
+# srt/mem_cache/storage/mooncake_store/mooncake_store.py _resolve_local_hostname).
+LOCAL_HOSTNAME = ShellVar(
+    "LOCAL_HOSTNAME", "LOCAL_HOSTNAME: the name other hosts reach this one by", "uname -n"
+)
+
+CAPABILITIES = Capabilities(
+    target="sglang",
+    package="sglang",
+    tiers=("dram", "ssd", "rdma"),  # HiCache's host pool, file and Mooncake backends
+    routers=ROUTERS,  # the router sits in front of the instances, outside SGLang
+    schedulers=("vllm_v1",),  # pages allocated as a request grows, retraction when full
+    write_policies=("write_through", "write_back", "write_through_selective"),
+    load_rules=("always_load",),
+    evictions=("lru",),
+    hierarchies=("inclusive",),
+    kv_layouts=("contiguous",),  # page_first: the layout its Mooncake backend supports
+    kv_dtypes=tuple(KV_DTYPES),
+    block_sizes={"0.5.23": BlockSizes(1, source="sglang 0.5.23 --page-size (an int)")},
+    pd_connectors=("nixl",),  # mooncake moves the KV per chunk, not layer by layer
+    shared_tiers=("rdma",),  # one Mooncake Store pool; the host pool is per rank
+    selective_k=(SELECTIVE_THRESHOLD,),
+    # one L3 backend beside a host pool: Mooncake, or the file backend
+    requires={
+        "tiers.rdma.enabled": (("tiers.dram.enabled", True),),
+        "tiers.ssd.enabled": (("tiers.dram.enabled", True), ("tiers.rdma.enabled", False)),
+    },
+)
 
 
 def _host_pool(deploy: Deployment, args: list[str], notes: list[str]) -> None:
     """Size the host (L2) pool from the dram tier; SGLang wants it larger than the device's."""
     if not deploy.has("dram"):
         notes.append(
-            "The policy has no dram tier, but SGLang stages every L3 transfer through a host "
-            "pool (default --hicache-ratio 2, twice the device pool); that pool is not modelled."
+            inexpressible(
+                "The policy has no dram tier, but SGLang stages every L3 transfer through a "
+                "host pool (default --hicache-ratio 2, twice the device pool); that pool is not "
+                "modelled."
+            )
         )
         return
     per_rank = deploy.per_rank_bytes("dram")
@@ -73,20 +111,26 @@ def _host_pool(deploy: Deployment, args: list[str], notes: list[str]) -> None:
         args += ["--hicache-size", str(size)]
         if size * GB != per_rank:
             notes.append(
-                f"--hicache-size takes whole GB per rank: {per_rank / GB:.3f} GB rounded "
-                f"down to {size}."
+                approximate(
+                    f"--hicache-size takes whole GB per rank: {per_rank / GB:.3f} GB rounded "
+                    f"down to {size}."
+                )
             )
     else:
         ratio = deploy.per_instance_bytes("dram") / deploy.hbm_kv_bytes
         args += ["--hicache-ratio", f"{ratio:.3f}"]
         notes.append(
-            f"A rank's dram share ({per_rank / GB:.3f} GB) is under SGLang's 1 GB step; "
-            "exported as --hicache-ratio (host pool over device pool)."
+            approximate(
+                f"A rank's dram share ({per_rank / GB:.3f} GB) is under SGLang's 1 GB step; "
+                "exported as --hicache-ratio (host pool over device pool)."
+            )
         )
     if deploy.per_instance_bytes("dram") <= deploy.hbm_kv_bytes:
         notes.append(
-            "SGLang expects the host pool to be larger than the device pool (older versions "
-            "refuse to start, newer ones warn); this policy's dram share is not."
+            info(
+                "SGLang expects the host pool to be larger than the device pool (older versions "
+                "refuse to start, newer ones warn); this policy's dram share is not."
+            )
         )
 
 
@@ -95,6 +139,15 @@ def _storage(deploy: Deployment, args: list[str], env: dict[str, str], notes: li
     if deploy.has("rdma"):
         args += ["--hicache-storage-backend", "mooncake"]
         segment = int(deploy.pool_bytes["rdma"] / (deploy.instances * deploy.tp))
+        if deploy.hosts > 1:
+            env["MOONCAKE_LOCAL_HOSTNAME"] = LOCAL_HOSTNAME
+            notes.append(
+                info(
+                    "On more than one host each SGLang rank registers its Mooncake segment "
+                    "under MOONCAKE_LOCAL_HOSTNAME: sglang-serve.sh sets it from LOCAL_HOSTNAME "
+                    "(default: uname -n), which must name this host as the others reach it."
+                )
+            )
         env.update(
             {
                 "MOONCAKE_MASTER": "localhost:50051",
@@ -105,46 +158,60 @@ def _storage(deploy: Deployment, args: list[str], env: dict[str, str], notes: li
             }
         )
         notes.append(
-            "The rdma tier is a Mooncake Store pool: every rank contributes "
-            "MOONCAKE_GLOBAL_SEGMENT_SIZE bytes (the pool over instances x tp); the master "
-            "address and MOONCAKE_DEVICE are placeholders."
+            info(
+                "The rdma tier is a Mooncake Store pool: every rank contributes "
+                "MOONCAKE_GLOBAL_SEGMENT_SIZE bytes (the pool over instances x tp); the master "
+                "address and MOONCAKE_DEVICE are placeholders."
+            )
         )
         if deploy.has("ssd"):
             notes.append(
-                "SGLang takes one storage backend: the ssd tier is not exported next to "
-                "Mooncake (Mooncake's own SSD offload can hold it, see the mooncake target)."
+                inexpressible(
+                    "SGLang takes one storage backend: the ssd tier is not exported next to "
+                    "Mooncake (Mooncake's own SSD offload can hold it, see the mooncake target)."
+                )
             )
     elif deploy.has("ssd"):
         args += ["--hicache-storage-backend", "file"]
         env["SGLANG_HICACHE_FILE_BACKEND_MAX_SIZE"] = str(int(deploy.per_rank_bytes("ssd")))
         notes.append(
-            f"The ssd tier is SGLang's file backend, one directory per instance under "
-            f"{FILE_DIR} (a placeholder: use the SSD), capped by "
-            "SGLANG_HICACHE_FILE_BACKEND_MAX_SIZE in bytes per tensor-parallel rank (each rank "
-            "evicts its own files, least recently used first): the host's ssd tier over its "
-            "instances over tp."
+            info(
+                f"The ssd tier is SGLang's file backend, one directory per instance under "
+                f"{FILE_DIR} (a placeholder: use the SSD), capped by "
+                "SGLANG_HICACHE_FILE_BACKEND_MAX_SIZE in bytes per tensor-parallel rank (each rank "
+                "evicts its own files, least recently used first): the host's ssd tier over its "
+                "instances over tp."
+            )
         )
     if deploy.has("cxl"):
-        notes.append("The cxl tier is not exported: SGLang HiCache has no CXL backend.")
+        notes.append(
+            inexpressible("The cxl tier is not exported: SGLang HiCache has no CXL backend.")
+        )
 
 
 def _write_notes(deploy: Deployment, notes: list[str]) -> None:
     p = deploy.policy
     if p.write_policy == "write_through_selective" and p.selective_k != SELECTIVE_THRESHOLD:
         notes.append(
-            f"selective_k = {p.selective_k}: SGLang's write_through_selective copies a page "
-            f"down after {SELECTIVE_THRESHOLD} hits (fixed in hiradix_cache.py)."
+            approximate(
+                f"selective_k = {p.selective_k}: SGLang's write_through_selective copies a page "
+                f"down after {SELECTIVE_THRESHOLD} hits (fixed in hiradix_cache.py)."
+            )
         )
     if p.hierarchy == "exclusive":
         notes.append(
-            "hierarchy = exclusive is not a SGLang setting: host copies are kept; with "
-            "write_back a page is copied down only when HBM evicts it, the closest behaviour."
+            approximate(
+                "hierarchy = exclusive is not a SGLang setting: host copies are kept; with "
+                "write_back a page is copied down only when HBM evicts it, the closest behaviour."
+            )
         )
     for t in p.lower_tiers:
         if t.eviction != "lru":
             notes.append(
-                f"{t.name} eviction = {t.eviction} cannot be expressed: SGLang has one "
-                "--radix-eviction-policy for the radix tree, exported as lru (the HBM tier's)."
+                inexpressible(
+                    f"{t.name} eviction = {t.eviction} cannot be expressed: SGLang has one "
+                    "--radix-eviction-policy for the radix tree, exported as lru (the HBM tier's)."
+                )
             )
 
 
@@ -168,27 +235,35 @@ def export_sglang(deploy: Deployment) -> ExportResult:
     if p.serving.weight_dtype == "fp8":
         args += ["--quantization", "fp8"]
         notes.append(
-            "serving.weight_dtype = fp8 maps to --quantization fp8; with an FP8 checkpoint of "
-            "the model, drop the flag."
+            approximate(
+                "serving.weight_dtype = fp8 maps to --quantization fp8; with an FP8 checkpoint of "
+                "the model, drop the flag."
+            )
         )
     if p.kv_dtype in KV_DTYPES:
         args += ["--kv-cache-dtype", KV_DTYPES[p.kv_dtype]]
     else:
         notes.append(
-            "kv_dtype = int4 has no SGLang counterpart (its 4-bit KV formats are floating "
-            "point: nvfp4, fp4_mx_block16); --kv-cache-dtype is left at auto."
+            approximate(
+                "kv_dtype = int4 has no SGLang counterpart (its 4-bit KV formats are floating "
+                "point: nvfp4, fp4_mx_block16); --kv-cache-dtype is left at auto."
+            )
         )
     if p.tiers[0].capacity_gb is not None:
         tokens = int(deploy.hbm_kv_bytes // deploy.kv_bytes_per_token)
         args += ["--max-total-tokens", str(tokens)]
     else:
         notes.append(
-            "The device KV pool is left to SGLang (--mem-fraction-static); kvtier assumes "
-            f"{deploy.hbm_kv_bytes / GB:.1f} GB per instance."
+            info(
+                "The device KV pool is left to SGLang (--mem-fraction-static); kvtier assumes "
+                f"{deploy.hbm_kv_bytes / GB:.1f} GB per instance."
+            )
         )
     notes.append(
-        "max_num_batched_tokens maps to --chunked-prefill-size, which bounds prefill tokens "
-        "per chunk; SGLang schedules decode tokens outside that budget."
+        approximate(
+            "max_num_batched_tokens maps to --chunked-prefill-size, which bounds prefill tokens "
+            "per chunk; SGLang schedules decode tokens outside that budget."
+        )
     )
     if p.lower_tiers:
         args += ["--enable-hierarchical-cache"]
@@ -197,18 +272,22 @@ def export_sglang(deploy: Deployment) -> ExportResult:
         layout = LAYOUTS[p.kv_layout]
         if deploy.has("rdma") and layout != "page_first":
             notes.append(
-                "kv_layout = per_layer: exported as page_first, the only layout SGLang's "
-                "Mooncake backend supports (its README)."
+                approximate(
+                    "kv_layout = per_layer: exported as page_first, the only layout SGLang's "
+                    "Mooncake backend supports (its README)."
+                )
             )
             layout = "page_first"
         args += ["--hicache-mem-layout", layout]
         _storage(deploy, args, env, notes)
         _write_notes(deploy, notes)
     notes.append(
-        f"sglang-serve.sh starts every instance ({deploy.describe()}) with its own GPUs "
-        f"(CUDA_VISIBLE_DEVICES) and port ({BASE_PORT} + instance); on host h run it with "
-        f"HOST_INDEX=h. routing = {p.serving.routing} is the job of SGLang's separate router, "
-        "not configured here."
+        info(
+            f"sglang-serve.sh starts every instance ({deploy.describe()}) with its own GPUs "
+            f"(CUDA_VISIBLE_DEVICES) and port ({BASE_PORT} + instance); on host h run it with "
+            f"HOST_INDEX=h. routing = {p.serving.routing} is the job of SGLang's separate router, "
+            "not configured here."
+        )
     )
     comments = [
         "SGLang instances exported by kvtier: starts this host's instances in the background "

@@ -31,10 +31,15 @@ from __future__ import annotations
 
 import json
 
+from kvtier.export.capabilities import BlockSizes, Capabilities
 from kvtier.export.common import (
     Deployment,
     ExportResult,
     Job,
+    Note,
+    approximate,
+    inexpressible,
+    info,
     launch_script,
     model_word,
     placements,
@@ -42,6 +47,7 @@ from kvtier.export.common import (
 )
 from kvtier.export.lmcache import FILE as LMCACHE_FILE
 from kvtier.export.lmcache import lmcache_config, lmcache_yaml
+from kvtier.policy.model import KV_LAYOUTS, ROUTERS
 
 FILE = "vllm-serve.sh"
 BASE_PORT = 8000  # vllm serve --port default; instance k listens on BASE_PORT + k
@@ -49,11 +55,52 @@ KV_DTYPES = {"bf16": "auto", "fp8": "fp8", "int4": "int4_per_token_head"}
 CONNECTOR = {"kv_connector": "LMCacheConnectorV1", "kv_role": "kv_both"}
 OLD_BLOCK_SIZES = (1, 8, 16, 32, 64, 128)  # vLLM 0.9-0.10's BlockSize literal
 
+# The block sizes a vLLM release accepts on CUDA: FlashAttention, the default backend, asks
+# for multiples of 16 (vllm/v1/attention/backends/flash_attn.py,
+# get_supported_kernel_block_sizes -> [MultipleOf(16)], in 0.31.0 and 0.34.0 alike).
+VLLM_BLOCKS = {
+    "0.34.0": BlockSizes(16, source="vllm 0.34.0 v1/attention/backends/flash_attn.py"),
+    "0.31.0": BlockSizes(16, source="vllm 0.31.0 v1/attention/backends/flash_attn.py"),
+    "0.10": BlockSizes(choices=OLD_BLOCK_SIZES, source="vllm 0.9-0.10 BlockSize literal"),
+}
 
-def vllm_args(deploy: Deployment) -> tuple[list[str], list[str]]:
+CAPABILITIES = Capabilities(
+    target="vllm",
+    package="vllm",
+    tiers=("dram", "ssd", "rdma"),  # LMCache's CPU, disk and Mooncake Store backends
+    routers=ROUTERS,  # the router sits in front of the instances, outside vLLM
+    schedulers=("vllm_v1",),
+    write_policies=("write_through",),
+    load_rules=("always_load",),
+    evictions=("lru",),
+    hierarchies=("inclusive",),
+    kv_layouts=KV_LAYOUTS,
+    kv_dtypes=("bf16", "fp8", "int4"),
+    block_sizes=VLLM_BLOCKS,
+    pd_connectors=("nixl",),
+    shared_tiers=("rdma",),  # one Mooncake Store pool; LMCache's CPU and disk are per rank
+)
+
+
+def block_notes(deploy: Deployment, caps: Capabilities, name: str) -> list[Note]:
+    """Whether the release ``caps`` targets accepts the policy's block size."""
+    tokens = deploy.policy.block_tokens
+    if caps.block.accepts(tokens):
+        return []
+    return [
+        inexpressible(
+            f"--block-size {tokens} cannot be expressed: {name} {caps.version} accepts "
+            f"{caps.block.describe()} ({caps.block.source})."
+        )
+    ]
+
+
+def vllm_args(
+    deploy: Deployment, caps: Capabilities = CAPABILITIES
+) -> tuple[list[str], list[Note]]:
     """The ``vllm serve`` flags of ``deploy`` (without the model) and notes."""
     p = deploy.policy
-    notes: list[str] = []
+    notes: list[Note] = []
     args = [
         "--block-size",
         str(p.block_tokens),
@@ -70,37 +117,43 @@ def vllm_args(deploy: Deployment) -> tuple[list[str], list[str]]:
     if p.serving.weight_dtype == "fp8":
         args += ["--quantization", "fp8"]
         notes.append(
-            "serving.weight_dtype = fp8 maps to --quantization fp8 (vLLM quantizes BF16 "
-            "weights to FP8 at load); with an FP8 checkpoint of the model, drop the flag."
+            approximate(
+                "serving.weight_dtype = fp8 maps to --quantization fp8 (vLLM quantizes BF16 "
+                "weights to FP8 at load); with an FP8 checkpoint of the model, drop the flag."
+            )
         )
-    hbm = p.tiers[0]
-    if hbm.capacity_gb is not None:
-        args += ["--kv-cache-memory-bytes", str(int(deploy.hbm_kv_bytes / deploy.tp))]
-    else:
-        args += ["--gpu-memory-utilization", f"{deploy.hardware.gpu_memory_utilization:g}"]
+    # The KV cache per GPU is what kvtier simulated, in bytes: vLLM 0.34 sizes it otherwise
+    # from the memory it measures after warm-up (the extensible KV cache, with
+    # --gpu-memory-utilization defaulting to 1.0), 0.31 from a 0.92 share of HBM.
+    args += ["--kv-cache-memory-bytes", str(int(deploy.hbm_kv_bytes / deploy.tp))]
+    if p.tiers[0].capacity_gb is None:
         notes.append(
-            "HBM KV capacity is left to vLLM (its share of HBM minus weights and activations), "
-            f"as kvtier models it: {deploy.hbm_kv_bytes / 1e9:.1f} GB per instance."
+            info(
+                "HBM KV capacity is fixed with --kv-cache-memory-bytes at what kvtier models "
+                f"({deploy.hbm_kv_bytes / 1e9:.1f} GB per instance: the hardware profile's "
+                f"{deploy.hardware.gpu_memory_utilization:g} share of HBM minus weights and "
+                f"activations); vLLM {caps.version} would otherwise size it from the memory it "
+                "measures, which differs."
+            )
         )
-    if p.block_tokens not in OLD_BLOCK_SIZES:
-        notes.append(
-            f"--block-size {p.block_tokens}: vLLM 0.9-0.10 accept only "
-            f"{', '.join(map(str, OLD_BLOCK_SIZES))}; newer releases accept any size, but "
-            "attention backends may restrict it."
-        )
+    notes += block_notes(deploy, caps, "vLLM")
     if p.kv_dtype == "int4":
         notes.append(
-            "kv_dtype = int4 maps to int4_per_token_head, present only in recent vLLM source "
-            "(cache.py at 002f10e); older releases have no 4-bit KV cache."
+            approximate(
+                "kv_dtype = int4 maps to --kv-cache-dtype int4_per_token_head (vllm "
+                f"{caps.version} config/cache.py); older releases have no 4-bit KV cache."
+            )
         )
     if p.kv_dtype == "bf16":
-        notes.append("kv_dtype = bf16 maps to --kv-cache-dtype auto (the model's dtype).")
+        notes.append(info("kv_dtype = bf16 maps to --kv-cache-dtype auto (the model's dtype)."))
     if lmcache_tiers(deploy):
         args += ["--kv-transfer-config", json.dumps(CONNECTOR, separators=(",", ":"))]
     elif deploy.has("cxl"):
         notes.append(
-            "The cxl tier cannot be expressed: vLLM has no CXL tier and LMCache none of its "
-            "own, so the command serves from HBM only, without a KV connector."
+            inexpressible(
+                "The cxl tier cannot be expressed: vLLM has no CXL tier and LMCache none of its "
+                "own, so the command serves from HBM only, without a KV connector."
+            )
         )
     return args, notes
 
@@ -120,7 +173,7 @@ def _routing_notes(deploy: Deployment) -> list[str]:
     ]
     if s.routing == "prefix_affinity":
         notes.append(
-            f"affinity_overload = {s.affinity_overload} belongs to the router, not to vLLM."
+            info(f"affinity_overload = {s.affinity_overload} belongs to the router, not to vLLM.")
         )
     return notes
 
@@ -184,16 +237,20 @@ def export_vllm(deploy: Deployment) -> ExportResult:
         file_env["LMCACHE_CONFIG_FILE"] = LMCACHE_FILE
         comments.append("LMCACHE_CONFIG_FILE is the lmcache.yaml beside this script.")
         notes.append(
-            "Tiers below HBM are LMCache's (LMCacheConnectorV1, kv_role kv_both), configured "
-            "by lmcache.yaml (LMCACHE_CONFIG_FILE, its absolute path resolved from the "
-            "script's directory when it runs); vLLM's HBM prefix cache stays LRU."
+            info(
+                "Tiers below HBM are LMCache's (LMCacheConnectorV1, kv_role kv_both), configured "
+                "by lmcache.yaml (LMCACHE_CONFIG_FILE, its absolute path resolved from the "
+                "script's directory when it runs); vLLM's HBM prefix cache stays LRU."
+            )
         )
-        notes += [f"LMCache: {n}" for n in lm_notes]
+        notes += [n.prefixed("LMCache: ") for n in lm_notes]
         if [t.name for t in p.lower_tiers] == ["dram"]:
             notes.append(
-                "For a DRAM-only policy recent vLLM can offload without LMCache: "
-                "--kv-offloading-size (GiB, summed over TP ranks) with "
-                "--kv-offloading-backend native."
+                info(
+                    "For a DRAM-only policy recent vLLM can offload without LMCache: "
+                    "--kv-offloading-size (GiB, summed over TP ranks) with "
+                    "--kv-offloading-backend native."
+                )
             )
     jobs = vllm_jobs(deploy, ["vllm", "serve", model_word(deploy)], args, "vLLM")
     files[FILE] = launch_script(comments, {}, file_env, jobs, deploy.hosts)
