@@ -116,6 +116,9 @@ class Deployment:
     # instances of one tp, decode instances of another); None: ``tp`` GPUs each, consecutive
     layout: Layout | None = None
     decode_hbm_kv_bytes: float | None = None  # per decode instance, when its tp differs
+    # every instance holds the lower tiers, decode ones included (LMCache's own P/D backend,
+    # whose consumers keep an LMCache engine too); else only the prefill instances do
+    every_instance_holds_tiers: bool = False
 
     def tp_of(self, instance: int) -> int:
         """GPUs of ``instance`` (its pool's tensor-parallel size)."""
@@ -152,7 +155,14 @@ class Deployment:
             if self.layout is not None
             else prefill_count(self.policy.serving, self.instances)
         )
+        if self.every_instance_holds_tiers:
+            n = 0
         return list(range(n)) if n else list(range(self.instances))
+
+    @property
+    def tier_ranks(self) -> int:
+        """Tensor-parallel ranks of the :attr:`tier_users` (each holds its own share)."""
+        return sum(self.tp_of(k) for k in self.tier_users)
 
     def users_on_host(self, host: int) -> int:
         return sum(1 for k in self.tier_users if self.host_of(k) == host)

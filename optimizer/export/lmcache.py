@@ -105,7 +105,7 @@ def lmcache_config(deploy: Deployment) -> tuple[dict[str, object], list[str]]:
     if deploy.has("rdma"):
         cfg["remote_url"] = "mooncakestore://localhost:50051/"
         cfg["remote_serde"] = "naive"
-        segment = int(deploy.pool_bytes["rdma"] / (deploy.instances * deploy.tp))
+        segment = int(deploy.pool_bytes["rdma"] / deploy.tier_ranks)
         cfg["extra_config"] = {
             f"{MOONCAKE_PREFIX}{key}": value
             for key, value in (
@@ -121,7 +121,8 @@ def lmcache_config(deploy: Deployment) -> tuple[dict[str, object], list[str]]:
         notes.append(
             info(
                 "The rdma tier is a Mooncake Store pool reached through remote_url; every rank "
-                "contributes global_segment_size bytes (the pool over instances x tp). Host names, "
+                "contributes global_segment_size bytes (the pool over the ranks of the instances "
+                "that use the tiers). Host names, "
                 "the master address and device_name are placeholders; start mooncake_master first "
                 "(see the mooncake target)."
             )

@@ -66,7 +66,8 @@ TP_FLAGS = ("--tensor-parallel-size", "--tp-size")
 
 def per_instance_args(deploy: Deployment, instance: int, args: list[str]) -> list[str]:
     """``args`` for ``instance``: its pool's tensor-parallel size (``--tensor-parallel-size``,
-    ``--tp-size``) and, when set, vLLM's ``--kv-cache-memory-bytes`` per GPU of that size.
+    ``--tp-size``) and its HBM KV size (vLLM's ``--kv-cache-memory-bytes`` per GPU, SGLang's
+    ``--max-total-tokens``).
     Aggregated or one size for both pools, ``args`` unchanged."""
     out = list(args)
     tp = deploy.tp_of(instance)
@@ -75,6 +76,8 @@ def per_instance_args(deploy: Deployment, instance: int, args: list[str]) -> lis
             out[i + 1] = str(tp)
         elif word == "--kv-cache-memory-bytes":
             out[i + 1] = str(int(deploy.hbm_kv_bytes_of(instance) / tp))
+        elif word == "--max-total-tokens":  # SGLang's device pool, in tokens
+            out[i + 1] = str(int(deploy.hbm_kv_bytes_of(instance) // deploy.kv_bytes_per_token))
     return out
 
 

@@ -13,7 +13,8 @@ the host pools in ``mem_cache/memory_pool_host.py`` and ``hiradix_cache.py``):
   ``bf16`` -> ``bf16``, ``fp8`` -> ``fp8_e4m3``; ``int4`` has no counterpart.
 * ``--chunked-prefill-size`` <- ``max_num_batched_tokens`` (prefill tokens per chunk);
   ``--max-running-requests`` <- ``max_num_seqs``.
-* ``--max-total-tokens`` (tokens in the device pool) <- an explicit hbm ``capacity_gb``.
+* ``--max-total-tokens`` (tokens in the device pool) <- the HBM KV bytes kvtier simulates per
+  instance (an explicit hbm ``capacity_gb``, else the hardware profile's share).
 * ``--radix-eviction-policy`` (``lru``, ``lfu``, ``slru``, ``priority``, ``tlru``) <- ``lru``,
   the HBM tier's (one policy for the radix tree).
 * ``--enable-hierarchical-cache``; ``--hicache-size`` (integer GB: the host pool holds
@@ -138,7 +139,7 @@ def _storage(deploy: Deployment, args: list[str], env: dict[str, str], notes: li
     """One L3 backend: Mooncake for an rdma tier, else the file backend for an ssd tier."""
     if deploy.has("rdma"):
         args += ["--hicache-storage-backend", "mooncake"]
-        segment = int(deploy.pool_bytes["rdma"] / (deploy.instances * deploy.tp))
+        segment = int(deploy.pool_bytes["rdma"] / deploy.tier_ranks)
         if deploy.hosts > 1:
             env["MOONCAKE_LOCAL_HOSTNAME"] = LOCAL_HOSTNAME
             notes.append(
@@ -160,7 +161,8 @@ def _storage(deploy: Deployment, args: list[str], env: dict[str, str], notes: li
         notes.append(
             info(
                 "The rdma tier is a Mooncake Store pool: every rank contributes "
-                "MOONCAKE_GLOBAL_SEGMENT_SIZE bytes (the pool over instances x tp); the master "
+                "MOONCAKE_GLOBAL_SEGMENT_SIZE bytes (the pool over the ranks of the instances "
+                "that use the tiers); the master "
                 "address and MOONCAKE_DEVICE are placeholders."
             )
         )
@@ -249,14 +251,16 @@ def export_sglang(deploy: Deployment) -> ExportResult:
                 "point: nvfp4, fp4_mx_block16); --kv-cache-dtype is left at auto."
             )
         )
-    if p.tiers[0].capacity_gb is not None:
-        tokens = int(deploy.hbm_kv_bytes // deploy.kv_bytes_per_token)
-        args += ["--max-total-tokens", str(tokens)]
-    else:
+    # the device pool in tokens, as kvtier simulated it (an explicit hbm capacity, else the
+    # hardware profile's share of HBM minus weights and activations)
+    tokens = int(deploy.hbm_kv_bytes // deploy.kv_bytes_per_token)
+    args += ["--max-total-tokens", str(tokens)]
+    if p.tiers[0].capacity_gb is None:
         notes.append(
             info(
-                "The device KV pool is left to SGLang (--mem-fraction-static); kvtier assumes "
-                f"{deploy.hbm_kv_bytes / GB:.1f} GB per instance."
+                f"--max-total-tokens caps the device KV pool at what kvtier models "
+                f"({deploy.hbm_kv_bytes / GB:.1f} GB per instance); SGLang sizes it from "
+                "--mem-fraction-static and uses the smaller of the two."
             )
         )
     notes.append(
@@ -265,10 +269,13 @@ def export_sglang(deploy: Deployment) -> ExportResult:
             "per chunk; SGLang schedules decode tokens outside that budget."
         )
     )
+    # the hierarchical cache: only on the instances that use the lower tiers (every instance,
+    # or the prefill instances of a disaggregated policy, as kvtier simulates them)
+    tier_args: list[str] = []
     if p.lower_tiers:
-        args += ["--enable-hierarchical-cache"]
-        _host_pool(deploy, args, notes)
-        args += ["--hicache-write-policy", p.write_policy]
+        tier_args += ["--enable-hierarchical-cache"]
+        _host_pool(deploy, tier_args, notes)
+        tier_args += ["--hicache-write-policy", p.write_policy]
         layout = LAYOUTS[p.kv_layout]
         if deploy.has("rdma") and layout != "page_first":
             notes.append(
@@ -278,8 +285,8 @@ def export_sglang(deploy: Deployment) -> ExportResult:
                 )
             )
             layout = "page_first"
-        args += ["--hicache-mem-layout", layout]
-        _storage(deploy, args, env, notes)
+        tier_args += ["--hicache-mem-layout", layout]
+        _storage(deploy, tier_args, env, notes)
         _write_notes(deploy, notes)
     notes.append(
         info(
@@ -297,10 +304,19 @@ def export_sglang(deploy: Deployment) -> ExportResult:
     ]
     head = ["python3", "-m", "sglang.launch_server", "--model-path", model_word(deploy)]
     jobs = []
+    users = set(deploy.tier_users)
+    if tier_args and len(users) < deploy.instances:
+        notes.append(
+            info(
+                "Decode instances run without the hierarchical cache: kvtier looks the lower "
+                "tiers up and writes them on the prefill side."
+            )
+        )
     for place in placements(deploy):
         port = BASE_PORT + place.instance
         job_env = {"CUDA_VISIBLE_DEVICES": place.visible_devices}
-        if "SGLANG_HICACHE_FILE_BACKEND_MAX_SIZE" in env:
+        own = tier_args if place.instance in users else []
+        if "SGLANG_HICACHE_FILE_BACKEND_MAX_SIZE" in env and own:
             job_env["SGLANG_HICACHE_FILE_BACKEND_STORAGE_DIR"] = (
                 f"{FILE_DIR}/instance-{place.instance}"
             )
@@ -312,7 +328,7 @@ def export_sglang(deploy: Deployment) -> ExportResult:
                     *head,
                     "--port",
                     str(port),
-                    *per_instance_args(deploy, place.instance, args),
+                    *per_instance_args(deploy, place.instance, [*args, *own]),
                     *sglang_pd_args(deploy, place.instance),
                 ],
                 label=f"SGLang instance {place.instance}: GPUs {place.visible_devices}, "

@@ -30,6 +30,7 @@ in the notes, not exported, because older releases lack it.
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 from kvtier.export.capabilities import BlockSizes, Capabilities
 from kvtier.export.common import (
@@ -232,6 +233,11 @@ def export_vllm(deploy: Deployment) -> ExportResult:
         "0) is this host's index.",
     ]
     if lmcache_tiers(deploy):
+        if p.serving.pd_connector == "lmcache-pd" and deploy.tier_users != list(
+            range(deploy.instances)
+        ):
+            # LMCache's own P/D: producers and consumers alike run LMCacheConnectorV1
+            deploy = replace(deploy, every_instance_holds_tiers=True)
         cfg, lm_notes = lmcache_config(deploy)
         files[LMCACHE_FILE] = lmcache_yaml(cfg)
         file_env["LMCACHE_CONFIG_FILE"] = LMCACHE_FILE

@@ -52,6 +52,11 @@ class Release:
     flags: frozenset[str]
     env: frozenset[str]
     config: dict[str, frozenset[str]]
+    flags_by_module: dict[str, frozenset[str]]  # "dynamo/vllm" -> the flags declared there
+
+    def flags_of(self, *modules: str) -> frozenset[str]:
+        """The flags declared under ``modules`` (first two path parts, e.g. ``dynamo/vllm``)."""
+        return frozenset().union(*(self.flags_by_module.get(m, frozenset()) for m in modules))
 
     @property
     def label(self) -> str:
@@ -71,6 +76,7 @@ def release(name: str) -> Release:
         frozenset(doc["flags"]),
         frozenset(doc["env"]),
         {k: frozenset(v) for k, v in doc["config"].items()},
+        {k: frozenset(v) for k, v in doc.get("flags_by_module", {}).items()},
     )
 
 
