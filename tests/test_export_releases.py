@@ -476,3 +476,57 @@ def test_a_policy_inside_the_capabilities_exports_without_an_inexpressible_note(
     moved = policy_from_dict(doc, f"<{name} for {target}>")
     result = export(moved, target, hw, mdl)
     assert [n for n in result.notes if n.kind == "inexpressible"] == []
+
+
+# --- --target narrows the search to what the targeted release accepts ------------------------
+
+
+def test_target_vllm_never_searches_a_block_size_its_release_rejects(tmp_path) -> None:
+    from kvtier.errors import InputError
+    from kvtier.search.space import load_space, restrict_to_target
+
+    text = (
+        'format = "kvtier-space/1"\n'
+        "[params.block_tokens]\nchoices = [8, 16, 24, 256]\n"
+        '[params."tiers.dram.enabled"]\nchoices = [false, true]\n'
+    )
+    path = tmp_path / "s.toml"
+    path.write_text(text)
+    space = load_space(path)
+    # vLLM 0.34.0's FlashAttention backend takes multiples of 16
+    vllm = restrict_to_target(space, "vllm", ("dram",))
+    assert next(p for p in vllm.params if p.name == "block_tokens").choices == (16, 256)
+    # SGLang's --page-size takes any size
+    sglang = restrict_to_target(space, "sglang", ("dram",))
+    assert next(p for p in sglang.params if p.name == "block_tokens").choices == (8, 16, 24, 256)
+    pinned = tmp_path / "pinned.toml"
+    pinned.write_text(
+        text.split("[params.block_tokens]")[0]
+        + text.split("256]\n")[1]
+        + "[pinned]\nblock_tokens = 24\n"
+    )
+    with pytest.raises(InputError, match=r"block_tokens = 24 cannot be expressed by vllm \(vllm"):
+        restrict_to_target(load_space(pinned), "vllm", ())
+    path.write_text(text.replace("[8, 16, 24, 256]", "[8, 24]"))
+    with pytest.raises(InputError, match="takes no block size vllm"):
+        restrict_to_target(load_space(path), "vllm", ("dram",))
+
+
+def test_every_block_size_the_vllm_target_keeps_exports_without_a_block_note() -> None:
+    from dataclasses import replace as with_
+
+    from kvtier.search.space import load_space, restrict_to_target
+
+    policy = load_preset("vllm-hbm")
+    hw = load_hardware(hardware_name(None, policy))
+    mdl = load_model(model_name(None, policy))
+    space = restrict_to_target(load_space("default"), "vllm", tuple(hw.tiers))
+    sizes = next(p for p in space.params if p.name == "block_tokens").choices
+    assert 256 in sizes
+    for tokens in sizes:
+        result = export(with_(policy, block_tokens=tokens), "vllm", hw, mdl)
+        assert result.expressible, [n for n in result.notes if n.kind == "inexpressible"]
+    rejected = export(with_(policy, block_tokens=24), "vllm", hw, mdl)
+    assert any(
+        "--block-size 24 cannot be expressed" in n for n in rejected.of_kind("inexpressible")
+    )
