@@ -1,5 +1,7 @@
 """LMCache: the YAML file ``LMCACHE_CONFIG_FILE`` points to (in-process LMCache under vLLM).
 
+Written for LMCache 0.5.6: every key is in that release's list (``kvtier/export/releases``).
+
 Keys, units and defaults, read in LMCache's source and docs (``LMCache/LMCache``, dev branch,
 ``lmcache/v1/config.py`` and ``lmcache/v1/storage_backend/cache_policy/__init__.py`` at commit
 000620e; docs ``docs/source/api_reference/configurations.rst``,

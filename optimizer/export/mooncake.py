@@ -1,5 +1,9 @@
 """Mooncake Store: the store-client JSON of each host contributing to the pool, and the master.
 
+Written for mooncake-transfer-engine 0.3.13.post1: every key, flag and variable is in that
+release's list (``kvtier/export/releases``: ``MooncakeConfig``'s keys, ``mooncake_master``'s
+gflags, ``mooncake_store_service``'s flags, the ``MOONCAKE_*`` names of ``store.so``).
+
 Keys and flags, read in Mooncake's repository (``kvcache-ai/Mooncake`` at 3b5a594,
 v0.3.12.post1-245, 2026-08-22): ``mooncake-wheel/mooncake/mooncake_config.py``
 (``MooncakeConfig.from_file``), ``docs/source/deployment/mooncake-store-deployment-guide.md``,

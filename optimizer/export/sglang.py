@@ -1,5 +1,10 @@
 """SGLang: a ``sglang.launch_server`` command line with HiCache flags.
 
+Written for SGLang 0.5.23: every flag and variable is in that release's list
+(``kvtier/export/releases``). On more than one host a Mooncake backend gets
+``MOONCAKE_LOCAL_HOSTNAME`` (0.5.23's ``_resolve_local_hostname``); the hierarchical cache
+runs only on the instances that use the lower tiers (not on decode instances).
+
 Flags, read in SGLang's source and docs (``sgl-project/sglang``, main after the
 ``arg_groups`` split: ``python/sglang/srt/arg_groups/fields/memory.py`` at 00fe477,
 ``fields/schedule.py`` at 001b886, ``choices.py`` at 0099dee, the ``tp_size`` and

@@ -1,11 +1,14 @@
 """vLLM: a ``vllm serve`` command line, with LMCache behind ``--kv-transfer-config``.
 
-Flags, read in vLLM's source (``vllm-project/vllm``: ``vllm/engine/arg_utils.py`` at commit
-99d7eb5, ``vllm/config/cache.py`` at 002f10e, ``vllm/config/kv_transfer.py`` and
-``vllm/distributed/kv_transfer/kv_connector/factory.py`` at 007c643; the same page is
-docs.vllm.ai ``api/vllm/config/cache``, v0.29.0 and latest):
+Written for vLLM 0.34.0 (with LMCache 0.5.6): every flag, variable and key is in those
+releases' lists (``kvtier/export/releases``). Flags, read in the 0.34.0 wheel
+(``engine/arg_utils.py``, ``config/cache.py``, ``config/kv_transfer.py``,
+``distributed/kv_transfer/kv_connector/factory.py``; earlier in ``vllm-project/vllm`` at
+99d7eb5, 002f10e and 007c643):
 
-* ``--block-size`` (tokens; default 16 on CUDA) <- ``block_tokens``.
+* ``--block-size`` (tokens) <- ``block_tokens``; on CUDA the default FlashAttention backend
+  takes multiples of 16 (``v1/attention/backends/flash_attn.py``), which
+  :data:`CAPABILITIES` declares, so ``optimize --target vllm`` searches only those.
 * ``--enable-prefix-caching``: the HBM tier is vLLM's prefix cache (its free-block queue is LRU).
 * ``--max-num-batched-tokens``, ``--max-num-seqs`` <- ``serving``.
 * ``--kv-cache-dtype`` (``CacheDType``: ``auto``, ``fp8``, ..., ``int4_per_token_head``, ...):
@@ -15,16 +18,18 @@ docs.vllm.ai ``api/vllm/config/cache``, v0.29.0 and latest):
   disaggregated policy's prefill and decode instances each get their pool's
   ``serving.prefill_tp`` / ``serving.decode_tp``.
 * ``--quantization fp8`` <- ``serving.weight_dtype = "fp8"`` (online FP8 weights).
-* ``--kv-cache-memory-bytes`` (bytes of KV cache per GPU; overrides
-  ``--gpu-memory-utilization``) <- an explicit hbm ``capacity_gb`` over ``tp``; otherwise
-  ``--gpu-memory-utilization`` <- the hardware profile's share (vLLM's own default is 0.92).
+* ``--kv-cache-memory-bytes`` (bytes of KV cache per GPU; "ignores gpu_memory_utilization")
+  <- the HBM KV bytes kvtier simulates per instance over ``tp``, always: 0.34.0's
+  ``--gpu-memory-utilization`` defaults to 1.0 under the extensible KV cache, sized from the
+  memory measured after warm-up, which is not what kvtier models.
 * ``--kv-transfer-config`` JSON (``KVTransferConfig``: ``kv_connector``, ``kv_role``) with the
   registered connector ``LMCacheConnectorV1`` and role ``kv_both`` when the policy has lower
-  tiers; their configuration is the LMCache target's file (``lmcache.py``).
+  tiers; their configuration is the LMCache target's file (``lmcache.py``). A disaggregated
+  policy's roles are :mod:`kvtier.export.pd`'s (NIXL ``kv_producer`` / ``kv_consumer``).
 
 vLLM's own CPU offloading (``--kv-offloading-size`` in GiB, ``--kv-offloading-backend
-native|lmcache``, cache.py at 002f10e) can replace LMCache for a DRAM-only policy; it is named
-in the notes, not exported, because older releases lack it.
+native|lmcache``) can replace LMCache for a DRAM-only policy; it is named in the notes, not
+exported.
 """
 
 from __future__ import annotations
