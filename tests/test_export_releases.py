@@ -530,3 +530,26 @@ def test_every_block_size_the_vllm_target_keeps_exports_without_a_block_note() -
     assert any(
         "--block-size 24 cannot be expressed" in n for n in rejected.of_kind("inexpressible")
     )
+
+
+def test_notes_name_the_minimum_versions_read_in_older_wheels() -> None:
+    from dataclasses import replace as with_
+
+    from kvtier.policy.model import ServingPolicy
+
+    def minimum(result: ExportResult) -> str:
+        return next(n for n in result.notes if "Minimum versions" in n)
+
+    result, _ = exported("lmcache-cpu-disk", "sglang")  # dram and ssd: the file backend
+    assert "sglang 0.5.14 (SGLANG_HICACHE_FILE_BACKEND_MAX_SIZE; 0.5.13 lacks it)" in minimum(
+        result
+    )
+    assert "lmcache 0.5.0" in minimum(exported("mooncake-rdma", "lmcache")[0])
+    policy = load_preset("dynamo-kvbm")
+    hw, mdl = load_hardware(policy.hardware), load_model(policy.model)
+    assert "ai-dynamo 1.0.0" in minimum(export(policy, "dynamo", hw, mdl))
+    least = with_(policy, serving=ServingPolicy(routing="least_loaded"))
+    assert "ai-dynamo 1.1.0 (--router-mode least-loaded" in minimum(
+        export(least, "dynamo", hw, mdl)
+    )
+    assert "no older release was checked" in minimum(exported("mooncake-rdma", "mooncake")[0])

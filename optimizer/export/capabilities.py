@@ -183,11 +183,29 @@ def capability_notes(deploy: Deployment, caps: Capabilities) -> list[Note]:
             )
     packages = TARGET_RELEASES[caps.target]
     pinned = ", ".join(f"{n.split('@')[0]} {PACKAGES[n]}" for n in packages)
+    module = importlib.import_module(f"kvtier.export.{caps.target}")
+    needs: list[Minimum] = getattr(module, "minimum_versions", lambda d: [])(deploy)
+    if needs:
+        listed = "; ".join(f"{m.package} {m.version} ({m.why})" for m in needs)
+        minimum = (
+            f"Minimum versions: {listed}; every other name was checked only in the releases above."
+        )
+    else:
+        minimum = "Minimum versions: the releases above (no older release was checked)."
     notes.append(
         info(
             f"Written for {pinned}: every flag, environment variable and configuration key is "
-            "one those releases read (kvtier/export/releases). Minimum versions: the same; "
-            "no older release was checked."
+            f"one those releases read (kvtier/export/releases). {minimum}"
         )
     )
     return notes
+
+
+@dataclass(frozen=True)
+class Minimum:
+    """The oldest release of ``package`` that reads a name an export writes (``why``: the
+    name, and the older release checked that lacks it)."""
+
+    package: str
+    version: str
+    why: str

@@ -37,7 +37,7 @@ from __future__ import annotations
 
 import json
 
-from kvtier.export.capabilities import Capabilities
+from kvtier.export.capabilities import Capabilities, Minimum
 from kvtier.export.common import (
     Deployment,
     ExportResult,
@@ -328,3 +328,14 @@ def _frontend(env: dict[str, str]) -> Job:
     if "DYN_ROUTER_MODE" in env:
         argv += ["--router-mode", env["DYN_ROUTER_MODE"]]
     return Job(0, {}, argv, f"Dynamo frontend: port {FRONTEND_PORT}")
+
+
+def minimum_versions(deploy: Deployment) -> list[Minimum]:
+    """ai-dynamo releases the script needs, read in the 1.0.0 to 1.6.1 wheels: a vLLM worker
+    reads ``--disaggregation-mode`` and a user-provided ``--kv-events-config`` from 1.0.0
+    (``dynamo/vllm/backend_args.py``, ``args.py``); ``--router-mode least-loaded`` is a choice
+    from 1.1.0 (1.0.0 lacks it)."""
+    if deploy.policy.serving.routing == "least_loaded":
+        return [Minimum("ai-dynamo", "1.1.0", "--router-mode least-loaded; 1.0.0 lacks it")]
+    why = "--disaggregation-mode, a user-provided --kv-events-config"
+    return [Minimum("ai-dynamo", "1.0.0", why)]

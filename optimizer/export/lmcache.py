@@ -44,7 +44,7 @@ from __future__ import annotations
 
 import yaml
 
-from kvtier.export.capabilities import BlockSizes, Capabilities
+from kvtier.export.capabilities import BlockSizes, Capabilities, Minimum
 from kvtier.export.common import (
     Deployment,
     ExportResult,
@@ -224,3 +224,15 @@ def export_lmcache(deploy: Deployment) -> ExportResult:
 
     notes += pd_notes(deploy, "LMCache")
     return ExportResult("lmcache", files, [*shared_notes(deploy, "LMCache"), *notes])
+
+
+def minimum_versions(deploy: Deployment) -> list[Minimum]:
+    """LMCache releases the file needs, read in older wheels: the ``mooncake_`` prefixed
+    ``extra_config`` keys are read by 0.5.0's ``mooncakestore_connector.py``, not 0.3.9's;
+    ``enable_async_loading`` by 0.3.9's ``config.py`` (from 0.3.7: pull request #1513)."""
+    out = []
+    if deploy.has("rdma"):
+        out.append(Minimum("lmcache", "0.5.0", "mooncake_ extra_config keys; 0.3.9 lacks them"))
+    elif deploy.policy.lower_tiers:
+        out.append(Minimum("lmcache", "0.3.7", "enable_async_loading"))
+    return out

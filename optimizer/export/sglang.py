@@ -44,7 +44,7 @@ from __future__ import annotations
 
 import math
 
-from kvtier.export.capabilities import BlockSizes, Capabilities
+from kvtier.export.capabilities import BlockSizes, Capabilities, Minimum
 from kvtier.export.common import (
     Deployment,
     ExportResult,
@@ -343,3 +343,16 @@ def export_sglang(deploy: Deployment) -> ExportResult:
     files = {FILE: launch_script(comments, env, {}, jobs, deploy.hosts)}
     notes += pd_notes(deploy, "SGLang")
     return ExportResult("sglang", files, [*shared_notes(deploy, "SGLang"), *notes])
+
+
+def minimum_versions(deploy: Deployment) -> list[Minimum]:
+    """SGLang releases the script needs, read in older wheels (``srt/environ.py``):
+    ``SGLANG_HICACHE_FILE_BACKEND_MAX_SIZE`` from 0.5.14 (0.5.13 lacks it),
+    ``MOONCAKE_LOCAL_HOSTNAME`` from 0.5.6 (0.5.5 lacks it)."""
+    out = []
+    if deploy.has("ssd") and not deploy.has("rdma"):
+        why = "SGLANG_HICACHE_FILE_BACKEND_MAX_SIZE; 0.5.13 lacks it"
+        out.append(Minimum("sglang", "0.5.14", why))
+    if deploy.has("rdma") and deploy.hosts > 1:
+        out.append(Minimum("sglang", "0.5.6", "MOONCAKE_LOCAL_HOSTNAME; 0.5.5 lacks it"))
+    return out

@@ -37,7 +37,7 @@ from __future__ import annotations
 import json
 from dataclasses import replace
 
-from kvtier.export.capabilities import BlockSizes, Capabilities
+from kvtier.export.capabilities import BlockSizes, Capabilities, Minimum
 from kvtier.export.common import (
     Deployment,
     ExportResult,
@@ -271,3 +271,11 @@ def export_vllm(deploy: Deployment) -> ExportResult:
     return ExportResult(
         "vllm", files, [*shared_notes(deploy, "vLLM"), *_routing_notes(deploy), *notes]
     )
+
+
+def minimum_versions(deploy: Deployment) -> list[Minimum]:
+    """The LMCache file's needs (:func:`kvtier.export.lmcache.minimum_versions`) when the
+    policy has tiers LMCache holds."""
+    from kvtier.export.lmcache import minimum_versions as lmcache_minimums
+
+    return lmcache_minimums(deploy) if lmcache_tiers(deploy) else []
