@@ -279,8 +279,8 @@ def export_dynamo(deploy: Deployment) -> ExportResult:
         info(
             f"dynamo-serve.sh starts the frontend (port {FRONTEND_PORT}) on host 0 and one worker "
             f"per instance ({deploy.describe()}) with its own GPUs (CUDA_VISIBLE_DEVICES), KV "
-            "event port and KVBM leader ports; on host h run it with HOST_INDEX=h. dynamo.vllm is "
-            "assumed to pass every vLLM engine flag through, as it does those in the KVBM guide."
+            "event port and KVBM leader ports; on host h run it with HOST_INDEX=h. dynamo.vllm "
+            "parses vLLM's own engine flags (ai-dynamo 1.6.1 dynamo/vllm/args.py)."
         )
     )
     notes += pd_notes(deploy, "Dynamo")
