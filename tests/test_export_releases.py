@@ -553,3 +553,21 @@ def test_notes_name_the_minimum_versions_read_in_older_wheels() -> None:
         export(least, "dynamo", hw, mdl)
     )
     assert "no older release was checked" in minimum(exported("mooncake-rdma", "mooncake")[0])
+
+
+def test_the_file_backend_cap_is_written_only_for_a_release_that_reads_it(monkeypatch) -> None:
+    from dataclasses import replace as with_
+
+    import kvtier.export.sglang as sglang_export
+
+    result, _ = exported("lmcache-cpu-disk", "sglang")
+    assert "SGLANG_HICACHE_FILE_BACKEND_MAX_SIZE" in result.files["sglang-serve.sh"]
+    pinned = release("sglang")
+    older = with_(pinned, env=pinned.env - {"SGLANG_HICACHE_FILE_BACKEND_MAX_SIZE"})
+    monkeypatch.setattr(sglang_export, "release", lambda name: older)
+    result, _ = exported("lmcache-cpu-disk", "sglang")
+    script = result.files["sglang-serve.sh"]
+    assert "SGLANG_HICACHE_FILE_BACKEND_MAX_SIZE" not in script
+    assert "--hicache-storage-backend file" in script  # the tier is still the file backend
+    assert "SGLANG_HICACHE_FILE_BACKEND_STORAGE_DIR" in script
+    assert any("grows without bound" in n for n in result.of_kind("inexpressible"))

@@ -60,6 +60,7 @@ from kvtier.export.common import (
 )
 from kvtier.export.pd import pd_notes, per_instance_args
 from kvtier.export.pd import sglang_args as sglang_pd_args
+from kvtier.export.releases import release
 from kvtier.hardware.types import GB
 from kvtier.policy.model import ROUTERS
 
@@ -68,6 +69,9 @@ KV_DTYPES = {"bf16": "bf16", "fp8": "fp8_e4m3"}
 LAYOUTS = {"contiguous": "page_first", "per_layer": "layer_first"}
 SELECTIVE_THRESHOLD = 2  # hiradix_cache.py: write_through_threshold for the other policies
 FILE_DIR = "/var/cache/sglang-hicache"
+# the file backend's cap, read only by recent releases (0.5.14 on): exported when the
+# targeted release reads it
+FILE_CAP = "SGLANG_HICACHE_FILE_BACKEND_MAX_SIZE"
 BASE_PORT = 30000  # sglang.launch_server --port default; instance k listens on BASE_PORT + k
 # Each host's own name for its Mooncake Store client: sglang 0.5.23 reads
 # MOONCAKE_LOCAL_HOSTNAME (else LOCAL_HOSTNAME, else "localhost":
@@ -180,7 +184,15 @@ def _storage(deploy: Deployment, args: list[str], env: dict[str, str], notes: li
             )
     elif deploy.has("ssd"):
         args += ["--hicache-storage-backend", "file"]
-        env["SGLANG_HICACHE_FILE_BACKEND_MAX_SIZE"] = str(int(deploy.per_rank_bytes("ssd")))
+        if FILE_CAP not in release("sglang").env:
+            notes.append(
+                inexpressible(
+                    f"The ssd tier's size cannot be expressed: SGLang {CAPABILITIES.version} "
+                    f"does not read {FILE_CAP}, so the file backend grows without bound."
+                )
+            )
+            return
+        env[FILE_CAP] = str(int(deploy.per_rank_bytes("ssd")))
         notes.append(
             info(
                 f"The ssd tier is SGLang's file backend, one directory per instance under "
@@ -194,6 +206,12 @@ def _storage(deploy: Deployment, args: list[str], env: dict[str, str], notes: li
         notes.append(
             inexpressible("The cxl tier is not exported: SGLang HiCache has no CXL backend.")
         )
+
+
+def _backend(args: list[str]) -> str | None:
+    """The ``--hicache-storage-backend`` of ``args`` (None: none)."""
+    flag = "--hicache-storage-backend"
+    return args[args.index(flag) + 1] if flag in args else None
 
 
 def _write_notes(deploy: Deployment, notes: list[str]) -> None:
@@ -321,7 +339,7 @@ def export_sglang(deploy: Deployment) -> ExportResult:
         port = BASE_PORT + place.instance
         job_env = {"CUDA_VISIBLE_DEVICES": place.visible_devices}
         own = tier_args if place.instance in users else []
-        if "SGLANG_HICACHE_FILE_BACKEND_MAX_SIZE" in env and own:
+        if own and _backend(own) == "file":
             job_env["SGLANG_HICACHE_FILE_BACKEND_STORAGE_DIR"] = (
                 f"{FILE_DIR}/instance-{place.instance}"
             )
