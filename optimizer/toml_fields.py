@@ -6,6 +6,7 @@ the message must say which file and which dotted key, on one line (exit code 2 f
 
 from __future__ import annotations
 
+import difflib
 import math
 import tomllib
 from pathlib import Path
@@ -52,6 +53,7 @@ class Table:
         return f"{self.prefix}{key}"
 
     def has(self, key: str) -> bool:
+        self.used.add(key)  # a key the reader knows, present or not
         return key in self.data
 
     def _get(self, key: str, default: Any, required: bool) -> Any:
@@ -140,7 +142,11 @@ class Table:
         return [Table(v, self.path, f"{self._key(key)}[{i}].") for i, v in enumerate(value)]
 
     def done(self) -> None:
-        """Reject keys nobody asked for: they are typos or unsupported options."""
+        """Reject keys nobody asked for: they are typos or unsupported options. The message
+        lists the keys the table takes (every key its reader asked for)."""
         for key in self.data:
             if key not in self.used:
-                raise self.error(self._key(key), "unknown key")
+                close = difflib.get_close_matches(str(key), sorted(self.used), n=1)
+                hint = f" (did you mean {close[0]!r}?)" if close else ""
+                valid = ", ".join(sorted(self.used)) or "none"
+                raise self.error(self._key(key), f"unknown key{hint}; valid keys: {valid}")

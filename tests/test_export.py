@@ -24,7 +24,7 @@ from hypothesis import strategies as st
 from kvtier import cli
 from kvtier.cli import main
 from kvtier.errors import InputError
-from kvtier.export import TARGETS, export
+from kvtier.export import TARGETS, deployment, export
 from kvtier.hardware import load_hardware, load_model
 from kvtier.hardware.types import Hardware
 from kvtier.policy.file import write_policy_file
@@ -233,7 +233,10 @@ def test_vllm_flags_carry_the_policy() -> None:
     assert f["--max-num-batched-tokens"] == "4096" and f["--max-num-seqs"] == "64"
     assert f["--kv-cache-dtype"] == "fp8"
     assert f["--tensor-parallel-size"] == "2"
-    assert f["--gpu-memory-utilization"] == "0.9"
+    # vLLM 0.34 sizes the KV cache from measured memory unless told its bytes per GPU
+    assert "--gpu-memory-utilization" not in f
+    simulated = deployment(p, with_tp(H100, 2), MODEL).hbm_kv_bytes
+    assert int(f["--kv-cache-memory-bytes"]) == int(simulated / 2)
     assert "--kv-transfer-config" not in f and "lmcache.yaml" not in result.files
     assert env == {"CUDA_VISIBLE_DEVICES": "0,1"} and f["--port"] == "8000"
 
@@ -477,7 +480,7 @@ def test_dynamo_write_policies_and_routing() -> None:
     )
     env, _, _, result = dynamo_files(p)
     text = notes_text(result)
-    assert "DYN_ROUTER_MODE" not in env and "routing = least_loaded" in text
+    assert env["DYN_ROUTER_MODE"] == "least-loaded"  # ai-dynamo 1.6.1's --router-mode has it
     assert "write_back" in text and "dram eviction = gdsf" in text and "rdma tier" in text
     env, _, f, result = dynamo_files(policy(TierPolicy(name="rdma")))
     assert "--kv-transfer-config" not in f and "DynamoConnector" in notes_text(result)
@@ -632,7 +635,9 @@ def test_cli_json_and_all() -> None:
     res = run(str(preset_path("mooncake-rdma")), "--target", "mooncake", "--json")
     assert res.exit_code == 0, res.output
     doc = json.loads(res.output)
-    assert doc["target"] == "mooncake" and set(doc) == {"target", "files", "notes"}
+    assert doc["target"] == "mooncake" and set(doc) == {"target", "release", "files", "notes"}
+    assert doc["release"] == "mooncake-transfer-engine 0.3.13.post1"
+    assert {n["kind"] for n in doc["notes"]} <= {"inexpressible", "approximate", "informational"}
     assert json.loads(doc["files"]["mooncake.json"])["protocol"] == "rdma"
     res = run(str(preset_path("mooncake-rdma")), "--target", "all", "--json")
     assert [d["target"] for d in json.loads(res.output)] == list(TARGETS)

@@ -254,7 +254,7 @@ def test_dynamo_frontend_once_and_workers_with_their_own_ports(tmp_path: Path) -
         own = (
             call.env["DYN_KVBM_LEADER_ZMQ_PUB_PORT"],
             call.env["DYN_KVBM_LEADER_ZMQ_ACK_PORT"],
-            call.env["DYN_VLLM_KV_EVENT_PORT"],
+            json.loads(call.flag("--kv-events-config"))["endpoint"].rsplit(":", 1)[1],
         )
         assert own == (str(56001 + 2 * k), str(56002 + 2 * k), str(20080 + k))
         ports |= set(own)
@@ -395,7 +395,7 @@ def test_sglang_and_dynamo_roles_with_their_tp(tmp_path: Path) -> None:
         ("4,5", "2"),
         ("6,7", "2"),
     ]
-    assert ["--is-prefill-worker" in w.argv for w in workers] == [True, False, False]
+    assert [w.flag("--disaggregation-mode") for w in workers] == ["prefill", "decode", "decode"]
 
 
 def test_decode_instances_start_on_the_next_host_when_one_would_straddle(tmp_path: Path) -> None:
@@ -440,15 +440,16 @@ def test_vllm_nixl_handover_beside_lmcache_tiers(tmp_path: Path) -> None:
     assert done.returncode == 0, done.stderr
     by_port = serving(calls)
     configs = [transfer(by_port[8000 + k]) for k in range(6)]
-    nixl = {"kv_connector": "NixlConnector", "kv_role": "kv_both"}
+    producer = {"kv_connector": "NixlConnector", "kv_role": "kv_producer"}
+    consumer = {"kv_connector": "NixlConnector", "kv_role": "kv_consumer"}
     stacked = {
         "kv_connector": "MultiConnector",
-        "kv_role": "kv_both",
+        "kv_role": "kv_producer",
         "kv_connector_extra_config": {
-            "connectors": [nixl, {"kv_connector": "LMCacheConnectorV1", "kv_role": "kv_both"}]
+            "connectors": [producer, {"kv_connector": "LMCacheConnectorV1", "kv_role": "kv_both"}]
         },
     }
-    assert configs == [stacked] * 2 + [nixl] * 4
+    assert configs == [stacked] * 2 + [consumer] * 4
     # every NIXL instance of the host listens on its own side channel, its tp ranks above it
     ports = [int(by_port[8000 + k].env["VLLM_NIXL_SIDE_CHANNEL_PORT"]) for k in range(6)]
     assert ports == [5600, 5602, 5604, 5605, 5606, 5607]
@@ -469,7 +470,8 @@ def test_dynamo_disaggregated_workers_connect_kvbm_and_nixl(tmp_path: Path) -> N
     assert prefill["kv_connector_module_path"] == "kvbm.vllm_integration.connector"
     inner = [c["kv_connector"] for c in prefill["kv_connector_extra_config"]["connectors"]]
     assert inner == ["DynamoConnector", "NixlConnector"]
-    assert decode == [{"kv_connector": "NixlConnector", "kv_role": "kv_both"}] * 2
+    assert decode == [{"kv_connector": "NixlConnector", "kv_role": "kv_consumer"}] * 2
+    assert [w.flag("--disaggregation-mode") for w in workers] == ["prefill", "decode", "decode"]
     assert ["DYN_KVBM_LEADER_ZMQ_PUB_PORT" in w.env for w in workers] == [True, False, False]
     ports = [w.env["VLLM_NIXL_SIDE_CHANNEL_PORT"] for w in workers]
     assert ports == ["5600", "5604", "5606"]

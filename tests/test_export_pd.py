@@ -33,11 +33,17 @@ def test_vllm_nixl_without_lmcache() -> None:
     p = load_preset("vllm-pd-lmcache")
     p = replace(p, tiers=p.tiers[:1])  # HBM only: the NIXL connector moves the KV
     r = export(p, "vllm", load_hardware(p.hardware), load_model(p.model))
-    assert script(r).count('{"kv_connector":"NixlConnector","kv_role":"kv_both"}') == 8
+    # vLLM 0.34 deprecates kv_both for NixlConnector: producers prefill, consumers decode
+    text = script(r)
+    assert text.count('{"kv_connector":"NixlConnector","kv_role":"kv_producer"}') == 2
+    assert text.count('{"kv_connector":"NixlConnector","kv_role":"kv_consumer"}') == 6
 
 
 def test_dynamo_prefill_workers_and_sglang_modes() -> None:
-    assert script(exported("dynamo-disagg", "dynamo")).count("--is-prefill-worker") == 4
+    dyn = script(exported("dynamo-disagg", "dynamo"))
+    assert "--is-prefill-worker" not in dyn  # removed from ai-dynamo 1.6.1's vLLM worker
+    assert dyn.count("--disaggregation-mode prefill") == 4
+    assert dyn.count("--disaggregation-mode decode") == 4
     sg = script(exported("mooncake-pd", "sglang"))
     assert sg.count("--disaggregation-mode prefill") == 4
     assert sg.count("--disaggregation-mode decode") == 4

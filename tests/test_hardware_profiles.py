@@ -244,3 +244,14 @@ def test_model_active_params_cannot_exceed_params(tmp_path: Path) -> None:
     path = _write(tmp_path, "m.toml", text.replace("active_params = 8.2e9", "active_params = 9e9"))
     with pytest.raises(InputError, match=r"key 'active_params'"):
         load_model(str(path))
+
+
+def test_a_profile_with_an_unknown_key_lists_the_valid_ones(tmp_path: Path) -> None:
+    text = (REPO / "optimizer/hardware/profiles/hardware/h100-node.toml").read_text()
+    path = tmp_path / "hw.toml"
+    path.write_text(text.replace("gpus_per_host = 8", "gpus_per_host = 8\ngpus_per_hots = 8"))
+    with pytest.raises(InputError) as err:
+        load_hardware(path)
+    message = str(err.value)
+    assert "key 'topology.gpus_per_hots': unknown key (did you mean 'gpus_per_host'?)" in message
+    assert "valid keys: " in message and "hosts" in message.split("valid keys: ")[1].split(", ")

@@ -102,3 +102,19 @@ def test_defaults_and_domains_come_from_the_field_metadata() -> None:
 def test_a_policy_built_in_code_is_held_to_the_same_domain(kwargs: dict) -> None:
     with pytest.raises(ValueError, match=next(iter(kwargs))):
         Policy(**kwargs)
+
+
+def test_an_unknown_key_lists_the_keys_the_table_takes(tmp_path: Path) -> None:
+    path = tmp_path / "p.toml"
+    path.write_text('format = "kvtier-policy/1"\n[serving]\nroutng = "round_robin"\n')
+    with pytest.raises(InputError) as err:
+        load_policy(path)
+    text = str(err.value)
+    assert "key 'serving.routng': unknown key (did you mean 'routing'?)" in text
+    valid = text.split("valid keys: ")[1].split(", ")
+    assert "routing" in valid and "max_num_seqs" in valid and "routng" not in valid
+    path.write_text('format = "kvtier-policy/1"\nblok_tokens = 32\n')
+    with pytest.raises(
+        InputError, match=r"did you mean 'block_tokens'\?\); valid keys: .*kv_dtype"
+    ):
+        load_policy(path)

@@ -86,7 +86,13 @@ def export_cmd(
             width=min(console.width, 100),
         )
         for note in r.notes:
-            console.print(f"- {note}", markup=False, highlight=False)
+            console.print(_note_line(note), markup=False, highlight=False)
+
+
+def _note_line(note: Any) -> str:
+    """``- text``, with the kind in front of a note that is not informational."""
+    kind = getattr(note, "kind", "informational")
+    return f"- {note}" if kind == "informational" else f"- [{kind}] {note}"
 
 
 def _write_export(directory: str, result: Any) -> list[str]:
@@ -96,7 +102,7 @@ def _write_export(directory: str, result: Any) -> list[str]:
     from kvtier.files import atomic_write
 
     files = dict(result.files)
-    files["notes.txt"] = "".join(f"- {n}\n" for n in result.notes)
+    files["notes.txt"] = "".join(f"{_note_line(n)}\n" for n in result.notes)
     paths = []
     for name, text in files.items():
         path = Path(directory) / name

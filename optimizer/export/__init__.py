@@ -1,16 +1,21 @@
 """Exporters: a kvtier policy as the configuration a serving system loads.
 
 ``export(policy, target, hardware, model)`` places the policy on the hardware profile
-(:class:`~kvtier.export.common.Deployment`) and hands it to one module per target;
-each returns an :class:`ExportResult`: the files to write and plain notes on every setting the
-target cannot express or only approximates. Each module's docstring names the source (repository
-and path, or documentation page) and the version every key was read from; ``docs/export.md``
-has the mapping tables.
+(:class:`~kvtier.export.common.Deployment`) and hands it to one module per target; each returns
+an :class:`ExportResult`: the files to write and structured notes
+(:class:`~kvtier.export.common.Note`: inexpressible, approximate, informational) on every
+setting the target cannot express or only approximates. Each module also declares its
+capabilities as data (:mod:`kvtier.export.capabilities`), which ``optimize --target``
+searches within, and every export names the releases it is written for
+(:mod:`kvtier.export.releases`). Each module's docstring names the source every key was read
+from; ``docs/export.md`` has the mapping tables.
 """
 
 from __future__ import annotations
 
-from kvtier.export.common import Deployment, ExportResult, deployment
+from dataclasses import replace
+
+from kvtier.export.common import Deployment, ExportResult, Note, deployment
 from kvtier.hardware.types import Hardware, ModelProfile
 from kvtier.policy.model import Policy
 from kvtier.registry import Entry, Registry
@@ -37,9 +42,17 @@ TARGETS = EXPORTERS.names
 
 
 def export(policy: Policy, target: str, hardware: Hardware, model: ModelProfile) -> ExportResult:
-    """The files and notes of ``target`` for ``policy`` on ``hardware`` serving ``model``."""
+    """The files and notes of ``target`` for ``policy`` on ``hardware`` serving ``model``,
+    with the releases the files are written for (:attr:`ExportResult.release`) and the notes
+    every target shares (:func:`kvtier.export.capabilities.capability_notes`)."""
+    from kvtier.export.capabilities import capabilities, capability_notes
+    from kvtier.export.releases import target_release
+
     exporter = EXPORTERS.get(target, option="--target").load()
-    return exporter(deployment(policy, hardware, model))
+    deploy = deployment(policy, hardware, model)
+    result = exporter(deploy)
+    notes = [*result.notes, *capability_notes(deploy, capabilities(target))]
+    return replace(result, notes=notes, release=target_release(target))
 
 
-__all__ = ["EXPORTERS", "TARGETS", "Deployment", "ExportResult", "deployment", "export"]
+__all__ = ["EXPORTERS", "TARGETS", "Deployment", "ExportResult", "Note", "deployment", "export"]

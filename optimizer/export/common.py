@@ -23,16 +23,78 @@ from kvtier.policy.model import Policy
 GIB = float(1 << 30)
 
 
+# The kinds of an export note: what the search (``optimize --target``, the targets that run a
+# winner) reads instead of the notes' prose.
+INEXPRESSIBLE = "inexpressible"  # the deployed system would not do what was simulated
+APPROXIMATE = "approximate"  # it does something close, said how
+INFORMATIONAL = "informational"  # an assumption, a placeholder, how to run the files
+NOTE_KINDS = (INEXPRESSIBLE, APPROXIMATE, INFORMATIONAL)
+
+
+class Note(str):
+    """One export note: its text (the string itself) and its :data:`kind <NOTE_KINDS>`."""
+
+    kind: str
+
+    def __new__(cls, text: str, kind: str = INFORMATIONAL) -> Note:
+        if kind not in NOTE_KINDS:
+            raise ValueError(f"note kind {kind!r} is not one of {', '.join(NOTE_KINDS)}")
+        note = super().__new__(cls, text)
+        note.kind = kind
+        return note
+
+    def prefixed(self, prefix: str) -> Note:
+        """The same note, its text after ``prefix``."""
+        return Note(prefix + self, self.kind)
+
+    def as_json(self) -> dict[str, str]:
+        return {"kind": self.kind, "text": str(self)}
+
+
+def inexpressible(text: str) -> Note:
+    """A setting the target cannot express: its deployment would not run what was simulated."""
+    return Note(text, INEXPRESSIBLE)
+
+
+def approximate(text: str) -> Note:
+    """A setting the target expresses only approximately (the note says how)."""
+    return Note(text, APPROXIMATE)
+
+
+def info(text: str) -> Note:
+    """An assumption, placeholder or instruction: nothing simulated is lost."""
+    return Note(text, INFORMATIONAL)
+
+
 @dataclass(frozen=True)
 class ExportResult:
-    """Files a target loads (name -> text) and plain notes on what it cannot express."""
+    """Files a target loads (name -> text), structured notes (:class:`Note`) on what it
+    cannot express or only approximates, and the releases the files are written for."""
 
     target: str
     files: dict[str, str] = field(default_factory=dict)
-    notes: list[str] = field(default_factory=list)
+    notes: list[Note] = field(default_factory=list)
+    release: str = ""  # "vllm 0.34.0, lmcache 0.5.6": the releases whose names the files use
+
+    def __post_init__(self) -> None:
+        notes = [n if isinstance(n, Note) else info(n) for n in self.notes]
+        object.__setattr__(self, "notes", notes)
+
+    def of_kind(self, kind: str) -> list[Note]:
+        return [n for n in self.notes if n.kind == kind]
+
+    @property
+    def expressible(self) -> bool:
+        """No note says a setting could not be expressed."""
+        return not self.of_kind(INEXPRESSIBLE)
 
     def as_json(self) -> dict[str, object]:
-        return {"target": self.target, "files": dict(self.files), "notes": list(self.notes)}
+        return {
+            "target": self.target,
+            "release": self.release,
+            "files": dict(self.files),
+            "notes": [n.as_json() for n in self.notes],
+        }
 
 
 @dataclass(frozen=True)
@@ -54,6 +116,9 @@ class Deployment:
     # instances of one tp, decode instances of another); None: ``tp`` GPUs each, consecutive
     layout: Layout | None = None
     decode_hbm_kv_bytes: float | None = None  # per decode instance, when its tp differs
+    # every instance holds the lower tiers, decode ones included (LMCache's own P/D backend,
+    # whose consumers keep an LMCache engine too); else only the prefill instances do
+    every_instance_holds_tiers: bool = False
 
     def tp_of(self, instance: int) -> int:
         """GPUs of ``instance`` (its pool's tensor-parallel size)."""
@@ -72,12 +137,49 @@ class Deployment:
     def has(self, tier: str) -> bool:
         return tier in self.pool_bytes
 
-    def per_instance_bytes(self, tier: str) -> float:
-        """An instance's share of a tier: its host's pool over the host's instances, or the
-        shared pool over all instances (sized for the fullest host when hosts are uneven)."""
+    def host_of(self, instance: int) -> int:
+        """The host ``instance`` runs on (the simulator's placement)."""
+        if self.layout is not None:
+            return self.layout.host_of(instance)
+        return instance * self.tp // self.hardware.topology.gpus_per_host
+
+    @property
+    def tier_users(self) -> list[int]:
+        """The instances that look the lower tiers up and write them: every instance, or the
+        prefill instances of a disaggregated policy (the simulator's P/D hand-off,
+        docs/model.md)."""
+        from kvtier.policy.model import prefill_count
+
+        n = (
+            self.layout.n_prefill
+            if self.layout is not None
+            else prefill_count(self.policy.serving, self.instances)
+        )
+        if self.every_instance_holds_tiers:
+            n = 0
+        return list(range(n)) if n else list(range(self.instances))
+
+    @property
+    def tier_ranks(self) -> int:
+        """Tensor-parallel ranks of the :attr:`tier_users` (each holds its own share)."""
+        return sum(self.tp_of(k) for k in self.tier_users)
+
+    def users_on_host(self, host: int) -> int:
+        return sum(1 for k in self.tier_users if self.host_of(k) == host)
+
+    def per_instance_bytes(self, tier: str, instance: int | None = None) -> float:
+        """An instance's share of a tier: its host's pool over the host's instances that use
+        the tiers (:attr:`tier_users`), or the shared pool over all of them. Without
+        ``instance``: the share on the fullest host, so that no share is larger than its
+        host's pool allows."""
+        users = self.tier_users
         if self.per_host[tier]:
-            return self.pool_bytes[tier] / self.instances_per_host
-        return self.pool_bytes[tier] / self.instances
+            if instance is None:
+                count = max(self.users_on_host(self.host_of(k)) for k in users)
+            else:
+                count = self.users_on_host(self.host_of(instance))
+            return self.pool_bytes[tier] / count
+        return self.pool_bytes[tier] / len(users)
 
     def per_rank_bytes(self, tier: str) -> float:
         """A tensor-parallel rank's share: the instance share over ``tp`` (KV is sharded)."""
@@ -182,13 +284,17 @@ class ShellVar(str):
 
     var: str
     hint: str
+    fallback: str | None
 
-    def __new__(cls, var: str, hint: str) -> ShellVar:
+    def __new__(cls, var: str, hint: str, fallback: str | None = None) -> ShellVar:
+        """``fallback``: a fixed command of kvtier's own (never text from a file) whose output
+        the variable takes when unset, instead of refusing to start."""
         if not var.isidentifier() or not var.isascii():
             raise ValueError(f"not a shell variable name: {var!r}")
         word = super().__new__(cls, f'"${var}"')
         word.var = var
         word.hint = hint
+        word.fallback = fallback
         return word
 
 
@@ -208,8 +314,8 @@ def shell_command(env: dict[str, str], argv: list[str], comments: list[str]) -> 
     """
 
     lines = ["#!/bin/sh", *(_comment(c) for c in comments)]
-    lines += [f"export {_env_key(k)}={shlex.quote(v)}" for k, v in env.items()]
-    lines += _var_guards(argv)
+    lines += _var_guards([*env.values(), *argv])
+    lines += [f"export {_env_key(k)}={_quote(v)}" for k, v in env.items()]
     lines.append(f"exec {_command_body(argv, '')}")
     return "\n".join(lines) + "\n"
 
@@ -246,6 +352,9 @@ def _var_guards(words: list[str]) -> list[str]:
     """Refuse to start (the quoted hint, exit 2) while a :class:`ShellVar` is unset or empty."""
     lines: list[str] = []
     for word in dict.fromkeys(w for w in words if isinstance(w, ShellVar)):
+        if word.fallback is not None:
+            lines.append(f'if [ -z "${{{word.var}:-}}" ]; then {word.var}=$({word.fallback}); fi')
+            continue
         lines += [
             f'if [ -z "${{{word.var}:-}}" ]; then',
             f"  printf '%s\\n' {shlex.quote(word.hint)} >&2",
@@ -320,9 +429,10 @@ def launch_script(
     """
     lines = ["#!/bin/sh", *(_comment(c) for c in comments)]
     lines.append('HERE=$(CDPATH= cd -- "$(dirname -- "$0")" && pwd) || exit 1')
-    lines += [f"export {_env_key(k)}={shlex.quote(v)}" for k, v in env.items()]
+    words = [*env.values(), *(w for job in jobs for w in [*job.env.values(), *job.argv])]
+    lines += _var_guards(words)
+    lines += [f"export {_env_key(k)}={_quote(v)}" for k, v in env.items()]
     lines += [f'export {_env_key(k)}="$HERE"/{shlex.quote(v)}' for k, v in file_env.items()]
-    lines += _var_guards([w for job in jobs for w in job.argv])
     hint = f"HOST_INDEX is the host this script runs on, 0 to {hosts - 1}"
     lines += [
         'HOST_INDEX="${HOST_INDEX:-0}"',
@@ -340,7 +450,7 @@ def launch_script(
         lines.append(f'if [ "$HOST_INDEX" = {host} ]; then')
         for job in mine:
             lines.append(f"  printf '%s\\n' {shlex.quote(' '.join(job.label.split()))} >&2")
-            prefix = "".join(f"{_env_key(k)}={shlex.quote(v)} \\\n  " for k, v in job.env.items())
+            prefix = "".join(f"{_env_key(k)}={_quote(v)} \\\n  " for k, v in job.env.items())
             lines.append(f"  {prefix}{_command_body(job.argv, '  ')} &")
             lines.append('  pids="$pids $!"')
         lines.append("fi")
@@ -389,33 +499,45 @@ def shared_notes(deploy: Deployment, target: str) -> list[str]:
     ]
     if p.load_rule == "cost_aware":
         notes.append(
-            f"load_rule = cost_aware (load a hit only when faster than recomputing it) is a "
-            f"kvtier rule; {target} has no equivalent setting and loads every hit it finds."
+            inexpressible(
+                f"load_rule = cost_aware (load a hit only when faster than recomputing it) is a "
+                f"kvtier rule; {target} has no equivalent setting and loads every hit it finds."
+            )
         )
     if p.load_wait == "batch" and p.lower_tiers and target not in ("LMCache", "vLLM"):
         notes.append(
-            f"load_wait = batch describes LMCache's synchronous retrieve (the batch waits for "
-            f"every load); {target} has no setting for it."
+            approximate(
+                f"load_wait = batch describes LMCache's synchronous retrieve (the batch waits for "
+                f"every load); {target} has no setting for it."
+            )
         )
     if p.coalesce != 1:
         notes.append(
-            f"coalesce = {p.coalesce} (fragments merged per transfer) is not a setting of "
-            f"{target}; transfer batching is internal to it."
+            approximate(
+                f"coalesce = {p.coalesce} (fragments merged per transfer) is not a setting of "
+                f"{target}; transfer batching is internal to it."
+            )
         )
     if p.share_across_tenants:
         notes.append(
-            f"share_across_tenants = true needs no setting in {target}: blocks are shared "
-            "whenever prompts match."
+            info(
+                f"share_across_tenants = true needs no setting in {target}: blocks are shared "
+                "whenever prompts match."
+            )
         )
     else:
         notes.append(
-            f"share_across_tenants = false (tenants never share blocks) is not a setting of "
-            f"{target}: isolate tenants with separate deployments or per-request cache salts."
+            approximate(
+                f"share_across_tenants = false (tenants never share blocks) is not a setting of "
+                f"{target}: isolate tenants with separate deployments or per-request cache salts."
+            )
         )
     cxl = p.tier("cxl")
     if cxl is not None and cxl.interleave is not None:
         notes.append(
-            f"cxl interleave = {str(cxl.interleave).lower()} is a property of the CXL "
-            "device configuration, not of the serving software; it is not exported."
+            inexpressible(
+                f"cxl interleave = {str(cxl.interleave).lower()} is a property of the CXL "
+                "device configuration, not of the serving software; it is not exported."
+            )
         )
     return notes

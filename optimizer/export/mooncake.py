@@ -1,5 +1,9 @@
 """Mooncake Store: the store-client JSON of each host contributing to the pool, and the master.
 
+Written for mooncake-transfer-engine 0.3.13.post1: every key, flag and variable is in that
+release's list (``kvtier/export/releases``: ``MooncakeConfig``'s keys, ``mooncake_master``'s
+gflags, ``mooncake_store_service``'s flags, the ``MOONCAKE_*`` names of ``store.so``).
+
 Keys and flags, read in Mooncake's repository (``kvcache-ai/Mooncake`` at 3b5a594,
 v0.3.12.post1-245, 2026-08-22): ``mooncake-wheel/mooncake/mooncake_config.py``
 (``MooncakeConfig.from_file``), ``docs/source/deployment/mooncake-store-deployment-guide.md``,
@@ -29,13 +33,19 @@ from __future__ import annotations
 import json
 import shlex
 
+from kvtier.export.capabilities import BlockSizes, Capabilities
 from kvtier.export.common import (
     Deployment,
     ExportResult,
+    approximate,
     env_file,
+    inexpressible,
+    info,
     shared_notes,
     shell_command,
 )
+from kvtier.policy.model import KV_DTYPES, KV_LAYOUTS, ROUTERS
+from kvtier.policy.registries import CONNECTORS, SCHEDULERS
 
 CLIENT_FILE = "mooncake.json"
 CLIENT_ENV = "mooncake-store.env"
@@ -46,6 +56,24 @@ MASTER_PORT = 50051  # mooncake_master --rpc_port default
 STORE_HTTP_PORT = 8080  # mooncake_store_service --port default (its REST API)
 LOCAL_BUFFER = 1073741824  # MooncakeConfig's local_buffer_size default (1 GiB)
 OFFLOAD_DIR = "/var/cache/mooncake-offload"
+
+CAPABILITIES = Capabilities(
+    target="mooncake",
+    package="mooncake-transfer-engine",
+    tiers=("rdma", "ssd"),  # the store's DRAM pool, persisted to each client's SSD
+    routers=ROUTERS,  # the store serves whatever instance puts and gets
+    schedulers=SCHEDULERS.names,
+    write_policies=("write_through", "write_back"),  # --enable_offload, --offload_on_evict
+    load_rules=("always_load",),
+    evictions=("lru",),  # approximately LRU, fixed
+    hierarchies=("inclusive",),
+    kv_layouts=KV_LAYOUTS,
+    kv_dtypes=KV_DTYPES,
+    block_sizes={"0.3.13.post1": BlockSizes(1, source="objects of any size")},
+    pd_connectors=CONNECTORS.names,  # the serving side's; the store is configured alike
+    shared_tiers=("rdma", "ssd"),  # one pool over the hosts; each host's client offloads
+    need=("rdma",),
+)
 
 
 def _client(deploy: Deployment) -> dict[str, object]:
@@ -73,14 +101,18 @@ def _master(deploy: Deployment, notes: list[str]) -> list[str]:
             argv.append("--offload_on_evict=true")
         if p.write_policy == "write_through_selective":
             notes.append(
-                "write_through_selective cannot be expressed for SSD offload: Mooncake "
-                "persists every object (--enable_offload) or every evicted one "
-                "(--offload_on_evict); exported as write-through."
+                inexpressible(
+                    "write_through_selective cannot be expressed for SSD offload: Mooncake "
+                    "persists every object (--enable_offload) or every evicted one "
+                    "(--offload_on_evict); exported as write-through."
+                )
             )
         if p.hierarchy == "exclusive" and p.write_policy != "write_back":
             notes.append(
-                "hierarchy = exclusive: Mooncake keeps SSD copies of objects still in memory; "
-                "--offload_on_evict (write_back) is the closest, not exported here."
+                approximate(
+                    "hierarchy = exclusive: Mooncake keeps SSD copies of objects still in memory; "
+                    "--offload_on_evict (write_back) is the closest, not exported here."
+                )
             )
     return argv
 
@@ -119,26 +151,32 @@ def export_mooncake(deploy: Deployment) -> ExportResult:
     p = deploy.policy
     if not deploy.has("rdma"):
         notes.append(
-            "The policy has no rdma tier, so there is no Mooncake Store pool to configure; "
-            "no files are written."
+            info(
+                "The policy has no rdma tier, so there is no Mooncake Store pool to configure; "
+                "no files are written."
+            )
         )
         if deploy.has("cxl"):
             notes.append(
-                "A cxl pool could be offered through the master's --enable_cxl, --cxl_size "
-                "(bytes) and --allocation_strategy=cxl; not exported (unverified semantics)."
+                inexpressible(
+                    "A cxl pool could be offered through the master's --enable_cxl, --cxl_size "
+                    "(bytes) and --allocation_strategy=cxl; not exported (unverified semantics)."
+                )
             )
         return ExportResult("mooncake", {}, [*shared_notes(deploy, "Mooncake"), *notes])
     files: dict[str, str] = {
         CLIENT_FILE: json.dumps(_client(deploy), indent=2) + "\n",
     }
     notes.append(
-        f"Start mooncake-master.sh once (rpc port {MASTER_PORT}), then mooncake-store.sh on "
-        f"each of the {deploy.hosts} host(s): each client contributes global_segment_size = "
-        f"{deploy.per_host_bytes('rdma'):,.0f} bytes (the rdma pool over the hosts), takes "
-        "this host's name from LOCAL_HOSTNAME (default uname -n) and the master from "
-        f"MOONCAKE_MASTER (default {MASTER_ADDRESS}); device_name is a placeholder. The "
-        "vllm/lmcache and sglang targets also let each serving rank contribute a segment: "
-        "size the pool with these clients or with those, not both."
+        info(
+            f"Start mooncake-master.sh once (rpc port {MASTER_PORT}), then mooncake-store.sh on "
+            f"each of the {deploy.hosts} host(s): each client contributes global_segment_size = "
+            f"{deploy.per_host_bytes('rdma'):,.0f} bytes (the rdma pool over the hosts), takes "
+            "this host's name from LOCAL_HOSTNAME (default uname -n) and the master from "
+            f"MOONCAKE_MASTER (default {MASTER_ADDRESS}); device_name is a placeholder. The "
+            "vllm/lmcache and sglang targets also let each serving rank contribute a segment: "
+            "size the pool with these clients or with those, not both."
+        )
     )
     if deploy.has("ssd"):
         env = {
@@ -147,7 +185,7 @@ def export_mooncake(deploy: Deployment) -> ExportResult:
         }
         comments = ["Mooncake store-client SSD offload, exported by kvtier; per host."]
         files[CLIENT_ENV] = env_file(env, comments)
-        notes.append(f"ssd_offload_path is a placeholder ({OFFLOAD_DIR}): use the SSD.")
+        notes.append(info(f"ssd_offload_path is a placeholder ({OFFLOAD_DIR}): use the SSD."))
     files[STORE_FILE] = _store_script(deploy.has("ssd"))
     argv = _master(deploy, notes)
     master_comments = [
@@ -158,18 +196,24 @@ def export_mooncake(deploy: Deployment) -> ExportResult:
     for t in p.lower_tiers:
         if t.name in ("rdma", "ssd") and t.eviction != "lru":
             notes.append(
-                f"{t.name} eviction = {t.eviction} cannot be expressed: Mooncake evicts "
-                "approximately least-recently-used objects."
+                inexpressible(
+                    f"{t.name} eviction = {t.eviction} cannot be expressed: Mooncake evicts "
+                    "approximately least-recently-used objects."
+                )
             )
     for name in ("dram", "cxl"):
         if deploy.has(name):
             notes.append(
-                f"The {name} tier is not Mooncake's: it is configured on the serving side "
-                "(see the vllm, lmcache or sglang targets)."
+                inexpressible(
+                    f"The {name} tier is not Mooncake's: it is configured on the serving side "
+                    "(see the vllm, lmcache or sglang targets)."
+                )
             )
     notes.append(
-        "Mooncake stores what its clients put: block size, write policy into the pool and "
-        "the load rule are the serving side's (LMCache or SGLang)."
+        info(
+            "Mooncake stores what its clients put: block size, write policy into the pool and "
+            "the load rule are the serving side's (LMCache or SGLang)."
+        )
     )
     from kvtier.export.pd import pd_notes
 

@@ -5,20 +5,24 @@ and the rest as decode workers (docs/model.md, "Prefill/decode disaggregation").
 target's launch line gets for that, as its documentation gives it ([vLLM-PD], [Dynamo-disagg]
 in docs/sources.md):
 
-- vLLM: ``--kv-transfer-config`` per instance: ``NixlConnector`` with ``kv_role kv_both`` on
-  every instance (the NIXL connector needs no producer/consumer split); when LMCache holds the
-  lower tiers, the prefill instances stack ``NixlConnector`` and ``LMCacheConnectorV1`` in
-  vLLM's ``MultiConnector`` (its ``kv_connector_extra_config.connectors`` list, docs.vllm.ai
-  "Disaggregated Prefilling"), since kvtier looks the lower tiers up and writes them on the
+- vLLM (0.34.0): ``--kv-transfer-config`` per instance: ``NixlConnector`` with ``kv_role
+  kv_producer`` on prefill and ``kv_consumer`` on decode instances (``kv_both`` is deprecated
+  for NixlConnector: ``kv_connector/v1/nixl/connector.py``); when LMCache holds the lower
+  tiers, the prefill instances stack ``NixlConnector`` and ``LMCacheConnectorV1`` in vLLM's
+  ``MultiConnector`` (its ``kv_connector_extra_config.connectors`` list, whose roles decide:
+  ``config/kv_transfer.py``), since kvtier looks the lower tiers up and writes them on the
   prefill side; only LMCache's own P/D backend (``pd_connector = "lmcache-pd"``) takes
   ``LMCacheConnectorV1`` with ``kv_role kv_producer`` on prefill and ``kv_consumer`` on
   decode instances;
-- Dynamo: ``--is-prefill-worker`` on the prefill workers (the frontend routes to the decode
-  workers, which hand prompts to the prefill pool); decode workers run ``NixlConnector`` alone
-  and prefill workers KVBM and NIXL together (Dynamo's ``PdConnector`` over ``DynamoConnector``
-  and ``NixlConnector``), as ``examples/backends/vllm/launch/disagg_kvbm.sh`` and
-  ``disagg_kvbm_2p2d.sh`` launch them (ai-dynamo/dynamo, 15bb523 and 7893f26: ``--connector
-  kvbm nixl`` on prefill, ``--connector nixl`` on decode);
+- Dynamo (ai-dynamo 1.6.1): ``--disaggregation-mode prefill`` on the prefill workers and
+  ``--disaggregation-mode decode`` on the decode workers (``dynamo/vllm/backend_args.py``;
+  ``--is-prefill-worker`` is read only by the mocker there), each with an explicit
+  ``--kv-transfer-config`` (a prefill worker refuses to start without one:
+  ``dynamo/vllm/args.py``): decode workers run ``NixlConnector`` (``kv_consumer``) alone and
+  prefill workers KVBM and NIXL (``kv_producer``) together in Dynamo's ``PdConnector`` over
+  ``DynamoConnector`` and ``NixlConnector`` (``kvbm/vllm_integration/connector/
+  pd_connector.py`` of kvbm 1.6.1; the JSON Dynamo's own ``--connector kvbm nixl`` migration
+  message prints);
 - every NIXL instance on a host needs its own side channel: ``VLLM_NIXL_SIDE_CHANNEL_PORT``
   (vLLM's default 5600) plus the instance's first GPU, so tensor-parallel ranks above it stay
   free, as vLLM's ``tests/v1/kv_connector/nixl_integration/run_accuracy_test.sh`` spaces them
@@ -34,9 +38,14 @@ from __future__ import annotations
 
 import json
 
-from kvtier.export.common import Deployment
+from kvtier.export.common import Deployment, approximate, inexpressible, info
 
 NIXL = {"kv_connector": "NixlConnector", "kv_role": "kv_both"}
+# NixlConnector's role per P/D role: vLLM 0.34 (and 0.31) warn that kv_both "is deprecated and
+# will be removed" and ask for kv_producer on prefill and kv_consumer on decode instances
+# (vllm/distributed/kv_transfer/kv_connector/v1/nixl/connector.py); Dynamo 1.6.1 maps its
+# prefill and decode workers the same way (dynamo/vllm/args.py, nixl_role).
+NIXL_ROLES = {"prefill": "kv_producer", "decode": "kv_consumer"}
 LMCACHE_BOTH = {"kv_connector": "LMCacheConnectorV1", "kv_role": "kv_both"}
 NIXL_SIDE_CHANNEL_PORT = 5600  # vLLM's VLLM_NIXL_SIDE_CHANNEL_PORT default (vllm/envs.py)
 LMCACHE_ROLES = {"prefill": "kv_producer", "decode": "kv_consumer"}
@@ -57,7 +66,8 @@ TP_FLAGS = ("--tensor-parallel-size", "--tp-size")
 
 def per_instance_args(deploy: Deployment, instance: int, args: list[str]) -> list[str]:
     """``args`` for ``instance``: its pool's tensor-parallel size (``--tensor-parallel-size``,
-    ``--tp-size``) and, when set, vLLM's ``--kv-cache-memory-bytes`` per GPU of that size.
+    ``--tp-size``) and its HBM KV size (vLLM's ``--kv-cache-memory-bytes`` per GPU, SGLang's
+    ``--max-total-tokens``).
     Aggregated or one size for both pools, ``args`` unchanged."""
     out = list(args)
     tp = deploy.tp_of(instance)
@@ -66,6 +76,8 @@ def per_instance_args(deploy: Deployment, instance: int, args: list[str]) -> lis
             out[i + 1] = str(tp)
         elif word == "--kv-cache-memory-bytes":
             out[i + 1] = str(int(deploy.hbm_kv_bytes_of(instance) / tp))
+        elif word == "--max-total-tokens":  # SGLang's device pool, in tokens
+            out[i + 1] = str(int(deploy.hbm_kv_bytes_of(instance) // deploy.kv_bytes_per_token))
     return out
 
 
@@ -75,6 +87,11 @@ def role(deploy: Deployment, instance: int) -> str:
     if n == 0:
         return "both"
     return "prefill" if instance < n else "decode"
+
+
+def nixl(role: str) -> dict[str, object]:
+    """NixlConnector for an instance of P/D ``role`` (``prefill`` or ``decode``)."""
+    return {"kv_connector": "NixlConnector", "kv_role": NIXL_ROLES[role]}
 
 
 def vllm_transfer_config(deploy: Deployment, instance: int, lmcache: bool) -> str | None:
@@ -88,13 +105,15 @@ def vllm_transfer_config(deploy: Deployment, instance: int, lmcache: bool) -> st
         cfg = {"kv_connector": "LMCacheConnectorV1", "kv_role": LMCACHE_ROLES[r]}
     elif lmcache and r == "prefill":
         # NIXL hands the KV over, LMCache holds the tiers the prefill side looks up and fills
+        # MultiConnector's own kv_role must be set but its connectors' roles decide (vllm
+        # 0.34 config/kv_transfer.py, _connector_roles)
         cfg = {
             "kv_connector": "MultiConnector",
-            "kv_role": "kv_both",
-            "kv_connector_extra_config": {"connectors": [dict(NIXL), dict(LMCACHE_BOTH)]},
+            "kv_role": NIXL_ROLES[r],
+            "kv_connector_extra_config": {"connectors": [nixl(r), dict(LMCACHE_BOTH)]},
         }
     else:
-        cfg = dict(NIXL)
+        cfg = nixl(r)
     return json.dumps(cfg, separators=(",", ":"))
 
 
@@ -140,9 +159,8 @@ def pd_notes(deploy: Deployment, target: str) -> list[str]:
     disaggregation"): NIXL pulls the whole KV into blocks the decode side allocated first
     (vLLM's NixlConnector, which Dynamo's vLLM workers use and SGLang's nixl backend matches
     closely), Mooncake's Transfer Engine pushes it layer by layer. A target whose launch line
-    selects that path needs no note about it; one that cannot select it gets a note with a
-    phrase :data:`kvtier.search.run.INEXPRESSIBLE` recognises, so ``optimize`` does not list it
-    among the targets that run the winner.
+    selects that path needs no note about it; one that cannot select it gets a note of kind
+    ``inexpressible``, so ``optimize`` does not list it among the targets that run the winner.
     """
     n = prefill_count(deploy)
     if n == 0:
@@ -179,56 +197,74 @@ def pd_notes(deploy: Deployment, target: str) -> list[str]:
     if target in ("vLLM", "Dynamo") and conn != "nixl" and not lmcache_pd:
         how = "Mooncake's layer-wise push" if layerwise else f"the {conn} path"
         notes.append(
-            f"pd_connector = {conn} ({how}) cannot be expressed: the exported instances move "
-            "the KV with vLLM's NixlConnector, which reads the whole KV after the prefill."
+            inexpressible(
+                f"pd_connector = {conn} ({how}) cannot be expressed: the exported instances move "
+                "the KV with vLLM's NixlConnector, which reads the whole KV after the prefill."
+            )
         )
     if target == "vLLM" and conn != "lmcache-pd" and _lmcache_roles(deploy):
         notes.append(
-            "Prefill instances stack NixlConnector (the P/D transfer) and LMCacheConnectorV1 "
-            "(the lower tiers) in vLLM's MultiConnector; decode instances run NixlConnector "
-            "alone, as kvtier looks the lower tiers up and writes them on the prefill side."
+            info(
+                "Prefill instances stack NixlConnector (the P/D transfer) and LMCacheConnectorV1 "
+                "(the lower tiers) in vLLM's MultiConnector; decode instances run NixlConnector "
+                "alone, as kvtier looks the lower tiers up and writes them on the prefill side."
+            )
         )
     if target == "Dynamo" and (deploy.has("dram") or deploy.has("ssd")):
         notes.append(
-            "Prefill workers stack KVBM (DynamoConnector) and NIXL in Dynamo's PdConnector; "
-            "decode workers run NixlConnector alone, as kvtier looks the lower tiers up and "
-            "writes them on the prefill side."
+            info(
+                "Prefill workers stack KVBM (DynamoConnector) and NIXL in Dynamo's PdConnector; "
+                "decode workers run NixlConnector alone, as kvtier looks the lower tiers up and "
+                "writes them on the prefill side."
+            )
         )
     if target == "vLLM" and conn == "lmcache-pd" and _lmcache_roles(deploy):
         notes.append(
-            "LMCache's P/D backend settings are not exported: LMCacheConnectorV1 moves the KV "
-            "only with enable_pd, pd_role (sender on prefill, receiver on decode instances), "
-            "transfer_channel nixl and the PD buffer and peer ports in each role's "
-            "lmcache.yaml; without them the producers only store into the tiers."
+            inexpressible(
+                "LMCache's P/D backend settings are not exported: LMCacheConnectorV1 moves the KV "
+                "only with enable_pd, pd_role (sender on prefill, receiver on decode instances), "
+                "transfer_channel nixl and the PD buffer and peer ports in each role's "
+                "lmcache.yaml; without them the producers only store into the tiers."
+            )
         )
     if target == "SGLang":
         if conn not in SGLANG_BACKENDS:
             notes.append(
-                f"pd_connector = {conn} cannot be expressed: SGLang's transfer backends are "
-                "mooncake and nixl (mooncake is exported)."
+                inexpressible(
+                    f"pd_connector = {conn} cannot be expressed: SGLang's transfer backends are "
+                    "mooncake and nixl (mooncake is exported)."
+                )
             )
         elif layerwise:
             notes.append(
-                "Mooncake's layer-wise push has no equivalent in SGLang, whose mooncake backend "
-                "sends the KV per prefill chunk: the exported deployment waits for the last "
-                "chunk's transfer after the prefill."
+                inexpressible(
+                    "Mooncake's layer-wise push has no equivalent in SGLang, whose mooncake "
+                    "backend sends the KV per prefill chunk: the exported deployment waits for "
+                    "the last chunk's transfer after the prefill."
+                )
             )
         else:
             notes.append(
-                "SGLang's decode side allocates first and the prefill side sends each prefill "
-                "chunk as it is computed; kvtier moves the whole KV after the prefill, so a "
-                "chunked prompt arrives a little earlier there."
+                approximate(
+                    "SGLang's decode side allocates first and the prefill side sends each prefill "
+                    "chunk as it is computed; kvtier moves the whole KV after the prefill, so a "
+                    "chunked prompt arrives a little earlier there."
+                )
             )
     if target == "LMCache":
         notes.append(
-            "LMCache's P/D backend is not exported: enable_pd, pd_role, transfer_channel and "
-            "the PD buffer differ per role, and this export writes one configuration for "
-            "every instance."
+            inexpressible(
+                "LMCache's P/D backend is not exported: enable_pd, pd_role, transfer_channel and "
+                "the PD buffer differ per role, and this export writes one configuration for "
+                "every instance."
+            )
         )
     if target == "Mooncake" and conn != "mooncake-te":
         notes.append(
-            f"pd_connector = {conn}: {target}'s own P/D path is the Mooncake "
-            "Transfer Engine; the exported files configure the store only."
+            info(
+                f"pd_connector = {conn}: {target}'s own P/D path is the Mooncake "
+                "Transfer Engine; the exported files configure the store only."
+            )
         )
     return notes
 

@@ -1,5 +1,10 @@
 """SGLang: a ``sglang.launch_server`` command line with HiCache flags.
 
+Written for SGLang 0.5.23: every flag and variable is in that release's list
+(``kvtier/export/releases``). On more than one host a Mooncake backend gets
+``MOONCAKE_LOCAL_HOSTNAME`` (0.5.23's ``_resolve_local_hostname``); the hierarchical cache
+runs only on the instances that use the lower tiers (not on decode instances).
+
 Flags, read in SGLang's source and docs (``sgl-project/sglang``, main after the
 ``arg_groups`` split: ``python/sglang/srt/arg_groups/fields/memory.py`` at 00fe477,
 ``fields/schedule.py`` at 001b886, ``choices.py`` at 0099dee, the ``tp_size`` and
@@ -13,7 +18,8 @@ the host pools in ``mem_cache/memory_pool_host.py`` and ``hiradix_cache.py``):
   ``bf16`` -> ``bf16``, ``fp8`` -> ``fp8_e4m3``; ``int4`` has no counterpart.
 * ``--chunked-prefill-size`` <- ``max_num_batched_tokens`` (prefill tokens per chunk);
   ``--max-running-requests`` <- ``max_num_seqs``.
-* ``--max-total-tokens`` (tokens in the device pool) <- an explicit hbm ``capacity_gb``.
+* ``--max-total-tokens`` (tokens in the device pool) <- the HBM KV bytes kvtier simulates per
+  instance (an explicit hbm ``capacity_gb``, else the hardware profile's share).
 * ``--radix-eviction-policy`` (``lru``, ``lfu``, ``slru``, ``priority``, ``tlru``) <- ``lru``,
   the HBM tier's (one policy for the radix tree).
 * ``--enable-hierarchical-cache``; ``--hicache-size`` (integer GB: the host pool holds
@@ -38,10 +44,15 @@ from __future__ import annotations
 
 import math
 
+from kvtier.export.capabilities import BlockSizes, Capabilities, Minimum
 from kvtier.export.common import (
     Deployment,
     ExportResult,
     Job,
+    ShellVar,
+    approximate,
+    inexpressible,
+    info,
     launch_script,
     model_word,
     placements,
@@ -49,22 +60,59 @@ from kvtier.export.common import (
 )
 from kvtier.export.pd import pd_notes, per_instance_args
 from kvtier.export.pd import sglang_args as sglang_pd_args
+from kvtier.export.releases import release
 from kvtier.hardware.types import GB
+from kvtier.policy.model import ROUTERS
 
 FILE = "sglang-serve.sh"
 KV_DTYPES = {"bf16": "bf16", "fp8": "fp8_e4m3"}
 LAYOUTS = {"contiguous": "page_first", "per_layer": "layer_first"}
 SELECTIVE_THRESHOLD = 2  # hiradix_cache.py: write_through_threshold for the other policies
 FILE_DIR = "/var/cache/sglang-hicache"
+# the file backend's cap, read only by recent releases (0.5.14 on): exported when the
+# targeted release reads it
+FILE_CAP = "SGLANG_HICACHE_FILE_BACKEND_MAX_SIZE"
 BASE_PORT = 30000  # sglang.launch_server --port default; instance k listens on BASE_PORT + k
+# Each host's own name for its Mooncake Store client: sglang 0.5.23 reads
+# MOONCAKE_LOCAL_HOSTNAME (else LOCAL_HOSTNAME, else "localhost":
+# srt/mem_cache/storage/mooncake_store/mooncake_store.py _resolve_local_hostname).
+LOCAL_HOSTNAME = ShellVar(
+    "LOCAL_HOSTNAME", "LOCAL_HOSTNAME: the name other hosts reach this one by", "uname -n"
+)
+
+CAPABILITIES = Capabilities(
+    target="sglang",
+    package="sglang",
+    tiers=("dram", "ssd", "rdma"),  # HiCache's host pool, file and Mooncake backends
+    routers=ROUTERS,  # the router sits in front of the instances, outside SGLang
+    schedulers=("vllm_v1",),  # pages allocated as a request grows, retraction when full
+    write_policies=("write_through", "write_back", "write_through_selective"),
+    load_rules=("always_load",),
+    evictions=("lru",),
+    hierarchies=("inclusive",),
+    kv_layouts=("contiguous",),  # page_first: the layout its Mooncake backend supports
+    kv_dtypes=tuple(KV_DTYPES),
+    block_sizes={"0.5.23": BlockSizes(1, source="sglang 0.5.23 --page-size (an int)")},
+    pd_connectors=("nixl",),  # mooncake moves the KV per chunk, not layer by layer
+    shared_tiers=("rdma",),  # one Mooncake Store pool; the host pool is per rank
+    selective_k=(SELECTIVE_THRESHOLD,),
+    # one L3 backend beside a host pool: Mooncake, or the file backend
+    requires={
+        "tiers.rdma.enabled": (("tiers.dram.enabled", True),),
+        "tiers.ssd.enabled": (("tiers.dram.enabled", True), ("tiers.rdma.enabled", False)),
+    },
+)
 
 
 def _host_pool(deploy: Deployment, args: list[str], notes: list[str]) -> None:
     """Size the host (L2) pool from the dram tier; SGLang wants it larger than the device's."""
     if not deploy.has("dram"):
         notes.append(
-            "The policy has no dram tier, but SGLang stages every L3 transfer through a host "
-            "pool (default --hicache-ratio 2, twice the device pool); that pool is not modelled."
+            inexpressible(
+                "The policy has no dram tier, but SGLang stages every L3 transfer through a "
+                "host pool (default --hicache-ratio 2, twice the device pool); that pool is not "
+                "modelled."
+            )
         )
         return
     per_rank = deploy.per_rank_bytes("dram")
@@ -73,20 +121,26 @@ def _host_pool(deploy: Deployment, args: list[str], notes: list[str]) -> None:
         args += ["--hicache-size", str(size)]
         if size * GB != per_rank:
             notes.append(
-                f"--hicache-size takes whole GB per rank: {per_rank / GB:.3f} GB rounded "
-                f"down to {size}."
+                approximate(
+                    f"--hicache-size takes whole GB per rank: {per_rank / GB:.3f} GB rounded "
+                    f"down to {size}."
+                )
             )
     else:
         ratio = deploy.per_instance_bytes("dram") / deploy.hbm_kv_bytes
         args += ["--hicache-ratio", f"{ratio:.3f}"]
         notes.append(
-            f"A rank's dram share ({per_rank / GB:.3f} GB) is under SGLang's 1 GB step; "
-            "exported as --hicache-ratio (host pool over device pool)."
+            approximate(
+                f"A rank's dram share ({per_rank / GB:.3f} GB) is under SGLang's 1 GB step; "
+                "exported as --hicache-ratio (host pool over device pool)."
+            )
         )
     if deploy.per_instance_bytes("dram") <= deploy.hbm_kv_bytes:
         notes.append(
-            "SGLang expects the host pool to be larger than the device pool (older versions "
-            "refuse to start, newer ones warn); this policy's dram share is not."
+            info(
+                "SGLang expects the host pool to be larger than the device pool (older versions "
+                "refuse to start, newer ones warn); this policy's dram share is not."
+            )
         )
 
 
@@ -94,7 +148,16 @@ def _storage(deploy: Deployment, args: list[str], env: dict[str, str], notes: li
     """One L3 backend: Mooncake for an rdma tier, else the file backend for an ssd tier."""
     if deploy.has("rdma"):
         args += ["--hicache-storage-backend", "mooncake"]
-        segment = int(deploy.pool_bytes["rdma"] / (deploy.instances * deploy.tp))
+        segment = int(deploy.pool_bytes["rdma"] / deploy.tier_ranks)
+        if deploy.hosts > 1:
+            env["MOONCAKE_LOCAL_HOSTNAME"] = LOCAL_HOSTNAME
+            notes.append(
+                info(
+                    "On more than one host each SGLang rank registers its Mooncake segment "
+                    "under MOONCAKE_LOCAL_HOSTNAME: sglang-serve.sh sets it from LOCAL_HOSTNAME "
+                    "(default: uname -n), which must name this host as the others reach it."
+                )
+            )
         env.update(
             {
                 "MOONCAKE_MASTER": "localhost:50051",
@@ -105,46 +168,75 @@ def _storage(deploy: Deployment, args: list[str], env: dict[str, str], notes: li
             }
         )
         notes.append(
-            "The rdma tier is a Mooncake Store pool: every rank contributes "
-            "MOONCAKE_GLOBAL_SEGMENT_SIZE bytes (the pool over instances x tp); the master "
-            "address and MOONCAKE_DEVICE are placeholders."
+            info(
+                "The rdma tier is a Mooncake Store pool: every rank contributes "
+                "MOONCAKE_GLOBAL_SEGMENT_SIZE bytes (the pool over the ranks of the instances "
+                "that use the tiers); the master "
+                "address and MOONCAKE_DEVICE are placeholders."
+            )
         )
         if deploy.has("ssd"):
             notes.append(
-                "SGLang takes one storage backend: the ssd tier is not exported next to "
-                "Mooncake (Mooncake's own SSD offload can hold it, see the mooncake target)."
+                inexpressible(
+                    "SGLang takes one storage backend: the ssd tier is not exported next to "
+                    "Mooncake (Mooncake's own SSD offload can hold it, see the mooncake target)."
+                )
             )
     elif deploy.has("ssd"):
         args += ["--hicache-storage-backend", "file"]
-        env["SGLANG_HICACHE_FILE_BACKEND_MAX_SIZE"] = str(int(deploy.per_rank_bytes("ssd")))
+        if FILE_CAP not in release("sglang").env:
+            notes.append(
+                inexpressible(
+                    f"The ssd tier's size cannot be expressed: SGLang {CAPABILITIES.version} "
+                    f"does not read {FILE_CAP}, so the file backend grows without bound."
+                )
+            )
+            return
+        env[FILE_CAP] = str(int(deploy.per_rank_bytes("ssd")))
         notes.append(
-            f"The ssd tier is SGLang's file backend, one directory per instance under "
-            f"{FILE_DIR} (a placeholder: use the SSD), capped by "
-            "SGLANG_HICACHE_FILE_BACKEND_MAX_SIZE in bytes per tensor-parallel rank (each rank "
-            "evicts its own files, least recently used first): the host's ssd tier over its "
-            "instances over tp."
+            info(
+                f"The ssd tier is SGLang's file backend, one directory per instance under "
+                f"{FILE_DIR} (a placeholder: use the SSD), capped by "
+                "SGLANG_HICACHE_FILE_BACKEND_MAX_SIZE in bytes per tensor-parallel rank (each rank "
+                "evicts its own files, least recently used first): the host's ssd tier over its "
+                "instances over tp."
+            )
         )
     if deploy.has("cxl"):
-        notes.append("The cxl tier is not exported: SGLang HiCache has no CXL backend.")
+        notes.append(
+            inexpressible("The cxl tier is not exported: SGLang HiCache has no CXL backend.")
+        )
+
+
+def _backend(args: list[str]) -> str | None:
+    """The ``--hicache-storage-backend`` of ``args`` (None: none)."""
+    flag = "--hicache-storage-backend"
+    return args[args.index(flag) + 1] if flag in args else None
 
 
 def _write_notes(deploy: Deployment, notes: list[str]) -> None:
     p = deploy.policy
     if p.write_policy == "write_through_selective" and p.selective_k != SELECTIVE_THRESHOLD:
         notes.append(
-            f"selective_k = {p.selective_k}: SGLang's write_through_selective copies a page "
-            f"down after {SELECTIVE_THRESHOLD} hits (fixed in hiradix_cache.py)."
+            approximate(
+                f"selective_k = {p.selective_k}: SGLang's write_through_selective copies a page "
+                f"down after {SELECTIVE_THRESHOLD} hits (fixed in hiradix_cache.py)."
+            )
         )
     if p.hierarchy == "exclusive":
         notes.append(
-            "hierarchy = exclusive is not a SGLang setting: host copies are kept; with "
-            "write_back a page is copied down only when HBM evicts it, the closest behaviour."
+            approximate(
+                "hierarchy = exclusive is not a SGLang setting: host copies are kept; with "
+                "write_back a page is copied down only when HBM evicts it, the closest behaviour."
+            )
         )
     for t in p.lower_tiers:
         if t.eviction != "lru":
             notes.append(
-                f"{t.name} eviction = {t.eviction} cannot be expressed: SGLang has one "
-                "--radix-eviction-policy for the radix tree, exported as lru (the HBM tier's)."
+                inexpressible(
+                    f"{t.name} eviction = {t.eviction} cannot be expressed: SGLang has one "
+                    "--radix-eviction-policy for the radix tree, exported as lru (the HBM tier's)."
+                )
             )
 
 
@@ -168,47 +260,64 @@ def export_sglang(deploy: Deployment) -> ExportResult:
     if p.serving.weight_dtype == "fp8":
         args += ["--quantization", "fp8"]
         notes.append(
-            "serving.weight_dtype = fp8 maps to --quantization fp8; with an FP8 checkpoint of "
-            "the model, drop the flag."
+            approximate(
+                "serving.weight_dtype = fp8 maps to --quantization fp8; with an FP8 checkpoint of "
+                "the model, drop the flag."
+            )
         )
     if p.kv_dtype in KV_DTYPES:
         args += ["--kv-cache-dtype", KV_DTYPES[p.kv_dtype]]
     else:
         notes.append(
-            "kv_dtype = int4 has no SGLang counterpart (its 4-bit KV formats are floating "
-            "point: nvfp4, fp4_mx_block16); --kv-cache-dtype is left at auto."
+            approximate(
+                "kv_dtype = int4 has no SGLang counterpart (its 4-bit KV formats are floating "
+                "point: nvfp4, fp4_mx_block16); --kv-cache-dtype is left at auto."
+            )
         )
-    if p.tiers[0].capacity_gb is not None:
-        tokens = int(deploy.hbm_kv_bytes // deploy.kv_bytes_per_token)
-        args += ["--max-total-tokens", str(tokens)]
-    else:
+    # the device pool in tokens, as kvtier simulated it (an explicit hbm capacity, else the
+    # hardware profile's share of HBM minus weights and activations)
+    tokens = int(deploy.hbm_kv_bytes // deploy.kv_bytes_per_token)
+    args += ["--max-total-tokens", str(tokens)]
+    if p.tiers[0].capacity_gb is None:
         notes.append(
-            "The device KV pool is left to SGLang (--mem-fraction-static); kvtier assumes "
-            f"{deploy.hbm_kv_bytes / GB:.1f} GB per instance."
+            info(
+                f"--max-total-tokens caps the device KV pool at what kvtier models "
+                f"({deploy.hbm_kv_bytes / GB:.1f} GB per instance); SGLang sizes it from "
+                "--mem-fraction-static and uses the smaller of the two."
+            )
         )
     notes.append(
-        "max_num_batched_tokens maps to --chunked-prefill-size, which bounds prefill tokens "
-        "per chunk; SGLang schedules decode tokens outside that budget."
+        approximate(
+            "max_num_batched_tokens maps to --chunked-prefill-size, which bounds prefill tokens "
+            "per chunk; SGLang schedules decode tokens outside that budget."
+        )
     )
+    # the hierarchical cache: only on the instances that use the lower tiers (every instance,
+    # or the prefill instances of a disaggregated policy, as kvtier simulates them)
+    tier_args: list[str] = []
     if p.lower_tiers:
-        args += ["--enable-hierarchical-cache"]
-        _host_pool(deploy, args, notes)
-        args += ["--hicache-write-policy", p.write_policy]
+        tier_args += ["--enable-hierarchical-cache"]
+        _host_pool(deploy, tier_args, notes)
+        tier_args += ["--hicache-write-policy", p.write_policy]
         layout = LAYOUTS[p.kv_layout]
         if deploy.has("rdma") and layout != "page_first":
             notes.append(
-                "kv_layout = per_layer: exported as page_first, the only layout SGLang's "
-                "Mooncake backend supports (its README)."
+                approximate(
+                    "kv_layout = per_layer: exported as page_first, the only layout SGLang's "
+                    "Mooncake backend supports (its README)."
+                )
             )
             layout = "page_first"
-        args += ["--hicache-mem-layout", layout]
-        _storage(deploy, args, env, notes)
+        tier_args += ["--hicache-mem-layout", layout]
+        _storage(deploy, tier_args, env, notes)
         _write_notes(deploy, notes)
     notes.append(
-        f"sglang-serve.sh starts every instance ({deploy.describe()}) with its own GPUs "
-        f"(CUDA_VISIBLE_DEVICES) and port ({BASE_PORT} + instance); on host h run it with "
-        f"HOST_INDEX=h. routing = {p.serving.routing} is the job of SGLang's separate router, "
-        "not configured here."
+        info(
+            f"sglang-serve.sh starts every instance ({deploy.describe()}) with its own GPUs "
+            f"(CUDA_VISIBLE_DEVICES) and port ({BASE_PORT} + instance); on host h run it with "
+            f"HOST_INDEX=h. routing = {p.serving.routing} is the job of SGLang's separate router, "
+            "not configured here."
+        )
     )
     comments = [
         "SGLang instances exported by kvtier: starts this host's instances in the background "
@@ -218,10 +327,19 @@ def export_sglang(deploy: Deployment) -> ExportResult:
     ]
     head = ["python3", "-m", "sglang.launch_server", "--model-path", model_word(deploy)]
     jobs = []
+    users = set(deploy.tier_users)
+    if tier_args and len(users) < deploy.instances:
+        notes.append(
+            info(
+                "Decode instances run without the hierarchical cache: kvtier looks the lower "
+                "tiers up and writes them on the prefill side."
+            )
+        )
     for place in placements(deploy):
         port = BASE_PORT + place.instance
         job_env = {"CUDA_VISIBLE_DEVICES": place.visible_devices}
-        if "SGLANG_HICACHE_FILE_BACKEND_MAX_SIZE" in env:
+        own = tier_args if place.instance in users else []
+        if own and _backend(own) == "file":
             job_env["SGLANG_HICACHE_FILE_BACKEND_STORAGE_DIR"] = (
                 f"{FILE_DIR}/instance-{place.instance}"
             )
@@ -233,7 +351,7 @@ def export_sglang(deploy: Deployment) -> ExportResult:
                     *head,
                     "--port",
                     str(port),
-                    *per_instance_args(deploy, place.instance, args),
+                    *per_instance_args(deploy, place.instance, [*args, *own]),
                     *sglang_pd_args(deploy, place.instance),
                 ],
                 label=f"SGLang instance {place.instance}: GPUs {place.visible_devices}, "
@@ -243,3 +361,16 @@ def export_sglang(deploy: Deployment) -> ExportResult:
     files = {FILE: launch_script(comments, env, {}, jobs, deploy.hosts)}
     notes += pd_notes(deploy, "SGLang")
     return ExportResult("sglang", files, [*shared_notes(deploy, "SGLang"), *notes])
+
+
+def minimum_versions(deploy: Deployment) -> list[Minimum]:
+    """SGLang releases the script needs, read in older wheels (``srt/environ.py``):
+    ``SGLANG_HICACHE_FILE_BACKEND_MAX_SIZE`` from 0.5.14 (0.5.13 lacks it),
+    ``MOONCAKE_LOCAL_HOSTNAME`` from 0.5.6 (0.5.5 lacks it)."""
+    out = []
+    if deploy.has("ssd") and not deploy.has("rdma"):
+        why = "SGLANG_HICACHE_FILE_BACKEND_MAX_SIZE; 0.5.13 lacks it"
+        out.append(Minimum("sglang", "0.5.14", why))
+    if deploy.has("rdma") and deploy.hosts > 1:
+        out.append(Minimum("sglang", "0.5.6", "MOONCAKE_LOCAL_HOSTNAME; 0.5.5 lacks it"))
+    return out

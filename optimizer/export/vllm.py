@@ -1,11 +1,14 @@
 """vLLM: a ``vllm serve`` command line, with LMCache behind ``--kv-transfer-config``.
 
-Flags, read in vLLM's source (``vllm-project/vllm``: ``vllm/engine/arg_utils.py`` at commit
-99d7eb5, ``vllm/config/cache.py`` at 002f10e, ``vllm/config/kv_transfer.py`` and
-``vllm/distributed/kv_transfer/kv_connector/factory.py`` at 007c643; the same page is
-docs.vllm.ai ``api/vllm/config/cache``, v0.29.0 and latest):
+Written for vLLM 0.34.0 (with LMCache 0.5.6): every flag, variable and key is in those
+releases' lists (``kvtier/export/releases``). Flags, read in the 0.34.0 wheel
+(``engine/arg_utils.py``, ``config/cache.py``, ``config/kv_transfer.py``,
+``distributed/kv_transfer/kv_connector/factory.py``; earlier in ``vllm-project/vllm`` at
+99d7eb5, 002f10e and 007c643):
 
-* ``--block-size`` (tokens; default 16 on CUDA) <- ``block_tokens``.
+* ``--block-size`` (tokens) <- ``block_tokens``; on CUDA the default FlashAttention backend
+  takes multiples of 16 (``v1/attention/backends/flash_attn.py``), which
+  :data:`CAPABILITIES` declares, so ``optimize --target vllm`` searches only those.
 * ``--enable-prefix-caching``: the HBM tier is vLLM's prefix cache (its free-block queue is LRU).
 * ``--max-num-batched-tokens``, ``--max-num-seqs`` <- ``serving``.
 * ``--kv-cache-dtype`` (``CacheDType``: ``auto``, ``fp8``, ..., ``int4_per_token_head``, ...):
@@ -15,26 +18,34 @@ docs.vllm.ai ``api/vllm/config/cache``, v0.29.0 and latest):
   disaggregated policy's prefill and decode instances each get their pool's
   ``serving.prefill_tp`` / ``serving.decode_tp``.
 * ``--quantization fp8`` <- ``serving.weight_dtype = "fp8"`` (online FP8 weights).
-* ``--kv-cache-memory-bytes`` (bytes of KV cache per GPU; overrides
-  ``--gpu-memory-utilization``) <- an explicit hbm ``capacity_gb`` over ``tp``; otherwise
-  ``--gpu-memory-utilization`` <- the hardware profile's share (vLLM's own default is 0.92).
+* ``--kv-cache-memory-bytes`` (bytes of KV cache per GPU; "ignores gpu_memory_utilization")
+  <- the HBM KV bytes kvtier simulates per instance over ``tp``, always: 0.34.0's
+  ``--gpu-memory-utilization`` defaults to 1.0 under the extensible KV cache, sized from the
+  memory measured after warm-up, which is not what kvtier models.
 * ``--kv-transfer-config`` JSON (``KVTransferConfig``: ``kv_connector``, ``kv_role``) with the
   registered connector ``LMCacheConnectorV1`` and role ``kv_both`` when the policy has lower
-  tiers; their configuration is the LMCache target's file (``lmcache.py``).
+  tiers; their configuration is the LMCache target's file (``lmcache.py``). A disaggregated
+  policy's roles are :mod:`kvtier.export.pd`'s (NIXL ``kv_producer`` / ``kv_consumer``).
 
 vLLM's own CPU offloading (``--kv-offloading-size`` in GiB, ``--kv-offloading-backend
-native|lmcache``, cache.py at 002f10e) can replace LMCache for a DRAM-only policy; it is named
-in the notes, not exported, because older releases lack it.
+native|lmcache``) can replace LMCache for a DRAM-only policy; it is named in the notes, not
+exported.
 """
 
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
+from kvtier.export.capabilities import BlockSizes, Capabilities, Minimum
 from kvtier.export.common import (
     Deployment,
     ExportResult,
     Job,
+    Note,
+    approximate,
+    inexpressible,
+    info,
     launch_script,
     model_word,
     placements,
@@ -42,6 +53,7 @@ from kvtier.export.common import (
 )
 from kvtier.export.lmcache import FILE as LMCACHE_FILE
 from kvtier.export.lmcache import lmcache_config, lmcache_yaml
+from kvtier.policy.model import KV_LAYOUTS, ROUTERS
 
 FILE = "vllm-serve.sh"
 BASE_PORT = 8000  # vllm serve --port default; instance k listens on BASE_PORT + k
@@ -49,11 +61,52 @@ KV_DTYPES = {"bf16": "auto", "fp8": "fp8", "int4": "int4_per_token_head"}
 CONNECTOR = {"kv_connector": "LMCacheConnectorV1", "kv_role": "kv_both"}
 OLD_BLOCK_SIZES = (1, 8, 16, 32, 64, 128)  # vLLM 0.9-0.10's BlockSize literal
 
+# The block sizes a vLLM release accepts on CUDA: FlashAttention, the default backend, asks
+# for multiples of 16 (vllm/v1/attention/backends/flash_attn.py,
+# get_supported_kernel_block_sizes -> [MultipleOf(16)], in 0.31.0 and 0.34.0 alike).
+VLLM_BLOCKS = {
+    "0.34.0": BlockSizes(16, source="vllm 0.34.0 v1/attention/backends/flash_attn.py"),
+    "0.31.0": BlockSizes(16, source="vllm 0.31.0 v1/attention/backends/flash_attn.py"),
+    "0.10": BlockSizes(choices=OLD_BLOCK_SIZES, source="vllm 0.9-0.10 BlockSize literal"),
+}
 
-def vllm_args(deploy: Deployment) -> tuple[list[str], list[str]]:
+CAPABILITIES = Capabilities(
+    target="vllm",
+    package="vllm",
+    tiers=("dram", "ssd", "rdma"),  # LMCache's CPU, disk and Mooncake Store backends
+    routers=ROUTERS,  # the router sits in front of the instances, outside vLLM
+    schedulers=("vllm_v1",),
+    write_policies=("write_through",),
+    load_rules=("always_load",),
+    evictions=("lru",),
+    hierarchies=("inclusive",),
+    kv_layouts=KV_LAYOUTS,
+    kv_dtypes=("bf16", "fp8", "int4"),
+    block_sizes=VLLM_BLOCKS,
+    pd_connectors=("nixl",),
+    shared_tiers=("rdma",),  # one Mooncake Store pool; LMCache's CPU and disk are per rank
+)
+
+
+def block_notes(deploy: Deployment, caps: Capabilities, name: str) -> list[Note]:
+    """Whether the release ``caps`` targets accepts the policy's block size."""
+    tokens = deploy.policy.block_tokens
+    if caps.block.accepts(tokens):
+        return []
+    return [
+        inexpressible(
+            f"--block-size {tokens} cannot be expressed: {name} {caps.version} accepts "
+            f"{caps.block.describe()} ({caps.block.source})."
+        )
+    ]
+
+
+def vllm_args(
+    deploy: Deployment, caps: Capabilities = CAPABILITIES
+) -> tuple[list[str], list[Note]]:
     """The ``vllm serve`` flags of ``deploy`` (without the model) and notes."""
     p = deploy.policy
-    notes: list[str] = []
+    notes: list[Note] = []
     args = [
         "--block-size",
         str(p.block_tokens),
@@ -70,37 +123,43 @@ def vllm_args(deploy: Deployment) -> tuple[list[str], list[str]]:
     if p.serving.weight_dtype == "fp8":
         args += ["--quantization", "fp8"]
         notes.append(
-            "serving.weight_dtype = fp8 maps to --quantization fp8 (vLLM quantizes BF16 "
-            "weights to FP8 at load); with an FP8 checkpoint of the model, drop the flag."
+            approximate(
+                "serving.weight_dtype = fp8 maps to --quantization fp8 (vLLM quantizes BF16 "
+                "weights to FP8 at load); with an FP8 checkpoint of the model, drop the flag."
+            )
         )
-    hbm = p.tiers[0]
-    if hbm.capacity_gb is not None:
-        args += ["--kv-cache-memory-bytes", str(int(deploy.hbm_kv_bytes / deploy.tp))]
-    else:
-        args += ["--gpu-memory-utilization", f"{deploy.hardware.gpu_memory_utilization:g}"]
+    # The KV cache per GPU is what kvtier simulated, in bytes: vLLM 0.34 sizes it otherwise
+    # from the memory it measures after warm-up (the extensible KV cache, with
+    # --gpu-memory-utilization defaulting to 1.0), 0.31 from a 0.92 share of HBM.
+    args += ["--kv-cache-memory-bytes", str(int(deploy.hbm_kv_bytes / deploy.tp))]
+    if p.tiers[0].capacity_gb is None:
         notes.append(
-            "HBM KV capacity is left to vLLM (its share of HBM minus weights and activations), "
-            f"as kvtier models it: {deploy.hbm_kv_bytes / 1e9:.1f} GB per instance."
+            info(
+                "HBM KV capacity is fixed with --kv-cache-memory-bytes at what kvtier models "
+                f"({deploy.hbm_kv_bytes / 1e9:.1f} GB per instance: the hardware profile's "
+                f"{deploy.hardware.gpu_memory_utilization:g} share of HBM minus weights and "
+                f"activations); vLLM {caps.version} would otherwise size it from the memory it "
+                "measures, which differs."
+            )
         )
-    if p.block_tokens not in OLD_BLOCK_SIZES:
-        notes.append(
-            f"--block-size {p.block_tokens}: vLLM 0.9-0.10 accept only "
-            f"{', '.join(map(str, OLD_BLOCK_SIZES))}; newer releases accept any size, but "
-            "attention backends may restrict it."
-        )
+    notes += block_notes(deploy, caps, "vLLM")
     if p.kv_dtype == "int4":
         notes.append(
-            "kv_dtype = int4 maps to int4_per_token_head, present only in recent vLLM source "
-            "(cache.py at 002f10e); older releases have no 4-bit KV cache."
+            approximate(
+                "kv_dtype = int4 maps to --kv-cache-dtype int4_per_token_head (vllm "
+                f"{caps.version} config/cache.py); older releases have no 4-bit KV cache."
+            )
         )
     if p.kv_dtype == "bf16":
-        notes.append("kv_dtype = bf16 maps to --kv-cache-dtype auto (the model's dtype).")
+        notes.append(info("kv_dtype = bf16 maps to --kv-cache-dtype auto (the model's dtype)."))
     if lmcache_tiers(deploy):
         args += ["--kv-transfer-config", json.dumps(CONNECTOR, separators=(",", ":"))]
     elif deploy.has("cxl"):
         notes.append(
-            "The cxl tier cannot be expressed: vLLM has no CXL tier and LMCache none of its "
-            "own, so the command serves from HBM only, without a KV connector."
+            inexpressible(
+                "The cxl tier cannot be expressed: vLLM has no CXL tier and LMCache none of its "
+                "own, so the command serves from HBM only, without a KV connector."
+            )
         )
     return args, notes
 
@@ -120,7 +179,7 @@ def _routing_notes(deploy: Deployment) -> list[str]:
     ]
     if s.routing == "prefix_affinity":
         notes.append(
-            f"affinity_overload = {s.affinity_overload} belongs to the router, not to vLLM."
+            info(f"affinity_overload = {s.affinity_overload} belongs to the router, not to vLLM.")
         )
     return notes
 
@@ -179,21 +238,30 @@ def export_vllm(deploy: Deployment) -> ExportResult:
         "0) is this host's index.",
     ]
     if lmcache_tiers(deploy):
+        if p.serving.pd_connector == "lmcache-pd" and deploy.tier_users != list(
+            range(deploy.instances)
+        ):
+            # LMCache's own P/D: producers and consumers alike run LMCacheConnectorV1
+            deploy = replace(deploy, every_instance_holds_tiers=True)
         cfg, lm_notes = lmcache_config(deploy)
         files[LMCACHE_FILE] = lmcache_yaml(cfg)
         file_env["LMCACHE_CONFIG_FILE"] = LMCACHE_FILE
         comments.append("LMCACHE_CONFIG_FILE is the lmcache.yaml beside this script.")
         notes.append(
-            "Tiers below HBM are LMCache's (LMCacheConnectorV1, kv_role kv_both), configured "
-            "by lmcache.yaml (LMCACHE_CONFIG_FILE, its absolute path resolved from the "
-            "script's directory when it runs); vLLM's HBM prefix cache stays LRU."
+            info(
+                "Tiers below HBM are LMCache's (LMCacheConnectorV1, kv_role kv_both), configured "
+                "by lmcache.yaml (LMCACHE_CONFIG_FILE, its absolute path resolved from the "
+                "script's directory when it runs); vLLM's HBM prefix cache stays LRU."
+            )
         )
-        notes += [f"LMCache: {n}" for n in lm_notes]
+        notes += [n.prefixed("LMCache: ") for n in lm_notes]
         if [t.name for t in p.lower_tiers] == ["dram"]:
             notes.append(
-                "For a DRAM-only policy recent vLLM can offload without LMCache: "
-                "--kv-offloading-size (GiB, summed over TP ranks) with "
-                "--kv-offloading-backend native."
+                info(
+                    "For a DRAM-only policy recent vLLM can offload without LMCache: "
+                    "--kv-offloading-size (GiB, summed over TP ranks) with "
+                    "--kv-offloading-backend native."
+                )
             )
     jobs = vllm_jobs(deploy, ["vllm", "serve", model_word(deploy)], args, "vLLM")
     files[FILE] = launch_script(comments, {}, file_env, jobs, deploy.hosts)
@@ -203,3 +271,11 @@ def export_vllm(deploy: Deployment) -> ExportResult:
     return ExportResult(
         "vllm", files, [*shared_notes(deploy, "vLLM"), *_routing_notes(deploy), *notes]
     )
+
+
+def minimum_versions(deploy: Deployment) -> list[Minimum]:
+    """The LMCache file's needs (:func:`kvtier.export.lmcache.minimum_versions`) when the
+    policy has tiers LMCache holds."""
+    from kvtier.export.lmcache import minimum_versions as lmcache_minimums
+
+    return lmcache_minimums(deploy) if lmcache_tiers(deploy) else []

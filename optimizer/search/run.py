@@ -690,20 +690,10 @@ def _slo_bound(scenario: Scenario, base: Policy, slo: SLO, space: SearchSpace, l
 # tiers", "trial N with dram"
 SWEPT = ("without lower tiers", "on fewest instances", *(f"with {t}" for t in LOWER_TIERS))
 
-# Export notes that mean the deployed system would not do what the simulated policy does.
-INEXPRESSIBLE = (
-    "cannot be expressed",
-    "is not exported",
-    "not exported:",
-    "has no equivalent",
-    "is not Mooncake's",
-    "not modelled",
-)
-
 
 def runnable_targets(policy: dict[str, Any], hw: Any, mdl: Any) -> list[str]:
-    """The export targets whose export of ``policy`` has no note that a setting could not be
-    expressed (:data:`INEXPRESSIBLE`)."""
+    """The export targets whose export of ``policy`` has no note of kind ``inexpressible``
+    (:class:`kvtier.export.common.Note`): each runs the policy as simulated, or close to it."""
     from kvtier.export import TARGETS, export
 
     chosen = policy_from_dict(policy, "<best>")
@@ -713,9 +703,7 @@ def runnable_targets(policy: dict[str, Any], hw: Any, mdl: Any) -> list[str]:
             result = export(chosen, target, hw, mdl)
         except InputError:
             continue
-        if target == "mooncake" and not result.files:
-            continue
-        if not any(m in n for n in result.notes for m in INEXPRESSIBLE):
+        if result.expressible:
             out.append(target)
     return out
 

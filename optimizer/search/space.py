@@ -42,6 +42,8 @@ from typing import Any
 
 from kvtier.builtin import policies_dir
 from kvtier.errors import InputError
+from kvtier.export import TARGETS as EXPORT_TARGETS
+from kvtier.hardware.types import LOWER_TIERS
 from kvtier.policy.overrides import check_override, parse_overrides
 
 SPACE_FORMAT = "kvtier-space/1"
@@ -447,111 +449,49 @@ def parse_pin(text: str) -> tuple[str, Value]:
     return name, value
 
 
-@dataclass(frozen=True)
-class TargetRules:
-    """What one serving system can express, as a search space sees it (``optimize --target``).
-
-    ``tiers``: the lower tiers it can configure; ``allowed``: the values each setting may
-    take there (a parameter of the space keeps only those choices, a setting the space does
-    not search is pinned to the first); ``requires``: extra conditions on a parameter (a tier
-    that can only be enabled beside another). Read from the exporters' own notes
-    (``kvtier.export``): a policy inside these rules exports without a note that a
-    setting could not be expressed.
-    """
-
-    name: str
-    tiers: tuple[str, ...]
-    allowed: dict[str, tuple[Value, ...]]
-    requires: dict[str, tuple[tuple[str, Value], ...]] = field(default_factory=dict)
-    need: tuple[str, ...] = ()  # tiers the target cannot run without
-
-
-# Settings no serving system reads, pinned for every target to what the systems do: prefixes
-# are shared whenever prompts match, every hit is loaded, a transfer moves one fragment.
-_COMMON: dict[str, tuple[Value, ...]] = {
-    "share_across_tenants": (True,),
-    "load_rule": ("always_load",),
-    "coalesce": (1,),
-    "hierarchy": ("inclusive",),
-}
-_LRU = ("lru",)
-
-TARGET_RULES: dict[str, TargetRules] = {
-    # vLLM serves its lower tiers through LMCache (LMCacheConnectorV1): the same rules
-    "vllm": TargetRules(
-        "vllm",
-        ("dram", "ssd", "rdma"),
-        {**_COMMON, "write_policy": ("write_through",), "kv_dtype": ("bf16", "fp8")},
-    ),
-    "lmcache": TargetRules(
-        "lmcache",
-        ("dram", "ssd", "rdma"),
-        {**_COMMON, "write_policy": ("write_through",), "kv_dtype": ("bf16", "fp8")},
-    ),
-    # HiCache: a host pool (dram) under every L3 backend, one backend (Mooncake or file),
-    # and Mooncake only with the page_first (contiguous) layout
-    "sglang": TargetRules(
-        "sglang",
-        ("dram", "ssd", "rdma"),
-        {
-            **_COMMON,
-            "write_policy": ("write_through", "write_back", "write_through_selective"),
-            "selective_k": (2,),
-            "kv_layout": ("contiguous",),
-            "kv_dtype": ("bf16", "fp8"),
-        },
-        requires={
-            "tiers.rdma.enabled": (("tiers.dram.enabled", True),),
-            "tiers.ssd.enabled": (("tiers.dram.enabled", True), ("tiers.rdma.enabled", False)),
-        },
-    ),
-    # KVBM: host memory and local disk, write-through (selective: its frequency filter)
-    "dynamo": TargetRules(
-        "dynamo",
-        ("dram", "ssd"),
-        {
-            **_COMMON,
-            "write_policy": ("write_through", "write_through_selective"),
-            "selective_k": (2,),
-            "serving.routing": ("round_robin", "prefix_affinity"),
-        },
-    ),
-    # Mooncake Store: the rdma pool, optionally persisted to SSD
-    "mooncake": TargetRules(
-        "mooncake",
-        ("rdma", "ssd"),
-        {**_COMMON, "write_policy": ("write_through", "write_back")},
-        need=("rdma",),
-    ),
-}
-TARGETS = tuple(TARGET_RULES)
+TARGETS = EXPORT_TARGETS  # the exporter registry's names (kvtier.export)
 
 
 def restrict_to_target(space: SearchSpace, target: str, lower_tiers: Iterable[str]) -> SearchSpace:
-    """``space`` cut down to what ``target`` can express; ``lower_tiers`` are the tiers the
-    hardware has. A pin outside the target's rules is an :class:`InputError` naming it."""
-    rules = TARGET_RULES.get(target)
-    if rules is None:
+    """``space`` cut down to what ``target`` can express, as its exporter declares it
+    (:mod:`kvtier.export.capabilities`): its tiers, the values of each setting it can
+    configure, the block sizes of the release it targets and the conditions between tiers.
+    ``lower_tiers`` are the tiers the hardware has. A pin outside the target's capabilities is
+    an :class:`InputError` naming it."""
+    from kvtier.export.capabilities import capabilities
+
+    if target not in TARGETS:
         raise InputError(
             f"unknown target {target!r} (choices: {', '.join(TARGETS)})", option="--target"
         )
+    caps = capabilities(target)
     present = set(lower_tiers)
-    missing = [t for t in rules.need if t not in present]
+    missing = [t for t in caps.need if t not in present]
     if missing:
         raise InputError(
             f"{target} needs a {', '.join(missing)} tier, which the hardware profile lacks",
             option="--target",
         )
-    allowed: dict[str, tuple[Value, ...]] = dict(rules.allowed)
-    for tier in ("dram", "cxl", "rdma", "ssd"):
-        if tier not in rules.tiers or tier not in present:
+    allowed: dict[str, tuple[Value, ...]] = caps.allowed()
+    for tier in LOWER_TIERS:
+        if tier not in caps.tiers or tier not in present:
             allowed[f"tiers.{tier}.enabled"] = (False,)
-        elif tier in rules.need:
+        elif tier in caps.need:
             allowed[f"tiers.{tier}.enabled"] = (True,)
-        allowed[f"tiers.{tier}.eviction"] = _LRU
+        allowed[f"tiers.{tier}.eviction"] = caps.evictions
+    block = caps.block
+    release = f"{target} ({caps.package.split('@')[0]} {caps.version})"
     params = []
     for p in space.params:
         keep = allowed.get(p.name)
+        if p.name == "block_tokens" and p.choices is not None:
+            keep = tuple(c for c in p.choices if block.accepts(int(c)))
+            if not keep:
+                raise InputError(
+                    f"space {space.source or '<space>'}: block_tokens takes no block size "
+                    f"{release} accepts ({block.describe()})",
+                    option="--target",
+                )
         if keep is not None and p.choices is not None:
             kept = tuple(c for c in p.choices if c in keep)
             if not kept:
@@ -561,10 +501,16 @@ def restrict_to_target(space: SearchSpace, target: str, lower_tiers: Iterable[st
                     option="--target",
                 )
             p = replace(p, choices=kept)
-        extra = rules.requires.get(p.name, ())
+        extra = caps.requires.get(p.name, ())
         if extra:
             p = replace(p, when=(*p.when, *extra))
         params.append(p)
+    if "block_tokens" in space.pinned and not block.accepts(int(space.pinned["block_tokens"])):
+        raise InputError(
+            f"block_tokens = {space.pinned['block_tokens']!r} cannot be expressed by {release}, "
+            f"which accepts {block.describe()}",
+            option="--pin block_tokens",
+        )
     names = {p.name for p in params}
     pins: dict[str, Value] = {}
     for key, values in allowed.items():

@@ -1,0 +1,211 @@
+"""What an export target can express, as data: the search reads it, never the notes' prose.
+
+Every exporter module declares ``CAPABILITIES`` (a :class:`Capabilities`): the lower tiers it
+can place, the routers, schedulers, write policies, load rules, evictions, hierarchies, KV
+layouts and dtypes it can configure, the block sizes the release it targets accepts, whether
+it can run prefill/decode disaggregation (and over which connectors), and which tiers it can
+run as one cache shared by several instances rather than a private share per process.
+
+``optimize --target`` cuts its search space down to these (``kvtier.search.space``); a policy
+inside them exports without a note of kind ``inexpressible``
+(``tests/test_export_releases.py`` checks both directions on every preset).
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from functools import cache
+
+from kvtier.export.common import Deployment, Note, approximate, inexpressible, info
+from kvtier.export.releases import PACKAGES, TARGET_RELEASES
+
+Value = bool | int | float | str
+
+
+@dataclass(frozen=True)
+class BlockSizes:
+    """The block sizes (tokens) one release accepts: multiples of ``multiple_of`` from
+    ``minimum``, or only ``choices`` when given. ``source`` names where that was read."""
+
+    multiple_of: int = 1
+    choices: tuple[int, ...] | None = None
+    source: str = ""
+    minimum: int = 1
+
+    def accepts(self, tokens: int) -> bool:
+        if self.choices is not None:
+            return tokens in self.choices
+        return tokens >= self.minimum and tokens % self.multiple_of == 0
+
+    def describe(self) -> str:
+        if self.choices is not None:
+            return ", ".join(map(str, self.choices))
+        return f"multiples of {self.multiple_of}" if self.multiple_of > 1 else "any size"
+
+
+@dataclass(frozen=True)
+class Capabilities:
+    """What one target can express (each field: the policy values it takes).
+
+    ``package`` is the key of :data:`kvtier.export.releases.PACKAGES` whose version the block
+    sizes are looked up by; ``requires`` adds conditions to a searched parameter (a tier that
+    can only be enabled beside another), as ``kvtier.search.space`` ``when`` clauses.
+    """
+
+    target: str
+    package: str
+    tiers: tuple[str, ...]
+    routers: tuple[str, ...]
+    schedulers: tuple[str, ...]
+    write_policies: tuple[str, ...]
+    load_rules: tuple[str, ...]
+    evictions: tuple[str, ...]  # of every lower tier
+    hierarchies: tuple[str, ...]
+    kv_layouts: tuple[str, ...]
+    kv_dtypes: tuple[str, ...]
+    block_sizes: Mapping[str, BlockSizes]  # release version -> the sizes it accepts
+    pd_connectors: tuple[str, ...]  # () when it cannot run a disaggregated policy
+    shared_tiers: tuple[str, ...]  # tiers it runs as one pool several instances share
+    selective_k: tuple[int, ...] = (2,)
+    need: tuple[str, ...] = ()  # tiers it cannot run without
+    requires: Mapping[str, tuple[tuple[str, Value], ...]] = field(default_factory=dict)
+
+    @property
+    def version(self) -> str:
+        """The release of :attr:`package` the export targets."""
+        return PACKAGES[self.package]
+
+    @property
+    def block(self) -> BlockSizes:
+        """The block sizes of the targeted release."""
+        return self.block_sizes[self.version]
+
+    @property
+    def pd(self) -> bool:
+        return bool(self.pd_connectors)
+
+    def allowed(self) -> dict[str, tuple[Value, ...]]:
+        """Policy keys (dotted, as a search space names them) -> the values this target can
+        express; keys with every value expressible are left out, as are the tiers."""
+        from kvtier.policy.model import (
+            HIERARCHIES,
+            KV_DTYPES,
+            KV_LAYOUTS,
+            LOAD_RULES,
+            ROUTERS,
+            WRITE_POLICIES,
+        )
+        from kvtier.policy.registries import CONNECTORS, SCHEDULERS
+
+        out: dict[str, tuple[Value, ...]] = {
+            # kvtier settings no serving system reads: pinned to what the systems do
+            "share_across_tenants": (True,),
+            "coalesce": (1,),
+        }
+        domains: list[tuple[str, tuple[Value, ...], tuple[Value, ...]]] = [
+            ("load_rule", self.load_rules, LOAD_RULES),
+            ("hierarchy", self.hierarchies, HIERARCHIES),
+            ("write_policy", self.write_policies, WRITE_POLICIES),
+            ("kv_layout", self.kv_layouts, KV_LAYOUTS),
+            ("kv_dtype", self.kv_dtypes, KV_DTYPES),
+            ("serving.routing", self.routers, ROUTERS),
+            ("serving.scheduler", self.schedulers, SCHEDULERS.names),
+        ]
+        if self.pd:
+            domains.append(("serving.pd_connector", self.pd_connectors, CONNECTORS.names))
+        for key, values, domain in domains:
+            if set(values) != set(domain):
+                out[key] = values
+        if "write_through_selective" in self.write_policies:
+            out["selective_k"] = self.selective_k
+        if not self.pd:
+            out["serving.prefill_share"] = (0.0,)
+        return out
+
+
+def capabilities(target: str) -> Capabilities:
+    """The declared capabilities of ``target`` (its exporter module's ``CAPABILITIES``)."""
+    return _load(target)
+
+
+@cache
+def _load(target: str) -> Capabilities:
+    from kvtier.export import EXPORTERS
+
+    EXPORTERS.get(target, option="--target")  # an unknown target: one line with the choices
+    module = importlib.import_module(f"kvtier.export.{target}")
+    caps = module.CAPABILITIES
+    assert isinstance(caps, Capabilities) and caps.target == target
+    return caps
+
+
+def capability_notes(deploy: Deployment, caps: Capabilities) -> list[Note]:
+    """Notes every target shares, read from its capabilities: a scheduler it cannot run, a
+    pool the simulation shares that it splits into private caches, and the releases it is
+    written for and needs."""
+    p = deploy.policy
+    notes: list[Note] = []
+    missing = [t for t in caps.need if not deploy.has(t)]
+    if missing:
+        notes.append(
+            inexpressible(
+                f"{caps.target} needs a {', '.join(missing)} tier, which the policy lacks: "
+                "there is nothing for it to run."
+            )
+        )
+    if p.serving.scheduler not in caps.schedulers:
+        notes.append(
+            inexpressible(
+                f"serving.scheduler = {p.serving.scheduler} cannot be expressed: "
+                f"{caps.target} allocates KV blocks as {', '.join(caps.schedulers)}."
+            )
+        )
+    for tier in p.lower_tiers:
+        name = tier.name
+        if not deploy.has(name) or name not in caps.tiers or name in caps.shared_tiers:
+            continue
+        users = deploy.tier_users
+        sharing = (
+            max(deploy.users_on_host(deploy.host_of(k)) for k in users)
+            if deploy.per_host[name]
+            else len(users)
+        )
+        if sharing > 1:
+            where = "a host's" if deploy.per_host[name] else "the"
+            notes.append(
+                approximate(
+                    f"The simulated {name} tier is {where} pool shared by up to {sharing} "
+                    f"instances; {caps.target} gives each instance a private share of it, the "
+                    "shares summing to the pool."
+                )
+            )
+    packages = TARGET_RELEASES[caps.target]
+    pinned = ", ".join(f"{n.split('@')[0]} {PACKAGES[n]}" for n in packages)
+    module = importlib.import_module(f"kvtier.export.{caps.target}")
+    needs: list[Minimum] = getattr(module, "minimum_versions", lambda d: [])(deploy)
+    if needs:
+        listed = "; ".join(f"{m.package} {m.version} ({m.why})" for m in needs)
+        minimum = (
+            f"Minimum versions: {listed}; every other name was checked only in the releases above."
+        )
+    else:
+        minimum = "Minimum versions: the releases above (no older release was checked)."
+    notes.append(
+        info(
+            f"Written for {pinned}: every flag, environment variable and configuration key is "
+            f"one those releases read (kvtier/export/releases). {minimum}"
+        )
+    )
+    return notes
+
+
+@dataclass(frozen=True)
+class Minimum:
+    """The oldest release of ``package`` that reads a name an export writes (``why``: the
+    name, and the older release checked that lacks it)."""
+
+    package: str
+    version: str
+    why: str
