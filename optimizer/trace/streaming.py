@@ -47,6 +47,7 @@ from kvtier.trace.importers.tabular import (
     timestamp_aware_expr,
     timestamp_expr,
 )
+from kvtier.trace.progress import count, stage
 
 _GZIP_MAGIC = b"\x1f\x8b"
 _UTF8_BOM = b"\xef\xbb\xbf"
@@ -249,11 +250,14 @@ def stream_import(
         _number_expr(cmap.output, integer=True).alias("out"),
         *([timestamp_aware_expr(cmap.arrival).alias("aware")] if kind == "timestamp" else []),
     )
+    stage("scanning the CSV")
     quoted, blanks = _scan(path)
     with tempfile.TemporaryDirectory(dir=Path(out).resolve().parent) as tmp:
         staged = os.path.join(tmp, "staged.parquet")
         try:
+            stage(f"parsing the CSV ({os.path.getsize(path):,} bytes)")
             frame.sink_parquet(staged, row_group_size=batch_rows)
+            stage("checking and writing rows")
         except pl.exceptions.PolarsError as err:
             raise _first_bad_line(path) or InputError(
                 f"malformed CSV: {' '.join(str(err).split())[:200]}", path=path
@@ -321,6 +325,7 @@ def _write_checked(
         with pq.ParquetWriter(tmp, schema, compression="zstd") as writer:
             row0 = 0
             for batch in reader.iter_batches(batch_size=batch_rows):
+                count(batch.num_rows, batch.nbytes)
                 t = batch.column("t").to_numpy(zero_copy_only=False).astype(np.float64)
                 inp = batch.column("inp").to_numpy(zero_copy_only=False)
                 outp = batch.column("out").to_numpy(zero_copy_only=False)
