@@ -290,14 +290,17 @@ def optimize_cmd(**kwargs: Any) -> None:
     "plot_path",
     default=None,
     type=click.Path(dir_okay=False),
-    help="Write a PNG of every trial's cost against TTFT p99.",
+    help="Write a PNG of every trial's cost against TTFT p99: the SLO, the best trial and the "
+    "presets marked.",
 )
 @click.option(
     "--html",
     "html_path",
     default=None,
     type=click.Path(dir_okay=False),
-    help="Write the report as one self-contained HTML page (plot embedded).",
+    help="Write the report as one self-contained HTML page with interactive charts (cost "
+    "against TTFT and TPOT, what tiering buys, capacity curves, the trace's miss-ratio curve "
+    "in GB).",
 )
 @click.option(
     "--what-if",
@@ -311,7 +314,7 @@ def optimize_cmd(**kwargs: Any) -> None:
     "trace_path",
     default=None,
     type=click.Path(dir_okay=False),
-    help="The study's trace, for --what-if, if it has moved since the study ran.",
+    help="The study's trace, for --what-if and --html, if it has moved since the study ran.",
 )
 @click.option("--json", "as_json", is_flag=True, help="Print the report as one JSON object.")
 def report_cmd(
@@ -355,12 +358,16 @@ def report_cmd(
 
             found = what_if_for_study(study, trace_path=trace_path, on_variant=progress)
         rep["what_if"] = study_what_if_json(found)
-    elif trace_path is not None:
-        raise InputError("--trace is only read with --what-if", option="--trace")
+    elif trace_path is not None and html_path is None:
+        raise InputError("--trace is only read with --what-if or --html", option="--trace")
     if plot_path is not None:
         plot_study(rep, plot_path)
     if html_path is not None:
-        html_study_report(rep, html_path)
+        from kvtier.report.study import model_curve
+
+        with _console(stderr=True).status("miss-ratio curve of the study's trace"):
+            curve = model_curve(rep, trace_path)
+        html_study_report(rep, html_path, curve)
     if as_json:
         _echo_json(rep)
     else:

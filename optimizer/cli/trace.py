@@ -742,7 +742,12 @@ def _parse_number(text: str, option: str, kind: type) -> Any:
     help="Let tenants share blocks (default: identities salted by tenant).",
 )
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
-@click.option("--plot", "plot_path", default=None, help="Also write the curve as a PNG here.")
+@click.option(
+    "--plot",
+    "plot_path",
+    default=None,
+    help="Also write the curve as a PNG here (capacity in GB of KV with --model).",
+)
 @click.option(
     "--model",
     default=None,
@@ -802,7 +807,8 @@ def trace_mrc_cmd(
     if plot_path is not None:
         from kvtier.cache.plot import plot_curve
 
-        plot_curve(result, plot_path)
+        label = "" if model is None else f"{model} {kv_dtype}"
+        plot_curve(result, plot_path, block_gb=block_gb, model=label)
     if as_json:
         data = result.to_json()
         if block_gb is not None:
