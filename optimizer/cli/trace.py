@@ -168,8 +168,10 @@ def _not_the_input(input_path: str, output: str) -> None:
 @click.option(
     "--tokenizer",
     default=None,
-    type=click.Path(dir_okay=False),
-    help="tokenizer.json of the served model (sources with prompt text).",
+    type=click.Path(),
+    help="The served model's tokenizer.json, or its model directory (sources with prompt "
+    "text; offline and gated models: docs/traces.md). openai-log without it: lengths from "
+    "the log's usage counts, no block hashes.",
 )
 @click.option(
     "--chat-template",
@@ -314,7 +316,12 @@ def trace_import(
     help="Seconds within which stored blocks extending a request are more of its prefill "
     "[default: 0.5].",
 )
-@click.option("--tokenizer", default=None, type=click.Path(dir_okay=False), help="For --from-log.")
+@click.option(
+    "--tokenizer",
+    default=None,
+    type=click.Path(),
+    help="For --from-log: tokenizer.json or the model directory.",
+)
 @click.option(
     "--chat-template", default=None, type=click.Path(dir_okay=False), help="For --from-log."
 )
