@@ -33,6 +33,21 @@ SLO_COLOR = "#d62728"
 BEST_COLOR = "#2ca02c"
 PRESET_COLOR = "#ff7f0e"
 
+PRESET_SYMBOLS = (
+    "diamond",
+    "square",
+    "triangle-up",
+    "triangle-down",
+    "pentagon",
+    "hexagon",
+    "cross",
+    "triangle-left",
+    "triangle-right",
+    "star-diamond",
+    "hourglass",
+    "bowtie",
+)
+
 # a table cell that is a number (with its unit or sign): right-aligned; any other text: left
 _NUMBER = re.compile(
     r"^[-+]?\$?[-+]?(\d[\d,]*)?(\.\d+)?(e[-+]?\d+)?\s*(%|s|ms|GB|x|/Mtok)?$", re.IGNORECASE
@@ -166,20 +181,26 @@ def cost_figure(rep: dict[str, Any], metric: str, label: str, unit: str, scale: 
         if isinstance(p["metrics"].get(metric), int | float)
         and isinstance(p["metrics"].get("cost_per_mtok"), int | float)
     ]
-    if presets:
+    # presets often sit close together, where names written beside them overlap: each is
+    # a legend entry of its own, with its own symbol, and its name on hover
+    for i, p in enumerate(presets):
         fig.add_trace(
             go.Scatter(
-                x=[p["metrics"][metric] * scale for p in presets],
-                y=[p["metrics"]["cost_per_mtok"] for p in presets],
-                mode="markers+text",
-                name="presets",
-                marker={"color": PRESET_COLOR, "symbol": "diamond", "size": 11},
-                text=[p["name"] for p in presets],
-                textposition="bottom center",
+                x=[p["metrics"][metric] * scale],
+                y=[p["metrics"]["cost_per_mtok"]],
+                mode="markers",
+                name=p["name"],
+                legendgroup="presets",
+                legendgrouptitle={"text": "presets"} if i == 0 else None,
+                marker={
+                    "color": PRESET_COLOR,
+                    "symbol": PRESET_SYMBOLS[i % len(PRESET_SYMBOLS)],
+                    "size": 11,
+                    "line": {"color": "#333", "width": 1},
+                },
                 hovertext=[
                     f"{p['name']}: ${p['metrics']['cost_per_mtok']:.4f} per 1M tok, "
                     + ("meets the SLO" if p.get("feasible") else "misses the SLO")
-                    for p in presets
                 ],
                 hoverinfo="text",
             )
@@ -195,9 +216,9 @@ def cost_figure(rep: dict[str, Any], metric: str, label: str, unit: str, scale: 
     fig.update_layout(
         xaxis=x_axis,
         yaxis=_axis("$ per 1M tokens", ys),
-        height=460,
+        height=480,
         margin={"l": 60, "r": 20, "t": 30, "b": 50},
-        legend={"orientation": "h", "y": -0.2},
+        legend={"x": 1.02, "y": 1.0, "font": {"size": 11}},
         template="plotly_white",
     )
     return fig
