@@ -187,6 +187,8 @@ def test_html_page_carries_the_charts_the_verdict_and_the_tables(study_dir, tmp_
     # the model's miss-ratio curve in GB, from the study's own trace
     assert "Miss-ratio curve of the trace, in GB of KV" in parsed.texts
     assert "cache capacity (GB of KV)" in text
+    # hit ratios over time: the best trial replayed, since the study holds none
+    assert f"Trial {best['number']}, replayed: the share of prompt tokens" in text
     # without refine curves the capacity charts say what they show instead
     assert any("holds no refine curves" in t for t in parsed.texts) or any(
         "No trial used a tier below HBM" in t for t in parsed.texts
@@ -224,7 +226,7 @@ def test_html_draws_refine_curves_and_hit_ratios_when_the_study_holds_them(
     assert r.code == 0, r.stderr
     text = page.read_text()
     assert "Refine curves around trial 0" in text
-    assert "Trial 0, replayed." in text
+    assert "Trial 0, replayed: the share of prompt tokens each tier served." in text
     # the refine curve is drawn in capacity order
     start = text.index('"x":[32,64,128,256,512]')
     assert start > 0
@@ -289,3 +291,27 @@ def test_report_without_what_if_does_not_import_numba(study_dir) -> None:
     )
     assert proc.returncode == 0, proc.stderr
     assert proc.stderr.strip().splitlines()[-1] == "False"
+
+
+def test_hit_ratio_over_time_sums_to_the_replays_own_hit_ratios(study_dir) -> None:
+    """One window over the whole trace is the replay's own hit ratio per tier; the windows of
+    a finer split average back to it, weighted by their prompt tokens."""
+    import optuna
+
+    from kvtier.experiments.hit_timeline import study_hit_ratio_over_time
+
+    run_optimize(study_dir, "timeline", "ttft_p99=2", trials=4)
+    rep = json.loads(report(study_dir, "timeline", "--json").stdout)
+    url = f"sqlite:///{study_dir / 'timeline.db'}"
+    study = optuna.load_study(study_name="timeline", storage=url)
+    shown = rep["best"] or rep["closest"]
+    whole = study_hit_ratio_over_time(study, windows=1)
+    assert whole["trial"] == shown["number"]
+    want = shown["metrics"]["hit_ratio_tokens"]
+    assert set(whole["tiers"]) == set(want)
+    for tier, ratio in want.items():
+        assert whole["tiers"][tier][0] == pytest.approx(ratio, rel=1e-9, abs=1e-12)
+    split = study_hit_ratio_over_time(study, windows=7)
+    assert len(split["t_s"]) == 7 and split["t_s"] == sorted(split["t_s"])
+    for series in split["tiers"].values():
+        assert all(v is None or 0.0 <= v <= 1.0 for v in series)

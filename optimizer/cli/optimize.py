@@ -365,8 +365,19 @@ def report_cmd(
     if html_path is not None:
         from kvtier.report.study import model_curve
 
-        with _console(stderr=True).status("miss-ratio curve of the study's trace"):
+        status = _console(stderr=True).status("miss-ratio curve of the study's trace")
+        with status:
             curve = model_curve(rep, trace_path)
+            if not rep.get("hit_ratio_over_time") and rep["finished"]:
+                from kvtier.experiments.hit_timeline import study_hit_ratio_over_time
+
+                status.update("the best trial replayed for its hit ratios over time")
+                try:
+                    rep["hit_ratio_over_time"] = study_hit_ratio_over_time(
+                        study, trace_path=trace_path
+                    )
+                except InputError as err:  # the trace has moved: the page says so
+                    rep["hit_ratio_over_time"] = err.message
         html_study_report(rep, html_path, curve)
     if as_json:
         _echo_json(rep)

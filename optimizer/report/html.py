@@ -6,9 +6,10 @@ finished trial, with the SLO drawn, the best trial and every preset marked (log 
 values span more than a decade); the presets' table; "what tiering buys" (the verdict and the
 cheapest tiered and HBM-only policies meeting the SLO); cost and latency against each lower
 tier's capacity around the winner (the refine curves a study may hold in its ``refine``
-attribute, else every trial's capacity of that tier); hit ratio per tier over time (when the
-study holds it in ``hit_ratio_over_time``); the trace's LRU miss-ratio curve in GB of KV for
-the study's model; then the report's tables. Text is left-aligned, numbers right-aligned.
+attribute, else every trial's capacity of that tier); hit ratio per tier over time (the
+study's ``hit_ratio_over_time``, or the best trial replayed:
+:mod:`kvtier.experiments.hit_timeline`); the trace's LRU miss-ratio curve in GB of KV for the
+study's model; then the report's tables. Text is left-aligned, numbers right-aligned.
 
 The optional inputs' shapes (study user attributes, :mod:`kvtier.search.study`):
 
@@ -332,7 +333,9 @@ def hit_ratio_figure(rep: dict[str, Any]) -> Any | None:
     """Hit ratio per tier over time, from the study's ``hit_ratio_over_time`` attribute."""
     import plotly.graph_objects as go
 
-    data = rep.get("hit_ratio_over_time") or {}
+    data = rep.get("hit_ratio_over_time")
+    if not isinstance(data, dict):
+        return None
     t = data.get("t_s") or []
     tiers = data.get("tiers") or {}
     if not t or not tiers:
@@ -551,10 +554,18 @@ def render_page(rep: dict[str, Any], sections: list[Any], curve: dict[str, Any] 
         parts.append('<p class="note">No trial used a tier below HBM.</p>')
     hits = hit_ratio_figure(rep)
     parts.append("<h2>Hit ratio per tier over time</h2>")
+    timeline = rep.get("hit_ratio_over_time")
     if hits is not None:
-        trial = (rep.get("hit_ratio_over_time") or {}).get("trial", "?")
-        parts.append(f'<p class="note">Trial {html.escape(str(trial))}, replayed.</p>')
+        trial = timeline.get("trial", "?")
+        width = timeline.get("window_s")
+        per = f" in windows of {width:,.3g} s of arrivals" if width else ""
+        parts.append(
+            f'<p class="note">Trial {html.escape(str(trial))}, replayed: the share of prompt '
+            f"tokens each tier served{per}.</p>"
+        )
         parts.append(chart(hits))
+    elif isinstance(timeline, str):
+        parts.append(f'<p class="note">Not drawn: {html.escape(timeline)}.</p>')
     else:
         parts.append(
             '<p class="note">This study holds no hit ratios over time '
