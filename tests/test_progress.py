@@ -46,7 +46,7 @@ def test_ticker_writes_a_line_every_interval_whatever_the_work_does() -> None:
 
 def test_trial_line_says_trials_best_feasible_share_and_eta() -> None:
     p = TrialProgress(total=10)
-    assert "0/10 trials" in p.line() and "first trial running" in p.line()
+    assert "0/10 trials" in p.line() and "no trial has ended in this run yet" in p.line()
     best = SimpleNamespace(number=2, metrics={"cost_per_mtok": 0.0174})
     # a resumed study: 4 trials were there before; this run finished 2 of its own in 20 s
     p.update(5, None, SimpleNamespace(finished=5, feasible=0))
@@ -169,3 +169,26 @@ def test_piped_optimize_prints_a_line_at_least_every_interval(tmp_path: Path, qu
     gaps = [b - a for a, b in zip(times, times[1:], strict=False)]
     assert max(gaps) < 15, gaps
     assert ended - times[-1] < 15
+
+
+def test_batch_off_a_terminal_prints_lines_naming_the_trace(tmp_path, monkeypatch) -> None:
+    from kvtier.trace.io import write_trace
+    from kvtier.trace.synth import synthesize
+
+    monkeypatch.setenv(PROGRESS_ENV, "0.05")
+    monkeypatch.chdir(tmp_path)
+    traces = []
+    for name, seed in (("a", 1), ("b", 2)):
+        path = tmp_path / f"{name}.parquet"
+        write_trace(synthesize("chat", requests=60, rate=6.0, seed=seed), path)
+        traces.append(str(path))
+    r = invoke("batch", *traces, "--trials", "2", "--no-presets", "--out-dir", str(tmp_path / "o"))
+    assert r.code in (0, 1), r.stderr
+    lines = [s for s in r.stderr.splitlines() if s.startswith("batch: ")]
+    lines = [s for s in lines if s != "batch: starting"]  # before the first study opens
+    assert lines, r.stderr
+    assert all(" trials" in s and ("1/2 a.parquet" in s or "2/2 b.parquet" in s) for s in lines)
+    q = invoke(
+        "batch", *traces, "--trials", "2", "--no-presets", "--out-dir", str(tmp_path / "q"), "-q"
+    )
+    assert q.code in (0, 1) and not [s for s in q.stderr.splitlines() if s.startswith("batch: ")]

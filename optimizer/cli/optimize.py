@@ -439,6 +439,8 @@ def batch_cmd(traces: tuple[str, ...], out_dir: str, study_prefix: str, **kwargs
         return _on_trial(progress, task, current["state"])
 
     def line() -> str:
+        if not current["label"]:  # before the first trace's study opens
+            return "starting"
         return f"{current['label']}: {current['state'].line()}"
 
     try:

@@ -119,7 +119,10 @@ class TrialProgress:
         elapsed = now - self.started
         parts = [f"{self.done}/{self.total} trials"]
         if self.first_done is None:
-            parts.append("first trial running (a first run compiles the simulator)")
+            parts.append(
+                "no trial has ended in this run yet (the first run on a machine compiles the "
+                "simulator: a minute or more)"
+            )
         else:
             parts.append(self.best_text())
             if self.finished:
