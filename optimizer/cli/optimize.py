@@ -203,10 +203,10 @@ def _ticker(label: str, text: Callable[[], str], console: Console, quiet: bool) 
 
     from kvtier.cli.progress import Ticker, progress_seconds
 
-    interval = progress_seconds()  # a bad $KVTIER_PROGRESS_S is refused before any work
     if quiet or console.is_terminal:
         return nullcontext()
-    return Ticker(label, text, interval)
+    # read here, so that a bad $KVTIER_PROGRESS_S is refused before any work
+    return Ticker(label, text, progress_seconds())
 
 
 def _on_bound(console: Console) -> Callable[[Any], None]:
