@@ -192,3 +192,19 @@ def test_batch_off_a_terminal_prints_lines_naming_the_trace(tmp_path, monkeypatc
         "batch", *traces, "--trials", "2", "--no-presets", "--out-dir", str(tmp_path / "q"), "-q"
     )
     assert q.code in (0, 1) and not [s for s in q.stderr.splitlines() if s.startswith("batch: ")]
+
+
+def test_on_a_terminal_the_stream_status_shows_the_count(monkeypatch) -> None:
+    import io
+
+    from rich.console import Console
+
+    buf = io.StringIO()
+    console = Console(file=buf, force_terminal=True, width=120)
+    echoed: list[str] = []
+    monkeypatch.setattr("click.echo", lambda line, err=False: echoed.append(line))
+    with stream_progress("trace map", quiet=False, console=console):
+        count(4321, 1000)
+        time.sleep(1.2)  # the status is refreshed every 0.5 s
+    assert echoed == []  # no lines: the status stands for them
+    assert "trace map: 4,321 rows" in buf.getvalue()
