@@ -81,13 +81,38 @@ def test_report_agrees_with_the_optimize_run(study_dir) -> None:
     assert isinstance(imp, str) or abs(sum(imp.values()) - 1.0) < 1e-6
 
 
-def test_unmeetable_slo_reports_the_closest_trial(study_dir) -> None:
+def charted_points(page: str) -> dict[str, int]:
+    """Per chart of a report page, the points its traces draw (legend-only entries, whose
+    data is ``[None]``, draw none)."""
+    import re
+
+    out = {}
+    for m in re.finditer(r'Plotly\.newPlot\(\s*"(chart-\d+)",\s*(\[.*?\]),\s*\{', page, re.S):
+        traces = json.loads(m.group(2))
+        out[m.group(1)] = sum(
+            sum(v is not None for v in t["x"]) for t in traces if isinstance(t.get("x"), list)
+        )
+    return out
+
+
+def test_unmeetable_slo_reports_the_closest_trial(study_dir, tmp_path) -> None:
     run_optimize(study_dir, "tight", "ttft_p99=0.000001", trials=3)
     rep = json.loads(report(study_dir, "tight", "--json").stdout)
     assert rep["best"] is None and rep["feasible"] == 0
     assert rep["closest"]["violations"]["ttft_p99_s"] > 0
     text = report(study_dir, "tight")
     assert text.code == 0 and "no trial meets the SLO" in text.stdout
+    # the page draws what there is: no empty chart where replays stopped early
+    page = tmp_path / "tight.html"
+    assert report(study_dir, "tight", "--html", str(page)).code == 0
+    html_text = page.read_text()
+    counts = charted_points(html_text)
+    assert counts and all(n > 0 for n in counts.values()), counts
+    declared = int(html_text.split('data-charts="', 1)[1].split('"', 1)[0])
+    assert declared == len(counts)
+    tpots = [p["tpot_p99_s"] for p in rep["points"]]
+    if not any(isinstance(v, float) and v == v and v != float("inf") for v in tpots):
+        assert "No trial or preset has a finite TPOT p99" in html_text
 
 
 def test_plot_is_a_png(study_dir, tmp_path) -> None:
@@ -169,6 +194,8 @@ def test_html_page_carries_the_charts_the_verdict_and_the_tables(study_dir, tmp_
     assert 'src="http' not in text
     charts = int(text.split('data-charts="', 1)[1].split('"', 1)[0])
     assert charts >= 3 and text.count('class="plotly-graph-div"') == charts
+    counts = charted_points(text)
+    assert len(counts) == charts and all(n > 0 for n in counts.values()), counts
     best = rep["best"]
     assert f"Parameters of the best trial ({best['number']})" in parsed.texts
     assert f"{best['metrics']['cost_per_mtok']:.4f}" in [c for _, c in parsed.cells]

@@ -117,6 +117,13 @@ def _presets(rep: dict[str, Any]) -> list[dict[str, Any]]:
     return [p for p in outcome.get("presets", []) if p.get("metrics")]
 
 
+def _has_values(rep: dict[str, Any], metric: str) -> bool:
+    """Does any trial or replayed preset have a finite ``metric`` to chart?"""
+    values = [p.get(metric) for p in rep["points"]]
+    values += [p["metrics"].get(metric) for p in _presets(rep)]
+    return bool(_finite(values))
+
+
 def _slo_line(fig: Any, x: float, text: str, **where: Any) -> None:
     """A dashed vertical SLO line, named in the legend.
 
@@ -533,10 +540,18 @@ def render_page(rep: dict[str, Any], sections: list[Any], curve: dict[str, Any] 
         return f'<div class="chart">{_div(fig, f"chart-{charts}")}</div>'
 
     if rep["points"]:
-        parts.append("<h2>Cost against TTFT p99</h2>")
-        parts.append(chart(cost_figure(rep, "ttft_p99_s", "TTFT p99 (s)", "s")))
-        parts.append("<h2>Cost against TPOT p99</h2>")
-        parts.append(chart(cost_figure(rep, "tpot_p99_s", "TPOT p99 (ms)", "ms", scale=1e3)))
+        for metric, label, unit, scale in (
+            ("ttft_p99_s", "TTFT p99 (s)", "s", 1.0),
+            ("tpot_p99_s", "TPOT p99 (ms)", "ms", 1e3),
+        ):
+            parts.append(f"<h2>Cost against {label.split(' (')[0]}</h2>")
+            if _has_values(rep, metric):
+                parts.append(chart(cost_figure(rep, metric, label, unit, scale=scale)))
+            else:
+                parts.append(
+                    f'<p class="note">No trial or preset has a finite {label.split(" (")[0]}: '
+                    "their replays stopped once the SLO was certainly missed.</p>"
+                )
     else:
         parts.append('<p class="alert">No trial has finished: nothing to chart.</p>')
     parts.append("<h2>The best policy and the presets</h2>")
