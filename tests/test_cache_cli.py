@@ -55,6 +55,30 @@ def test_table_and_plot(trace_file: str, tmp_path: Path) -> None:
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+def test_plot_with_a_model_is_in_gb_on_a_log_axis(trace_file: str, tmp_path: Path) -> None:
+    pytest.importorskip("matplotlib")
+    from kvtier.cache.plot import curve_figure
+    from kvtier.hardware import load_model
+    from kvtier.hardware.types import GB
+    from kvtier.plotting import pyplot
+    from kvtier.trace.io import read_trace
+
+    png = tmp_path / "gb.png"
+    res = invoke(
+        "trace", "mrc", trace_file, "-B", "16", "--model", "Llama-3.1-8B", "--plot", str(png)
+    )
+    assert res.code == 0, res.stderr
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    result = miss_ratio_curve(block_trace(read_trace(trace_file), 16))
+    block_gb = load_model("Llama-3.1-8B").kv_bytes_per_token("bf16") * 16 / GB
+    fig = curve_figure(result, block_gb=block_gb, model="Llama-3.1-8B bf16")
+    ax = fig.axes[0]
+    assert ax.get_xscale() == "log" and "GB of Llama-3.1-8B bf16 KV" in ax.get_xlabel()
+    xs = list(ax.get_lines()[0].get_xdata())
+    assert xs == pytest.approx([p.capacity_blocks * block_gb for p in result.points])
+    pyplot().close(fig)
+
+
 @pytest.mark.parametrize(
     ("args", "fragment"),
     [

@@ -222,3 +222,67 @@ def test_a_column_named_twice_in_the_header_is_refused(tmp_path: Path, stream: s
     result = invoke("trace", "import", "--from", "azure", path, stream, "-o", str(out))
     assert_one_line_error(result, "line 1", "ContextTokens", "named twice")
     assert not out.exists()
+
+
+def _long_csv(path: Path, rows: int, *, bad_row: int | None, malformed_end: bool) -> str:
+    with open(path, "w") as f:
+        f.write("ts,inp,out\n")
+        for i in range(rows):
+            inp = "x" if i == bad_row else str(10 + i % 4000)
+            f.write(f"{i * 0.01:.2f},{inp},{1 + i % 50}\n")
+        if malformed_end:
+            f.write('1e9,"unterminated,5\n')
+    return str(path)
+
+
+def test_a_bad_row_near_the_start_is_reported_before_the_whole_file_is_parsed(
+    tmp_path: Path,
+) -> None:
+    """The first rows are checked first: a bad value in line 4 is the error, not the malformed
+    line at the end of the file that the whole parse would meet first."""
+    from kvtier.trace.streaming import HEAD_ROWS
+
+    rows = HEAD_ROWS + 5000
+    log = _long_csv(tmp_path / "log.csv", rows, bad_row=2, malformed_end=True)
+    cols = ("--columns", "arrival=ts,input=inp,output=out")
+    r = invoke(
+        "trace",
+        "import",
+        "--from",
+        "csv",
+        log,
+        "-o",
+        str(tmp_path / "o.parquet"),
+        *cols,
+        "--stream",
+    )
+    assert_one_line_error(r, "line 4", "'inp'", "not an integer")
+    # with the start clean the malformed end is still found, by the whole parse
+    log = _long_csv(tmp_path / "end.csv", rows, bad_row=None, malformed_end=True)
+    r = invoke(
+        "trace",
+        "import",
+        "--from",
+        "csv",
+        log,
+        "-o",
+        str(tmp_path / "e.parquet"),
+        *cols,
+        "--stream",
+    )
+    assert_one_line_error(r, f"line {rows + 2}")
+
+
+def test_the_first_rows_are_checked_once_and_counted_once(tmp_path: Path) -> None:
+    from kvtier.trace.progress import Meter, metering
+    from kvtier.trace.streaming import HEAD_ROWS
+
+    rows = HEAD_ROWS + 123
+    log = _long_csv(tmp_path / "ok.csv", rows, bad_row=None, malformed_end=False)
+    plan = stream_plan(
+        "csv", log, ImportOptions(columns=parse_columns("arrival=ts,input=inp,output=out")), True
+    )
+    with metering(Meter()) as meter:
+        done = stream_import(log, plan, str(tmp_path / "ok.parquet"))
+    assert done.n_requests == rows and meter.rows == rows
+    assert read_trace(str(tmp_path / "ok.parquet")).n_requests == rows

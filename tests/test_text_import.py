@@ -402,7 +402,9 @@ def test_bad_tokenizer_and_template_files(tokenizer_path: str, tmp_path: Path) -
     bad.write_text('{"version": "1.0", "model": {"type": "Nonsense"}}')
     r = _import("openai-log", log, "--tokenizer", str(bad))
     assert_one_line_error(r, str(bad), "tokenizer.json")  # type: ignore[arg-type]
-    r = _import("openai-log", log)
+    r = _import("openai-log", log)  # no usage.prompt_tokens to fall back on
+    assert_one_line_error(r, "usage.prompt_tokens", "--tokenizer", "line 1")  # type: ignore[arg-type]
+    r = _import("sharegpt", log)  # no token counts at all in the format
     assert_one_line_error(r, "--tokenizer", "tokenizer.json")  # type: ignore[arg-type]
     config = tmp_path / "tokenizer_config.json"
     config.write_text('{"bos_token": "<s>"}')
@@ -427,3 +429,125 @@ def test_options_that_do_not_apply_are_refused(tokenizer_path: str, tmp_path: Pa
     assert_one_line_error(r, "--columns", "sharegpt")  # type: ignore[arg-type]
     r = _import("sharegpt", log, "--tokenizer", tokenizer_path, "--session-rate", "0")
     assert_one_line_error(r, "--session-rate", "> 0")  # type: ignore[arg-type]
+
+
+# -- tokenizers offline: a model directory, or the log's own counts --------------------------------
+def _model_dir(tokenizer_path: str, root: Path, files: dict[str, str]) -> Path:
+    import shutil
+
+    model = root / "Some-Model-8B"
+    model.mkdir()
+    shutil.copy(tokenizer_path, model / "tokenizer.json")
+    for name, text in files.items():
+        (model / name).write_text(text)
+    return model
+
+
+def test_a_model_directory_is_its_tokenizer_and_chat_template(
+    tokenizer_path: str, tmp_path: Path
+) -> None:
+    rows = [chat_row(0.0, SYSTEM, "hello there"), chat_row(1.0, SYSTEM, "how are you")]
+    log = write_jsonl(tmp_path / "log.jsonl", rows)
+    template = (
+        "{{ bos_token }}{% for m in messages %}[{{ m['role'] }}] {{ m['content'] }} "
+        "{% endfor %}[assistant]"
+    )
+    # the template in tokenizer_config.json, as most Hugging Face snapshots carry it
+    with_config = _model_dir(
+        tokenizer_path,
+        tmp_path,
+        {"tokenizer_config.json": json.dumps({"chat_template": template, "bos_token": "<s>"})},
+    )
+    got = import_trace("openai-log", log, ImportOptions(tokenizer=str(with_config)))
+    want = import_trace(
+        "openai-log",
+        log,
+        ImportOptions(
+            tokenizer=tokenizer_path, chat_template=str(with_config / "tokenizer_config.json")
+        ),
+    )
+    assert got.table.column("block_hashes").equals(want.table.column("block_hashes"))
+    assert got.table.column("input_tokens").equals(want.table.column("input_tokens"))
+    assert got.metadata["import.tokenizer"] == "Some-Model-8B/tokenizer.json"
+    assert got.metadata["import.chat_template"] == "tokenizer_config.json"
+    first = encode(tokenizer_path, f"<s>[system] {SYSTEM} [user] hello there [assistant]")
+    assert got.table.column("input_tokens")[0].as_py() == len(first)
+    # newer snapshots: chat_template.jinja beside a config with the special tokens only
+    jinja_dir = tmp_path / "jinja"
+    jinja_dir.mkdir()
+    model = _model_dir(
+        tokenizer_path,
+        jinja_dir,
+        {"chat_template.jinja": template, "tokenizer_config.json": '{"bos_token": "<s>"}'},
+    )
+    got = import_trace("openai-log", log, ImportOptions(tokenizer=str(model)))
+    assert got.metadata["import.chat_template"] == "chat_template.jinja"
+    assert got.table.column("block_hashes").equals(want.table.column("block_hashes"))
+    # both: the .jinja file wins, as in transformers
+    (model / "tokenizer_config.json").write_text(
+        json.dumps({"chat_template": "{{ raise_exception('not this one') }}", "bos_token": "<s>"})
+    )
+    got = import_trace("openai-log", log, ImportOptions(tokenizer=str(model)))
+    assert got.metadata["import.chat_template"] == "chat_template.jinja"
+    assert got.table.column("block_hashes").equals(want.table.column("block_hashes"))
+    # a directory without a template: the documented default (ChatML), as for a file
+    bare = tmp_path / "bare"
+    bare.mkdir()
+    got = import_trace(
+        "openai-log", log, ImportOptions(tokenizer=str(_model_dir(tokenizer_path, bare, {})))
+    )
+    assert got.metadata["import.chat_template"] == "chatml"
+    # and through the command line
+    r = _import("openai-log", log, "--tokenizer", str(model))
+    assert r.code == 0, r.stderr  # type: ignore[attr-defined]
+
+
+def test_a_directory_without_tokenizer_json_says_what_to_do(tmp_path: Path) -> None:
+    log = write_jsonl(tmp_path / "log.jsonl", [chat_row(0.0, SYSTEM, "hello")])
+    slow = tmp_path / "slow-model"
+    slow.mkdir()
+    (slow / "tokenizer.model").write_bytes(b"sentencepiece")
+    r = _import("openai-log", log, "--tokenizer", str(slow))
+    assert_one_line_error(r, str(slow), "no tokenizer.json", "save_pretrained")  # type: ignore[arg-type]
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    r = _import("openai-log", log, "--tokenizer", str(empty))
+    assert_one_line_error(r, str(empty), "no tokenizer.json")  # type: ignore[arg-type]
+    r = _import("openai-log", log, "--tokenizer", str(tmp_path / "missing"))
+    assert_one_line_error(r, "missing", "no such file or directory")  # type: ignore[arg-type]
+
+
+def test_without_a_tokenizer_the_logs_own_counts_make_a_lengths_trace(tmp_path: Path) -> None:
+    from kvtier.trace.importers.text import LoggedCountsWarning
+
+    rows = []
+    for i, (p, c) in enumerate([(120, 7), (95, 3), (300, 40)]):
+        row = chat_row(10.0 - i, SYSTEM, f"question {i}", tenant="team-a")
+        row["response"] = {"usage": {"prompt_tokens": p, "completion_tokens": c}}
+        rows.append(row)
+    rows.append(
+        {
+            "timestamp": 20.0,
+            "request": {"prompt": [5, 6, 7, 8]},  # token ids count themselves
+            "response": {"usage": {"completion_tokens": 2}},
+        }
+    )
+    log = write_jsonl(tmp_path / "log.jsonl", rows)
+    with pytest.warns(LoggedCountsWarning, match="no block hashes"):
+        trace = import_trace("openai-log", log, ImportOptions())
+    assert not trace.has_prefix_info
+    # sorted by arrival: the rows were written latest first
+    assert trace.table.column("input_tokens").to_pylist() == [300, 95, 120, 4]
+    assert trace.table.column("output_tokens").to_pylist() == [40, 3, 7, 2]
+    assert trace.table.column("arrival_s").to_pylist() == [0.0, 1.0, 2.0, 12.0]
+    assert trace.metadata["import.tokenizer"].startswith("none")
+    r = _import("openai-log", log)
+    assert r.code == 0, r.stderr  # type: ignore[attr-defined]
+    assert "warning" in r.stderr and "no block hashes" in r.stderr  # type: ignore[attr-defined]
+    assert len(r.stderr.strip().splitlines()) == 1  # type: ignore[attr-defined]
+    r = _import("openai-log", log, "--chat-template", str(tmp_path / "t.jinja"))
+    assert_one_line_error(r, "--chat-template", "--tokenizer only")  # type: ignore[arg-type]
+    rows[1]["response"] = {"choices": [{"text": "an answer"}]}  # a text output needs one
+    log = write_jsonl(tmp_path / "log2.jsonl", rows)
+    r = _import("openai-log", log)
+    assert_one_line_error(r, "line 2", "usage.prompt_tokens", "--tokenizer")  # type: ignore[arg-type]

@@ -93,6 +93,22 @@ trace_output_option = click.option(
 )
 
 
+quiet_option = click.option(
+    "--quiet",
+    "-q",
+    is_flag=True,
+    help="No progress (a status line on a terminal, else a line on stderr every 10 s, "
+    "$KVTIER_PROGRESS_S) while streaming.",
+)
+
+
+def streaming(label: str, quiet: bool) -> Any:
+    """The progress of a streamed trace command (:func:`kvtier.cli.progress.stream_progress`)."""
+    from kvtier.cli.progress import stream_progress
+
+    return stream_progress(label, quiet=quiet, console=_console(stderr=True))
+
+
 def policy_profile_options(command: Callable[..., Any]) -> Callable[..., Any]:
     """``--hardware`` and ``--model``, defaulting to the policy file's profiles."""
     command = click.option(

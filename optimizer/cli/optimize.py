@@ -150,6 +150,13 @@ def _optimize_options(command: Callable[..., Any]) -> Callable[..., Any]:
             "fabric host-hour; docs/search.md) [default: the profiles' owned all-in prices].",
         ),
         click.option("--json", "as_json", is_flag=True, help="Print the result as JSON."),
+        click.option(
+            "--quiet",
+            "-q",
+            is_flag=True,
+            help="No progress: neither the bar on a terminal nor the lines on stderr that "
+            "stand for it elsewhere (every 10 s, $KVTIER_PROGRESS_S).",
+        ),
     ]
     for option in reversed(options):
         command = option(command)
@@ -176,14 +183,30 @@ def _trial_progress(console: Console, disable: bool) -> Any:
 FIRST_TRIAL_TEXT = "first trial (a first run on this machine compiles the simulator: ~1 min)"
 
 
-def _on_trial(progress: Any, task: Any) -> Callable[[int, Any], None]:
-    def on_trial(done: int, best: Any) -> None:
-        text = (
-            f"best ${best.metrics['cost_per_mtok']:.4f}/Mtok" if best else "no feasible trial yet"
-        )
+def _on_trial(progress: Any, task: Any, state: Any) -> Callable[..., None]:
+    """The ``on_trial`` hook: feeds the bar (on a terminal) and the state the progress lines
+    read (elsewhere)."""
+
+    def on_trial(done: int, best: Any, tally: Any = None) -> None:
+        state.update(done, best, tally)
+        text = state.best_text()
+        if state.finished:
+            text += f"; {state.feasible}/{state.finished} meet the SLO"
         progress.update(task, completed=done, best=text)
 
     return on_trial
+
+
+def _ticker(label: str, text: Callable[[], str], console: Console, quiet: bool) -> Any:
+    """Progress lines on stderr every few seconds where the bar cannot draw (not a terminal)."""
+    from contextlib import nullcontext
+
+    from kvtier.cli.progress import Ticker, progress_seconds
+
+    if quiet or console.is_terminal:
+        return nullcontext()
+    # read here, so that a bad $KVTIER_PROGRESS_S is refused before any work
+    return Ticker(label, text, progress_seconds())
 
 
 def _on_bound(console: Console) -> Callable[[Any], None]:
@@ -208,18 +231,22 @@ def _interrupted() -> None:
 
 
 def _run_optimize(**kwargs: Any) -> None:
+    from kvtier.cli.progress import TrialProgress
     from kvtier.search.run import optimize
     from kvtier.search.space import parse_pins
 
     as_json = kwargs.pop("as_json")
+    quiet = kwargs.pop("quiet")
     pins = parse_pins(kwargs.pop("pins"))
-    progress = _trial_progress(_console(stderr=True), as_json)
+    err_console = _console(stderr=True)
+    progress = _trial_progress(err_console, as_json or quiet)
     task = progress.add_task("optimizing", total=kwargs["n_trials"], best=FIRST_TRIAL_TEXT)
+    state = TrialProgress(kwargs["n_trials"])
     try:
-        with progress:
+        with progress, _ticker("optimize", state.line, err_console, quiet):
             result = optimize(
                 pins=pins,
-                on_trial=_on_trial(progress, task),
+                on_trial=_on_trial(progress, task, state),
                 on_bound=None if as_json else _on_bound(progress.console),
                 **kwargs,
             )
@@ -263,14 +290,17 @@ def optimize_cmd(**kwargs: Any) -> None:
     "plot_path",
     default=None,
     type=click.Path(dir_okay=False),
-    help="Write a PNG of every trial's cost against TTFT p99.",
+    help="Write a PNG of every trial's cost against TTFT p99: the SLO, the best trial and the "
+    "presets marked.",
 )
 @click.option(
     "--html",
     "html_path",
     default=None,
     type=click.Path(dir_okay=False),
-    help="Write the report as one self-contained HTML page (plot embedded).",
+    help="Write the report as one self-contained HTML page with interactive charts (cost "
+    "against TTFT and TPOT, what tiering buys, capacity curves, the trace's miss-ratio curve "
+    "in GB).",
 )
 @click.option(
     "--what-if",
@@ -284,7 +314,7 @@ def optimize_cmd(**kwargs: Any) -> None:
     "trace_path",
     default=None,
     type=click.Path(dir_okay=False),
-    help="The study's trace, for --what-if, if it has moved since the study ran.",
+    help="The study's trace, for --what-if and --html, if it has moved since the study ran.",
 )
 @click.option("--json", "as_json", is_flag=True, help="Print the report as one JSON object.")
 def report_cmd(
@@ -328,12 +358,27 @@ def report_cmd(
 
             found = what_if_for_study(study, trace_path=trace_path, on_variant=progress)
         rep["what_if"] = study_what_if_json(found)
-    elif trace_path is not None:
-        raise InputError("--trace is only read with --what-if", option="--trace")
+    elif trace_path is not None and html_path is None:
+        raise InputError("--trace is only read with --what-if or --html", option="--trace")
     if plot_path is not None:
         plot_study(rep, plot_path)
     if html_path is not None:
-        html_study_report(rep, html_path)
+        from kvtier.report.study import model_curve
+
+        status = _console(stderr=True).status("miss-ratio curve of the study's trace")
+        with status:
+            curve = model_curve(rep, trace_path)
+            if not rep.get("hit_ratio_over_time") and rep["finished"]:
+                from kvtier.experiments.hit_timeline import study_hit_ratio_over_time
+
+                status.update("the best trial replayed for its hit ratios over time")
+                try:
+                    rep["hit_ratio_over_time"] = study_hit_ratio_over_time(
+                        study, trace_path=trace_path
+                    )
+                except InputError as err:  # the trace has moved: the page says so
+                    rep["hit_ratio_over_time"] = err.message
+        html_study_report(rep, html_path, curve)
     if as_json:
         _echo_json(rep)
     else:
@@ -367,11 +412,13 @@ def batch_cmd(traces: tuple[str, ...], out_dir: str, study_prefix: str, **kwargs
     """
     from pathlib import Path
 
+    from kvtier.cli.progress import TrialProgress
     from kvtier.report.batch import batch_json, print_batch
     from kvtier.search.batch import plan_batch, run_batch
     from kvtier.search.space import parse_pins
 
     as_json = kwargs.pop("as_json")
+    quiet = kwargs.pop("quiet")
     kwargs.pop("trace_path", None)
     pins = parse_pins(kwargs.pop("pins"))
     items = plan_batch(
@@ -381,15 +428,23 @@ def batch_cmd(traces: tuple[str, ...], out_dir: str, study_prefix: str, **kwargs
         out_dir=Path(out_dir),
         study_prefix=study_prefix,
     )
-    progress = _trial_progress(_console(stderr=True), as_json)
+    err_console = _console(stderr=True)
+    progress = _trial_progress(err_console, as_json or quiet)
+    current: dict[str, Any] = {"label": "", "state": TrialProgress(kwargs["n_trials"])}
 
-    def on_start(i: int, item: Any) -> Callable[[int, Any], None]:
+    def on_start(i: int, item: Any) -> Callable[..., None]:
         label = f"{i + 1}/{len(items)} {Path(item.trace).name}"
         task = progress.add_task(label, total=kwargs["n_trials"], best=FIRST_TRIAL_TEXT)
-        return _on_trial(progress, task)
+        current.update(label=label, state=TrialProgress(kwargs["n_trials"]))
+        return _on_trial(progress, task, current["state"])
+
+    def line() -> str:
+        if not current["label"]:  # before the first trace's study opens
+            return "starting"
+        return f"{current['label']}: {current['state'].line()}"
 
     try:
-        with progress:
+        with progress, _ticker("batch", line, err_console, quiet):
             run_batch(items, on_start=on_start, pins=pins, **kwargs)
     except KeyboardInterrupt:
         _interrupted()

@@ -13,7 +13,14 @@ import click
 from rich.table import Table
 
 from kvtier.cache.registry import policy_help
-from kvtier.cli.common import KvtierGroup, _console, _echo_json, trace_output_option
+from kvtier.cli.common import (
+    KvtierGroup,
+    _console,
+    _echo_json,
+    quiet_option,
+    streaming,
+    trace_output_option,
+)
 from kvtier.errors import InputError
 from kvtier.trace.importers import format_names as import_format_names
 
@@ -161,8 +168,10 @@ def _not_the_input(input_path: str, output: str) -> None:
 @click.option(
     "--tokenizer",
     default=None,
-    type=click.Path(dir_okay=False),
-    help="tokenizer.json of the served model (sources with prompt text).",
+    type=click.Path(),
+    help="The served model's tokenizer.json, or its model directory (sources with prompt "
+    "text; offline and gated models: docs/traces.md). openai-log without it: lengths from "
+    "the log's usage counts, no block hashes.",
 )
 @click.option(
     "--chat-template",
@@ -212,6 +221,7 @@ def _not_the_input(input_path: str, output: str) -> None:
     help="Lines (JSON Lines) or rows (CSV) per batch of a streamed import "
     "[default: 262144, 1048576].",
 )
+@quiet_option
 def trace_import(
     source_format: str,
     input_path: str,
@@ -225,6 +235,7 @@ def trace_import(
     seed: int | None,
     stream: bool | None,
     batch_rows: int | None,
+    quiet: bool,
 ) -> None:
     """Convert a public or user trace (INPUT) to request-trace/1."""
     from kvtier.trace.importers import ImportOptions, import_trace, parse_columns, stream_plan
@@ -250,10 +261,11 @@ def trace_import(
         from kvtier.trace.streaming import stream_import
 
         sized = {} if batch_rows is None else {"batch_rows": batch_rows}
-        if isinstance(plan, JsonlPlan):
-            done = stream_import_jsonl(input_path, plan, output, **sized)
-        else:
-            done = stream_import(input_path, plan, output, **sized)
+        with streaming("trace import", quiet):
+            if isinstance(plan, JsonlPlan):
+                done = stream_import_jsonl(input_path, plan, output, **sized)
+            else:
+                done = stream_import(input_path, plan, output, **sized)
         what = (
             f"{done.block_tokens}-token blocks"
             if done.has_prefix_info
@@ -304,7 +316,12 @@ def trace_import(
     help="Seconds within which stored blocks extending a request are more of its prefill "
     "[default: 0.5].",
 )
-@click.option("--tokenizer", default=None, type=click.Path(dir_okay=False), help="For --from-log.")
+@click.option(
+    "--tokenizer",
+    default=None,
+    type=click.Path(),
+    help="For --from-log: tokenizer.json or the model directory.",
+)
 @click.option(
     "--chat-template", default=None, type=click.Path(dir_okay=False), help="For --from-log."
 )
@@ -385,8 +402,9 @@ def trace_capture(
     help="Read and write by record batches, for a Parquet trace larger than memory "
     "[default: for files over 256 MiB].",
 )
+@quiet_option
 def trace_sample_cmd(
-    trace_path: str, fraction: float, seed: int, output: str, stream: bool | None
+    trace_path: str, fraction: float, seed: int, output: str, stream: bool | None, quiet: bool
 ) -> None:
     """Keep whole sessions (or prefix trees) of TRACE by a hash of their root (SHARDS-style);
     replays of the sample scale the cluster and shared tiers by the same fraction."""
@@ -397,7 +415,8 @@ def trace_sample_cmd(
     if _stream_by_size(trace_path, stream):
         from kvtier.trace.samplestream import stream_sample
 
-        read, kept, roots = stream_sample(trace_path, fraction, output, seed=seed)
+        with streaming("trace sample", quiet):
+            read, kept, roots = stream_sample(trace_path, fraction, output, seed=seed)
         click.echo(f"wrote {kept:,} of {read:,} requests (whole {roots}, streamed) to {output}")
         return
     loaded = read_trace(trace_path)
@@ -420,8 +439,14 @@ def trace_sample_cmd(
     help="Read and write by record batches, for a trace larger than memory "
     "[default: for traces over 256 MiB].",
 )
+@quiet_option
 def trace_slice_cmd(
-    trace_path: str, start: float, end: float | None, output: str, stream: bool | None
+    trace_path: str,
+    start: float,
+    end: float | None,
+    output: str,
+    stream: bool | None,
+    quiet: bool,
 ) -> None:
     """Keep the requests of TRACE arriving in [--start, --end), shifted to start at 0."""
     from kvtier.trace.io import read_trace, write_trace
@@ -434,7 +459,8 @@ def trace_slice_cmd(
         from kvtier.trace.strata import META_SAMPLE_STRATA
 
         had_strata = META_SAMPLE_STRATA in open_batches(trace_path).meta
-        read, kept, span = stream_slice(trace_path, start, end, output)
+        with streaming("trace slice", quiet):
+            read, kept, span = stream_slice(trace_path, start, end, output)
         click.echo(f"wrote {kept:,} of {read:,} requests ({span:,.1f} s, streamed) to {output}")
     else:
         loaded = read_trace(trace_path)
@@ -501,6 +527,7 @@ def _stream_by_size(path: str, stream: bool | None) -> bool:
     default=None,
     help="Rows per record batch when streaming [default: 1048576].",
 )
+@quiet_option
 def trace_map_cmd(
     trace_path: str,
     block_tokens: int | None,
@@ -508,6 +535,7 @@ def trace_map_cmd(
     output: str,
     stream: bool | None,
     batch_rows: int | None,
+    quiet: bool,
 ) -> None:
     """Map TRACE to dense block ids at -B tokens a block and write it as a trace at that block
     size, which replay, stats and sample read without hashing again (docs/traces.md)."""
@@ -524,13 +552,14 @@ def trace_map_cmd(
             from kvtier.trace.batches import open_batches
 
             block_tokens = open_batches(trace_path).block_tokens
-        done = map_trace_file(
-            trace_path,
-            block_tokens,
-            output,
-            share_across_tenants=share_across_tenants,
-            batch_rows=BATCH_ROWS if batch_rows is None else batch_rows,
-        )
+        with streaming("trace map", quiet):
+            done = map_trace_file(
+                trace_path,
+                block_tokens,
+                output,
+                share_across_tenants=share_across_tenants,
+                batch_rows=BATCH_ROWS if batch_rows is None else batch_rows,
+            )
         how = "streamed"
         n, refs, distinct, B = done.n_requests, done.n_block_refs, done.n_blocks, done.block_tokens
     else:
@@ -582,6 +611,7 @@ def trace_map_cmd(
     help="Read by record batches, in memory proportional to distinct blocks "
     "[default: for traces over 256 MiB].",
 )
+@quiet_option
 def trace_stats_cmd(
     trace_path: str,
     block_tokens: int | None,
@@ -589,6 +619,7 @@ def trace_stats_cmd(
     share_across_tenants: bool,
     as_json: bool,
     stream: bool | None,
+    quiet: bool,
 ) -> None:
     """Lengths, full-block reuse under the prefix rule, arrival peaks of TRACE."""
     if block_tokens is not None and block_tokens < 1:
@@ -601,13 +632,14 @@ def trace_stats_cmd(
     if _stream_by_size(trace_path, stream):
         from kvtier.trace.stats_stream import stream_trace_stats
 
-        stats = stream_trace_stats(
-            trace_path,
-            block_tokens,
-            share_across_tenants=share_across_tenants,
-            model=model,
-            kv_bytes_per_token=kv_bytes,
-        )
+        with streaming("trace stats", quiet):
+            stats = stream_trace_stats(
+                trace_path,
+                block_tokens,
+                share_across_tenants=share_across_tenants,
+                model=model,
+                kv_bytes_per_token=kv_bytes,
+            )
     else:
         from kvtier.trace.blocks import block_trace
         from kvtier.trace.io import read_trace
@@ -717,7 +749,12 @@ def _parse_number(text: str, option: str, kind: type) -> Any:
     help="Let tenants share blocks (default: identities salted by tenant).",
 )
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
-@click.option("--plot", "plot_path", default=None, help="Also write the curve as a PNG here.")
+@click.option(
+    "--plot",
+    "plot_path",
+    default=None,
+    help="Also write the curve as a PNG here (capacity in GB of KV with --model).",
+)
 @click.option(
     "--model",
     default=None,
@@ -777,7 +814,8 @@ def trace_mrc_cmd(
     if plot_path is not None:
         from kvtier.cache.plot import plot_curve
 
-        plot_curve(result, plot_path)
+        label = "" if model is None else f"{model} {kv_dtype}"
+        plot_curve(result, plot_path, block_gb=block_gb, model=label)
     if as_json:
         data = result.to_json()
         if block_gb is not None:

@@ -9,11 +9,8 @@ optionally a PNG of every trial's cost against TTFT P99.
 
 from __future__ import annotations
 
-import base64
-import html
 import math
 import os
-import tempfile
 import warnings
 from collections import Counter
 from dataclasses import asdict, dataclass, field
@@ -30,7 +27,11 @@ from kvtier.errors import InputError
 from kvtier.files import atomic_write
 from kvtier.plotting import pyplot
 from kvtier.report.optimize import fmt_cell
+from kvtier.scenario import SHA256_ATTR
 from kvtier.search.study import (
+    HIT_RATIO_OVER_TIME_ATTR,
+    OUTCOME_ATTR,
+    REFINE_ATTR,
     TrialSummary,
     best_feasible,
     closest,
@@ -101,10 +102,11 @@ def study_report(study: Any, *, top: int = 10) -> dict[str, Any]:
     return {
         "study": study.study_name,
         "setup": setup,
+        "trace_sha256": study.user_attrs.get(SHA256_ATTR),
         "trials": dict(states),
         "finished": len(done),
         "feasible": len(feasible),
-        "best": asdict(best) if best else None,
+        "best": {**asdict(best), "tiers_gb": _tier_gb(best.policy)} if best else None,
         "closest": asdict(near) if near else None,
         "top": [asdict(s) for s in feasible[:top]],
         "pareto_front": [asdict(s) for s in pareto_front(study)],
@@ -114,10 +116,27 @@ def study_report(study: Any, *, top: int = 10) -> dict[str, Any]:
                 "trial": s.number,
                 "cost_per_mtok": s.metrics["cost_per_mtok"],
                 "ttft_p99_s": s.metrics["ttft_p99_s"],
+                "tpot_p99_s": s.metrics.get("tpot_p99_s"),
                 "feasible": s.feasible,
+                "tiers": _tiers_text(s.policy),
+                "tier_gb": _tier_gb(s.policy),
             }
             for s in done
         ],
+        # what the latest optimize run compared the winner with (presets, tiering verdict),
+        # and the optional curves a study may hold (kvtier.report.html describes their shape)
+        "outcome": study.user_attrs.get(OUTCOME_ATTR),
+        "refine": study.user_attrs.get(REFINE_ATTR),
+        "hit_ratio_over_time": study.user_attrs.get(HIT_RATIO_OVER_TIME_ATTR),
+    }
+
+
+def _tier_gb(policy: dict[str, Any]) -> dict[str, float]:
+    """A policy's lower tiers and their capacities in GB (0: the profile's size)."""
+    return {
+        t["name"]: float(t.get("capacity_gb") or 0.0)
+        for t in policy.get("tiers", [])
+        if t.get("name") != "hbm"
     }
 
 
@@ -295,13 +314,36 @@ def print_study_report(rep: dict[str, Any], console: Console) -> None:
         console.print(table)
 
 
+def _minor_label(value: float, _pos: Any = None) -> str:
+    """Minor ticks of a log axis labelled at 2 and 5 of each decade, plainly (0.02, 50)."""
+    if value <= 0:
+        return ""
+    lead = round(value / 10 ** math.floor(math.log10(value)))
+    return f"{value:g}" if lead in (2, 5) else ""
+
+
 def plot_study(rep: dict[str, Any], path: str | os.PathLike[str]) -> None:
-    """Every finished trial's cost against TTFT P99 (feasible ones marked), written atomically."""
+    """Every finished trial's cost against TTFT P99 (:func:`study_figure`), written
+    atomically."""
+    plt = pyplot()
+    fig = study_figure(rep)
+    try:
+        atomic_write(path, lambda tmp: fig.savefig(tmp, format="png"))
+    finally:
+        plt.close(fig)
+
+
+def study_figure(rep: dict[str, Any]) -> Any:
+    """The matplotlib figure of every finished trial's cost against TTFT P99: the ones meeting
+    the SLO marked, the SLO's TTFT bound drawn, the best trial and every replayed preset
+    marked and named, the Pareto front; log axes where the values span more than a decade."""
+    from kvtier.report.html import BEST_COLOR, PRESET_COLOR, SLO_COLOR, _log_helps
+
     plt = pyplot()
     pts = [p for p in rep["points"] if math.isfinite(p["ttft_p99_s"])]
     if not pts:
         raise InputError("no finished trial to plot", option="--plot")
-    fig, ax = plt.subplots(figsize=(7, 4.5), dpi=120)
+    fig, ax = plt.subplots(figsize=(8, 5), dpi=120)
     for ok, style in ((False, dict(c="0.6", marker="x")), (True, dict(c="C0", marker="o"))):
         sel = [p for p in pts if p["feasible"] is ok]
         ax.scatter(
@@ -312,7 +354,7 @@ def plot_study(rep: dict[str, Any], path: str | os.PathLike[str]) -> None:
             **style,
         )
     front = rep["pareto_front"]
-    if front:
+    if len(front) > 1:
         ax.plot(
             [s["metrics"]["ttft_p99_s"] for s in front],
             [s["metrics"]["cost_per_mtok"] for s in front],
@@ -320,57 +362,123 @@ def plot_study(rep: dict[str, Any], path: str | os.PathLike[str]) -> None:
             lw=1,
             label="Pareto front",
         )
+    xs = [p["ttft_p99_s"] for p in pts]
+    ys = [p["cost_per_mtok"] for p in pts]
+    presets = [
+        p
+        for p in ((rep.get("outcome") or {}).get("presets") or [])
+        if p.get("metrics")
+        and isinstance(p["metrics"].get("ttft_p99_s"), int | float)
+        and isinstance(p["metrics"].get("cost_per_mtok"), int | float)
+    ]
+    if presets:
+        px = [p["metrics"]["ttft_p99_s"] for p in presets]
+        py = [p["metrics"]["cost_per_mtok"] for p in presets]
+        ax.scatter(px, py, marker="D", s=40, c=PRESET_COLOR, label="presets", zorder=3)
+        for p, x, y in zip(presets, px, py, strict=True):
+            ax.annotate(p["name"], (x, y), textcoords="offset points", xytext=(5, -10), fontsize=7)
+        xs += px
+        ys += py
+    best = rep.get("best")
+    if best is not None:
+        ax.scatter(
+            [best["metrics"]["ttft_p99_s"]],
+            [best["metrics"]["cost_per_mtok"]],
+            marker="*",
+            s=220,
+            c=BEST_COLOR,
+            edgecolors="k",
+            linewidths=0.5,
+            label=f"best (trial {best['number']})",
+            zorder=4,
+        )
+    bound = (rep.get("setup") or {}).get("slo", {}).get("ttft_p99_s")
+    if isinstance(bound, int | float):
+        ax.axvline(bound, c=SLO_COLOR, ls="--", lw=1.5, label=f"SLO: TTFT p99 <= {bound:g} s")
+        xs.append(bound)
+    from matplotlib.ticker import FuncFormatter
+
+    plain = FuncFormatter(lambda v, _pos: f"{v:g}")  # 0.02, not 2 x 10^-2
+    for log, axis, scale in (
+        (_log_helps(xs), ax.xaxis, ax.set_xscale),
+        (_log_helps(ys), ax.yaxis, ax.set_yscale),
+    ):
+        if log:
+            scale("log")
+            axis.set_major_formatter(plain)
+            axis.set_minor_formatter(FuncFormatter(_minor_label))
     ax.set_xlabel("TTFT p99 (s)")
     ax.set_ylabel("$ per 1M tokens")
     ax.set_title(f"study {rep['study']}: {len(pts)} trials")
-    ax.grid(alpha=0.3)
-    ax.legend()
+    ax.grid(alpha=0.3, which="both")
+    ax.legend(fontsize=8)
     fig.tight_layout()
-    atomic_write(path, lambda tmp: fig.savefig(tmp, format="png"))
-    plt.close(fig)
+    return fig
 
 
-def _html_table(headers: list[str], rows: list[list[str]]) -> str:
-    head = "".join(f"<th>{html.escape(h)}</th>" for h in headers)
-    body = "".join(
-        "<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in row) + "</tr>" for row in rows
-    )
-    return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
+def model_curve(rep: dict[str, Any], trace_path: str | None = None) -> dict[str, Any] | str:
+    """The study trace's LRU miss-ratio curve in GB of KV for the study's model, at the
+    winner's (or the closest trial's) block size, KV type and tenant sharing; or why not.
 
-
-def html_study_report(rep: dict[str, Any], path: str | os.PathLike[str]) -> None:
-    """One self-contained HTML page of the report (the plot embedded), written atomically.
-
-    For sharing a study's result with people who will not run kvtier; without matplotlib the
-    page has the tables and says the plot is missing.
+    The trace is the one the study recorded (``trace_path`` if it has moved); a file whose
+    SHA-256 is not the study's is not used.
     """
-    parts = [f"<h1>kvtier study {html.escape(rep['study'])}</h1>"]
-    for sec in report_sections(rep):
-        if not sec.headers:
-            text = html.escape(sec.title)
-            parts.append(f"<p><b>{text}</b></p>" if sec.alert else f"<p>{text}</p>")
-            continue
-        title = sec.title[:1].upper() + sec.title[1:]
-        parts.append(f"<h2>{html.escape(title)}</h2>")
-        parts.append(_html_table(sec.headers, sec.rows))
+    setup = rep.get("setup") or {}
+    path = trace_path or setup.get("trace")
+    if not path:
+        return "the study records no trace"
+    if not os.path.exists(path):
+        return f"the study's trace {path} is not there (give --trace)"
+    from kvtier.policy.file import sha256_of
+
+    recorded = rep.get("trace_sha256")
+    if recorded and sha256_of(path) != recorded:
+        return f"{path} is not the trace the study ran on (another SHA-256)"
+    from kvtier.cache import default_capacities, miss_ratio_curve
+    from kvtier.cache.mrc import working_set_blocks
+    from kvtier.hardware import load_model
+    from kvtier.hardware.types import GB
+    from kvtier.trace.blocks import block_trace
+    from kvtier.trace.io import read_trace
+
+    shown = rep.get("best") or rep.get("closest") or {}
+    policy = shown.get("policy") or {}
+    B = int(policy.get("block_tokens") or 16)
+    kv_dtype = str(policy.get("kv_dtype") or "bf16")
     try:
-        with tempfile.TemporaryDirectory() as tmp:
-            png = Path(tmp) / "trials.png"
-            plot_study(rep, png)
-            data = base64.b64encode(png.read_bytes()).decode("ascii")
-        parts.append("<h2>Every trial</h2>")
-        parts.append(f'<img alt="cost against TTFT p99" src="data:image/png;base64,{data}">')
+        model = load_model(str(setup.get("model")))
     except InputError as err:
-        parts.append(f"<p>(no plot: {html.escape(err.message)})</p>")
-    style = (
-        "body{font-family:system-ui,sans-serif;max-width:60em;margin:2em auto;padding:0 1em}"
-        "table{border-collapse:collapse;margin:.5em 0}"
-        "td,th{border:1px solid #ccc;padding:.2em .6em;text-align:right}"
-        "th{background:#f4f4f4}img{max-width:100%}"
+        return f"the study's model cannot be loaded: {err.message}"
+    blocked = block_trace(
+        read_trace(path), B, share_across_tenants=bool(policy.get("share_across_tenants"))
     )
-    page = (
-        '<!DOCTYPE html><html lang="en"><head><meta charset="utf-8">'
-        f"<title>kvtier study {html.escape(rep['study'])}</title><style>{style}</style>"
-        f"</head><body>{''.join(parts)}</body></html>\n"
-    )
-    atomic_write(path, lambda tmp: Path(tmp).write_text(page, encoding="utf-8"))
+    working = working_set_blocks(blocked)
+    if working < 2:
+        return "the trace reuses no block"
+    curve = miss_ratio_curve(blocked, "lru", default_capacities(working, 40))
+    block_gb = model.kv_bytes_per_token(kv_dtype) * B / GB
+    return {
+        "model": setup.get("model"),
+        "kv_dtype": kv_dtype,
+        "block_tokens": B,
+        "block_gb": block_gb,
+        "points": [
+            {
+                "capacity_gb": p.capacity_blocks * block_gb,
+                "hit_ratio_tokens": p.hit_ratio_tokens,
+                "hit_ratio_blocks": p.hit_ratio_blocks,
+            }
+            for p in curve.points
+        ],
+        "tiers_gb": _tier_gb(policy),
+    }
+
+
+def html_study_report(
+    rep: dict[str, Any], path: str | os.PathLike[str], curve: dict[str, Any] | str
+) -> None:
+    """One self-contained HTML page of the report with interactive charts
+    (:mod:`kvtier.report.html`), written atomically."""
+    from kvtier.report.html import write_html
+
+    write_html(rep, report_sections(rep), curve, path)

@@ -45,6 +45,7 @@ from kvtier.scenario import (
 from kvtier.search.objective import Evaluation, Evaluator, binding_term
 from kvtier.search.space import SearchSpace, load_space, restrict_to_target
 from kvtier.search.study import (
+    Tally,
     TrialSummary,
     best_feasible,
     check_study_setup,
@@ -54,6 +55,8 @@ from kvtier.search.study import (
     make_runs_dir,
     open_study,
     pareto_front,
+    record_outcome,
+    tally,
 )
 from kvtier.search.warmstart import knee_capacities_gb, tier_additions, warm_start_trials
 
@@ -363,7 +366,7 @@ def optimize(
     prices: str | None = None,
     out: str | None = None,
     runs_dir: Path = Path("runs"),
-    on_trial: Callable[[int, TrialSummary | None], None] | None = None,
+    on_trial: Callable[[int, TrialSummary | None, Tally], None] | None = None,
     on_bound: Callable[[Any], None] | None = None,
 ) -> OptimizeResult:
     from kvtier.hardware.prices import price_figures
@@ -486,7 +489,7 @@ def optimize(
     if on_trial is not None:
 
         def report(st: optuna.Study, _trial: optuna.trial.FrozenTrial) -> None:
-            on_trial(already + len(mine), best_feasible(st))
+            on_trial(already + len(mine), best_feasible(st), tally(st))
 
         callbacks.append(report)
     # The last two trials of the budget are kept for the instance sweeps of
@@ -567,6 +570,7 @@ def optimize(
             hw.topology.tp,
             hardware_has_tiers=bool(hw.tiers),
         )
+    record_outcome(study, baselines=baselines, tiered=tiered, hbm_only=hbm_only)
     # the winner as it ran: a split that left one instance aggregated is written without its
     # share and pool sizes, which would otherwise describe (and export) a split never run
     won_policy = None

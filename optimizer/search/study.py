@@ -352,7 +352,36 @@ def open_study(study_name: str, *, storage: str | None, seed: int, pareto: bool)
             f"{'--pareto needs' if pareto else 'a single-objective run needs'} a new --study name",
             option="--study",
         )
+    name_metrics(study, pareto=pareto)
     return study
+
+
+# What each objective is, for optuna-dashboard and ``study.trials_dataframe()`` (which label
+# it "Objective 0" without a name): cost per 1M tokens, and with --pareto TTFT P99.
+METRIC_NAMES = ("cost_per_mtok", "ttft_p99_s")
+
+# The metrics each trial also stores as user attributes of their own (besides the full
+# ``metrics`` dict), so that optuna-dashboard's trial table shows and sorts them as columns.
+TRIAL_METRICS = (
+    "cost_per_mtok",
+    "cost_per_hour",
+    "ttft_p99_s",
+    "ttft_mean_s",
+    "tpot_p99_s",
+    "throughput_tps",
+    "instances",
+    "gpus",
+)
+
+
+def name_metrics(study: optuna.Study, *, pareto: bool) -> None:
+    """Name the study's objectives (Optuna's ``set_metric_names``), once."""
+    names = list(METRIC_NAMES[: 2 if pareto else 1])
+    if study.metric_names == names:
+        return
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+        study.set_metric_names(names)
 
 
 def resumed_seed(seed: int, held: int) -> int:
@@ -519,8 +548,70 @@ def record(trial: optuna.Trial, ev: Evaluation) -> None:
     # of ``constraints_func``); Optuna reads it too, as the same values under other names.
     trial.storage.set_trial_system_attr(trial._trial_id, "constraints", list(values))
     trial.set_user_attr("feasible", ev.feasible)
+    trial.set_user_attr("slo", "met" if ev.feasible else "missed")
     trial.set_user_attr("rate_scale", ev.rate_scale)
     trial.set_user_attr("replays", ev.replays)
+    metrics = ev.metrics.to_dict()
+    for key in TRIAL_METRICS:
+        value = metrics.get(key)
+        if isinstance(value, int | float) and not isinstance(value, bool):
+            # JSON has no infinity: a run that served nothing stores None
+            trial.set_user_attr(key, value if math.isfinite(value) else None)
+    hits = metrics.get("hit_ratio_tokens") or {}
+    for tier, ratio in hits.items():
+        trial.set_user_attr(f"hit_ratio_{tier}", float(ratio))
+
+
+OUTCOME_ATTR = "outcome"  # the study's user attribute: the presets and the tiering verdict
+# Optional study attributes that ``kvtier report --html`` draws when present (their shapes:
+# kvtier.report.html): cost and latency against each lower tier's capacity around the winner,
+# and the winner's hit ratio per tier over time.
+REFINE_ATTR = "refine"
+HIT_RATIO_OVER_TIME_ATTR = "hit_ratio_over_time"
+
+
+def record_outcome(
+    study: optuna.Study, *, baselines: list[Any], tiered: Any, hbm_only: Any
+) -> None:
+    """Keep what the latest run compared the winner with, for ``kvtier report``: every
+    preset's metrics and SLO verdict (or why it did not apply), and the cheapest tiered and
+    HBM-only policies meeting the SLO (:mod:`kvtier.search.tiering`).
+
+    ``baselines`` are :class:`kvtier.search.run.Baseline`; ``tiered`` and ``hbm_only``
+    :class:`kvtier.search.run.Choice` or None. Stored as one JSON user attribute
+    (:data:`OUTCOME_ATTR`) that each run replaces.
+    """
+    from dataclasses import asdict
+
+    presets = []
+    for b in baselines:
+        ev = b.evaluation
+        entry: dict[str, Any] = {"name": b.name, "error": b.error}
+        if ev is not None:
+            m = ev.metrics.to_dict()
+            entry.update(
+                feasible=bool(ev.feasible),
+                violations=dict(ev.violations),
+                metrics={k: _finite(m.get(k)) for k in (*TRIAL_METRICS, "hit_ratio_tokens")},
+            )
+        presets.append(entry)
+    outcome = {
+        "presets": presets,
+        "tiered": None if tiered is None else _finite(asdict(tiered)),
+        "hbm_only": None if hbm_only is None else _finite(asdict(hbm_only)),
+    }
+    study.set_user_attr(OUTCOME_ATTR, outcome)
+
+
+def _finite(value: Any) -> Any:
+    """``value`` with every infinite or NaN float made None (JSON storage has neither)."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_finite(v) for v in value]
+    return value
 
 
 def make_objective(
@@ -572,6 +663,19 @@ def summaries(study: optuna.Study) -> list[TrialSummary]:
             )
         )
     return out
+
+
+@dataclass(frozen=True)
+class Tally:
+    """How many trials of a study ran to the end with metrics, and how many met the SLO."""
+
+    finished: int
+    feasible: int
+
+
+def tally(study: optuna.Study) -> Tally:
+    done = summaries(study)
+    return Tally(len(done), sum(s.feasible for s in done))
 
 
 def best_feasible(study: optuna.Study) -> TrialSummary | None:

@@ -27,6 +27,7 @@ import pyarrow.parquet as pq
 from kvtier.errors import InputError
 from kvtier.trace.format import META_BLOCK_TOKENS, META_PREFIX_INFO
 from kvtier.trace.io import check_same_columns, trace_metadata
+from kvtier.trace.progress import count
 from kvtier.trace.validate import validate_table
 
 if TYPE_CHECKING:
@@ -206,6 +207,7 @@ def iter_batches(
                     column="arrival_s",
                 )
             last = arrival[-1].as_py()
+            count(table.num_rows, table.nbytes)
             yield row0, table
             row0 += table.num_rows
     if row0 == 0:

@@ -38,6 +38,7 @@ from kvtier.trace.format import Trace
 from kvtier.trace.importers.common import check_utf8
 from kvtier.trace.importers.tabular import ArrivalState, ColumnMap
 from kvtier.trace.io import open_input, read_input
+from kvtier.trace.progress import count
 from kvtier.trace.streaming import StreamSummary
 
 if TYPE_CHECKING:
@@ -182,6 +183,7 @@ def stream_import_jsonl(
         checks: CrossChecks | None = None
         try:
             for first_line, data in line_chunks(path, batch_rows):
+                count(data.count(b"\n"), len(data))
                 built = build(first_line, data)
                 if built is None:
                     continue

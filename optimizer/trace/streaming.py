@@ -21,7 +21,7 @@ import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import BinaryIO
+from typing import Any, BinaryIO
 
 import numpy as np
 import polars as pl
@@ -47,6 +47,7 @@ from kvtier.trace.importers.tabular import (
     timestamp_aware_expr,
     timestamp_expr,
 )
+from kvtier.trace.progress import count, stage
 
 _GZIP_MAGIC = b"\x1f\x8b"
 _UTF8_BOM = b"\xef\xbb\xbf"
@@ -249,11 +250,34 @@ def stream_import(
         _number_expr(cmap.output, integer=True).alias("out"),
         *([timestamp_aware_expr(cmap.arrival).alias("aware")] if kind == "timestamp" else []),
     )
+    stage("scanning the CSV")
     quoted, blanks = _scan(path)
     with tempfile.TemporaryDirectory(dir=Path(out).resolve().parent) as tmp:
         staged = os.path.join(tmp, "staged.parquet")
+        stage("checking the first rows")
+        _check_head(
+            frame,
+            tmp,
+            lambda staged_head, out_head, blank_rows: _write_checked(
+                path,
+                staged_head,
+                out_head,
+                cmap,
+                kind,
+                scale,
+                quoted,
+                source,
+                batch_rows,
+                plan.skip_failed,
+                blank_rows,
+            ),
+            lambda: _blank_rows(path, quoted) if blanks else None,
+            min(batch_rows, HEAD_ROWS),
+        )
         try:
+            stage(f"parsing the CSV ({os.path.getsize(path):,} bytes)")
             frame.sink_parquet(staged, row_group_size=batch_rows)
+            stage("checking and writing rows")
         except pl.exceptions.PolarsError as err:
             raise _first_bad_line(path) or InputError(
                 f"malformed CSV: {' '.join(str(err).split())[:200]}", path=path
@@ -271,6 +295,41 @@ def stream_import(
             plan.skip_failed,
             _blank_rows(path, quoted) if blanks else None,
         )
+
+
+HEAD_ROWS = 65536  # rows checked before the whole file is parsed
+
+
+def _check_head(
+    frame: pl.LazyFrame,
+    tmp: str,
+    check: Any,
+    blank_rows: Any,
+    rows: int,
+) -> None:
+    """Check the file's first ``rows`` rows as the import checks every row, before the whole
+    file is parsed: a bad value near the start of a large log is reported at once, not after
+    the parse of all of it (tens of seconds for millions of rows). ``check(staged, out,
+    blank_rows)`` is :func:`_write_checked` on those rows. A problem only the whole parse
+    finds (malformed CSV further on) is left to it; warnings wait for the whole run."""
+    import warnings
+
+    from kvtier.trace.progress import Meter, metering
+
+    head = os.path.join(tmp, "head.parquet")
+    try:
+        frame.head(rows).sink_parquet(head)
+    except pl.exceptions.PolarsError:
+        return  # the whole parse reports it, with its line
+    with warnings.catch_warnings(), metering(Meter()):  # counted once, by the whole run
+        warnings.simplefilter("ignore")
+        try:
+            check(head, os.path.join(tmp, "head-checked.parquet"), blank_rows())
+        except InputError as err:
+            if err.message.startswith("trace has no requests"):
+                return  # only blank lines at the start: the rest may hold rows
+            raise
+    os.remove(head)
 
 
 def _write_checked(
@@ -321,6 +380,7 @@ def _write_checked(
         with pq.ParquetWriter(tmp, schema, compression="zstd") as writer:
             row0 = 0
             for batch in reader.iter_batches(batch_size=batch_rows):
+                count(batch.num_rows, batch.nbytes)
                 t = batch.column("t").to_numpy(zero_copy_only=False).astype(np.float64)
                 inp = batch.column("inp").to_numpy(zero_copy_only=False)
                 outp = batch.column("out").to_numpy(zero_copy_only=False)

@@ -33,6 +33,7 @@ from kvtier.trace.importers.text import (
     TEXT_OPTIONS,
     TextRequests,
     chat_messages,
+    logged_lengths_trace,
     text_setup,
     tokenized_trace,
 )
@@ -112,8 +113,12 @@ def _logged_prompt_tokens(rec: Record) -> int | None:
     options=OPENAI_LOG_OPTIONS,
 )
 def import_openai_log(path: str, options: ImportOptions) -> Trace:
-    """A gateway's JSON Lines request log: timestamps, request bodies, responses."""
-    setup = text_setup(options, "openai-log")
+    """A gateway's JSON Lines request log: timestamps, request bodies, responses.
+
+    Without a tokenizer the lengths are the log's own ``usage`` counts and the trace has no
+    block hashes (:func:`~kvtier.trace.importers.text.logged_lengths_trace`, with a warning).
+    """
+    setup = None if options.tokenizer is None else text_setup(options, "openai-log")
     req = TextRequests([], [], [], [], None, [], [], [], {})
     sessions: dict[Any, int] = {}
     ids: dict[str, int] = {}
@@ -149,4 +154,7 @@ def import_openai_log(path: str, options: ImportOptions) -> Trace:
         )
     if request_ids:
         req.extra["request_id"] = request_ids
-    return tokenized_trace(req, setup, path=path, source=f"openai-log:{os.path.basename(path)}")
+    source = f"openai-log:{os.path.basename(path)}"
+    if setup is None:
+        return logged_lengths_trace(req, options, path=path, source=source)
+    return tokenized_trace(req, setup, path=path, source=source)

@@ -1,7 +1,12 @@
 """Prompt text to token ids, as a serving system tokenizes it, and text requests to a trace.
 
 **Tokenizer**: a Hugging Face ``tokenizer.json`` read with ``tokenizers.Tokenizer.from_file``
-(``--tokenizer``); nothing is downloaded. Prompts are encoded in one ``encode_batch`` call.
+(``--tokenizer``), or a model directory holding one (a Hugging Face snapshot, a vLLM model
+directory); nothing is downloaded. Prompts are encoded in one ``encode_batch`` call. A model
+directory also gives the chat template when ``--chat-template`` is not: its
+``chat_template.jinja`` (with the special tokens of ``tokenizer_config.json``), else the
+``chat_template`` key of its ``tokenizer_config.json``, as transformers picks. How to get
+these files offline, and for gated models: docs/traces.md.
 
 **Chat template** (``--chat-template``): the Jinja template of the model, given as its
 ``tokenizer_config.json`` (key ``chat_template``, a string or a list of named templates, of
@@ -60,19 +65,71 @@ _SPECIAL_KEYS = ("bos_token", "eos_token", "unk_token", "pad_token", "sep_token"
 Message = dict[str, str]
 
 
+def tokenizer_file(path: str) -> str:
+    """``path`` itself, or the ``tokenizer.json`` of the model directory ``path``."""
+    if not os.path.isdir(path):
+        return path
+    found = os.path.join(path, "tokenizer.json")
+    if os.path.isfile(found):
+        return found
+    names = sorted(os.listdir(path))
+    if "tokenizer.model" in names or "vocab.json" in names:
+        raise InputError(
+            "has no tokenizer.json, only a slow tokenizer ("
+            + ", ".join(n for n in names if n in ("tokenizer.model", "vocab.json", "merges.txt"))
+            + "): save it as tokenizer.json once with transformers "
+            "(AutoTokenizer.from_pretrained(DIR).save_pretrained(DIR); docs/traces.md)",
+            path=path,
+        )
+    raise InputError(
+        "has no tokenizer.json: give the served model's directory or its tokenizer.json",
+        path=path,
+    )
+
+
+def model_dir_template(path: str | None) -> tuple[str | None, str | None]:
+    """The chat template a model directory holds, as ``(template file, config for special
+    tokens)``: its ``chat_template.jinja`` (with ``tokenizer_config.json``'s special tokens),
+    else its ``tokenizer_config.json`` when that has a ``chat_template`` key; ``(None, None)``
+    for a file or a directory with neither. The order is transformers' (a template file
+    takes priority over the config's entry: [transformers-chat-template])."""
+    if path is None or not os.path.isdir(path):
+        return None, None
+    config = os.path.join(path, "tokenizer_config.json")
+    has_config = os.path.isfile(config)
+    jinja = os.path.join(path, "chat_template.jinja")
+    if os.path.isfile(jinja):
+        return jinja, config if has_config else None
+    if has_config:
+        try:
+            with open(config, encoding="utf-8") as fh:
+                if "chat_template" in json.load(fh):
+                    return config, None
+        except (OSError, ValueError, TypeError):
+            pass  # a bad config is reported if it is used
+    return None, None
+
+
 class TextTokenizer:
-    """A ``tokenizers.Tokenizer`` from a local file, with batch encoding to numpy arrays."""
+    """A ``tokenizers.Tokenizer`` from a local file or model directory, with batch encoding
+    to numpy arrays."""
 
     def __init__(self, path: str | None, *, source_format: str) -> None:
         if path is None:
             raise InputError(
-                f"--from {source_format} needs the served model's tokenizer.json",
+                f"--from {source_format} needs the served model's tokenizer.json or model "
+                "directory (offline and gated models: docs/traces.md)",
                 option="--tokenizer",
             )
         from tokenizers import Tokenizer
 
-        if not os.path.isfile(path):
-            raise InputError("no such file", path=path)
+        if not os.path.exists(path):
+            raise InputError("no such file or directory", path=path)
+        given, path = path, tokenizer_file(path)
+        # a file by its name; a model directory's by the directory's: Llama-3.1-8B/tokenizer.json
+        self.name = os.path.basename(path)
+        if path != given:
+            self.name = f"{os.path.basename(os.path.normpath(given))}/{self.name}"
         try:
             self._tok = Tokenizer.from_file(path)
         except Exception as err:  # tokenizers raises a bare Exception on bad files
@@ -131,8 +188,11 @@ def _template_from_config(path: str, config: object) -> str:
     return template
 
 
-def load_chat_template(path: str | None) -> ChatTemplate:
-    """The model's template from ``tokenizer_config.json`` or a Jinja file, else ChatML."""
+def load_chat_template(path: str | None, *, specials_from: str | None = None) -> ChatTemplate:
+    """The model's template from ``tokenizer_config.json`` or a Jinja file, else ChatML.
+
+    ``specials_from``: a ``tokenizer_config.json`` whose special tokens a Jinja file's
+    template gets (a model directory's ``chat_template.jinja`` beside its config)."""
     import jinja2
     from jinja2.sandbox import ImmutableSandboxedEnvironment
 
@@ -156,6 +216,12 @@ def load_chat_template(path: str | None) -> ChatTemplate:
             specials = _special_tokens(config)
         else:
             source = text
+            if specials_from is not None:
+                try:
+                    with open(specials_from, encoding="utf-8") as fh:
+                        specials = _special_tokens(json.load(fh))
+                except (OSError, ValueError) as err:
+                    raise InputError(f"cannot read: {err}", path=specials_from) from None
         name = os.path.basename(path)
 
     def raise_exception(message: str) -> None:
@@ -249,7 +315,10 @@ class TextSetup:
 def text_setup(options: ImportOptions, kind: str) -> TextSetup:
     _schedule_parameters(options)
     tokenizer = TextTokenizer(options.tokenizer, source_format=kind)
-    return TextSetup(tokenizer, load_chat_template(options.chat_template), options)
+    if options.chat_template is not None:
+        return TextSetup(tokenizer, load_chat_template(options.chat_template), options)
+    template, specials = model_dir_template(options.tokenizer)
+    return TextSetup(tokenizer, load_chat_template(template, specials_from=specials), options)
 
 
 def _schedule_parameters(options: ImportOptions) -> tuple[float, float]:
@@ -338,10 +407,80 @@ def tokenized_trace(requests: TextRequests, setup: TextSetup, *, path: str, sour
         source=source,
         extra_columns=extra,
         metadata={
-            "import.tokenizer": os.path.basename(tokenizer.path),
+            "import.tokenizer": tokenizer.name,
             "import.chat_template": template.name,
             "import.block_hash": "vllm-sha256_cbor-seed0",
         },
+    )
+
+
+class LoggedCountsWarning(UserWarning):
+    """A text log was imported without a tokenizer: lengths from its own token counts, no
+    block hashes."""
+
+
+def logged_lengths_trace(
+    requests: TextRequests, options: ImportOptions, *, path: str, source: str
+) -> Trace:
+    """A lengths-only trace from a log's own token counts (``usage.prompt_tokens`` and
+    ``usage.completion_tokens``), for an import given no tokenizer; warns that it has no
+    block hashes. Every request needs both counts (a token-id prompt counts itself)."""
+    n = len(requests.prompts)
+    if n == 0:
+        raise InputError("no requests in the file", path=path)
+    if options.chat_template is not None:
+        raise InputError("applies with --tokenizer only", option="--chat-template")
+    inputs = np.zeros(n, dtype=np.int64)
+    outputs = np.zeros(n, dtype=np.int64)
+    for i, (prompt, out) in enumerate(zip(requests.prompts, requests.outputs, strict=True)):
+        logged = requests.logged_prompt_tokens[i] if requests.logged_prompt_tokens else None
+        if logged is None and isinstance(prompt, list) and not _is_chat(prompt):
+            logged = len(prompt)
+        if logged is None or isinstance(out, str):
+            field = "usage.prompt_tokens" if logged is None else "usage.completion_tokens"
+            raise InputError(
+                f"no {field}, so its length needs the served model's tokenizer: give "
+                "--tokenizer (tokenizer.json or the model directory; docs/traces.md)",
+                path=path,
+                line=requests.lines[i],
+                column=f"response.{field}",
+            )
+        if not 1 <= logged <= MAX_TOKENS:
+            raise InputError(
+                f"usage.prompt_tokens must be in [1, {MAX_TOKENS}], got {logged}",
+                path=path,
+                line=requests.lines[i],
+            )
+        inputs[i], outputs[i] = logged, out
+    warnings.warn(
+        f"{path}: no --tokenizer: prompt and output lengths are the log's own usage counts, "
+        "and the trace has no block hashes, so its replays find no prefix hits; give the "
+        "served model's tokenizer.json or model directory to hash prompts (docs/traces.md)",
+        LoggedCountsWarning,
+        stacklevel=2,
+    )
+    session = np.asarray(requests.session, dtype=np.int64)
+    arrivals = _arrivals(requests, session, options, path)
+    order = np.argsort(arrivals, kind="stable")
+    extra: dict[str, pa.Array] = {}
+    if (session >= 0).any():
+        sid = np.where(session >= 0, session, session.max() + 1 + np.arange(n))
+        extra["session_id"] = pa.array(sid[order], type=pa.int64())
+    if any(t is not None for t in requests.tenants):
+        extra["tenant"] = pa.array([requests.tenants[i] or "" for i in order], type=pa.string())
+    for name, values in requests.extra.items():
+        extra[name] = pa.array([values[i] for i in order])
+    return Trace.from_arrays(
+        arrival_s=arrivals[order] - arrivals.min(),
+        input_tokens=inputs[order],
+        output_tokens=outputs[order],
+        hash_offsets=np.zeros(n + 1, dtype=np.int64),
+        hashes=np.zeros(0, dtype=np.uint64),
+        block_tokens=options.block_tokens or DEFAULT_BLOCK_TOKENS,
+        source=source,
+        has_prefix_info=False,
+        extra_columns=extra,
+        metadata={"import.tokenizer": "none: the log's usage.prompt_tokens"},
     )
 
 
