@@ -14,7 +14,7 @@ import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import optuna
 
@@ -56,6 +56,9 @@ from kvtier.search.study import (
     pareto_front,
 )
 from kvtier.search.warmstart import knee_capacities_gb, tier_additions, warm_start_trials
+
+if TYPE_CHECKING:
+    from kvtier.search.request import OptimizeRequest
 
 DEFAULT_SLO = SLO(ttft_p99_s=2.0, tpot_p99_s=0.1)
 SLO_ALIASES = {
@@ -338,48 +341,60 @@ def hosts_profile(ref: str, hw: Any, hosts: int, runs_dir: Path) -> str:
     return str(path)
 
 
-def optimize(
-    trace_path: str,
-    *,
-    hardware: str | None = None,
-    model: str | None = None,
-    space: str = "default",
-    pins: dict[str, Any] | None = None,
-    slo_text: str | None = None,
-    load: str = "trace",
-    rate_scale: float = 1.0,
-    study_name: str | None = None,
-    storage: str | None = None,
-    seed: int = 0,
-    n_trials: int = 60,
-    timeout: float | None = None,
-    n_jobs: int = 1,
-    pareto: bool = False,
-    warm_start: bool = True,
-    allow_lossy_kv: bool = False,
-    compare_presets: bool = True,
-    target: str | None = None,
-    max_hosts: int | None = None,
-    prices: str | None = None,
-    out: str | None = None,
-    runs_dir: Path = Path("runs"),
-    on_trial: Callable[[int, TrialSummary | None], None] | None = None,
-    on_bound: Callable[[Any], None] | None = None,
-) -> OptimizeResult:
-    from kvtier.hardware.prices import price_figures
+def optimize(trace_path: str, **kwargs: Any) -> OptimizeResult:
+    """Run :func:`run_request` on ``OptimizeRequest(trace_path, **kwargs)`` (the fields of
+    :class:`kvtier.search.request.OptimizeRequest` as keywords)."""
+    from kvtier.search.request import OptimizeRequest
+
+    return run_request(OptimizeRequest(trace_path=trace_path, **kwargs))
+
+
+def run_request(request: OptimizeRequest) -> OptimizeResult:
+    """The search as named stages, each reading what the ones before it found: fit the space
+    to the hardware, open the study, warm-start it, search, sweep the winner's tiers, compare
+    the presets, and write the policy file."""
+    started = time.perf_counter()
+    fitted = fit_space(request)
+    opened = open_study_stage(request, fitted)
+    warmed = warm_start(request, fitted, opened)
+    searched = search(request, fitted, opened)
+    baselines = compare_baselines(request, fitted)
+    swept = sweep_tiers(request, fitted, opened, searched)
+    return write_result(request, fitted, opened, searched, swept, baselines, warmed, started)
+
+
+@dataclass
+class Fitted:
+    """The fit-space stage's answer: the loaded inputs and the space fitted to them."""
+
+    trace: Any
+    hardware: str  # the profile as the policy file names it (a --max-hosts copy included)
+    model: str
+    hw: Any
+    mdl: Any
+    slo: SLO
+    space: SearchSpace
+    base: Policy
+    scenario: Scenario
+    evaluator: Evaluator
+    bound: Any
+
+
+def fit_space(request: OptimizeRequest) -> Fitted:
+    """Load the trace, profiles, SLO and space; add hosts and prices; keep only what the
+    hardware, the sample and the target can run; say the SLO's lower bound."""
     from kvtier.trace.io import read_trace
 
-    started = time.perf_counter()
-    if out is not None:
-        check_output(out, option="--out")
-    trace = read_trace(trace_path)
-    hardware = hardware_name(hardware)
-    model = model_name(model)
+    if request.out is not None:
+        check_output(request.out, option="--out")
+    trace = read_trace(request.trace_path)
+    hardware = hardware_name(request.hardware)
+    model = model_name(request.model)
     hw = load_hardware(hardware)
     mdl = load_model(model)
-    slo = parse_slo(slo_text)
-    search_space: SearchSpace = load_space(space)
-    if allow_lossy_kv:
+    slo = parse_slo(request.slo_text)
+    search_space: SearchSpace = load_space(request.space)
+    if request.allow_lossy_kv:
         search_space = replace(
             search_space, pinned={k: v for k, v in search_space.pinned.items() if k != "kv_dtype"}
         )
@@ -387,32 +402,56 @@ def optimize(
         # FP8 weights are lossy too: without the flag the model profile's own weights are kept
         kept = tuple(p for p in search_space.params if p.name != "serving.weight_dtype")
         search_space = replace(search_space, params=kept)
-    if max_hosts is not None:
-        hardware = hosts_profile(hardware, hw, max_hosts, runs_dir)
+    if request.max_hosts is not None:
+        hardware = hosts_profile(hardware, hw, request.max_hosts, request.runs_dir)
         hw = load_hardware(hardware)
-    if prices is not None:
+    if request.prices is not None:
         from kvtier.hardware.prices import apply_prices, load_prices
 
-        hw = apply_prices(hw, load_prices(prices))
-    search_space = fit_space_to_hardware(search_space.with_pins(pins or {}), hw, mdl)
+        hw = apply_prices(hw, load_prices(request.prices))
+    search_space = fit_space_to_hardware(search_space.with_pins(request.pins or {}), hw, mdl)
     search_space = fit_space_to_sample(search_space, trace.sample_fraction, hw)
     search_space = one_size_when_pinned(search_space)
-    if target is not None:
-        search_space = restrict_to_target(search_space, target, hw.tiers)
+    if request.target is not None:
+        search_space = restrict_to_target(search_space, request.target, hw.tiers)
     base = policy_from_dict({"hardware": hardware, "model": model}, "<defaults>")
     base = replace(base, slo=slo)
-    scenario = Scenario(trace, hw, mdl, base, slo=slo, load=load, rate_scale=rate_scale)
+    scenario = Scenario(
+        trace, hw, mdl, base, slo=slo, load=request.load, rate_scale=request.rate_scale
+    )
     evaluator = Evaluator(scenario)
-    bound = _slo_bound(scenario, base, slo, search_space, load)
-    if bound is not None and on_bound is not None:
-        on_bound(bound)
+    bound = _slo_bound(scenario, base, slo, search_space, request.load)
+    if bound is not None and request.on_bound is not None:
+        request.on_bound(bound)
+    return Fitted(
+        trace, hardware, model, hw, mdl, slo, search_space, base, scenario, evaluator, bound
+    )
 
-    name = study_name or f"{Path(trace_path).stem}-{hw.name}-{mdl.name}".lower()
+
+@dataclass
+class Opened:
+    """The open-study stage's answer: the study, its name and storage, the trace's digest."""
+
+    name: str
+    storage: str
+    study: optuna.Study
+    digest: str
+
+
+def open_study_stage(request: OptimizeRequest, fitted: Fitted) -> Opened:
+    """Open (or continue) the study; refuse one run on another trace, setup or space; record
+    what this run searches."""
+    from kvtier.hardware.prices import price_figures
+
+    hw, mdl = fitted.hw, fitted.mdl
+    trace_path, runs_dir = request.trace_path, request.runs_dir
+    name = request.study_name or f"{Path(trace_path).stem}-{hw.name}-{mdl.name}".lower()
+    storage = request.storage
     if storage is None:
         make_runs_dir(runs_dir)
         storage = f"sqlite:///{runs_dir / (name + '.db')}"
-    study = open_study(name, storage=storage, seed=seed, pareto=pareto)
-    if out is None:
+    study = open_study(name, storage=storage, seed=request.seed, pareto=request.pareto)
+    if request.out is None:
         # results go under runs/, never into policies/ (the shipped presets and spaces)
         check_output(runs_dir / f"{name}.toml", option="--out")
     digest = sha256_of(trace_path)
@@ -427,21 +466,27 @@ def optimize(
     setup = StudySetup(
         trace=str(trace_path),
         trace_sha256=digest,
-        hardware=hardware,
-        model=model,
-        slo=slo,
-        load=load,
-        rate_scale=rate_scale,
-        space=search_space.source,
+        hardware=fitted.hardware,
+        model=fitted.model,
+        slo=fitted.slo,
+        load=request.load,
+        rate_scale=request.rate_scale,
+        space=fitted.space.source,
         prices=price_figures(hw),
     )
     check_study_setup(study, setup, storage)
     # before the setup is recorded: the refusal names the space the study ran with
-    check_study_space(study, search_space, storage)
+    check_study_space(study, fitted.space, storage)
     setup.record(study)
+    return Opened(name, storage, study, digest)
 
+
+def warm_start(request: OptimizeRequest, fitted: Fitted, opened: Opened) -> int:
+    """Enqueue trials at the knees of the trace's miss-ratio curve in a new study; the number
+    enqueued."""
+    study, base, search_space = opened.study, fitted.base, fitted.space
     warmed = 0
-    if warm_start and len(study.trials) == 0:
+    if request.warm_start and len(study.trials) == 0:
         # The curve of the trace as the pinned fields map it (block size, tenant sharing).
         pinned: dict[str, Any] = dict(search_space.pinned)
         warm_policy = replace(
@@ -451,12 +496,31 @@ def optimize(
                 pinned.get("share_across_tenants", base.share_across_tenants)
             ),
         )
-        blocked = scenario.blocked(warm_policy)
-        for values in warm_start_trials(search_space, blocked, mdl, base):
+        blocked = fitted.scenario.blocked(warm_policy)
+        for values in warm_start_trials(search_space, blocked, fitted.mdl, base):
             study.enqueue_trial(values, skip_if_exists=True)
             warmed += 1
+    return warmed
 
-    judge = make_objective(evaluator, search_space, pareto=pareto)
+
+@dataclass
+class Searched:
+    """The search stage's answer: how the trials ran, and the trials kept for the sweeps."""
+
+    worker: str
+    objective: Callable[[optuna.Trial], Any]
+    callbacks: list[Callable[[optuna.Study, optuna.trial.FrozenTrial], None]]
+    budget: int  # trials this run lacked when it started
+    reserve: int  # of those, left for the tier sweeps
+    expressible: bool  # whether the space can express the sweeps' policies
+    deadline: float | None
+
+
+def search(request: OptimizeRequest, fitted: Fitted, opened: Opened) -> Searched:
+    """Run the trials the study lacks, all but the last two (kept for the tier sweeps)."""
+    study, search_space, hw = opened.study, fitted.space, fitted.hw
+    n_trials, timeout = request.n_trials, request.timeout
+    judge = make_objective(fitted.evaluator, search_space, pareto=request.pareto)
     # Each trial records the worker that started it, so that a worker counts only its own
     # trials (an enqueued trial is claimed by one worker: HeartbeatStorage.set_trial_state_values).
     worker = uuid.uuid4().hex
@@ -483,6 +547,7 @@ def optimize(
         mine.append(trial.number)  # list.append is atomic under the GIL (n_jobs threads)
 
     callbacks: list[Callable[[optuna.Study, optuna.trial.FrozenTrial], None]] = [count]
+    on_trial = request.on_trial
     if on_trial is not None:
 
         def report(st: optuna.Study, _trial: optuna.trial.FrozenTrial) -> None:
@@ -509,41 +574,67 @@ def optimize(
             objective,
             n_trials=main_phase,
             timeout=timeout,
-            n_jobs=n_jobs,
+            n_jobs=request.n_jobs,
             callbacks=[*callbacks, stop],
             catch=(),
         )
     reserve = min(reserve, max(0, n_trials - _finished(study)))
+    return Searched(worker, objective, callbacks, budget, reserve, expressible, deadline)
 
-    best = best_feasible(study)
-    near = None if best is not None else closest(study, slo_to_dict(slo))
-    binding = binding_term(near.violations, slo) if near is not None else None
 
+def compare_baselines(request: OptimizeRequest, fitted: Fitted) -> list[Baseline]:
+    """Replay every built-in preset on the same trace, hardware, model and SLO."""
     baselines = []
-    if compare_presets:
-        for bname, policy in baseline_policies(base).items():
+    if request.compare_presets:
+        for bname, policy in baseline_policies(fitted.base).items():
             if isinstance(policy, InputError):
                 baselines.append(Baseline(bname, None, policy.message))
                 continue
             try:
-                baselines.append(Baseline(bname, evaluator.evaluate_policy(policy, full=True)))
+                evaluation = fitted.evaluator.evaluate_policy(policy, full=True)
+                baselines.append(Baseline(bname, evaluation))
             except InputError as err:
                 baselines.append(Baseline(bname, None, err.message))
+    return baselines
 
+
+@dataclass
+class Swept:
+    """The sweep stage's answer: the study's winner and the cheapest policies with and without
+    lower tiers."""
+
+    best: TrialSummary | None
+    done: list[TrialSummary]
+    tiered: Choice | None
+    hbm_only: Choice | None
+    closest: TrialSummary | None  # when the search found no winner: the trial nearest the SLO
+
+
+def sweep_tiers(
+    request: OptimizeRequest, fitted: Fitted, opened: Opened, searched: Searched
+) -> Swept:
+    """The winner without its lower tiers and with one lower tier in place of its own, each
+    on the fewest instances that meet the SLO (:mod:`kvtier.search.tiering`), run as the
+    reserved trials so the study and the winner include them."""
     from kvtier.search.study import summaries
     from kvtier.search.tiering import compare_tiering
 
+    study, hw, n_trials = opened.study, fitted.hw, request.n_trials
+    reserve = searched.reserve
+    best = best_feasible(study)
+    near = None if best is not None else closest(study, slo_to_dict(fitted.slo))
     done = summaries(study)
     additions: list[dict[str, Any]] = []
     # A study finished by an earlier run already holds its sweeps' answers as trials (they were
     # its reserved ones): it is reported from its trials, without sweeping again.
-    sweep_from = None if budget == 0 and expressible and hw.tiers else best
+    finished_before = searched.budget == 0 and searched.expressible and hw.tiers
+    sweep_from = None if finished_before else best
     if reserve and best is not None:
         won = policy_from_dict(best.policy, "<best>")
-        knees = knee_capacities_gb(scenario.blocked(won), mdl, won.kv_dtype)
-        additions = tier_additions(search_space, knees)
+        knees = knee_capacities_gb(fitted.scenario.blocked(won), fitted.mdl, won.kv_dtype)
+        additions = tier_additions(fitted.space, knees)
     tiered, hbm_only = compare_tiering(
-        evaluator,
+        fitted.evaluator,
         done,
         sweep_from,
         hw.topology.max_instances,
@@ -551,22 +642,44 @@ def optimize(
         hardware_has_tiers=bool(hw.tiers),
         tier_additions=additions,
     )
-    if reserve and (deadline is None or time.monotonic() < deadline):
+    if reserve and (searched.deadline is None or time.monotonic() < searched.deadline):
         swept = [c for c in (tiered, hbm_only) if c is not None and c.label.endswith(SWEPT)]
         for choice in sorted(swept, key=lambda c: c.cost_per_mtok)[:reserve]:
             study.enqueue_trial(choice.params, skip_if_exists=True)
         total = optuna.study.MaxTrialsCallback(n_trials, states=FINISHED)
-        study.optimize(objective, n_trials=reserve, callbacks=[*callbacks, total], catch=())
+        study.optimize(
+            searched.objective,
+            n_trials=reserve,
+            callbacks=[*searched.callbacks, total],
+            catch=(),
+        )
         best = best_feasible(study)
         done = summaries(study)
         tiered, hbm_only = compare_tiering(
-            evaluator,
+            fitted.evaluator,
             done,
             None,
             hw.topology.max_instances,
             hw.topology.tp,
             hardware_has_tiers=bool(hw.tiers),
         )
+    return Swept(best, done, tiered, hbm_only, near)
+
+
+def write_result(
+    request: OptimizeRequest,
+    fitted: Fitted,
+    opened: Opened,
+    searched: Searched,
+    swept: Swept,
+    baselines: list[Baseline],
+    warmed: int,
+    started: float,
+) -> OptimizeResult:
+    """Write the winner as it ran to its policy file, and gather what the report shows."""
+    study, name, hw, mdl = opened.study, opened.name, fitted.hw, fitted.mdl
+    best, slo, near = swept.best, fitted.slo, swept.closest
+    binding = binding_term(near.violations, slo) if near is not None else None
     # the winner as it ran: a split that left one instance aggregated is written without its
     # share and pool sizes, which would otherwise describe (and export) a split never run
     won_policy = None
@@ -578,61 +691,70 @@ def optimize(
     runnable = [] if won_policy is None else runnable_targets(policy_to_dict(won_policy), hw, mdl)
     shown = best or near  # the winner, or the closest trial when none met the SLO
     sample_warnings = _sample_warnings(
-        scenario, None if shown is None else policy_from_dict(shown.policy, "<trial>"), baselines
+        fitted.scenario,
+        None if shown is None else policy_from_dict(shown.policy, "<trial>"),
+        baselines,
     )
-
     policy_path = None
     if best is not None and won_policy is not None:
-        policy_path = Path(out) if out else runs_dir / f"{name}.toml"
-        best_trial = study.trials[best.number]
+        policy_path = Path(request.out) if request.out else request.runs_dir / f"{name}.toml"
         write_policy_file(
             policy_path,
             won_policy,
             metrics=best.metrics,
-            provenance={
-                "trace": str(trace_path),
-                "trace_sha256": digest,
-                "kvtier_version": __version__,
-                "study": name,
-                "storage": storage,
-                "trial": best.number,
-                "seed": seed,
-                "hardware": hardware,
-                "model": model,
-                "load": load,
-                "rate_scale": best.rate_scale,
-                "space": search_space.source,
-                "params": best_trial.user_attrs.get("params", {}),
-                # the step-time backend and the package / data versions behind the metrics
-                "step_time": best.metrics.get("step_time_source", ""),
-                "prices": str(prices) if prices else "the profiles' (owned, all-in)",
-            },
+            provenance=_provenance(request, fitted, opened, best),
         )
     return OptimizeResult(
         study_name=name,
-        storage=storage,
+        storage=opened.storage,
         n_trials=_finished(study),
         best=best,
         closest=near,
         binding=binding,
-        front=pareto_front(study) if pareto else [],
+        front=pareto_front(study) if request.pareto else [],
         baselines=baselines,
         policy_path=policy_path,
         slo=slo,
         seconds=time.perf_counter() - started,
-        new_trials=_ran_by(study, worker),
+        new_trials=_ran_by(study, searched.worker),
         warm_started=warmed,
-        extra={"trace": trace_path},
-        tiered=tiered,
-        hbm_only=hbm_only,
-        bound=bound,
+        extra={"trace": request.trace_path},
+        tiered=swept.tiered,
+        hbm_only=swept.hbm_only,
+        bound=fitted.bound,
         runnable_by=runnable,
-        target=target,
-        reached=reached_front(done),
+        target=request.target,
+        reached=reached_front(swept.done),
         sample_warnings=sample_warnings,
-        sample_fraction=scenario.trace.sample_fraction,
-        sample_weighting=sample_weighting(scenario.trace),
+        sample_fraction=fitted.scenario.trace.sample_fraction,
+        sample_weighting=sample_weighting(fitted.scenario.trace),
     )
+
+
+def _provenance(
+    request: OptimizeRequest, fitted: Fitted, opened: Opened, best: TrialSummary
+) -> dict[str, Any]:
+    """Where the written policy came from: trace, study, trial, seed, setup and versions."""
+    best_trial = opened.study.trials[best.number]
+    prices = request.prices
+    return {
+        "trace": str(request.trace_path),
+        "trace_sha256": opened.digest,
+        "kvtier_version": __version__,
+        "study": opened.name,
+        "storage": opened.storage,
+        "trial": best.number,
+        "seed": request.seed,
+        "hardware": fitted.hardware,
+        "model": fitted.model,
+        "load": request.load,
+        "rate_scale": best.rate_scale,
+        "space": fitted.space.source,
+        "params": best_trial.user_attrs.get("params", {}),
+        # the step-time backend and the package / data versions behind the metrics
+        "step_time": best.metrics.get("step_time_source", ""),
+        "prices": str(prices) if prices else "the profiles' (owned, all-in)",
+    }
 
 
 def _sample_warnings(
