@@ -183,6 +183,21 @@ def _print_reached(result: Any, console: Console) -> None:
     )
 
 
+def closest_words(near: Any) -> str:
+    """How much of the trace the closest trial's figures describe, said plainly."""
+    m = near.metrics
+    if m.get("replayed_to_end"):
+        return (
+            f"replayed to the end for this diagnosis (the early stop cut every trial short; "
+            f"this one got furthest, {float(m.get('share_before', 0.0)):.0%} of requests)"
+        )
+    if m.get("early_stopped"):
+        n = int(m.get("n_requests", 0) or 0)
+        share = int(m.get("n_served", 0) or 0) / n if n else 0.0
+        return f"stopped early once it missed the SLO ({share:.0%} of requests served)"
+    return "which served the whole trace"
+
+
 def print_result(result: Any, console: Console) -> None:
     console.print(
         f"study [bold]{result.study_name}[/] ({result.storage}): {result.new_trials} new trials, "
@@ -212,13 +227,15 @@ def print_result(result: Any, console: Console) -> None:
             return
         console.print(
             f"[red]no trial met the SLO.[/] Closest: trial {near.number} "
-            f"({', '.join(f'{k}={v}' for k, v in near.params.items())}), which misses "
+            f"({escape(', '.join(f'{k}={v}' for k, v in near.params.items()))}), "
+            f"{closest_words(near)}, which misses "
             f"{_misses(near.violations)}; the binding constraint is [bold]{result.binding}[/] "
             f"({TERM_WORDS.get(result.binding or '', result.binding)}). "
             "Relax it, allow more hardware (--max-hosts), or lower --rate-scale."
         )
         rejected = int(near.metrics.get("n_rejected", 0) or 0)
-        if rejected:  # no SLO relaxation serves a request that never fits
+        if rejected and not near.metrics.get("early_stopped"):
+            # counted on a whole replay: requests no instance of this policy can ever hold
             console.print(
                 f"Trial {near.number} rejected {rejected:,} of "
                 f"{int(near.metrics.get('n_requests', 0) or 0):,} requests: larger than an "
@@ -236,15 +253,28 @@ def print_result(result: Any, console: Console) -> None:
     for label, _, _ in rows:
         table.add_column(label, justify="right")
     table.add_column("meets SLO")
-    table.add_row(
-        f"best (trial {best.number})",
-        *(fmt_cell(fmt, best.metrics.get(key)) for _, key, fmt in rows),
-        "yes",
-    )
+    refined = getattr(result, "refined", None)
+    if refined is not None and refined.changes:
+        table.add_row(
+            f"best, refined (from trial {best.number})",
+            *(fmt_cell(fmt, refined.metrics.get(key)) for _, key, fmt in rows),
+            "yes",
+        )
+        table.add_row(
+            f"trial {best.number} as searched",
+            *(fmt_cell(fmt, best.metrics.get(key)) for _, key, fmt in rows),
+            "yes",
+        )
+    else:
+        table.add_row(
+            f"best (trial {best.number})",
+            *(fmt_cell(fmt, best.metrics.get(key)) for _, key, fmt in rows),
+            "yes",
+        )
     left_out = []
     for b in result.baselines:
         if b.evaluation is None:
-            left_out.append(b.name)
+            left_out.append(f"{b.name} ({b.error})" if b.error else b.name)
             continue
         m = b.evaluation.metrics
         verdict = "yes" if b.evaluation.feasible else "no: " + _misses(b.evaluation.violations)
@@ -252,16 +282,19 @@ def print_result(result: Any, console: Console) -> None:
             b.name, *(fmt_cell(fmt, getattr(m, key)) for _, key, fmt in rows), escape(verdict)
         )
     console.print(table)
-    if left_out:
+    if result.baselines and len(left_out) < len(result.baselines):
         console.print(
-            f"Presets left out (they need a tier this hardware lacks): {', '.join(left_out)}; "
-            "compare them on a profile that has it, e.g. --hardware beluga-testbed."
+            "Each preset runs at the tensor-parallel size the model needs and on its own "
+            "fewest instances that meet the SLO (inst.)."
         )
+    if left_out:
+        console.print(escape(f"Presets left out, each for its reason: {'; '.join(left_out)}."))
     params = Table(title="chosen parameters", title_justify="left", show_header=False)
     params.add_column("name", style="bold")
     params.add_column("value", justify="right")
     inert = _inert_params(best)
-    for k, v in sorted(best.params.items()):
+    shown = getattr(result, "winner_params", None) or best.params
+    for k, v in sorted(shown.items()):
         text = f"{v:.4g}" if isinstance(v, float) else str(v)
         if k in inert:  # a share of one instance: aggregated, the split's keys do nothing
             text += " (no effect: aggregated)"
@@ -270,6 +303,11 @@ def print_result(result: Any, console: Console) -> None:
         params.add_row("load (rate scale)", f"{best.rate_scale:.3g}x the trace's arrival rate")
     console.print(params)
     _print_tiering(result, console)
+    if refined is not None:
+        from kvtier.report.refine import print_refine
+
+        print_refine(refined.to_attrs(), console)
+    cost = refined.cost_per_mtok if refined is not None else best.metrics["cost_per_mtok"]
     feasible = {
         b.name: b.evaluation
         for b in result.baselines
@@ -279,7 +317,7 @@ def print_result(result: Any, console: Console) -> None:
         cheapest = min(feasible, key=lambda n: feasible[n].cost_per_mtok)
         named = [n for n in ("vllm-hbm", cheapest) if n in feasible]
         for name in dict.fromkeys(named):
-            saving = 1 - best.metrics["cost_per_mtok"] / feasible[name].cost_per_mtok
+            saving = 1 - cost / feasible[name].cost_per_mtok
             word = "cheaper" if saving >= 0 else "more expensive"
             label = f"{name} (the cheapest preset that meets it)" if name == cheapest else name
             console.print(f"{abs(saving):.0%} {word} per token than {label} at the same SLO.")
@@ -306,12 +344,34 @@ def print_result(result: Any, console: Console) -> None:
             + (", ".join(runnable) if runnable else "none (use --target to search one)")
             + "."
         )
+        _print_per_target(result, console)
     if result.policy_path is not None:
         trace = result.extra.get("trace", "TRACE")
         console.print(
             f"policy written to [bold]{result.policy_path}[/]; reproduce with "
             f"kvtier replay --policy {result.policy_path} --trace {trace}"
         )
+
+
+def _print_per_target(result: Any, console: Console) -> None:
+    """The cheapest policy each target can run as simulated, beside the winner, with the
+    price of the difference."""
+    rows = getattr(result, "per_target", None) or []
+    if not rows:
+        return
+    table = Table(
+        title="the cheapest policy each target can run as simulated", title_justify="left"
+    )
+    for col in ("target", "policy", "$ per 1M tok", "vs best"):
+        table.add_column(col, justify="left" if col in ("target", "policy") else "right")
+    for r in rows:
+        if r.cost_per_mtok is None:
+            table.add_row(r.target, "none of the trials meeting the SLO", "-", "-")
+            continue
+        label = "the winner" if r.refined else f"trial {r.trial}"
+        extra = "same" if not r.extra else f"{r.extra:+.1%}"
+        table.add_row(r.target, label, f"{r.cost_per_mtok:.4f}", extra)
+    console.print(table)
 
 
 def result_json(result: Any) -> dict[str, Any]:
@@ -351,4 +411,7 @@ def result_json(result: Any) -> dict[str, Any]:
         "sample_warnings": list(getattr(result, "sample_warnings", []) or []),
         "sample_fraction": getattr(result, "sample_fraction", 1.0),
         "sample_weighting": getattr(result, "sample_weighting", None),
+        "refined": result.refined.to_attrs() if getattr(result, "refined", None) else None,
+        "winner_params": dict(getattr(result, "winner_params", {}) or {}),
+        "per_target": [asdict(r) for r in getattr(result, "per_target", []) or []],
     }

@@ -98,6 +98,11 @@ def study_report(study: Any, *, top: int = 10) -> dict[str, Any]:
         (s for s in done if s.feasible), key=lambda s: (s.metrics["cost_per_mtok"], s.number)
     )
     near = closest(study, slo) if best is None else None
+    from kvtier.search.refine import REFINE_ATTR
+
+    refine = study.user_attrs.get(REFINE_ATTR)
+    if best is None or not refine or refine.get("from_trial") != best.number:
+        refine = None  # a refine of another trial than today's best no longer applies
     return {
         "study": study.study_name,
         "setup": setup,
@@ -109,6 +114,7 @@ def study_report(study: Any, *, top: int = 10) -> dict[str, Any]:
         "top": [asdict(s) for s in feasible[:top]],
         "pareto_front": [asdict(s) for s in pareto_front(study)],
         "importance": _importances(study, done),
+        "refine": refine,
         "points": [
             {
                 "trial": s.number,
@@ -205,6 +211,10 @@ def report_sections(rep: dict[str, Any]) -> list[Section]:
                 [[k, _param_text(v)] for k, v in sorted(best["params"].items())],
             )
         )
+    if rep.get("refine"):
+        from kvtier.report.refine import refine_sections
+
+        out += refine_sections(rep["refine"])
     if len(rep["pareto_front"]) > 1:
         rows = [
             [
@@ -262,6 +272,8 @@ def _what_if_sections(wi: dict[str, Any]) -> list[Section]:
             ]
         )
     whose = "best trial" if wi["trial_meets_slo"] else "closest trial"
+    if wi.get("refined"):
+        whose = "refined best trial"
     out = [
         Section(
             f"architecture what-if: the {whose} ({wi['trial']}) with its memory tiers changed, "
@@ -283,7 +295,12 @@ def _what_if_sections(wi: dict[str, Any]) -> list[Section]:
 
 
 def print_study_report(rep: dict[str, Any], console: Console) -> None:
-    for sec in report_sections(rep):
+    print_sections(report_sections(rep), console)
+
+
+def print_sections(sections: list[Section], console: Console) -> None:
+    """Report sections on the terminal: a line of text, or a table."""
+    for sec in sections:
         if not sec.headers:
             console.print(f"[red]{escape(sec.title)}[/]" if sec.alert else escape(sec.title))
             continue

@@ -193,6 +193,14 @@ class OptimizeRequest:
         kind="flag",
         flag_value=False,
     )
+    refine: bool = option(
+        True,
+        "--no-refine",
+        help="Do not refine the winner (shrink its tiers and instances while the SLO holds "
+        "and the cost falls, and check that no single cheaper step meets the SLO).",
+        kind="flag",
+        flag_value=False,
+    )
     out: str | None = option(
         None, "--out", help="Policy file to write [default: runs/STUDY.toml].", kind="file"
     )

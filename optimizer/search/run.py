@@ -49,7 +49,6 @@ from kvtier.search.study import (
     best_feasible,
     check_study_setup,
     check_study_space,
-    closest,
     make_objective,
     make_runs_dir,
     open_study,
@@ -58,6 +57,7 @@ from kvtier.search.study import (
 from kvtier.search.warmstart import knee_capacities_gb, tier_additions, warm_start_trials
 
 if TYPE_CHECKING:
+    from kvtier.search.refine import Refined
     from kvtier.search.request import OptimizeRequest
 
 DEFAULT_SLO = SLO(ttft_p99_s=2.0, tpot_p99_s=0.1)
@@ -134,6 +134,12 @@ class OptimizeResult:
     sample_fraction: float = 1.0  # of a sampled trace: its replays ran on that share of the cluster
     # of a sample with prompt-length strata: how its latencies are weighted
     sample_weighting: str | None = None
+    # the winner shrunk while the SLO holds (kvtier.search.refine); None with --no-refine
+    refined: Refined | None = None
+    # the winner's parameters as they took effect (effective_params)
+    winner_params: dict[str, Any] = field(default_factory=dict)
+    # without --target: the cheapest policy each target can run, beside the winner
+    per_target: list[TargetBest] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -180,12 +186,16 @@ def _finished(study: optuna.Study) -> int:
     return len(study.get_trials(deepcopy=False, states=FINISHED))
 
 
-def baseline_policies(base: Policy) -> dict[str, Policy | InputError]:
+def baseline_policies(
+    base: Policy, hw: Any = None, mdl: Any = None
+) -> dict[str, Policy | InputError]:
     """What the best policy is compared with: every built-in preset, on the user's hardware.
 
     A preset keeps its policy (block size, tiers, write policy, ...) but runs on the hardware
     and model being optimized, at the same SLO, with all instances; its tier capacities are its
-    own. A preset that needs a tier the hardware lacks is reported as not applicable.
+    own. Given the hardware ``hw`` and model ``mdl``, a preset whose tensor-parallel size
+    cannot hold the model's weights with room for KV runs at the smallest size that can
+    (:func:`model_tp`). A preset that cannot run here is returned as the error saying why.
     """
     from kvtier.policy.presets import load_preset, preset_names
 
@@ -193,16 +203,48 @@ def baseline_policies(base: Policy) -> dict[str, Policy | InputError]:
     for name in preset_names():
         try:
             preset = load_preset(name)
+            serving = replace(preset.serving, instances=None)
+            if hw is not None and mdl is not None:
+                serving = _serving_that_fits(serving, hw, mdl)
             out[name] = replace(
-                preset,
-                hardware=base.hardware,
-                model=base.model,
-                slo=base.slo,
-                serving=replace(preset.serving, instances=None),
+                preset, hardware=base.hardware, model=base.model, slo=base.slo, serving=serving
             )
         except InputError as err:
             out[name] = err
     return out
+
+
+def model_tp(hw: Any, mdl: Any, tp: int) -> int | None:
+    """``tp``, or when ``tp`` GPUs cannot hold ``mdl``'s weights with room for KV the smallest
+    size that can and that the hardware can place (:func:`kvtier.deploy.layout.pool_tp_choices`);
+    None when none can."""
+    from kvtier.deploy.layout import pool_tp_choices
+
+    if hw.kv_capacity_bytes(mdl, tp) > 0:
+        return tp
+    sizes = [t for t in pool_tp_choices(hw.topology) if t > tp]
+    return next((t for t in sizes if hw.kv_capacity_bytes(mdl, t) > 0), None)
+
+
+def _serving_that_fits(serving: Any, hw: Any, mdl: Any) -> Any:
+    """``serving`` at the tensor-parallel sizes ``mdl`` needs on ``hw`` (:func:`model_tp`)."""
+    tp = serving.tp or hw.topology.tp
+    fits = model_tp(hw, mdl, tp)
+    if fits is None:
+        raise InputError(
+            f"{mdl.name} does not fit on any tensor-parallel size of {hw.name} "
+            f"(weights {mdl.weight_bytes / 1e9:,.0f} GB)"
+        )
+    changes: dict[str, Any] = {}
+    if fits != tp:
+        changes["tp"] = fits
+    for key in ("prefill_tp", "decode_tp"):
+        pool = getattr(serving, key)
+        if pool is not None and (size := model_tp(hw, mdl, pool)) != pool:
+            if size is None:
+                raise InputError(f"{mdl.name} does not fit on serving.{key} = {pool} GPUs")
+            changes[key] = size
+    return replace(serving, **changes) if changes else serving
 
 
 def pool_tp_sizes(hardware: Any, model: Any = None) -> tuple[int, ...]:
@@ -227,6 +269,25 @@ def one_size_when_pinned(space: SearchSpace) -> SearchSpace:
     pools = ("serving.prefill_tp", "serving.decode_tp")
     kept = tuple(p for p in space.params if p.name not in pools or p.name in space.pinned)
     return replace(space, params=kept)
+
+
+def check_pinned_size(pinned: dict[str, Any], hw: Any) -> None:
+    """Refuse pins that contradict each other on ``hw``: ``serving.instances`` instances of
+    ``serving.tp`` GPUs each that the hardware cannot hold (a search's sampled count beyond
+    the GPUs runs as many as fit, but a count the user pinned would silently not be what ran).
+    """
+    if "serving.tp" not in pinned or "serving.instances" not in pinned:
+        return
+    tp, n = int(pinned["serving.tp"]), int(pinned["serving.instances"])
+    gpus = hw.topology.gpus
+    if n * tp > gpus:
+        most = gpus // tp
+        raise InputError(
+            f"serving.tp={tp} and serving.instances={n} need {n * tp} GPUs; {hw.name} has "
+            f"{gpus} (at most {most} instance{'s' if most != 1 else ''} of tp {tp}): pin fewer "
+            "instances, a smaller tp, or allow more hosts (--max-hosts)",
+            option="--pin",
+        )
 
 
 def fit_space_to_hardware(space: SearchSpace, hardware: Any, model: Any = None) -> SearchSpace:
@@ -360,7 +421,10 @@ def run_request(request: OptimizeRequest) -> OptimizeResult:
     searched = search(request, fitted, opened)
     baselines = compare_baselines(request, fitted)
     swept = sweep_tiers(request, fitted, opened, searched)
-    return write_result(request, fitted, opened, searched, swept, baselines, warmed, started)
+    refined = refine_stage(request, fitted, opened, swept)
+    return write_result(
+        request, fitted, opened, searched, swept, refined, baselines, warmed, started
+    )
 
 
 @dataclass
@@ -409,7 +473,9 @@ def fit_space(request: OptimizeRequest) -> Fitted:
         from kvtier.hardware.prices import apply_prices, load_prices
 
         hw = apply_prices(hw, load_prices(request.prices))
-    search_space = fit_space_to_hardware(search_space.with_pins(request.pins or {}), hw, mdl)
+    search_space = search_space.with_pins(request.pins or {})
+    check_pinned_size(search_space.pinned, hw)
+    search_space = fit_space_to_hardware(search_space, hw, mdl)
     search_space = fit_space_to_sample(search_space, trace.sample_fraction, hw)
     search_space = one_size_when_pinned(search_space)
     if request.target is not None:
@@ -584,17 +650,24 @@ def search(request: OptimizeRequest, fitted: Fitted, opened: Opened) -> Searched
 
 def compare_baselines(request: OptimizeRequest, fitted: Fitted) -> list[Baseline]:
     """Replay every built-in preset on the same trace, hardware, model and SLO."""
+    from kvtier.search.refine import fewest_instances
+
     baselines = []
-    if request.compare_presets:
-        for bname, policy in baseline_policies(fitted.base).items():
-            if isinstance(policy, InputError):
-                baselines.append(Baseline(bname, None, policy.message))
-                continue
-            try:
-                evaluation = fitted.evaluator.evaluate_policy(policy, full=True)
-                baselines.append(Baseline(bname, evaluation))
-            except InputError as err:
-                baselines.append(Baseline(bname, None, err.message))
+    if not request.compare_presets:
+        return baselines
+    evaluator, fraction = fitted.evaluator, fitted.trace.sample_fraction
+    for bname, policy in baseline_policies(fitted.base, fitted.hw, fitted.mdl).items():
+        if isinstance(policy, InputError):
+            baselines.append(Baseline(bname, None, policy.message))
+            continue
+        try:
+            evaluation = evaluator.evaluate_policy(policy, full=True)
+            if evaluation.feasible:
+                # each preset at its own cheapest size: the fewest instances meeting the SLO
+                _, evaluation = fewest_instances(policy, evaluator, evaluation, fraction)
+            baselines.append(Baseline(bname, evaluation))
+        except InputError as err:
+            baselines.append(Baseline(bname, None, err.message))
     return baselines
 
 
@@ -622,7 +695,7 @@ def sweep_tiers(
     study, hw, n_trials = opened.study, fitted.hw, request.n_trials
     reserve = searched.reserve
     best = best_feasible(study)
-    near = None if best is not None else closest(study, slo_to_dict(fitted.slo))
+    near = None if best is not None else closest_trial(study, fitted)
     done = summaries(study)
     additions: list[dict[str, Any]] = []
     # A study finished by an earlier run already holds its sweeps' answers as trials (they were
@@ -666,12 +739,112 @@ def sweep_tiers(
     return Swept(best, done, tiered, hbm_only, near)
 
 
+def as_ran(policy: Policy, metrics: dict[str, Any], fraction: float) -> Policy:
+    """``policy`` as the deployment its replay ran: the instance count that ran (a count
+    beyond what ``serving.tp`` leaves room for runs as many as fit), and a split that left
+    one instance aggregated without its share and pool sizes, which would otherwise describe
+    (and export) a split never run."""
+    ran = int(metrics.get("instances", 0) or 0)
+    full = round(ran / fraction) if fraction else ran
+    if ran and policy.serving.instances is not None and policy.serving.instances != full:
+        policy = replace(policy, serving=replace(policy.serving, instances=full))
+    return without_inert_split(policy, ran)
+
+
+def effective_params(params: dict[str, Any], policy: Policy) -> dict[str, Any]:
+    """A trial's ``params`` as the winner ``policy`` has them: each value as it took effect
+    (the instances that ran, the refined capacities), without settings of a tier the policy
+    does not use or split settings that an aggregated deployment ignores; a lower tier turned
+    off stays (``tiers.X.enabled = False``)."""
+    out: dict[str, Any] = {}
+    for key, value in params.items():
+        parts = key.split(".")
+        if parts[0] == "tiers" and len(parts) == 3:
+            tier = policy.tier(parts[1])
+            if parts[2] == "enabled":
+                out[key] = tier is not None
+            elif tier is not None:
+                out[key] = getattr(tier, parts[2], value)
+            continue
+        owner: Any = policy.serving if parts[0] == "serving" and len(parts) == 2 else policy
+        actual = getattr(owner, parts[-1], value)
+        if actual is None:
+            continue
+        out[key] = actual
+    return out
+
+
+def refine_stage(
+    request: OptimizeRequest, fitted: Fitted, opened: Opened, swept: Swept
+) -> Refined | None:
+    """Shrink the winner's tiers and instances while the SLO holds and the cost falls
+    (:mod:`kvtier.search.refine`); kept in the study, so a rerun and ``kvtier report`` read
+    it instead of replaying again."""
+    from kvtier.search.refine import REFINE_ATTR, refine, stored_refine
+
+    best = swept.best
+    if not request.refine or best is None:
+        return None
+    stored = stored_refine(opened.study, best.number)
+    if stored is not None:
+        return stored
+    fraction = fitted.trace.sample_fraction
+    won = as_ran(policy_from_dict(best.policy, f"trial {best.number}"), best.metrics, fraction)
+    refined = refine(won, fitted.evaluator, from_trial=best.number, fraction=fraction)
+    if refined is not None:
+        opened.study.set_user_attr(REFINE_ATTR, refined.to_attrs())
+    return refined
+
+
+def closest_trial(study: optuna.Study, fitted: Fitted) -> TrialSummary | None:
+    """The trial nearest the SLO when none meets it, judged on whole replays.
+
+    A trial the early stop cut short has the metrics of the requests it reached: its misses
+    and rejections describe part of the trace. The closest is chosen among trials that served
+    the whole trace (:func:`kvtier.search.study.closest`'s measure); when the early stop cut
+    every trial short, the trial that got furthest (the largest share of requests finished)
+    is replayed to the end, and its summary carries that replay's metrics and violations
+    (``metrics["replayed_to_end"]`` says so)."""
+    from kvtier.search.study import summaries
+
+    done = summaries(study)
+    if not done:
+        return None
+    whole = [s for s in done if not s.metrics.get("early_stopped")]
+    if whole:
+        bounds = slo_to_dict(fitted.slo)
+        return min(whole, key=lambda s: (_miss(s.violations, bounds), s.number))
+
+    def share(s: TrialSummary) -> float:
+        n = int(s.metrics.get("n_requests", 0) or 0)
+        return int(s.metrics.get("n_served", 0) or 0) / n if n else 0.0
+
+    furthest = max(done, key=lambda s: (share(s), -s.number))
+    try:
+        policy = policy_from_dict(furthest.policy, f"trial {furthest.number}")
+        ev = fitted.evaluator.evaluate_policy(policy, full=True)
+    except InputError:
+        return furthest
+    metrics = {**ev.metrics.to_dict(), "replayed_to_end": True, "share_before": share(furthest)}
+    return replace(furthest, metrics=metrics, violations=dict(ev.violations), feasible=False)
+
+
+def _miss(violations: dict[str, float], bounds: dict[str, float]) -> float:
+    """Relative violations summed (as :func:`kvtier.search.study.closest` measures them)."""
+    total = 0.0
+    for term, v in violations.items():
+        if v > 0:
+            total += v / bounds[term] if bounds.get(term) else v
+    return total
+
+
 def write_result(
     request: OptimizeRequest,
     fitted: Fitted,
     opened: Opened,
     searched: Searched,
     swept: Swept,
+    refined: Refined | None,
     baselines: list[Baseline],
     warmed: int,
     started: float,
@@ -680,15 +853,27 @@ def write_result(
     study, name, hw, mdl = opened.study, opened.name, fitted.hw, fitted.mdl
     best, slo, near = swept.best, fitted.slo, swept.closest
     binding = binding_term(near.violations, slo) if near is not None else None
-    # the winner as it ran: a split that left one instance aggregated is written without its
-    # share and pool sizes, which would otherwise describe (and export) a split never run
+    # the winner as it ran (as_ran), or as the refine left it
     won_policy = None
-    if best is not None:
-        won_policy = without_inert_split(
-            policy_from_dict(best.policy, f"{name} trial {best.number}"),
-            int(best.metrics.get("instances", 0) or 0),
+    metrics = best.metrics if best is not None else {}
+    if refined is not None:
+        won_policy = policy_from_dict(refined.policy, f"{name} refined trial {refined.from_trial}")
+        metrics = refined.metrics
+    elif best is not None:
+        fraction = fitted.trace.sample_fraction
+        won_policy = as_ran(
+            policy_from_dict(best.policy, f"{name} trial {best.number}"), best.metrics, fraction
         )
     runnable = [] if won_policy is None else runnable_targets(policy_to_dict(won_policy), hw, mdl)
+    per_target: list[TargetBest] = []
+    if request.target is None and best is not None:
+        per_target = best_per_target(
+            swept.done,
+            (float(metrics["cost_per_mtok"]), runnable),
+            hw,
+            mdl,
+            fitted.trace.sample_fraction,
+        )
     shown = best or near  # the winner, or the closest trial when none met the SLO
     sample_warnings = _sample_warnings(
         fitted.scenario,
@@ -701,8 +886,8 @@ def write_result(
         write_policy_file(
             policy_path,
             won_policy,
-            metrics=best.metrics,
-            provenance=_provenance(request, fitted, opened, best),
+            metrics=metrics,
+            provenance=_provenance(request, fitted, opened, best, refined),
         )
     return OptimizeResult(
         study_name=name,
@@ -728,11 +913,20 @@ def write_result(
         sample_warnings=sample_warnings,
         sample_fraction=fitted.scenario.trace.sample_fraction,
         sample_weighting=sample_weighting(fitted.scenario.trace),
+        refined=refined,
+        per_target=per_target,
+        winner_params={}
+        if best is None or won_policy is None
+        else effective_params(best.params, won_policy),
     )
 
 
 def _provenance(
-    request: OptimizeRequest, fitted: Fitted, opened: Opened, best: TrialSummary
+    request: OptimizeRequest,
+    fitted: Fitted,
+    opened: Opened,
+    best: TrialSummary,
+    refined: Refined | None = None,
 ) -> dict[str, Any]:
     """Where the written policy came from: trace, study, trial, seed, setup and versions."""
     best_trial = opened.study.trials[best.number]
@@ -754,6 +948,8 @@ def _provenance(
         # the step-time backend and the package / data versions behind the metrics
         "step_time": best.metrics.get("step_time_source", ""),
         "prices": str(prices) if prices else "the profiles' (owned, all-in)",
+        # what the refine changed from the trial (kvtier.search.refine); empty: nothing
+        "refined": list(refined.changes) if refined is not None else [],
     }
 
 
@@ -840,6 +1036,49 @@ def runnable_targets(policy: dict[str, Any], hw: Any, mdl: Any) -> list[str]:
         if not any(m in n for n in result.notes for m in INEXPRESSIBLE):
             out.append(target)
     return out
+
+
+@dataclass(frozen=True)
+class TargetBest:
+    """The cheapest policy one export target can run as simulated, and what it costs beyond
+    the unrestricted winner (``extra``: a share of its cost per token; 0 when it is the
+    winner itself). ``trial`` None: no policy meeting the SLO that this target can run."""
+
+    target: str
+    trial: int | None
+    cost_per_mtok: float | None
+    extra: float | None
+    refined: bool = False  # the refined winner (not a trial as sampled)
+
+
+def best_per_target(
+    done: list[TrialSummary],
+    winner: tuple[float, list[str]] | None,
+    hw: Any,
+    mdl: Any,
+    fraction: float = 1.0,
+) -> list[TargetBest]:
+    """For every export target, the cheapest policy meeting the SLO that it can run
+    (:func:`runnable_targets`): the winner (``(cost, runnable targets)``) when it can, else
+    the cheapest feasible trial it can, each trial taken as it ran (:func:`as_ran`)."""
+    from kvtier.export import TARGETS
+
+    found: dict[str, TargetBest] = {}
+    best_cost = winner[0] if winner is not None else None
+    if winner is not None:
+        for target in winner[1]:
+            found[target] = TargetBest(target, None, winner[0], 0.0, refined=True)
+    feasible = sorted((s for s in done if s.feasible), key=lambda s: s.metrics["cost_per_mtok"])
+    for s in feasible:
+        if len(found) == len(TARGETS):
+            break
+        policy = as_ran(policy_from_dict(s.policy, f"trial {s.number}"), s.metrics, fraction)
+        for target in runnable_targets(policy_to_dict(policy), hw, mdl):
+            if target not in found:
+                cost = float(s.metrics["cost_per_mtok"])
+                extra = cost / best_cost - 1 if best_cost else None
+                found[target] = TargetBest(target, s.number, cost, extra)
+    return [found.get(t, TargetBest(t, None, None, None)) for t in TARGETS]
 
 
 def reached_front(done: list[TrialSummary]) -> list[TrialSummary]:
