@@ -198,6 +198,32 @@ def closest_words(near: Any) -> str:
     return "which served the whole trace"
 
 
+def _print_no_winner(result: Any, console: Console) -> None:
+    """No trial met the SLO: the closest one, why it missed, and what the trials reached."""
+    near = result.closest
+    if near is None:
+        console.print("[red]no trial finished[/]")
+        return
+    console.print(
+        f"[red]no trial met the SLO.[/] Closest: trial {near.number} "
+        f"({escape(', '.join(f'{k}={v}' for k, v in near.params.items()))}), "
+        f"{closest_words(near)}; it misses "
+        f"{_misses(near.violations)}; the binding constraint is [bold]{result.binding}[/] "
+        f"({TERM_WORDS.get(result.binding or '', result.binding)}). "
+        "Relax it, allow more hardware (--max-hosts), or lower --rate-scale."
+    )
+    rejected = int(near.metrics.get("n_rejected", 0) or 0)
+    if rejected and not near.metrics.get("early_stopped"):
+        # counted on a whole replay: requests no instance of this policy can ever hold
+        console.print(
+            f"Trial {near.number} rejected {rejected:,} of "
+            f"{int(near.metrics.get('n_requests', 0) or 0):,} requests: larger than an "
+            "instance's HBM pool (tiers.hbm.capacity_gb, serving.tp, kv_dtype), or under "
+            "vllm_v0 a prompt over serving.max_num_batched_tokens."
+        )
+    _print_reached(result, console)
+
+
 def print_result(result: Any, console: Console) -> None:
     console.print(
         f"study [bold]{result.study_name}[/] ({result.storage}): {result.new_trials} new trials, "
@@ -221,28 +247,7 @@ def print_result(result: Any, console: Console) -> None:
         console.print(f"note: {escape(weighting)}")
     best = result.best
     if best is None:
-        near = result.closest
-        if near is None:
-            console.print("[red]no trial finished[/]")
-            return
-        console.print(
-            f"[red]no trial met the SLO.[/] Closest: trial {near.number} "
-            f"({escape(', '.join(f'{k}={v}' for k, v in near.params.items()))}), "
-            f"{closest_words(near)}, which misses "
-            f"{_misses(near.violations)}; the binding constraint is [bold]{result.binding}[/] "
-            f"({TERM_WORDS.get(result.binding or '', result.binding)}). "
-            "Relax it, allow more hardware (--max-hosts), or lower --rate-scale."
-        )
-        rejected = int(near.metrics.get("n_rejected", 0) or 0)
-        if rejected and not near.metrics.get("early_stopped"):
-            # counted on a whole replay: requests no instance of this policy can ever hold
-            console.print(
-                f"Trial {near.number} rejected {rejected:,} of "
-                f"{int(near.metrics.get('n_requests', 0) or 0):,} requests: larger than an "
-                "instance's HBM pool (tiers.hbm.capacity_gb, serving.tp, kv_dtype), or under "
-                "vllm_v0 a prompt over serving.max_num_batched_tokens."
-            )
-        _print_reached(result, console)
+        _print_no_winner(result, console)
         return
     table = Table(
         title="best policy and the presets, on this trace, hardware, model and SLO",
@@ -293,7 +298,8 @@ def print_result(result: Any, console: Console) -> None:
     params.add_column("name", style="bold")
     params.add_column("value", justify="right")
     inert = _inert_params(best)
-    shown = getattr(result, "winner_params", None) or best.params
+    shown = dict(getattr(result, "winner_params", None) or best.params)
+    shown.update({k: best.params[k] for k in inert if k in best.params})  # marked below
     for k, v in sorted(shown.items()):
         text = f"{v:.4g}" if isinstance(v, float) else str(v)
         if k in inert:  # a share of one instance: aggregated, the split's keys do nothing

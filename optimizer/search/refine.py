@@ -7,12 +7,14 @@ and, with replays on the study's trace, hardware, model, SLO and load mode:
 
 1. bisects the instance count down (one instance at a time at the end: ``tp`` GPUs, the
    fewest GPUs a policy of this shape can drop);
-2. for each lower tier the policy uses, tries the policy without it, then bisects its
-   capacity down on a log scale until the step left is under 10%;
+2. for each lower tier the policy uses, tries the policy without it, then halves its
+   capacity while the SLO holds and bisects on a log scale between the last size that failed
+   and the last that held, until the step left is under 10%;
 3. checks the **certificate**: every single step to a cheaper neighbour (each lower tier's
    capacity -10%, each lower tier removed, one instance fewer) misses the SLO or costs more
-   per token. A neighbour that meets the SLO for less becomes the policy and the check runs
-   again (at most :data:`MAX_ROUNDS` times; the report says when the certificate still fails);
+   per token. A neighbour that meets the SLO for less becomes the policy, steps 1 and 2 run
+   again from it, and so does the check (at most :data:`MAX_ROUNDS` times; the report says
+   when the certificate still fails);
 4. replays each lower tier of the result at a few multiples of its capacity: the
    cost-vs-capacity curve a buyer reads the knee from.
 
@@ -24,7 +26,7 @@ shows it and ``report --what-if`` starts from it.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
@@ -34,7 +36,7 @@ from kvtier.search.objective import Evaluation, Evaluator
 
 REFINE_ATTR = "kvtier_refine"  # the study's user attribute holding the last refine
 STEP = 0.9  # a neighbour's capacity: 10% less
-SMALLEST = 1 / 16  # the bisection of a capacity starts from this share of it
+MIN_GB = 0.01  # a capacity is not halved below this
 MAX_ROUNDS = 8  # neighbour moves before the certificate is given up as not holding
 CURVE_FACTORS = (0.25, 0.5, 0.75, 0.9, 1.0, 1.25, 1.5, 2.0)
 # a cost is lower only by more than this share (replays of equal cost differ in the last bits)
@@ -237,24 +239,43 @@ def _point(
     return Point(label, n, gb, cost, m.cost_per_hour, m.ttft_p99_s, ev.feasible, reason)
 
 
+def _gpus_label(label: str, ev: Evaluation | str, here: Evaluation) -> str:
+    """A fewer-instances step's label with the GPUs it drops (as the replays placed them)."""
+    if "fewer" not in label or not isinstance(ev, Evaluation):
+        return label
+    dropped = int(here.metrics.gpus or 0) - int(ev.metrics.gpus or 0)
+    return f"{label} ({dropped} GPU{'s' if dropped != 1 else ''})" if dropped > 0 else label
+
+
+def free_to(fixed: Collection[str], what: str, tier: str = "") -> bool:
+    """Whether the refine may change ``what`` (``instances``, ``capacity`` or ``remove`` of
+    ``tier``): not when the user pinned it (``fixed``: the space's pinned keys)."""
+    if what == "instances":
+        return "serving.instances" not in fixed
+    if what == "capacity":
+        return f"tiers.{tier}.capacity_gb" not in fixed
+    return f"tiers.{tier}.enabled" not in fixed
+
+
 def neighbours(
-    policy: Policy, evaluator: Evaluator, step: int = 1
+    policy: Policy, evaluator: Evaluator, step: int = 1, fixed: Collection[str] = ()
 ) -> list[tuple[str, Policy, float | None]]:
     """The single steps to a cheaper policy: each lower tier's capacity -10%, each lower tier
-    removed, ``step`` instances fewer; as ``(label, policy, capacity)``."""
+    removed, ``step`` instances fewer, each unless pinned (``fixed``); as ``(label, policy,
+    capacity)``."""
     out: list[tuple[str, Policy, float | None]] = []
     for tier in policy.lower_tiers:
         gb = capacity_gb(policy, tier, evaluator)
         less = gb * STEP
         unit = _per_host(evaluator, tier.name)
         label = f"{tier.name} -10% ({less:,.4g} GB{unit})"
-        out.append((label, _with_capacity(policy, tier.name, less), less))
-        out.append((f"without {tier.name}", _without(policy, tier.name), None))
+        if free_to(fixed, "capacity", tier.name):
+            out.append((label, _with_capacity(policy, tier.name, less), less))
+        if free_to(fixed, "remove", tier.name):
+            out.append((f"without {tier.name}", _without(policy, tier.name), None))
     n = policy.serving.instances
-    if n is not None and n - step >= 1:
-        tp = policy.serving.tp or evaluator.hardware.topology.tp
-        fewer = f"{step} instance{'s' if step > 1 else ''} fewer ({step * tp} GPU"
-        fewer += "s)" if step * tp > 1 else ")"
+    if n is not None and n - step >= 1 and free_to(fixed, "instances"):
+        fewer = f"{step} instance{'s' if step > 1 else ''} fewer"
         out.append(
             (fewer, replace(policy, serving=replace(policy.serving, instances=n - step)), None)
         )
@@ -267,10 +288,12 @@ def refine(
     *,
     from_trial: int,
     fraction: float = 1.0,
+    fixed: Collection[str] = (),
     on_step: Callable[[str], None] | None = None,
 ) -> Refined | None:
-    """Refine ``policy`` (the search's winner; see the module docstring). None when the
-    winner does not meet the SLO when replayed again (nothing to refine from)."""
+    """Refine ``policy`` (the search's winner; see the module docstring), leaving what the
+    user pinned (``fixed``: dotted keys, :func:`free_to`) as it is. None when the winner does
+    not meet the SLO when replayed again (nothing to refine from)."""
     from kvtier.scenario import sample_instance_step
 
     replays = _Replays(evaluator)
@@ -294,41 +317,55 @@ def refine(
             return True
         return False
 
-    # 1. the instance count, bisected in steps of ``step`` (a sample's whole instances)
-    if cur.serving.instances is not None:
-        say("refine: instances")
-        lo, hi = 0, int(cur.serving.instances) // step
-        while hi - lo > 1:
-            mid = (lo + hi) // 2
-            if take(replace(cur, serving=replace(cur.serving, instances=mid * step))):
-                hi = mid
-            else:
-                lo = mid
-    # 2. each lower tier: removed, else its capacity bisected on a log scale
-    for tier in cur.lower_tiers:
-        say(f"refine: {tier.name}")
-        if take(_without(cur, tier.name)):
-            continue
-        hi_gb = capacity_gb(cur, tier, evaluator)
-        lo_gb = hi_gb * SMALLEST
-        while lo_gb < hi_gb * STEP:
-            mid = _gb(math.sqrt(lo_gb * hi_gb))
-            if mid >= hi_gb:
-                break
-            if take(_with_capacity(cur, tier.name, mid)):
-                hi_gb = mid
-            else:
-                lo_gb = mid
-    # 3. the certificate: no single step to a cheaper neighbour meets the SLO for less
+    def shrink() -> None:
+        # 1. the instance count, bisected in steps of ``step`` (a sample's whole instances)
+        if cur.serving.instances is not None and free_to(fixed, "instances"):
+            say("refine: instances")
+            lo, hi = 0, int(cur.serving.instances) // step
+            while hi - lo > 1:
+                mid = (lo + hi) // 2
+                if take(replace(cur, serving=replace(cur.serving, instances=mid * step))):
+                    hi = mid
+                else:
+                    lo = mid
+        # 2. each lower tier: removed, else its capacity halved while the SLO holds, then
+        # bisected on a log scale until the step left is under 10%
+        for tier in cur.lower_tiers:
+            say(f"refine: {tier.name}")
+            if free_to(fixed, "remove", tier.name) and take(_without(cur, tier.name)):
+                continue
+            if not free_to(fixed, "capacity", tier.name):
+                continue
+            hi_gb = capacity_gb(cur, tier, evaluator)
+            lo_gb = 0.0
+            while hi_gb > MIN_GB:
+                half = _gb(hi_gb / 2)
+                if not take(_with_capacity(cur, tier.name, half)):
+                    lo_gb = half
+                    break
+                hi_gb = half
+            while lo_gb and lo_gb < hi_gb * STEP:
+                mid = _gb(math.sqrt(lo_gb * hi_gb))
+                if not lo_gb < mid < hi_gb:
+                    break
+                if take(_with_capacity(cur, tier.name, mid)):
+                    hi_gb = mid
+                else:
+                    lo_gb = mid
+
+    # 3. the certificate: no single step to a cheaper neighbour meets the SLO for less; a
+    # neighbour that does becomes the policy, and the shrinking runs again from it
     holds = False
     certificate: list[Point] = []
     for _ in range(MAX_ROUNDS):
+        shrink()
         say("refine: certificate")
         evaluated = [
-            (label, p, gb, replays(p)) for label, p, gb in neighbours(cur, evaluator, step)
+            (label, p, gb, replays(p)) for label, p, gb in neighbours(cur, evaluator, step, fixed)
         ]
         certificate = [
-            _point(label, p, ev, cur_ev.cost_per_mtok, gb) for label, p, gb, ev in evaluated
+            _point(_gpus_label(label, ev, cur_ev), p, ev, cur_ev.cost_per_mtok, gb)
+            for label, p, gb, ev in evaluated
         ]
         better = [(ev, p) for _, p, _, ev in evaluated if _cheaper(ev, cur_ev.cost_per_mtok)]
         if not better:

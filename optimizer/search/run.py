@@ -790,10 +790,46 @@ def refine_stage(
         return stored
     fraction = fitted.trace.sample_fraction
     won = as_ran(policy_from_dict(best.policy, f"trial {best.number}"), best.metrics, fraction)
-    refined = refine(won, fitted.evaluator, from_trial=best.number, fraction=fraction)
+    refined = refine(
+        won,
+        fitted.evaluator,
+        from_trial=best.number,
+        fraction=fraction,
+        fixed=tuple(fitted.space.pinned),
+    )
     if refined is not None:
         opened.study.set_user_attr(REFINE_ATTR, refined.to_attrs())
     return refined
+
+
+def _with_refined(
+    tiered: Choice | None,
+    hbm_only: Choice | None,
+    refined: Refined,
+    best: TrialSummary,
+    default_tp: int,
+) -> tuple[Choice | None, Choice | None]:
+    """The tiering answers with the refined winner in place of its trial, on the side its
+    tiers put it, when it is the cheaper there."""
+    from kvtier.search.tiering import gpus_of, lower_tiers
+
+    tiers = lower_tiers(refined.policy)
+    m = refined.metrics
+    mine = Choice(
+        label=f"trial {best.number}, refined",
+        cost_per_mtok=float(m["cost_per_mtok"]),
+        cost_per_hour=float(m["cost_per_hour"]),
+        gpus=gpus_of(m, refined.policy, default_tp),
+        tiers=tiers,
+        ttft_p99_s=float(m["ttft_p99_s"]),
+        params=effective_params(best.params, policy_from_dict(refined.policy, "<refined>")),
+    )
+    if tiers:
+        if tiered is None or mine.cost_per_mtok <= tiered.cost_per_mtok:
+            tiered = mine
+    elif hbm_only is None or mine.cost_per_mtok <= hbm_only.cost_per_mtok:
+        hbm_only = mine
+    return tiered, hbm_only
 
 
 def closest_trial(study: optuna.Study, fitted: Fitted) -> TrialSummary | None:
@@ -865,6 +901,9 @@ def write_result(
             policy_from_dict(best.policy, f"{name} trial {best.number}"), best.metrics, fraction
         )
     runnable = [] if won_policy is None else runnable_targets(policy_to_dict(won_policy), hw, mdl)
+    tiered, hbm_only = swept.tiered, swept.hbm_only
+    if refined is not None and best is not None and refined.changes:
+        tiered, hbm_only = _with_refined(tiered, hbm_only, refined, best, hw.topology.tp)
     per_target: list[TargetBest] = []
     if request.target is None and best is not None:
         per_target = best_per_target(
@@ -904,8 +943,8 @@ def write_result(
         new_trials=_ran_by(study, searched.worker),
         warm_started=warmed,
         extra={"trace": request.trace_path},
-        tiered=swept.tiered,
-        hbm_only=swept.hbm_only,
+        tiered=tiered,
+        hbm_only=hbm_only,
         bound=fitted.bound,
         runnable_by=runnable,
         target=request.target,
