@@ -97,7 +97,11 @@ def study_report(study: Any, *, top: int = 10) -> dict[str, Any]:
     feasible = sorted(
         (s for s in done if s.feasible), key=lambda s: (s.metrics["cost_per_mtok"], s.number)
     )
-    near = closest(study, slo) if best is None else None
+    near = None
+    if best is None:  # among trials that served the whole trace, when there are any
+        from kvtier.search.run import closest_whole
+
+        near = closest_whole(done, slo) or closest(study, slo)
     from kvtier.search.refine import REFINE_ATTR
 
     refine = study.user_attrs.get(REFINE_ATTR)
@@ -174,9 +178,19 @@ def report_sections(rep: dict[str, Any]) -> list[Section]:
         if near is None:
             return [*out, Section("no trial has finished", alert=True)]
         misses = ", ".join(f"{k} by {v:.3g}" for k, v in near["violations"].items() if v > 0)
+        m = near["metrics"]
+        if m.get("early_stopped"):
+            n = int(m.get("n_requests", 0) or 0)
+            share = int(m.get("n_served", 0) or 0) / n if n else 0.0
+            how = (
+                f"stopped early once it missed the SLO ({share:.0%} of requests served; "
+                "every trial was), and by then missed"
+            )
+        else:
+            how = "which served the whole trace and misses"
         out.append(
             Section(
-                f"no trial meets the SLO; closest: trial {near['number']}, which misses {misses}",
+                f"no trial meets the SLO; closest: trial {near['number']}, {how} {misses}",
                 alert=True,
             )
         )

@@ -846,10 +846,9 @@ def closest_trial(study: optuna.Study, fitted: Fitted) -> TrialSummary | None:
     done = summaries(study)
     if not done:
         return None
-    whole = [s for s in done if not s.metrics.get("early_stopped")]
-    if whole:
-        bounds = slo_to_dict(fitted.slo)
-        return min(whole, key=lambda s: (_miss(s.violations, bounds), s.number))
+    whole = closest_whole(done, slo_to_dict(fitted.slo))
+    if whole is not None:
+        return whole
 
     def share(s: TrialSummary) -> float:
         n = int(s.metrics.get("n_requests", 0) or 0)
@@ -863,6 +862,15 @@ def closest_trial(study: optuna.Study, fitted: Fitted) -> TrialSummary | None:
         return furthest
     metrics = {**ev.metrics.to_dict(), "replayed_to_end": True, "share_before": share(furthest)}
     return replace(furthest, metrics=metrics, violations=dict(ev.violations), feasible=False)
+
+
+def closest_whole(done: list[TrialSummary], bounds: dict[str, float]) -> TrialSummary | None:
+    """Of the trials that served the whole trace (not cut short by the early stop), the one
+    that misses the SLO by the least (relative violations summed); None when there is none."""
+    whole = [s for s in done if not s.metrics.get("early_stopped")]
+    if not whole:
+        return None
+    return min(whole, key=lambda s: (_miss(s.violations, bounds), s.number))
 
 
 def _miss(violations: dict[str, float], bounds: dict[str, float]) -> float:

@@ -22,9 +22,10 @@ from kvtier.trace.synth.kinds import BUILDERS
 from kvtier.trace.synth.knobs import make_knobs
 
 DEFAULT_REQUESTS = 1000
-# The most requests one synthesis writes (all passes): a long-RAG request holds some 500 block
-# hashes, so ten million of them are tens of GB in memory; real traces of that size are
-# imported (kvtier trace import), not synthesised.
+# The most requests one synthesis writes (all passes): a long-RAG request holds some 1,500
+# block hashes (24,000 tokens at 16 a block, 8 bytes each), so ten million of them are over
+# 100 GB in memory; real traces of that size are imported (kvtier trace import), not
+# synthesised (docs/sources.md, "Search and tool limits").
 MAX_REQUESTS = 10_000_000
 DEFAULT_BLOCK_TOKENS = 16
 META_PARAMS = "synth.params"
