@@ -184,15 +184,16 @@ def _miss(ev: Evaluation) -> str:
 class _Replays:
     """Evaluations of policies, each replayed once (keyed by the policy file's content)."""
 
-    def __init__(self, evaluator: Evaluator) -> None:
+    def __init__(self, evaluator: Evaluator, *, full: bool = False) -> None:
         self.evaluator = evaluator
+        self.full = full  # replayed to the end even once the SLO is missed
         self.seen: dict[str, Evaluation | str] = {}
 
     def __call__(self, policy: Policy) -> Evaluation | str:
         key = repr(sorted(_flat(policy_to_dict(policy)).items()))
         if key not in self.seen:
             try:
-                self.seen[key] = self.evaluator.evaluate_policy(policy)
+                self.seen[key] = self.evaluator.evaluate_policy(policy, full=self.full)
             except (InputError, ValueError) as err:
                 self.seen[key] = getattr(err, "message", str(err))
         return self.seen[key]
@@ -357,6 +358,7 @@ def refine(
     # neighbour that does becomes the policy, and the shrinking runs again from it
     holds = False
     certificate: list[Point] = []
+    evaluated: list[tuple[str, Policy, float | None, Evaluation | str]] = []
     for _ in range(MAX_ROUNDS):
         shrink()
         say("refine: certificate")
@@ -374,6 +376,19 @@ def refine(
         ev, p = min(better, key=lambda b: b[0].cost_per_mtok)  # type: ignore[union-attr]
         assert isinstance(ev, Evaluation)
         cur, cur_ev = p, ev
+    # What is shown is replayed to the end: a replay the early stop cut short has the
+    # latencies of the requests it reached (the verdicts stay: it stops only once the SLO is
+    # certainly missed)
+    whole = _Replays(evaluator, full=True)
+
+    def shown(p: Policy, ev: Evaluation | str) -> Evaluation | str:
+        return whole(p) if isinstance(ev, Evaluation) and ev.metrics.early_stopped else ev
+
+    if holds:
+        certificate = [
+            _point(_gpus_label(label, ev, cur_ev), p, shown(p, ev), cur_ev.cost_per_mtok, gb)
+            for label, p, gb, ev in evaluated
+        ]
     # 4. the cost-vs-capacity curve of each lower tier the result uses
     curves: dict[str, list[Point]] = {}
     for tier in cur.lower_tiers:
@@ -383,7 +398,7 @@ def refine(
         for factor in CURVE_FACTORS:
             size = gb if factor == 1.0 else _gb(gb * factor)
             p = _with_capacity(cur, tier.name, size)
-            ev = cur_ev if factor == 1.0 else replays(p)
+            ev = cur_ev if factor == 1.0 else shown(p, replays(p))
             point = _point(f"x{factor:g}", p, ev, math.inf, size)
             rows.append(replace(point, reason="" if point.feasible else point.reason))
         curves[tier.name] = rows
@@ -397,7 +412,7 @@ def refine(
         certificate=certificate,
         holds=holds,
         curves=curves,
-        replays=replays.count,
+        replays=replays.count + whole.count,
     )
 
 
