@@ -202,14 +202,29 @@ def test_presets_at_their_own_cheapest_size_and_the_best_each_target_can_run(
                     assert r.target not in runnable_targets(policy_to_dict(ran), hw, mdl)
             continue
         assert r.cost_per_mtok >= best_cost * (1 - 1e-9), r
-        if r.refined:
+        if r.winner:
             assert r.target in result.runnable_by and r.extra == 0.0
             continue
         assert r.target not in result.runnable_by
+        assert r.extra == pytest.approx(r.cost_per_mtok / best_cost - 1)
+        if r.changed:  # the winner projected onto what the target expresses, refined
+            assert r.trial == result.best.number and r.refined
+            from kvtier.search.run import project_to_target
+
+            projected, changed = project_to_target(
+                policy_from_dict(result.refined.policy), r.target, hw
+            )
+            assert changed == r.changed
+            assert r.target in runnable_targets(policy_to_dict(projected), hw, mdl)
+            continue
         s = trials[r.trial]
-        assert s.feasible and s.metrics["cost_per_mtok"] == pytest.approx(r.cost_per_mtok)
+        assert s.feasible
         ran = as_ran(policy_from_dict(s.policy), s.metrics, 1.0)
-        assert r.target in runnable_targets(policy_to_dict(ran), hw, mdl)
+        if r.refined:  # the trial refined: cheaper than sampled
+            assert r.cost_per_mtok < s.metrics["cost_per_mtok"]
+        else:
+            assert s.metrics["cost_per_mtok"] == pytest.approx(r.cost_per_mtok)
+            assert r.target in runnable_targets(policy_to_dict(ran), hw, mdl)
         assert r.extra == pytest.approx(r.cost_per_mtok / best_cost - 1)
 
 

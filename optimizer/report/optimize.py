@@ -372,9 +372,15 @@ def _print_per_target(result: Any, console: Console) -> None:
         table.add_column(col, justify="left" if col in ("target", "policy") else "right")
     for r in rows:
         if r.cost_per_mtok is None:
-            table.add_row(r.target, "none of the trials meeting the SLO", "-", "-")
+            table.add_row(
+                r.target, "none found (no trial, nor the winner adapted, it runs)", "-", "-"
+            )
             continue
-        label = "the winner" if r.refined else f"trial {r.trial}"
+        label = "the winner" if r.winner else f"trial {r.trial}"
+        if r.changed:
+            label = f"the winner with {', '.join(r.changed)}"
+        if r.refined:
+            label += ", refined"
         extra = "same" if not r.extra else f"{r.extra:+.1%}"
         table.add_row(r.target, label, f"{r.cost_per_mtok:.4f}", extra)
     console.print(table)

@@ -290,6 +290,7 @@ def refine(
     from_trial: int,
     fraction: float = 1.0,
     fixed: Collection[str] = (),
+    curves: bool = True,
     on_step: Callable[[str], None] | None = None,
 ) -> Refined | None:
     """Refine ``policy`` (the search's winner; see the module docstring), leaving what the
@@ -390,8 +391,8 @@ def refine(
             for label, p, gb, ev in evaluated
         ]
     # 4. the cost-vs-capacity curve of each lower tier the result uses
-    curves: dict[str, list[Point]] = {}
-    for tier in cur.lower_tiers:
+    tier_curves: dict[str, list[Point]] = {}
+    for tier in cur.lower_tiers if curves else ():
         say(f"refine: {tier.name} curve")
         gb = capacity_gb(cur, tier, evaluator)
         rows = []
@@ -401,7 +402,7 @@ def refine(
             ev = cur_ev if factor == 1.0 else shown(p, replays(p))
             point = _point(f"x{factor:g}", p, ev, math.inf, size)
             rows.append(replace(point, reason="" if point.feasible else point.reason))
-        curves[tier.name] = rows
+        tier_curves[tier.name] = rows
     return Refined(
         from_trial=from_trial,
         start_cost_per_mtok=start.cost_per_mtok,
@@ -411,7 +412,7 @@ def refine(
         changes=_changes(policy, cur, evaluator, n0),
         certificate=certificate,
         holds=holds,
-        curves=curves,
+        curves=tier_curves,
         replays=replays.count + whole.count,
     )
 

@@ -921,6 +921,10 @@ def write_result(
             mdl,
             fitted.trace.sample_fraction,
         )
+        if request.refine and won_policy is not None:
+            fixed = tuple(fitted.space.pinned)
+            per_target = refine_per_target(per_target, swept.done, fitted, fixed)
+            per_target = project_winner(per_target, won_policy, best.number, fitted, fixed)
     shown = best or near  # the winner, or the closest trial when none met the SLO
     sample_warnings = _sample_warnings(
         fitted.scenario,
@@ -1095,7 +1099,10 @@ class TargetBest:
     trial: int | None
     cost_per_mtok: float | None
     extra: float | None
-    refined: bool = False  # the refined winner (not a trial as sampled)
+    winner: bool = False  # the winner itself (the refined one, when refined)
+    refined: bool = False  # the trial refined (kvtier.search.refine), not as sampled
+    # the winner with these settings changed to what the target expresses (trial: the winner's)
+    changed: tuple[str, ...] = ()
 
 
 def best_per_target(
@@ -1114,7 +1121,7 @@ def best_per_target(
     best_cost = winner[0] if winner is not None else None
     if winner is not None:
         for target in winner[1]:
-            found[target] = TargetBest(target, None, winner[0], 0.0, refined=True)
+            found[target] = TargetBest(target, None, winner[0], 0.0, winner=True)
     feasible = sorted((s for s in done if s.feasible), key=lambda s: s.metrics["cost_per_mtok"])
     for s in feasible:
         if len(found) == len(TARGETS):
@@ -1126,6 +1133,127 @@ def best_per_target(
                 extra = cost / best_cost - 1 if best_cost else None
                 found[target] = TargetBest(target, s.number, cost, extra)
     return [found.get(t, TargetBest(t, None, None, None)) for t in TARGETS]
+
+
+def refine_per_target(
+    rows: list[TargetBest], done: list[TrialSummary], fitted: Fitted, fixed: tuple[str, ...]
+) -> list[TargetBest]:
+    """Each target's cheapest trial (not the winner) refined as the winner is
+    (:func:`kvtier.search.refine.refine`, without curves), kept when the refined policy is
+    cheaper and the target still runs it as simulated."""
+    from kvtier.search.refine import refine
+
+    by_trial = {s.number: s for s in done}
+    winner_cost = next((r.cost_per_mtok for r in rows if r.winner), None)
+    fraction = fitted.trace.sample_fraction
+    cache: dict[int, tuple[Any, list[str]]] = {}
+    out = []
+    for r in rows:
+        if r.winner or r.trial is None or r.cost_per_mtok is None:
+            out.append(r)
+            continue
+        if r.trial not in cache:
+            s = by_trial[r.trial]
+            policy = as_ran(policy_from_dict(s.policy, f"trial {s.number}"), s.metrics, fraction)
+            ref = refine(
+                policy,
+                fitted.evaluator,
+                from_trial=s.number,
+                fraction=fraction,
+                fixed=fixed,
+                curves=False,
+            )
+            runs = [] if ref is None else runnable_targets(ref.policy, fitted.hw, fitted.mdl)
+            cache[r.trial] = (ref, runs)
+        ref, runs = cache[r.trial]
+        if ref is None or r.target not in runs or not ref.cost_per_mtok < r.cost_per_mtok:
+            out.append(r)
+            continue
+        cost = ref.cost_per_mtok
+        extra = cost / winner_cost - 1 if winner_cost else None
+        out.append(replace(r, cost_per_mtok=cost, extra=extra, refined=True))
+    return out
+
+
+def project_to_target(policy: Policy, target: str, hw: Any) -> tuple[Policy, tuple[str, ...]]:
+    """``policy`` with each setting ``target`` cannot express set to one it can (its first
+    allowed value, :data:`kvtier.search.space.TARGET_RULES`), its lower tiers the target has
+    no place for removed and their evictions LRU; with the settings changed, as
+    ``key=value``. Whether the target then runs it is :func:`runnable_targets`'s to say."""
+    from kvtier.search.overlay import apply
+    from kvtier.search.space import TARGET_RULES
+
+    rules = TARGET_RULES.get(target)
+    if rules is None:
+        return policy, ()
+    changes: dict[str, Any] = {}
+    for key, values in rules.allowed.items():
+        parts = key.split(".")
+        owner: Any = policy.serving if parts[0] == "serving" else policy
+        if len(parts) <= 2 and getattr(owner, parts[-1], values[0]) not in values:
+            changes[key] = values[0]
+    for tier in policy.lower_tiers:
+        if tier.name not in rules.tiers or tier.name not in hw.tiers:
+            changes[f"tiers.{tier.name}.enabled"] = False
+        elif tier.eviction != "lru":
+            changes[f"tiers.{tier.name}.eviction"] = "lru"
+    if not changes:
+        return policy, ()
+    shown = tuple(f"{k}={str(v).lower() if isinstance(v, bool) else v}" for k, v in changes.items())
+    return apply(policy, changes, f"<{target}>"), shown
+
+
+def project_winner(
+    rows: list[TargetBest],
+    won: Policy,
+    from_trial: int,
+    fitted: Fitted,
+    fixed: tuple[str, ...],
+) -> list[TargetBest]:
+    """For each target that cannot run the winner: the winner projected onto what the target
+    expresses (:func:`project_to_target`), replayed and refined; it replaces the target's row
+    when it meets the SLO, the target runs it, and it costs less than the row's policy."""
+    from kvtier.search.refine import refine
+
+    winner_cost = next((r.cost_per_mtok for r in rows if r.winner), None)
+    fraction = fitted.trace.sample_fraction
+    cache: dict[str, tuple[Any, list[str]]] = {}
+    out = []
+    for r in rows:
+        if r.winner:
+            out.append(r)
+            continue
+        projected, changed = project_to_target(won, r.target, fitted.hw)
+        key = repr(policy_to_dict(projected))
+        if key not in cache:
+            ref = None
+            if changed and r.target in runnable_targets(
+                policy_to_dict(projected), fitted.hw, fitted.mdl
+            ):
+                try:
+                    ref = refine(
+                        projected,
+                        fitted.evaluator,
+                        from_trial=from_trial,
+                        fraction=fraction,
+                        fixed=fixed,
+                        curves=False,
+                    )
+                except InputError:
+                    ref = None
+            runs = [] if ref is None else runnable_targets(ref.policy, fitted.hw, fitted.mdl)
+            cache[key] = (ref, runs)
+        ref, runs = cache[key]
+        better = r.cost_per_mtok is None or (
+            ref is not None and ref.cost_per_mtok < r.cost_per_mtok
+        )
+        if ref is None or r.target not in runs or not better:
+            out.append(r)
+            continue
+        cost = ref.cost_per_mtok
+        extra = cost / winner_cost - 1 if winner_cost else None
+        out.append(TargetBest(r.target, from_trial, cost, extra, refined=True, changed=changed))
+    return out
 
 
 def reached_front(done: list[TrialSummary]) -> list[TrialSummary]:
