@@ -39,6 +39,14 @@ def test_contradictory_pins_are_refused_in_one_line(tmp_path) -> None:
     assert_one_line_error(result, "--pin", "serving.tp=8", "serving.instances=3", "24 GPUs")
 
 
+def test_contradictory_sets_are_refused_by_replay_in_one_line() -> None:
+    chat = str(REPO / "traces" / "sample-chat.parquet")
+    args = ("replay", "--trace", chat, "--set", "serving.tp=8")
+    result = invoke(*args, "--set", "serving.instances=3")
+    assert_one_line_error(result, "--set", "serving.tp=8", "serving.instances=3", "24 GPUs")
+    assert invoke(*args, "--set", "serving.instances=1", "--json").code == 0
+
+
 def test_pins_that_fit_are_not_refused() -> None:
     hw = load_hardware("h100-node")
     check_pinned_size({"serving.tp": 8, "serving.instances": 1}, hw)

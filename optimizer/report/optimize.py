@@ -373,7 +373,10 @@ def _print_per_target(result: Any, console: Console) -> None:
     for r in rows:
         if r.cost_per_mtok is None:
             table.add_row(
-                r.target, "none meeting the SLO (no trial it runs, nor the winner adapted)", "-", "-"
+                r.target,
+                "none meeting the SLO (no trial it runs, nor the winner adapted)",
+                "-",
+                "-",
             )
             continue
         label = "the winner" if r.winner else f"trial {r.trial}"

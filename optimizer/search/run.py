@@ -271,22 +271,25 @@ def one_size_when_pinned(space: SearchSpace) -> SearchSpace:
     return replace(space, params=kept)
 
 
-def check_pinned_size(pinned: dict[str, Any], hw: Any) -> None:
-    """Refuse pins that contradict each other on ``hw``: ``serving.instances`` instances of
-    ``serving.tp`` GPUs each that the hardware cannot hold (a search's sampled count beyond
-    the GPUs runs as many as fit, but a count the user pinned would silently not be what ran).
-    """
-    if "serving.tp" not in pinned or "serving.instances" not in pinned:
+def check_pinned_size(pinned: dict[str, Any], hw: Any, option: str = "--pin") -> None:
+    """Refuse settings that contradict each other on ``hw``: ``serving.instances`` instances
+    of ``serving.tp`` GPUs each that the hardware cannot hold (a search's sampled count beyond
+    the GPUs runs as many as fit, but a count the user gave would silently not be what ran).
+    ``option`` names where they were given (``--pin``, ``--set``)."""
+    tp, n = pinned.get("serving.tp"), pinned.get("serving.instances")
+    if tp is None or n is None:
         return
-    tp, n = int(pinned["serving.tp"]), int(pinned["serving.instances"])
+    tp, n = int(tp), int(n)
     gpus = hw.topology.gpus
     if n * tp > gpus:
         most = gpus // tp
+        verb = "set" if option == "--set" else "pin"
         raise InputError(
             f"serving.tp={tp} and serving.instances={n} need {n * tp} GPUs; {hw.name} has "
-            f"{gpus} (at most {most} instance{'s' if most != 1 else ''} of tp {tp}): pin fewer "
-            "instances, a smaller tp, or allow more hosts (--max-hosts)",
-            option="--pin",
+            f"{gpus} (at most {most} instance{'s' if most != 1 else ''} of tp {tp}): {verb} "
+            "fewer instances or a smaller tp"
+            + (", or allow more hosts (--max-hosts)" if option == "--pin" else ""),
+            option=option,
         )
 
 
