@@ -119,6 +119,7 @@ def study_report(study: Any, *, top: int = 10) -> dict[str, Any]:
         "pareto_front": [asdict(s) for s in pareto_front(study)],
         "importance": _importances(study, done),
         "refine": refine,
+        "best_params": _effective(best, refine),
         "points": [
             {
                 "trial": s.number,
@@ -129,6 +130,21 @@ def study_report(study: Any, *, top: int = 10) -> dict[str, Any]:
             for s in done
         ],
     }
+
+
+def _effective(best: TrialSummary | None, refine: dict[str, Any] | None) -> dict[str, Any]:
+    """The best trial's parameters as its policy (the refined one, when refined) has them:
+    no settings of a tier it does not use (:func:`kvtier.search.run.effective_params`)."""
+    if best is None:
+        return {}
+    from kvtier.policy.model import policy_from_dict
+    from kvtier.search.run import effective_params
+
+    policy = refine["policy"] if refine else best.policy
+    try:
+        return effective_params(best.params, policy_from_dict(policy, "<best>"))
+    except (InputError, ValueError):  # a policy this version cannot read: as recorded
+        return dict(best.params)
 
 
 def _param_text(value: Any) -> str:
@@ -218,11 +234,13 @@ def report_sections(rep: dict[str, Any]) -> list[Section]:
             )
         )
         best = rep["best"]
+        params = rep.get("best_params") or best["params"]
+        whose = "refined " if rep.get("refine") and rep["refine"].get("changes") else ""
         out.append(
             Section(
-                f"parameters of the best trial ({best['number']})",
+                f"parameters of the {whose}best trial ({best['number']}), as they took effect",
                 ["parameter", "value"],
-                [[k, _param_text(v)] for k, v in sorted(best["params"].items())],
+                [[k, _param_text(v)] for k, v in sorted(params.items())],
             )
         )
     if rep.get("refine"):
