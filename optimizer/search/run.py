@@ -415,8 +415,8 @@ def optimize(trace_path: str, **kwargs: Any) -> OptimizeResult:
 
 def run_request(request: OptimizeRequest) -> OptimizeResult:
     """The search as named stages, each reading what the ones before it found: fit the space
-    to the hardware, open the study, warm-start it, search, sweep the winner's tiers, compare
-    the presets, and write the policy file."""
+    to the hardware, open the study, warm-start it, search, compare the presets, sweep the
+    winner's tiers, refine the winner, and write the policy file."""
     started = time.perf_counter()
     fitted = fit_space(request)
     opened = open_study_stage(request, fitted)
