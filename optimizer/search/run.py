@@ -416,7 +416,8 @@ def optimize(trace_path: str, **kwargs: Any) -> OptimizeResult:
 def run_request(request: OptimizeRequest) -> OptimizeResult:
     """The search as named stages, each reading what the ones before it found: fit the space
     to the hardware, open the study, warm-start it, search, compare the presets, sweep the
-    winner's tiers, refine the winner, and write the policy file."""
+    winner's tiers, refine the winner, find what each target can run, and write the policy
+    file."""
     started = time.perf_counter()
     fitted = fit_space(request)
     opened = open_study_stage(request, fitted)
@@ -425,8 +426,9 @@ def run_request(request: OptimizeRequest) -> OptimizeResult:
     baselines = compare_baselines(request, fitted)
     swept = sweep_tiers(request, fitted, opened, searched)
     refined = refine_stage(request, fitted, opened, swept)
+    targeted = targets_stage(request, fitted, swept, refined, opened.name)
     return write_result(
-        request, fitted, opened, searched, swept, refined, baselines, warmed, started
+        request, fitted, opened, searched, swept, refined, targeted, baselines, warmed, started
     )
 
 
@@ -885,22 +887,24 @@ def _miss(violations: dict[str, float], bounds: dict[str, float]) -> float:
     return total
 
 
-def write_result(
-    request: OptimizeRequest,
-    fitted: Fitted,
-    opened: Opened,
-    searched: Searched,
-    swept: Swept,
-    refined: Refined | None,
-    baselines: list[Baseline],
-    warmed: int,
-    started: float,
-) -> OptimizeResult:
-    """Write the winner as it ran to its policy file, and gather what the report shows."""
-    study, name, hw, mdl = opened.study, opened.name, fitted.hw, fitted.mdl
-    best, slo, near = swept.best, fitted.slo, swept.closest
-    binding = binding_term(near.violations, slo) if near is not None else None
-    # the winner as it ran (as_ran), or as the refine left it
+@dataclass
+class Targeted:
+    """The targets stage's answer: the winner as it will be written (refined, or as it ran),
+    its metrics, the targets that run it, and each target's cheapest policy."""
+
+    policy: Policy | None
+    metrics: dict[str, Any]
+    runnable: list[str]
+    per_target: list[TargetBest]
+
+
+def targets_stage(
+    request: OptimizeRequest, fitted: Fitted, swept: Swept, refined: Refined | None, name: str
+) -> Targeted:
+    """The winner as written, the targets that run it as simulated, and without ``--target``
+    the cheapest policy each target can run (:func:`best_per_target`, refined and the
+    winner adapted to each target: :func:`refine_per_target`, :func:`project_winner`)."""
+    best, hw, mdl = swept.best, fitted.hw, fitted.mdl
     won_policy = None
     metrics = best.metrics if best is not None else {}
     if refined is not None:
@@ -912,22 +916,38 @@ def write_result(
             policy_from_dict(best.policy, f"{name} trial {best.number}"), best.metrics, fraction
         )
     runnable = [] if won_policy is None else runnable_targets(policy_to_dict(won_policy), hw, mdl)
-    tiered, hbm_only = swept.tiered, swept.hbm_only
-    if refined is not None and best is not None and refined.changes:
-        tiered, hbm_only = _with_refined(tiered, hbm_only, refined, best, hw.topology.tp)
     per_target: list[TargetBest] = []
     if request.target is None and best is not None:
-        per_target = best_per_target(
-            swept.done,
-            (float(metrics["cost_per_mtok"]), runnable),
-            hw,
-            mdl,
-            fitted.trace.sample_fraction,
-        )
+        winner = (float(metrics["cost_per_mtok"]), runnable)
+        fraction = fitted.trace.sample_fraction
+        per_target = best_per_target(swept.done, winner, hw, mdl, fraction)
         if request.refine and won_policy is not None:
             fixed = tuple(fitted.space.pinned)
             per_target = refine_per_target(per_target, swept.done, fitted, fixed)
             per_target = project_winner(per_target, won_policy, best.number, fitted, fixed)
+    return Targeted(won_policy, metrics, runnable, per_target)
+
+
+def write_result(
+    request: OptimizeRequest,
+    fitted: Fitted,
+    opened: Opened,
+    searched: Searched,
+    swept: Swept,
+    refined: Refined | None,
+    targeted: Targeted,
+    baselines: list[Baseline],
+    warmed: int,
+    started: float,
+) -> OptimizeResult:
+    """Write the winner as it ran to its policy file, and gather what the report shows."""
+    study, name, hw = opened.study, opened.name, fitted.hw
+    best, slo, near = swept.best, fitted.slo, swept.closest
+    binding = binding_term(near.violations, slo) if near is not None else None
+    won_policy, metrics = targeted.policy, targeted.metrics
+    tiered, hbm_only = swept.tiered, swept.hbm_only
+    if refined is not None and best is not None and refined.changes:
+        tiered, hbm_only = _with_refined(tiered, hbm_only, refined, best, hw.topology.tp)
     shown = best or near  # the winner, or the closest trial when none met the SLO
     sample_warnings = _sample_warnings(
         fitted.scenario,
@@ -961,14 +981,14 @@ def write_result(
         tiered=tiered,
         hbm_only=hbm_only,
         bound=fitted.bound,
-        runnable_by=runnable,
+        runnable_by=targeted.runnable,
         target=request.target,
         reached=reached_front(swept.done),
         sample_warnings=sample_warnings,
         sample_fraction=fitted.scenario.trace.sample_fraction,
         sample_weighting=sample_weighting(fitted.scenario.trace),
         refined=refined,
-        per_target=per_target,
+        per_target=targeted.per_target,
         winner_params={}
         if best is None or won_policy is None
         else effective_params(best.params, won_policy),
