@@ -163,8 +163,8 @@ def _print_reached(result: Any, console: Console) -> None:
     table = Table(
         title="what was reached (cost vs TTFT p99, no trial met the SLO)", title_justify="left"
     )
-    for col in ("trial", "$ per 1M tok", "TTFT p99 s", "TPOT p99 s", "GPUs"):
-        table.add_column(col, justify="right")
+    for col in ("trial", "$ per 1M tok", "TTFT p99 s", "TPOT p99 s", "GPUs", "replay"):
+        table.add_column(col, justify="left" if col == "replay" else "right")
     for s in front:
         m = s.metrics
         tp = s.policy.get("serving", {}).get("tp") or 1
@@ -174,13 +174,28 @@ def _print_reached(result: Any, console: Console) -> None:
             fmt_cell("{:.3f}", m.get("ttft_p99_s")),
             fmt_cell("{:.4f}", m.get("tpot_p99_s")),
             str(int(m.get("gpus") or int(m.get("instances", 0)) * int(tp))),
+            _replay_words(m),
         )
     console.print(table)
+    if any(m.metrics.get("early_stopped") for m in front):
+        console.print(
+            "A trial stopped early has the figures of the requests it reached before it "
+            "certainly missed the SLO, not of the whole trace."
+        )
     fastest = min(front, key=lambda s: s.metrics["ttft_p99_s"])
     console.print(
         f"The tightest TTFT p99 reached: {fastest.metrics['ttft_p99_s']:.3g} s "
         f"(trial {fastest.number}, ${fastest.metrics['cost_per_mtok']:.4f} per 1M tokens)."
     )
+
+
+def _replay_words(m: dict[str, Any]) -> str:
+    """Whether a trial's figures are of the whole trace or of a replay stopped early."""
+    if not m.get("early_stopped"):
+        return "whole trace"
+    n = int(m.get("n_requests", 0) or 0)
+    share = int(m.get("n_served", 0) or 0) / n if n else 0.0
+    return f"stopped early ({share:.0%} served)"
 
 
 def closest_words(near: Any) -> str:
