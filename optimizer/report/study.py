@@ -234,11 +234,11 @@ def report_sections(rep: dict[str, Any]) -> list[Section]:
             )
         )
         best = rep["best"]
+        # as they took effect: the refined policy's, no settings of a tier it does not use
         params = rep.get("best_params") or best["params"]
-        whose = "refined " if rep.get("refine") and rep["refine"].get("changes") else ""
         out.append(
             Section(
-                f"parameters of the {whose}best trial ({best['number']}), as they took effect",
+                f"parameters of the best trial ({best['number']})",
                 ["parameter", "value"],
                 [[k, _param_text(v)] for k, v in sorted(params.items())],
             )
