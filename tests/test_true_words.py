@@ -83,6 +83,10 @@ def test_the_winner_shows_the_instances_that_ran_and_no_settings_of_unused_tiers
     ran = as_ran(policy, {"instances": 4}, 1.0)
     assert ran.serving.instances == 4
     assert as_ran(policy, {"instances": 2}, 0.5).serving.instances == 4  # a half sample ran 2
+    # a split left aggregated on a sample's one instance: aggregated, at the deployment's two
+    split = Policy(serving=replace(Policy().serving, instances=2, prefill_share=0.25))
+    ran_half = as_ran(split, {"instances": 1}, 0.5)
+    assert ran_half.serving.instances == 2 and ran_half.serving.prefill_share == 0.0
     params = {
         "serving.instances": 11,
         "serving.tp": 8,

@@ -23,17 +23,26 @@ def refine_sentence(data: dict[str, Any]) -> str:
     if not data["changes"]:
         return (
             f"Refine: trial {data['from_trial']} is already the cheapest of its neighbours "
-            f"(${start:.4f} per 1M tokens; {replays} replays)."
+            f"(${start:.4f} per 1M tokens; {_replays(replays)})."
         )
     saving = 1 - cost / start if start else 0.0
     return (
         f"Refine: from trial {data['from_trial']}, {', '.join(data['changes'])}: "
         f"${start:.4f} -> ${cost:.4f} per 1M tokens ({saving:.1%} less), still within the SLO "
-        f"({replays} replays)."
+        f"({_replays(replays)})."
     )
 
 
+def _replays(n: int) -> str:
+    return f"{n} replay" if n == 1 else f"{n} replays"
+
+
 def certificate_sentence(data: dict[str, Any]) -> str:
+    if data["holds"] and not data["certificate"]:
+        return (
+            "Certificate: no cheaper neighbour exists (no lower tier to shrink or remove, no "
+            "instance to drop, or each pinned)."
+        )
     if data["holds"]:
         return (
             "Certificate: every single step to a cheaper neighbour (each lower tier's capacity "

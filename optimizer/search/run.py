@@ -753,7 +753,11 @@ def as_ran(policy: Policy, metrics: dict[str, Any], fraction: float) -> Policy:
     full = round(ran / fraction) if fraction else ran
     if ran and policy.serving.instances is not None and policy.serving.instances != full:
         policy = replace(policy, serving=replace(policy.serving, instances=full))
-    return without_inert_split(policy, ran)
+    policy = without_inert_split(policy, ran)
+    if ran and policy.serving.instances is not None and policy.serving.instances != full:
+        # a sample's replay ran ``ran`` of the deployment's ``full`` instances
+        policy = replace(policy, serving=replace(policy.serving, instances=full))
+    return policy
 
 
 def effective_params(params: dict[str, Any], policy: Policy) -> dict[str, Any]:
