@@ -115,9 +115,9 @@ def test_a_page_with_every_input_draws_every_chart() -> None:
         "hbm_only": None,
     }
     rep["refine"] = {
-        "trial": 0,
-        "tiers": {"dram": [{"capacity_gb": c, "cost_per_mtok": 0.02, "ttft_p99_s": 1.0,
-                            "feasible": True} for c in (32, 64, 128)]},
+        "from_trial": 0,
+        "curves": {"dram": [{"capacity_gb": c, "cost_per_mtok": 0.02, "ttft_p99_s": 1.0,
+                             "feasible": True} for c in (32, 64, 128)]},
     }  # fmt: skip
     rep["hit_ratio_over_time"] = {
         "trial": 0,

@@ -158,8 +158,6 @@ def test_missing_study_is_a_one_line_error_and_creates_nothing(tmp_path, monkeyp
 def test_html_page_carries_the_charts_the_verdict_and_the_tables(study_dir, tmp_path) -> None:
     from html.parser import HTMLParser
 
-    from kvtier.search.study import REFINE_ATTR
-
     found = run_optimize(study_dir, "paged", "ttft_p99=2", trials=4, presets=True)
     rep = json.loads(report(study_dir, "paged", "--json").stdout)
     page = tmp_path / "study.html"
@@ -220,7 +218,6 @@ def test_html_page_carries_the_charts_the_verdict_and_the_tables(study_dir, tmp_
     assert any("holds no refine curves" in t for t in parsed.texts) or any(
         "No trial used a tier below HBM" in t for t in parsed.texts
     )
-    assert REFINE_ATTR == "refine"
 
 
 def test_html_draws_refine_curves_and_hit_ratios_when_the_study_holds_them(
@@ -228,22 +225,33 @@ def test_html_draws_refine_curves_and_hit_ratios_when_the_study_holds_them(
 ) -> None:
     import optuna
 
-    from kvtier.search.study import HIT_RATIO_OVER_TIME_ATTR, REFINE_ATTR
+    from kvtier.search.refine import REFINE_ATTR, Refined
+    from kvtier.search.study import HIT_RATIO_OVER_TIME_ATTR
 
     run_optimize(study_dir, "refined", "ttft_p99=2", trials=3)
     url = f"sqlite:///{study_dir / 'refined.db'}"
     study = optuna.load_study(study_name="refined", storage=url)
+    from kvtier.search.refine import Point
+    from kvtier.search.study import best_feasible
+
+    best = best_feasible(study)
+    assert best is not None
     points = [
-        {
-            "capacity_gb": c,
-            "cost_per_mtok": 0.01 + c / 1e5,
-            "ttft_p99_s": 4 / (1 + c / 100),
-            "tpot_p99_s": 0.02,
-            "feasible": c >= 128,
-        }
+        Point(f"dram {c} GB", 1, float(c), 0.01 + c / 1e5, 1.0, 4 / (1 + c / 100), c >= 128)
         for c in (512, 32, 128, 64, 256)
     ]
-    study.set_user_attr(REFINE_ATTR, {"trial": 0, "tiers": {"dram": points}})
+    refined = Refined(
+        from_trial=best.number,
+        start_cost_per_mtok=0.02,
+        policy=best.policy,
+        metrics=best.metrics,
+        violations={},
+        changes=[],
+        certificate=[],
+        holds=True,
+        curves={"dram": points},
+    )
+    study.set_user_attr(REFINE_ATTR, refined.to_attrs())
     study.set_user_attr(
         HIT_RATIO_OVER_TIME_ATTR,
         {"trial": 0, "t_s": [0, 10, 20], "tiers": {"hbm": [0.1, 0.2, 0.2], "dram": [0, 0.3, 0.5]}},
@@ -252,7 +260,7 @@ def test_html_draws_refine_curves_and_hit_ratios_when_the_study_holds_them(
     r = report(study_dir, "refined", "--html", str(page))
     assert r.code == 0, r.stderr
     text = page.read_text()
-    assert "Refine curves around trial 0" in text
+    assert f"Refine curves around trial {best.number}" in text
     assert "Trial 0, replayed: the share of prompt tokens each tier served." in text
     # the refine curve is drawn in capacity order
     start = text.index('"x":[32,64,128,256,512]')

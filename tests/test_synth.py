@@ -19,6 +19,7 @@ from kvtier.trace.io import read_trace
 from kvtier.trace.stats import trace_stats
 from kvtier.trace.synth import arrival_times, synthesize
 from kvtier.trace.synth.content import block_content_ids, prompt_hashes
+from tests.helpers import assert_one_line_error, invoke
 
 KINDS = ("chat", "rag", "agent", "short")
 
@@ -475,3 +476,29 @@ def test_cli_bad_options_exit_2_with_one_line(extra: list[str], tmp_path) -> Non
     assert len(lines) == 1 and lines[0].startswith("error: ")
     assert "Traceback" not in result.output
     assert not out.exists()
+
+
+@pytest.mark.parametrize(
+    ("args", "option", "count"),
+    [
+        (("--requests", "100000000"), "--requests", "100,000,000"),
+        (("--requests", "6000000", "--passes", "2"), "--requests", "12,000,000"),
+        (("--duration", "1e9", "--rate", "5"), "--duration", "5,000,000,000"),
+    ],
+)
+def test_synth_refuses_an_absurd_count_in_one_line(
+    tmp_path: Path, args: tuple[str, ...], option: str, count: str
+) -> None:
+    out = tmp_path / "big.parquet"
+    result = invoke("trace", "synth", "rag", "-o", str(out), *args)
+    assert_one_line_error(result, option, count, "10,000,000")
+    assert not out.exists()
+
+
+def test_synth_at_the_cap_is_not_refused_by_the_count_check() -> None:
+    from kvtier.trace.synth.core import MAX_REQUESTS, _check_size
+
+    _check_size(MAX_REQUESTS, None, 1.0, 1)  # exactly the cap: allowed
+    _check_size(None, MAX_REQUESTS / 2.0, 2.0, 1)
+    with pytest.raises(InputError, match="--passes 2"):
+        _check_size(MAX_REQUESTS // 2 + 1, None, 1.0, 2)

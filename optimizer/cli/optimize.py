@@ -10,154 +10,60 @@ from typing import Any
 import click
 from rich.console import Console
 
-from kvtier.cli.common import _console, _echo_json, trace_option
+from kvtier.cli.common import _console, _echo_json
 from kvtier.errors import InputError
+from kvtier.search.request import OptimizeRequest, cli_fields
+
+
+def _click_option(name: str, opt: Any) -> Callable[..., Any]:
+    """The click option a request field declares (:class:`kvtier.search.request.CliOption`)."""
+    kwargs: dict[str, Any] = {"help": opt.help}
+    if opt.kind == "flag":
+        kwargs["is_flag"] = True
+        if opt.flag_value is not True:  # a --no-X flag: the field is True unless given
+            kwargs.update(flag_value=opt.flag_value, default=not opt.flag_value)
+    else:
+        default = OptimizeRequest.__dataclass_fields__[name].default
+        if opt.kind == "multiple":
+            kwargs["multiple"] = True
+        elif not opt.required:
+            kwargs["default"] = default
+        if opt.kind == "int":
+            kwargs["type"] = click.INT if opt.minimum is None else click.IntRange(min=opt.minimum)
+        elif opt.kind == "float":
+            kwargs["type"] = (
+                click.FLOAT
+                if opt.minimum is None
+                else click.FloatRange(min=opt.minimum, min_open=opt.min_open)
+            )
+        elif opt.kind == "choice":
+            kwargs["type"] = click.Choice(list(opt.choices))
+        elif opt.kind == "path":
+            kwargs["type"] = click.Path()
+        elif opt.kind == "file":
+            kwargs["type"] = click.Path(dir_okay=False)
+        if opt.required:
+            kwargs["required"] = True
+        if opt.show_default:
+            kwargs["show_default"] = True
+        if opt.metavar is not None:
+            kwargs["metavar"] = opt.metavar
+    return click.option(*opt.decls, name, **kwargs)
 
 
 def _optimize_options(command: Callable[..., Any]) -> Callable[..., Any]:
-    options = [
-        trace_option,
-        click.option(
-            "--hardware",
-            default=None,
-            help="Hardware profile name or TOML path [default: h100-node].",
-        ),
-        click.option(
-            "--model", default=None, help="Model profile name or TOML path [default: Llama-3.1-8B]."
-        ),
-        click.option(
-            "--space",
-            default="default",
-            show_default=True,
-            help="Search space: a name in policies/spaces or a TOML path.",
-        ),
-        click.option(
-            "--pin",
-            "pins",
-            multiple=True,
-            metavar="NAME=VALUE",
-            help="Fix a parameter, e.g. --pin block_tokens=64 (repeatable).",
-        ),
-        click.option(
-            "--slo",
-            "slo_text",
-            default=None,
-            help="Constraints in seconds, e.g. ttft_p99=5,ttft_mean=2,tpot_p99=0.1 "
-            "[default: ttft_p99=2,tpot_p99=0.1].",
-        ),
-        click.option(
-            "--load",
-            type=click.Choice(["trace", "capacity"]),
-            default="trace",
-            show_default=True,
-            help="trace: serve the trace as recorded; capacity: the largest load "
-            "meeting the SLO, priced at that rate.",
-        ),
-        click.option(
-            "--rate-scale",
-            type=float,
-            default=1.0,
-            show_default=True,
-            help="With --load trace: replay arrivals this many times as fast.",
-        ),
-        click.option(
-            "--trials",
-            "n_trials",
-            type=click.IntRange(min=1),
-            default=60,
-            show_default=True,
-            help="Trials the study should hold: a rerun of a finished study reports it, one cut "
-            "short runs what it lacks; raise N to search further.",
-        ),
-        click.option(
-            "--timeout",
-            type=click.FloatRange(min=0, min_open=True),
-            default=None,
-            help="Stop starting trials after this many seconds.",
-        ),
-        click.option(
-            "--jobs",
-            "n_jobs",
-            type=click.IntRange(min=1),
-            default=1,
-            show_default=True,
-            help="Trials run at once, in threads.",
-        ),
-        click.option("--seed", type=int, default=0, show_default=True, help="Sampler seed."),
-        click.option(
-            "--pareto", is_flag=True, help="NSGA-II on cost and TTFT P99; prints the Pareto front."
-        ),
-        click.option(
-            "--study",
-            "study_name",
-            default=None,
-            help="Study name; running the same name again continues it "
-            "[default: from trace, hardware and model].",
-        ),
-        click.option(
-            "--storage",
-            default=None,
-            help="Optuna storage URL [default: sqlite:///runs/STUDY.db]; "
-            "postgresql://... for many machines.",
-        ),
-        click.option(
-            "--allow-lossy-kv",
-            is_flag=True,
-            help="Let the search store KV in fp8 (changes model outputs slightly).",
-        ),
-        click.option(
-            "--no-presets",
-            "compare_presets",
-            is_flag=True,
-            flag_value=False,
-            default=True,
-            help="Do not evaluate the built-in presets for comparison.",
-        ),
-        click.option(
-            "--no-warm-start",
-            "warm_start",
-            is_flag=True,
-            flag_value=False,
-            default=True,
-            help="Do not enqueue trials at the miss-ratio curve's knees.",
-        ),
-        click.option(
-            "--out",
-            default=None,
-            type=click.Path(dir_okay=False),
-            help="Policy file to write [default: runs/STUDY.toml].",
-        ),
-        click.option(
-            "--target",
-            type=click.Choice(["vllm", "lmcache", "sglang", "dynamo", "mooncake"]),
-            default=None,
-            help="Search only what this serving system can express, so its export runs the "
-            "simulated policy [default: search everything; the report names the targets "
-            "that can run the winner].",
-        ),
-        click.option(
-            "--max-hosts",
-            type=click.IntRange(min=1),
-            default=None,
-            help="Let the search add hosts of the hardware profile, up to this many "
-            "(cost counts the hosts a policy occupies) [default: the profile's hosts].",
-        ),
-        click.option(
-            "--prices",
-            default=None,
-            type=click.Path(dir_okay=False),
-            help="TOML file of your own prices (GPU-hour, host-hour, per tier GB-hour and "
-            "fabric host-hour; docs/search.md) [default: the profiles' owned all-in prices].",
-        ),
-        click.option("--json", "as_json", is_flag=True, help="Print the result as JSON."),
-        click.option(
-            "--quiet",
-            "-q",
-            is_flag=True,
-            help="No progress: neither the bar on a terminal nor the lines on stderr that "
-            "stand for it elsewhere (every 10 s, $KVTIER_PROGRESS_S).",
-        ),
-    ]
+    """The options of ``optimize`` and ``batch``: one per field of
+    :class:`~kvtier.search.request.OptimizeRequest` that declares one, and ``--json``."""
+    options = [_click_option(name, opt) for name, opt in cli_fields()]
+    as_json = click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
+    quiet = click.option(
+        "--quiet",
+        "-q",
+        is_flag=True,
+        help="No progress: neither the bar on a terminal nor the lines on stderr that "
+        "stand for it elsewhere (every 10 s, $KVTIER_PROGRESS_S).",
+    )
+    options += [as_json, quiet]
     for option in reversed(options):
         command = option(command)
     return command
@@ -231,24 +137,27 @@ def _interrupted() -> None:
 
 
 def _run_optimize(**kwargs: Any) -> None:
+    from dataclasses import replace
+
     from kvtier.cli.progress import TrialProgress
-    from kvtier.search.run import optimize
-    from kvtier.search.space import parse_pins
+    from kvtier.search.request import request_from_options
+    from kvtier.search.run import run_request
 
     as_json = kwargs.pop("as_json")
     quiet = kwargs.pop("quiet")
-    pins = parse_pins(kwargs.pop("pins"))
+    request = request_from_options(kwargs)
     err_console = _console(stderr=True)
     progress = _trial_progress(err_console, as_json or quiet)
-    task = progress.add_task("optimizing", total=kwargs["n_trials"], best=FIRST_TRIAL_TEXT)
-    state = TrialProgress(kwargs["n_trials"])
+    task = progress.add_task("optimizing", total=request.n_trials, best=FIRST_TRIAL_TEXT)
+    state = TrialProgress(request.n_trials)
     try:
         with progress, _ticker("optimize", state.line, err_console, quiet):
-            result = optimize(
-                pins=pins,
-                on_trial=_on_trial(progress, task, state),
-                on_bound=None if as_json else _on_bound(progress.console),
-                **kwargs,
+            result = run_request(
+                replace(
+                    request,
+                    on_trial=_on_trial(progress, task, state),
+                    on_bound=None if as_json else _on_bound(progress.console),
+                )
             )
     except KeyboardInterrupt:
         _interrupted()
@@ -415,12 +324,12 @@ def batch_cmd(traces: tuple[str, ...], out_dir: str, study_prefix: str, **kwargs
     from kvtier.cli.progress import TrialProgress
     from kvtier.report.batch import batch_json, print_batch
     from kvtier.search.batch import plan_batch, run_batch
-    from kvtier.search.space import parse_pins
+    from kvtier.search.request import request_values
 
     as_json = kwargs.pop("as_json")
     quiet = kwargs.pop("quiet")
     kwargs.pop("trace_path", None)
-    pins = parse_pins(kwargs.pop("pins"))
+    kwargs = request_values(kwargs)
     items = plan_batch(
         traces,
         hardware=kwargs["hardware"],
@@ -445,7 +354,7 @@ def batch_cmd(traces: tuple[str, ...], out_dir: str, study_prefix: str, **kwargs
 
     try:
         with progress, _ticker("batch", line, err_console, quiet):
-            run_batch(items, on_start=on_start, pins=pins, **kwargs)
+            run_batch(items, on_start=on_start, **kwargs)
     except KeyboardInterrupt:
         _interrupted()
     if as_json:

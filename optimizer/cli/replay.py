@@ -126,6 +126,14 @@ def replay_cmd(
         engine=engine,
         prices=prices,
     )
+    overrides = _overrides(sets)
+    if "serving.tp" in overrides or "serving.instances" in overrides:
+        # --set instances the hardware cannot hold at that tp: refused, not silently cut
+        from kvtier.search.run import check_pinned_size
+
+        serving = scenario.policy.serving
+        given = {"serving.tp": serving.tp, "serving.instances": serving.instances}
+        check_pinned_size(given, scenario.hardware, option="--set")
     if concurrency:
         scenario = replace(scenario, concurrency=concurrency)
     bias = sample_bias(scenario.policy, scenario.hardware, scenario.trace.sample_fraction)

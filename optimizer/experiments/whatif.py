@@ -60,6 +60,7 @@ class StudyWhatIf:
     trace: str
     load: str
     rows: list[WhatIfRow]
+    refined: bool = False  # the policy is the best trial as optimize's refine left it
 
 
 def _capacity_text(gb: float, per_host: bool) -> str:
@@ -165,6 +166,13 @@ def what_if_for_study(
         option="--trace",
     )
     policy = policy_from_dict(best.policy, f"trial {best.number} of {study.study_name}")
+    from kvtier.search.refine import stored_refine
+
+    if best.feasible:
+        stored = stored_refine(study, best.number)
+        if stored is not None:  # the winner as optimize refined and wrote it
+            policy = policy_from_dict(stored.policy, f"refined trial {best.number}")
     evaluator = Evaluator(setup.scenario(policy, trace_path=path))
     rows = run_what_if(policy, evaluator, on_variant=on_variant)
-    return StudyWhatIf(best.number, best.feasible, path, evaluator.load, rows)
+    refined = best.feasible and stored_refine(study, best.number) is not None
+    return StudyWhatIf(best.number, best.feasible, path, evaluator.load, rows, refined)

@@ -40,7 +40,8 @@ def print_batch(items: list[Any], console: Console) -> None:
             cells = [item.trace, str(r.n_trials), "-", "-", "-", preset_text, escape(miss)]
             table.add_row(*(cells if with_presets else cells[:5] + cells[6:]))
             continue
-        m = best.metrics
+        # the winner as written to the policy file: refined, when the refine ran
+        m = r.refined.metrics if getattr(r, "refined", None) is not None else best.metrics
         cells = [
             item.trace,
             str(r.n_trials),

@@ -5,16 +5,17 @@ study's one-line summary; cost per 1M tokens against TTFT P99 and against TPOT P
 finished trial, with the SLO drawn, the best trial and every preset marked (log axes when the
 values span more than a decade); the presets' table; "what tiering buys" (the verdict and the
 cheapest tiered and HBM-only policies meeting the SLO); cost and latency against each lower
-tier's capacity around the winner (the refine curves a study may hold in its ``refine``
-attribute, else every trial's capacity of that tier); hit ratio per tier over time (the
-study's ``hit_ratio_over_time``, or the best trial replayed:
+tier's capacity around the winner (the refine's curves, :mod:`kvtier.search.refine`, when
+the study holds a refine of its best trial, else every trial's capacity of that tier); hit
+ratio per tier over time (the study's ``hit_ratio_over_time``, or the best trial replayed:
 :mod:`kvtier.experiments.hit_timeline`); the trace's LRU miss-ratio curve in GB of KV for the
 study's model; then the report's tables. Text is left-aligned, numbers right-aligned.
 
 The optional inputs' shapes (study user attributes, :mod:`kvtier.search.study`):
 
-* ``refine``: ``{"trial": N, "tiers": {TIER: [{"capacity_gb", "cost_per_mtok",
-  "ttft_p99_s", "tpot_p99_s", "feasible"}, ...]}}``, points in any order;
+* ``refine`` (the report's key for ``kvtier.search.refine.REFINE_ATTR``, written by
+  optimize's refine stage): ``{"from_trial": N, "curves": {TIER: [{"capacity_gb",
+  "cost_per_mtok", "ttft_p99_s", "feasible", ...}, ...]}, ...}``, points in any order;
 * ``hit_ratio_over_time``: ``{"trial": N, "t_s": [...], "tiers": {TIER: [...]}}``, each
   tier's share of prompt tokens served from it in the window starting at each ``t_s``.
 """
@@ -240,11 +241,11 @@ def capacity_figures(rep: dict[str, Any]) -> tuple[list[tuple[str, Any]], str]:
     from plotly.subplots import make_subplots
 
     refine = rep.get("refine") or {}
-    curves = refine.get("tiers") or {}
+    curves = refine.get("curves") or {}
     figures = []
     if curves:
         note = (
-            f"Refine curves around trial {refine.get('trial', '?')}: each lower tier's "
+            f"Refine curves around trial {refine.get('from_trial', '?')}: each lower tier's "
             "capacity varied with the rest of the winner fixed."
         )
         series = {

@@ -163,8 +163,8 @@ def _print_reached(result: Any, console: Console) -> None:
     table = Table(
         title="what was reached (cost vs TTFT p99, no trial met the SLO)", title_justify="left"
     )
-    for col in ("trial", "$ per 1M tok", "TTFT p99 s", "TPOT p99 s", "GPUs"):
-        table.add_column(col, justify="right")
+    for col in ("trial", "$ per 1M tok", "TTFT p99 s", "TPOT p99 s", "GPUs", "replay"):
+        table.add_column(col, justify="left" if col == "replay" else "right")
     for s in front:
         m = s.metrics
         tp = s.policy.get("serving", {}).get("tp") or 1
@@ -174,13 +174,69 @@ def _print_reached(result: Any, console: Console) -> None:
             fmt_cell("{:.3f}", m.get("ttft_p99_s")),
             fmt_cell("{:.4f}", m.get("tpot_p99_s")),
             str(int(m.get("gpus") or int(m.get("instances", 0)) * int(tp))),
+            _replay_words(m),
         )
     console.print(table)
+    if any(m.metrics.get("early_stopped") for m in front):
+        console.print(
+            "A trial stopped early has the figures of the requests it reached before it "
+            "certainly missed the SLO, not of the whole trace."
+        )
     fastest = min(front, key=lambda s: s.metrics["ttft_p99_s"])
     console.print(
         f"The tightest TTFT p99 reached: {fastest.metrics['ttft_p99_s']:.3g} s "
         f"(trial {fastest.number}, ${fastest.metrics['cost_per_mtok']:.4f} per 1M tokens)."
     )
+
+
+def _replay_words(m: dict[str, Any]) -> str:
+    """Whether a trial's figures are of the whole trace or of a replay stopped early."""
+    if not m.get("early_stopped"):
+        return "whole trace"
+    n = int(m.get("n_requests", 0) or 0)
+    share = int(m.get("n_served", 0) or 0) / n if n else 0.0
+    return f"stopped early ({share:.0%} served)"
+
+
+def closest_words(near: Any) -> str:
+    """How much of the trace the closest trial's figures describe, said plainly."""
+    m = near.metrics
+    if m.get("replayed_to_end"):
+        return (
+            f"replayed to the end for this diagnosis (the early stop cut every trial short; "
+            f"this one got furthest, {float(m.get('share_before', 0.0)):.0%} of requests)"
+        )
+    if m.get("early_stopped"):
+        n = int(m.get("n_requests", 0) or 0)
+        share = int(m.get("n_served", 0) or 0) / n if n else 0.0
+        return f"stopped early once it missed the SLO ({share:.0%} of requests served)"
+    return "which served the whole trace"
+
+
+def _print_no_winner(result: Any, console: Console) -> None:
+    """No trial met the SLO: the closest one, why it missed, and what the trials reached."""
+    near = result.closest
+    if near is None:
+        console.print("[red]no trial finished[/]")
+        return
+    console.print(
+        f"[red]no trial met the SLO.[/] Closest: trial {near.number} "
+        f"({escape(', '.join(f'{k}={v}' for k, v in near.params.items()))}), "
+        f"{closest_words(near)}; it misses "
+        f"{_misses(near.violations)}; the binding constraint is [bold]{result.binding}[/] "
+        f"({TERM_WORDS.get(result.binding or '', result.binding)}). "
+        "Relax it, allow more hardware (--max-hosts), or lower --rate-scale."
+    )
+    rejected = int(near.metrics.get("n_rejected", 0) or 0)
+    if rejected and not near.metrics.get("early_stopped"):
+        # counted on a whole replay: requests no instance of this policy can ever hold
+        console.print(
+            f"Trial {near.number} rejected {rejected:,} of "
+            f"{int(near.metrics.get('n_requests', 0) or 0):,} requests: larger than an "
+            "instance's HBM pool (tiers.hbm.capacity_gb, serving.tp, kv_dtype), or under "
+            "vllm_v0 a prompt over serving.max_num_batched_tokens."
+        )
+    _print_reached(result, console)
 
 
 def print_result(result: Any, console: Console) -> None:
@@ -206,26 +262,7 @@ def print_result(result: Any, console: Console) -> None:
         console.print(f"note: {escape(weighting)}")
     best = result.best
     if best is None:
-        near = result.closest
-        if near is None:
-            console.print("[red]no trial finished[/]")
-            return
-        console.print(
-            f"[red]no trial met the SLO.[/] Closest: trial {near.number} "
-            f"({', '.join(f'{k}={v}' for k, v in near.params.items())}), which misses "
-            f"{_misses(near.violations)}; the binding constraint is [bold]{result.binding}[/] "
-            f"({TERM_WORDS.get(result.binding or '', result.binding)}). "
-            "Relax it, allow more hardware (--max-hosts), or lower --rate-scale."
-        )
-        rejected = int(near.metrics.get("n_rejected", 0) or 0)
-        if rejected:  # no SLO relaxation serves a request that never fits
-            console.print(
-                f"Trial {near.number} rejected {rejected:,} of "
-                f"{int(near.metrics.get('n_requests', 0) or 0):,} requests: larger than an "
-                "instance's HBM pool (tiers.hbm.capacity_gb, serving.tp, kv_dtype), or under "
-                "vllm_v0 a prompt over serving.max_num_batched_tokens."
-            )
-        _print_reached(result, console)
+        _print_no_winner(result, console)
         return
     table = Table(
         title="best policy and the presets, on this trace, hardware, model and SLO",
@@ -236,15 +273,28 @@ def print_result(result: Any, console: Console) -> None:
     for label, _, _ in rows:
         table.add_column(label, justify="right")
     table.add_column("meets SLO")
-    table.add_row(
-        f"best (trial {best.number})",
-        *(fmt_cell(fmt, best.metrics.get(key)) for _, key, fmt in rows),
-        "yes",
-    )
+    refined = getattr(result, "refined", None)
+    if refined is not None and refined.changes:
+        table.add_row(
+            f"best, refined (from trial {best.number})",
+            *(fmt_cell(fmt, refined.metrics.get(key)) for _, key, fmt in rows),
+            "yes",
+        )
+        table.add_row(
+            f"trial {best.number} as searched",
+            *(fmt_cell(fmt, best.metrics.get(key)) for _, key, fmt in rows),
+            "yes",
+        )
+    else:
+        table.add_row(
+            f"best (trial {best.number})",
+            *(fmt_cell(fmt, best.metrics.get(key)) for _, key, fmt in rows),
+            "yes",
+        )
     left_out = []
     for b in result.baselines:
         if b.evaluation is None:
-            left_out.append(b.name)
+            left_out.append(f"{b.name} ({b.error})" if b.error else b.name)
             continue
         m = b.evaluation.metrics
         verdict = "yes" if b.evaluation.feasible else "no: " + _misses(b.evaluation.violations)
@@ -252,16 +302,20 @@ def print_result(result: Any, console: Console) -> None:
             b.name, *(fmt_cell(fmt, getattr(m, key)) for _, key, fmt in rows), escape(verdict)
         )
     console.print(table)
-    if left_out:
+    if result.baselines and len(left_out) < len(result.baselines):
         console.print(
-            f"Presets left out (they need a tier this hardware lacks): {', '.join(left_out)}; "
-            "compare them on a profile that has it, e.g. --hardware beluga-testbed."
+            "Each preset runs at the tensor-parallel size the model needs and on its own "
+            "fewest instances that meet the SLO (inst.)."
         )
+    if left_out:
+        console.print(escape(f"Presets left out, each for its reason: {'; '.join(left_out)}."))
     params = Table(title="chosen parameters", title_justify="left", show_header=False)
     params.add_column("name", style="bold")
     params.add_column("value", justify="right")
     inert = _inert_params(best)
-    for k, v in sorted(best.params.items()):
+    shown = dict(getattr(result, "winner_params", None) or best.params)
+    shown.update({k: best.params[k] for k in inert if k in best.params})  # marked below
+    for k, v in sorted(shown.items()):
         text = f"{v:.4g}" if isinstance(v, float) else str(v)
         if k in inert:  # a share of one instance: aggregated, the split's keys do nothing
             text += " (no effect: aggregated)"
@@ -270,6 +324,11 @@ def print_result(result: Any, console: Console) -> None:
         params.add_row("load (rate scale)", f"{best.rate_scale:.3g}x the trace's arrival rate")
     console.print(params)
     _print_tiering(result, console)
+    if refined is not None:
+        from kvtier.report.refine import print_refine
+
+        print_refine(refined.to_attrs(), console)
+    cost = refined.cost_per_mtok if refined is not None else best.metrics["cost_per_mtok"]
     feasible = {
         b.name: b.evaluation
         for b in result.baselines
@@ -279,7 +338,7 @@ def print_result(result: Any, console: Console) -> None:
         cheapest = min(feasible, key=lambda n: feasible[n].cost_per_mtok)
         named = [n for n in ("vllm-hbm", cheapest) if n in feasible]
         for name in dict.fromkeys(named):
-            saving = 1 - best.metrics["cost_per_mtok"] / feasible[name].cost_per_mtok
+            saving = 1 - cost / feasible[name].cost_per_mtok
             word = "cheaper" if saving >= 0 else "more expensive"
             label = f"{name} (the cheapest preset that meets it)" if name == cheapest else name
             console.print(f"{abs(saving):.0%} {word} per token than {label} at the same SLO.")
@@ -306,12 +365,43 @@ def print_result(result: Any, console: Console) -> None:
             + (", ".join(runnable) if runnable else "none (use --target to search one)")
             + "."
         )
+        _print_per_target(result, console)
     if result.policy_path is not None:
         trace = result.extra.get("trace", "TRACE")
         console.print(
             f"policy written to [bold]{result.policy_path}[/]; reproduce with "
             f"kvtier replay --policy {result.policy_path} --trace {trace}"
         )
+
+
+def _print_per_target(result: Any, console: Console) -> None:
+    """The cheapest policy each target can run as simulated, beside the winner, with the
+    price of the difference."""
+    rows = getattr(result, "per_target", None) or []
+    if not rows:
+        return
+    table = Table(
+        title="the cheapest policy each target can run as simulated", title_justify="left"
+    )
+    for col in ("target", "policy", "$ per 1M tok", "vs best"):
+        table.add_column(col, justify="left" if col in ("target", "policy") else "right")
+    for r in rows:
+        if r.cost_per_mtok is None:
+            table.add_row(
+                r.target,
+                "none meeting the SLO (no trial it runs, nor the winner adapted)",
+                "-",
+                "-",
+            )
+            continue
+        label = "the winner" if r.winner else f"trial {r.trial}"
+        if r.changed:
+            label = f"the winner with {', '.join(r.changed)}"
+        if r.refined:
+            label += ", refined"
+        extra = "same" if not r.extra else f"{r.extra:+.1%}"
+        table.add_row(r.target, label, f"{r.cost_per_mtok:.4f}", extra)
+    console.print(table)
 
 
 def result_json(result: Any) -> dict[str, Any]:
@@ -351,4 +441,7 @@ def result_json(result: Any) -> dict[str, Any]:
         "sample_warnings": list(getattr(result, "sample_warnings", []) or []),
         "sample_fraction": getattr(result, "sample_fraction", 1.0),
         "sample_weighting": getattr(result, "sample_weighting", None),
+        "refined": result.refined.to_attrs() if getattr(result, "refined", None) else None,
+        "winner_params": dict(getattr(result, "winner_params", {}) or {}),
+        "per_target": [asdict(r) for r in getattr(result, "per_target", []) or []],
     }

@@ -31,7 +31,6 @@ from kvtier.scenario import SHA256_ATTR
 from kvtier.search.study import (
     HIT_RATIO_OVER_TIME_ATTR,
     OUTCOME_ATTR,
-    REFINE_ATTR,
     TrialSummary,
     best_feasible,
     closest,
@@ -98,7 +97,16 @@ def study_report(study: Any, *, top: int = 10) -> dict[str, Any]:
     feasible = sorted(
         (s for s in done if s.feasible), key=lambda s: (s.metrics["cost_per_mtok"], s.number)
     )
-    near = closest(study, slo) if best is None else None
+    near = None
+    if best is None:  # among trials that served the whole trace, when there are any
+        from kvtier.search.run import closest_whole
+
+        near = closest_whole(done, slo) or closest(study, slo)
+    from kvtier.search.refine import REFINE_ATTR
+
+    refine = study.user_attrs.get(REFINE_ATTR)
+    if best is None or not refine or refine.get("from_trial") != best.number:
+        refine = None  # a refine of another trial than today's best no longer applies
     return {
         "study": study.study_name,
         "setup": setup,
@@ -111,6 +119,8 @@ def study_report(study: Any, *, top: int = 10) -> dict[str, Any]:
         "top": [asdict(s) for s in feasible[:top]],
         "pareto_front": [asdict(s) for s in pareto_front(study)],
         "importance": _importances(study, done),
+        "refine": refine,
+        "best_params": _effective(best, refine),
         "points": [
             {
                 "trial": s.number,
@@ -126,7 +136,6 @@ def study_report(study: Any, *, top: int = 10) -> dict[str, Any]:
         # what the latest optimize run compared the winner with (presets, tiering verdict),
         # and the optional curves a study may hold (kvtier.report.html describes their shape)
         "outcome": study.user_attrs.get(OUTCOME_ATTR),
-        "refine": study.user_attrs.get(REFINE_ATTR),
         "hit_ratio_over_time": study.user_attrs.get(HIT_RATIO_OVER_TIME_ATTR),
     }
 
@@ -138,6 +147,21 @@ def _tier_gb(policy: dict[str, Any]) -> dict[str, float]:
         for t in policy.get("tiers", [])
         if t.get("name") != "hbm"
     }
+
+
+def _effective(best: TrialSummary | None, refine: dict[str, Any] | None) -> dict[str, Any]:
+    """The best trial's parameters as its policy (the refined one, when refined) has them:
+    no settings of a tier it does not use (:func:`kvtier.search.run.effective_params`)."""
+    if best is None:
+        return {}
+    from kvtier.policy.model import policy_from_dict
+    from kvtier.search.run import effective_params
+
+    policy = refine["policy"] if refine else best.policy
+    try:
+        return effective_params(best.params, policy_from_dict(policy, "<best>"))
+    except (InputError, ValueError):  # a policy this version cannot read: as recorded
+        return dict(best.params)
 
 
 def _param_text(value: Any) -> str:
@@ -187,9 +211,19 @@ def report_sections(rep: dict[str, Any]) -> list[Section]:
         if near is None:
             return [*out, Section("no trial has finished", alert=True)]
         misses = ", ".join(f"{k} by {v:.3g}" for k, v in near["violations"].items() if v > 0)
+        m = near["metrics"]
+        if m.get("early_stopped"):
+            n = int(m.get("n_requests", 0) or 0)
+            share = int(m.get("n_served", 0) or 0) / n if n else 0.0
+            how = (
+                f"stopped early once it missed the SLO ({share:.0%} of requests served; "
+                "every trial was), and by then missed"
+            )
+        else:
+            how = "which served the whole trace and misses"
         out.append(
             Section(
-                f"no trial meets the SLO; closest: trial {near['number']}, which misses {misses}",
+                f"no trial meets the SLO; closest: trial {near['number']}, {how} {misses}",
                 alert=True,
             )
         )
@@ -217,13 +251,19 @@ def report_sections(rep: dict[str, Any]) -> list[Section]:
             )
         )
         best = rep["best"]
+        # as they took effect: the refined policy's, no settings of a tier it does not use
+        params = rep.get("best_params") or best["params"]
         out.append(
             Section(
                 f"parameters of the best trial ({best['number']})",
                 ["parameter", "value"],
-                [[k, _param_text(v)] for k, v in sorted(best["params"].items())],
+                [[k, _param_text(v)] for k, v in sorted(params.items())],
             )
         )
+    if rep.get("refine"):
+        from kvtier.report.refine import refine_sections
+
+        out += refine_sections(rep["refine"])
     if len(rep["pareto_front"]) > 1:
         rows = [
             [
@@ -281,6 +321,8 @@ def _what_if_sections(wi: dict[str, Any]) -> list[Section]:
             ]
         )
     whose = "best trial" if wi["trial_meets_slo"] else "closest trial"
+    if wi.get("refined"):
+        whose = "refined best trial"
     out = [
         Section(
             f"architecture what-if: the {whose} ({wi['trial']}) with its memory tiers changed, "
@@ -302,7 +344,12 @@ def _what_if_sections(wi: dict[str, Any]) -> list[Section]:
 
 
 def print_study_report(rep: dict[str, Any], console: Console) -> None:
-    for sec in report_sections(rep):
+    print_sections(report_sections(rep), console)
+
+
+def print_sections(sections: list[Section], console: Console) -> None:
+    """Report sections on the terminal: a line of text, or a table."""
+    for sec in sections:
         if not sec.headers:
             console.print(f"[red]{escape(sec.title)}[/]" if sec.alert else escape(sec.title))
             continue

@@ -46,5 +46,6 @@ def study_what_if_json(result: StudyWhatIf) -> dict[str, Any]:
         "trial_meets_slo": result.trial_meets_slo,
         "trace": result.trace,
         "load": result.load,
+        "refined": result.refined,
         "variants": what_if_json(result.rows),
     }

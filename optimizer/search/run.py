@@ -14,7 +14,7 @@ import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import optuna
 
@@ -45,12 +45,10 @@ from kvtier.scenario import (
 from kvtier.search.objective import Evaluation, Evaluator, binding_term
 from kvtier.search.space import SearchSpace, load_space, restrict_to_target
 from kvtier.search.study import (
-    Tally,
     TrialSummary,
     best_feasible,
     check_study_setup,
     check_study_space,
-    closest,
     make_objective,
     make_runs_dir,
     open_study,
@@ -59,6 +57,10 @@ from kvtier.search.study import (
     tally,
 )
 from kvtier.search.warmstart import knee_capacities_gb, tier_additions, warm_start_trials
+
+if TYPE_CHECKING:
+    from kvtier.search.refine import Refined
+    from kvtier.search.request import OptimizeRequest
 
 DEFAULT_SLO = SLO(ttft_p99_s=2.0, tpot_p99_s=0.1)
 SLO_ALIASES = {
@@ -134,6 +136,12 @@ class OptimizeResult:
     sample_fraction: float = 1.0  # of a sampled trace: its replays ran on that share of the cluster
     # of a sample with prompt-length strata: how its latencies are weighted
     sample_weighting: str | None = None
+    # the winner shrunk while the SLO holds (kvtier.search.refine); None with --no-refine
+    refined: Refined | None = None
+    # the winner's parameters as they took effect (effective_params)
+    winner_params: dict[str, Any] = field(default_factory=dict)
+    # without --target: the cheapest policy each target can run, beside the winner
+    per_target: list[TargetBest] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -180,12 +188,16 @@ def _finished(study: optuna.Study) -> int:
     return len(study.get_trials(deepcopy=False, states=FINISHED))
 
 
-def baseline_policies(base: Policy) -> dict[str, Policy | InputError]:
+def baseline_policies(
+    base: Policy, hw: Any = None, mdl: Any = None
+) -> dict[str, Policy | InputError]:
     """What the best policy is compared with: every built-in preset, on the user's hardware.
 
     A preset keeps its policy (block size, tiers, write policy, ...) but runs on the hardware
     and model being optimized, at the same SLO, with all instances; its tier capacities are its
-    own. A preset that needs a tier the hardware lacks is reported as not applicable.
+    own. Given the hardware ``hw`` and model ``mdl``, a preset whose tensor-parallel size
+    cannot hold the model's weights with room for KV runs at the smallest size that can
+    (:func:`model_tp`). A preset that cannot run here is returned as the error saying why.
     """
     from kvtier.policy.presets import load_preset, preset_names
 
@@ -193,16 +205,48 @@ def baseline_policies(base: Policy) -> dict[str, Policy | InputError]:
     for name in preset_names():
         try:
             preset = load_preset(name)
+            serving = replace(preset.serving, instances=None)
+            if hw is not None and mdl is not None:
+                serving = _serving_that_fits(serving, hw, mdl)
             out[name] = replace(
-                preset,
-                hardware=base.hardware,
-                model=base.model,
-                slo=base.slo,
-                serving=replace(preset.serving, instances=None),
+                preset, hardware=base.hardware, model=base.model, slo=base.slo, serving=serving
             )
         except InputError as err:
             out[name] = err
     return out
+
+
+def model_tp(hw: Any, mdl: Any, tp: int) -> int | None:
+    """``tp``, or when ``tp`` GPUs cannot hold ``mdl``'s weights with room for KV the smallest
+    size that can and that the hardware can place (:func:`kvtier.deploy.layout.pool_tp_choices`);
+    None when none can."""
+    from kvtier.deploy.layout import pool_tp_choices
+
+    if hw.kv_capacity_bytes(mdl, tp) > 0:
+        return tp
+    sizes = [t for t in pool_tp_choices(hw.topology) if t > tp]
+    return next((t for t in sizes if hw.kv_capacity_bytes(mdl, t) > 0), None)
+
+
+def _serving_that_fits(serving: Any, hw: Any, mdl: Any) -> Any:
+    """``serving`` at the tensor-parallel sizes ``mdl`` needs on ``hw`` (:func:`model_tp`)."""
+    tp = serving.tp or hw.topology.tp
+    fits = model_tp(hw, mdl, tp)
+    if fits is None:
+        raise InputError(
+            f"{mdl.name} does not fit on any tensor-parallel size of {hw.name} "
+            f"(weights {mdl.weight_bytes / 1e9:,.0f} GB)"
+        )
+    changes: dict[str, Any] = {}
+    if fits != tp:
+        changes["tp"] = fits
+    for key in ("prefill_tp", "decode_tp"):
+        pool = getattr(serving, key)
+        if pool is not None and (size := model_tp(hw, mdl, pool)) != pool:
+            if size is None:
+                raise InputError(f"{mdl.name} does not fit on serving.{key} = {pool} GPUs")
+            changes[key] = size
+    return replace(serving, **changes) if changes else serving
 
 
 def pool_tp_sizes(hardware: Any, model: Any = None) -> tuple[int, ...]:
@@ -227,6 +271,28 @@ def one_size_when_pinned(space: SearchSpace) -> SearchSpace:
     pools = ("serving.prefill_tp", "serving.decode_tp")
     kept = tuple(p for p in space.params if p.name not in pools or p.name in space.pinned)
     return replace(space, params=kept)
+
+
+def check_pinned_size(pinned: dict[str, Any], hw: Any, option: str = "--pin") -> None:
+    """Refuse settings that contradict each other on ``hw``: ``serving.instances`` instances
+    of ``serving.tp`` GPUs each that the hardware cannot hold (a search's sampled count beyond
+    the GPUs runs as many as fit, but a count the user gave would silently not be what ran).
+    ``option`` names where they were given (``--pin``, ``--set``)."""
+    tp, n = pinned.get("serving.tp"), pinned.get("serving.instances")
+    if tp is None or n is None:
+        return
+    tp, n = int(tp), int(n)
+    gpus = hw.topology.gpus
+    if n * tp > gpus:
+        most = gpus // tp
+        verb = "set" if option == "--set" else "pin"
+        raise InputError(
+            f"serving.tp={tp} and serving.instances={n} need {n * tp} GPUs; {hw.name} has "
+            f"{gpus} (at most {most} instance{'s' if most != 1 else ''} of tp {tp}): {verb} "
+            "fewer instances or a smaller tp"
+            + (", or allow more hosts (--max-hosts)" if option == "--pin" else ""),
+            option=option,
+        )
 
 
 def fit_space_to_hardware(space: SearchSpace, hardware: Any, model: Any = None) -> SearchSpace:
@@ -341,48 +407,65 @@ def hosts_profile(ref: str, hw: Any, hosts: int, runs_dir: Path) -> str:
     return str(path)
 
 
-def optimize(
-    trace_path: str,
-    *,
-    hardware: str | None = None,
-    model: str | None = None,
-    space: str = "default",
-    pins: dict[str, Any] | None = None,
-    slo_text: str | None = None,
-    load: str = "trace",
-    rate_scale: float = 1.0,
-    study_name: str | None = None,
-    storage: str | None = None,
-    seed: int = 0,
-    n_trials: int = 60,
-    timeout: float | None = None,
-    n_jobs: int = 1,
-    pareto: bool = False,
-    warm_start: bool = True,
-    allow_lossy_kv: bool = False,
-    compare_presets: bool = True,
-    target: str | None = None,
-    max_hosts: int | None = None,
-    prices: str | None = None,
-    out: str | None = None,
-    runs_dir: Path = Path("runs"),
-    on_trial: Callable[[int, TrialSummary | None, Tally], None] | None = None,
-    on_bound: Callable[[Any], None] | None = None,
-) -> OptimizeResult:
-    from kvtier.hardware.prices import price_figures
+def optimize(trace_path: str, **kwargs: Any) -> OptimizeResult:
+    """Run :func:`run_request` on ``OptimizeRequest(trace_path, **kwargs)`` (the fields of
+    :class:`kvtier.search.request.OptimizeRequest` as keywords)."""
+    from kvtier.search.request import OptimizeRequest
+
+    return run_request(OptimizeRequest(trace_path=trace_path, **kwargs))
+
+
+def run_request(request: OptimizeRequest) -> OptimizeResult:
+    """The search as named stages, each reading what the ones before it found: fit the space
+    to the hardware, open the study, warm-start it, search, compare the presets, sweep the
+    winner's tiers, refine the winner, find what each target can run, and write the policy
+    file."""
+    started = time.perf_counter()
+    fitted = fit_space(request)
+    opened = open_study_stage(request, fitted)
+    warmed = warm_start(request, fitted, opened)
+    searched = search(request, fitted, opened)
+    baselines = compare_baselines(request, fitted)
+    swept = sweep_tiers(request, fitted, opened, searched)
+    refined = refine_stage(request, fitted, opened, swept)
+    targeted = targets_stage(request, fitted, swept, refined, opened.name)
+    return write_result(
+        request, fitted, opened, searched, swept, refined, targeted, baselines, warmed, started
+    )
+
+
+@dataclass
+class Fitted:
+    """The fit-space stage's answer: the loaded inputs and the space fitted to them."""
+
+    trace: Any
+    hardware: str  # the profile as the policy file names it (a --max-hosts copy included)
+    model: str
+    hw: Any
+    mdl: Any
+    slo: SLO
+    space: SearchSpace
+    base: Policy
+    scenario: Scenario
+    evaluator: Evaluator
+    bound: Any
+
+
+def fit_space(request: OptimizeRequest) -> Fitted:
+    """Load the trace, profiles, SLO and space; add hosts and prices; keep only what the
+    hardware, the sample and the target can run; say the SLO's lower bound."""
     from kvtier.trace.io import read_trace
 
-    started = time.perf_counter()
-    if out is not None:
-        check_output(out, option="--out")
-    trace = read_trace(trace_path)
-    hardware = hardware_name(hardware)
-    model = model_name(model)
+    if request.out is not None:
+        check_output(request.out, option="--out")
+    trace = read_trace(request.trace_path)
+    hardware = hardware_name(request.hardware)
+    model = model_name(request.model)
     hw = load_hardware(hardware)
     mdl = load_model(model)
-    slo = parse_slo(slo_text)
-    search_space: SearchSpace = load_space(space)
-    if allow_lossy_kv:
+    slo = parse_slo(request.slo_text)
+    search_space: SearchSpace = load_space(request.space)
+    if request.allow_lossy_kv:
         search_space = replace(
             search_space, pinned={k: v for k, v in search_space.pinned.items() if k != "kv_dtype"}
         )
@@ -390,32 +473,58 @@ def optimize(
         # FP8 weights are lossy too: without the flag the model profile's own weights are kept
         kept = tuple(p for p in search_space.params if p.name != "serving.weight_dtype")
         search_space = replace(search_space, params=kept)
-    if max_hosts is not None:
-        hardware = hosts_profile(hardware, hw, max_hosts, runs_dir)
+    if request.max_hosts is not None:
+        hardware = hosts_profile(hardware, hw, request.max_hosts, request.runs_dir)
         hw = load_hardware(hardware)
-    if prices is not None:
+    if request.prices is not None:
         from kvtier.hardware.prices import apply_prices, load_prices
 
-        hw = apply_prices(hw, load_prices(prices))
-    search_space = fit_space_to_hardware(search_space.with_pins(pins or {}), hw, mdl)
+        hw = apply_prices(hw, load_prices(request.prices))
+    search_space = search_space.with_pins(request.pins or {})
+    check_pinned_size(search_space.pinned, hw)
+    search_space = fit_space_to_hardware(search_space, hw, mdl)
     search_space = fit_space_to_sample(search_space, trace.sample_fraction, hw)
     search_space = one_size_when_pinned(search_space)
-    if target is not None:
-        search_space = restrict_to_target(search_space, target, hw.tiers)
+    if request.target is not None:
+        search_space = restrict_to_target(search_space, request.target, hw.tiers)
     base = policy_from_dict({"hardware": hardware, "model": model}, "<defaults>")
     base = replace(base, slo=slo)
-    scenario = Scenario(trace, hw, mdl, base, slo=slo, load=load, rate_scale=rate_scale)
+    scenario = Scenario(
+        trace, hw, mdl, base, slo=slo, load=request.load, rate_scale=request.rate_scale
+    )
     evaluator = Evaluator(scenario)
-    bound = _slo_bound(scenario, base, slo, search_space, load)
-    if bound is not None and on_bound is not None:
-        on_bound(bound)
+    bound = _slo_bound(scenario, base, slo, search_space, request.load)
+    if bound is not None and request.on_bound is not None:
+        request.on_bound(bound)
+    return Fitted(
+        trace, hardware, model, hw, mdl, slo, search_space, base, scenario, evaluator, bound
+    )
 
-    name = study_name or f"{Path(trace_path).stem}-{hw.name}-{mdl.name}".lower()
+
+@dataclass
+class Opened:
+    """The open-study stage's answer: the study, its name and storage, the trace's digest."""
+
+    name: str
+    storage: str
+    study: optuna.Study
+    digest: str
+
+
+def open_study_stage(request: OptimizeRequest, fitted: Fitted) -> Opened:
+    """Open (or continue) the study; refuse one run on another trace, setup or space; record
+    what this run searches."""
+    from kvtier.hardware.prices import price_figures
+
+    hw, mdl = fitted.hw, fitted.mdl
+    trace_path, runs_dir = request.trace_path, request.runs_dir
+    name = request.study_name or f"{Path(trace_path).stem}-{hw.name}-{mdl.name}".lower()
+    storage = request.storage
     if storage is None:
         make_runs_dir(runs_dir)
         storage = f"sqlite:///{runs_dir / (name + '.db')}"
-    study = open_study(name, storage=storage, seed=seed, pareto=pareto)
-    if out is None:
+    study = open_study(name, storage=storage, seed=request.seed, pareto=request.pareto)
+    if request.out is None:
         # results go under runs/, never into policies/ (the shipped presets and spaces)
         check_output(runs_dir / f"{name}.toml", option="--out")
     digest = sha256_of(trace_path)
@@ -430,21 +539,27 @@ def optimize(
     setup = StudySetup(
         trace=str(trace_path),
         trace_sha256=digest,
-        hardware=hardware,
-        model=model,
-        slo=slo,
-        load=load,
-        rate_scale=rate_scale,
-        space=search_space.source,
+        hardware=fitted.hardware,
+        model=fitted.model,
+        slo=fitted.slo,
+        load=request.load,
+        rate_scale=request.rate_scale,
+        space=fitted.space.source,
         prices=price_figures(hw),
     )
     check_study_setup(study, setup, storage)
     # before the setup is recorded: the refusal names the space the study ran with
-    check_study_space(study, search_space, storage)
+    check_study_space(study, fitted.space, storage)
     setup.record(study)
+    return Opened(name, storage, study, digest)
 
+
+def warm_start(request: OptimizeRequest, fitted: Fitted, opened: Opened) -> int:
+    """Enqueue trials at the knees of the trace's miss-ratio curve in a new study; the number
+    enqueued."""
+    study, base, search_space = opened.study, fitted.base, fitted.space
     warmed = 0
-    if warm_start and len(study.trials) == 0:
+    if request.warm_start and len(study.trials) == 0:
         # The curve of the trace as the pinned fields map it (block size, tenant sharing).
         pinned: dict[str, Any] = dict(search_space.pinned)
         warm_policy = replace(
@@ -454,12 +569,31 @@ def optimize(
                 pinned.get("share_across_tenants", base.share_across_tenants)
             ),
         )
-        blocked = scenario.blocked(warm_policy)
-        for values in warm_start_trials(search_space, blocked, mdl, base):
+        blocked = fitted.scenario.blocked(warm_policy)
+        for values in warm_start_trials(search_space, blocked, fitted.mdl, base):
             study.enqueue_trial(values, skip_if_exists=True)
             warmed += 1
+    return warmed
 
-    judge = make_objective(evaluator, search_space, pareto=pareto)
+
+@dataclass
+class Searched:
+    """The search stage's answer: how the trials ran, and the trials kept for the sweeps."""
+
+    worker: str
+    objective: Callable[[optuna.Trial], Any]
+    callbacks: list[Callable[[optuna.Study, optuna.trial.FrozenTrial], None]]
+    budget: int  # trials this run lacked when it started
+    reserve: int  # of those, left for the tier sweeps
+    expressible: bool  # whether the space can express the sweeps' policies
+    deadline: float | None
+
+
+def search(request: OptimizeRequest, fitted: Fitted, opened: Opened) -> Searched:
+    """Run the trials the study lacks, all but the last two (kept for the tier sweeps)."""
+    study, search_space, hw = opened.study, fitted.space, fitted.hw
+    n_trials, timeout = request.n_trials, request.timeout
+    judge = make_objective(fitted.evaluator, search_space, pareto=request.pareto)
     # Each trial records the worker that started it, so that a worker counts only its own
     # trials (an enqueued trial is claimed by one worker: HeartbeatStorage.set_trial_state_values).
     worker = uuid.uuid4().hex
@@ -486,6 +620,7 @@ def optimize(
         mine.append(trial.number)  # list.append is atomic under the GIL (n_jobs threads)
 
     callbacks: list[Callable[[optuna.Study, optuna.trial.FrozenTrial], None]] = [count]
+    on_trial = request.on_trial
     if on_trial is not None:
 
         def report(st: optuna.Study, _trial: optuna.trial.FrozenTrial) -> None:
@@ -512,41 +647,74 @@ def optimize(
             objective,
             n_trials=main_phase,
             timeout=timeout,
-            n_jobs=n_jobs,
+            n_jobs=request.n_jobs,
             callbacks=[*callbacks, stop],
             catch=(),
         )
     reserve = min(reserve, max(0, n_trials - _finished(study)))
+    return Searched(worker, objective, callbacks, budget, reserve, expressible, deadline)
 
-    best = best_feasible(study)
-    near = None if best is not None else closest(study, slo_to_dict(slo))
-    binding = binding_term(near.violations, slo) if near is not None else None
+
+def compare_baselines(request: OptimizeRequest, fitted: Fitted) -> list[Baseline]:
+    """Replay every built-in preset on the same trace, hardware, model and SLO."""
+    from kvtier.search.refine import fewest_instances
 
     baselines = []
-    if compare_presets:
-        for bname, policy in baseline_policies(base).items():
-            if isinstance(policy, InputError):
-                baselines.append(Baseline(bname, None, policy.message))
-                continue
-            try:
-                baselines.append(Baseline(bname, evaluator.evaluate_policy(policy, full=True)))
-            except InputError as err:
-                baselines.append(Baseline(bname, None, err.message))
+    if not request.compare_presets:
+        return baselines
+    evaluator, fraction = fitted.evaluator, fitted.trace.sample_fraction
+    for bname, policy in baseline_policies(fitted.base, fitted.hw, fitted.mdl).items():
+        if isinstance(policy, InputError):
+            baselines.append(Baseline(bname, None, policy.message))
+            continue
+        try:
+            evaluation = evaluator.evaluate_policy(policy, full=True)
+            if evaluation.feasible:
+                # each preset at its own cheapest size: the fewest instances meeting the SLO
+                _, evaluation = fewest_instances(policy, evaluator, evaluation, fraction)
+            baselines.append(Baseline(bname, evaluation))
+        except InputError as err:
+            baselines.append(Baseline(bname, None, err.message))
+    return baselines
 
+
+@dataclass
+class Swept:
+    """The sweep stage's answer: the study's winner and the cheapest policies with and without
+    lower tiers."""
+
+    best: TrialSummary | None
+    done: list[TrialSummary]
+    tiered: Choice | None
+    hbm_only: Choice | None
+    closest: TrialSummary | None  # when the search found no winner: the trial nearest the SLO
+
+
+def sweep_tiers(
+    request: OptimizeRequest, fitted: Fitted, opened: Opened, searched: Searched
+) -> Swept:
+    """The winner without its lower tiers and with one lower tier in place of its own, each
+    on the fewest instances that meet the SLO (:mod:`kvtier.search.tiering`), run as the
+    reserved trials so the study and the winner include them."""
     from kvtier.search.study import summaries
     from kvtier.search.tiering import compare_tiering
 
+    study, hw, n_trials = opened.study, fitted.hw, request.n_trials
+    reserve = searched.reserve
+    best = best_feasible(study)
+    near = None if best is not None else closest_trial(study, fitted)
     done = summaries(study)
     additions: list[dict[str, Any]] = []
     # A study finished by an earlier run already holds its sweeps' answers as trials (they were
     # its reserved ones): it is reported from its trials, without sweeping again.
-    sweep_from = None if budget == 0 and expressible and hw.tiers else best
+    finished_before = searched.budget == 0 and searched.expressible and hw.tiers
+    sweep_from = None if finished_before else best
     if reserve and best is not None:
         won = policy_from_dict(best.policy, "<best>")
-        knees = knee_capacities_gb(scenario.blocked(won), mdl, won.kv_dtype)
-        additions = tier_additions(search_space, knees)
+        knees = knee_capacities_gb(fitted.scenario.blocked(won), fitted.mdl, won.kv_dtype)
+        additions = tier_additions(fitted.space, knees)
     tiered, hbm_only = compare_tiering(
-        evaluator,
+        fitted.evaluator,
         done,
         sweep_from,
         hw.topology.max_instances,
@@ -554,89 +722,316 @@ def optimize(
         hardware_has_tiers=bool(hw.tiers),
         tier_additions=additions,
     )
-    if reserve and (deadline is None or time.monotonic() < deadline):
+    if reserve and (searched.deadline is None or time.monotonic() < searched.deadline):
         swept = [c for c in (tiered, hbm_only) if c is not None and c.label.endswith(SWEPT)]
         for choice in sorted(swept, key=lambda c: c.cost_per_mtok)[:reserve]:
             study.enqueue_trial(choice.params, skip_if_exists=True)
         total = optuna.study.MaxTrialsCallback(n_trials, states=FINISHED)
-        study.optimize(objective, n_trials=reserve, callbacks=[*callbacks, total], catch=())
+        study.optimize(
+            searched.objective,
+            n_trials=reserve,
+            callbacks=[*searched.callbacks, total],
+            catch=(),
+        )
         best = best_feasible(study)
         done = summaries(study)
         tiered, hbm_only = compare_tiering(
-            evaluator,
+            fitted.evaluator,
             done,
             None,
             hw.topology.max_instances,
             hw.topology.tp,
             hardware_has_tiers=bool(hw.tiers),
         )
-    record_outcome(study, baselines=baselines, tiered=tiered, hbm_only=hbm_only)
-    # the winner as it ran: a split that left one instance aggregated is written without its
-    # share and pool sizes, which would otherwise describe (and export) a split never run
+    return Swept(best, done, tiered, hbm_only, near)
+
+
+def as_ran(policy: Policy, metrics: dict[str, Any], fraction: float) -> Policy:
+    """``policy`` as the deployment its replay ran: the instance count that ran (a count
+    beyond what ``serving.tp`` leaves room for runs as many as fit), and a split that left
+    one instance aggregated without its share and pool sizes, which would otherwise describe
+    (and export) a split never run."""
+    ran = int(metrics.get("instances", 0) or 0)
+    full = round(ran / fraction) if fraction else ran
+    if ran and policy.serving.instances is not None and policy.serving.instances != full:
+        policy = replace(policy, serving=replace(policy.serving, instances=full))
+    policy = without_inert_split(policy, ran)
+    if ran and policy.serving.instances is not None and policy.serving.instances != full:
+        # a sample's replay ran ``ran`` of the deployment's ``full`` instances
+        policy = replace(policy, serving=replace(policy.serving, instances=full))
+    return policy
+
+
+def effective_params(params: dict[str, Any], policy: Policy) -> dict[str, Any]:
+    """A trial's ``params`` as the winner ``policy`` has them: each value as it took effect
+    (the instances that ran, the refined capacities), without settings of a tier the policy
+    does not use or split settings that an aggregated deployment ignores; a lower tier turned
+    off stays (``tiers.X.enabled = False``)."""
+    out: dict[str, Any] = {}
+    for key, value in params.items():
+        parts = key.split(".")
+        if parts[0] == "tiers" and len(parts) == 3:
+            tier = policy.tier(parts[1])
+            if parts[2] == "enabled":
+                out[key] = tier is not None
+            elif tier is not None:
+                out[key] = getattr(tier, parts[2], value)
+            continue
+        owner: Any = policy.serving if parts[0] == "serving" and len(parts) == 2 else policy
+        actual = getattr(owner, parts[-1], value)
+        if actual is None:
+            continue
+        out[key] = actual
+    return out
+
+
+def refine_stage(
+    request: OptimizeRequest, fitted: Fitted, opened: Opened, swept: Swept
+) -> Refined | None:
+    """Shrink the winner's tiers and instances while the SLO holds and the cost falls
+    (:mod:`kvtier.search.refine`); kept in the study, so a rerun and ``kvtier report`` read
+    it instead of replaying again."""
+    from kvtier.search.refine import REFINE_ATTR, refine, stored_refine
+
+    best = swept.best
+    if not request.refine or best is None:
+        return None
+    stored = stored_refine(opened.study, best.number)
+    if stored is not None:
+        return stored
+    fraction = fitted.trace.sample_fraction
+    won = as_ran(policy_from_dict(best.policy, f"trial {best.number}"), best.metrics, fraction)
+    refined = refine(
+        won,
+        fitted.evaluator,
+        from_trial=best.number,
+        fraction=fraction,
+        fixed=tuple(fitted.space.pinned),
+    )
+    if refined is not None:
+        opened.study.set_user_attr(REFINE_ATTR, refined.to_attrs())
+    return refined
+
+
+def _with_refined(
+    tiered: Choice | None,
+    hbm_only: Choice | None,
+    refined: Refined,
+    best: TrialSummary,
+    default_tp: int,
+) -> tuple[Choice | None, Choice | None]:
+    """The tiering answers with the refined winner in place of its trial, on the side its
+    tiers put it, when it is the cheaper there."""
+    from kvtier.search.tiering import gpus_of, lower_tiers
+
+    tiers = lower_tiers(refined.policy)
+    m = refined.metrics
+    mine = Choice(
+        label=f"trial {best.number}, refined",
+        cost_per_mtok=float(m["cost_per_mtok"]),
+        cost_per_hour=float(m["cost_per_hour"]),
+        gpus=gpus_of(m, refined.policy, default_tp),
+        tiers=tiers,
+        ttft_p99_s=float(m["ttft_p99_s"]),
+        params=effective_params(best.params, policy_from_dict(refined.policy, "<refined>")),
+    )
+    if tiers:
+        if tiered is None or mine.cost_per_mtok <= tiered.cost_per_mtok:
+            tiered = mine
+    elif hbm_only is None or mine.cost_per_mtok <= hbm_only.cost_per_mtok:
+        hbm_only = mine
+    return tiered, hbm_only
+
+
+def closest_trial(study: optuna.Study, fitted: Fitted) -> TrialSummary | None:
+    """The trial nearest the SLO when none meets it, judged on whole replays.
+
+    A trial the early stop cut short has the metrics of the requests it reached: its misses
+    and rejections describe part of the trace. The closest is chosen among trials that served
+    the whole trace (:func:`kvtier.search.study.closest`'s measure); when the early stop cut
+    every trial short, the trial that got furthest (the largest share of requests finished)
+    is replayed to the end, and its summary carries that replay's metrics and violations
+    (``metrics["replayed_to_end"]`` says so)."""
+    from kvtier.search.study import summaries
+
+    done = summaries(study)
+    if not done:
+        return None
+    whole = closest_whole(done, slo_to_dict(fitted.slo))
+    if whole is not None:
+        return whole
+
+    def share(s: TrialSummary) -> float:
+        n = int(s.metrics.get("n_requests", 0) or 0)
+        return int(s.metrics.get("n_served", 0) or 0) / n if n else 0.0
+
+    furthest = max(done, key=lambda s: (share(s), -s.number))
+    try:
+        policy = policy_from_dict(furthest.policy, f"trial {furthest.number}")
+        ev = fitted.evaluator.evaluate_policy(policy, full=True)
+    except InputError:
+        return furthest
+    metrics = {**ev.metrics.to_dict(), "replayed_to_end": True, "share_before": share(furthest)}
+    return replace(furthest, metrics=metrics, violations=dict(ev.violations), feasible=False)
+
+
+def closest_whole(done: list[TrialSummary], bounds: dict[str, float]) -> TrialSummary | None:
+    """Of the trials that served the whole trace (not cut short by the early stop), the one
+    that misses the SLO by the least (relative violations summed); None when there is none."""
+    whole = [s for s in done if not s.metrics.get("early_stopped")]
+    if not whole:
+        return None
+    return min(whole, key=lambda s: (_miss(s.violations, bounds), s.number))
+
+
+def _miss(violations: dict[str, float], bounds: dict[str, float]) -> float:
+    """Relative violations summed (as :func:`kvtier.search.study.closest` measures them)."""
+    total = 0.0
+    for term, v in violations.items():
+        if v > 0:
+            total += v / bounds[term] if bounds.get(term) else v
+    return total
+
+
+@dataclass
+class Targeted:
+    """The targets stage's answer: the winner as it will be written (refined, or as it ran),
+    its metrics, the targets that run it, and each target's cheapest policy."""
+
+    policy: Policy | None
+    metrics: dict[str, Any]
+    runnable: list[str]
+    per_target: list[TargetBest]
+
+
+def targets_stage(
+    request: OptimizeRequest, fitted: Fitted, swept: Swept, refined: Refined | None, name: str
+) -> Targeted:
+    """The winner as written, the targets that run it as simulated, and without ``--target``
+    the cheapest policy each target can run (:func:`best_per_target`, refined and the
+    winner adapted to each target: :func:`refine_per_target`, :func:`project_winner`)."""
+    best, hw, mdl = swept.best, fitted.hw, fitted.mdl
     won_policy = None
-    if best is not None:
-        won_policy = without_inert_split(
-            policy_from_dict(best.policy, f"{name} trial {best.number}"),
-            int(best.metrics.get("instances", 0) or 0),
+    metrics = best.metrics if best is not None else {}
+    if refined is not None:
+        won_policy = policy_from_dict(refined.policy, f"{name} refined trial {refined.from_trial}")
+        metrics = refined.metrics
+    elif best is not None:
+        fraction = fitted.trace.sample_fraction
+        won_policy = as_ran(
+            policy_from_dict(best.policy, f"{name} trial {best.number}"), best.metrics, fraction
         )
     runnable = [] if won_policy is None else runnable_targets(policy_to_dict(won_policy), hw, mdl)
+    per_target: list[TargetBest] = []
+    if request.target is None and best is not None:
+        winner = (float(metrics["cost_per_mtok"]), runnable)
+        fraction = fitted.trace.sample_fraction
+        per_target = best_per_target(swept.done, winner, hw, mdl, fraction)
+        if request.refine and won_policy is not None:
+            fixed = tuple(fitted.space.pinned)
+            per_target = refine_per_target(per_target, swept.done, fitted, fixed)
+            per_target = project_winner(per_target, won_policy, best.number, fitted, fixed)
+    return Targeted(won_policy, metrics, runnable, per_target)
+
+
+def write_result(
+    request: OptimizeRequest,
+    fitted: Fitted,
+    opened: Opened,
+    searched: Searched,
+    swept: Swept,
+    refined: Refined | None,
+    targeted: Targeted,
+    baselines: list[Baseline],
+    warmed: int,
+    started: float,
+) -> OptimizeResult:
+    """Write the winner as it ran to its policy file, and gather what the report shows."""
+    study, name, hw = opened.study, opened.name, fitted.hw
+    best, slo, near = swept.best, fitted.slo, swept.closest
+    binding = binding_term(near.violations, slo) if near is not None else None
+    won_policy, metrics = targeted.policy, targeted.metrics
+    tiered, hbm_only = swept.tiered, swept.hbm_only
+    if refined is not None and best is not None and refined.changes:
+        tiered, hbm_only = _with_refined(tiered, hbm_only, refined, best, hw.topology.tp)
+    record_outcome(study, baselines=baselines, tiered=tiered, hbm_only=hbm_only)
     shown = best or near  # the winner, or the closest trial when none met the SLO
     sample_warnings = _sample_warnings(
-        scenario, None if shown is None else policy_from_dict(shown.policy, "<trial>"), baselines
+        fitted.scenario,
+        None if shown is None else policy_from_dict(shown.policy, "<trial>"),
+        baselines,
     )
-
     policy_path = None
     if best is not None and won_policy is not None:
-        policy_path = Path(out) if out else runs_dir / f"{name}.toml"
-        best_trial = study.trials[best.number]
+        policy_path = Path(request.out) if request.out else request.runs_dir / f"{name}.toml"
         write_policy_file(
             policy_path,
             won_policy,
-            metrics=best.metrics,
-            provenance={
-                "trace": str(trace_path),
-                "trace_sha256": digest,
-                "kvtier_version": __version__,
-                "study": name,
-                "storage": storage,
-                "trial": best.number,
-                "seed": seed,
-                "hardware": hardware,
-                "model": model,
-                "load": load,
-                "rate_scale": best.rate_scale,
-                "space": search_space.source,
-                "params": best_trial.user_attrs.get("params", {}),
-                # the step-time backend and the package / data versions behind the metrics
-                "step_time": best.metrics.get("step_time_source", ""),
-                "prices": str(prices) if prices else "the profiles' (owned, all-in)",
-            },
+            metrics=metrics,
+            provenance=_provenance(request, fitted, opened, best, refined),
         )
     return OptimizeResult(
         study_name=name,
-        storage=storage,
+        storage=opened.storage,
         n_trials=_finished(study),
         best=best,
         closest=near,
         binding=binding,
-        front=pareto_front(study) if pareto else [],
+        front=pareto_front(study) if request.pareto else [],
         baselines=baselines,
         policy_path=policy_path,
         slo=slo,
         seconds=time.perf_counter() - started,
-        new_trials=_ran_by(study, worker),
+        new_trials=_ran_by(study, searched.worker),
         warm_started=warmed,
-        extra={"trace": trace_path},
+        extra={"trace": request.trace_path},
         tiered=tiered,
         hbm_only=hbm_only,
-        bound=bound,
-        runnable_by=runnable,
-        target=target,
-        reached=reached_front(done),
+        bound=fitted.bound,
+        runnable_by=targeted.runnable,
+        target=request.target,
+        reached=reached_front(swept.done),
         sample_warnings=sample_warnings,
-        sample_fraction=scenario.trace.sample_fraction,
-        sample_weighting=sample_weighting(scenario.trace),
+        sample_fraction=fitted.scenario.trace.sample_fraction,
+        sample_weighting=sample_weighting(fitted.scenario.trace),
+        refined=refined,
+        per_target=targeted.per_target,
+        winner_params={}
+        if best is None or won_policy is None
+        else effective_params(best.params, won_policy),
     )
+
+
+def _provenance(
+    request: OptimizeRequest,
+    fitted: Fitted,
+    opened: Opened,
+    best: TrialSummary,
+    refined: Refined | None = None,
+) -> dict[str, Any]:
+    """Where the written policy came from: trace, study, trial, seed, setup and versions."""
+    best_trial = opened.study.trials[best.number]
+    prices = request.prices
+    return {
+        "trace": str(request.trace_path),
+        "trace_sha256": opened.digest,
+        "kvtier_version": __version__,
+        "study": opened.name,
+        "storage": opened.storage,
+        "trial": best.number,
+        "seed": request.seed,
+        "hardware": fitted.hardware,
+        "model": fitted.model,
+        "load": request.load,
+        "rate_scale": best.rate_scale,
+        "space": fitted.space.source,
+        "params": best_trial.user_attrs.get("params", {}),
+        # the step-time backend and the package / data versions behind the metrics
+        "step_time": best.metrics.get("step_time_source", ""),
+        "prices": str(prices) if prices else "the profiles' (owned, all-in)",
+        # what the refine changed from the trial (kvtier.search.refine); empty: nothing
+        "refined": list(refined.changes) if refined is not None else [],
+    }
 
 
 def _sample_warnings(
@@ -709,6 +1104,172 @@ def runnable_targets(policy: dict[str, Any], hw: Any, mdl: Any) -> list[str]:
             continue
         if result.expressible:
             out.append(target)
+    return out
+
+
+@dataclass(frozen=True)
+class TargetBest:
+    """The cheapest policy one export target can run as simulated, and what it costs beyond
+    the unrestricted winner (``extra``: a share of its cost per token; 0 when it is the
+    winner itself). ``trial`` None: no policy meeting the SLO that this target can run."""
+
+    target: str
+    trial: int | None
+    cost_per_mtok: float | None
+    extra: float | None
+    winner: bool = False  # the winner itself (the refined one, when refined)
+    refined: bool = False  # the trial refined (kvtier.search.refine), not as sampled
+    # the winner with these settings changed to what the target expresses (trial: the winner's)
+    changed: tuple[str, ...] = ()
+
+
+def best_per_target(
+    done: list[TrialSummary],
+    winner: tuple[float, list[str]] | None,
+    hw: Any,
+    mdl: Any,
+    fraction: float = 1.0,
+) -> list[TargetBest]:
+    """For every export target, the cheapest policy meeting the SLO that it can run
+    (:func:`runnable_targets`): the winner (``(cost, runnable targets)``) when it can, else
+    the cheapest feasible trial it can, each trial taken as it ran (:func:`as_ran`)."""
+    from kvtier.export import TARGETS
+
+    found: dict[str, TargetBest] = {}
+    best_cost = winner[0] if winner is not None else None
+    if winner is not None:
+        for target in winner[1]:
+            found[target] = TargetBest(target, None, winner[0], 0.0, winner=True)
+    feasible = sorted((s for s in done if s.feasible), key=lambda s: s.metrics["cost_per_mtok"])
+    for s in feasible:
+        if len(found) == len(TARGETS):
+            break
+        policy = as_ran(policy_from_dict(s.policy, f"trial {s.number}"), s.metrics, fraction)
+        for target in runnable_targets(policy_to_dict(policy), hw, mdl):
+            if target not in found:
+                cost = float(s.metrics["cost_per_mtok"])
+                extra = cost / best_cost - 1 if best_cost else None
+                found[target] = TargetBest(target, s.number, cost, extra)
+    return [found.get(t, TargetBest(t, None, None, None)) for t in TARGETS]
+
+
+def refine_per_target(
+    rows: list[TargetBest], done: list[TrialSummary], fitted: Fitted, fixed: tuple[str, ...]
+) -> list[TargetBest]:
+    """Each target's cheapest trial (not the winner) refined as the winner is
+    (:func:`kvtier.search.refine.refine`, without curves), kept when the refined policy is
+    cheaper and the target still runs it as simulated."""
+    from kvtier.search.refine import refine
+
+    by_trial = {s.number: s for s in done}
+    winner_cost = next((r.cost_per_mtok for r in rows if r.winner), None)
+    fraction = fitted.trace.sample_fraction
+    cache: dict[int, tuple[Any, list[str]]] = {}
+    out = []
+    for r in rows:
+        if r.winner or r.trial is None or r.cost_per_mtok is None:
+            out.append(r)
+            continue
+        if r.trial not in cache:
+            s = by_trial[r.trial]
+            policy = as_ran(policy_from_dict(s.policy, f"trial {s.number}"), s.metrics, fraction)
+            ref = refine(
+                policy,
+                fitted.evaluator,
+                from_trial=s.number,
+                fraction=fraction,
+                fixed=fixed,
+                curves=False,
+            )
+            runs = [] if ref is None else runnable_targets(ref.policy, fitted.hw, fitted.mdl)
+            cache[r.trial] = (ref, runs)
+        ref, runs = cache[r.trial]
+        if ref is None or r.target not in runs or not ref.cost_per_mtok < r.cost_per_mtok:
+            out.append(r)
+            continue
+        cost = ref.cost_per_mtok
+        extra = cost / winner_cost - 1 if winner_cost else None
+        out.append(replace(r, cost_per_mtok=cost, extra=extra, refined=True))
+    return out
+
+
+def project_to_target(policy: Policy, target: str, hw: Any) -> tuple[Policy, tuple[str, ...]]:
+    """``policy`` with each setting ``target`` cannot express set to one it can (its first
+    allowed value, as the target's exporter declares it:
+    :func:`kvtier.export.capabilities.capabilities`), its lower tiers the target has no place
+    for removed and their evictions its first; with the settings changed, as ``key=value``.
+    Whether the target then runs it is :func:`runnable_targets`'s to say."""
+    from kvtier.export.capabilities import capabilities
+    from kvtier.search.overlay import apply
+
+    rules = capabilities(target)
+    changes: dict[str, Any] = {}
+    for key, values in rules.allowed().items():
+        parts = key.split(".")
+        owner: Any = policy.serving if parts[0] == "serving" else policy
+        if len(parts) <= 2 and getattr(owner, parts[-1], values[0]) not in values:
+            changes[key] = values[0]
+    for tier in policy.lower_tiers:
+        if tier.name not in rules.tiers or tier.name not in hw.tiers:
+            changes[f"tiers.{tier.name}.enabled"] = False
+        elif tier.eviction not in rules.evictions:
+            changes[f"tiers.{tier.name}.eviction"] = rules.evictions[0]
+    if not changes:
+        return policy, ()
+    shown = tuple(f"{k}={str(v).lower() if isinstance(v, bool) else v}" for k, v in changes.items())
+    return apply(policy, changes, f"<{target}>"), shown
+
+
+def project_winner(
+    rows: list[TargetBest],
+    won: Policy,
+    from_trial: int,
+    fitted: Fitted,
+    fixed: tuple[str, ...],
+) -> list[TargetBest]:
+    """For each target that cannot run the winner: the winner projected onto what the target
+    expresses (:func:`project_to_target`), replayed and refined; it replaces the target's row
+    when it meets the SLO, the target runs it, and it costs less than the row's policy."""
+    from kvtier.search.refine import refine
+
+    winner_cost = next((r.cost_per_mtok for r in rows if r.winner), None)
+    fraction = fitted.trace.sample_fraction
+    cache: dict[str, tuple[Any, list[str]]] = {}
+    out = []
+    for r in rows:
+        if r.winner:
+            out.append(r)
+            continue
+        projected, changed = project_to_target(won, r.target, fitted.hw)
+        key = repr(policy_to_dict(projected))
+        if key not in cache:
+            ref = None
+            if changed and r.target in runnable_targets(
+                policy_to_dict(projected), fitted.hw, fitted.mdl
+            ):
+                try:
+                    ref = refine(
+                        projected,
+                        fitted.evaluator,
+                        from_trial=from_trial,
+                        fraction=fraction,
+                        fixed=fixed,
+                        curves=False,
+                    )
+                except InputError:
+                    ref = None
+            runs = [] if ref is None else runnable_targets(ref.policy, fitted.hw, fitted.mdl)
+            cache[key] = (ref, runs)
+        ref, runs = cache[key]
+        better = r.cost_per_mtok is None or (
+            ref is not None and ref.cost_per_mtok < r.cost_per_mtok
+        )
+        if ref is None or r.target not in runs or not better:
+            out.append(r)
+            continue
+        cost = ref.cost_per_mtok
+        extra = cost / winner_cost - 1 if winner_cost else None
+        out.append(TargetBest(r.target, from_trial, cost, extra, refined=True, changed=changed))
     return out
 
 

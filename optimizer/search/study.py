@@ -566,7 +566,6 @@ OUTCOME_ATTR = "outcome"  # the study's user attribute: the presets and the tier
 # Optional study attributes that ``kvtier report --html`` draws when present (their shapes:
 # kvtier.report.html): cost and latency against each lower tier's capacity around the winner,
 # and the winner's hit ratio per tier over time.
-REFINE_ATTR = "refine"
 HIT_RATIO_OVER_TIME_ATTR = "hit_ratio_over_time"
 
 

@@ -22,6 +22,11 @@ from kvtier.trace.synth.kinds import BUILDERS
 from kvtier.trace.synth.knobs import make_knobs
 
 DEFAULT_REQUESTS = 1000
+# The most requests one synthesis writes (all passes): a long-RAG request holds some 1,500
+# block hashes (24,000 tokens at 16 a block, 8 bytes each), so ten million of them are over
+# 100 GB in memory; real traces of that size are imported (kvtier trace import), not
+# synthesised (docs/sources.md, "Search and tool limits").
+MAX_REQUESTS = 10_000_000
 DEFAULT_BLOCK_TOKENS = 16
 META_PARAMS = "synth.params"
 
@@ -54,6 +59,7 @@ def synthesize(
     knobs = make_knobs(kind, kind_knobs)
     _check_common(requests, duration, block_tokens, passes, pass_gap_s, seed)
     check_arrival_options(arrivals, rate, burstiness)
+    _check_size(requests, duration, rate, passes)
     if requests is None and duration is None:
         requests = DEFAULT_REQUESTS
     # Whole numbers given as floats (from Python callers) become ints for numpy.
@@ -123,6 +129,25 @@ def _check_lengths(seg_offsets: np.ndarray, seg_lens: np.ndarray) -> None:
         raise InputError(
             f"the length knobs make a prompt of {int(totals.max()):,} tokens, above the "
             f"supported maximum of {MAX_TOKENS:,}; choose shorter lengths"
+        )
+
+
+def _check_size(requests: int | None, duration: float | None, rate: float, passes: int) -> None:
+    """Refuse a synthesis of more than :data:`MAX_REQUESTS` requests (expected, for a
+    ``duration``), naming the options that make the count."""
+    if requests is not None:
+        count, made = float(requests) * passes, f"--requests {int(requests):,}"
+    elif duration is not None:
+        count, made = float(duration) * rate * passes, f"--duration {duration:g} x --rate {rate:g}"
+    else:
+        return
+    if passes > 1:
+        made += f" x --passes {passes:,}"
+    if count > MAX_REQUESTS:
+        raise InputError(
+            f"{made} makes {count:,.0f} requests; trace synth writes at most {MAX_REQUESTS:,} "
+            "(import a real trace of that size with kvtier trace import)",
+            option="--requests" if requests is not None else "--duration",
         )
 
 
