@@ -60,7 +60,13 @@ def load_existing_study(name: str, storage: str | None, runs_dir: Path = Path("r
         return optuna.load_study(study_name=name, storage=read_only_storage(storage, name))
     except KeyError:
         raise InputError(f"no study {name!r} in {storage}", option="--study") from None
-    except (ImportError, ValueError, RuntimeError, sqlalchemy.exc.SQLAlchemyError) as err:
+    except (
+        ImportError,
+        ValueError,
+        RuntimeError,
+        sqlalchemy.exc.SQLAlchemyError,
+        optuna.exceptions.OptunaError,  # StorageInternalError: a file that is not a database
+    ) as err:
         raise storage_error(name, storage, err) from None
 
 

@@ -20,7 +20,7 @@ import optuna
 
 from kvtier import __version__
 from kvtier.errors import InputError
-from kvtier.files import check_output
+from kvtier.files import check_output, guard_outputs
 from kvtier.hardware import load_hardware, load_model
 from kvtier.hardware.types import LOWER_TIERS
 from kvtier.policy.file import sha256_of, write_policy_file
@@ -68,9 +68,15 @@ SLO_ALIASES = {
 
 
 def parse_slo(text: str | None) -> SLO:
-    """``ttft_p99=5,ttft_mean=2,tpot_p99=0.1`` (seconds); empty or None gives the default."""
-    if not text:
+    """``ttft_p99=5,ttft_mean=2,tpot_p99=0.1`` (seconds); None gives the default, an empty
+    text is refused (an empty ``--slo`` is a mistake, not a request for the default)."""
+    if text is None:
         return DEFAULT_SLO
+    if not text.strip():
+        raise InputError(
+            "is empty; give terms like ttft_p99=5,tpot_p99=0.1 or leave it out for the default",
+            option="--slo",
+        )
     values: dict[str, float] = {}
     for part in text.split(","):
         name, sep, raw = part.partition("=")
@@ -411,6 +417,11 @@ def optimize(
     if storage is None:
         make_runs_dir(runs_dir)
         storage = f"sqlite:///{runs_dir / (name + '.db')}"
+    guard_outputs(
+        {"--out": out if out is not None else runs_dir / f"{name}.toml"},
+        {"--trace": trace_path, "--hardware": hardware, "--model": model, "--prices": prices},
+        {"--storage": storage},
+    )
     study = open_study(name, storage=storage, seed=seed, pareto=pareto)
     if out is None:
         # results go under runs/, never into policies/ (the shipped presets and spaces)
