@@ -9,10 +9,13 @@ traceback. :func:`check_output` asks the file system first, the same way the ato
 (:func:`atomic_write`) will: the directory is created and a temporary file made
 and removed in it. :func:`guard_outputs` refuses, before any work, an output that would
 overwrite one of the command's own inputs, its study database or another of its outputs.
+:func:`check_allocation` does the same for memory: an array whose size a file or option
+derives is weighed against the machine's memory before it is made.
 """
 
 from __future__ import annotations
 
+import math
 import os
 import tempfile
 from collections.abc import Callable, Mapping
@@ -171,3 +174,46 @@ def _fsync(path: str, *, directory: bool = False) -> None:
             raise
     finally:
         os.close(fd)
+
+
+def available_memory() -> int:
+    """Bytes of memory this machine can give a new allocation now (Linux: ``MemAvailable``;
+    elsewhere the physical memory)."""
+    try:
+        with open("/proc/meminfo", encoding="ascii") as fh:
+            for line in fh:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    try:
+        return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, AttributeError):
+        return 1 << 62  # unknown: nothing is refused here
+
+
+def _gib(n: float) -> str:
+    for unit, scale in (("GiB", 2**30), ("TiB", 2**40), ("PiB", 2**50), ("EiB", 2**60)):
+        if n < 1024 * scale or unit == "EiB":
+            return f"{n / scale:.3g} {unit}" if n < 2**70 else f"{n:.3g} bytes"
+    return f"{n:.3g} bytes"
+
+
+def check_allocation(
+    nbytes: float,
+    what: str,
+    *,
+    option: str | None = None,
+    path: str | None = None,
+) -> None:
+    """Refuse, before it is made, an allocation of ``nbytes`` (derived from ``option`` or a
+    file's key) that this machine cannot hold: one line naming what and why, instead of a
+    ``MemoryError`` (or an ``OverflowError``) deep in numpy after the work began."""
+    avail = available_memory()
+    if not (math.isfinite(nbytes) and nbytes <= avail):
+        raise InputError(
+            f"{what} would need {_gib(nbytes) if math.isfinite(nbytes) else 'unbounded'} of "
+            f"memory; this machine has {_gib(avail)} available",
+            option=option,
+            path=path,
+        )

@@ -33,7 +33,7 @@ from kvtier.errors import InputError
 from kvtier.hardware.types import Hardware, ModelProfile
 from kvtier.policy.model import SLO, Policy
 from kvtier.trace.blocked import BlockedTrace
-from kvtier.trace.format import Trace
+from kvtier.trace.format import META_SAMPLE_FRACTION, Trace
 
 if TYPE_CHECKING:
     from kvtier.sim.config import SimConfig
@@ -153,7 +153,11 @@ class BlockCache:
 
                 population = round(self.trace.n_requests / self.trace.sample_fraction)
                 roots, _ = root_keys(self.trace, population)
-                self._fanned[key] = fanned_out(blocked, roots, self.trace.sample_fraction)
+                try:
+                    fanned = fanned_out(blocked, roots, self.trace.sample_fraction)
+                except InputError as err:
+                    raise err.with_path(self.trace.path) if self.trace.path else err from None
+                self._fanned[key] = fanned
             return self._fanned[key]
 
 
@@ -338,7 +342,10 @@ class Scenario:
         slo = self.slo_for(policy)
         hardware = self.hardware
         if trace.sample_fraction != 1.0:
-            policy_run, hardware = scaled_for_sample(policy, hardware, trace.sample_fraction)
+            try:
+                policy_run, hardware = scaled_for_sample(policy, hardware, trace.sample_fraction)
+            except InputError as err:
+                raise err.with_path(self.trace.path) if self.trace.path else err from None
         else:
             policy_run = policy
         cfg = build_config(hardware, self.model, policy_run)
@@ -440,11 +447,10 @@ def scaled_for_sample(
     instances = round(scaled)
     if instances < 1 or abs(scaled - instances) > 1e-6 * max(1.0, scaled):
         raise InputError(
-            f"the trace is a {fraction:g} sample, so the {full} instances of the policy must "
-            f"shrink to {scaled:g}, which is not a whole number; set serving.instances to a "
-            f"multiple of {sample_instance_step(fraction)} (e.g. --set serving.instances=N) or "
-            "sample another fraction",
-            option="--set",
+            f"the trace is a {fraction:g} sample ({META_SAMPLE_FRACTION}), so the {full} "
+            f"instances of the policy must shrink to {scaled:g}, which is not a whole number; "
+            f"set serving.instances to a multiple of {sample_instance_step(fraction)} (policy "
+            "file, --set or --pin) or sample another fraction"
         )
     per_host = max(topo.gpus_per_host // (policy.serving.tp or topo.tp), 1)
     host_share = fraction * math.ceil(full / per_host) / math.ceil(instances / per_host)

@@ -29,6 +29,7 @@ import numpy as np
 
 from kvtier.deploy.layout import Layout
 from kvtier.errors import InputError
+from kvtier.files import check_allocation
 from kvtier.hardware.types import GB, Hardware, ModelProfile
 from kvtier.policy.model import Policy
 from kvtier.policy.registries import (
@@ -230,6 +231,14 @@ def build_tiers(
                 stage_bw[t, k] = rate / staging[t]
         workers = int(tp.workers if tp.workers is not None else d["workers"])
         nw[t] = workers
+        pool_count = n_hosts if d["scope"] == "host" else n_instances
+        # each worker has 5 float64 slots in the simulator's state (load and store: when
+        # free, seconds busy; the router's estimate)
+        check_allocation(
+            5 * 8 * (n_workers + pool_count * workers),
+            f"{workers:,} connector workers per {d['scope']} ({pool_count:,} pools)",
+            option=f"tiers.{tp.name}.workers",
+        )
         if d["scope"] == "host":
             w0[t] = n_workers + inst_host * workers
             n_workers += n_hosts * workers

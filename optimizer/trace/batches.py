@@ -26,7 +26,7 @@ import pyarrow.parquet as pq
 
 from kvtier.errors import InputError
 from kvtier.trace.format import META_BLOCK_TOKENS, META_PREFIX_INFO
-from kvtier.trace.io import check_same_columns, trace_metadata
+from kvtier.trace.io import check_same_columns, trace_metadata, validated
 from kvtier.trace.validate import validate_table
 
 if TYPE_CHECKING:
@@ -159,12 +159,12 @@ def _raw_batches(file: str, batch_rows: int) -> Iterator[pa.Table]:
             # until the reader closes, which grows with the file (36 MB a batch here)
             reader = pq.ParquetFile(file, pre_buffer=False)
             for batch in reader.iter_batches(batch_size=batch_rows):
-                yield pa.Table.from_batches([batch])
+                yield validated(pa.Table.from_batches([batch]), file)
             return
         with pa.memory_map(file) as source:
             reader = ipc.open_file(source)
             for i in range(reader.num_record_batches):
-                table = pa.Table.from_batches([reader.get_batch(i)])
+                table = validated(pa.Table.from_batches([reader.get_batch(i)]), file)
                 for lo in range(0, table.num_rows, batch_rows):
                     yield table.slice(lo, batch_rows)
     except (pa.ArrowException, OSError) as err:

@@ -72,6 +72,7 @@ def _read_dataset(path: str) -> pa.Table:
             table = pq.read_table(file)
         except (pa.ArrowException, OSError) as err:
             raise InputError(f"corrupt Parquet file: {err}", path=str(file)) from None
+        validated(table, str(file))
         meta = {k: v for k, v in (table.schema.metadata or {}).items() if k.startswith(b"kvtier.")}
         if first_meta is None:
             first_meta = meta
@@ -88,6 +89,20 @@ def _read_dataset(path: str) -> pa.Table:
         return pa.concat_tables(tables, promote_options="permissive")
     except pa.ArrowException as err:
         raise InputError(f"the files' columns do not match: {err}", path=path) from None
+
+
+def validated(table: pa.Table, path: str) -> pa.Table:
+    """``table`` after Arrow's full validation (``validate(full=True)``): offsets in order and
+    in bounds, strings valid UTF-8, dictionary indices in range. A file can hold data no
+    writer of Arrow makes (a flipped byte, a hand-made buffer); read unchecked, such data
+    ends in an index error, a decoding error or a crash inside a library far from the file.
+    """
+    try:
+        table.validate(full=True)
+    except (pa.ArrowException, ValueError) as err:
+        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        raise InputError(f"corrupt Arrow/Parquet data: {first}", path=path) from None
+    return table
 
 
 def _unreadable(path: str, err: OSError) -> InputError:
@@ -126,13 +141,13 @@ def _read_table(path: str) -> pa.Table:
         raise InputError("empty file", path=path)
     try:
         if head.startswith(_PARQUET_MAGIC):
-            return pq.read_table(path)
+            return validated(pq.read_table(path), path)
         if head.startswith(_ARROW_FILE_MAGIC):
             with pa.memory_map(path) as source:
-                return ipc.open_file(source).read_all()
+                return validated(ipc.open_file(source).read_all(), path)
         if head.startswith(_ARROW_STREAM_MAGIC):
             with pa.memory_map(path) as source:
-                return ipc.open_stream(source).read_all()
+                return validated(ipc.open_stream(source).read_all(), path)
     except (pa.ArrowException, OSError) as err:
         raise InputError(f"corrupt Arrow/Parquet file: {err}", path=path) from None
     raise InputError(
@@ -207,9 +222,11 @@ def _sample_fraction(text: str, path: str) -> float:
         value = float(text)
     except ValueError:
         value = math.nan
-    if not 0 < value <= 1:
+    # 1 / value must be a finite number: a replay scales the cluster by it
+    if not (0 < value <= 1 and math.isfinite(1 / value)):
         raise InputError(
-            f"schema metadata '{META_SAMPLE_FRACTION}' must be a number in (0, 1], got {text!r}",
+            f"schema metadata '{META_SAMPLE_FRACTION}' must be a number in (0, 1] whose "
+            f"inverse is finite, got {text!r}",
             path=path,
         )
     return value
