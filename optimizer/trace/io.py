@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 import os
+from dataclasses import replace
 from pathlib import Path
 from typing import BinaryIO
 
@@ -22,6 +23,7 @@ from kvtier.files import atomic_write
 from kvtier.trace.format import (
     FORMAT_VERSION,
     MAX_TOKENS,
+    META_ARRIVAL_OFFSET,
     META_BLOCK_TOKENS,
     META_FORMAT,
     META_PREFIX_INFO,
@@ -205,7 +207,7 @@ def read_trace(path: str | os.PathLike[str]) -> Trace:
     prefix_info = meta.get(META_PREFIX_INFO, "true").lower() != "false"
     fraction = _sample_fraction(meta.get(META_SAMPLE_FRACTION, "1.0"), path)
     extra = {k: v for k, v in meta.items() if not k.startswith("kvtier.")}
-    return Trace.from_table(
+    trace = Trace.from_table(
         table,
         block_tokens=block_tokens,
         source=meta.get(META_SOURCE, ""),
@@ -214,6 +216,47 @@ def read_trace(path: str | os.PathLike[str]) -> Trace:
         path=path,
         sample_fraction=fraction,
         sample_strata=sample_strata(meta, path),
+        arrival_offset_s=arrival_offset(meta, path),
+    )
+    return starting_at_zero(trace)
+
+
+def arrival_offset(meta: dict[str, str], path: str | None) -> float:
+    """The checked ``kvtier.arrival_offset_s`` of a trace's metadata (0 without one)."""
+    text = meta.get(META_ARRIVAL_OFFSET, "0")
+    try:
+        value = float(text) if len(text) < 40 else math.nan
+    except ValueError:
+        value = math.nan
+    if not math.isfinite(value):
+        raise InputError(
+            f"schema metadata '{META_ARRIVAL_OFFSET}' must be a finite number of seconds, "
+            f"got {text[:40]!r}",
+            path=path,
+        )
+    return value
+
+
+def starting_at_zero(trace: Trace) -> Trace:
+    """``trace`` with its arrivals shifted so that the first is 0, the seconds subtracted
+    added to its ``arrival_offset_s``: a replay's results then do not depend on where the
+    source's clock started (float64 seconds near 1e12 keep a quarter of a millisecond)."""
+    arrival = trace.table.column("arrival_s").to_numpy()
+    first = float(arrival[0])
+    if first == 0.0:
+        return trace
+    table = trace.table.set_column(
+        trace.table.schema.get_field_index("arrival_s"), "arrival_s", pa.array(arrival - first)
+    )
+    return replace(
+        trace,
+        table=table.replace_schema_metadata(
+            {
+                **{k.decode(): v.decode() for k, v in (table.schema.metadata or {}).items()},
+                META_ARRIVAL_OFFSET: repr(trace.arrival_offset_s + first),
+            }
+        ),
+        arrival_offset_s=trace.arrival_offset_s + first,
     )
 
 

@@ -171,10 +171,16 @@ def time_slice(trace: Trace, start: float, end: float | None) -> Trace:
         table.schema.get_field_index("arrival_s"), "arrival_s", pa.array(shifted)
     )
     # a window of a sample no longer holds the population its strata count: none kept
-    return _rebuilt(trace, table, trace.sample_fraction, None)
+    return _rebuilt(trace, table, trace.sample_fraction, None, shift=start)
 
 
-def _rebuilt(trace: Trace, table: pa.Table, fraction: float, strata: SampleStrata | None) -> Trace:
+def _rebuilt(
+    trace: Trace,
+    table: pa.Table,
+    fraction: float,
+    strata: SampleStrata | None,
+    shift: float = 0.0,
+) -> Trace:
     return Trace.from_table(
         table,
         block_tokens=trace.block_tokens,
@@ -183,4 +189,5 @@ def _rebuilt(trace: Trace, table: pa.Table, fraction: float, strata: SampleStrat
         metadata=trace.metadata,
         sample_fraction=fraction,
         sample_strata=strata,
+        arrival_offset_s=trace.arrival_offset_s + shift,
     )
