@@ -149,3 +149,16 @@ def test_check_allocation() -> None:
     for huge in (float(1 << 62), float("inf"), float("nan")):
         with pytest.raises(InputError, match="option --x: a huge array would need"):
             check_allocation(huge, "a huge array", option="--x")
+
+
+@pytest.mark.parametrize("value", ["1e308", "inf", "nan", "2e6"])
+def test_absurd_prices_are_refused(tmp_path: Path, value: str) -> None:
+    trace = tmp_path / "t.parquet"
+    write_trace(small_trace(), trace)
+    prices = tmp_path / "prices.toml"
+    prices.write_text(f"gpu_per_hour = {value}\n")
+    result = invoke("replay", "--trace", str(trace), "--prices", str(prices))
+    assert_one_line_error(result, "prices.toml", "gpu_per_hour")
+    prices.write_text(f"[tiers.dram]\nper_gb_hour = {value}\n")
+    result = invoke("replay", "--trace", str(trace), "--prices", str(prices))
+    assert result.code == 2 and "prices.toml" in result.stderr, result.stderr

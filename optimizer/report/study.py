@@ -189,7 +189,7 @@ def report_sections(rep: dict[str, Any]) -> list[Section]:
                     str(t["number"]),
                     fmt_cell("{:.4f}", m["cost_per_mtok"]),
                     fmt_cell("{:.3f}", m["ttft_p99_s"]),
-                    fmt_cell("{:.1f}", m["tpot_p99_s"] * 1e3),
+                    fmt_cell("{:.1f}", _ms(m["tpot_p99_s"])),
                     str(m.get("instances", "-")),
                     str(pol.get("block_tokens", "-")),
                     _tiers_text(pol),
@@ -261,7 +261,7 @@ def _what_if_sections(wi: dict[str, Any]) -> list[Section]:
                 "" if j == 0 else fmt_cell("{:+.1%}", change),
                 fmt_cell("{:.3f}", v["ttft_mean_s"]),
                 fmt_cell("{:.3f}", v["ttft_p99_s"]),
-                fmt_cell("{:.1f}", v["tpot_p99_s"] * 1e3),
+                fmt_cell("{:.1f}", _ms(v["tpot_p99_s"])),
                 fmt_cell("{:.1%}", sum(v["hit_ratio_tokens"].values())),
                 *([fmt_cell("{:.3g}", v["rate_scale"])] if capacity else []),
                 slo,
@@ -380,3 +380,8 @@ def html_study_report(rep: dict[str, Any], path: str | os.PathLike[str]) -> None
         f"</head><body>{''.join(parts)}</body></html>\n"
     )
     atomic_write(path, lambda tmp: Path(tmp).write_text(page, encoding="utf-8"))
+
+
+def _ms(seconds: float | None) -> float | None:
+    """Milliseconds of a latency that may not exist (None: no request of two tokens)."""
+    return None if seconds is None else seconds * 1e3
