@@ -269,6 +269,13 @@ class Scenario:
             from kvtier.policy.overrides import apply_overrides
 
             policy = apply_overrides(policy, dict(overrides), "--set")
+        set_block = (overrides or {}).get("block_tokens")
+        if block_tokens is not None and set_block is not None and set_block != block_tokens:
+            raise InputError(
+                f"-B {block_tokens} and --set block_tokens={set_block} disagree; give the "
+                "block size once",
+                option="--block-tokens",
+            )
         if block_tokens is not None:
             if block_tokens < 1:
                 raise InputError(f"must be >= 1, got {block_tokens}", option="--block-tokens")

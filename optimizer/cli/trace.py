@@ -685,11 +685,14 @@ def _print_stats(path: str, stats: Any) -> None:
 
 
 def _parse_number(text: str, option: str, kind: type) -> Any:
-    try:
-        return kind(text)
-    except ValueError:
-        what = "an integer" if kind is int else "a number"
-        raise InputError(f"{option} must be {what}, but got {text!r}") from None
+    """``text`` as a plain decimal integer or finite number (no ``1_6``, spaces or ``nan``)."""
+    from kvtier.toml_fields import strict_float, strict_int
+
+    value = strict_int(text) if kind is int else strict_float(text)
+    if value is None:
+        what = "an integer" if kind is int else "a finite number"
+        raise InputError(f"{option} must be {what}, but got {text!r}")
+    return value
 
 
 @trace.command("mrc")

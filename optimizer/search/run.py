@@ -310,6 +310,23 @@ def fit_space_to_sample(space: SearchSpace, fraction: float, hardware: Any) -> S
     return replace(space, params=tuple(fitted))
 
 
+def check_max_hosts(max_hosts: int, trace: Any, hw: Any) -> None:
+    """Refuse ``--max-hosts`` above what the trace could ever occupy: one single-GPU instance
+    per request of the full trace (a sample's requests divided by its fraction) fills
+    ``ceil(requests / GPUs per host)`` hosts, or the profile's own hosts if more; a larger
+    count adds only idle hosts and makes every trial slower."""
+    requests = math.ceil(trace.n_requests / trace.sample_fraction)
+    per_host = hw.topology.gpus_per_host
+    limit = max(hw.topology.hosts, -(-requests // per_host))
+    if max_hosts > limit:
+        raise InputError(
+            f"must be at most {limit:,} for this trace: its {requests:,} requests fill at most "
+            f"{-(-requests // per_host):,} hosts of {per_host} GPUs with one single-GPU "
+            f"instance each (the profile has {hw.topology.hosts}), got {max_hosts:,}",
+            option="--max-hosts",
+        )
+
+
 def hosts_profile(ref: str, hw: Any, hosts: int, runs_dir: Path) -> str:
     """A copy of ``hw``'s profile file with ``hosts`` hosts, under ``runs_dir``: the search may
     then place instances on up to that many hosts (each host adds its GPUs and its per-host
@@ -385,15 +402,16 @@ def optimize(
     mdl = load_model(model)
     slo = parse_slo(slo_text)
     search_space: SearchSpace = load_space(space)
-    if allow_lossy_kv:
-        search_space = replace(
-            search_space, pinned={k: v for k, v in search_space.pinned.items() if k != "kv_dtype"}
-        )
-    elif "serving.weight_dtype" not in search_space.pinned:
+    if not allow_lossy_kv:
+        # FP8 KV is lossy: without the flag a searched kv_dtype stays at bf16
+        if any(p.name == "kv_dtype" for p in search_space.free()):
+            search_space = search_space.with_pins({"kv_dtype": "bf16"})
         # FP8 weights are lossy too: without the flag the model profile's own weights are kept
-        kept = tuple(p for p in search_space.params if p.name != "serving.weight_dtype")
-        search_space = replace(search_space, params=kept)
+        if "serving.weight_dtype" not in search_space.pinned:
+            kept = tuple(p for p in search_space.params if p.name != "serving.weight_dtype")
+            search_space = replace(search_space, params=kept)
     if max_hosts is not None:
+        check_max_hosts(max_hosts, trace, hw)
         hardware = hosts_profile(hardware, hw, max_hosts, runs_dir)
         hw = load_hardware(hardware)
     if prices is not None:

@@ -30,6 +30,7 @@ from kvtier.policy.model import policy_to_dict
 from kvtier.scenario import SETUP_ATTR, StudySetup
 from kvtier.search.objective import Evaluation, Evaluator
 from kvtier.search.space import SearchSpace
+from kvtier.toml_fields import strict_int
 
 RUNS_DIR = Path("runs")
 
@@ -127,10 +128,7 @@ def heartbeat_seconds() -> int:
     raw = os.environ.get(HEARTBEAT_ENV, "").strip()
     if not raw:
         return HEARTBEAT_S
-    try:
-        value = int(raw)
-    except ValueError:
-        value = 0
+    value = strict_int(raw) or 0
     if value < 1:
         raise InputError(f"${HEARTBEAT_ENV} must be a whole number of seconds >= 1, got {raw!r}")
     return value

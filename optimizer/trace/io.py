@@ -20,6 +20,7 @@ import pyarrow.parquet as pq
 
 from kvtier.errors import InputError
 from kvtier.files import atomic_write
+from kvtier.toml_fields import strict_float, strict_int
 from kvtier.trace.format import (
     FORMAT_VERSION,
     MAX_TOKENS,
@@ -176,10 +177,8 @@ def trace_metadata(schema: pa.Schema, path: str) -> dict[str, str]:
             path=path,
         )
     raw_block = meta.get(META_BLOCK_TOKENS)
-    try:
-        block_tokens = int(raw_block) if raw_block is not None and len(raw_block) < 12 else -1
-    except ValueError:
-        block_tokens = -1
+    parsed = strict_int(raw_block) if raw_block is not None else None  # "1_6" is no 16
+    block_tokens = parsed if parsed is not None else -1
     if not 0 < block_tokens <= MAX_TOKENS:
         shown = raw_block if raw_block is None or len(raw_block) <= 40 else raw_block[:40] + "..."
         raise InputError(
@@ -224,10 +223,8 @@ def read_trace(path: str | os.PathLike[str]) -> Trace:
 def arrival_offset(meta: dict[str, str], path: str | None) -> float:
     """The checked ``kvtier.arrival_offset_s`` of a trace's metadata (0 without one)."""
     text = meta.get(META_ARRIVAL_OFFSET, "0")
-    try:
-        value = float(text) if len(text) < 40 else math.nan
-    except ValueError:
-        value = math.nan
+    parsed = strict_float(text)
+    value = math.nan if parsed is None else parsed
     if not math.isfinite(value):
         raise InputError(
             f"schema metadata '{META_ARRIVAL_OFFSET}' must be a finite number of seconds, "
@@ -261,10 +258,8 @@ def starting_at_zero(trace: Trace) -> Trace:
 
 
 def _sample_fraction(text: str, path: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        value = math.nan
+    parsed = strict_float(text)
+    value = math.nan if parsed is None else parsed
     # 1 / value must be a finite number: a replay scales the cluster by it
     if not (0 < value <= 1 and math.isfinite(1 / value)):
         raise InputError(
