@@ -432,14 +432,16 @@ def optimize(
         on_bound(bound)
 
     name = study_name or f"{Path(trace_path).stem}-{hw.name}-{mdl.name}".lower()
+    default_storage = storage is None
     if storage is None:
-        make_runs_dir(runs_dir)
         storage = f"sqlite:///{runs_dir / (name + '.db')}"
     guard_outputs(
         {"--out": out if out is not None else runs_dir / f"{name}.toml"},
         {"--trace": trace_path, "--hardware": hardware, "--model": model, "--prices": prices},
         {"--storage": storage},
     )
+    if default_storage:
+        make_runs_dir(runs_dir)
     study = open_study(name, storage=storage, seed=seed, pareto=pareto)
     if out is None:
         # results go under runs/, never into policies/ (the shipped presets and spaces)
