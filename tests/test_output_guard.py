@@ -137,3 +137,9 @@ def test_optimize_refuses_empty_and_escaping_options(
 def test_report_refuses_escaping_study_name(work: Path) -> None:
     result = invoke("report", "--study", "../x")
     assert_one_line_error(result, "--study", "plain name")
+
+
+def test_batch_study_prefix_stays_a_plain_name(work: Path) -> None:
+    result = invoke("batch", "tr/a.parquet", "--study-prefix", "../", "--trials", "1")
+    assert_one_line_error(result, "--study-prefix", "plain name")
+    assert not (work / "runs").exists()
