@@ -123,10 +123,10 @@ def with_fraction(tmp_path: Path, fraction: str) -> Path:
 @pytest.mark.parametrize(
     ("fraction", "needle"),
     [
-        ("1e-320", "inverse is finite"),
-        ("1e-300", "would need"),
-        ("1e-100", "would need"),
-        ("1e-12", "would need"),
+        ("1e-320", "[2^-30, 1]"),
+        ("1e-300", "[2^-30, 1]"),
+        ("1e-100", "[2^-30, 1]"),
+        ("1e-12", "[2^-30, 1]"),
         ("1e-3", "not a whole number"),
     ],
 )
@@ -162,3 +162,12 @@ def test_absurd_prices_are_refused(tmp_path: Path, value: str) -> None:
     prices.write_text(f"[tiers.dram]\nper_gb_hour = {value}\n")
     result = invoke("replay", "--trace", str(trace), "--prices", str(prices))
     assert result.code == 2 and "prices.toml" in result.stderr, result.stderr
+
+
+@pytest.mark.parametrize("stream", ["--stream", "--no-stream"])
+def test_sample_below_the_smallest_replayable_fraction(tmp_path: Path, stream: str) -> None:
+    trace = with_fraction(tmp_path, "0.001")
+    out = tmp_path / "s.parquet"
+    result = invoke("trace", "sample", str(trace), "--fraction", "1e-7", "-o", str(out), stream)
+    assert_one_line_error(result, "--fraction", "2^-30")
+    assert not out.exists()

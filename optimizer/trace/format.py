@@ -37,6 +37,10 @@ META_PREFIX_INFO = "kvtier.prefix_info"
 # A spatial sample (``kvtier trace sample``) keeps this fraction of the sessions or prefix trees;
 # a replay scales the cluster and the shared tiers by it.
 META_SAMPLE_FRACTION = "kvtier.sample_fraction"
+# ... at least 2^-30: a replay runs fraction x the full deployment's instances, a whole number,
+# and a policy has at most 2^30 instances (kvtier.policy.fields.MAX_COUNT), so a smaller
+# fraction could never replay (and 1 / fraction sizes the routing fan-out's arrays)
+MIN_SAMPLE_FRACTION = 2.0**-30
 # ... and its full trace's prompt-length strata (META_SAMPLE_STRATA, JSON), by which a replay
 # weights its latencies (kvtier.trace.strata)
 # Arrivals are read relative to the first (which becomes 0); the seconds subtracted, on the

@@ -30,6 +30,7 @@ from kvtier.trace.format import (
     META_PREFIX_INFO,
     META_SAMPLE_FRACTION,
     META_SOURCE,
+    MIN_SAMPLE_FRACTION,
     Trace,
 )
 from kvtier.trace.strata import META_SAMPLE_STRATA, SampleStrata
@@ -260,11 +261,11 @@ def starting_at_zero(trace: Trace) -> Trace:
 def _sample_fraction(text: str, path: str) -> float:
     parsed = strict_float(text)
     value = math.nan if parsed is None else parsed
-    # 1 / value must be a finite number: a replay scales the cluster by it
-    if not (0 < value <= 1 and math.isfinite(1 / value)):
+    if not MIN_SAMPLE_FRACTION <= value <= 1:
         raise InputError(
-            f"schema metadata '{META_SAMPLE_FRACTION}' must be a number in (0, 1] whose "
-            f"inverse is finite, got {text!r}",
+            f"schema metadata '{META_SAMPLE_FRACTION}' must be a number in [2^-30, 1] (a "
+            "replay runs that share of a deployment's instances, at most 2^30 of them, and "
+            f"needs a whole one), got {text[:40]!r}",
             path=path,
         )
     return value

@@ -218,6 +218,7 @@ def stream_sample(
     batches: the same rows and metadata. Returns (requests read, requests kept, roots)."""
     _check_options(fraction, seed)
     trace = open_batches(path)
+    _check_options(fraction, seed, _fraction_of(trace))
     names = trace.schema.names
     readers: _Readers | None = None
     if "session_id" in names:
