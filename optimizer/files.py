@@ -89,7 +89,8 @@ def guard_outputs(
     ``databases`` holds storage URLs, of which an SQLite file counts, made or not. An
     output may not be, by its resolved path (``..`` and symbolic links followed) or as a hard
     link, any input or database, nor lie inside an input directory (a dataset whose next read
-    would take it for a part), nor be another output or lie inside one. One-line
+    would take it for a part), nor be a directory holding an input (a dataset output replaces
+    its directory whole), nor be another output or lie inside one. One-line
     :class:`InputError` naming the output's option and the file it would overwrite.
     """
     given_out = [(opt, os.fspath(p), _where(p)) for opt, p in outputs.items() if p is not None]
@@ -112,6 +113,8 @@ def guard_outputs(
                 what = f"is the {roles[in_opt]} {in_opt} {in_shown}"
             elif _inside(out, src):
                 what = f"is inside the input dataset directory {in_opt} {in_shown}"
+            elif _inside(src, out):  # a directory output (a dataset) is replaced whole
+                what = f"is a directory holding the input {in_opt} {in_shown}"
             else:
                 continue
             raise InputError(f"{shown} {what}; write to another path", option=opt)

@@ -143,3 +143,9 @@ def test_batch_study_prefix_stays_a_plain_name(work: Path) -> None:
     result = invoke("batch", "tr/a.parquet", "--study-prefix", "../", "--trials", "1")
     assert_one_line_error(result, "--study-prefix", "plain name")
     assert not (work / "runs").exists()
+
+
+def test_dataset_output_never_replaces_the_directory_of_its_input(work: Path) -> None:
+    result = invoke("trace", "map", "tr/a.parquet", "-B", "32", "-o", "tr", "--stream")
+    assert_one_line_error(result, "--output", "directory holding the input")
+    unchanged(work / "tr" / "a.parquet")
