@@ -319,10 +319,11 @@ def check_max_hosts(max_hosts: int, trace: Any, hw: Any) -> None:
     per_host = hw.topology.gpus_per_host
     limit = max(hw.topology.hosts, -(-requests // per_host))
     if max_hosts > limit:
+        filled = -(-requests // per_host)
         raise InputError(
             f"must be at most {limit:,} for this trace: its {requests:,} requests fill at most "
-            f"{-(-requests // per_host):,} hosts of {per_host} GPUs with one single-GPU "
-            f"instance each (the profile has {hw.topology.hosts}), got {max_hosts:,}",
+            f"{filled:,} host{'s' if filled != 1 else ''} of {per_host} GPUs with one "
+            f"single-GPU instance each (the profile has {hw.topology.hosts}), got {max_hosts:,}",
             option="--max-hosts",
         )
 
