@@ -34,7 +34,7 @@ from kvtier.hardware.types import Hardware, ModelProfile
 from kvtier.policy.model import SLO, Policy
 from kvtier.policy.registries import content_blind_routers
 from kvtier.trace.blocked import BlockedTrace
-from kvtier.trace.format import Trace
+from kvtier.trace.format import META_SAMPLE_FRACTION, Trace
 
 if TYPE_CHECKING:
     from kvtier.sim.config import SimConfig
@@ -154,7 +154,11 @@ class BlockCache:
 
                 population = round(self.trace.n_requests / self.trace.sample_fraction)
                 roots, _ = root_keys(self.trace, population)
-                self._fanned[key] = fanned_out(blocked, roots, self.trace.sample_fraction)
+                try:
+                    fanned = fanned_out(blocked, roots, self.trace.sample_fraction)
+                except InputError as err:
+                    raise err.with_path(self.trace.path) if self.trace.path else err from None
+                self._fanned[key] = fanned
             return self._fanned[key]
 
 
@@ -266,6 +270,13 @@ class Scenario:
             from kvtier.policy.overrides import apply_overrides
 
             policy = apply_overrides(policy, dict(overrides), "--set")
+        set_block = (overrides or {}).get("block_tokens")
+        if block_tokens is not None and set_block is not None and set_block != block_tokens:
+            raise InputError(
+                f"-B {block_tokens} and --set block_tokens={set_block} disagree; give the "
+                "block size once",
+                option="--block-tokens",
+            )
         if block_tokens is not None:
             if block_tokens < 1:
                 raise InputError(f"must be >= 1, got {block_tokens}", option="--block-tokens")
@@ -339,7 +350,10 @@ class Scenario:
         slo = self.slo_for(policy)
         hardware = self.hardware
         if trace.sample_fraction != 1.0:
-            policy_run, hardware = scaled_for_sample(policy, hardware, trace.sample_fraction)
+            try:
+                policy_run, hardware = scaled_for_sample(policy, hardware, trace.sample_fraction)
+            except InputError as err:
+                raise err.with_path(self.trace.path) if self.trace.path else err from None
         else:
             policy_run = policy
         cfg = build_config(hardware, self.model, policy_run)
@@ -442,11 +456,10 @@ def scaled_for_sample(
     instances = round(scaled)
     if instances < 1 or abs(scaled - instances) > 1e-6 * max(1.0, scaled):
         raise InputError(
-            f"the trace is a {fraction:g} sample, so the {full} instances of the policy must "
-            f"shrink to {scaled:g}, which is not a whole number; set serving.instances to a "
-            f"multiple of {sample_instance_step(fraction)} (e.g. --set serving.instances=N) or "
-            "sample another fraction",
-            option="--set",
+            f"the trace is a {fraction:g} sample ({META_SAMPLE_FRACTION}), so the {full} "
+            f"instances of the policy must shrink to {scaled:g}, which is not a whole number; "
+            f"set serving.instances to a multiple of {sample_instance_step(fraction)} (policy "
+            "file, --set or --pin) or sample another fraction"
         )
     per_host = max(topo.gpus_per_host // (policy.serving.tp or topo.tp), 1)
     host_share = fraction * math.ceil(full / per_host) / math.ceil(instances / per_host)

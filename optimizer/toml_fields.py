@@ -8,11 +8,33 @@ from __future__ import annotations
 
 import difflib
 import math
+import re
 import tomllib
 from pathlib import Path
 from typing import Any
 
 from kvtier.errors import InputError
+
+_INT_TEXT = re.compile(r"[+-]?[0-9]{1,30}")
+_FLOAT_TEXT = re.compile(r"[+-]?([0-9]+(\.[0-9]*)?|\.[0-9]+)([eE][+-]?[0-9]+)?")
+
+
+def strict_int(text: str) -> int | None:
+    """The integer ``text`` spells in plain decimal digits, else None.
+
+    Python's ``int()`` also takes ``"1_6"`` (16), surrounding spaces and other scripts' digits:
+    for a number in a file's metadata or an option that leniency turns a typo into a value.
+    """
+    return int(text) if isinstance(text, str) and _INT_TEXT.fullmatch(text) else None
+
+
+def strict_float(text: str) -> float | None:
+    """The finite number ``text`` spells in plain decimal notation (``1``, ``0.25``, ``1e-3``),
+    else None: no ``_``, spaces, ``nan`` or ``inf``, which ``float()`` accepts."""
+    if not isinstance(text, str) or len(text) > 64 or not _FLOAT_TEXT.fullmatch(text):
+        return None
+    value = float(text)
+    return value if math.isfinite(value) else None
 
 
 def read_toml(path: Path) -> dict[str, Any]:

@@ -85,7 +85,7 @@ def test_plot_with_a_model_is_in_gb_on_a_log_axis(trace_file: str, tmp_path: Pat
         (["-B", "x"], "--block-tokens must be an integer"),
         (["-B", "0"], "--block-tokens must be > 0"),
         (["-B", "16", "--warmup", "1.5"], "warmup"),
-        (["-B", "16", "--warmup", "half"], "--warmup must be a number"),
+        (["-B", "16", "--warmup", "half"], "--warmup must be a finite number"),
         (["-B", "16", "--capacities", "10,x"], "--capacities must be an integer"),
         (["-B", "16", "--capacities", "10,-1"], "capacities"),
         (["-B", "16", "--policy", "arc"], "unknown policy"),

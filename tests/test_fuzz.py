@@ -459,3 +459,192 @@ def test_cli_import_and_replay_never_crash(tmp_path_factory, rows, block: str) -
         fast.pop("engine", None)
         slow.pop("engine", None)
         assert fast == slow
+
+
+# --- corrupted files, extreme metadata, overlapping outputs, arrival offsets --------------------
+
+
+def _tiny_trace(arrivals: np.ndarray | None = None) -> Trace:
+    from tests.helpers import make_trace
+
+    n = 12 if arrivals is None else len(arrivals)
+    prompts = [[i % 4, 3, 1] * (12 + 5 * (i % 3)) for i in range(n)]
+    return make_trace(
+        prompts,
+        16,
+        arrivals=np.arange(1, n + 1) / 64 if arrivals is None else arrivals,
+        outputs=[1 + (7 * i) % 20 for i in range(n)],
+        tenants=[f"t{i % 3}" for i in range(n)],
+    )
+
+
+@pytest.fixture(scope="module")
+def tiny_files(tmp_path_factory) -> dict[str, bytes]:
+    from kvtier.trace.io import write_trace
+
+    root = tmp_path_factory.mktemp("tiny")
+    out = {}
+    for suffix in (".parquet", ".arrow"):
+        write_trace(_tiny_trace(), root / f"t{suffix}")
+        out[suffix] = (root / f"t{suffix}").read_bytes()
+    return out
+
+
+@SETTINGS
+@given(
+    suffix=st.sampled_from([".parquet", ".arrow"]),
+    flips=st.lists(st.tuples(st.floats(0, 1, exclude_max=True), st.integers(1, 255)), max_size=4),
+    cut=st.none() | st.floats(0.05, 1.0),
+    stream=st.booleans(),
+)
+def test_corrupted_trace_files(tmp_path_factory, tiny_files, suffix, flips, cut, stream) -> None:
+    """Bytes flipped anywhere (data, offsets, footer, schema) or the file cut short: every
+    reader answers or says one line; never a decoding or index error from inside Arrow."""
+    data = bytearray(tiny_files[suffix])
+    for where, mask in flips:
+        data[int(where * len(data))] ^= mask
+    if cut is not None:
+        data = data[: max(1, int(cut * len(data)))]
+    path = tmp_path_factory.mktemp("bad") / f"t{suffix}"
+    path.write_bytes(bytes(data))
+    result = invoke("trace", "stats", str(path), "--stream" if stream else "--no-stream")
+    assert result.code in (0, 2), result.stderr
+    if result.code == 2:
+        assert len(result.stderr.strip().splitlines()) == 1, result.stderr
+
+
+META_TEXTS = ["1", "16", "1_6", " 16", "0", "-1", "1e-320", "1e-300", "1e-12", "1e-3", "0.5",
+              "1", "nan", "inf", "-0", "1e17", "1.7e12", "", "x", "0x10", "١٦"]  # fmt: skip
+
+
+@SETTINGS
+@given(
+    key=st.sampled_from(
+        ["kvtier.block_tokens", "kvtier.sample_fraction", "kvtier.arrival_offset_s"]
+    ),
+    value=st.sampled_from(META_TEXTS) | st.text(max_size=8),
+)
+def test_extreme_metadata(tmp_path_factory, key: str, value: str) -> None:
+    """Any text in a numeric metadata key: a replay answers or refuses in one line naming it."""
+    import pyarrow.parquet as pq
+
+    from kvtier.trace.io import write_trace
+
+    path = tmp_path_factory.mktemp("meta") / "t.parquet"
+    write_trace(_tiny_trace(), path)
+    table = pq.read_table(path)
+    meta = {**table.schema.metadata, key.encode(): value.encode("utf-8", "surrogatepass")}
+    pq.write_table(table.replace_schema_metadata(meta), path)
+    for args in (("trace", "stats", str(path)), ("replay", "--trace", str(path), "--engine",
+                                                 "reference", "--json")):  # fmt: skip
+        result = invoke(*args)
+        assert result.code in (0, 2), result.stderr
+        if result.code == 2:
+            lines = result.stderr.strip().splitlines()
+            assert len(lines) == 1 and "Traceback" not in result.stderr, result.stderr
+
+
+SPELLINGS = ["same", "dot", "dotdot", "abs", "symlink", "hardlink", "other", "in-dir"]
+
+
+def _spell(root: Path, how: str) -> str:
+    target = root / "d" / "a.parquet"
+    if how == "same":
+        return "d/a.parquet"
+    if how == "dot":
+        return "./d/./a.parquet"
+    if how == "dotdot":
+        return "d/../d/a.parquet"
+    if how == "abs":
+        return str(target)
+    if how == "symlink":
+        (root / "link.parquet").unlink(missing_ok=True)
+        os.symlink(target, root / "link.parquet")
+        return "link.parquet"
+    if how == "hardlink":
+        (root / "hard.parquet").unlink(missing_ok=True)
+        os.link(target, root / "hard.parquet")
+        return "hard.parquet"
+    return "other.parquet" if how == "other" else "d/new.parquet"
+
+
+@SETTINGS
+@given(
+    how=st.sampled_from(SPELLINGS),
+    as_dir=st.booleans(),
+    command=st.sampled_from(["replay", "sample", "slice", "mrc", "optimize", "guard"]),
+)
+def test_overlapping_outputs(tmp_path_factory, how: str, as_dir: bool, command: str) -> None:
+    """An output spelled any way that reaches the input (or lies in its dataset directory) is
+    refused in one line and the input is untouched; any other output passes the guard."""
+    from kvtier.files import guard_outputs
+    from kvtier.trace.io import write_trace
+
+    root = tmp_path_factory.mktemp("overlap")
+    (root / "d").mkdir()
+    write_trace(_tiny_trace(), root / "d" / "a.parquet")
+    before = (root / "d" / "a.parquet").read_bytes()
+    cwd = os.getcwd()
+    os.chdir(root)
+    try:
+        out = _spell(root, how)
+        source = "d" if as_dir else "d/a.parquet"
+        # a hard link outside the dataset directory is another name of a part, not a part:
+        # an atomic write replaces that name and leaves the part alone
+        clash = (
+            how != "other" and (as_dir or how != "in-dir") and not (as_dir and how == "hardlink")
+        )
+        if command == "guard" or not clash:
+            if clash:
+                with pytest.raises(InputError) as err:
+                    guard_outputs({"--out": out}, {"--trace": source})
+                one_line(err.value)
+            else:
+                guard_outputs({"--out": out}, {"--trace": source})
+            return
+        args = {
+            "replay": ("replay", "--trace", source, "--requests-out", out),
+            "sample": ("trace", "sample", source, "--fraction", "0.5", "-o", out),
+            "slice": ("trace", "slice", source, "-o", out),
+            "mrc": ("trace", "mrc", source, "-B", "16", "--plot", out),
+            "optimize": ("optimize", "--trace", source, "--out", out, "--trials", "1"),
+        }[command]
+        result = invoke(*args)
+        assert result.code == 2, (result.code, result.stderr)
+        assert len(result.stderr.strip().splitlines()) == 1, result.stderr
+        assert (root / "d" / "a.parquet").read_bytes() == before
+        assert not (root / "runs").exists()
+    finally:
+        os.chdir(cwd)
+
+
+@SLOW
+@given(
+    offset=st.sampled_from([1.0, 1e3, 1e6, 2.0**30, 1.7e9, 2.0**33 - 64, 2.0**33, 1.7e12, 1e17])
+    | st.integers(1, 2**34).map(float),
+    engine=st.sampled_from(["numba", "reference"]),
+)
+def test_arrival_offsets(tmp_path_factory, offset: float, engine: str) -> None:
+    """The same trace with its clock started anywhere: the same results while a microsecond is
+    resolved (steps of 1/64 s from an integer offset are exact), else one line."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from kvtier.trace.io import write_trace
+
+    root = tmp_path_factory.mktemp("offset")
+    write_trace(_tiny_trace(), root / "base.parquet")
+    table = pq.read_table(root / "base.parquet")
+    moved = pa.array(table.column("arrival_s").to_numpy() + offset)
+    pq.write_table(table.set_column(0, "arrival_s", moved), root / "moved.parquet")
+    runs = [
+        invoke("replay", "--trace", str(root / name), "--engine", engine, "--json")
+        for name in ("base.parquet", "moved.parquet")
+    ]
+    assert runs[0].code == 0, runs[0].stderr
+    if np.spacing(offset + 1) > 1e-6:
+        assert runs[1].code == 2 and "arrival_s" in runs[1].stderr, runs[1].stderr
+        assert len(runs[1].stderr.strip().splitlines()) == 1
+    else:
+        assert runs[1].code == 0, runs[1].stderr
+        assert json.loads(runs[1].stdout) == json.loads(runs[0].stdout)

@@ -36,8 +36,8 @@ def test_definitions() -> None:
     ttft = np.array([0.5, 0.5, 1.0])
     assert m.ttft_mean_s == pytest.approx(ttft.mean())
     assert m.ttft_p99_s == float(np.quantile(ttft, 0.99, method="linear"))
-    # TPOT: (finish - first) / max(1, out - 1) = 0/1, 1/4, 1/2
-    assert m.tpot_mean_s == pytest.approx((0 + 0.25 + 0.5) / 3)
+    # TPOT: (finish - first) / (out - 1) = none (one token), 1/4, 1/2
+    assert m.tpot_mean_s == pytest.approx((0.25 + 0.5) / 2)
     assert m.e2e_mean_s == pytest.approx((0.5 + 1.5 + 2.0) / 3)
     assert m.duration_s == 4.0
     assert m.throughput_rps == 3 / 4.0

@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 from kvtier.errors import InputError
 from kvtier.trace.format import Trace
-from kvtier.trace.io import read_trace, write_trace
+from kvtier.trace.io import read_trace, starting_at_zero, write_trace
 from kvtier.trace.validate import UnsortedTraceWarning
 from tests.helpers import assert_one_line_error, invoke, make_trace, run_cli
 
@@ -47,8 +47,15 @@ def test_round_trip_keeps_data_and_metadata(tmp_path_factory, trace: Trace, suff
     path = tmp_path_factory.mktemp("rt") / f"t{suffix}"
     write_trace(trace, path)
     back = read_trace(path)
-    assert back.table.equals(trace.table)
-    assert back.table.schema.metadata == trace.table.schema.metadata
+    # read back relative to its first arrival, where the source's clock stood kept in metadata
+    expected = starting_at_zero(trace)
+    assert back.table.equals(expected.table)
+    assert back.table.schema.metadata == expected.table.schema.metadata
+    assert back.arrival_offset_s == trace.table.column("arrival_s")[0].as_py()
+    write_trace(back, path)
+    again = read_trace(path)  # a second round trip changes nothing
+    assert again.table.equals(back.table)
+    assert again.table.schema.metadata == back.table.schema.metadata
     assert (back.block_tokens, back.source, back.has_prefix_info) == (G, "test", True)
 
 

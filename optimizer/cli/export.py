@@ -60,6 +60,17 @@ def export_cmd(
         raise err.with_path(policy_path) from None
     written: dict[str, list[str]] = {}
     if out_dir is not None:
+        from kvtier.files import guard_outputs
+
+        planned = {
+            f"-o ({os.path.join(r.target, name) if target == 'all' else name})": os.path.join(
+                out_dir, r.target if target == "all" else "", name
+            )
+            for r in results
+            for name in [*r.files, "notes.txt"]
+        }
+        guard_outputs(planned, {"POLICY.toml": policy_path, "--hardware": hardware,
+                                "--model": model})  # fmt: skip
         for r in results:
             sub = os.path.join(out_dir, r.target) if target == "all" else out_dir
             written[r.target] = _write_export(sub, r)

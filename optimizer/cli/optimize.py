@@ -136,12 +136,28 @@ def _interrupted() -> None:
     sys.exit(130)
 
 
+def _refuse_ignored(kwargs: dict[str, Any]) -> None:
+    """Options that would be stored but never used, refused before any work."""
+    if kwargs.get("load") == "capacity" and kwargs.get("rate_scale", 1.0) != 1.0:
+        raise InputError(
+            "applies with --load trace only (--load capacity searches the rate itself)",
+            option="--rate-scale",
+        )
+    scale = kwargs.get("rate_scale", 1.0)
+    if not (scale > 0 and scale < float("inf")):
+        raise InputError(f"must be a positive finite number, got {scale}", option="--rate-scale")
+
+
 def _run_optimize(**kwargs: Any) -> None:
     from dataclasses import replace
 
     from kvtier.cli.progress import TrialProgress
     from kvtier.search.request import request_from_options
     from kvtier.search.run import run_request
+    from kvtier.search.study import check_study_name
+
+    check_study_name(kwargs.get("study_name"))
+    _refuse_ignored(kwargs)
 
     as_json = kwargs.pop("as_json")
     quiet = kwargs.pop("quiet")
@@ -241,7 +257,7 @@ def report_cmd(
     With --what-if, the best policy is also replayed with its memory tiers changed, one change
     at a time, on the study's trace, hardware, model, SLO and load mode.
     """
-    from kvtier.files import check_output
+    from kvtier.files import check_output, guard_outputs
     from kvtier.report.study import (
         html_study_report,
         load_existing_study,
@@ -249,7 +265,14 @@ def report_cmd(
         print_study_report,
         study_report,
     )
+    from kvtier.search.study import RUNS_DIR, check_study_name
 
+    check_study_name(study_name)
+    guard_outputs(
+        {"--plot": plot_path, "--html": html_path},
+        {"--trace": trace_path},
+        {"--storage": storage if storage is not None else f"sqlite:///{RUNS_DIR}/{study_name}.db"},
+    )
     for option, written in (("--plot", plot_path), ("--html", html_path)):
         if written is not None:
             check_output(written, option=option)
@@ -329,6 +352,7 @@ def batch_cmd(traces: tuple[str, ...], out_dir: str, study_prefix: str, **kwargs
     as_json = kwargs.pop("as_json")
     quiet = kwargs.pop("quiet")
     kwargs.pop("trace_path", None)
+    _refuse_ignored(kwargs)
     kwargs = request_values(kwargs)
     items = plan_batch(
         traces,

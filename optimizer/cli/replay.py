@@ -114,6 +114,19 @@ def replay_cmd(
         prices, note = recorded_prices(policy_path)
         if note is not None:
             click.echo(f"note: {note}", err=True)
+    if requests_out is not None:
+        from kvtier.files import guard_outputs
+
+        guard_outputs(
+            {"--requests-out": requests_out},
+            {
+                "--trace": trace_path,
+                "--policy": policy_path,
+                "--prices": prices,
+                "--hardware": hardware,
+                "--model": model,
+            },
+        )
     scenario = Scenario.from_files(
         trace_path,
         hardware=hardware,
@@ -356,7 +369,7 @@ def compare_cmd(
         chosen,
         hardware=hardware,
         model=model,
-        slo=parse_slo(slo_text) if slo_text else None,
+        slo=parse_slo(slo_text) if slo_text is not None else None,
         rate_scale=rate_scale,
         what_if=what_if,
         overrides=_overrides(sets),

@@ -135,24 +135,19 @@ def trace_synth(
 IMPORT_FORMATS = import_format_names()
 
 
-def _not_the_input(input_path: str, output: str) -> None:
-    """Refuse an output that is the input, or lies inside an input dataset directory.
+def _not_the_input(
+    input_path: str, output: str, label: str = "TRACE", **inputs: str | None
+) -> None:
+    """Refuse an output that is the input (or another input file), or lies inside an input
+    dataset directory (:func:`kvtier.files.guard_outputs`, which every writing command uses).
 
     Writing a derived trace over its source destroys the source (the write is atomic, so the
     result would be whole, but the original is gone), and a file written into a dataset
     directory becomes one of its parts on the next read.
     """
-    source, target = os.path.realpath(input_path), os.path.realpath(output)
-    same = target == source or (
-        os.path.exists(target) and os.path.exists(source) and os.path.samefile(source, target)
-    )
-    if same:
-        where = "is the input"
-    elif os.path.isdir(source) and os.path.commonpath([source, target]) == source:
-        where = "is inside the input dataset directory"
-    else:
-        return
-    raise InputError(f"{output} {where} {input_path}; write to another path", option="--output")
+    from kvtier.files import guard_outputs
+
+    guard_outputs({"--output": output}, {label: input_path, **inputs})
 
 
 @trace.command("import")
@@ -241,7 +236,9 @@ def trace_import(
     from kvtier.trace.importers import ImportOptions, import_trace, parse_columns, stream_plan
     from kvtier.trace.io import write_trace
 
-    _not_the_input(input_path, output)
+    _not_the_input(
+        input_path, output, "INPUT", **{"--tokenizer": tokenizer, "--chat-template": chat_template}
+    )
     if block_tokens is not None and block_tokens < 1:
         raise InputError(f"must be >= 1, got {block_tokens}", option="--block-tokens")
     if batch_rows is not None and batch_rows < 1:
@@ -381,7 +378,12 @@ def trace_capture(
         options = ImportOptions(
             tokenizer=tokenizer, chat_template=chat_template, block_tokens=block_tokens
         )
-        _not_the_input(log_path, output)  # type: ignore[arg-type]
+        _not_the_input(
+            log_path,  # type: ignore[arg-type]
+            output,
+            "--from-log",
+            **{"--tokenizer": tokenizer, "--chat-template": chat_template},
+        )
         captured = import_trace("openai-log", log_path, options)  # type: ignore[arg-type]
         what = "the request log"
     write_trace(captured, output)
@@ -715,11 +717,14 @@ def _print_stats(path: str, stats: Any) -> None:
 
 
 def _parse_number(text: str, option: str, kind: type) -> Any:
-    try:
-        return kind(text)
-    except ValueError:
-        what = "an integer" if kind is int else "a number"
-        raise InputError(f"{option} must be {what}, but got {text!r}") from None
+    """``text`` as a plain decimal integer or finite number (no ``1_6``, spaces or ``nan``)."""
+    from kvtier.toml_fields import strict_float, strict_int
+
+    value = strict_int(text) if kind is int else strict_float(text)
+    if value is None:
+        what = "an integer" if kind is int else "a finite number"
+        raise InputError(f"{option} must be {what}, but got {text!r}")
+    return value
 
 
 @trace.command("mrc")
@@ -785,6 +790,10 @@ def trace_mrc_cmd(
     from kvtier.trace.blocks import block_trace
     from kvtier.trace.io import read_trace
 
+    if plot_path is not None:
+        from kvtier.files import guard_outputs
+
+        guard_outputs({"--plot": plot_path}, {"TRACE": trace_path, "--model": model})
     B = _parse_number(block_tokens, "--block-tokens", int)
     if B <= 0:
         raise InputError(f"--block-tokens must be > 0, but got {B}")

@@ -47,6 +47,24 @@ def _report_validation(
         sys.exit(1)
 
 
+def _check_markdown(markdown_path: str | None) -> None:
+    """Before the work: the report file can be written and overwrites nothing the validation
+    reads (the built-in policy files and the bundled traces)."""
+    if markdown_path is None:
+        return
+    from kvtier.builtin import CHECKOUT_POLICIES, policies_dir
+    from kvtier.files import check_output, guard_outputs
+
+    guard_outputs(
+        {"--markdown": markdown_path},
+        {
+            "(built-in policies)": policies_dir(),
+            "(bundled traces)": CHECKOUT_POLICIES.parent / "traces",
+        },
+    )
+    check_output(markdown_path, option="--markdown")
+
+
 @validate.command("beluga")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as one JSON object.")
 @click.option(
@@ -60,10 +78,7 @@ def validate_beluga(as_json: bool, markdown_path: str | None) -> None:
     from kvtier.experiments.validation import run_beluga
     from kvtier.report.validation import to_markdown, to_text, validation_json
 
-    if markdown_path is not None:
-        from kvtier.files import check_output
-
-        check_output(markdown_path, option="--markdown")
+    _check_markdown(markdown_path)
     result = run_beluga()
     _report_validation(
         result,
@@ -90,10 +105,7 @@ def validate_serving(as_json: bool, markdown_path: str | None) -> None:
     from kvtier.experiments.serving_validation import run_serving
     from kvtier.report.serving_validation import serving_json, to_markdown, to_text
 
-    if markdown_path is not None:
-        from kvtier.files import check_output
-
-        check_output(markdown_path, option="--markdown")
+    _check_markdown(markdown_path)
     result = run_serving()
     _report_validation(
         result,
@@ -124,10 +136,7 @@ def validate_pd(as_json: bool, markdown_path: str | None) -> None:
     from kvtier.experiments.pd_validation import run_pd
     from kvtier.report.pd_validation import pd_json, to_markdown, to_text
 
-    if markdown_path is not None:
-        from kvtier.files import check_output
-
-        check_output(markdown_path, option="--markdown")
+    _check_markdown(markdown_path)
     result = run_pd()
     _report_validation(
         result,

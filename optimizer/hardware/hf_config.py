@@ -41,19 +41,49 @@ def shipped_config(hf_id: str) -> Path | None:
     return path if path.is_file() else None
 
 
+# The largest dimension or count a config may give: far above any real model (vocabularies of
+# about 260k, hidden sizes of about 30k), far below where the parameter arithmetic loses
+# meaning. And the deepest nesting of objects and arrays read: real configs nest 3 levels.
+MAX_DIM = 1 << 24
+MAX_DEPTH = 32
+
+
 def _int(cfg: dict[str, Any], key: str, path: str, default: int | None = None) -> int:
     value = cfg.get(key, default)
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise InputError(f"key {key!r}: must be a positive integer, got {value!r}", path=path)
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 < value <= MAX_DIM:
+        raise InputError(
+            f"key {key!r}: must be an integer in [1, {MAX_DIM:,}], got {value!r}", path=path
+        )
     return value
 
 
-def _opt(cfg: dict[str, Any], *keys: str) -> int | None:
+def _opt(cfg: dict[str, Any], *keys: str, path: str = "") -> int | None:
+    """The first of ``keys`` the config gives as a positive integer (None: none does); one
+    above :data:`MAX_DIM` is refused, naming the key."""
     for key in keys:
         value = cfg.get(key)
         if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+            if value > MAX_DIM:
+                raise InputError(
+                    f"key {key!r}: must be an integer in [1, {MAX_DIM:,}], got {value!r}",
+                    path=path,
+                )
             return value
     return None
+
+
+def _nesting(text: str) -> int:
+    """How deep ``text``'s JSON objects and arrays nest (brackets inside strings not counted)."""
+    import re
+
+    depth = deepest = 0
+    for ch in re.sub(r'"(?:\\.|[^"\\])*"', "", text):
+        if ch in "[{":
+            depth += 1
+            deepest = max(deepest, depth)
+        elif ch in "]}":
+            depth -= 1
+    return deepest
 
 
 def profile_from_config(path: str | Path, *, hf_id: str = "") -> ModelProfile:
@@ -62,7 +92,13 @@ def profile_from_config(path: str | Path, *, hf_id: str = "") -> ModelProfile:
     p = Path(path)
     where = str(p)
     try:
-        cfg = json.loads(p.read_text(encoding="utf-8"))
+        text = p.read_text(encoding="utf-8")
+        if _nesting(text) > MAX_DEPTH:
+            raise InputError(
+                f"nests objects or arrays deeper than {MAX_DEPTH} levels: not a model config",
+                path=where,
+            )
+        cfg = json.loads(text)
     except OSError as err:
         raise InputError(f"cannot read: {err.strerror or err}", path=where) from None
     except (UnicodeDecodeError, json.JSONDecodeError) as err:
@@ -77,17 +113,31 @@ def profile_from_config(path: str | Path, *, hf_id: str = "") -> ModelProfile:
     kv_heads = _int(cfg, "num_key_value_heads", where, heads)
     vocab = _int(cfg, "vocab_size", where)
     inter = _int(cfg, "intermediate_size", where)
-    head_dim = _opt(cfg, "head_dim") or hidden // heads
+    if heads % kv_heads:
+        raise InputError(
+            f"key 'num_key_value_heads': {kv_heads} does not divide num_attention_heads "
+            f"{heads} (each KV head serves a whole group of query heads)",
+            path=where,
+        )
+    head_dim = _opt(cfg, "head_dim", path=where)
+    if head_dim is None:
+        if hidden % heads:
+            raise InputError(
+                f"key 'hidden_size': {hidden} is not divisible by num_attention_heads {heads} "
+                "(and no head_dim is given)",
+                path=where,
+            )
+        head_dim = hidden // heads
 
     mla = None
-    kv_lora = _opt(cfg, "kv_lora_rank")
+    kv_lora = _opt(cfg, "kv_lora_rank", path=where)
     if kv_lora is not None:
         rope = _int(cfg, "qk_rope_head_dim", where)
         nope = _int(cfg, "qk_nope_head_dim", where)
         v_dim = _int(cfg, "v_head_dim", where)
         mla = MLA(kv_lora, rope)
         head_dim = (nope + rope + v_dim) // 2  # attention FLOPs: mean of the QK and V dims
-        q_lora = _opt(cfg, "q_lora_rank")
+        q_lora = _opt(cfg, "q_lora_rank", path=where)
         q = (
             hidden * q_lora + q_lora * heads * (nope + rope)
             if q_lora
@@ -105,17 +155,25 @@ def profile_from_config(path: str | Path, *, hf_id: str = "") -> ModelProfile:
             hidden * heads * head_dim + 2 * hidden * kv_heads * head_dim + heads * head_dim * hidden
         )
 
-    experts = _opt(cfg, "n_routed_experts", "num_experts", "num_local_experts")
+    experts = _opt(cfg, "n_routed_experts", "num_experts", "num_local_experts", path=where)
     moe = None
     dense_mlp = 3 * hidden * inter
     if experts is not None:
         active = _int(cfg, "num_experts_per_tok", where)
-        moe_inter = _opt(cfg, "moe_intermediate_size") or inter
-        dense_layers = _opt(cfg, "first_k_dense_replace") or 0
+        moe_inter = _opt(cfg, "moe_intermediate_size", path=where) or inter
+        dense_layers = _opt(cfg, "first_k_dense_replace", path=where) or 0
         moe_layers = layers - dense_layers
-        shared = (_opt(cfg, "n_shared_experts") or 0) * 3 * hidden * moe_inter
-        if _opt(cfg, "shared_expert_intermediate_size"):
-            shared = 3 * hidden * int(cfg["shared_expert_intermediate_size"])
+        if moe_layers < 0 or active > experts:
+            key, what = (
+                ("first_k_dense_replace", f"{dense_layers} exceeds num_hidden_layers {layers}")
+                if moe_layers < 0
+                else ("num_experts_per_tok", f"{active} exceeds the {experts} experts")
+            )
+            raise InputError(f"key {key!r}: {what}", path=where)
+        shared = (_opt(cfg, "n_shared_experts", path=where) or 0) * 3 * hidden * moe_inter
+        shared_inter = _opt(cfg, "shared_expert_intermediate_size", path=where)
+        if shared_inter:
+            shared = 3 * hidden * shared_inter
         expert = 3 * hidden * moe_inter
         expert_params = float(moe_layers * experts * expert)
         moe = MoE(experts, active, expert_params)

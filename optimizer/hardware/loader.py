@@ -14,6 +14,7 @@ from importlib import resources
 from pathlib import Path
 
 from kvtier.errors import InputError
+from kvtier.hardware.prices import MAX_PRICE
 from kvtier.hardware.types import (
     GB,
     LOWER_TIERS,
@@ -133,7 +134,7 @@ def load_gpu(name_or_path: str | Path, *, base: Path | None = None) -> GPUProfil
         hbm_bw=t.number("hbm_bw_gbps", positive=True) * GB,
         peak_flops=t.number("bf16_tflops", positive=True) * 1e12,
         pcie_bw=t.number("pcie_gbps", positive=True) * GB,
-        price_per_hour=t.number("price_per_hour", nonneg=True),
+        price_per_hour=t.number("price_per_hour", nonneg=True, at_most=MAX_PRICE),
         source=str(path),
         fp8_flops=t.number("fp8_tflops", 0.0, nonneg=True) * 1e12,
         nvlink_bw=t.number("nvlink_gbps", 0.0, nonneg=True) * GB,
@@ -197,9 +198,9 @@ def load_hardware(name_or_path: str | Path) -> Hardware:
         mem.done()
     host_fixed = 0.0
     if prices is not None:
-        host_fixed = prices.number("host_fixed_per_hour", 0.0, nonneg=True)
+        host_fixed = prices.number("host_fixed_per_hour", 0.0, nonneg=True, at_most=MAX_PRICE)
         if prices.has("gpu_price_per_hour"):
-            price = prices.number("gpu_price_per_hour", nonneg=True)
+            price = prices.number("gpu_price_per_hour", nonneg=True, at_most=MAX_PRICE)
             gpu = GPUProfile(**{**gpu.__dict__, "price_per_hour": price})
         prices.done()
     tiers: dict[str, TierHardware] = {}
@@ -241,14 +242,14 @@ def _tier_hardware(name: str, t: Table) -> TierHardware:
         device_bw=t.number("device_gbps", 0.0, nonneg=True) * GB,
         devices=t.integer("devices", 1),
         interleave=t.boolean("interleave", True),
-        price_per_gb_hour=t.number("price_per_gb_hour", 0.0, nonneg=True),
+        price_per_gb_hour=t.number("price_per_gb_hour", 0.0, nonneg=True, at_most=MAX_PRICE),
         fabric_per_host_hour=t.number("fabric_per_host_hour", 0.0, nonneg=True),
         shared=t.boolean("shared") if t.has("shared") else None,
         ports=t.integer("ports", 1),
         attach=t.string("attach", "host", choices=("host", "gpu")),
         dwpd=t.number("dwpd", 0.0, nonneg=True),
         drives=t.integer("drives", 1),
-        drive_price=t.number("drive_price", 0.0, nonneg=True),
+        drive_price=t.number("drive_price", 0.0, nonneg=True, at_most=MAX_PRICE),
         warranty_years=t.number("warranty_years", 5.0, positive=True),
     )
     t.done()

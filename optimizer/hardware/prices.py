@@ -43,11 +43,25 @@ class Prices:
     source: str = ""
 
 
+# The largest price kvtier takes, in dollars (per hour, per GB-hour or per drive): a thousand
+# times any real figure (an 8-GPU host rents for about $100/hour), far below where a cost
+# summed over a trial's hours and tokens would overflow to infinity. A larger number is a
+# typo or a unit mix-up, and is refused rather than reported as an infinite or null cost.
+MAX_PRICE = 1e6
+
+
 def _number(value: Any, path: str, key: str) -> float:
     if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
-        raise InputError(f"must be a number, got {value!r}", path=path, column=key)
+        raise InputError(f"must be a finite number, got {value!r}", path=path, column=key)
     if value < 0:
         raise InputError(f"must be >= 0, got {value}", path=path, column=key)
+    if value > MAX_PRICE:
+        raise InputError(
+            f"must be <= {MAX_PRICE:g} dollars (a price, not a typo or a unit mix-up), "
+            f"got {value:g}",
+            path=path,
+            column=key,
+        )
     return float(value)
 
 

@@ -102,7 +102,7 @@ def _print_tiering(result: Any, console: Console) -> None:
         table.add_column(col, justify="left" if col in ("", "lower tiers", "from") else "right")
     for name, c in (("with tiers", tiered), ("HBM only", hbm)):
         if c is None:
-            table.add_row(name, "-", "-", "-", "-", "none meets the SLO", "")
+            table.add_row(name, "-", "-", "-", "-", "none the search tried meets the SLO", "")
         else:
             table.add_row(
                 name,
@@ -114,21 +114,56 @@ def _print_tiering(result: Any, console: Console) -> None:
                 c.label,
             )
     console.print(table)
-    console.print(tiering_sentence(tiered, hbm))
+    console.print(tiering_sentence(tiered, hbm, feasible_presets(result)))
+
+
+def feasible_presets(result: Any) -> list[tuple[str, float, bool]]:
+    """``(name, $ per 1M tokens, has lower tiers)`` of each preset that met the SLO."""
+    found = []
+    for b in getattr(result, "baselines", None) or []:
+        ev = b.evaluation
+        if ev is None or not ev.feasible:
+            continue
+        tiered = any(t.name != "hbm" for t in getattr(ev.policy, "tiers", ()) or ())
+        found.append((b.name, float(ev.cost_per_mtok), tiered))
+    return found
+
+
+def _presets_that_did(presets: list[tuple[str, float, bool]], tiered: bool) -> str:
+    """``, though the preset X (outside the searched space) did at $Y per 1M tokens`` for the
+    cheapest feasible preset of that kind; empty without one."""
+    kind = [p for p in presets if p[2] == tiered]
+    if not kind:
+        return ""
+    name, cost, _ = min(kind, key=lambda p: p[1])
+    return (
+        f", though the preset {name} (outside the searched space) did at ${cost:.4f} per 1M tokens"
+    )
 
 
 def _n_gpus(n: int) -> str:
     return f"{n} GPU" if n == 1 else f"{n} GPUs"
 
 
-def tiering_sentence(tiered: Any, hbm: Any) -> str:
-    """The value of tiering in one sentence, from the two cheapest policies."""
+def tiering_sentence(
+    tiered: Any, hbm: Any, presets: list[tuple[str, float, bool]] | None = None
+) -> str:
+    """The value of tiering in one sentence, from the two cheapest policies the search found
+    (``presets``: those of :func:`feasible_presets`, named when they met the SLO where the
+    search's policies of their kind did not, so the sentence never contradicts their rows)."""
+    presets = presets or []
     if tiered is None:
-        return "No tiered policy met the SLO: tiering does not pay here."
+        did = _presets_that_did(presets, tiered=True)
+        return (
+            f"No tiered policy the search tried met the SLO{did}: tiering does not pay here."
+            if not did
+            else f"No tiered policy the search tried met the SLO{did}."
+        )
     if hbm is None:
         return (
-            f"Only tiered policies met the SLO: {tiered.gpus} GPUs with {_gb(tiered.tiers)} at "
-            f"${tiered.cost_per_mtok:.4f} per 1M tokens; no HBM-only policy did on this hardware."
+            f"Only tiered policies met the SLO in the search: {tiered.gpus} GPUs with "
+            f"{_gb(tiered.tiers)} at ${tiered.cost_per_mtok:.4f} per 1M tokens; no HBM-only "
+            f"policy the search tried did on this hardware{_presets_that_did(presets, False)}."
         )
     saving = 1 - tiered.cost_per_mtok / hbm.cost_per_mtok
     gpus = hbm.gpus - tiered.gpus

@@ -60,7 +60,13 @@ def load_existing_study(name: str, storage: str | None, runs_dir: Path = Path("r
         return optuna.load_study(study_name=name, storage=read_only_storage(storage, name))
     except KeyError:
         raise InputError(f"no study {name!r} in {storage}", option="--study") from None
-    except (ImportError, ValueError, RuntimeError, sqlalchemy.exc.SQLAlchemyError) as err:
+    except (
+        ImportError,
+        ValueError,
+        RuntimeError,
+        sqlalchemy.exc.SQLAlchemyError,
+        optuna.exceptions.OptunaError,  # StorageInternalError: a file that is not a database
+    ) as err:
         raise storage_error(name, storage, err) from None
 
 
@@ -236,7 +242,7 @@ def report_sections(rep: dict[str, Any]) -> list[Section]:
                     str(t["number"]),
                     fmt_cell("{:.4f}", m["cost_per_mtok"]),
                     fmt_cell("{:.3f}", m["ttft_p99_s"]),
-                    fmt_cell("{:.1f}", m["tpot_p99_s"] * 1e3),
+                    fmt_cell("{:.1f}", _ms(m["tpot_p99_s"])),
                     str(m.get("instances", "-")),
                     str(pol.get("block_tokens", "-")),
                     _tiers_text(pol),
@@ -314,7 +320,7 @@ def _what_if_sections(wi: dict[str, Any]) -> list[Section]:
                 "" if j == 0 else fmt_cell("{:+.1%}", change),
                 fmt_cell("{:.3f}", v["ttft_mean_s"]),
                 fmt_cell("{:.3f}", v["ttft_p99_s"]),
-                fmt_cell("{:.1f}", v["tpot_p99_s"] * 1e3),
+                fmt_cell("{:.1f}", _ms(v["tpot_p99_s"])),
                 fmt_cell("{:.1%}", sum(v["hit_ratio_tokens"].values())),
                 *([fmt_cell("{:.3g}", v["rate_scale"])] if capacity else []),
                 slo,
@@ -529,3 +535,8 @@ def html_study_report(
     from kvtier.report.html import write_html
 
     write_html(rep, report_sections(rep), curve, path)
+
+
+def _ms(seconds: float | None) -> float | None:
+    """Milliseconds of a latency that may not exist (None: no request of two tokens)."""
+    return None if seconds is None else seconds * 1e3

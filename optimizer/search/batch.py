@@ -16,9 +16,11 @@ from pathlib import Path
 from typing import Any
 
 from kvtier.errors import InputError
+from kvtier.files import guard_outputs
 from kvtier.hardware import load_hardware, load_model
 from kvtier.scenario import hardware_name, model_name
 from kvtier.search.run import OptimizeResult, optimize
+from kvtier.search.study import check_study_name
 
 
 @dataclass
@@ -55,8 +57,14 @@ def plan_batch(
                 "name); rename one or run them in separate batches with --study-prefix",
                 path=path,
             )
+        check_study_name(study, "--study-prefix")
         seen[study] = path
         items.append(BatchItem(trace=path, study=study, policy_path=out_dir / f"{study}.toml"))
+    # no policy file of the batch may overwrite one of its traces (or lie in a dataset's folder)
+    guard_outputs(
+        {f"--out-dir ({i.study}.toml)": i.policy_path for i in items},
+        {f"TRACES[{k}]": t for k, t in enumerate(traces)},
+    )
     return items
 
 

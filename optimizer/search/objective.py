@@ -38,8 +38,10 @@ def slo_violations(metrics: Metrics, slo: SLO) -> dict[str, float]:
         bound = getattr(slo, term)
         if bound is not None:
             value = getattr(metrics, term)
-            if term == "tbt_p99_s" and value is not None and math.isnan(value):
-                out[term] = -bound  # no served request of two tokens: no interval to bound
+            if term in ("tbt_p99_s", "tpot_p99_s") and value is not None and math.isnan(value):
+                # no served request of two tokens: no interval to bound (a trial that served
+                # nothing fails on completion)
+                out[term] = -bound
             elif value is None or math.isnan(value):
                 out[term] = math.inf
             else:

@@ -20,7 +20,7 @@ import optuna
 
 from kvtier import __version__
 from kvtier.errors import InputError
-from kvtier.files import check_output
+from kvtier.files import check_output, guard_outputs
 from kvtier.hardware import load_hardware, load_model
 from kvtier.hardware.types import LOWER_TIERS
 from kvtier.policy.file import sha256_of, write_policy_file
@@ -73,9 +73,15 @@ SLO_ALIASES = {
 
 
 def parse_slo(text: str | None) -> SLO:
-    """``ttft_p99=5,ttft_mean=2,tpot_p99=0.1`` (seconds); empty or None gives the default."""
-    if not text:
+    """``ttft_p99=5,ttft_mean=2,tpot_p99=0.1`` (seconds); None gives the default, an empty
+    text is refused (an empty ``--slo`` is a mistake, not a request for the default)."""
+    if text is None:
         return DEFAULT_SLO
+    if not text.strip():
+        raise InputError(
+            "is empty; give terms like ttft_p99=5,tpot_p99=0.1 or leave it out for the default",
+            option="--slo",
+        )
     values: dict[str, float] = {}
     for part in text.split(","):
         name, sep, raw = part.partition("=")
@@ -373,6 +379,24 @@ def fit_space_to_sample(space: SearchSpace, fraction: float, hardware: Any) -> S
     return replace(space, params=tuple(fitted))
 
 
+def check_max_hosts(max_hosts: int, trace: Any, hw: Any) -> None:
+    """Refuse ``--max-hosts`` above what the trace could ever occupy: one single-GPU instance
+    per request of the full trace (a sample's requests divided by its fraction) fills
+    ``ceil(requests / GPUs per host)`` hosts, or the profile's own hosts if more; a larger
+    count adds only idle hosts and makes every trial slower."""
+    requests = math.ceil(trace.n_requests / trace.sample_fraction)
+    per_host = hw.topology.gpus_per_host
+    limit = max(hw.topology.hosts, -(-requests // per_host))
+    if max_hosts > limit:
+        filled = -(-requests // per_host)
+        raise InputError(
+            f"must be at most {limit:,} for this trace: its {requests:,} requests fill at most "
+            f"{filled:,} host{'s' if filled != 1 else ''} of {per_host} GPUs with one "
+            f"single-GPU instance each (the profile has {hw.topology.hosts}), got {max_hosts:,}",
+            option="--max-hosts",
+        )
+
+
 def hosts_profile(ref: str, hw: Any, hosts: int, runs_dir: Path) -> str:
     """A copy of ``hw``'s profile file with ``hosts`` hosts, under ``runs_dir``: the search may
     then place instances on up to that many hosts (each host adds its GPUs and its per-host
@@ -465,15 +489,16 @@ def fit_space(request: OptimizeRequest) -> Fitted:
     mdl = load_model(model)
     slo = parse_slo(request.slo_text)
     search_space: SearchSpace = load_space(request.space)
-    if request.allow_lossy_kv:
-        search_space = replace(
-            search_space, pinned={k: v for k, v in search_space.pinned.items() if k != "kv_dtype"}
-        )
-    elif "serving.weight_dtype" not in search_space.pinned:
+    if not request.allow_lossy_kv:
+        # FP8 KV is lossy: without the flag a searched kv_dtype stays at bf16
+        if any(p.name == "kv_dtype" for p in search_space.free()):
+            search_space = search_space.with_pins({"kv_dtype": "bf16"})
         # FP8 weights are lossy too: without the flag the model profile's own weights are kept
-        kept = tuple(p for p in search_space.params if p.name != "serving.weight_dtype")
-        search_space = replace(search_space, params=kept)
+        if "serving.weight_dtype" not in search_space.pinned:
+            kept = tuple(p for p in search_space.params if p.name != "serving.weight_dtype")
+            search_space = replace(search_space, params=kept)
     if request.max_hosts is not None:
+        check_max_hosts(request.max_hosts, trace, hw)
         hardware = hosts_profile(hardware, hw, request.max_hosts, request.runs_dir)
         hw = load_hardware(hardware)
     if request.prices is not None:
@@ -520,9 +545,21 @@ def open_study_stage(request: OptimizeRequest, fitted: Fitted) -> Opened:
     trace_path, runs_dir = request.trace_path, request.runs_dir
     name = request.study_name or f"{Path(trace_path).stem}-{hw.name}-{mdl.name}".lower()
     storage = request.storage
+    default_storage = storage is None
     if storage is None:
-        make_runs_dir(runs_dir)
         storage = f"sqlite:///{runs_dir / (name + '.db')}"
+    guard_outputs(
+        {"--out": request.out if request.out is not None else runs_dir / f"{name}.toml"},
+        {
+            "--trace": trace_path,
+            "--hardware": fitted.hardware,
+            "--model": fitted.model,
+            "--prices": request.prices,
+        },
+        {"--storage": storage},
+    )
+    if default_storage:
+        make_runs_dir(runs_dir)
     study = open_study(name, storage=storage, seed=request.seed, pareto=request.pareto)
     if request.out is None:
         # results go under runs/, never into policies/ (the shipped presets and spaces)

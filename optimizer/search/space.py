@@ -416,6 +416,14 @@ def load_space(name_or_path: str | Path) -> SearchSpace:
     pinned = data.get("pinned", {})
     if not isinstance(pinned, dict):
         raise InputError("must be a table", path=spath, column="pinned")
+    both = [p.name for p in params if p.name in pinned]
+    if both:
+        raise InputError(
+            f"{both[0]!r} is both searched ([params.{both[0]}]) and pinned: a space file "
+            "gives each parameter once (to fix a searched one for a run, use --pin)",
+            path=spath,
+            column=f"pinned.{both[0]}",
+        )
     _check_conditions(params, pinned, spath)
     space = SearchSpace(params, {}, str(data.get("description", "")), spath)
     try:

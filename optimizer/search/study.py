@@ -30,6 +30,7 @@ from kvtier.policy.model import policy_to_dict
 from kvtier.scenario import SETUP_ATTR, StudySetup
 from kvtier.search.objective import Evaluation, Evaluator
 from kvtier.search.space import SearchSpace
+from kvtier.toml_fields import strict_int
 
 RUNS_DIR = Path("runs")
 
@@ -58,6 +59,24 @@ def make_runs_dir(
             f"{err.strerror or err}; run where it can be made, or {advice}",
             option=option,
         ) from None
+
+
+def check_study_name(name: str | None, option: str = "--study") -> None:
+    """Refuse a study name that is empty or is not one file name: the default storage and
+    policy file are ``runs/NAME.db`` and ``runs/NAME.toml``, and a name with a path separator
+    (``../../x``) would put them outside ``runs/``. None (the derived default) passes."""
+    if name is None:
+        return
+    if not name.strip():
+        raise InputError("must name a study, got an empty name", option=option)
+    bad = [c for c in ("/", "\\", "\0") if c in name]
+    if bad or name in (".", "..") or name != name.strip():
+        raise InputError(
+            f"must be a plain name (letters, digits, '-', '_', '.'; no path separators or "
+            f"surrounding spaces): the study's files go to runs/NAME.db and runs/NAME.toml, "
+            f"got {name!r}",
+            option=option,
+        )
 
 
 def default_storage(study_name: str, runs_dir: Path = RUNS_DIR) -> str:
@@ -109,10 +128,7 @@ def heartbeat_seconds() -> int:
     raw = os.environ.get(HEARTBEAT_ENV, "").strip()
     if not raw:
         return HEARTBEAT_S
-    try:
-        value = int(raw)
-    except ValueError:
-        value = 0
+    value = strict_int(raw) or 0
     if value < 1:
         raise InputError(f"${HEARTBEAT_ENV} must be a whole number of seconds >= 1, got {raw!r}")
     return value
@@ -525,6 +541,8 @@ def _creation_race(err: Exception) -> bool:
 def storage_error(study_name: str, url: str, err: Exception) -> InputError:
     """A storage failure as one line: the database's own first line, and the driver to
     install when one is missing."""
+    if isinstance(err, optuna.exceptions.StorageInternalError) and err.__cause__ is not None:
+        err = err.__cause__  # the database's own words ("file is not a database")
     first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
     if isinstance(err, RuntimeError) and "compatible with the table schema" in first:
         first = (

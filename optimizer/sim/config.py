@@ -15,6 +15,7 @@ import numpy as np
 from kvtier.deploy.apply import apply_deployment
 from kvtier.deploy.layout import plan_layout, pool_tp_choices
 from kvtier.errors import InputError
+from kvtier.files import check_allocation
 from kvtier.hardware.types import GB, Hardware, ModelProfile
 from kvtier.policy.model import Policy
 from kvtier.policy.registries import ROUTERS, SCHEDULERS
@@ -180,6 +181,12 @@ def build_config(hardware: Hardware, model: ModelProfile, policy: Policy) -> Sim
         )
         if pools[1].backend != backend:
             backend = f"{backend}+{pools[1].backend}"
+    # the scheduler's per-instance queues: three int64 slots per sequence and instance
+    check_allocation(
+        24 * n_inst * serving.max_num_seqs,
+        f"{n_inst:,} instances of {serving.max_num_seqs:,} sequences each",
+        option="serving.max_num_seqs",
+    )
     tiers = build_tiers(hardware, model, policy, n_inst, layout)
     pd = None
     if n_pf:

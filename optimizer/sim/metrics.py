@@ -156,8 +156,11 @@ def request_ttft(trace: BlockedTrace, raw: RawResult) -> np.ndarray:
 
 
 def request_tpot(trace: BlockedTrace, raw: RawResult) -> np.ndarray:
-    """Per request, (finish - first token) / max(1, output_tokens - 1) (NaN if unfinished)."""
-    return (raw.finish_s - raw.first_token_s) / np.maximum(1, trace.output_tokens - 1)
+    """Per request, (finish - first token) / (output_tokens - 1): NaN if unfinished, and NaN
+    for an answer of fewer than two tokens, which has no time between tokens (not 0)."""
+    out = trace.output_tokens
+    gen = raw.finish_s - raw.first_token_s
+    return np.where(out >= 2, gen / np.maximum(1, out - 1), math.nan)
 
 
 def effective_share(
@@ -229,7 +232,8 @@ def compute_metrics(
     out = trace.output_tokens
     inp = trace.input_tokens
     ttft = request_ttft(trace, raw)[has_first]
-    tpot = request_tpot(trace, raw)[served]
+    timed = served & (trace.output_tokens >= 2)  # a TPOT exists: two tokens or more
+    tpot = request_tpot(trace, raw)[timed]
     e2e = raw.finish_s[served] - arrival[served]
     w = request_weights(trace)
     if n and served.any():
@@ -286,8 +290,8 @@ def compute_metrics(
         ttft_p90_s=ttft_p90,
         ttft_p99_s=ttft_p99,
         ttft_p999_s=ttft_p999,
-        tpot_mean_s=_mean(tpot, _part(w, served)),
-        tpot_p99_s=_quantiles(tpot, (0.99,), _part(w, served))[0],
+        tpot_mean_s=_mean(tpot, _part(w, timed)),
+        tpot_p99_s=_quantiles(tpot, (0.99,), _part(w, timed))[0],
         e2e_mean_s=_mean(e2e, _part(w, served)),
         throughput_rps=rps,
         throughput_tps=tps,
@@ -323,8 +327,11 @@ def _with_slo(
         (slo.ttft_mean_s, m.ttft_mean_s),
         (slo.ttft_p99_s, m.ttft_p99_s),
         (slo.ttft_p999_s, m.ttft_p999_s),
-        (slo.tpot_p99_s, m.tpot_p99_s),
     ]
+    # no served request of two tokens: no TPOT, the bound holds vacuously (unserved requests
+    # miss the SLO through the served count)
+    if not (m.tpot_p99_s is None or math.isnan(m.tpot_p99_s)):
+        checks.append((slo.tpot_p99_s, m.tpot_p99_s))
     if slo.tbt_p99_s is not None and raw.tbt_tail_s is None:
         raise ValueError("an SLO with tbt_p99_s needs a replay that tracked token intervals")
     # no served request of two tokens: no interval, the TBT bound holds vacuously

@@ -8,7 +8,7 @@ tests compare it row by row). Columns:
 - ``arrival_s``, ``instance`` (-1: rejected), ``first_token_s``, ``finish_s``: simulated
   seconds, null when not reached (rejected, or the replay stopped early);
 - ``ttft_s``, ``tpot_s``: as :mod:`kvtier.sim.metrics` computes them (the same arrays), null
-  when not reached;
+  when not reached (``tpot_s`` also for an answer of fewer than two tokens, which has none);
 - ``input_tokens``, ``output_tokens``;
 - ``hbm_tokens`` and ``<tier>_tokens`` for each lower tier the policy has: prompt tokens
   found in HBM, or loaded from that tier, at its first admission (0 if never admitted);
@@ -90,7 +90,7 @@ def request_table(
         "first_token_s": _nullable(raw.first_token_s, has_first, f8),
         "finish_s": _nullable(raw.finish_s, served, f8),
         "ttft_s": _nullable(request_ttft(trace, raw), has_first, f8),
-        "tpot_s": _nullable(request_tpot(trace, raw), served, f8),
+        "tpot_s": _nullable(request_tpot(trace, raw), served & (trace.output_tokens >= 2), f8),
         "input_tokens": pa.array(trace.input_tokens, type=i8),
         "output_tokens": pa.array(trace.output_tokens, type=i8),
         "hbm_tokens": pa.array(hbm_tokens, type=i8),

@@ -29,6 +29,7 @@ import numpy as np
 
 from kvtier.deploy.layout import Layout
 from kvtier.errors import InputError
+from kvtier.files import check_allocation
 from kvtier.hardware.types import GB, Hardware, ModelProfile, TierHardware, Topology
 from kvtier.policy.model import Policy, TierPolicy
 from kvtier.policy.registries import (
@@ -275,6 +276,14 @@ class _TierColumns:
                 self.stage_bw[t, k] = rate / self.staging[t]
         workers = int(tp.workers if tp.workers is not None else d["workers"])
         self.nw[t] = workers
+        pool_count = at.n_hosts if d["scope"] == "host" else n_instances
+        # each worker has 5 float64 slots in the simulator's state (load and store: when
+        # free, seconds busy; the router's estimate)
+        check_allocation(
+            5 * 8 * (self.n_workers + pool_count * workers),
+            f"{workers:,} connector workers per {d['scope']} ({pool_count:,} pools)",
+            option=f"tiers.{tp.name}.workers",
+        )
         if d["scope"] == "host":
             self.w0[t] = self.n_workers + at.inst_host * workers
             self.n_workers += at.n_hosts * workers

@@ -5,7 +5,8 @@ a Parquet file, an Arrow IPC file or a directory of Parquet parts (name order, a
 :func:`kvtier.trace.io.read_trace` reads it) is read batch by batch. Every batch is checked
 by :func:`kvtier.trace.validate.validate_table`, the in-memory reader's check, with rows
 numbered from the start of the whole trace; rows must be in arrival order across batches
-(sorting would need the whole trace). The properties that relate rows of different batches
+(sorting would need the whole trace); arrivals are shifted to start at 0, as the in-memory
+reader shifts them. The properties that relate rows of different batches
 are checked over all of them (:mod:`kvtier.trace.crossbatch`): that a hash always stands at
 the same block position after the same parent, and that request ids are unique.
 """
@@ -15,7 +16,7 @@ from __future__ import annotations
 import math
 import os
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -26,7 +27,7 @@ import pyarrow.parquet as pq
 
 from kvtier.errors import InputError
 from kvtier.trace.format import META_BLOCK_TOKENS, META_PREFIX_INFO
-from kvtier.trace.io import check_same_columns, trace_metadata
+from kvtier.trace.io import arrival_offset, check_same_columns, trace_metadata, validated
 from kvtier.trace.progress import count
 from kvtier.trace.validate import validate_table
 
@@ -88,6 +89,14 @@ class TraceBatches:
     meta: dict[str, str]
     files: tuple[str, ...]
     schema: pa.Schema
+    # the first arrival on the file's clock, once the first batch is read: every batch's
+    # arrivals are read relative to it, as read_trace reads them (kvtier.trace.io)
+    origin: dict[str, float] = field(default_factory=dict)
+
+    def arrival_offset_s(self) -> float:
+        """What ``kvtier.arrival_offset_s`` says of the arrivals as read (after the first
+        batch: the file's offset plus its first arrival)."""
+        return arrival_offset(self.meta, self.path) + self.origin.get("t0", 0.0)
 
     @property
     def block_tokens(self) -> int:
@@ -160,12 +169,12 @@ def _raw_batches(file: str, batch_rows: int) -> Iterator[pa.Table]:
             # until the reader closes, which grows with the file (36 MB a batch here)
             reader = pq.ParquetFile(file, pre_buffer=False)
             for batch in reader.iter_batches(batch_size=batch_rows):
-                yield pa.Table.from_batches([batch])
+                yield validated(pa.Table.from_batches([batch]), file)
             return
         with pa.memory_map(file) as source:
             reader = ipc.open_file(source)
             for i in range(reader.num_record_batches):
-                table = pa.Table.from_batches([reader.get_batch(i)])
+                table = validated(pa.Table.from_batches([reader.get_batch(i)]), file)
                 for lo in range(0, table.num_rows, batch_rows):
                     yield table.slice(lo, batch_rows)
     except (pa.ArrowException, OSError) as err:
@@ -207,6 +216,12 @@ def iter_batches(
                     column="arrival_s",
                 )
             last = arrival[-1].as_py()
+            t0 = trace.origin.setdefault("t0", first)
+            if t0 != 0.0:
+                shifted = arrival.to_numpy() - t0
+                table = table.set_column(
+                    table.schema.get_field_index("arrival_s"), "arrival_s", pa.array(shifted)
+                )
             count(table.num_rows, table.nbytes)
             yield row0, table
             row0 += table.num_rows

@@ -28,7 +28,9 @@ from dataclasses import replace
 
 import numpy as np
 
+from kvtier.files import check_allocation
 from kvtier.trace.blocked import BlockedTrace
+from kvtier.trace.format import META_SAMPLE_FRACTION
 
 _COLOUR_SALT = np.uint64(0xC2B2AE3D27D4EB4F)
 
@@ -43,6 +45,12 @@ def colour_weights(fraction: float) -> np.ndarray:
     """
     if not 0 < fraction <= 1:
         raise ValueError(f"fraction must be in (0, 1], got {fraction}")
+    # two float64 arrays of one weight per colour (the weights and their running sum)
+    check_allocation(
+        16 / fraction,
+        f"schema metadata '{META_SAMPLE_FRACTION}' = {fraction:g}: the routing fan-out of "
+        f"the sample ({1 / fraction:.3g} colours)",
+    )
     colours = math.ceil(1 / fraction - 1e-9)
     if colours == 1:
         return np.ones(1)

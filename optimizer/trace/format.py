@@ -37,8 +37,15 @@ META_PREFIX_INFO = "kvtier.prefix_info"
 # A spatial sample (``kvtier trace sample``) keeps this fraction of the sessions or prefix trees;
 # a replay scales the cluster and the shared tiers by it.
 META_SAMPLE_FRACTION = "kvtier.sample_fraction"
+# ... at least 2^-30: a replay runs fraction x the full deployment's instances, a whole number,
+# and a policy has at most 2^30 instances (kvtier.policy.fields.MAX_COUNT), so a smaller
+# fraction could never replay (and 1 / fraction sizes the routing fan-out's arrays)
+MIN_SAMPLE_FRACTION = 2.0**-30
 # ... and its full trace's prompt-length strata (META_SAMPLE_STRATA, JSON), by which a replay
 # weights its latencies (kvtier.trace.strata)
+# Arrivals are read relative to the first (which becomes 0); the seconds subtracted, on the
+# source's clock, are kept here, so a trace written back still says where it started.
+META_ARRIVAL_OFFSET = "kvtier.arrival_offset_s"
 
 REQUIRED_COLUMNS = ("arrival_s", "input_tokens", "output_tokens", "block_hashes")
 OPTIONAL_COLUMNS = ("request_id", "session_id", "tenant")
@@ -70,6 +77,7 @@ class Trace:
     metadata: dict[str, str] = field(default_factory=dict)  # extra schema metadata, kept as is
     sample_fraction: float = 1.0  # < 1 for a spatial sample of a larger trace
     sample_strata: SampleStrata | None = None  # a sample's full-trace prompt-length strata
+    arrival_offset_s: float = 0.0  # the source clock's time of arrival 0 (META_ARRIVAL_OFFSET)
 
     # -- construction -------------------------------------------------------------------------
     @classmethod
@@ -125,6 +133,7 @@ class Trace:
         path: str | None = None,
         sample_fraction: float = 1.0,
         sample_strata: SampleStrata | None = None,
+        arrival_offset_s: float = 0.0,
     ) -> Trace:
         """Validate ``table`` (sorting it by arrival if needed) and wrap it."""
         from kvtier.trace.validate import validate_table
@@ -145,6 +154,8 @@ class Trace:
             meta[META_SAMPLE_FRACTION] = repr(float(sample_fraction))
         if sample_strata is not None:
             meta[META_SAMPLE_STRATA] = sample_strata.to_json()
+        if arrival_offset_s != 0.0:
+            meta[META_ARRIVAL_OFFSET] = repr(float(arrival_offset_s))
         table = table.replace_schema_metadata(meta)
         extra = {k: v for k, v in meta.items() if not k.startswith("kvtier.")}
         return cls(
@@ -156,6 +167,7 @@ class Trace:
             metadata=extra,
             sample_fraction=float(sample_fraction),
             sample_strata=sample_strata,
+            arrival_offset_s=float(arrival_offset_s),
         )
 
     # -- accessors ----------------------------------------------------------------------------

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 import os
+from dataclasses import replace
 from pathlib import Path
 from typing import BinaryIO
 
@@ -19,14 +20,17 @@ import pyarrow.parquet as pq
 
 from kvtier.errors import InputError
 from kvtier.files import atomic_write
+from kvtier.toml_fields import strict_float, strict_int
 from kvtier.trace.format import (
     FORMAT_VERSION,
     MAX_TOKENS,
+    META_ARRIVAL_OFFSET,
     META_BLOCK_TOKENS,
     META_FORMAT,
     META_PREFIX_INFO,
     META_SAMPLE_FRACTION,
     META_SOURCE,
+    MIN_SAMPLE_FRACTION,
     Trace,
 )
 from kvtier.trace.strata import META_SAMPLE_STRATA, SampleStrata
@@ -72,6 +76,7 @@ def _read_dataset(path: str) -> pa.Table:
             table = pq.read_table(file)
         except (pa.ArrowException, OSError) as err:
             raise InputError(f"corrupt Parquet file: {err}", path=str(file)) from None
+        validated(table, str(file))
         meta = {k: v for k, v in (table.schema.metadata or {}).items() if k.startswith(b"kvtier.")}
         if first_meta is None:
             first_meta = meta
@@ -88,6 +93,20 @@ def _read_dataset(path: str) -> pa.Table:
         return pa.concat_tables(tables, promote_options="permissive")
     except pa.ArrowException as err:
         raise InputError(f"the files' columns do not match: {err}", path=path) from None
+
+
+def validated(table: pa.Table, path: str) -> pa.Table:
+    """``table`` after Arrow's full validation (``validate(full=True)``): offsets in order and
+    in bounds, strings valid UTF-8, dictionary indices in range. A file can hold data no
+    writer of Arrow makes (a flipped byte, a hand-made buffer); read unchecked, such data
+    ends in an index error, a decoding error or a crash inside a library far from the file.
+    """
+    try:
+        table.validate(full=True)
+    except (pa.ArrowException, ValueError) as err:
+        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        raise InputError(f"corrupt Arrow/Parquet data: {first}", path=path) from None
+    return table
 
 
 def _unreadable(path: str, err: OSError) -> InputError:
@@ -126,13 +145,13 @@ def _read_table(path: str) -> pa.Table:
         raise InputError("empty file", path=path)
     try:
         if head.startswith(_PARQUET_MAGIC):
-            return pq.read_table(path)
+            return validated(pq.read_table(path), path)
         if head.startswith(_ARROW_FILE_MAGIC):
             with pa.memory_map(path) as source:
-                return ipc.open_file(source).read_all()
+                return validated(ipc.open_file(source).read_all(), path)
         if head.startswith(_ARROW_STREAM_MAGIC):
             with pa.memory_map(path) as source:
-                return ipc.open_stream(source).read_all()
+                return validated(ipc.open_stream(source).read_all(), path)
     except (pa.ArrowException, OSError) as err:
         raise InputError(f"corrupt Arrow/Parquet file: {err}", path=path) from None
     raise InputError(
@@ -159,10 +178,8 @@ def trace_metadata(schema: pa.Schema, path: str) -> dict[str, str]:
             path=path,
         )
     raw_block = meta.get(META_BLOCK_TOKENS)
-    try:
-        block_tokens = int(raw_block) if raw_block is not None and len(raw_block) < 12 else -1
-    except ValueError:
-        block_tokens = -1
+    parsed = strict_int(raw_block) if raw_block is not None else None  # "1_6" is no 16
+    block_tokens = parsed if parsed is not None else -1
     if not 0 < block_tokens <= MAX_TOKENS:
         shown = raw_block if raw_block is None or len(raw_block) <= 40 else raw_block[:40] + "..."
         raise InputError(
@@ -190,7 +207,7 @@ def read_trace(path: str | os.PathLike[str]) -> Trace:
     prefix_info = meta.get(META_PREFIX_INFO, "true").lower() != "false"
     fraction = _sample_fraction(meta.get(META_SAMPLE_FRACTION, "1.0"), path)
     extra = {k: v for k, v in meta.items() if not k.startswith("kvtier.")}
-    return Trace.from_table(
+    trace = Trace.from_table(
         table,
         block_tokens=block_tokens,
         source=meta.get(META_SOURCE, ""),
@@ -199,17 +216,56 @@ def read_trace(path: str | os.PathLike[str]) -> Trace:
         path=path,
         sample_fraction=fraction,
         sample_strata=sample_strata(meta, path),
+        arrival_offset_s=arrival_offset(meta, path),
+    )
+    return starting_at_zero(trace)
+
+
+def arrival_offset(meta: dict[str, str], path: str | None) -> float:
+    """The checked ``kvtier.arrival_offset_s`` of a trace's metadata (0 without one)."""
+    text = meta.get(META_ARRIVAL_OFFSET, "0")
+    parsed = strict_float(text)
+    value = math.nan if parsed is None else parsed
+    if not math.isfinite(value):
+        raise InputError(
+            f"schema metadata '{META_ARRIVAL_OFFSET}' must be a finite number of seconds, "
+            f"got {text[:40]!r}",
+            path=path,
+        )
+    return value
+
+
+def starting_at_zero(trace: Trace) -> Trace:
+    """``trace`` with its arrivals shifted so that the first is 0, the seconds subtracted
+    added to its ``arrival_offset_s``: a replay's results then do not depend on where the
+    source's clock started (float64 seconds near 1e12 keep a quarter of a millisecond)."""
+    arrival = trace.table.column("arrival_s").to_numpy()
+    first = float(arrival[0])
+    if first == 0.0:
+        return trace
+    table = trace.table.set_column(
+        trace.table.schema.get_field_index("arrival_s"), "arrival_s", pa.array(arrival - first)
+    )
+    return replace(
+        trace,
+        table=table.replace_schema_metadata(
+            {
+                **{k.decode(): v.decode() for k, v in (table.schema.metadata or {}).items()},
+                META_ARRIVAL_OFFSET: repr(trace.arrival_offset_s + first),
+            }
+        ),
+        arrival_offset_s=trace.arrival_offset_s + first,
     )
 
 
 def _sample_fraction(text: str, path: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        value = math.nan
-    if not 0 < value <= 1:
+    parsed = strict_float(text)
+    value = math.nan if parsed is None else parsed
+    if not MIN_SAMPLE_FRACTION <= value <= 1:
         raise InputError(
-            f"schema metadata '{META_SAMPLE_FRACTION}' must be a number in (0, 1], got {text!r}",
+            f"schema metadata '{META_SAMPLE_FRACTION}' must be a number in [2^-30, 1] (a "
+            "replay runs that share of a deployment's instances, at most 2^30 of them, and "
+            f"needs a whole one), got {text[:40]!r}",
             path=path,
         )
     return value

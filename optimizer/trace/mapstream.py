@@ -39,7 +39,7 @@ from kvtier.errors import InputError
 from kvtier.files import atomic_write
 from kvtier.trace.batches import BATCH_ROWS, TraceBatches, iter_batches, open_batches
 from kvtier.trace.blocked import BlockedTrace
-from kvtier.trace.format import HASH_TYPE, META_BLOCK_TOKENS, Trace
+from kvtier.trace.format import HASH_TYPE, META_ARRIVAL_OFFSET, META_BLOCK_TOKENS, Trace
 
 if TYPE_CHECKING:
     from kvtier.trace.idtable import IdTable
@@ -256,6 +256,9 @@ def map_trace_file(
         part = 0
         try:
             for row0, table in iter_batches(trace, batch_rows):
+                offset = trace.arrival_offset_s()  # arrivals are read from 0 (iter_batches)
+                if offset != 0.0:
+                    meta[META_ARRIVAL_OFFSET.encode()] = repr(offset).encode()
                 offsets, ids = mapper.map(table)
                 mapped = mapped_table(
                     table, offsets, ids, mapper.block_tokens, row0, meta, trace.has_prefix_info
@@ -331,5 +334,6 @@ def mapped_trace(
         path=trace.path,
         sample_fraction=trace.sample_fraction,
         sample_strata=trace.sample_strata,
+        arrival_offset_s=trace.arrival_offset_s,
     )
     return out, blocked

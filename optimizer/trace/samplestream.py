@@ -31,6 +31,7 @@ from kvtier.files import atomic_write
 from kvtier.trace.batches import BATCH_ROWS, TraceBatches, iter_batches, open_batches
 from kvtier.trace.format import (
     FORMAT_VERSION,
+    META_ARRIVAL_OFFSET,
     META_BLOCK_TOKENS,
     META_FORMAT,
     META_PREFIX_INFO,
@@ -65,6 +66,15 @@ def output_metadata(
     if strata is not None:
         meta[META_SAMPLE_STRATA] = strata.to_json()
     return meta
+
+
+def _offset_into(meta: dict[str, str], trace: TraceBatches, shift: float = 0.0) -> None:
+    """Record in ``meta`` where the written arrivals start on the source's clock: the batches
+    are read relative to the first arrival (the first batch sets it), then shifted by
+    ``shift`` more; nothing when that is 0."""
+    offset = trace.arrival_offset_s() + shift
+    if offset != 0.0:
+        meta[META_ARRIVAL_OFFSET] = repr(offset)
 
 
 def _fraction_of(trace: TraceBatches) -> float:
@@ -112,10 +122,12 @@ def stream_slice(
     check_window(start, end)
     trace = open_batches(path)
     seen = {"read": 0, "last": math.nan, "first_kept": math.nan, "last_kept": math.nan}
+    meta = output_metadata(trace, _fraction_of(trace))  # a slice keeps no strata
 
     def cut() -> Iterator[pa.Table]:
         for _row0, table in iter_batches(trace, batch_rows):
             seen["read"] += table.num_rows
+            _offset_into(meta, trace, start)
             arrival = table.column("arrival_s").to_numpy()
             seen["last"] = float(arrival[-1])
             keep = arrival >= start
@@ -139,7 +151,6 @@ def stream_slice(
             option="--start",
         )
 
-    meta = output_metadata(trace, _fraction_of(trace))  # a slice keeps no strata
     kept = _write_batches(out, cut(), meta, none_kept)
     return int(seen["read"]), kept, seen["last_kept"] - seen["first_kept"]
 
@@ -207,6 +218,7 @@ def stream_sample(
     batches: the same rows and metadata. Returns (requests read, requests kept, roots)."""
     _check_options(fraction, seed)
     trace = open_batches(path)
+    _check_options(fraction, seed, _fraction_of(trace))
     names = trace.schema.names
     readers: _Readers | None = None
     if "session_id" in names:
@@ -248,6 +260,7 @@ def stream_sample(
         checked = not first_pass  # pass one checked every batch already
         for row0, table in iter_batches(trace, batch_rows, cross_checks=checked):
             counts["read"] += table.num_rows
+            _offset_into(meta, trace)
             if fraction >= 1:
                 yield table
                 continue

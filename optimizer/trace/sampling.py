@@ -33,7 +33,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from kvtier.errors import InputError
-from kvtier.trace.format import Trace
+from kvtier.trace.format import MIN_SAMPLE_FRACTION, Trace
 from kvtier.trace.strata import SampleStrata
 
 _GOLDEN = np.uint64(0x9E3779B97F4A7C15)
@@ -88,9 +88,18 @@ def _subtree_roots(offsets: np.ndarray, hashes: np.ndarray, n: int) -> np.ndarra
     return hashes[np.where(first_below < len(hashes), first_below, last)]
 
 
-def _check_options(fraction: float, seed: int) -> None:
+def _check_options(fraction: float, seed: int, of: float = 1.0) -> None:
+    """``fraction`` in (0, 1], and the sample it makes of a trace that is already an ``of``
+    sample no smaller than a replay can run (``MIN_SAMPLE_FRACTION``)."""
     if not (math.isfinite(fraction) and 0 < fraction <= 1):
         raise InputError(f"must be in (0, 1], got {fraction}", option="--fraction")
+    if of * fraction < MIN_SAMPLE_FRACTION:
+        of_what = f"a {of:g} sample" if of < 1 else "the trace"
+        raise InputError(
+            f"a {fraction:g} sample of {of_what} is a {of * fraction:.3g} sample, below 2^-30: "
+            "no replay could run a whole instance of it",
+            option="--fraction",
+        )
     if seed < 0:
         raise InputError(f"must be >= 0, got {seed}", option="--seed")
 
@@ -109,7 +118,7 @@ def kept_mask(trace: Trace, fraction: float, *, seed: int = 0) -> tuple[np.ndarr
     """Per request of ``trace``, whether its ``fraction`` sample with ``seed`` keeps it, and
     what the roots were (the rows :func:`sample` keeps, for comparing a sample with the whole
     trace request by request)."""
-    _check_options(fraction, seed)
+    _check_options(fraction, seed, trace.sample_fraction)
     keys, roots = root_keys(trace)
     return _kept(keys, fraction, seed), roots
 
@@ -171,10 +180,16 @@ def time_slice(trace: Trace, start: float, end: float | None) -> Trace:
         table.schema.get_field_index("arrival_s"), "arrival_s", pa.array(shifted)
     )
     # a window of a sample no longer holds the population its strata count: none kept
-    return _rebuilt(trace, table, trace.sample_fraction, None)
+    return _rebuilt(trace, table, trace.sample_fraction, None, shift=start)
 
 
-def _rebuilt(trace: Trace, table: pa.Table, fraction: float, strata: SampleStrata | None) -> Trace:
+def _rebuilt(
+    trace: Trace,
+    table: pa.Table,
+    fraction: float,
+    strata: SampleStrata | None,
+    shift: float = 0.0,
+) -> Trace:
     return Trace.from_table(
         table,
         block_tokens=trace.block_tokens,
@@ -183,4 +198,5 @@ def _rebuilt(trace: Trace, table: pa.Table, fraction: float, strata: SampleStrat
         metadata=trace.metadata,
         sample_fraction=fraction,
         sample_strata=strata,
+        arrival_offset_s=trace.arrival_offset_s + shift,
     )

@@ -18,6 +18,13 @@ import pyarrow as pa
 from kvtier.errors import InputError
 from kvtier.trace.format import HASH_TYPE, MAX_TOKENS, REQUIRED_COLUMNS
 
+# Arrivals are seconds from the trace's start in float64; a value at which consecutive floats lie
+# more than a microsecond apart (from 2**33 s, about 272 years, on) cannot order the events of
+# a step-time model that works in microseconds, so such a trace is refused rather than replayed
+# with its times silently rounded. Readers also shift arrivals to start at 0 (kvtier.trace.io).
+ARRIVAL_RESOLUTION_S = 1e-6
+ARRIVAL_LIMIT_S = float(2**33)
+
 
 class UnsortedTraceWarning(UserWarning):
     """The trace's rows were not in arrival order and have been sorted stably."""
@@ -172,6 +179,17 @@ def validate_table(
     if (arrival < 0).any():
         raise InputError(
             "arrival is negative", path=path, row=_first(arrival < 0), column="arrival_s"
+        )
+    latest = int(np.argmax(arrival))
+    if np.spacing(arrival[latest]) > ARRIVAL_RESOLUTION_S:
+        raise InputError(
+            f"arrival {arrival[latest]:.6g} s is too large to tell microseconds apart (float64 "
+            f"steps of {np.spacing(arrival[latest]):.3g} s there; from about "
+            f"{ARRIVAL_LIMIT_S:.3g} s on): give arrivals in seconds from the trace's start "
+            "(an epoch timestamp, or milliseconds read as seconds?)",
+            path=path,
+            row=latest,
+            column="arrival_s",
         )
     inp = _token_counts(table, "input_tokens", path, 1)
     out = _token_counts(table, "output_tokens", path, 0)
