@@ -20,7 +20,9 @@ def test_every_request_field_with_an_option_is_an_option_of_optimize_and_batch()
     assert "trace_path" in declared and "refine" in declared
     for command in (main.commands["optimize"], optimize_main):
         opts = _options(command)
-        extra = {"as_json", "version"} if command is optimize_main else {"as_json"}
+        extra = (
+            {"as_json", "quiet", "version"} if command is optimize_main else {"as_json", "quiet"}
+        )
         assert set(opts) == set(declared) | extra, command.name
         for name, opt in declared.items():
             assert list(opts[name].opts) == [opt.decls[0]], name
@@ -69,6 +71,7 @@ def test_flags_that_switch_off_set_their_field_false() -> None:
         command, ["--trace", "t.parquet", "--no-refine", "--no-presets", "--pareto"]
     )
     assert result.exit_code == 0, result.output
-    request = request_from_options({k: v for k, v in seen.items() if k != "as_json"})
+    cli_only = ("as_json", "quiet")  # the command's own: output, not the request
+    request = request_from_options({k: v for k, v in seen.items() if k not in cli_only})
     assert request.refine is False and request.compare_presets is False and request.pareto
     assert request.warm_start is True

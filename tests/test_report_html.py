@@ -114,11 +114,20 @@ def test_a_page_with_every_input_draws_every_chart() -> None:
         },
         "hbm_only": None,
     }
-    rep["refine"] = {
-        "from_trial": 0,
-        "curves": {"dram": [{"capacity_gb": c, "cost_per_mtok": 0.02, "ttft_p99_s": 1.0,
-                             "feasible": True} for c in (32, 64, 128)]},
-    }  # fmt: skip
+    from kvtier.search.refine import Point, Refined
+
+    rep["refine"] = Refined(
+        from_trial=0,
+        start_cost_per_mtok=0.021,
+        policy={},
+        metrics={"cost_per_mtok": 0.02, "ttft_p99_s": 1.0},
+        violations={},
+        changes=["dram 128 -> 64 GB/host"],
+        certificate=[],
+        holds=True,
+        curves={"dram": [Point(f"dram {c} GB", 3, float(c), 0.02, 5.0, 1.0, True)
+                         for c in (32, 64, 128)]},
+    ).to_attrs()  # fmt: skip
     rep["hit_ratio_over_time"] = {
         "trial": 0,
         "t_s": [0.0, 10.0],

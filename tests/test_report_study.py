@@ -263,7 +263,7 @@ def test_html_draws_refine_curves_and_hit_ratios_when_the_study_holds_them(
     assert f"Refine curves around trial {best.number}" in text
     assert "Trial 0, replayed: the share of prompt tokens each tier served." in text
     # the refine curve is drawn in capacity order
-    start = text.index('"x":[32,64,128,256,512]')
+    start = text.index('"x":[32.0,64.0,128.0,256.0,512.0]')
     assert start > 0
 
 
