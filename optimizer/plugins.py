@@ -3,8 +3,9 @@ mechanisms (a router, a write policy, a load rule, a transfer path, a tier kind)
 registries when imported.
 
 ``KVTIER_PLUGINS=my_pkg.sticky_router,my_pkg.fabric`` imports each module once, when the
-registries are first imported (:mod:`kvtier.policy.registries` calls :func:`load_plugins`),
-so every layer sees the same registries: the policy loader's choices, the docs tables, the
+first registry is imported (:mod:`kvtier.tier_kinds` and :mod:`kvtier.policy.registries`
+call :func:`load_plugins` once their own entries are defined), so every layer sees the
+same registries: the policy loader's choices, the docs tables, the
 reference engine (which loads a plug-in's module by its ``impl``) and the numba kernels, whose
 dispatch :mod:`kvtier.sim.gen` writes for the registries as they are
 (:func:`kvtier.sim.gen.twin`). A module registers with ``Registry.register`` and holds what a

@@ -27,6 +27,7 @@ GROUND = {
     "files",
     "plotting",
     "plugins",
+    "tier_kinds",
 }
 FLOORS = [
     "trace",

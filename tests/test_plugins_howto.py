@@ -1,8 +1,9 @@
 """docs/design.md's "How to add a plug-in", done from outside the package.
 
-A temporary module, named in ``KVTIER_PLUGINS``, registers a router, a write policy and a
-transfer path. A fresh process then replays generated traces with them on both engines and
-they agree exactly, with no file of the package edited: the registries take the entries, the
+A temporary module, named in ``KVTIER_PLUGINS``, registers a router, a write policy, a
+transfer path and a tier kind (with a temporary hardware profile offering it). A fresh
+process then replays generated traces with them on both engines and they agree exactly,
+with no file of the package edited: the registries take the entries, the
 reference engine loads the module by its ``impl``, and the kernels' dispatch is written for the
 registries as they are (:func:`kvtier.sim.gen.twin`) and compiled into the plug-ins' own cache
 folder. Compiling every kernel afresh takes minutes, hence ``slow``.
@@ -22,12 +23,13 @@ ROOT = Path(__file__).resolve().parents[1]
 
 PLUGIN = '''
 """Test plug-ins: the router most_free, the write policy write_through_head, the transfer
-path test-fabric."""
+path test-fabric and the tier kind fabric."""
 
 from numba import njit
 
 from kvtier.policy.registries import CONNECTORS, ROUTERS, WRITE_POLICIES
 from kvtier.registry import Entry
+from kvtier.tier_kinds import TIER_KINDS, tier_kind
 
 
 def route(view, req):
@@ -65,6 +67,10 @@ WRITE_POLICIES.register(
     Entry("write_through_head", WRITE_POLICIES.next_code(), "first computed block only",
           impl=__name__, traits={"cascade": False, "sightings": False})
 )
+TIER_KINDS.register(
+    tier_kind("fabric", TIER_KINDS.next_code(), "a memory fabric every host reaches",
+              per_host=False)
+)
 CONNECTORS.register(
     Entry("test-fabric", CONNECTORS.next_code(), "a pipelined fabric, 3 us per op, 5 GB/s",
           {**CONNECTORS["direct"].defaults, "order": "pipelined", "depth": 4, "rpc_us": 3.0,
@@ -72,7 +78,17 @@ CONNECTORS.register(
 )
 '''
 
+PROFILE_TABLE = """
+[tiers.fabric]
+capacity_gb = 1024
+port_read_gbps = 50
+op_overhead_us = 1.0
+latency_us = 3.0
+price_per_gb_hour = 5e-4
+"""
+
 CHECK = """
+import os
 from dataclasses import replace
 
 import numpy as np
@@ -88,6 +104,7 @@ from kvtier.trace.blocked import BlockedTrace
 from tests.sim_strategies import blocked_traces, tiered_configs
 from tests.test_sim_tiers_differential import assert_same_tiers
 
+PROFILE = os.environ["HOWTO_PROFILE"]
 router = ROUTERS["most_free"].code
 writes = WRITE_POLICIES["write_through_head"].code
 seen = set()
@@ -110,16 +127,24 @@ def engines_agree(data):
 engines_agree()
 assert len(seen) > 1, seen  # the router spread requests over instances
 
-# the transfer path: a policy naming it is wired with its costs, and both engines agree
+# the transfer path and the tier kind: a policy with a fabric tier through the new connector,
+# on a profile offering that tier, is wired with its costs, and both engines agree
+hw = load_hardware(PROFILE)
+assert hw.tiers["fabric"].per_host is False
 policy = Policy()
 policy = replace(
     policy,
-    tiers=(TierPolicy(), TierPolicy(name="dram", capacity_gb=64.0, connector="test-fabric")),
+    tiers=(
+        TierPolicy(),
+        TierPolicy(name="dram", capacity_gb=64.0),
+        TierPolicy(name="fabric", capacity_gb=256.0, connector="test-fabric"),
+    ),
     serving=replace(policy.serving, routing="most_free", instances=4),
     write_policy="write_through_head",
 )
-cfg = build_config(load_hardware("h100-node"), load_model("Llama-3.1-8B"), policy)
-assert cfg.tiers.rpc_s[0] == 3e-6 and cfg.tiers.depth[0] == 4, cfg.tiers
+cfg = build_config(hw, load_model("Llama-3.1-8B"), policy)
+assert cfg.tiers.names == ("dram", "fabric"), cfg.tiers.names
+assert cfg.tiers.rpc_s[1] == 3e-6 and cfg.tiers.depth[1] == 4, cfg.tiers
 doc = list(range(40))
 trace = BlockedTrace.from_lists(
     [0.0, 0.5, 1.0, 1.5, 2.0, 2.5], [700] * 6, [4] * 6, [doc] * 6, 16, n_blocks=40
@@ -127,6 +152,8 @@ trace = BlockedTrace.from_lists(
 ref = simulate_raw(trace, cfg, engine="reference", check_invariants=True)
 fast = simulate_raw(trace, cfg, engine="numba")
 assert_same_tiers(ref, fast, trace, cfg)
+# the first block of each iteration's computed blocks went down into both tiers
+assert (ref.tier_bytes_written > 0).all(), ref.tier_bytes_written
 print("plug-ins agree:", sorted(seen), CONNECTORS["test-fabric"].code)
 """
 
@@ -134,7 +161,11 @@ print("plug-ins agree:", sorted(seen), CONNECTORS["test-fabric"].code)
 @pytest.mark.slow
 def test_plugins_from_a_temporary_module_replay_on_both_engines(tmp_path: Path) -> None:
     (tmp_path / "kvtier_howto_plugins.py").write_text(textwrap.dedent(PLUGIN))
+    profile = tmp_path / "h100-fabric.toml"
+    base = (ROOT / "optimizer/hardware/profiles/hardware/h100-node.toml").read_text()
+    profile.write_text(base.replace('name = "h100-node"', 'name = "h100-fabric"') + PROFILE_TABLE)
     env = {
+        "HOWTO_PROFILE": str(profile),
         **os.environ,
         "KVTIER_PLUGINS": "kvtier_howto_plugins",
         "PYTHONPATH": os.pathsep.join([str(tmp_path), str(ROOT)]),

@@ -10,6 +10,9 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+from kvtier.tier_kinds import TIER_KINDS
+from kvtier.tier_kinds import trait as tier_trait
+
 GB = 1e9  # profiles give decimal gigabytes, as GPU data sheets do
 
 KV_DTYPE_BYTES: dict[str, float] = {"bf16": 2.0, "fp16": 2.0, "fp8": 1.0, "int4": 0.5}
@@ -134,9 +137,9 @@ class Efficiency:
 
 
 # The memory tiers below HBM a hardware profile may offer, in the order a request looks them up
-# (fastest path first); policies list them by the same names.
-LOWER_TIERS = ("dram", "cxl", "rdma", "ssd")
-PER_HOST_TIERS = ("dram", "ssd")  # one pool per host; the others are shared by all hosts
+# (fastest path first); policies list them by the same names. The registry is the one list
+# (kvtier.tier_kinds), plug-in kinds included.
+LOWER_TIERS = TIER_KINDS.names
 
 
 @dataclass(frozen=True)
@@ -186,7 +189,7 @@ class TierHardware:
         """One pool per host (dram, ssd, a CXL expander) or one shared by every host."""
         if self.shared is not None:
             return not self.shared
-        return self.name in PER_HOST_TIERS
+        return tier_trait(self.name, "per_host")
 
 
 @dataclass(frozen=True)

@@ -26,6 +26,8 @@ from kvtier.policy.registries import LOAD_RULES as LOAD_REGISTRY
 from kvtier.policy.registries import ROUTERS as ROUTER_REGISTRY
 from kvtier.policy.registries import SCHEDULERS as SCHEDULER_REGISTRY
 from kvtier.policy.registries import WRITE_POLICIES as WRITE_REGISTRY
+from kvtier.tier_kinds import TIER_KINDS
+from kvtier.tier_kinds import trait as tier_trait
 from kvtier.toml_fields import Table, read_toml
 
 POLICY_FORMAT = "kvtier-policy/1"
@@ -282,8 +284,14 @@ class TierPolicy:
         check_settings(self)
         if self.name == "hbm" and self.eviction not in HBM_EVICTIONS:
             raise ValueError("the hbm tier evicts lru (vLLM's free queue)")
-        if self.interleave is not None and self.name != "cxl":
-            raise ValueError("interleave applies to the cxl tier only")
+        if self.interleave is not None and not tier_trait(self.name, "interleave"):
+            raise ValueError(f"interleave applies to {_interleaved()} only")
+
+
+def _interleaved() -> str:
+    """The tier kinds a policy may set ``interleave`` on, as an error names them."""
+    names = [e.name for e in TIER_KINDS if e.traits.get("interleave")]
+    return "the " + " and ".join(names) + (" tier" if len(names) == 1 else " tiers")
 
 
 @dataclass(frozen=True)
@@ -422,8 +430,8 @@ def policy_from_dict(data: dict[str, Any], source: str = "<policy>") -> Policy:
         name = tt.string("name", choices=TIER_NAMES)
         if any(x.name == name for x in tiers):
             raise tt.error(f"tiers[{i}].name", f"tier {name!r} is listed twice")
-        if tt.has("interleave") and name != "cxl":
-            raise tt.error(f"tiers[{i}].interleave", "applies to the cxl tier only")
+        if tt.has("interleave") and not tier_trait(name, "interleave"):
+            raise tt.error(f"tiers[{i}].interleave", f"applies to {_interleaved()} only")
         hbm = name == "hbm"
         values = read_settings(
             TierPolicy,

@@ -34,6 +34,7 @@ from kvtier.hardware.types import GB, Hardware, ModelProfile
 from kvtier.policy.model import Policy
 from kvtier.policy.registries import CONNECTORS, UNITS
 from kvtier.sim.tiers import TierConfig, fragments_per_block
+from kvtier.tier_kinds import trait as tier_trait
 
 # A ConnectX-7 NIC per GPU (400 Gb/s) when the profile has no RDMA tier to take it from.
 DEFAULT_NIC_BW = 50e9
@@ -115,10 +116,11 @@ def build_pd(
     nv_bw = hardware.gpu.nvlink_bw
     nvlink = [links.get(f"nvlink[{k}]", t * nv_bw, t * nv_bw) if nv_bw > 0 else -1
               for k, t in enumerate(tps)]  # fmt: skip
-    rdma = hardware.tiers.get("rdma")
-    if rdma is not None:
-        n_ports = rdma.ports if rdma.attach == "gpu" else 1
-        read, write, prefix = rdma.port_read_bw / n_ports, rdma.port_write_bw / n_ports, "rdma"
+    # the tier whose host ports (NICs) the transfer runs over (the tier kinds' pd_ports)
+    nic = next((hw for name, hw in hardware.tiers.items() if tier_trait(name, "pd_ports")), None)
+    if nic is not None:
+        n_ports = nic.ports if nic.attach == "gpu" else 1
+        read, write, prefix = nic.port_read_bw / n_ports, nic.port_write_bw / n_ports, nic.name
     else:
         n_ports, read, write, prefix = gph, DEFAULT_NIC_BW, DEFAULT_NIC_BW, "nic"
     gpu0 = list(layout.first_gpu) if layout is not None else [k * tp for k in range(n_instances)]
@@ -147,13 +149,13 @@ def build_pd(
                 entries += [(x, OUT, 1.0 / len(nics[p])) for x in nics[p]]
                 entries += [(x, IN, 1.0 / len(nics[d])) for x in nics[d]]
                 entries += [(pcie[d], IN, 1.0)]
-                lat[p, d] = rdma.latency_s if rdma is not None else 0.0
+                lat[p, d] = nic.latency_s if nic is not None else 0.0
             for j, (link, q, s) in enumerate(entries):
                 path[p, d, j], queue[p, d, j], scale[p, d, j] = link, q, s
     name = policy.serving.pd_connector
     c = CONNECTORS.get(name, path="serving.pd_connector").defaults
     rpc = float(c["rpc_us"])
-    op_s = rpc * 1e-6 if rpc >= 0 else (rdma.op_overhead_s if rdma is not None else 0.0)
+    op_s = rpc * 1e-6 if rpc >= 0 else (nic.op_overhead_s if nic is not None else 0.0)
     sg = float(c["stream_gbps"])
     staging = int(c["staging"])
     pd = PdConfig(

@@ -27,6 +27,7 @@ import numpy as np
 from kvtier.hardware.types import Hardware
 from kvtier.sim.result import RawResult
 from kvtier.sim.tiers import STAGES, TierConfig
+from kvtier.tier_kinds import trait as tier_trait
 
 DAY_S = 86_400.0
 
@@ -91,7 +92,7 @@ def tier_stats(
         hw = hardware.tiers.get(name)
         dwpd, rating, wear = math.nan, 0.0, 0.0
         written = float(raw.tier_bytes_written[t])
-        if hw is not None and name == "ssd" and span > 0:
+        if hw is not None and tier_trait(name, "wear") and span > 0:
             n_pools = tiers.n_hosts if tiers.per_host[t] else 1
             dwpd = written / n_pools / (span / DAY_S) / hw.capacity_bytes
             rating = hw.dwpd
