@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 
 from kvtier.experiments import sampling_validation as sv
-from kvtier.scenario import CONTENT_BLIND_ROUTERS
 from kvtier.trace.io import read_trace
+from kvtier.trace.sample_correction import CONTENT_BLIND_ROUTERS
 
 MOONCAKE = Path(__file__).resolve().parents[1] / sv.TRACE
 

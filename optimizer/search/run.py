@@ -19,6 +19,7 @@ from typing import Any
 import optuna
 
 from kvtier import __version__
+from kvtier.deploy.sample import sample_bias
 from kvtier.errors import InputError
 from kvtier.files import check_output
 from kvtier.hardware import load_hardware, load_model
@@ -31,18 +32,9 @@ from kvtier.policy.model import (
     policy_to_dict,
     without_inert_split,
 )
-from kvtier.scenario import (
-    SLO_TERMS,
-    Scenario,
-    StudySetup,
-    check_study_trace,
-    hardware_name,
-    model_name,
-    sample_bias,
-    sample_weighting,
-    slo_to_dict,
-)
+from kvtier.scenario import SLO_TERMS, Scenario, hardware_name, model_name
 from kvtier.search.objective import Evaluation, Evaluator, binding_term
+from kvtier.search.setup import StudySetup, check_study_trace, slo_to_dict
 from kvtier.search.space import SearchSpace, load_space, restrict_to_target
 from kvtier.search.study import (
     TrialSummary,
@@ -56,6 +48,7 @@ from kvtier.search.study import (
     pareto_front,
 )
 from kvtier.search.warmstart import knee_capacities_gb, tier_additions, warm_start_trials
+from kvtier.trace.sample_correction import sample_weighting
 
 DEFAULT_SLO = SLO(ttft_p99_s=2.0, tpot_p99_s=0.1)
 SLO_ALIASES = {
@@ -269,7 +262,7 @@ def fit_space_to_sample(space: SearchSpace, fraction: float, hardware: Any) -> S
     """
     if fraction == 1.0:
         return space
-    from kvtier.scenario import sample_instance_step
+    from kvtier.trace.sample_correction import sample_instance_step
 
     step = sample_instance_step(fraction)
     most = hardware.topology.max_instances
