@@ -25,7 +25,7 @@ from __future__ import annotations
 import math
 import threading
 from collections.abc import Mapping
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -48,7 +48,6 @@ DEFAULT_MODEL = "Llama-3.1-8B"
 LOAD_MODES = ("trace", "capacity")
 ENGINES = ("numba", "reference")
 MAX_CONCURRENCY = 1 << 20  # requests in flight of a closed loop (as kvtier.sim.engine.MAX_SEQS)
-SLO_TERMS = tuple(f.name for f in fields(SLO))  # ttft_mean_s, ttft_p99_s, ttft_p999_s, ...
 
 
 # -- rate scaling ---------------------------------------------------------------------------

@@ -27,12 +27,13 @@ from kvtier.hardware.types import LOWER_TIERS
 from kvtier.policy.file import sha256_of, write_policy_file
 from kvtier.policy.model import (
     SLO,
+    SLO_TERMS,
     Policy,
     policy_from_dict,
     policy_to_dict,
     without_inert_split,
 )
-from kvtier.scenario import SLO_TERMS, Scenario, hardware_name, model_name
+from kvtier.scenario import Scenario, hardware_name, model_name
 from kvtier.search.objective import Evaluation, Evaluator, binding_term
 from kvtier.search.setup import StudySetup, check_study_trace, slo_to_dict
 from kvtier.search.space import SearchSpace, load_space, restrict_to_target

@@ -14,8 +14,8 @@ from pathlib import Path
 from typing import Any
 
 from kvtier.errors import InputError
-from kvtier.policy.model import SLO, Policy
-from kvtier.scenario import SLO_TERMS, Scenario
+from kvtier.policy.model import SLO, SLO_TERMS, Policy
+from kvtier.scenario import Scenario
 
 SETUP_ATTR = "setup"  # the study's user attributes: what the latest run searched ...
 SHA256_ATTR = "trace_sha256"  # ... and the trace it ran on

@@ -81,6 +81,7 @@ from kvtier.sim.nb_tiers import (
     ops_of_nb,
     sighted_nb,
 )
+from kvtier.sim.slo import certainly_missed
 from kvtier.sim.steptime.jit import (
     prefill_attn_ns_nb,
     prefill_out_of_range_nb,
@@ -91,6 +92,7 @@ from kvtier.sim.timing import T_FRONTEND
 from kvtier.sim.transfer import pd_transfer
 
 pd_transfer_nb = njit(cache=True, nogil=True, _nrt=False)(pd_transfer)
+certainly_missed_nb = njit(cache=True, nogil=True, inline="always")(certainly_missed)
 
 # Fields of a slot record in ``sl`` (int32, 4 per slot, one cache line holds 4 slots): every
 # pool operation on a slot touches one record instead of several arrays. POS is the slot's
@@ -500,7 +502,7 @@ class Buffers(NamedTuple):
 
 # Fields of the replay-wide counters (``Tally.ints``): the round-robin turn, iterations begun,
 # the admission stamp, and the SLO counts (rejected, TTFT over the p99 and p99.9 bounds, TPOT
-# over its bound; C_OVER_TBT: TBT tails over theirs), as :class:`kvtier.sim.result.SloTracker`
+# over its bound; C_OVER_TBT: TBT tails over theirs), as :class:`kvtier.sim.slo.SloTracker`
 # keeps them.
 # The closed-loop load generator's requests in flight (C_IN_FLIGHT) and, in ``Tally.ttft_sum[1]``,
 # when the last slot freed.
@@ -742,16 +744,13 @@ def end_iteration_nb(
 
 @njit(cache=True, nogil=True, inline="always")
 def slo_missed_nb(prm: Params, ty: Tally, n: int) -> bool:
-    """Is the SLO certainly missed already? (``SloTracker.missed``.)"""
+    """Is the SLO certainly missed already? (:func:`kvtier.sim.slo.certainly_missed` over the
+    tally's counts, as ``SloTracker.missed`` over the reference's.)"""
     c = ty.ints
-    return (
-        c[C_REJECTED] > 0
-        or ty.ttft_sum[0] / n > prm.slo_thresholds[0]
-        or c[C_OVER_P99] >= prm.slo_limits[0]
-        or c[C_OVER_P999] >= prm.slo_limits[1]
-        or c[C_OVER_TPOT] >= prm.slo_limits[2]
-        or c[C_OVER_TBT] >= prm.slo_limits[3]
-    )
+    return certainly_missed_nb(
+        c[C_REJECTED], ty.ttft_sum[0] / n, c[C_OVER_P99], c[C_OVER_P999], c[C_OVER_TPOT],
+        c[C_OVER_TBT], prm.slo_thresholds, prm.slo_limits,
+    )  # fmt: skip
 
 
 @njit(cache=True, nogil=True, _nrt=False)
