@@ -239,7 +239,11 @@ def prepare_tree(rev: str | None, scratch: Path, label: str) -> tuple[Path, str]
     description of it."""
     if rev is None:
         return REPO, "the working tree"
-    commit = git("rev-parse", "--verify", f"{rev}^{{commit}}")
+    try:
+        commit = git("rev-parse", "--verify", "--quiet", f"{rev}^{{commit}}")
+    except subprocess.CalledProcessError:
+        print(f"error: {rev!r} names no commit of {REPO}", file=sys.stderr)
+        raise SystemExit(2) from None
     tree = scratch / f"tree-{label}"
     git("worktree", "add", "--detach", "--quiet", str(tree), commit)
     return tree, f"{rev} ({commit[:10]})"
