@@ -11,8 +11,10 @@ such a replay depends on, once:
 * the blocked-trace cache, keyed by every policy field that changes block identities
   (:func:`block_key`: the block size *and* tenant sharing), safe to share between threads;
 * rate scaling (:func:`scale_arrivals`);
-* the setup a study records (:class:`StudySetup`) and the one check that a trace is the one
-  a study ran on (:func:`check_study_trace`).
+* the replay itself (:meth:`Scenario.replay`), a spatial sample's on the deployment
+  :mod:`kvtier.deploy.sample` shrinks for it (the rules: :mod:`kvtier.trace.sample_correction`).
+
+The setup a study records lives with the search (:mod:`kvtier.search.setup`).
 
 Nothing here imports numba until a replay runs, so commands that only read (``report``,
 ``export``) stay quick to start.
@@ -23,7 +25,7 @@ from __future__ import annotations
 import math
 import threading
 from collections.abc import Mapping
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -32,9 +34,8 @@ import numpy as np
 from kvtier.errors import InputError
 from kvtier.hardware.types import Hardware, ModelProfile
 from kvtier.policy.model import SLO, Policy
-from kvtier.policy.registries import content_blind_routers
 from kvtier.trace.blocked import BlockedTrace
-from kvtier.trace.format import META_SAMPLE_FRACTION, Trace
+from kvtier.trace.format import Trace
 
 if TYPE_CHECKING:
     from kvtier.sim.config import SimConfig
@@ -47,7 +48,6 @@ DEFAULT_MODEL = "Llama-3.1-8B"
 LOAD_MODES = ("trace", "capacity")
 ENGINES = ("numba", "reference")
 MAX_CONCURRENCY = 1 << 20  # requests in flight of a closed loop (as kvtier.sim.engine.MAX_SEQS)
-SLO_TERMS = tuple(f.name for f in fields(SLO))  # ttft_mean_s, ttft_p99_s, ttft_p999_s, ...
 
 
 # -- rate scaling ---------------------------------------------------------------------------
@@ -331,6 +331,7 @@ class Scenario:
         request from when it was sent. ``track_tbt`` records each request's token intervals
         (``raw.tbt_tail_s``, ``metrics.tbt_p99_s``); an SLO with ``tbt_p99_s`` always does.
         """
+        from kvtier.deploy.sample import fan_out_applies, scaled_for_sample
         from kvtier.sim import build_config, replay_metrics, simulate_raw
 
         policy = self.policy if policy is None else policy
@@ -367,241 +368,3 @@ class Scenario:
         if closed and raw.arrival_s is not None:
             trace = trace.with_arrivals(raw.arrival_s)  # each request counts from its send
         return Replay(metrics, raw, trace, cfg, policy, scale, stats)
-
-
-# Routers that place a request without looking at its blocks (the registry's content_blind
-# trait): the replay of a sample restores their fan-out (kvtier.trace.fanout). The
-# content-affine ones send a turn to its prefix.
-CONTENT_BLIND_ROUTERS = content_blind_routers()
-
-
-def _cluster_shared_tiers(policy: Policy, hardware: Hardware) -> list[str]:
-    return [
-        t.name
-        for t in policy.tiers
-        if t.name != "hbm" and t.name in hardware.tiers and not hardware.tiers[t.name].per_host
-    ]
-
-
-def fan_out_applies(policy: Policy, hardware: Hardware) -> bool:
-    """Whether a sample's replay of ``policy`` renames root-private blocks per request colour
-    (:mod:`kvtier.trace.fanout`): under a content-blind router and with no tier shared by the
-    whole cluster (CXL, RDMA), where a turn finds its prefix whichever instance it lands on,
-    so colours would hide reuse the full cluster has."""
-    return policy.serving.routing in CONTENT_BLIND_ROUTERS and not _cluster_shared_tiers(
-        policy, hardware
-    )
-
-
-def sample_bias(policy: Policy, hardware: Hardware, fraction: float) -> str | None:
-    """One line saying which way a ``fraction`` sample's hit ratios are biased under
-    ``policy``, or None where the validation (docs/traces.md, "How faithful a sample's replay
-    is") found them within its target."""
-    if fraction == 1.0:
-        return None
-    routing = policy.serving.routing
-    shared = _cluster_shared_tiers(policy, hardware)
-    if routing in CONTENT_BLIND_ROUTERS and shared:
-        return (
-            f"a {fraction:g} sample under {routing} with the cluster-shared "
-            f"{'/'.join(shared)} tier: its HBM hit ratio is biased high and the "
-            f"{'/'.join(shared)} hit ratio low (docs/traces.md, sampling)"
-        )
-    if routing not in CONTENT_BLIND_ROUTERS:
-        return (
-            f"a {fraction:g} sample under {routing}: its hit ratios are biased high against the "
-            "full trace's, content-affine routing concentrating less (docs/traces.md, sampling)"
-        )
-    return None
-
-
-def sample_weighting(trace: Trace) -> str | None:
-    """One line saying how a replay of ``trace`` weights its latencies: post-stratified by
-    prompt length when it is a sample with strata (:mod:`kvtier.trace.strata`), else None."""
-    strata = trace.sample_strata
-    return None if strata is None else strata.describe()
-
-
-def sample_instance_step(fraction: float) -> int:
-    """The smallest instance count a ``fraction`` sample scales to a whole number of instances
-    (10 for 0.1 and 0.3, 4 for 0.25): every full deployment it replays must be a multiple."""
-    from fractions import Fraction
-
-    return Fraction(fraction).limit_denominator(1_000_000).denominator
-
-
-def scaled_for_sample(
-    policy: Policy, hardware: Hardware, fraction: float
-) -> tuple[Policy, Hardware]:
-    """The deployment a spatial sample (``kvtier trace sample``) of ``fraction`` replays on.
-
-    The sample holds about ``fraction`` of the sessions and of the load, so the cluster keeps
-    its per-instance load and cache pressure only if it shrinks by the same fraction: the
-    instance count is multiplied by it (it must come out whole), and each shared pool (CXL,
-    RDMA) keeps ``fraction`` of its capacity and of its pool link's bandwidth. Per-host tiers
-    (DRAM, SSD) shrink with the hosts, but the sample's instances may fill fewer hosts than
-    ``fraction`` of the full deployment's (4 of 40 instances on 8-GPU hosts: half a host, yet
-    one whole host's DRAM): each per-host pool, and the host's ports to it, then keep
-    ``fraction x full hosts / hosts used`` of their size (the ports only when the host's
-    instances share them, ``attach = "host"``), so that the sample's per-host tiers hold
-    ``fraction`` of the full deployment's in all. The policy a user
-    sees and stores stays the full deployment's.
-    """
-
-    from kvtier.hardware.types import GB
-
-    topo = hardware.topology
-    full = policy.serving.instances if policy.serving.instances is not None else topo.max_instances
-    scaled = full * fraction
-    instances = round(scaled)
-    if instances < 1 or abs(scaled - instances) > 1e-6 * max(1.0, scaled):
-        raise InputError(
-            f"the trace is a {fraction:g} sample ({META_SAMPLE_FRACTION}), so the {full} "
-            f"instances of the policy must shrink to {scaled:g}, which is not a whole number; "
-            f"set serving.instances to a multiple of {sample_instance_step(fraction)} (policy "
-            "file, --set or --pin) or sample another fraction"
-        )
-    per_host = max(topo.gpus_per_host // (policy.serving.tp or topo.tp), 1)
-    host_share = fraction * math.ceil(full / per_host) / math.ceil(instances / per_host)
-    tiers = []
-    scaled_hw = dict(hardware.tiers)
-    for tier in policy.tiers:
-        hw_tier = hardware.tiers.get(tier.name)
-        if tier.name == "hbm" or hw_tier is None:
-            tiers.append(tier)
-            continue
-        capacity = (
-            tier.capacity_gb if tier.capacity_gb is not None else (hw_tier.capacity_bytes / GB)
-        )
-        if not hw_tier.per_host:
-            tier = replace(tier, capacity_gb=capacity * fraction)
-            scaled_hw[tier.name] = replace(hw_tier, pool_bw=hw_tier.pool_bw * fraction)
-        elif abs(host_share - 1) > 1e-9:
-            tier = replace(tier, capacity_gb=capacity * host_share)
-            if hw_tier.attach == "host":  # shared by the host's instances (not one per GPU)
-                scaled_hw[tier.name] = replace(
-                    hw_tier,
-                    port_read_bw=hw_tier.port_read_bw * host_share,
-                    port_write_bw=hw_tier.port_write_bw * host_share,
-                )
-        tiers.append(tier)
-    run_policy = replace(
-        policy, serving=replace(policy.serving, instances=instances), tiers=tuple(tiers)
-    )
-    return run_policy, replace(hardware, tiers=scaled_hw)
-
-
-# -- the setup a study records --------------------------------------------------------------
-
-SETUP_ATTR = "setup"  # the study's user attributes: what the latest run searched ...
-SHA256_ATTR = "trace_sha256"  # ... and the trace it ran on
-
-
-def slo_to_dict(slo: SLO) -> dict[str, float]:
-    """The SLO's set terms, as a study and a policy file record them."""
-    return {t: getattr(slo, t) for t in SLO_TERMS if getattr(slo, t) is not None}
-
-
-def slo_from_dict(data: Mapping[str, Any]) -> SLO:
-    return SLO(**{k: float(v) for k, v in data.items()})
-
-
-def check_study_trace(study: Any, digest: str, *, mismatch: str, option: str) -> None:
-    """Raise unless ``study`` ran on the trace whose sha256 is ``digest`` (or records none).
-
-    ``mismatch`` is the message, with ``{sha}`` standing for the recorded digest (shortened):
-    resuming a study on another trace and pointing the what-if at a moved trace say it in
-    their own words.
-    """
-    recorded = study.user_attrs.get(SHA256_ATTR)
-    if recorded is not None and recorded != digest:
-        raise InputError(mismatch.replace("{sha}", f"{recorded[:12]}..."), option=option)
-
-
-@dataclass(frozen=True)
-class StudySetup:
-    """What an optimize run searched, recorded with its study so it can be replayed later."""
-
-    trace: str
-    trace_sha256: str | None
-    hardware: str
-    model: str
-    slo: SLO
-    load: str = "trace"
-    rate_scale: float = 1.0
-    space: str = ""
-    # the price figures every trial was costed at (kvtier.hardware.prices.price_figures);
-    # None for a study recorded before they were kept
-    prices: dict[str, Any] | None = None
-
-    def to_attrs(self) -> dict[str, Any]:
-        """The study user attributes this setup is stored as."""
-        setup = {
-            "trace": self.trace,
-            "hardware": self.hardware,
-            "model": self.model,
-            "slo": slo_to_dict(self.slo),
-            "load": self.load,
-            "rate_scale": self.rate_scale,
-            "space": self.space,
-        }
-        if self.prices is not None:
-            setup["prices"] = self.prices
-        return {SHA256_ATTR: self.trace_sha256, SETUP_ATTR: setup}
-
-    def record(self, study: Any) -> None:
-        for key, value in self.to_attrs().items():
-            study.set_user_attr(key, value)
-
-    @classmethod
-    def from_study(cls, study: Any) -> StudySetup:
-        """The setup ``study`` recorded; an :class:`InputError` when it records none."""
-        setup = dict(study.user_attrs.get(SETUP_ATTR) or {})
-        if not setup:
-            raise InputError(
-                f"study {study.study_name!r} records no setup to replay", option="--study"
-            )
-        return cls(
-            trace=str(setup.get("trace", "")),
-            trace_sha256=study.user_attrs.get(SHA256_ATTR),
-            hardware=str(setup.get("hardware")),
-            model=str(setup.get("model")),
-            slo=slo_from_dict(setup.get("slo") or {}),
-            load=str(setup.get("load", "trace")),
-            rate_scale=float(setup.get("rate_scale", 1.0)),
-            space=str(setup.get("space", "")),
-            prices=setup.get("prices"),
-        )
-
-    def scenario(self, policy: Policy, *, trace_path: str | None = None) -> Scenario:
-        """The scenario the study evaluated its trials in, with ``policy`` as the base.
-
-        ``trace_path`` replaces the recorded path of a trace that has moved; it must hold the
-        same trace (:func:`check_study_trace` first).
-        """
-        from kvtier.hardware import load_hardware, load_model
-        from kvtier.hardware.prices import with_price_figures
-        from kvtier.trace.io import read_trace
-
-        hardware = load_hardware(self.hardware)
-        if self.prices is not None:
-            hardware = with_price_figures(hardware, self.prices)
-        return Scenario(
-            read_trace(trace_path or self.trace),
-            hardware,
-            load_model(self.model),
-            policy,
-            slo=self.slo,
-            load=self.load,
-            rate_scale=self.rate_scale,
-        )
-
-
-def trace_sha256(path: str | Path, *, unreadable: str, option: str) -> str:
-    """The sha256 of a trace file; ``unreadable`` is the message when it cannot be read."""
-    from kvtier.policy.file import sha256_of
-
-    try:
-        return sha256_of(path)
-    except OSError:
-        raise InputError(unreadable, option=option) from None

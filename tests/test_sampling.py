@@ -151,9 +151,10 @@ def test_bad_slices(tmp_path: Path, args: list[str], needle: str) -> None:
 
 # -- replays of a sample run on a cluster scaled by the same fraction ---------------------------
 def test_a_sample_replays_on_a_scaled_cluster_and_shared_pools(chat) -> None:  # noqa: ANN001
+    from kvtier.deploy.sample import scaled_for_sample
     from kvtier.hardware import load_hardware, load_model
     from kvtier.policy.presets import load_preset
-    from kvtier.scenario import Scenario, scaled_for_sample
+    from kvtier.scenario import Scenario
 
     hardware = load_hardware("h100-node")
     policy = load_preset("mooncake-rdma")
@@ -186,9 +187,9 @@ def test_per_host_tiers_hold_the_fraction_of_the_full_deployments(
     three, 5/6 each (2.5 hosts' worth in all)."""
     from dataclasses import replace
 
+    from kvtier.deploy.sample import scaled_for_sample
     from kvtier.hardware import load_hardware
     from kvtier.policy.presets import load_preset
-    from kvtier.scenario import scaled_for_sample
 
     hardware = load_hardware("h100-node")
     hardware = replace(hardware, topology=replace(hardware.topology, hosts=5))

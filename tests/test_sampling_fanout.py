@@ -115,7 +115,7 @@ def test_content_affine_routers_replay_the_sample_unchanged(chat, routing: str) 
 
 
 def test_a_cluster_shared_tier_keeps_the_sample_unchanged(chat) -> None:  # noqa: ANN001
-    from kvtier.scenario import fan_out_applies, sample_bias
+    from kvtier.deploy.sample import fan_out_applies, sample_bias
 
     scenario = _scenario(chat, "round_robin", preset="mooncake-rdma")
     assert not fan_out_applies(scenario.policy, scenario.hardware)
@@ -124,7 +124,7 @@ def test_a_cluster_shared_tier_keeps_the_sample_unchanged(chat) -> None:  # noqa
 
 
 def test_sample_bias_names_the_routers_the_validation_missed(chat) -> None:  # noqa: ANN001
-    from kvtier.scenario import sample_bias
+    from kvtier.deploy.sample import sample_bias
 
     blind = _scenario(chat, "round_robin")
     assert sample_bias(blind.policy, blind.hardware, 0.25) is None
@@ -188,9 +188,9 @@ def test_compare_and_optimize_of_a_sample_name_each_biased_policy(chat, tmp_path
 def test_a_search_on_a_sample_tries_only_instance_counts_it_can_scale() -> None:
     from kvtier.errors import InputError
     from kvtier.hardware import load_hardware
-    from kvtier.scenario import sample_instance_step
     from kvtier.search.run import fit_space_to_sample
     from kvtier.search.space import load_space
+    from kvtier.trace.sample_correction import sample_instance_step
 
     assert [sample_instance_step(f) for f in (1.0, 0.5, 0.25, 0.1, 0.3, 0.125)] == [
         1, 2, 4, 10, 10, 8,

@@ -13,8 +13,10 @@ from pathlib import Path
 import pytest
 
 from kvtier.experiments import sampling_validation as sv
-from kvtier.scenario import CONTENT_BLIND_ROUTERS
+from kvtier.policy.registries import content_blind_routers
 from kvtier.trace.io import read_trace
+
+CONTENT_BLIND_ROUTERS = content_blind_routers()
 
 MOONCAKE = Path(__file__).resolve().parents[1] / sv.TRACE
 

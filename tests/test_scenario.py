@@ -209,7 +209,7 @@ class FakeStudy:
 def test_study_setup_round_trips_through_study_attributes() -> None:
     from kvtier.errors import InputError
     from kvtier.policy.model import SLO
-    from kvtier.scenario import StudySetup
+    from kvtier.search.setup import StudySetup
 
     setup = StudySetup(
         trace="t.parquet",
@@ -240,7 +240,7 @@ def test_study_setup_round_trips_through_study_attributes() -> None:
 
 def test_one_trace_check_for_resuming_and_for_a_moved_trace() -> None:
     from kvtier.errors import InputError
-    from kvtier.scenario import check_study_trace
+    from kvtier.search.setup import check_study_trace
 
     study = FakeStudy()
     check_study_trace(study, "cd" * 32, mismatch="never raised", option="--study")  # none yet

@@ -9,7 +9,8 @@ import pytest
 
 from kvtier.policy import SLO
 from kvtier.sim.metrics import Metrics, compute_metrics
-from kvtier.sim.result import RawResult, SloCheck
+from kvtier.sim.result import RawResult
+from kvtier.sim.slo import SloCheck
 from kvtier.trace.blocked import BlockedTrace
 
 

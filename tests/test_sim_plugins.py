@@ -9,6 +9,7 @@ entry has no module, a module lacks a twin, or the checked-in dispatch is stale.
 from __future__ import annotations
 
 import importlib
+from dataclasses import replace
 
 import pytest
 
@@ -74,7 +75,11 @@ def test_two_plugin_modules_with_one_name_are_refused() -> None:
 
 
 def test_content_blind_routers_come_from_the_traits() -> None:
-    from kvtier.scenario import CONTENT_BLIND_ROUTERS
+    from kvtier.deploy.sample import content_blind
+    from kvtier.policy import Policy
 
     assert content_blind_routers() == ("round_robin", "least_loaded")
-    assert content_blind_routers() == CONTENT_BLIND_ROUTERS
+    for name in ROUTERS.names:
+        policy = Policy()
+        policy = replace(policy, serving=replace(policy.serving, routing=name))
+        assert content_blind(policy) == (name in content_blind_routers())

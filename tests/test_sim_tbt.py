@@ -19,7 +19,8 @@ from kvtier.sim import compute_metrics, simulate_raw
 from kvtier.sim.config import SimConfig
 from kvtier.sim.metrics import effective_share
 from kvtier.sim.requests import request_table
-from kvtier.sim.result import TBT_TAIL_SHARE, SloCheck, tbt_tail_counts
+from kvtier.sim.result import TBT_TAIL_SHARE, tbt_tail_counts
+from kvtier.sim.slo import SloCheck
 from kvtier.sim.timing import prefill_attn_ns, step_time
 from kvtier.trace.blocked import BlockedTrace
 
@@ -220,8 +221,9 @@ def test_optimize_constrains_tbt_and_policy_files_keep_it(tmp_path) -> None:
     from kvtier.policy import Policy
     from kvtier.policy.file import read_policy_file, write_policy_file
     from kvtier.report.optimize import TERM_WORDS
-    from kvtier.search.objective import binding_term, slo_violations
+    from kvtier.search.objective import binding_term
     from kvtier.search.run import parse_slo
+    from kvtier.sim.slo import violations as slo_violations
 
     slo = parse_slo("ttft_p99=5,tbt_p99=0.01")
     assert slo == SLO(ttft_p99_s=5.0, tbt_p99_s=0.01)

@@ -106,7 +106,9 @@ def replay_cmd(
     A policy file that optimize found at the prices of a --prices file replays at them."""
     from dataclasses import replace
 
-    from kvtier.scenario import Scenario, recorded_prices, sample_bias, sample_weighting
+    from kvtier.deploy.sample import sample_bias
+    from kvtier.scenario import Scenario, recorded_prices
+    from kvtier.trace.sample_correction import sample_weighting
 
     if preset is not None and policy_path is not None:
         raise click.UsageError("give --policy or --preset, not both")

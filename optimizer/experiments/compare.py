@@ -14,6 +14,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
+from kvtier.deploy.sample import sample_bias
 from kvtier.errors import InputError
 from kvtier.hardware import load_hardware, load_model
 from kvtier.policy.model import SLO, Policy, load_policy
@@ -23,7 +24,6 @@ from kvtier.scenario import (
     check_rate_scale,
     hardware_name,
     model_name,
-    sample_bias,
 )
 
 if TYPE_CHECKING:
@@ -42,7 +42,7 @@ class Compared:
     error: str | None = None
     variant_of: str | None = None  # with what_if: the policy this row changes
     tiers: tuple = ()  # per lower tier: what the replay shows (kvtier.sim.tier_stats)
-    # on a sampled trace: which way this row's hit ratios are biased (kvtier.scenario.sample_bias)
+    # on a sampled trace: which way its hit ratios are biased (kvtier.deploy.sample.sample_bias)
     sample_bias: str | None = None
 
 

@@ -60,7 +60,7 @@ def study_hit_ratio_over_time(
     the study's trace, hardware, model and load, at the load it was priced at; its hit ratio
     per tier over time (:func:`hit_ratio_windows`) with ``trial`` naming it."""
     from kvtier.policy.model import policy_from_dict
-    from kvtier.scenario import StudySetup, check_study_trace, slo_to_dict, trace_sha256
+    from kvtier.search.setup import StudySetup, check_study_trace, slo_to_dict, trace_sha256
     from kvtier.search.study import best_feasible, closest
 
     setup = StudySetup.from_study(study)

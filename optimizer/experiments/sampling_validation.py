@@ -24,10 +24,11 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
+from kvtier.deploy.sample import fan_out_applies
 from kvtier.hardware import load_hardware, load_model
 from kvtier.policy.model import Policy
 from kvtier.policy.overrides import apply_overrides
-from kvtier.scenario import Replay, Scenario, fan_out_applies
+from kvtier.scenario import Replay, Scenario
 from kvtier.trace.format import Trace
 from kvtier.trace.strata import SampleStrata
 

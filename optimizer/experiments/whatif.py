@@ -146,7 +146,7 @@ def what_if_for_study(
     replaces the recorded trace path when the file has moved, and must hold the same trace.
     """
     from kvtier.policy.model import policy_from_dict
-    from kvtier.scenario import StudySetup, check_study_trace, slo_to_dict, trace_sha256
+    from kvtier.search.setup import StudySetup, check_study_trace, slo_to_dict, trace_sha256
     from kvtier.search.study import best_feasible, closest
 
     setup = StudySetup.from_study(study)

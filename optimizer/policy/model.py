@@ -320,6 +320,9 @@ class SLO:
         return all(v is None for v in self.__dict__.values())
 
 
+SLO_TERMS = tuple(f.name for f in fields(SLO))  # ttft_mean_s, ttft_p99_s, ttft_p999_s, ...
+
+
 @dataclass(frozen=True)
 class Policy:
     """Everything the simulator needs besides the trace and the hardware."""

@@ -10,7 +10,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from kvtier.scenario import SLO_TERMS
+from kvtier.policy.model import SLO_TERMS
 
 ROWS = (
     ("$ per 1M tok", "cost_per_mtok", "{:.4f}"),

@@ -27,7 +27,7 @@ from kvtier.errors import InputError
 from kvtier.files import atomic_write
 from kvtier.plotting import pyplot
 from kvtier.report.optimize import fmt_cell
-from kvtier.scenario import SHA256_ATTR
+from kvtier.search.setup import SHA256_ATTR
 from kvtier.search.study import (
     HIT_RATIO_OVER_TIME_ATTR,
     OUTCOME_ATTR,

@@ -10,7 +10,8 @@ Two load modes (docs/design.md section 5):
 
 Constraint values follow Optuna's convention: ``<= 0`` is satisfied. Each SLO term contributes
 ``metric - bound``; one more term is positive when a run stopped early (SLO certainly missed)
-or refused requests that can never fit.
+or refused requests that can never fit. The judgement is :func:`kvtier.sim.slo.violations`,
+the one the metrics' ``slo_met`` and the engines' early stop use too.
 """
 
 from __future__ import annotations
@@ -20,35 +21,15 @@ from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 from kvtier.hardware.types import Hardware, ModelProfile
-from kvtier.policy.model import SLO, Policy
-from kvtier.scenario import LOAD_MODES, SLO_TERMS, Scenario
+from kvtier.policy.model import SLO, SLO_TERMS, Policy
+from kvtier.scenario import LOAD_MODES, Scenario
 from kvtier.search.overlay import apply
 from kvtier.trace.format import Trace
 
 if TYPE_CHECKING:  # the simulator (numba) is imported when a replay runs, not before
     from kvtier.sim.metrics import Metrics
 
-__all__ = ["LOAD_MODES", "SLO_TERMS", "Evaluation", "Evaluator", "binding_term", "slo_violations"]
-
-
-def slo_violations(metrics: Metrics, slo: SLO) -> dict[str, float]:
-    """``metric - bound`` per SLO term (positive: missed), plus ``completion``."""
-    out: dict[str, float] = {}
-    for term in SLO_TERMS:
-        bound = getattr(slo, term)
-        if bound is not None:
-            value = getattr(metrics, term)
-            if term in ("tbt_p99_s", "tpot_p99_s") and value is not None and math.isnan(value):
-                # no served request of two tokens: no interval to bound (a trial that served
-                # nothing fails on completion)
-                out[term] = -bound
-            elif value is None or math.isnan(value):
-                out[term] = math.inf
-            else:
-                out[term] = value - bound
-    incomplete = metrics.early_stopped or metrics.n_rejected > 0 or metrics.n_served == 0
-    out["completion"] = 1.0 if incomplete else 0.0
-    return out
+__all__ = ["LOAD_MODES", "SLO_TERMS", "Evaluation", "Evaluator", "binding_term"]
 
 
 def binding_term(violations: dict[str, float], slo: SLO) -> str:
@@ -128,6 +109,8 @@ class Evaluator:
     def _judge(
         self, values: dict[str, Any], policy: Policy, metrics: Metrics, scale: float, replays: int
     ) -> Evaluation:
+        from kvtier.sim.slo import violations as slo_violations
+
         violations = slo_violations(metrics, self.slo)
         feasible = all(v <= 0 for v in violations.values())
         return Evaluation(

@@ -296,7 +296,7 @@ def refine(
     """Refine ``policy`` (the search's winner; see the module docstring), leaving what the
     user pinned (``fixed``: dotted keys, :func:`free_to`) as it is. None when the winner does
     not meet the SLO when replayed again (nothing to refine from)."""
-    from kvtier.scenario import sample_instance_step
+    from kvtier.trace.sample_correction import sample_instance_step
 
     replays = _Replays(evaluator)
     start = replays(policy)
@@ -457,9 +457,9 @@ def fewest_instances(
 ) -> tuple[Policy, Evaluation]:
     """``policy`` on the fewest instances that meet the SLO for less, bisected from the count
     ``start`` (its evaluation, which meets the SLO) ran; a sample's counts in whole steps
-    (:func:`kvtier.scenario.sample_instance_step`). Returns ``start`` unchanged when no fewer
+    (:func:`kvtier.trace.sample_correction.sample_instance_step`). Returns ``start`` unchanged when no fewer
     instances do."""
-    from kvtier.scenario import sample_instance_step
+    from kvtier.trace.sample_correction import sample_instance_step
 
     step = sample_instance_step(fraction) if fraction != 1.0 else 1
     n = instance_count(policy, start, fraction)

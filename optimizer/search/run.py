@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 import optuna
 
 from kvtier import __version__
+from kvtier.deploy.sample import sample_bias
 from kvtier.errors import InputError
 from kvtier.files import check_output, guard_outputs
 from kvtier.hardware import load_hardware, load_model
@@ -26,23 +27,15 @@ from kvtier.hardware.types import LOWER_TIERS
 from kvtier.policy.file import sha256_of, write_policy_file
 from kvtier.policy.model import (
     SLO,
+    SLO_TERMS,
     Policy,
     policy_from_dict,
     policy_to_dict,
     without_inert_split,
 )
-from kvtier.scenario import (
-    SLO_TERMS,
-    Scenario,
-    StudySetup,
-    check_study_trace,
-    hardware_name,
-    model_name,
-    sample_bias,
-    sample_weighting,
-    slo_to_dict,
-)
+from kvtier.scenario import Scenario, hardware_name, model_name
 from kvtier.search.objective import Evaluation, Evaluator, binding_term
+from kvtier.search.setup import StudySetup, check_study_trace, slo_to_dict
 from kvtier.search.space import SearchSpace, load_space, restrict_to_target
 from kvtier.search.study import (
     TrialSummary,
@@ -57,6 +50,7 @@ from kvtier.search.study import (
     tally,
 )
 from kvtier.search.warmstart import knee_capacities_gb, tier_additions, warm_start_trials
+from kvtier.trace.sample_correction import sample_weighting
 
 if TYPE_CHECKING:
     from kvtier.search.refine import Refined
@@ -338,13 +332,13 @@ def fit_space_to_sample(space: SearchSpace, fraction: float, hardware: Any) -> S
     """On a sampled trace, search only instance counts the sample scales to whole instances.
 
     A ``fraction`` sample replays a deployment of ``n`` instances on ``n x fraction`` of them
-    (:func:`kvtier.scenario.scaled_for_sample`), so ``n`` must be a multiple of
-    :func:`kvtier.scenario.sample_instance_step`; any other count would only be pruned. A
+    (:func:`kvtier.deploy.sample.scaled_for_sample`), so ``n`` must be a multiple of
+    :func:`kvtier.trace.sample_correction.sample_instance_step`; any other count would only be pruned. A
     pinned count that is not one, or hardware too small for any, is refused before the search.
     """
     if fraction == 1.0:
         return space
-    from kvtier.scenario import sample_instance_step
+    from kvtier.trace.sample_correction import sample_instance_step
 
     step = sample_instance_step(fraction)
     most = hardware.topology.max_instances
@@ -1075,7 +1069,7 @@ def _sample_warnings(
     scenario: Scenario, best: Policy | None, baselines: list[Baseline]
 ) -> list[str]:
     """On a sampled trace, one line for each distinct way the reported trial's or a preset's
-    hit ratios are biased against the full trace's (:func:`kvtier.scenario.sample_bias`)."""
+    hit ratios are biased against the full trace's (:func:`kvtier.deploy.sample.sample_bias`)."""
     fraction = scenario.trace.sample_fraction
     if fraction == 1.0:
         return []

@@ -27,8 +27,8 @@ import sqlalchemy.exc
 
 from kvtier.errors import InputError
 from kvtier.policy.model import policy_to_dict
-from kvtier.scenario import SETUP_ATTR, StudySetup
 from kvtier.search.objective import Evaluation, Evaluator
+from kvtier.search.setup import SETUP_ATTR, StudySetup
 from kvtier.search.space import SearchSpace
 from kvtier.toml_fields import strict_int
 
@@ -416,7 +416,7 @@ def check_study_setup(study: optuna.Study, setup: StudySetup, storage: str) -> N
 
     A trial's verdict (its constraints, ``feasible``) and its price depend on the hardware
     and model it ran on, the SLO it was held to, the load mode and the rate scale, besides the
-    trace (checked by :func:`kvtier.scenario.check_study_trace`). Mixing trials of two setups
+    trace (checked by :func:`kvtier.search.setup.check_study_trace`). Mixing trials of two setups
     in one study would let the sampler and the final choice trust verdicts made under rules
     that no longer hold, so a rerun must keep the setup or use another ``--study`` name. A
     study without trials takes the new setup.

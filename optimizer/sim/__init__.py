@@ -17,7 +17,8 @@ from kvtier.hardware.types import Hardware, ModelProfile
 from kvtier.policy.model import SLO, Policy
 from kvtier.sim.config import SimConfig, build_config
 from kvtier.sim.metrics import Metrics, compute_metrics
-from kvtier.sim.result import RawResult, SloCheck
+from kvtier.sim.result import RawResult
+from kvtier.sim.slo import SloCheck
 from kvtier.trace.blocked import BlockedTrace
 
 ENGINES = ("numba", "reference")

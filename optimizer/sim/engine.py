@@ -35,8 +35,9 @@ from kvtier.sim.nb import simulate_nb
 from kvtier.sim.nb_hbm import AHEAD
 from kvtier.sim.nb_state import HbmPools, Outputs, Params, Requests
 from kvtier.sim.nb_tiers import LinkState, TierParams, TierPools, fill_rows_nb
-from kvtier.sim.result import RawResult, SloCheck, end_time, tbt_tail_counts
+from kvtier.sim.result import RawResult, end_time, tbt_tail_counts
 from kvtier.sim.routing import kv_route_weights
+from kvtier.sim.slo import SloCheck
 from kvtier.sim.steptime.pack import validate_timing
 from kvtier.sim.tiers import MAX_PATH, TierConfig, recompute_costs
 from kvtier.sim.timing import T_FRONTEND

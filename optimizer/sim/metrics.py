@@ -30,6 +30,8 @@ import numpy as np
 
 from kvtier.policy.model import SLO
 from kvtier.sim.result import RawResult
+from kvtier.sim.slo import meets_tbt, requests_meeting
+from kvtier.sim.slo import met as slo_met
 from kvtier.sim.tiers import TierConfig
 from kvtier.trace.blocked import BlockedTrace
 
@@ -180,7 +182,7 @@ def effective_share(
     if not n:
         return math.nan
     ttft_ok = np.nan_to_num(request_ttft(trace, raw), nan=math.inf) <= ttft_max_s
-    return request_share(trace, ttft_ok & _meets_tbt(trace, raw, tbt_max_s, raw.tbt_tail_s))
+    return request_share(trace, ttft_ok & meets_tbt(trace, raw, tbt_max_s, raw.tbt_tail_s))
 
 
 def request_share(trace: BlockedTrace, ok: np.ndarray) -> float:
@@ -193,13 +195,6 @@ def request_share(trace: BlockedTrace, ok: np.ndarray) -> float:
     if w is None:
         return float(ok.mean())
     return _mean(ok.astype(np.float64), w)
-
-
-def _meets_tbt(trace: BlockedTrace, raw: RawResult, bound: float, tail: np.ndarray) -> np.ndarray:
-    """Per request: served, and its TBT tail within ``bound`` (no interval: within)."""
-    served = ~np.isnan(raw.finish_s)
-    single = trace.output_tokens < 2
-    return served & (single | (np.nan_to_num(tail, nan=math.inf) <= bound))
 
 
 def compute_metrics(
@@ -316,40 +311,13 @@ def compute_metrics(
     )
     if slo is None or slo.is_empty():
         return metrics
-    return _with_slo(metrics, slo, raw, trace, ttft_all=raw.first_token_s - arrival)
-
-
-def _with_slo(
-    m: Metrics, slo: SLO, raw: RawResult, trace: BlockedTrace, ttft_all: np.ndarray
-) -> Metrics:
-    """Add ``slo_met`` and ``slo_attainment``; rejected or unfinished requests miss the SLO."""
-    checks = [
-        (slo.ttft_mean_s, m.ttft_mean_s),
-        (slo.ttft_p99_s, m.ttft_p99_s),
-        (slo.ttft_p999_s, m.ttft_p999_s),
-    ]
-    # no served request of two tokens: no TPOT, the bound holds vacuously (unserved requests
-    # miss the SLO through the served count)
-    if not (m.tpot_p99_s is None or math.isnan(m.tpot_p99_s)):
-        checks.append((slo.tpot_p99_s, m.tpot_p99_s))
     if slo.tbt_p99_s is not None and raw.tbt_tail_s is None:
         raise ValueError("an SLO with tbt_p99_s needs a replay that tracked token intervals")
-    # no served request of two tokens: no interval, the TBT bound holds vacuously
-    tbt_ok = slo.tbt_p99_s is None or m.tbt_p99_s is None or not (m.tbt_p99_s > slo.tbt_p99_s)
-    met = (
-        not raw.early_stopped
-        and m.n_served == m.n_requests
-        and all(bound is None or value <= bound for bound, value in checks)
-        and tbt_ok
+    ok = requests_meeting(slo, trace, raw, raw.first_token_s - arrival)
+    return Metrics(
+        **{
+            **metrics.__dict__,
+            "slo_met": slo_met(metrics, slo),
+            "slo_attainment": request_share(trace, ok),
+        }
     )
-    ttft_bounds = [b for b in (slo.ttft_p99_s, slo.ttft_p999_s, slo.ttft_mean_s) if b is not None]
-    ok = ~np.isnan(raw.finish_s)
-    if ttft_bounds:
-        ok &= np.nan_to_num(ttft_all, nan=math.inf) <= min(ttft_bounds)
-    if slo.tpot_p99_s is not None:
-        gen = raw.finish_s - raw.first_token_s
-        tpot = gen / np.maximum(1, trace.output_tokens - 1)
-        ok &= np.nan_to_num(tpot, nan=math.inf) <= slo.tpot_p99_s
-    if slo.tbt_p99_s is not None and raw.tbt_tail_s is not None:
-        ok &= _meets_tbt(trace, raw, slo.tbt_p99_s, raw.tbt_tail_s)
-    return Metrics(**{**m.__dict__, "slo_met": met, "slo_attainment": request_share(trace, ok)})

@@ -109,6 +109,7 @@ from kvtier.sim.nb_tiers import (
     ops_of_nb,
     sighted_nb,
 )
+from kvtier.sim.slo import certainly_missed
 from kvtier.sim.steptime.jit import (
     prefill_attn_ns_nb,
     prefill_out_of_range_nb,
@@ -119,6 +120,7 @@ from kvtier.sim.timing import T_FRONTEND
 from kvtier.sim.transfer import pd_transfer
 
 pd_transfer_nb = njit(cache=True, nogil=True, _nrt=False)(pd_transfer)
+certainly_missed_nb = njit(cache=True, nogil=True, inline="always")(certainly_missed)
 # the plug-in families' dispatch (kvtier.sim.gen): the checked-in modules, imported here so
 # kvtier.jitcache follows their sources, unless plug-ins from outside the package extend them
 route_nb = twin(ROUTER_FAMILY)
@@ -342,16 +344,13 @@ def end_iteration_nb(sim: Sim, k: int, now: float) -> None:
 
 @njit(cache=True, nogil=True, inline="always")
 def slo_missed_nb(prm: Params, ty: Tally, n: int) -> bool:
-    """Is the SLO certainly missed already? (``SloTracker.missed``.)"""
+    """Is the SLO certainly missed already? (:func:`kvtier.sim.slo.certainly_missed` over the
+    tally's counts, as ``SloTracker.missed`` over the reference's.)"""
     c = ty.ints
-    return (
-        c[C_REJECTED] > 0
-        or ty.ttft_sum[0] / n > prm.slo_thresholds[0]
-        or c[C_OVER_P99] >= prm.slo_limits[0]
-        or c[C_OVER_P999] >= prm.slo_limits[1]
-        or c[C_OVER_TPOT] >= prm.slo_limits[2]
-        or c[C_OVER_TBT] >= prm.slo_limits[3]
-    )
+    return certainly_missed_nb(
+        c[C_REJECTED], ty.ttft_sum[0] / n, c[C_OVER_P99], c[C_OVER_P999], c[C_OVER_TPOT],
+        c[C_OVER_TBT], prm.slo_thresholds, prm.slo_limits,
+    )  # fmt: skip
 
 
 @njit(cache=True, nogil=True, _nrt=False)

@@ -206,7 +206,7 @@ class Buffers(NamedTuple):
 
 # Fields of the replay-wide counters (``Tally.ints``): the round-robin turn, iterations begun,
 # the admission stamp, and the SLO counts (rejected, TTFT over the p99 and p99.9 bounds, TPOT
-# over its bound; C_OVER_TBT: TBT tails over theirs), as :class:`kvtier.sim.result.SloTracker`
+# over its bound; C_OVER_TBT: TBT tails over theirs), as :class:`kvtier.sim.slo.SloTracker`
 # keeps them.
 # The closed-loop load generator's requests in flight (C_IN_FLIGHT) and, in ``Tally.ttft_sum[1]``,
 # when the last slot freed.

@@ -96,9 +96,10 @@ import numpy as np
 from kvtier.policy.registries import RESERVE, ROUTERS, VLLM_V0
 from kvtier.sim.config import SimConfig
 from kvtier.sim.reference_tiers import LowerTiers
-from kvtier.sim.result import RawResult, SloCheck, end_time, tbt_tail_counts
+from kvtier.sim.result import RawResult, end_time, tbt_tail_counts
 from kvtier.sim.routers import RouteView
 from kvtier.sim.routing import kv_route_weights
+from kvtier.sim.slo import SloCheck
 from kvtier.sim.tiers import recompute_costs
 from kvtier.sim.timing import (
     T_FRONTEND,
