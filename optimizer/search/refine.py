@@ -457,8 +457,8 @@ def fewest_instances(
 ) -> tuple[Policy, Evaluation]:
     """``policy`` on the fewest instances that meet the SLO for less, bisected from the count
     ``start`` (its evaluation, which meets the SLO) ran; a sample's counts in whole steps
-    (:func:`kvtier.trace.sample_correction.sample_instance_step`). Returns ``start`` unchanged when no fewer
-    instances do."""
+    (:func:`kvtier.trace.sample_correction.sample_instance_step`). Returns ``start``
+    unchanged when no fewer instances do."""
     from kvtier.trace.sample_correction import sample_instance_step
 
     step = sample_instance_step(fraction) if fraction != 1.0 else 1

@@ -333,8 +333,9 @@ def fit_space_to_sample(space: SearchSpace, fraction: float, hardware: Any) -> S
 
     A ``fraction`` sample replays a deployment of ``n`` instances on ``n x fraction`` of them
     (:func:`kvtier.deploy.sample.scaled_for_sample`), so ``n`` must be a multiple of
-    :func:`kvtier.trace.sample_correction.sample_instance_step`; any other count would only be pruned. A
-    pinned count that is not one, or hardware too small for any, is refused before the search.
+    :func:`kvtier.trace.sample_correction.sample_instance_step`; any other count would only be
+    pruned. A pinned count that is not one, or hardware too small for any, is refused before
+    the search.
     """
     if fraction == 1.0:
         return space
