@@ -1,0 +1,133 @@
+"""``kvtier calibrate``: fit a hardware profile to vLLM's ``/metrics`` (docs/calibrate.md)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import click
+
+from kvtier.cli.common import _echo_json, _overrides, set_option
+
+
+@click.command("calibrate")
+@click.option(
+    "--metrics",
+    "metrics_path",
+    required=True,
+    help="A vLLM server's Prometheus /metrics text (curl http://HOST:8000/metrics > FILE).",
+)
+@click.option(
+    "--trace",
+    "trace_path",
+    required=True,
+    help="The kvtier trace of the requests that server served (kvtier trace import).",
+)
+@click.option(
+    "--hardware",
+    default=None,
+    help="Hardware profile to start from, name or TOML path [default: h100-node].",
+)
+@click.option("--model", default=None, help="Model profile name or path [default: Llama-3.1-8B].")
+@set_option
+@click.option(
+    "--fit",
+    default="step_overhead_s,mfu,mbu",
+    show_default=True,
+    help="Comma-separated parameters to fit: step_overhead_s, mfu, mbu, decode_mfu, "
+    "tiers.NAME.op_overhead_us, tiers.NAME.port_read_gbps.",
+)
+@click.option(
+    "--sample",
+    default=400,
+    show_default=True,
+    type=int,
+    help="Requests per replay (the trace's first ones).",
+)
+@click.option("--max-replays", default=300, show_default=True, type=int, help="Replay budget.")
+@click.option("--out", "out_path", required=True, help="The calibrated hardware profile (TOML).")
+@click.option("--json", "as_json", is_flag=True, help="Print the result as one JSON object.")
+def calibrate_cmd(
+    metrics_path: str,
+    trace_path: str,
+    hardware: str | None,
+    model: str | None,
+    sets: tuple[str, ...],
+    fit: str,
+    sample: int,
+    max_replays: int,
+    out_path: str,
+    as_json: bool,
+) -> None:
+    """Fit per-step CPU cost, efficiencies and connector costs to a vLLM server's /metrics."""
+    from kvtier.files import atomic_write, check_output
+
+    check_output(out_path, option="--out")
+    from kvtier.experiments.calibrate import calibrate, profile_toml
+    from kvtier.hardware import load_hardware, load_model
+    from kvtier.hardware.loader import resolve
+    from kvtier.policy.model import Policy
+    from kvtier.policy.overrides import apply_overrides
+    from kvtier.scenario import hardware_name, model_name
+    from kvtier.trace.io import read_trace
+    from kvtier.trace.vllm_metrics import read_metrics
+
+    metrics = read_metrics(metrics_path)
+    trace = read_trace(trace_path)
+    policy = Policy()
+    overrides = _overrides(sets)
+    if overrides:
+        policy = apply_overrides(policy, overrides, "--set")
+    hw_name = hardware_name(hardware, policy)
+    hw = load_hardware(hw_name)
+    names = [n.strip() for n in fit.split(",") if n.strip()]
+    cal = calibrate(
+        trace,
+        hw,
+        load_model(model_name(model, policy)),
+        policy,
+        metrics,
+        fit=names,
+        sample=sample,
+        max_replays=max_replays,
+    )
+    text = profile_toml(cal, resolve("hardware", hw_name), Path(out_path).stem,
+                        f"{Path(metrics_path).name} and {Path(trace_path).name}")  # fmt: skip
+    atomic_write(out_path, lambda tmp: Path(tmp).write_text(text))
+    if as_json:
+        _echo_json(_to_json(cal, out_path))
+    else:
+        click.echo(_to_text(cal, out_path))
+
+
+def _to_json(cal: Any, out_path: str) -> dict[str, Any]:
+    return {
+        "profile": out_path,
+        "params": {
+            p.name: {"before": cal.before[p.name], "after": cal.after[p.name]} for p in cal.params
+        },  # fmt: skip
+        "errors_before": cal.errors_before,
+        "errors_after": cal.errors_after,
+        "error_before": cal.error_before,
+        "error_after": cal.error_after,
+        "replays": cal.replays,
+        "sample": cal.sample,
+        "requests": cal.requests,
+    }
+
+
+def _to_text(cal: Any, out_path: str) -> str:
+    lines = [f"calibrated on {cal.sample:,} of {cal.requests:,} requests, {cal.replays} replays"]
+    for p in cal.params:
+        lines.append(f"  {p.name:<28} {cal.before[p.name]:>10.4g} -> {cal.after[p.name]:<10.4g}")
+    lines.append(f"  {'statistic':<28} {'before':>10}    {'after':<10}")
+    for key, before in cal.errors_before.items():
+        after = cal.errors_after[key]
+        unit = " pts" if key == "hit ratio" else ""
+        scale = 100.0
+        lines.append(f"  {key:<28} {before * scale:>+9.1f}%{unit}   {after * scale:+.1f}%{unit}")
+    lines.append(
+        f"mean abs. error {cal.error_before:.1%} -> {cal.error_after:.1%}; wrote {out_path} "
+        "(replay it with --hardware and --set serving.step_time=roofline)"
+    )
+    return "\n".join(lines)
