@@ -189,12 +189,18 @@ def test_cli_writes_a_profile(setup: dict, tmp_path: Path) -> None:
     metrics.write_text(setup["fit_text"])
     trace = tmp_path / "trace.parquet"
     write_trace(setup["fit"], trace)
+    held_metrics = tmp_path / "held.txt"
+    held_metrics.write_text(setup["held_text"])
+    held_trace = tmp_path / "held.parquet"
+    write_trace(setup["held"], held_trace)
     out = tmp_path / "prof" / "mine.toml"
+    check = ["--check-metrics", str(held_metrics), "--check-trace", str(held_trace)]
     res = invoke("calibrate", "--metrics", str(metrics), "--trace", str(trace), "--out",
-                 str(out), "--sample", "200", "--max-replays", "30", "--json")  # fmt: skip
+                 str(out), "--sample", "200", "--max-replays", "30", "--json", *check)  # fmt: skip
     assert res.code == 0, res.stderr
     data = json.loads(res.stdout)
-    assert data["replays"] <= 31 and data["error_after"] <= data["error_before"]
+    assert data["replays"] <= 31 and data["error_after"] < data["error_before"]
+    assert data["check_error_after"] < data["check_error_before"]
     assert load_hardware(str(out)).efficiency.mbu == pytest.approx(
         data["params"]["mbu"]["after"], rel=1e-5
     )
@@ -221,4 +227,7 @@ def test_cli_bad_input(setup: dict, tmp_path: Path) -> None:
     res = invoke("calibrate", "--metrics", str(good), "--trace", str(trace), "--out", out,
                  "--fit", "speed")  # fmt: skip
     assert_one_line_error(res, "--fit", "unknown parameter 'speed'")
+    res = invoke("calibrate", "--metrics", str(good), "--trace", str(trace), "--out", out,
+                 "--check-metrics", str(good))  # fmt: skip
+    assert_one_line_error(res, "--check-metrics", "needs --check-trace")
     assert not Path(out).exists()

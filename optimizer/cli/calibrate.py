@@ -8,6 +8,7 @@ from typing import Any
 import click
 
 from kvtier.cli.common import _echo_json, _overrides, set_option
+from kvtier.errors import InputError
 
 
 @click.command("calibrate")
@@ -45,6 +46,13 @@ from kvtier.cli.common import _echo_json, _overrides, set_option
     help="Requests per replay (the trace's first ones).",
 )
 @click.option("--max-replays", default=300, show_default=True, type=int, help="Replay budget.")
+@click.option(
+    "--check-metrics",
+    default=None,
+    help="A held-back scrape (another server or time window) to report the error on, before "
+    "and after the fit; needs --check-trace.",
+)
+@click.option("--check-trace", default=None, help="The trace of --check-metrics' requests.")
 @click.option("--out", "out_path", required=True, help="The calibrated hardware profile (TOML).")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as one JSON object.")
 def calibrate_cmd(
@@ -56,6 +64,8 @@ def calibrate_cmd(
     fit: str,
     sample: int,
     max_replays: int,
+    check_metrics: str | None,
+    check_trace: str | None,
     out_path: str,
     as_json: bool,
 ) -> None:
@@ -63,7 +73,16 @@ def calibrate_cmd(
     from kvtier.files import atomic_write, check_output
 
     check_output(out_path, option="--out")
-    from kvtier.experiments.calibrate import calibrate, profile_toml
+    if (check_metrics is None) != (check_trace is None):
+        given, other = ("--check-metrics", "--check-trace")[:: 1 if check_trace is None else -1]
+        raise InputError(f"needs {other} too (a held-back scrape and its trace)", option=given)
+    from kvtier.experiments.calibrate import (
+        calibrate,
+        check_match,
+        evaluate,
+        mean_abs_error,
+        profile_toml,
+    )
     from kvtier.hardware import load_hardware, load_model
     from kvtier.hardware.loader import resolve
     from kvtier.policy.model import Policy
@@ -81,10 +100,18 @@ def calibrate_cmd(
     hw_name = hardware_name(hardware, policy)
     hw = load_hardware(hw_name)
     names = [n.strip() for n in fit.split(",") if n.strip()]
+    held = None
+    if check_metrics is not None and check_trace is not None:
+        held = (read_metrics(check_metrics), read_trace(check_trace))
+        try:
+            check_match(held[1], held[0])
+        except InputError as err:
+            raise InputError(err.message, option="--check-trace") from None
+    mdl = load_model(model_name(model, policy))
     cal = calibrate(
         trace,
         hw,
-        load_model(model_name(model, policy)),
+        mdl,
         policy,
         metrics,
         fit=names,
@@ -94,10 +121,23 @@ def calibrate_cmd(
     text = profile_toml(cal, resolve("hardware", hw_name), Path(out_path).stem,
                         f"{Path(metrics_path).name} and {Path(trace_path).name}")  # fmt: skip
     atomic_write(out_path, lambda tmp: Path(tmp).write_text(text))
+    check: dict[str, float] = {}
+    if held is not None:
+        for key, hw_at in (("before", hw), ("after", cal.hardware)):
+            errs = evaluate(held[1], hw_at, mdl, policy, held[0], sample=sample)
+            check[key] = mean_abs_error(errs)
     if as_json:
-        _echo_json(_to_json(cal, out_path))
+        data = _to_json(cal, out_path)
+        if check:
+            data["check_error_before"], data["check_error_after"] = check["before"], check["after"]
+        _echo_json(data)
     else:
         click.echo(_to_text(cal, out_path))
+        if check:
+            click.echo(
+                f"held-back scrape {Path(str(check_metrics)).name}: mean abs. error "
+                f"{check['before']:.1%} -> {check['after']:.1%}"
+            )
 
 
 def _to_json(cal: Any, out_path: str) -> dict[str, Any]:
