@@ -201,6 +201,7 @@ def test_cli_writes_a_profile(setup: dict, tmp_path: Path) -> None:
     data = json.loads(res.stdout)
     assert data["replays"] <= 31 and data["error_after"] < data["error_before"]
     assert data["check_error_after"] < data["check_error_before"]
+    assert data["scrape"]["requests"] == 400 and data["scrape"]["offload_load_gbps"] is None
     assert load_hardware(str(out)).efficiency.mbu == pytest.approx(
         data["params"]["mbu"]["after"], rel=1e-5
     )

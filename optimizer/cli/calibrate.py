@@ -126,18 +126,45 @@ def calibrate_cmd(
         for key, hw_at in (("before", hw), ("after", cal.hardware)):
             errs = evaluate(held[1], hw_at, mdl, policy, held[0], sample=sample)
             check[key] = mean_abs_error(errs)
+    scrape = _scrape_json(metrics)
     if as_json:
         data = _to_json(cal, out_path)
+        data["scrape"] = scrape
         if check:
             data["check_error_before"], data["check_error_after"] = check["before"], check["after"]
         _echo_json(data)
     else:
+        click.echo(_scrape_text(scrape))
         click.echo(_to_text(cal, out_path))
         if check:
             click.echo(
                 f"held-back scrape {Path(str(check_metrics)).name}: mean abs. error "
                 f"{check['before']:.1%} -> {check['after']:.1%}"
             )
+
+
+def _scrape_json(m: Any) -> dict[str, Any]:
+    """What the scrape holds beside the fitted statistics (None: not exported)."""
+    return {
+        "requests": m.ttft.count,
+        "hit_ratio": m.hit_ratio,
+        "external_hit_ratio": m.external_hit_ratio,
+        "offload_load_gbps": None if m.offload_load_rate is None else m.offload_load_rate / 1e9,
+        "offload_load_ops": m.offload_load_ops,
+        "inter_token_metric": m.names.get("itl"),
+    }
+
+
+def _scrape_text(s: dict[str, Any]) -> str:
+    parts = [f"scrape: {s['requests']:,.0f} requests, prefix-cache hit ratio {s['hit_ratio']:.1%}"]
+    if s["external_hit_ratio"] is not None:
+        parts.append(f"through the KV connector {s['external_hit_ratio']:.1%}")
+    if s["offload_load_gbps"] is not None:
+        parts.append(
+            f"offload loads {s['offload_load_gbps']:.2f} GB/s over "
+            f"{s['offload_load_ops'] or 0:,.0f} operations"
+        )
+    return "; ".join(parts)
 
 
 def _to_json(cal: Any, out_path: str) -> dict[str, Any]:
