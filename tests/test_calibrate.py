@@ -232,3 +232,44 @@ def test_cli_bad_input(setup: dict, tmp_path: Path) -> None:
                  "--check-metrics", str(good))  # fmt: skip
     assert_one_line_error(res, "--check-metrics", "needs --check-trace")
     assert not Path(out).exists()
+
+
+def test_recovers_a_tier_stream_rate() -> None:
+    """Long documents sent twice, the HBM prefix cache too small to keep them: the second
+    round loads them from host DRAM through the direct connector, and its TTFT carries the
+    stream rate. (The per-operation cost is held at its true value: with a fixed number of
+    operations per block it trades off exactly against the rate; docs/calibrate.md.)"""
+    from kvtier.experiments.calibrate import calibrate, fit_params, replay_times, roofline_policy
+    from kvtier.policy.model import TierPolicy
+
+    rng = np.random.default_rng(3)
+    lens = rng.integers(2000, 16000, 60)
+    order = [*range(60), *rng.permutation(60)]
+    inp = lens[order]
+    per = -(-inp // 16)
+    hashes = [
+        np.arange(p, dtype=np.uint64) + np.uint64(10**7 * (d + 1))
+        for d, p in zip(order, per, strict=True)
+    ]
+    trace = Trace.from_arrays(arrival_s=np.arange(120) * 1.5, input_tokens=inp,
+                              output_tokens=rng.integers(16, 64, 120),
+                              hash_offsets=np.concatenate([[0], np.cumsum(per)]),
+                              hashes=np.concatenate(hashes), block_tokens=16)  # fmt: skip
+    policy = roofline_policy(
+        Policy(tiers=(TierPolicy(capacity_gb=4.0), TierPolicy(name="dram", capacity_gb=200.0)))
+    )
+    hw, model = load_hardware("h100-node"), load_model("llama-3.1-8b")
+    rate, op = fit_params(["tiers.dram.port_read_gbps", "tiers.dram.op_overhead_us"], hw, policy)
+    truth = rate.set(op.set(hw, 1.0), 12.0)
+    t = replay_times(trace, truth, model, policy)
+    assert t.hit_ratio < 0.05  # the hits come from DRAM, not HBM
+    text = metrics_text(t.ttft_s, t.itl_s, t.output_tokens, prompt_tokens=t.input_tokens,
+                        hit_tokens=t.hit_tokens)  # fmt: skip
+    start = rate.set(op.set(hw, 1.0), 40.0)
+    cal = calibrate(trace, start, model, policy, parse_metrics(text),
+                    fit=["tiers.dram.port_read_gbps"], max_replays=150)  # fmt: skip
+    assert cal.after["tiers.dram.port_read_gbps"] == pytest.approx(12.0, rel=0.05)
+    assert cal.error_after < 0.01 < cal.error_before
+    with pytest.raises(InputError, match="sets its own per-operation cost"):
+        lm = Policy(tiers=(TierPolicy(), TierPolicy(name="dram", connector="vllm-offloading")))
+        fit_params(["tiers.dram.op_overhead_us"], hw, lm)
