@@ -30,6 +30,13 @@ from kvtier.errors import InputError
     help="Hardware profile to start from, name or TOML path [default: h100-node].",
 )
 @click.option("--model", default=None, help="Model profile name or path [default: Llama-3.1-8B].")
+@click.option(
+    "--policy",
+    "policy_path",
+    default=None,
+    help="The served deployment as a policy file (tiers, connectors, serving settings).",
+)
+@click.option("--preset", default=None, help="... or as a built-in preset (kvtier replay's).")
 @set_option
 @click.option(
     "--fit",
@@ -60,6 +67,8 @@ def calibrate_cmd(
     trace_path: str,
     hardware: str | None,
     model: str | None,
+    policy_path: str | None,
+    preset: str | None,
     sets: tuple[str, ...],
     fit: str,
     sample: int,
@@ -93,7 +102,18 @@ def calibrate_cmd(
 
     metrics = read_metrics(metrics_path)
     trace = read_trace(trace_path)
-    policy = Policy()
+    if policy_path is not None and preset is not None:
+        raise InputError("give --policy or --preset, not both", option="--preset")
+    if policy_path is not None:
+        from kvtier.policy.file import read_policy_file
+
+        policy = read_policy_file(policy_path).policy
+    elif preset is not None:
+        from kvtier.policy.presets import load_preset
+
+        policy = load_preset(preset)
+    else:
+        policy = Policy()
     overrides = _overrides(sets)
     if overrides:
         policy = apply_overrides(policy, overrides, "--set")
@@ -136,6 +156,12 @@ def calibrate_cmd(
     else:
         click.echo(_scrape_text(scrape))
         click.echo(_to_text(cal, out_path))
+        if cal.error_after > cal.error_before:
+            click.echo(
+                "warning: the fit lowered the weighted loss (means count 10x) but not the mean "
+                "abs. error: these parameters do not explain the difference; fit others too",
+                err=True,
+            )
         if check:
             click.echo(
                 f"held-back scrape {Path(str(check_metrics)).name}: mean abs. error "

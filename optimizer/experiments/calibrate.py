@@ -162,9 +162,13 @@ def stats_of(m: ServingMetrics) -> Stats:
             values[f"{prefix} p{round(q * 100)}"] = h.quantile(q)
 
     add("TTFT", m.ttft)
-    add("ITL", m.itl)
     if m.tpot is not None:
+        # a server observes every token's gap, a replay knows each request's mean interval:
+        # the per-token histogram gives its mean, the per-request one the spread
+        values["ITL mean"] = m.itl.mean
         add("TPOT", m.tpot)
+    else:
+        add("ITL", m.itl)
     return Stats(values, m.hit_ratio)
 
 
