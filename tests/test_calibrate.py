@@ -222,6 +222,10 @@ def test_cli_bad_input(setup: dict, tmp_path: Path) -> None:
                                                    block_tokens=16), other)  # fmt: skip
     res = invoke("calibrate", "--metrics", str(good), "--trace", str(other), "--out", out)
     assert_one_line_error(res, "--trace", "100 requests", "400 first tokens")
+    held = tmp_path / "held.parquet"  # as many requests, other prompts
+    write_trace(setup["held"], held)
+    res = invoke("calibrate", "--metrics", str(good), "--trace", str(held), "--out", out)
+    assert_one_line_error(res, "--trace", "tokens but the /metrics counts", "vllm:prompt_tokens")
     res = invoke("calibrate", "--metrics", str(good), "--trace", str(trace), "--out", out,
                  "--fit", "mfu,tiers.dram.op_overhead_us")  # fmt: skip
     assert_one_line_error(res, "--fit", "policy (--set) has no tier 'dram'", "valid: step_")

@@ -271,7 +271,8 @@ class Calibration:
 
 
 def check_match(trace: Trace, metrics: ServingMetrics) -> None:
-    """The trace must hold the requests the scrape counted (within :data:`MATCH_TOLERANCE`)."""
+    """The trace must hold the requests the scrape counted, and their prompt tokens where the
+    scrape has ``vllm:prompt_tokens`` (each within :data:`MATCH_TOLERANCE`)."""
     n = trace.n_requests
     counted = metrics.ttft.count
     if n == 0 or abs(counted - n) > MATCH_TOLERANCE * max(n, counted):
@@ -281,6 +282,17 @@ def check_match(trace: Trace, metrics: ServingMetrics) -> None:
             f"server served",
             option="--trace",
         )
+    if metrics.prompt_tokens is not None:  # every prefill's prompt, cached tokens included
+        tokens = float(np.sum(trace.input_tokens))
+        if abs(metrics.prompt_tokens - tokens) > MATCH_TOLERANCE * max(
+            tokens, metrics.prompt_tokens
+        ):
+            raise InputError(
+                f"the trace's prompts hold {tokens:,.0f} tokens but the /metrics counts "
+                f"{metrics.prompt_tokens:,.0f} (vllm:prompt_tokens); give the trace of the "
+                f"requests that server served",
+                option="--trace",
+            )
 
 
 def head(trace: Trace, n: int) -> Trace:
