@@ -235,6 +235,9 @@ def test_cli_bad_input(setup: dict, tmp_path: Path) -> None:
     res = invoke("calibrate", "--metrics", str(good), "--trace", str(trace), "--out", out,
                  "--check-metrics", str(good))  # fmt: skip
     assert_one_line_error(res, "--check-metrics", "needs --check-trace")
+    res = invoke("calibrate", "--metrics", str(good), "--trace", str(trace), "--out", out,
+                 "--sample", "0")  # fmt: skip
+    assert_one_line_error(res, "--sample", "must be >= 1")
     assert not Path(out).exists()
 
 

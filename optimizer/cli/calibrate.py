@@ -27,9 +27,13 @@ from kvtier.errors import InputError
 @click.option(
     "--hardware",
     default=None,
-    help="Hardware profile to start from, name or TOML path [default: h100-node].",
+    help="Hardware profile to start from, name or TOML path [default: the policy's, else h100-node].",
 )
-@click.option("--model", default=None, help="Model profile name or path [default: Llama-3.1-8B].")
+@click.option(
+    "--model",
+    default=None,
+    help="Model profile name or path [default: the policy's, else Llama-3.1-8B].",
+)
 @click.option(
     "--policy",
     "policy_path",
