@@ -27,7 +27,8 @@ from kvtier.errors import InputError
 @click.option(
     "--hardware",
     default=None,
-    help="Hardware profile to start from, name or TOML path [default: the policy's, else h100-node].",
+    help="Hardware profile to start from, name or TOML path "
+    "[default: the policy's, else h100-node].",
 )
 @click.option(
     "--model",
