@@ -13,7 +13,15 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    GCCollector,
+    Histogram,
+    PlatformCollector,
+    generate_latest,
+)
 
 from kvtier.trace.vllm_metrics import ITL_BUCKETS, TRANSFER_SIZE_BUCKETS, TTFT_BUCKETS
 
@@ -24,6 +32,15 @@ LABELS = ["model_name", "engine"]
 
 def main() -> None:
     reg = CollectorRegistry()
+    # the interpreter's own collectors, as on prometheus_client's default registry; the cache
+    # configuration as loggers.py's log_metrics_info writes it (a gauge set to 1), with a
+    # subset of CacheConfig's labels
+    GCCollector(registry=reg)
+    PlatformCollector(registry=reg)
+    info = Gauge("vllm:cache_config_info", "Information of the LLMEngine CacheConfig",
+                 ["block_size", "cache_dtype", "enable_prefix_caching", "engine"],
+                 registry=reg)  # fmt: skip
+    info.labels("16", "auto", "True", "0").set(1)
     rng = np.random.default_rng(7)
     running = Gauge("vllm:num_requests_running", "Number of requests in model execution batches.",
                     LABELS, registry=reg)  # fmt: skip

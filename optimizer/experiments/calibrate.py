@@ -305,6 +305,8 @@ def head(trace: Trace, n: int) -> Trace:
         source=trace.source,
         has_prefix_info=trace.has_prefix_info,
         metadata=trace.metadata,
+        sample_fraction=trace.sample_fraction,
+        sample_strata=trace.sample_strata,
     )
 
 
