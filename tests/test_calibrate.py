@@ -241,12 +241,18 @@ def test_cli_bad_input(setup: dict, tmp_path: Path) -> None:
     assert not Path(out).exists()
 
 
-def test_recovers_a_tier_stream_rate() -> None:
+def test_recovers_a_tier_stream_rate(tmp_path: Path) -> None:
     """Long documents sent twice, the HBM prefix cache too small to keep them: the second
     round loads them from host DRAM through the direct connector, and its TTFT carries the
     stream rate. (The per-operation cost is held at its true value: with a fixed number of
     operations per block it trades off exactly against the rate; docs/calibrate.md.)"""
-    from kvtier.experiments.calibrate import calibrate, fit_params, replay_times, roofline_policy
+    from kvtier.experiments.calibrate import (
+        calibrate,
+        fit_params,
+        profile_toml,
+        replay_times,
+        roofline_policy,
+    )
     from kvtier.policy.model import TierPolicy
 
     rng = np.random.default_rng(3)
@@ -277,6 +283,12 @@ def test_recovers_a_tier_stream_rate() -> None:
                     fit=["tiers.dram.port_read_gbps"], max_replays=150)  # fmt: skip
     assert cal.after["tiers.dram.port_read_gbps"] == pytest.approx(12.0, rel=0.05)
     assert cal.error_after < 0.01 < cal.error_before
+    # written as a profile: the fitted read rate, the write rate the fit kept
+    written = tmp_path / "tier.toml"
+    written.write_text(profile_toml(cal, hw.source, "tier"))
+    dram = load_hardware(str(written)).tiers["dram"]
+    assert dram.port_read_bw == pytest.approx(cal.hardware.tiers["dram"].port_read_bw, rel=1e-5)
+    assert dram.port_write_bw == hw.tiers["dram"].port_write_bw
     with pytest.raises(InputError, match="sets its own per-operation cost"):
         lm = Policy(tiers=(TierPolicy(), TierPolicy(name="dram", connector="vllm-offloading")))
         fit_params(["tiers.dram.op_overhead_us"], hw, lm)

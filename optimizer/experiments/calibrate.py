@@ -446,6 +446,9 @@ def profile_toml(cal: Calibration, base_path: str | Path, name: str, note: str =
         for part in p.table.split("."):
             table = table.setdefault(part, {})
         table[p.key] = float(f"{cal.after[p.name]:.6g}")
+        if p.key == "port_read_gbps":  # the fit kept the write rate, which defaults to the read's
+            write = cal.hardware.tiers[p.table.split(".", 1)[1]].port_write_bw / GB
+            table.setdefault("port_write_gbps", float(f"{write:.6g}"))
     lines = [
         f"# Calibrated by kvtier calibrate from {base.name}: {note}".rstrip(": "),
         "# Fitted for the roofline step-time backend: replay with --set serving.step_time=roofline",
