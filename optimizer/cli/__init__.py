@@ -3,7 +3,8 @@
 Every command turns :class:`kvtier.errors.InputError` into one line on stderr and exit
 code 2; the work itself lives in the subpackages. This module holds the two entry points
 (``kvtier`` and the stand-alone ``optimize`` script); each command group lives in a module of
-its own (``trace``, ``replay``, ``optimize``, ``export``, ``validate``), and what they share in
+its own (``trace``, ``replay``, ``optimize``, ``export``, ``validate``,
+``calibrate``), and what they share in
 ``common``. Command modules import only ``common`` and the subpackages, never one another or
 this module, so the imports have no cycle; heavy imports (numba, Optuna, the tokenizers) stay
 inside the command functions.
@@ -16,6 +17,7 @@ from typing import Any
 import click
 
 from kvtier import __version__
+from kvtier.cli.calibrate import calibrate_cmd
 from kvtier.cli.common import KvtierCommand, KvtierGroup
 from kvtier.cli.export import EXPORT_TARGETS, export_cmd
 from kvtier.cli.optimize import (
@@ -48,6 +50,7 @@ main.add_command(optimize_cmd)
 main.add_command(compare_cmd)
 main.add_command(report_cmd)
 main.add_command(batch_cmd)
+main.add_command(calibrate_cmd)
 
 
 @click.command("optimize", cls=KvtierCommand)

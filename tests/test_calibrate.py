@@ -1,0 +1,294 @@
+"""kvtier calibrate: vLLM /metrics read as vLLM 0.34 writes them, and parameters recovered from
+metrics a replay with known parameters generated."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from kvtier.errors import InputError
+from kvtier.hardware import load_hardware, load_model
+from kvtier.policy.model import Policy
+from kvtier.trace.format import Trace
+from kvtier.trace.io import write_trace
+from kvtier.trace.vllm_metrics import (
+    ITL_BUCKETS,
+    ITL_LEGACY,
+    Histogram,
+    bucketize,
+    metrics_text,
+    parse_metrics,
+    read_metrics,
+)
+from tests.helpers import assert_one_line_error, invoke
+
+FIXTURE = Path(__file__).resolve().parent / "data" / "vllm-metrics" / "vllm-0.34.0-offload.txt"
+TRUTH = {"step_overhead_s": 0.004, "mfu": 0.38, "mbu": 0.62}
+
+
+# -- reading /metrics ---------------------------------------------------------------------------
+
+
+def test_fixture_sums_every_engine_and_reason() -> None:
+    m = read_metrics(str(FIXTURE))
+    assert m.ttft.count == 100 and m.requests == 100  # 2 engines x 50, every finish reason
+    assert m.tpot is not None and m.tpot.count == 100
+    assert m.generation_tokens is not None
+    assert m.itl.count == m.generation_tokens - 100  # one interval per token after the first
+    assert 0.0 < m.hit_ratio < 1.0 and m.external_hit_ratio is not None
+    assert 0.0 < m.external_hit_ratio < 1.0
+    assert m.offload_load_ops == 100
+    rate = m.offload_load_rate
+    assert rate is not None and 5e9 < rate < 20e9  # 20 GB/s streams plus 100 us per load
+    qs = [m.ttft.quantile(q) for q in (0.1, 0.5, 0.9, 0.99)]
+    assert qs == sorted(qs) and m.ttft.bounds[0] < qs[0]
+    assert m.names["itl"] == "vllm:inter_token_latency_seconds"
+
+
+def test_older_inter_token_name_is_read() -> None:
+    text = FIXTURE.read_text().replace("vllm:inter_token_latency_seconds", ITL_LEGACY)
+    m = parse_metrics(text, "old.txt")
+    assert m.names["itl"] == ITL_LEGACY and m.itl.count > 0
+
+
+def test_quantile_interpolates_as_prometheus() -> None:
+    # 10 observations: 2 <= 1 s, 8 more <= 2 s, none above: the median is 1 + 1 * (5 - 2) / 8
+    h = Histogram(np.array([1.0, 2.0, 4.0]), np.array([2.0, 10.0, 10.0, 10.0]), 14.0, 10.0)
+    assert h.quantile(0.5) == pytest.approx(1.375)
+    assert h.quantile(0.1) == pytest.approx(0.5)  # from 0 inside the first bucket
+    assert h.mean == pytest.approx(1.4)
+    over = Histogram(np.array([1.0]), np.array([1.0, 4.0]), 9.0, 4.0)
+    assert over.quantile(0.9) == 1.0  # in +Inf: the largest finite bound
+
+
+def test_bucketize_counts_a_bound_in_its_own_bucket() -> None:
+    h = bucketize(np.array([0.01, 0.011, 100.0]), ITL_BUCKETS, np.array([2.0, 1.0, 1.0]))
+    assert h.cumulative[0] == 2.0 and h.cumulative[1] == 3.0 and h.cumulative[-1] == 4.0
+    assert h.total == pytest.approx(0.02 + 0.011 + 100.0)
+
+
+def test_written_metrics_parse_back() -> None:
+    ttft = np.array([0.05, 0.3, np.nan])
+    itl = np.array([0.02, 0.03, np.nan])
+    out = np.array([11, 1, 5])
+    text = metrics_text(ttft, itl, out, prompt_tokens=np.array([100, 200, 300]),
+                        hit_tokens=np.array([50, 0, 300]))  # fmt: skip
+    m = parse_metrics(text)
+    assert m.ttft.count == 2 and m.ttft.mean == pytest.approx(0.175)
+    assert m.itl.count == 10 and m.itl.mean == pytest.approx(0.02)  # request 2 has no interval
+    assert m.hit_ratio == pytest.approx(50 / 300) and m.requests == 2
+
+
+@pytest.mark.parametrize(
+    ("text", "needle"),
+    [
+        ('{"ttft": 1.0}\n', "not Prometheus text"),
+        ("", "vllm:time_to_first_token_seconds"),
+    ],
+)
+def test_bad_metrics_text(text: str, needle: str) -> None:
+    with pytest.raises(InputError, match=needle) as err:
+        parse_metrics(text, "scrape.txt")
+    assert "scrape.txt" in str(err.value)
+
+
+def test_missing_prefix_counters() -> None:
+    text = "\n".join(
+        ln for ln in FIXTURE.read_text().splitlines() if "vllm:prefix_cache_queries" not in ln
+    )
+    with pytest.raises(InputError, match="no vllm:prefix_cache_queries counter"):
+        parse_metrics(text, "scrape.txt")
+
+
+# -- calibration ---------------------------------------------------------------------------------
+
+
+def _trace(n: int, seed: int) -> Trace:
+    """Light load (Poisson arrivals 1 s apart: requests seldom overlap), prompts of 64-30k
+    tokens, four shared system prompts of up to 1k tokens. Alone, a request's decode step is
+    the per-step cost plus weights and its own context read at mbu; contexts this varied tell
+    the per-step cost from mbu (under heavy load the two trade off: docs/calibrate.md)."""
+    rng = np.random.default_rng(seed)
+    arrival = np.cumsum(rng.exponential(1.0, n))
+    inp = rng.integers(64, 30000, n)
+    out = rng.integers(16, 256, n)
+    block = 16
+    per = -(-inp // block)
+    hashes = []
+    for i in range(n):
+        h = np.arange(per[i], dtype=np.uint64) + np.uint64(10**9 * (i + 1))
+        k = min(int(per[i]), 64)
+        h[:k] = np.arange(k, dtype=np.uint64) + np.uint64(10**6 * (1 + rng.integers(0, 4)))
+        hashes.append(h)
+    return Trace.from_arrays(
+        arrival_s=arrival,
+        input_tokens=inp,
+        output_tokens=out,
+        hash_offsets=np.concatenate([[0], np.cumsum(per)]),
+        hashes=np.concatenate(hashes),
+        block_tokens=block,
+    )
+
+
+def _generated(trace: Trace, hardware, model) -> str:  # noqa: ANN001
+    from kvtier.experiments.calibrate import replay_times, roofline_policy
+
+    t = replay_times(trace, hardware, model, roofline_policy(Policy()))
+    return metrics_text(t.ttft_s, t.itl_s, t.output_tokens, prompt_tokens=t.input_tokens,
+                        hit_tokens=t.hit_tokens)  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def setup() -> dict:
+    hw = load_hardware("h100-node")
+    truth = replace(hw, efficiency=replace(hw.efficiency, **TRUTH))
+    model = load_model("llama-3.1-8b")
+    full = _trace(800, 1)
+    fit_half = Trace.from_table(full.table.slice(0, 400), block_tokens=16)
+    held_half = Trace.from_table(full.table.slice(400, 400), block_tokens=16)
+    return {
+        "hw": hw,
+        "model": model,
+        "fit": fit_half,
+        "held": held_half,
+        "fit_text": _generated(fit_half, truth, model),
+        "held_text": _generated(held_half, truth, model),
+    }
+
+
+def test_recovers_known_parameters_and_helps_held_back_half(setup: dict, tmp_path: Path) -> None:
+    from kvtier.experiments.calibrate import calibrate, evaluate, mean_abs_error, profile_toml
+
+    cal = calibrate(
+        setup["fit"], setup["hw"], setup["model"], Policy(), parse_metrics(setup["fit_text"])
+    )
+    for name, want in TRUTH.items():
+        assert cal.after[name] == pytest.approx(want, rel=0.05), (name, cal.after)
+        assert cal.before[name] != pytest.approx(want, rel=0.05)  # the start was off
+    assert cal.error_after < 0.02 < cal.error_before
+    held = parse_metrics(setup["held_text"])
+    before = mean_abs_error(evaluate(setup["held"], setup["hw"], setup["model"], Policy(), held))
+    after = mean_abs_error(evaluate(setup["held"], cal.hardware, setup["model"], Policy(), held))
+    assert after < 0.25 * before, (before, after)
+    # the profile written loads as --hardware with the fitted values
+    out = tmp_path / "calibrated.toml"
+    out.write_text(profile_toml(cal, load_hardware("h100-node").source, "calibrated"))
+    loaded = load_hardware(str(out))
+    assert loaded.efficiency.mfu == pytest.approx(cal.after["mfu"], rel=1e-5)
+    assert loaded.efficiency.step_overhead_s == pytest.approx(cal.after["step_overhead_s"], 1e-5)
+    assert loaded.gpu == setup["hw"].gpu and loaded.name == "calibrated"
+
+
+def test_cli_writes_a_profile(setup: dict, tmp_path: Path) -> None:
+    import json
+
+    metrics = tmp_path / "metrics.txt"
+    metrics.write_text(setup["fit_text"])
+    trace = tmp_path / "trace.parquet"
+    write_trace(setup["fit"], trace)
+    held_metrics = tmp_path / "held.txt"
+    held_metrics.write_text(setup["held_text"])
+    held_trace = tmp_path / "held.parquet"
+    write_trace(setup["held"], held_trace)
+    out = tmp_path / "prof" / "mine.toml"
+    check = ["--check-metrics", str(held_metrics), "--check-trace", str(held_trace)]
+    res = invoke("calibrate", "--metrics", str(metrics), "--trace", str(trace), "--out",
+                 str(out), "--sample", "200", "--max-replays", "30", "--json", *check)  # fmt: skip
+    assert res.code == 0, res.stderr
+    data = json.loads(res.stdout)
+    assert data["replays"] <= 31 and data["error_after"] < data["error_before"]
+    assert data["check_error_after"] < data["check_error_before"]
+    assert data["scrape"]["requests"] == 400 and data["scrape"]["offload_load_gbps"] is None
+    assert load_hardware(str(out)).efficiency.mbu == pytest.approx(
+        data["params"]["mbu"]["after"], rel=1e-5
+    )
+
+
+def test_cli_bad_input(setup: dict, tmp_path: Path) -> None:
+    trace = tmp_path / "trace.parquet"
+    write_trace(setup["fit"], trace)
+    good = tmp_path / "metrics.txt"
+    good.write_text(setup["fit_text"])
+    out = str(tmp_path / "out.toml")
+    bad = tmp_path / "log.jsonl"
+    bad.write_text('{"request_id": 1, "ttft": 0.2}\n')
+    res = invoke("calibrate", "--metrics", str(bad), "--trace", str(trace), "--out", out)
+    assert_one_line_error(res, "log.jsonl", "not Prometheus text")
+    other = tmp_path / "other.parquet"
+    write_trace(setup["held"].__class__.from_table(setup["held"].table.slice(0, 100),
+                                                   block_tokens=16), other)  # fmt: skip
+    res = invoke("calibrate", "--metrics", str(good), "--trace", str(other), "--out", out)
+    assert_one_line_error(res, "--trace", "100 requests", "400 first tokens")
+    held = tmp_path / "held.parquet"  # as many requests, other prompts
+    write_trace(setup["held"], held)
+    res = invoke("calibrate", "--metrics", str(good), "--trace", str(held), "--out", out)
+    assert_one_line_error(res, "--trace", "tokens but the /metrics counts", "vllm:prompt_tokens")
+    res = invoke("calibrate", "--metrics", str(good), "--trace", str(trace), "--out", out,
+                 "--fit", "mfu,tiers.dram.op_overhead_us")  # fmt: skip
+    assert_one_line_error(res, "--fit", "policy (--set) has no tier 'dram'", "valid: step_")
+    res = invoke("calibrate", "--metrics", str(good), "--trace", str(trace), "--out", out,
+                 "--fit", "speed")  # fmt: skip
+    assert_one_line_error(res, "--fit", "unknown parameter 'speed'")
+    res = invoke("calibrate", "--metrics", str(good), "--trace", str(trace), "--out", out,
+                 "--check-metrics", str(good))  # fmt: skip
+    assert_one_line_error(res, "--check-metrics", "needs --check-trace")
+    res = invoke("calibrate", "--metrics", str(good), "--trace", str(trace), "--out", out,
+                 "--sample", "0")  # fmt: skip
+    assert_one_line_error(res, "--sample", "must be >= 1")
+    assert not Path(out).exists()
+
+
+def test_recovers_a_tier_stream_rate(tmp_path: Path) -> None:
+    """Long documents sent twice, the HBM prefix cache too small to keep them: the second
+    round loads them from host DRAM through the direct connector, and its TTFT carries the
+    stream rate. (The per-operation cost is held at its true value: with a fixed number of
+    operations per block it trades off exactly against the rate; docs/calibrate.md.)"""
+    from kvtier.experiments.calibrate import (
+        calibrate,
+        fit_params,
+        profile_toml,
+        replay_times,
+        roofline_policy,
+    )
+    from kvtier.policy.model import TierPolicy
+
+    rng = np.random.default_rng(3)
+    lens = rng.integers(2000, 16000, 60)
+    order = [*range(60), *rng.permutation(60)]
+    inp = lens[order]
+    per = -(-inp // 16)
+    hashes = [
+        np.arange(p, dtype=np.uint64) + np.uint64(10**7 * (d + 1))
+        for d, p in zip(order, per, strict=True)
+    ]
+    trace = Trace.from_arrays(arrival_s=np.arange(120) * 1.5, input_tokens=inp,
+                              output_tokens=rng.integers(16, 64, 120),
+                              hash_offsets=np.concatenate([[0], np.cumsum(per)]),
+                              hashes=np.concatenate(hashes), block_tokens=16)  # fmt: skip
+    policy = roofline_policy(
+        Policy(tiers=(TierPolicy(capacity_gb=4.0), TierPolicy(name="dram", capacity_gb=200.0)))
+    )
+    hw, model = load_hardware("h100-node"), load_model("llama-3.1-8b")
+    rate, op = fit_params(["tiers.dram.port_read_gbps", "tiers.dram.op_overhead_us"], hw, policy)
+    truth = rate.set(op.set(hw, 1.0), 12.0)
+    t = replay_times(trace, truth, model, policy)
+    assert t.hit_ratio < 0.05  # the hits come from DRAM, not HBM
+    text = metrics_text(t.ttft_s, t.itl_s, t.output_tokens, prompt_tokens=t.input_tokens,
+                        hit_tokens=t.hit_tokens)  # fmt: skip
+    start = rate.set(op.set(hw, 1.0), 40.0)
+    cal = calibrate(trace, start, model, policy, parse_metrics(text),
+                    fit=["tiers.dram.port_read_gbps"], max_replays=150)  # fmt: skip
+    assert cal.after["tiers.dram.port_read_gbps"] == pytest.approx(12.0, rel=0.05)
+    assert cal.error_after < 0.01 < cal.error_before
+    # written as a profile: the fitted read rate, the write rate the fit kept
+    written = tmp_path / "tier.toml"
+    written.write_text(profile_toml(cal, hw.source, "tier"))
+    dram = load_hardware(str(written)).tiers["dram"]
+    assert dram.port_read_bw == pytest.approx(cal.hardware.tiers["dram"].port_read_bw, rel=1e-5)
+    assert dram.port_write_bw == hw.tiers["dram"].port_write_bw
+    with pytest.raises(InputError, match="sets its own per-operation cost"):
+        lm = Policy(tiers=(TierPolicy(), TierPolicy(name="dram", connector="vllm-offloading")))
+        fit_params(["tiers.dram.op_overhead_us"], hw, lm)
