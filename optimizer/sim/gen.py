@@ -77,26 +77,11 @@ LOAD_RULE_FAMILY = Family(
     registry=LOAD_RULES,
     package="kvtier.sim.load_rules",
     step="choose_nb",
-    select="tp.load_rule",
-    params=tuple(
-        (name, "")
-        for name in [
-            "tp",
-            "lk",
-            "k",
-            "now",
-            "src",
-            "n_src",
-            "hbm_hits",
-            "B",
-            "counts",
-            "timing",
-            "path",
-        ]
-    ),
+    select="sim.tp.load_rule",
+    params=(("sim", ""), ("k", ""), ("now", ""), ("n_src", ""), ("hbm_hits", ""), ("timing", "")),
     returns="",
     imports=(),
-    doc="How many found blocks the load rule ``tp.load_rule`` loads.",
+    doc="How many found blocks the load rule ``sim.tp.load_rule`` loads.",
 )
 
 FAMILIES = (ROUTER_FAMILY, WRITE_POLICY_FAMILY, LOAD_RULE_FAMILY)

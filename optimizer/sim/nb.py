@@ -493,7 +493,7 @@ def admit_nb(sim: Sim, k: int, i: int, now: float, budget: int, others: bool) ->
         # vLLM V1's allocate_slots: the blocks of the tokens this step computes
         if tp.n_tiers > 0:
             n_src = lookup_nb(ts, tp, k, block_ids, boff[i], h, hcap, src)
-            loaded = choose_nb(tp, lk, k, now, src, n_src, h, B, counts, timing, path)
+            loaded = choose_nb(sim, k, now, n_src, h, timing)
         kv0 = (h + loaded) * B
         q0 = target[i] - kv0
         if q0 > budget and not v0:
@@ -517,7 +517,7 @@ def admit_nb(sim: Sim, k: int, i: int, now: float, budget: int, others: bool) ->
     if tp.n_tiers > 0:
         if not grows:
             n_src = lookup_nb(ts, tp, k, block_ids, boff[i], h, hcap, src)
-            loaded = choose_nb(tp, lk, k, now, src, n_src, h, B, counts, timing, path)
+            loaded = choose_nb(sim, k, now, n_src, h, timing)
         if loaded > 0:
             done_tokens = (h + loaded) * B
             ready[i] = load_nb(

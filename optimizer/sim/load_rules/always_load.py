@@ -14,5 +14,5 @@ def choose(lower: Any, inst: int, now: float, src: list[int], hbm_hits: int, B: 
 
 
 @njit(cache=True, nogil=True, _nrt=False, inline="always")
-def choose_nb(tp, lk, k, now, src, n_src, hbm_hits, B, counts, timing, path):  # noqa: ANN001, ANN201
+def choose_nb(sim, k, now, n_src, hbm_hits, timing):  # noqa: ANN001, ANN201
     return n_src

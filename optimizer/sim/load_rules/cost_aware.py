@@ -24,7 +24,14 @@ def choose(lower: Any, inst: int, now: float, src: list[int], hbm_hits: int, B: 
 
 
 @njit(cache=True, nogil=True, _nrt=False)
-def choose_nb(tp, lk, k, now, src, n_src, hbm_hits, B, counts, timing, path):  # noqa: ANN001, ANN201
+def choose_nb(sim, k, now, n_src, hbm_hits, timing):  # noqa: ANN001, ANN201
+    """The same loop as :func:`choose` over the found blocks' sources ``sim.buf.src``."""
+    tp = sim.tp
+    lk = sim.lk
+    src = sim.buf.src
+    counts = sim.buf.counts
+    path = sim.buf.path
+    B = sim.prm.block_tokens
     for t in range(tp.n_tiers):
         counts[t] = 0
     best_c = 0

@@ -19,10 +19,10 @@ CODES = (0, 1)  # every code dispatched below
 
 
 @njit(cache=True, nogil=True, _nrt=False, inline="always")
-def choose_nb(tp, lk, k, now, src, n_src, hbm_hits, B, counts, timing, path):  # noqa: ANN001, ANN201
-    """How many found blocks the load rule ``tp.load_rule`` loads."""
-    code = tp.load_rule
+def choose_nb(sim, k, now, n_src, hbm_hits, timing):  # noqa: ANN001, ANN201
+    """How many found blocks the load rule ``sim.tp.load_rule`` loads."""
+    code = sim.tp.load_rule
     if code == 0:  # always_load
-        return always_load.choose_nb(tp, lk, k, now, src, n_src, hbm_hits, B, counts, timing, path)
+        return always_load.choose_nb(sim, k, now, n_src, hbm_hits, timing)
     # cost_aware
-    return cost_aware.choose_nb(tp, lk, k, now, src, n_src, hbm_hits, B, counts, timing, path)
+    return cost_aware.choose_nb(sim, k, now, n_src, hbm_hits, timing)
