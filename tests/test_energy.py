@@ -1,0 +1,128 @@
+"""The energy model (kvtier.sim.energy): closed forms with known powers and busy times, the
+electricity in the cost, the tiers' held and moved energy, and both engines alike."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+
+import numpy as np
+import pytest
+
+from kvtier.hardware import load_hardware, load_model
+from kvtier.hardware.types import Hardware, Power
+from kvtier.policy import Policy
+from kvtier.sim import build_config, replay_metrics, simulate, simulate_raw
+from kvtier.sim.energy import replay_energy
+from kvtier.sim.result import RawResult
+from kvtier.trace.blocked import BlockedTrace
+
+B = 16
+
+
+def known_power(hw: Hardware, *, kwh: float = 0.0) -> Hardware:
+    """``hw`` with round powers: 100 W idle, 500 W TDP per GPU, 1 kW per host, PUE 1.5."""
+    gpu = replace(hw.gpu, tdp_w=500.0, idle_w=100.0)
+    return replace(hw, gpu=gpu, power=Power(host_w=1000.0, pue=1.5, electricity_per_kwh=kwh))
+
+
+def roofline() -> Policy:
+    p = Policy()
+    return replace(p, serving=replace(p.serving, step_time="roofline"))
+
+
+@pytest.fixture(scope="module")
+def hw() -> Hardware:
+    return known_power(load_hardware("h100-node"), kwh=0.10)
+
+
+@pytest.fixture(scope="module")
+def model():
+    return load_model("Llama-3.1-8B")
+
+
+def test_energy_of_known_busy_times_is_exact(hw, model) -> None:
+    """8 GPUs (tp = 1) on one host for 10 s, two of them busy 1 s and 2 s."""
+    cfg = build_config(hw, model, roofline())
+    assert cfg.n_instances == 8 and cfg.hosts == 1
+    trace = BlockedTrace.from_lists([0.0], [100], [20], [[]], B)
+    busy = np.zeros(8)
+    busy[:2] = (1.0, 2.0)
+    raw = RawResult(
+        first_token_s=np.array([1.0]),
+        finish_s=np.array([10.0]),
+        hit_blocks=np.zeros(1, dtype=np.int64),
+        instance=np.zeros(1, dtype=np.int64),
+        busy_s=busy,
+        n_iterations=20,
+        early_stopped=False,
+        end_s=10.0,
+    )
+    e = replay_energy(raw, cfg, hw, trace.arrival_s, 120)
+    it = 8 * 100 * 10 + (1 + 2) * 400 + 1000 * 10  # 8,000 idle + 1,200 busy + 10,000 host
+    assert e.parts_j["gpu_idle"] == 8000.0 and e.parts_j["gpu_busy"] == 1200.0
+    assert e.parts_j["host"] == 10000.0 and e.parts_j["cooling"] == pytest.approx(0.5 * it)
+    assert e.energy_j == pytest.approx(1.5 * it)  # 28,800 J
+    assert e.joules_per_token == pytest.approx(28800 / 120)
+    assert e.tokens_per_joule == pytest.approx(120 / 28800)
+    assert e.power_w == pytest.approx(2880.0)
+    assert e.electricity_per_hour == pytest.approx(2.88 * 0.10)
+    # the metrics carry it, and the electricity is in the cost per hour
+    m, _ = replay_metrics(trace, raw, cfg, hw, slo=None, engine="reference")
+    assert m.energy_j == pytest.approx(28800.0) and m.tokens_per_joule == pytest.approx(1 / 240)
+    assert m.cost_per_hour == pytest.approx(cfg.cost_per_hour + 0.288)
+    assert m.electricity_per_hour == pytest.approx(0.288)
+    free = replace(hw, power=replace(hw.power, electricity_per_kwh=0.0))
+    m0, _ = replay_metrics(trace, raw, build_config(free, model, roofline()), free, slo=None,
+                           engine="reference")  # fmt: skip
+    assert m0.cost_per_hour == pytest.approx(cfg.cost_per_hour) and m0.energy_j == m.energy_j
+
+
+@pytest.mark.parametrize("engine", ["reference", "numba"])
+def test_one_request_replay_energy_is_its_prefill_time(hw, model, engine) -> None:
+    """One request of one output token: one instance busy for its prefill, the rest idle."""
+    trace = BlockedTrace.from_lists([0.0], [3000], [1], [list(range(3000 // B))], B)
+    policy = roofline()
+    cfg = build_config(hw, model, policy)
+    raw = simulate_raw(trace, cfg, engine=engine)
+    busy = float(raw.busy_s.sum())
+    assert busy > 0 and np.count_nonzero(raw.busy_s) == 1
+    m = simulate(trace, hw, model, policy, engine=engine)
+    span = m.duration_s  # arrival to finish: prefill plus the front end's cost
+    assert span > busy
+    it = 8 * 100 * span + 400 * busy + 1000 * span
+    assert m.energy_j == pytest.approx(1.5 * it, rel=1e-12)
+    assert m.joules_per_token == pytest.approx(1.5 * it / 3001, rel=1e-12)
+    assert m.power_w == pytest.approx(1.5 * it / span, rel=1e-12)
+
+
+def test_tiers_held_and_moved_energy_and_engines_agree(model) -> None:
+    """A DRAM and SSD tier: their held watts over the span and pJ per bit moved; both engines
+    give the same energy."""
+    from kvtier.policy.presets import load_preset
+    from kvtier.trace.blocks import block_trace
+    from kvtier.trace.synth import synthesize
+
+    hw = load_hardware("h100-node")
+    policy = load_preset("lmcache-cpu-disk")
+    trace = block_trace(synthesize("rag", requests=120, rate=20.0, seed=3), policy.block_tokens)
+    a = simulate(trace, hw, model, policy, engine="reference")
+    b = simulate(trace, hw, model, policy, engine="numba")
+    assert a.energy_j == b.energy_j and a.energy_parts_j == b.energy_parts_j
+    assert a.tokens_per_joule == b.tokens_per_joule
+    cfg = build_config(hw, model, policy)
+    span = a.duration_s
+    held = moved = 0.0
+    for name in ("dram", "ssd"):
+        t = hw.tiers[name]
+        held += (t.w_per_gb * cfg.tiers.tier_gb[name] + t.host_w * cfg.hosts) * span
+        bits = 8 * (a.tier_bytes_read[name] + a.tier_bytes_written[name])
+        moved += bits * t.pj_per_bit * 1e-12
+    assert moved > 0
+    assert a.energy_parts_j["tier_held"] == pytest.approx(held, rel=1e-12)
+    assert a.energy_parts_j["tier_moved"] == pytest.approx(moved, rel=1e-12)
+    assert a.energy_j == pytest.approx(sum(a.energy_parts_j.values()))
+    assert a.energy_parts_j["cooling"] == pytest.approx(
+        0.2 * (a.energy_j - a.energy_parts_j["cooling"]), rel=1e-12
+    )
+    assert math.isfinite(a.tokens_per_joule) and a.tokens_per_joule > 0
