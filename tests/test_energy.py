@@ -126,3 +126,89 @@ def test_tiers_held_and_moved_energy_and_engines_agree(model) -> None:
         0.2 * (a.energy_j - a.energy_parts_j["cooling"]), rel=1e-12
     )
     assert math.isfinite(a.tokens_per_joule) and a.tokens_per_joule > 0
+
+
+ENERGY_SPACE = """
+format = "kvtier-space/1"
+description = "instances and block size"
+[params.block_tokens]
+choices = [16, 64]
+[params."serving.instances"]
+low = 1
+high = 8
+"""
+
+
+def test_optimize_minimises_joules_per_token_under_the_slo(tmp_path) -> None:
+    import optuna
+
+    from kvtier.errors import InputError
+    from kvtier.search.run import optimize
+    from kvtier.search.study import summaries
+    from kvtier.trace.io import write_trace
+    from kvtier.trace.synth import synthesize
+
+    trace = tmp_path / "chat.parquet"
+    write_trace(synthesize("chat", requests=150, rate=8.0, seed=5), trace)
+    space = tmp_path / "space.toml"
+    space.write_text(ENERGY_SPACE)
+    common = dict(
+        space=str(space),
+        slo_text="ttft_p99=1.0,tpot_p99=0.05",
+        study_name="energy",
+        runs_dir=tmp_path / "runs",
+        out=str(tmp_path / "best.toml"),
+        compare_presets=False,
+        refine=False,
+        seed=2,
+    )
+    result = optimize(str(trace), n_trials=6, objective="energy", **common)
+    study = optuna.load_study(study_name="energy", storage=f"sqlite:///{tmp_path}/runs/energy.db")
+    done = summaries(study)
+    feasible = [s for s in done if s.feasible]
+    assert feasible and result.best is not None
+    least = min(feasible, key=lambda s: (s.metrics["joules_per_token"], s.number))
+    assert result.best.number == least.number
+    # each trial's objective value is its joules per token, not its cost
+    for t in study.get_trials(states=(optuna.trial.TrialState.COMPLETE,)):
+        if t.user_attrs.get("feasible") is not None and "metrics" in t.user_attrs:
+            assert t.value == pytest.approx(t.user_attrs["metrics"]["joules_per_token"])
+    assert study.user_attrs["setup"]["objective"] == "energy"
+    # the study's verdicts were judged by energy: a rerun minimising cost is refused
+    with pytest.raises(InputError, match="objective"):
+        optimize(str(trace), n_trials=6, objective="cost", **common)
+
+
+def test_objective_option_refuses_an_unknown_choice(tmp_path) -> None:
+    from tests.helpers import assert_one_line_error, invoke
+
+    trace = tmp_path / "t.parquet"
+    from kvtier.trace.io import write_trace
+    from kvtier.trace.synth import synthesize
+
+    write_trace(synthesize("chat", requests=10, rate=8.0, seed=5), trace)
+    result = invoke("optimize", "--trace", str(trace), "--objective", "speed")
+    assert_one_line_error(result, "--objective")
+
+
+def test_power_keys_are_checked_in_profiles_and_prices(tmp_path) -> None:
+    from kvtier.errors import InputError
+    from kvtier.hardware.loader import load_gpu
+    from kvtier.hardware.prices import apply_prices, load_prices, price_figures
+
+    gpu = tmp_path / "g.toml"
+    base = 'name = "G"\nhbm_gb = 80\nhbm_bw_gbps = 3000\nbf16_tflops = 900\npcie_gbps = 50\n'
+    gpu.write_text(base + "price_per_hour = 1\ntdp_w = 300\nidle_w = 400\n")
+    with pytest.raises(InputError, match="idle_w"):
+        load_gpu(gpu)
+    gpu.write_text(base + "price_per_hour = 1\n")
+    assert (load_gpu(gpu).tdp_w, load_gpu(gpu).idle_w) == (700.0, 80.0)  # defaults
+    prices = tmp_path / "p.toml"
+    prices.write_text("electricity_per_kwh = 0.12\n")
+    hw = apply_prices(load_hardware("h100-node"), load_prices(prices))
+    assert hw.power.electricity_per_kwh == 0.12
+    assert price_figures(hw)["electricity_per_kwh"] == 0.12
+    assert "electricity_per_kwh" not in price_figures(load_hardware("h100-node"))
+    prices.write_text("electricity_per_kwh = -1\n")
+    with pytest.raises(InputError, match="electricity_per_kwh"):
+        load_prices(prices)

@@ -28,7 +28,7 @@ import sqlalchemy.exc
 from kvtier.errors import InputError
 from kvtier.policy.model import policy_to_dict
 from kvtier.scenario import SETUP_ATTR, StudySetup
-from kvtier.search.objective import Evaluation, Evaluator
+from kvtier.search.objective import Evaluation, Evaluator, objective_metric
 from kvtier.search.space import SearchSpace
 
 RUNS_DIR = Path("runs")
@@ -369,6 +369,7 @@ TRIAL_METRICS = (
     "ttft_mean_s",
     "tpot_p99_s",
     "throughput_tps",
+    "tokens_per_joule",
     "instances",
     "gpus",
 )
@@ -392,7 +393,7 @@ def resumed_seed(seed: int, held: int) -> int:
     return int(np.random.SeedSequence([seed % 2**32, held]).generate_state(1)[0])
 
 
-IDENTITY = ("hardware", "model", "slo", "load", "rate_scale", "prices")
+IDENTITY = ("hardware", "model", "slo", "load", "rate_scale", "prices", "objective")
 
 
 def check_study_setup(study: optuna.Study, setup: StudySetup, storage: str) -> None:
@@ -409,6 +410,9 @@ def check_study_setup(study: optuna.Study, setup: StudySetup, storage: str) -> N
     if not recorded or not study.get_trials(deepcopy=False):
         return
     current = setup.to_attrs()[SETUP_ATTR]
+    # a study recorded without an objective minimised cost, as a run without --objective does
+    recorded = {"objective": "cost", **recorded}
+    current = {"objective": "cost", **current}
     changed = [k for k in IDENTITY if k in recorded and recorded[k] != current[k]]
     if changed:
         what = "; ".join(_changed(k, recorded[k], current[k]) for k in changed)
@@ -624,7 +628,8 @@ def make_objective(
             trial.set_user_attr("error", str(err))
             raise optuna.TrialPruned(str(err)) from None
         record(trial, ev)
-        cost = ev.cost_per_mtok if math.isfinite(ev.cost_per_mtok) else 1e18
+        value = ev.objective_value  # cost per 1M tokens, or joules per token
+        cost = value if math.isfinite(value) else 1e18
         if pareto:
             p99 = ev.metrics.ttft_p99_s
             return cost, (p99 if math.isfinite(p99) else 1e18)
@@ -677,12 +682,24 @@ def tally(study: optuna.Study) -> Tally:
     return Tally(len(done), sum(s.feasible for s in done))
 
 
+def study_objective(study: optuna.Study) -> str:
+    """What ``study`` minimises (its setup's ``objective``; "cost" when it records none)."""
+    return str((study.user_attrs.get(SETUP_ATTR) or {}).get("objective", "cost"))
+
+
 def best_feasible(study: optuna.Study) -> TrialSummary | None:
-    """Cheapest trial per token that meets the SLO (ties: the earlier trial)."""
+    """The trial that meets the SLO at the least of the study's objective (cost per token, or
+    joules per token; ties: the earlier trial)."""
     feasible = [s for s in summaries(study) if s.feasible]
     if not feasible:
         return None
-    return min(feasible, key=lambda s: (s.metrics["cost_per_mtok"], s.number))
+    key = objective_metric(study_objective(study))
+
+    def value(s: TrialSummary) -> float:
+        v = s.metrics.get(key)
+        return math.inf if v is None else float(v)
+
+    return min(feasible, key=lambda s: (value(s), s.number))
 
 
 def closest(study: optuna.Study, slo_bounds: dict[str, float]) -> TrialSummary | None:
