@@ -212,3 +212,26 @@ def test_power_keys_are_checked_in_profiles_and_prices(tmp_path) -> None:
     prices.write_text("electricity_per_kwh = -1\n")
     with pytest.raises(InputError, match="electricity_per_kwh"):
         load_prices(prices)
+
+
+def test_replay_and_compare_show_tokens_per_joule(tmp_path) -> None:
+    import json
+
+    from kvtier.trace.io import write_trace
+    from kvtier.trace.synth import synthesize
+    from tests.helpers import invoke
+
+    trace = tmp_path / "t.parquet"
+    write_trace(synthesize("chat", requests=40, rate=8.0, seed=1), trace)
+    out = invoke("replay", "--trace", str(trace), "--json")
+    assert out.code == 0, out.stderr
+    data = json.loads(out.stdout)
+    tokens = data["throughput_tps"] * data["duration_s"]
+    assert data["tokens_per_joule"] == pytest.approx(tokens / data["energy_j"], rel=1e-9)
+    assert data["power_w"] == pytest.approx(data["energy_j"] / data["duration_s"], rel=1e-9)
+    table = invoke("replay", "--trace", str(trace))
+    assert f"{data['tokens_per_joule']:.2f} tok/J" in table.stdout
+    both = invoke("compare", "--trace", str(trace), "--preset", "vllm-hbm", "--preset",
+                  "lmcache-cpu-disk")  # fmt: skip
+    assert both.code == 0, both.stderr
+    assert "tok/J" in both.stdout and "most tokens per joule:" in both.stdout
