@@ -357,7 +357,8 @@ def open_study(study_name: str, *, storage: str | None, seed: int, pareto: bool)
 
 
 # What each objective is, for optuna-dashboard and ``study.trials_dataframe()`` (which label
-# it "Objective 0" without a name): cost per 1M tokens, and with --pareto TTFT P99.
+# it "Objective 0" without a name): cost per 1M tokens (or with --objective energy joules per
+# token), and with --pareto TTFT P99.
 METRIC_NAMES = ("cost_per_mtok", "ttft_p99_s")
 
 # The metrics each trial also stores as user attributes of their own (besides the full
@@ -375,9 +376,9 @@ TRIAL_METRICS = (
 )
 
 
-def name_metrics(study: optuna.Study, *, pareto: bool) -> None:
+def name_metrics(study: optuna.Study, *, pareto: bool, objective: str = "cost") -> None:
     """Name the study's objectives (Optuna's ``set_metric_names``), once."""
-    names = list(METRIC_NAMES[: 2 if pareto else 1])
+    names = [objective_metric(objective), *METRIC_NAMES[1 : 2 if pareto else 1]]
     if study.metric_names == names:
         return
     with warnings.catch_warnings():
@@ -621,6 +622,8 @@ def make_objective(
     evaluator: Evaluator, space: SearchSpace, *, pareto: bool
 ) -> Callable[[optuna.Trial], Any]:
     def objective(trial: optuna.Trial) -> Any:
+        if evaluator.objective != "cost":  # the first objective's name says what it is
+            name_metrics(trial.study, pareto=pareto, objective=evaluator.objective)
         values = space.suggest(trial)
         try:
             ev = evaluator.evaluate(values)
