@@ -236,3 +236,34 @@ def test_replay_and_compare_show_tokens_per_joule(tmp_path) -> None:
                   "lmcache-cpu-disk")  # fmt: skip
     assert both.code == 0, both.stderr
     assert "tok/J" in both.stdout and "most tokens per joule:" in both.stdout
+
+
+def test_pools_of_two_tensor_parallel_sizes_count_each_instance_gpus(hw, model) -> None:
+    """A prefill instance of 4 GPUs and a decode instance of 1: idle power on 5 GPUs, busy
+    power weighted by each instance's GPUs."""
+    from kvtier.search.overlay import apply
+
+    policy = apply(
+        roofline(),
+        {
+            "serving.instances": 2,
+            "serving.prefill_share": 0.5,
+            "serving.prefill_tp": 4,
+            "serving.decode_tp": 1,
+        },
+    )
+    cfg = build_config(hw, model, policy)
+    assert cfg.instance_gpus == (4, 1) and cfg.gpus == 5 and cfg.hosts == 1
+    raw = RawResult(
+        first_token_s=np.array([1.0]),
+        finish_s=np.array([4.0]),
+        hit_blocks=np.zeros(1, dtype=np.int64),
+        instance=np.zeros(1, dtype=np.int64),
+        busy_s=np.array([1.0, 3.0]),
+        n_iterations=3,
+        early_stopped=False,
+        end_s=4.0,
+    )
+    e = replay_energy(raw, cfg, hw, np.array([0.0]), 10)
+    assert e.parts_j["gpu_idle"] == 5 * 100 * 4.0
+    assert e.parts_j["gpu_busy"] == (4 * 1.0 + 1 * 3.0) * 400
