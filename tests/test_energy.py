@@ -175,6 +175,9 @@ def test_optimize_minimises_joules_per_token_under_the_slo(tmp_path) -> None:
             assert t.value == pytest.approx(t.user_attrs["metrics"]["joules_per_token"])
     assert study.user_attrs["setup"]["objective"] == "energy"
     assert study.metric_names == ["joules_per_token"]
+    from kvtier.report.study import study_report
+
+    assert study_report(study)["top"][0]["number"] == least.number  # ranked by energy too
     # the study's verdicts were judged by energy: a rerun minimising cost is refused
     with pytest.raises(InputError, match="objective"):
         optimize(str(trace), n_trials=6, objective="cost", **common)
