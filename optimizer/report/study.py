@@ -251,7 +251,7 @@ def report_sections(rep: dict[str, Any]) -> list[Section]:
         out.append(
             Section(
                 "cheapest trials that meet the SLO"
-                if rep["setup"].get("objective", "cost") == "cost"
+                if (rep.get("setup") or {}).get("objective", "cost") == "cost"
                 else "trials that meet the SLO with the fewest joules per token",
                 ["trial", "$/1M tok", "tok/J", "TTFT p99 s", "TPOT p99 ms", "inst.", "B", "tiers"],
                 rows,
