@@ -270,3 +270,22 @@ def test_pools_of_two_tensor_parallel_sizes_count_each_instance_gpus(hw, model) 
     e = replay_energy(raw, cfg, hw, np.array([0.0]), 10)
     assert e.parts_j["gpu_idle"] == 5 * 100 * 4.0
     assert e.parts_j["gpu_busy"] == (4 * 1.0 + 1 * 3.0) * 400
+
+
+def test_a_hardware_profile_refuses_a_pue_below_one_and_unknown_power_keys(tmp_path) -> None:
+    from kvtier.errors import InputError
+    from kvtier.hardware.loader import resolve
+
+    text = resolve("hardware", "h100-node").read_text()
+    assert "pue = 1.2" in text
+    bad = tmp_path / "bad.toml"
+    bad.write_text(text.replace("pue = 1.2", "pue = 0.9"))
+    with pytest.raises(InputError, match=r"power\.pue.*>= 1"):
+        load_hardware(str(bad))
+    bad.write_text(text.replace("pue = 1.2", "pue = 1.2\nwatts = 3"))
+    with pytest.raises(InputError, match="watts"):
+        load_hardware(str(bad))
+    ok = tmp_path / "ok.toml"
+    ok.write_text(text.replace("pue = 1.2", "pue = 1.4").replace("host_w = 1500", "host_w = 900"))
+    power = load_hardware(str(ok)).power
+    assert (power.pue, power.host_w, power.electricity_per_kwh) == (1.4, 900.0, 0.0)
