@@ -16,6 +16,7 @@ from kvtier.cli.common import (
     set_option,
     trace_option,
 )
+from kvtier.report.energy import energy_cell
 from kvtier.report.jsonout import null_reason
 
 
@@ -261,7 +262,12 @@ def _print_metrics(path: str, scenario: Any, m: Any, pd_row: tuple[str, str] | N
     if pd_row is not None:
         table.add_row(*pd_row)
     table.add_row("GPU busy", f"{m.gpu_busy_fraction:.1%}")
-    table.add_row("cost", f"${m.cost_per_hour:,.2f}/h, ${m.cost_per_mtok:.4f} per 1M tokens")
+    cost = f"${m.cost_per_hour:,.2f}/h, ${m.cost_per_mtok:.4f} per 1M tokens"
+    if m.electricity_per_hour > 0:
+        cost += f" (electricity ${m.electricity_per_hour:,.2f}/h)"
+    table.add_row("cost", cost)
+    if m.tokens_per_joule is not None:
+        table.add_row("energy", energy_cell(m))
     table.add_row("simulated span / iterations", f"{m.duration_s:,.1f} s / {m.n_iterations:,}")
     if m.slo_met is not None:
         table.add_row("SLO met / attainment", f"{m.slo_met} / {m.slo_attainment:.1%}")

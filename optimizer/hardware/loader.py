@@ -19,11 +19,13 @@ from kvtier.hardware.types import (
     GB,
     LOWER_TIERS,
     MLA,
+    TIER_POWER_DEFAULTS,
     Efficiency,
     GPUProfile,
     Hardware,
     ModelProfile,
     MoE,
+    Power,
     TierHardware,
     Topology,
 )
@@ -139,8 +141,14 @@ def load_gpu(name_or_path: str | Path, *, base: Path | None = None) -> GPUProfil
         fp8_flops=t.number("fp8_tflops", 0.0, nonneg=True) * 1e12,
         nvlink_bw=t.number("nvlink_gbps", 0.0, nonneg=True) * GB,
         nvlink_latency_s=t.number("nvlink_latency_us", 0.0, nonneg=True) * 1e-6,
+        tdp_w=t.number("tdp_w", GPUProfile.tdp_w, positive=True),
+        idle_w=t.number("idle_w", GPUProfile.idle_w, nonneg=True),
     )
     t.done()
+    if gpu.idle_w > gpu.tdp_w:
+        raise InputError(
+            f"key 'idle_w': {gpu.idle_w:g} W is more than tdp_w ({gpu.tdp_w:g} W)", path=str(path)
+        )
     return gpu
 
 
@@ -158,6 +166,7 @@ def load_hardware(name_or_path: str | Path) -> Hardware:
     eff = t.table("efficiency", required=True)
     mem = t.table("memory")
     prices = t.table("prices")
+    power_table = t.table("power")
     assert topo is not None and eff is not None
     topology = Topology(
         hosts=topo.integer("hosts"),
@@ -197,8 +206,20 @@ def load_hardware(name_or_path: str | Path) -> Hardware:
         reserve = mem.number("activation_reserve_gb", 0.0, nonneg=True) * GB
         mem.done()
     host_fixed = 0.0
+    power = Power()
+    if power_table is not None:
+        power = Power(
+            host_w=power_table.number("host_w", Power.host_w, nonneg=True),
+            pue=power_table.number("pue", Power.pue, positive=True),
+        )
+        if power.pue < 1.0:
+            raise power_table.error("power.pue", f"must be >= 1, got {power.pue}")
+        power_table.done()
     if prices is not None:
         host_fixed = prices.number("host_fixed_per_hour", 0.0, nonneg=True, at_most=MAX_PRICE)
+        if prices.has("electricity_per_kwh"):
+            kwh = prices.number("electricity_per_kwh", nonneg=True, at_most=MAX_PRICE)
+            power = Power(power.host_w, power.pue, kwh)
         if prices.has("gpu_price_per_hour"):
             price = prices.number("gpu_price_per_hour", nonneg=True, at_most=MAX_PRICE)
             gpu = GPUProfile(**{**gpu.__dict__, "price_per_hour": price})
@@ -225,11 +246,14 @@ def load_hardware(name_or_path: str | Path) -> Hardware:
         host_fixed_per_hour=host_fixed,
         source=str(path),
         tiers=tiers,
+        power=power,
     )
 
 
 def _tier_hardware(name: str, t: Table) -> TierHardware:
-    """One ``[tiers.NAME]`` table: GB, GB/s, microseconds, $ per GB-hour."""
+    """One ``[tiers.NAME]`` table: GB, GB/s, microseconds, $ per GB-hour, W and pJ/bit (the
+    power keys default to the tier kind's, :data:`TIER_POWER_DEFAULTS`)."""
+    w_gb, pj, host_w, pool_w = TIER_POWER_DEFAULTS[name]
     read = t.number("port_read_gbps", positive=True) * GB
     tier = TierHardware(
         name=name,
@@ -251,6 +275,10 @@ def _tier_hardware(name: str, t: Table) -> TierHardware:
         drives=t.integer("drives", 1),
         drive_price=t.number("drive_price", 0.0, nonneg=True, at_most=MAX_PRICE),
         warranty_years=t.number("warranty_years", 5.0, positive=True),
+        w_per_gb=t.number("w_per_gb", w_gb, nonneg=True),
+        pj_per_bit=t.number("pj_per_bit", pj, nonneg=True),
+        host_w=t.number("host_w", host_w, nonneg=True),
+        pool_w=t.number("pool_w", pool_w, nonneg=True),
     )
     t.done()
     return tier

@@ -11,9 +11,14 @@ them here, and must keep them on one basis too: the file names the basis it uses
     basis = "owned"                 # or "cloud": a label the report prints; not a conversion
     gpu_per_hour = 1.9              # $ per GPU-hour
     host_per_hour = 0.0             # $ per occupied host-hour beyond the GPUs
+    electricity_per_kwh = 0.08      # $ per kWh, charged on each replay's energy (PUE included)
     [tiers.dram]
     per_gb_hour = 5.7e-4            # $ per GB-hour of the tier's capacity
     fabric_per_host_hour = 0.0      # $ per occupied host-hour of the fabric it needs
+
+``electricity_per_kwh`` charges the energy a replay draws (:mod:`kvtier.sim.energy`) on top
+of the other figures, so it belongs with GPU and tier prices that leave power out; the
+built-in all-in prices include power at full draw and charge no electricity (0).
 
 Every key is optional; an unknown key, table or tier name is refused in one line naming it.
 """
@@ -30,7 +35,7 @@ from kvtier.errors import InputError
 from kvtier.hardware.types import LOWER_TIERS, Hardware
 
 BASES = ("owned", "cloud")
-TOP_KEYS = ("basis", "gpu_per_hour", "host_per_hour", "tiers")
+TOP_KEYS = ("basis", "gpu_per_hour", "host_per_hour", "electricity_per_kwh", "tiers")
 TIER_KEYS = ("per_gb_hour", "fabric_per_host_hour")
 
 
@@ -41,6 +46,7 @@ class Prices:
     host_per_hour: float | None = None
     tiers: dict[str, dict[str, float]] = field(default_factory=dict)
     source: str = ""
+    electricity_per_kwh: float | None = None
 
 
 # The largest price kvtier takes, in dollars (per hour, per GB-hour or per drive): a thousand
@@ -112,6 +118,9 @@ def load_prices(path: str | Path) -> Prices:
         else None,
         tiers=tiers,
         source=spath,
+        electricity_per_kwh=_number(data["electricity_per_kwh"], spath, "electricity_per_kwh")
+        if "electricity_per_kwh" in data
+        else None,
     )
 
 
@@ -136,7 +145,10 @@ def apply_prices(hardware: Hardware, prices: Prices) -> Hardware:
             price_per_gb_hour=values.get("per_gb_hour", tier.price_per_gb_hour),
             fabric_per_host_hour=values.get("fabric_per_host_hour", tier.fabric_per_host_hour),
         )
-    return replace(hardware, gpu=gpu, host_fixed_per_hour=host, tiers=tiers)
+    power = hardware.power
+    if prices.electricity_per_kwh is not None:
+        power = replace(power, electricity_per_kwh=prices.electricity_per_kwh)
+    return replace(hardware, gpu=gpu, host_fixed_per_hour=host, tiers=tiers, power=power)
 
 
 def price_figures(hardware: Hardware) -> dict[str, Any]:
@@ -146,7 +158,7 @@ def price_figures(hardware: Hardware) -> dict[str, Any]:
     file, or none after one) would mix costs computed on two bases, so the study keeps them
     as part of its identity, and ``report --what-if`` prices its variants at them too.
     """
-    return {
+    figures: dict[str, Any] = {
         "gpu_per_hour": hardware.gpu.price_per_hour,
         "host_per_hour": hardware.host_fixed_per_hour,
         "tiers": {
@@ -158,6 +170,9 @@ def price_figures(hardware: Hardware) -> dict[str, Any]:
             if name in LOWER_TIERS
         },
     }
+    if hardware.power.electricity_per_kwh > 0:  # recorded only when charged (older studies)
+        figures["electricity_per_kwh"] = hardware.power.electricity_per_kwh
+    return figures
 
 
 def with_price_figures(hardware: Hardware, figures: dict[str, Any]) -> Hardware:
@@ -170,5 +185,6 @@ def with_price_figures(hardware: Hardware, figures: dict[str, Any]) -> Hardware:
             host_per_hour=figures.get("host_per_hour"),
             tiers=tiers,
             source="<study>",
+            electricity_per_kwh=figures.get("electricity_per_kwh", 0.0),
         ),
     )

@@ -97,6 +97,11 @@ class GPUProfile:
     fp8_flops: float = 0.0  # dense FP8 FLOP/s (0: no FP8 tensor cores)
     nvlink_bw: float = 0.0  # bytes/s per GPU, one direction (0: no NVLink; PCIe is used)
     nvlink_latency_s: float = 0.0  # one all-reduce step's latency
+    # power (kvtier.sim.energy): the board's rated power and its draw with nothing to run;
+    # a GPU draws idle_w + (tdp_w - idle_w) x its busy share. Defaults: an H100 SXM's
+    # (docs/sources.md [Power-2026]).
+    tdp_w: float = 700.0
+    idle_w: float = 80.0
 
 
 @dataclass(frozen=True)
@@ -142,6 +147,31 @@ class Efficiency:
 LOWER_TIERS = TIER_KINDS.names
 
 
+# Power of a tier kind where a profile does not give it: (w_per_gb, pj_per_bit, host_w,
+# pool_w), each figure's source in docs/sources.md [Power-2026].
+TIER_POWER_DEFAULTS: dict[str, tuple[float, float, float, float]] = {
+    "dram": (0.1, 20.0, 0.0, 0.0),
+    "cxl": (0.12, 30.0, 50.0, 0.0),
+    "rdma": (0.35, 75.0, 416.0, 0.0),
+    "ssd": (0.0, 200.0, 28.0, 0.0),
+}
+
+
+@dataclass(frozen=True)
+class Power:
+    """What the whole deployment draws beyond its GPUs and tiers, and what energy costs.
+
+    ``host_w``: each occupied host's CPUs, fans, board and NVSwitches (its NICs, DRAM and
+    drives are the tiers'); ``pue``: facility power over IT power (cooling, power
+    conversion); ``electricity_per_kwh``: $ per kWh at the meter, charged on the replay's
+    energy (0: the prices already include power, as the built-in all-in prices do).
+    """
+
+    host_w: float = 1500.0
+    pue: float = 1.2
+    electricity_per_kwh: float = 0.0
+
+
 @dataclass(frozen=True)
 class TierHardware:
     """The memory below HBM of one kind (``dram``, ``cxl``, ``rdma``, ``ssd``) and its path.
@@ -183,6 +213,14 @@ class TierHardware:
     drives: int = 1
     drive_price: float = 0.0
     warranty_years: float = 5.0
+    # power (kvtier.sim.energy; loader defaults by tier kind: TIER_POWER_DEFAULTS): watts per
+    # GB of capacity held, picojoules per bit moved (read or written: the memory access and
+    # the path's links), watts per occupied host (its NICs, adapters, drives), watts per pool
+    # (a shared pool's switch and chassis; per host for a per-host tier)
+    w_per_gb: float = 0.0
+    pj_per_bit: float = 0.0
+    host_w: float = 0.0
+    pool_w: float = 0.0
 
     @property
     def per_host(self) -> bool:
@@ -205,6 +243,7 @@ class Hardware:
     host_fixed_per_hour: float  # $ per host-hour for NICs, adapters, switch share
     source: str = ""
     tiers: dict[str, TierHardware] = field(default_factory=dict)
+    power: Power = field(default_factory=Power)
 
     def kv_capacity_bytes(self, model: ModelProfile, tp: int | None = None) -> float:
         """HBM bytes left for KV blocks in one instance (``tp`` GPUs, default the topology's):

@@ -11,6 +11,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from kvtier.report.energy import TOK_PER_J
 from kvtier.report.optimize import fmt_cell
 
 if TYPE_CHECKING:
@@ -19,6 +20,7 @@ if TYPE_CHECKING:
 COLUMNS = (
     ("B", "block_tokens", "{:.0f}"),
     ("$/1M tok", "cost_per_mtok", "{:.4f}"),
+    TOK_PER_J,
     ("TTFT mean", "ttft_mean_s", "{:.3f}"),
     ("TTFT p99", "ttft_p99_s", "{:.3f}"),
     ("TPOT p99 ms", "tpot_p99_ms", "{:.1f}"),
@@ -54,7 +56,8 @@ def cell_value(row: Compared, key: str) -> float | None:
         return None if m.tbt_p99_s is None else m.tbt_p99_s * 1e3
     if key == "hit_total":
         return sum(m.hit_ratio_tokens.values())
-    return float(getattr(m, key))
+    value = getattr(m, key)
+    return None if value is None else float(value)
 
 
 def print_comparison(trace_path: str, rows: list[Compared], console: Console) -> None:
@@ -105,6 +108,10 @@ def print_comparison(trace_path: str, rows: list[Compared], console: Console) ->
     if len(priced) > 1:
         cheapest = min(priced, key=lambda r: r.metrics.cost_per_mtok)  # type: ignore[union-attr]
         console.print(f"cheapest per token: [bold]{cheapest.label}[/]")
+        metered = [r for r in priced if r.metrics.tokens_per_joule]  # type: ignore[union-attr]
+        if len(metered) > 1:
+            frugal = max(metered, key=lambda r: r.metrics.tokens_per_joule)  # type: ignore[union-attr]
+            console.print(f"most tokens per joule: [bold]{frugal.label}[/]")
 
 
 def comparison_json(rows: list[Compared]) -> dict[str, Any]:

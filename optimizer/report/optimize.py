@@ -11,10 +11,12 @@ from rich.markup import escape
 from rich.table import Table
 
 from kvtier.policy.model import SLO_TERMS
+from kvtier.report.energy import TOK_PER_J
 
 ROWS = (
     ("$ per 1M tok", "cost_per_mtok", "{:.4f}"),
     ("$ per hour", "cost_per_hour", "{:,.2f}"),
+    TOK_PER_J,
     ("TTFT mean s", "ttft_mean_s", "{:.3f}"),
     ("TTFT p99 s", "ttft_p99_s", "{:.3f}"),
     ("TPOT p99 s", "tpot_p99_s", "{:.4f}"),
@@ -303,7 +305,8 @@ def print_result(result: Any, console: Console) -> None:
         title="best policy and the presets, on this trace, hardware, model and SLO",
         title_justify="left",
     )
-    rows = (*ROWS[:5], TBT_ROW, *ROWS[5:]) if result.slo.tbt_p99_s is not None else ROWS
+    at = next(i for i, r in enumerate(ROWS) if r[1] == "tpot_p99_s") + 1
+    rows = (*ROWS[:at], TBT_ROW, *ROWS[at:]) if result.slo.tbt_p99_s is not None else ROWS
     table.add_column("policy", style="bold")
     for label, _, _ in rows:
         table.add_column(label, justify="right")

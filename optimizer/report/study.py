@@ -27,6 +27,7 @@ from kvtier.errors import InputError
 from kvtier.files import atomic_write
 from kvtier.plotting import pyplot
 from kvtier.report.optimize import fmt_cell
+from kvtier.search.objective import objective_metric
 from kvtier.search.setup import SHA256_ATTR
 from kvtier.search.study import (
     HIT_RATIO_OVER_TIME_ATTR,
@@ -37,6 +38,7 @@ from kvtier.search.study import (
     pareto_front,
     read_only_storage,
     storage_error,
+    study_objective,
     summaries,
 )
 
@@ -100,8 +102,11 @@ def study_report(study: Any, *, top: int = 10) -> dict[str, Any]:
     setup = dict(study.user_attrs.get("setup", {}))
     slo = setup.get("slo") or {}
     best = best_feasible(study)
+    # the trials that meet the SLO, best first by what the study minimised
+    key = objective_metric(study_objective(study))
     feasible = sorted(
-        (s for s in done if s.feasible), key=lambda s: (s.metrics["cost_per_mtok"], s.number)
+        (s for s in done if s.feasible),
+        key=lambda s: (math.inf if s.metrics.get(key) is None else s.metrics[key], s.number),
     )
     near = None
     if best is None:  # among trials that served the whole trace, when there are any
@@ -241,6 +246,7 @@ def report_sections(rep: dict[str, Any]) -> list[Section]:
                 [
                     str(t["number"]),
                     fmt_cell("{:.4f}", m["cost_per_mtok"]),
+                    fmt_cell("{:.2f}", m.get("tokens_per_joule")),
                     fmt_cell("{:.3f}", m["ttft_p99_s"]),
                     fmt_cell("{:.1f}", _ms(m["tpot_p99_s"])),
                     str(m.get("instances", "-")),
@@ -250,10 +256,12 @@ def report_sections(rep: dict[str, Any]) -> list[Section]:
             )
         out.append(
             Section(
-                "cheapest trials that meet the SLO",
-                ["trial", "$/1M tok", "TTFT p99 s", "TPOT p99 ms", "inst.", "B", "tiers"],
+                "cheapest trials that meet the SLO"
+                if (rep.get("setup") or {}).get("objective", "cost") == "cost"
+                else "trials that meet the SLO with the fewest joules per token",
+                ["trial", "$/1M tok", "tok/J", "TTFT p99 s", "TPOT p99 ms", "inst.", "B", "tiers"],
                 rows,
-                left=(6,),
+                left=(7,),
             )
         )
         best = rep["best"]

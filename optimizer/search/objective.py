@@ -1,4 +1,6 @@
-"""The optimizer's objective: cost per 1M tokens of a policy, under SLO constraints.
+"""The optimizer's objective: cost per 1M tokens of a policy, or its energy per token
+(``objective = "energy"``: joules per served token, :mod:`kvtier.sim.energy`), under SLO
+constraints.
 
 Two load modes (docs/design.md section 5):
 
@@ -29,7 +31,22 @@ from kvtier.trace.format import Trace
 if TYPE_CHECKING:  # the simulator (numba) is imported when a replay runs, not before
     from kvtier.sim.metrics import Metrics
 
-__all__ = ["LOAD_MODES", "SLO_TERMS", "Evaluation", "Evaluator", "binding_term"]
+__all__ = [
+    "LOAD_MODES",
+    "OBJECTIVES",
+    "SLO_TERMS",
+    "Evaluation",
+    "Evaluator",
+    "binding_term",
+]
+
+# What a study minimises: the metric each ``--objective`` names (lower is better).
+OBJECTIVES = {"cost": "cost_per_mtok", "energy": "joules_per_token"}
+
+
+def objective_metric(objective: str) -> str:
+    """The metric ``objective`` minimises (:data:`OBJECTIVES`)."""
+    return OBJECTIVES[objective]
 
 
 def binding_term(violations: dict[str, float], slo: SLO) -> str:
@@ -56,6 +73,13 @@ class Evaluation:
     cost_per_mtok: float
     replays: int = 1
     extra: dict[str, Any] = field(default_factory=dict)
+    objective: str = "cost"  # a key of OBJECTIVES: what the study minimises
+
+    @property
+    def objective_value(self) -> float:
+        """The minimised metric (infinite when the replay did not give it)."""
+        value = getattr(self.metrics, OBJECTIVES[self.objective])
+        return math.inf if value is None else float(value)
 
     def constraints(self) -> list[float]:
         return [v if math.isfinite(v) else 1e18 for v in self.violations.values()]
@@ -70,8 +94,16 @@ class Evaluator:
     """
 
     def __init__(
-        self, scenario: Scenario, *, max_rate_scale: float = 64.0, bisect_steps: int = 6
+        self,
+        scenario: Scenario,
+        *,
+        max_rate_scale: float = 64.0,
+        bisect_steps: int = 6,
+        objective: str = "cost",
     ) -> None:
+        if objective not in OBJECTIVES:
+            raise ValueError(f"objective must be one of {', '.join(OBJECTIVES)}, got {objective!r}")
+        self.objective = objective
         slo = scenario.slo_for(scenario.policy) or SLO()
         self.scenario = scenario if scenario.slo == slo else replace(scenario, slo=slo)
         self.slo = slo
@@ -114,7 +146,15 @@ class Evaluator:
         violations = slo_violations(metrics, self.slo)
         feasible = all(v <= 0 for v in violations.values())
         return Evaluation(
-            values, policy, metrics, scale, violations, feasible, metrics.cost_per_mtok, replays
+            values,
+            policy,
+            metrics,
+            scale,
+            violations,
+            feasible,
+            metrics.cost_per_mtok,
+            replays,
+            objective=self.objective,
         )
 
     def evaluate_policy(

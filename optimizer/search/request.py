@@ -122,6 +122,15 @@ class OptimizeRequest:
         choices=("trace", "capacity"),
         show_default=True,
     )
+    objective: str = option(
+        "cost",
+        "--objective",
+        help="What the search minimises under the SLO: cost per 1M tokens, or energy "
+        "(joules per token).",
+        kind="choice",
+        choices=("cost", "energy"),
+        show_default=True,
+    )
     rate_scale: float = option(
         1.0,
         "--rate-scale",

@@ -512,7 +512,7 @@ def fit_space(request: OptimizeRequest) -> Fitted:
     scenario = Scenario(
         trace, hw, mdl, base, slo=slo, load=request.load, rate_scale=request.rate_scale
     )
-    evaluator = Evaluator(scenario)
+    evaluator = Evaluator(scenario, objective=request.objective)
     bound = _slo_bound(scenario, base, slo, search_space, request.load)
     if bound is not None and request.on_bound is not None:
         request.on_bound(bound)
@@ -578,6 +578,7 @@ def open_study_stage(request: OptimizeRequest, fitted: Fitted) -> Opened:
         rate_scale=request.rate_scale,
         space=fitted.space.source,
         prices=price_figures(hw),
+        objective=request.objective,
     )
     check_study_setup(study, setup, storage)
     # before the setup is recorded: the refusal names the space the study ran with

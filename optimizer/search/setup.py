@@ -57,6 +57,8 @@ class StudySetup:
     # the price figures every trial was costed at (kvtier.hardware.prices.price_figures);
     # None for a study recorded before they were kept
     prices: dict[str, Any] | None = None
+    # what the study minimises (kvtier.search.objective.OBJECTIVES); recorded unless "cost"
+    objective: str = "cost"
 
     def to_attrs(self) -> dict[str, Any]:
         """The study user attributes this setup is stored as."""
@@ -71,6 +73,8 @@ class StudySetup:
         }
         if self.prices is not None:
             setup["prices"] = self.prices
+        if self.objective != "cost":
+            setup["objective"] = self.objective
         return {SHA256_ATTR: self.trace_sha256, SETUP_ATTR: setup}
 
     def record(self, study: Any) -> None:
@@ -95,6 +99,7 @@ class StudySetup:
             rate_scale=float(setup.get("rate_scale", 1.0)),
             space=str(setup.get("space", "")),
             prices=setup.get("prices"),
+            objective=str(setup.get("objective", "cost")),
         )
 
     def scenario(self, policy: Policy, *, trace_path: str | None = None) -> Scenario:

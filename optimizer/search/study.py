@@ -27,7 +27,7 @@ import sqlalchemy.exc
 
 from kvtier.errors import InputError
 from kvtier.policy.model import policy_to_dict
-from kvtier.search.objective import Evaluation, Evaluator
+from kvtier.search.objective import Evaluation, Evaluator, objective_metric
 from kvtier.search.setup import SETUP_ATTR, StudySetup
 from kvtier.search.space import SearchSpace
 from kvtier.toml_fields import strict_int
@@ -373,7 +373,8 @@ def open_study(study_name: str, *, storage: str | None, seed: int, pareto: bool)
 
 
 # What each objective is, for optuna-dashboard and ``study.trials_dataframe()`` (which label
-# it "Objective 0" without a name): cost per 1M tokens, and with --pareto TTFT P99.
+# it "Objective 0" without a name): cost per 1M tokens (or with --objective energy joules per
+# token), and with --pareto TTFT P99.
 METRIC_NAMES = ("cost_per_mtok", "ttft_p99_s")
 
 # The metrics each trial also stores as user attributes of their own (besides the full
@@ -385,14 +386,15 @@ TRIAL_METRICS = (
     "ttft_mean_s",
     "tpot_p99_s",
     "throughput_tps",
+    "tokens_per_joule",
     "instances",
     "gpus",
 )
 
 
-def name_metrics(study: optuna.Study, *, pareto: bool) -> None:
+def name_metrics(study: optuna.Study, *, pareto: bool, objective: str = "cost") -> None:
     """Name the study's objectives (Optuna's ``set_metric_names``), once."""
-    names = list(METRIC_NAMES[: 2 if pareto else 1])
+    names = [objective_metric(objective), *METRIC_NAMES[1 : 2 if pareto else 1]]
     if study.metric_names == names:
         return
     with warnings.catch_warnings():
@@ -408,7 +410,7 @@ def resumed_seed(seed: int, held: int) -> int:
     return int(np.random.SeedSequence([seed % 2**32, held]).generate_state(1)[0])
 
 
-IDENTITY = ("hardware", "model", "slo", "load", "rate_scale", "prices")
+IDENTITY = ("hardware", "model", "slo", "load", "rate_scale", "prices", "objective")
 
 
 def check_study_setup(study: optuna.Study, setup: StudySetup, storage: str) -> None:
@@ -425,6 +427,9 @@ def check_study_setup(study: optuna.Study, setup: StudySetup, storage: str) -> N
     if not recorded or not study.get_trials(deepcopy=False):
         return
     current = setup.to_attrs()[SETUP_ATTR]
+    # a study recorded without an objective minimised cost, as a run without --objective does
+    recorded = {"objective": "cost", **recorded}
+    current = {"objective": "cost", **current}
     changed = [k for k in IDENTITY if k in recorded and recorded[k] != current[k]]
     if changed:
         what = "; ".join(_changed(k, recorded[k], current[k]) for k in changed)
@@ -635,6 +640,8 @@ def make_objective(
     evaluator: Evaluator, space: SearchSpace, *, pareto: bool
 ) -> Callable[[optuna.Trial], Any]:
     def objective(trial: optuna.Trial) -> Any:
+        if evaluator.objective != "cost":  # the first objective's name says what it is
+            name_metrics(trial.study, pareto=pareto, objective=evaluator.objective)
         values = space.suggest(trial)
         try:
             ev = evaluator.evaluate(values)
@@ -642,7 +649,8 @@ def make_objective(
             trial.set_user_attr("error", str(err))
             raise optuna.TrialPruned(str(err)) from None
         record(trial, ev)
-        cost = ev.cost_per_mtok if math.isfinite(ev.cost_per_mtok) else 1e18
+        value = ev.objective_value  # cost per 1M tokens, or joules per token
+        cost = value if math.isfinite(value) else 1e18
         if pareto:
             p99 = ev.metrics.ttft_p99_s
             return cost, (p99 if math.isfinite(p99) else 1e18)
@@ -695,12 +703,24 @@ def tally(study: optuna.Study) -> Tally:
     return Tally(len(done), sum(s.feasible for s in done))
 
 
+def study_objective(study: optuna.Study) -> str:
+    """What ``study`` minimises (its setup's ``objective``; "cost" when it records none)."""
+    return str((study.user_attrs.get(SETUP_ATTR) or {}).get("objective", "cost"))
+
+
 def best_feasible(study: optuna.Study) -> TrialSummary | None:
-    """Cheapest trial per token that meets the SLO (ties: the earlier trial)."""
+    """The trial that meets the SLO at the least of the study's objective (cost per token, or
+    joules per token; ties: the earlier trial)."""
     feasible = [s for s in summaries(study) if s.feasible]
     if not feasible:
         return None
-    return min(feasible, key=lambda s: (s.metrics["cost_per_mtok"], s.number))
+    key = objective_metric(study_objective(study))
+
+    def value(s: TrialSummary) -> float:
+        v = s.metrics.get(key)
+        return math.inf if v is None else float(v)
+
+    return min(feasible, key=lambda s: (value(s), s.number))
 
 
 def closest(study: optuna.Study, slo_bounds: dict[str, float]) -> TrialSummary | None:

@@ -121,18 +121,22 @@ def replay_metrics(
 
     ``trace`` is the trace as replayed (a closed-loop run's arrivals are each request's send
     time, in ``raw.arrival_s``). SSD wear is charged as cost; the step-time backend that
-    produced the iterations and its share of extrapolated ones are recorded.
+    produced the iterations and its share of extrapolated ones are recorded. The replay's
+    energy (:mod:`kvtier.sim.energy`) gives the energy metrics, and its electricity at the
+    hardware's price per kWh is added to the cost per hour.
     """
+    from kvtier.sim.energy import energy_fields, replay_energy, served_tokens
     from kvtier.sim.tier_stats import tier_stats
 
     if cfg.concurrency and raw.arrival_s is not None:
         trace = trace.with_arrivals(raw.arrival_s)  # each request counts from its send
     stats = tuple(tier_stats(cfg.tiers, raw, trace.arrival_s, hardware))
     wear = sum(x.wear_per_hour for x in stats)  # SSD endurance used, charged as cost
+    energy = replay_energy(raw, cfg, hardware, trace.arrival_s, served_tokens(trace, raw))
     metrics = compute_metrics(
         trace,
         raw,
-        cost_per_hour=cfg.cost_per_hour + wear,
+        cost_per_hour=cfg.cost_per_hour + wear + energy.electricity_per_hour,
         slo=slo,
         engine=engine,
         tiers=cfg.tiers,
@@ -143,5 +147,6 @@ def replay_metrics(
         step_time_source=cfg.step_provenance,
         extrapolated_share=raw.extrapolated_iterations / max(raw.n_iterations, 1),
         gpus=cfg.gpus,
+        **energy_fields(energy),
     )
     return metrics, stats

@@ -66,6 +66,10 @@ class SimConfig:
     decode_watermark_blocks: int | None = None
     decode_timing: np.ndarray | None = field(default=None, compare=False, repr=False)
     gpus: int = 0  # GPUs the instances use (0: not derived from a deployment)
+    # per instance, its GPUs, and the hosts the instances occupy (the energy model's counts,
+    # kvtier.sim.energy; empty / 0: not derived from a deployment)
+    instance_gpus: tuple[int, ...] = field(default=(), compare=False, repr=False)
+    hosts: int = 0
 
     # the packed step-time array (kvtier.sim.timing layout; None: the plain roofline of the
     # fields above), the backend that made it and its provenance (package and data versions)
@@ -228,6 +232,8 @@ def build_config(hardware: Hardware, model: ModelProfile, policy: Policy) -> Sim
         decode_watermark_blocks=int(serving.watermark * last.blocks) if layout.mixed else None,
         decode_timing=last.timing if layout.mixed else None,
         gpus=layout.gpus,
+        instance_gpus=layout.tps,
+        hosts=layout.hosts,
     )
 
 

@@ -88,6 +88,16 @@ class Metrics:
     # NaN: no served request has two tokens)
     tbt_p50_s: float | None = None
     tbt_p99_s: float | None = None
+    # energy (kvtier.sim.energy; None: not computed, as for metrics made without a deployment):
+    # the facility's joules over the replay (IT energy x PUE), per served token and tokens per
+    # joule, the mean power, joules by part, and the electricity's $ per hour, which
+    # ``cost_per_hour`` (and so ``cost_per_mtok``) includes
+    energy_j: float | None = None
+    joules_per_token: float | None = None
+    tokens_per_joule: float | None = None
+    power_w: float | None = None
+    energy_parts_j: dict[str, float] = field(default_factory=dict)
+    electricity_per_hour: float = 0.0
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
