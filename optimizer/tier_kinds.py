@@ -10,7 +10,10 @@ A tier kind is data: an entry here (its name, lookup order, help and traits) and
 * ``wear``: its writes wear its devices out (SSD endurance: DWPD and wear cost reported);
 * ``interleave``: a policy may choose whether data is interleaved over its devices (CXL);
 * ``pd_ports``: a disaggregated deployment's KV transfer runs over this tier's host ports
-  (its NICs) when the hardware offers it, else over a default NIC per GPU.
+  (its NICs) when the hardware offers it, else over a default NIC per GPU;
+* ``power``: the kind's power where a profile's ``[tiers.NAME]`` table does not give it,
+  ``(w_per_gb, pj_per_bit, host_w, pool_w)`` (:mod:`kvtier.sim.energy`; sources in
+  docs/sources.md [Power-2026]); None: a profile offering the kind must give all four.
 
 The order of the entries is the order a request looks the tiers up (fastest path first).
 Plug-ins from outside the package (:mod:`kvtier.plugins`) register further kinds; they are
@@ -32,22 +35,36 @@ def tier_kind(
     wear: bool = False,
     interleave: bool = False,
     pd_ports: bool = False,
+    power: tuple[float, float, float, float] | None = None,
 ) -> Entry:
     """A tier kind's entry (see the module docstring for the traits)."""
-    traits = {"per_host": per_host, "wear": wear, "interleave": interleave, "pd_ports": pd_ports}
+    traits = {
+        "per_host": per_host,
+        "wear": wear,
+        "interleave": interleave,
+        "pd_ports": pd_ports,
+        "power": power,
+    }
     return Entry(name, code, help, traits=traits)
 
 
 TIER_KINDS = Registry(
     "tier kind",
     [
-        tier_kind("dram", 0, "host DRAM, one pool per host, over each GPU's PCIe", per_host=True),
+        tier_kind(
+            "dram",
+            0,
+            "host DRAM, one pool per host, over each GPU's PCIe",
+            per_host=True,
+            power=(0.1, 20.0, 0.0, 0.0),
+        ),
         tier_kind(
             "cxl",
             1,
             "a CXL memory pool shared by the hosts (or an expander per host, shared = false)",
             per_host=False,
             interleave=True,
+            power=(0.12, 30.0, 50.0, 0.0),
         ),
         tier_kind(
             "rdma",
@@ -55,8 +72,16 @@ TIER_KINDS = Registry(
             "a remote memory pool every host reaches over RDMA NICs",
             per_host=False,
             pd_ports=True,
+            power=(0.35, 75.0, 416.0, 0.0),
         ),
-        tier_kind("ssd", 3, "local NVMe SSD, one pool per host", per_host=True, wear=True),
+        tier_kind(
+            "ssd",
+            3,
+            "local NVMe SSD, one pool per host",
+            per_host=True,
+            wear=True,
+            power=(0.0, 200.0, 28.0, 0.0),
+        ),
     ],
 )
 

@@ -85,6 +85,10 @@ port_read_gbps = 50
 op_overhead_us = 1.0
 latency_us = 3.0
 price_per_gb_hour = 5e-4
+w_per_gb = 0.1
+pj_per_bit = 25.0
+host_w = 20.0
+pool_w = 100.0
 """
 
 CHECK = """

@@ -19,7 +19,6 @@ from kvtier.hardware.types import (
     GB,
     LOWER_TIERS,
     MLA,
-    TIER_POWER_DEFAULTS,
     Efficiency,
     GPUProfile,
     Hardware,
@@ -29,6 +28,7 @@ from kvtier.hardware.types import (
     TierHardware,
     Topology,
 )
+from kvtier.tier_kinds import TIER_KINDS
 from kvtier.toml_fields import Table, read_toml
 
 KINDS = ("models", "gpus", "hardware")
@@ -252,8 +252,9 @@ def load_hardware(name_or_path: str | Path) -> Hardware:
 
 def _tier_hardware(name: str, t: Table) -> TierHardware:
     """One ``[tiers.NAME]`` table: GB, GB/s, microseconds, $ per GB-hour, W and pJ/bit (the
-    power keys default to the tier kind's, :data:`TIER_POWER_DEFAULTS`)."""
-    w_gb, pj, host_w, pool_w = TIER_POWER_DEFAULTS[name]
+    power keys default to the tier kind's ``power`` trait, :mod:`kvtier.tier_kinds`; a kind
+    without one needs all four in the table)."""
+    w_gb, pj, host_w, pool_w = TIER_KINDS[name].traits.get("power") or (None,) * 4
     read = t.number("port_read_gbps", positive=True) * GB
     tier = TierHardware(
         name=name,

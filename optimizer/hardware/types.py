@@ -147,16 +147,6 @@ class Efficiency:
 LOWER_TIERS = TIER_KINDS.names
 
 
-# Power of a tier kind where a profile does not give it: (w_per_gb, pj_per_bit, host_w,
-# pool_w), each figure's source in docs/sources.md [Power-2026].
-TIER_POWER_DEFAULTS: dict[str, tuple[float, float, float, float]] = {
-    "dram": (0.1, 20.0, 0.0, 0.0),
-    "cxl": (0.12, 30.0, 50.0, 0.0),
-    "rdma": (0.35, 75.0, 416.0, 0.0),
-    "ssd": (0.0, 200.0, 28.0, 0.0),
-}
-
-
 @dataclass(frozen=True)
 class Power:
     """What the whole deployment draws beyond its GPUs and tiers, and what energy costs.
@@ -213,10 +203,10 @@ class TierHardware:
     drives: int = 1
     drive_price: float = 0.0
     warranty_years: float = 5.0
-    # power (kvtier.sim.energy; loader defaults by tier kind: TIER_POWER_DEFAULTS): watts per
-    # GB of capacity held, picojoules per bit moved (read or written: the memory access and
-    # the path's links), watts per occupied host (its NICs, adapters, drives), watts per pool
-    # (a shared pool's switch and chassis; per host for a per-host tier)
+    # power (kvtier.sim.energy; defaults: the tier kind's power trait, kvtier.tier_kinds):
+    # watts per GB of capacity held, picojoules per bit moved (read or written: the memory
+    # access and the path's links), watts per occupied host (its NICs, adapters, drives),
+    # watts per pool (a shared pool's switch and chassis; per host for a per-host tier)
     w_per_gb: float = 0.0
     pj_per_bit: float = 0.0
     host_w: float = 0.0
