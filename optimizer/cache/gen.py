@@ -201,12 +201,17 @@ def sources(registry: Registry = EVICTIONS) -> dict[Path, str]:
     }
 
 
-def main() -> None:
-    """Rewrite the generated files (formatted as ``ruff format`` leaves them)."""
-    for path, text in sources().items():
+def rewrite(generated: dict[Path, str]) -> None:
+    """Write each generated file whose text differs from what is on disk, saying which."""
+    for path, text in generated.items():
         if not path.exists() or path.read_text() != text:
             path.write_text(text)
             print(f"wrote {path}", file=sys.stderr)
+
+
+def main() -> None:
+    """Rewrite the generated files (formatted as ``ruff format`` leaves them)."""
+    rewrite(sources())
 
 
 if __name__ == "__main__":

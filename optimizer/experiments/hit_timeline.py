@@ -15,8 +15,6 @@ from typing import Any
 
 import numpy as np
 
-from kvtier.errors import InputError
-
 WINDOWS = 40
 
 
@@ -59,27 +57,9 @@ def study_hit_ratio_over_time(
     """The study's best trial (the closest when none meets the SLO) replayed to the end on
     the study's trace, hardware, model and load, at the load it was priced at; its hit ratio
     per tier over time (:func:`hit_ratio_windows`) with ``trial`` naming it."""
-    from kvtier.policy.model import policy_from_dict
-    from kvtier.search.setup import StudySetup, check_study_trace, slo_to_dict, trace_sha256
-    from kvtier.search.study import best_feasible, closest
+    from kvtier.experiments.whatif import study_best_on_its_trace
 
-    setup = StudySetup.from_study(study)
-    best = best_feasible(study) or closest(study, slo_to_dict(setup.slo))
-    if best is None:
-        raise InputError(f"study {study.study_name!r} has no finished trial", option="--study")
-    path = trace_path or setup.trace
-    digest = trace_sha256(
-        path,
-        unreadable=f"the study's trace {path!r} cannot be read; pass --trace with its new path",
-        option="--trace",
-    )
-    check_study_trace(
-        study,
-        digest,
-        mismatch=f"{path} is not the trace study {study.study_name!r} ran on (sha256 {{sha}})",
-        option="--trace",
-    )
-    policy = policy_from_dict(best.policy, f"trial {best.number} of {study.study_name}")
+    setup, best, path, policy = study_best_on_its_trace(study, trace_path)
     scenario = setup.scenario(policy, trace_path=path)
     replay = scenario.replay(policy, rate_scale=best.rate_scale)
     return {"trial": best.number, **hit_ratio_windows(replay, windows)}

@@ -134,17 +134,10 @@ def run_what_if(
     ]
 
 
-def what_if_for_study(
-    study: Any,
-    *,
-    trace_path: str | None = None,
-    on_variant: Callable[[int, int, str], None] | None = None,
-) -> StudyWhatIf:
-    """The what-if of a study's best policy (or, when none meets the SLO, the closest trial's).
-
-    Uses the setup the study recorded (trace, hardware, model, SLO, load mode); ``trace_path``
-    replaces the recorded trace path when the file has moved, and must hold the same trace.
-    """
+def study_best_on_its_trace(study: Any, trace_path: str | None) -> tuple[Any, Any, str, Policy]:
+    """The setup a study recorded, its best trial (the closest when none meets the SLO), the
+    trace path (``trace_path`` when the file has moved; it must hold the same trace, by its
+    SHA-256) and the trial's policy: what replaying a study's winner starts from."""
     from kvtier.policy.model import policy_from_dict
     from kvtier.search.setup import StudySetup, check_study_trace, slo_to_dict, trace_sha256
     from kvtier.search.study import best_feasible, closest
@@ -166,13 +159,28 @@ def what_if_for_study(
         option="--trace",
     )
     policy = policy_from_dict(best.policy, f"trial {best.number} of {study.study_name}")
+    return setup, best, path, policy
+
+
+def what_if_for_study(
+    study: Any,
+    *,
+    trace_path: str | None = None,
+    on_variant: Callable[[int, int, str], None] | None = None,
+) -> StudyWhatIf:
+    """The what-if of a study's best policy (or, when none meets the SLO, the closest trial's).
+
+    Uses the setup the study recorded (trace, hardware, model, SLO, load mode); ``trace_path``
+    replaces the recorded trace path when the file has moved, and must hold the same trace.
+    """
+    from kvtier.policy.model import policy_from_dict
     from kvtier.search.refine import stored_refine
 
-    if best.feasible:
-        stored = stored_refine(study, best.number)
-        if stored is not None:  # the winner as optimize refined and wrote it
-            policy = policy_from_dict(stored.policy, f"refined trial {best.number}")
+    setup, best, path, policy = study_best_on_its_trace(study, trace_path)
+    stored = stored_refine(study, best.number) if best.feasible else None
+    if stored is not None:  # the winner as optimize refined and wrote it
+        policy = policy_from_dict(stored.policy, f"refined trial {best.number}")
     evaluator = Evaluator(setup.scenario(policy, trace_path=path))
     rows = run_what_if(policy, evaluator, on_variant=on_variant)
-    refined = best.feasible and stored_refine(study, best.number) is not None
+    refined = stored is not None
     return StudyWhatIf(best.number, best.feasible, path, evaluator.load, rows, refined)

@@ -193,10 +193,9 @@ def sources() -> dict[Path, str]:
 
 def main() -> None:
     """Rewrite the generated files that differ from the registries."""
-    for path, text in sources().items():
-        if not path.exists() or path.read_text() != text:
-            path.write_text(text)
-            print(f"wrote {path}", file=sys.stderr)
+    from kvtier.cache.gen import rewrite
+
+    rewrite(sources())
 
 
 if __name__ == "__main__":
