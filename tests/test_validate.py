@@ -49,12 +49,18 @@ def test_geometry_checks_all_exact() -> None:
     assert ctx["Llama-3.1-405B GiB of KV at 131,072 tokens"] == 63.0
 
 
+INTERLEAVE = "Beluga full-hit QPS, interleaved / not interleaved"
+
+
 @pytest.fixture(scope="module")
 def result(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict[str, Any], str]:
     md = tmp_path_factory.mktemp("validate") / "validation.md"
     out = CliRunner().invoke(main, ["validate", "beluga", "--json", "--markdown", str(md)])
-    assert out.exit_code == 0, out.output
-    return json.loads(out.output), md.read_text()
+    # the interleaving gain is not reproduced: the command says so and exits 1
+    assert out.exit_code == 1, out.output
+    assert f"target missed: {INTERLEAVE}" in out.stderr
+    assert "not modelled" in out.stderr
+    return json.loads(out.stdout), md.read_text()
 
 
 def _cell(res: dict[str, Any], system: str, run: str, metric: str) -> dict[str, Any]:
@@ -138,17 +144,49 @@ def test_acceptance_flags_follow_values(result: tuple[dict[str, Any], str]) -> N
         if target.startswith("["):
             lo, hi = (float(x) for x in target.strip("[]").split(","))
             assert a["met"] == (lo <= a["model"] <= hi)
-        elif target.startswith(">="):
-            assert a["met"] == (a["model"] >= float(target[2:]))
         else:
-            assert a["met"] == (a["model"] > float(target[1:]))
+            assert target.startswith(">=")
+            assert a["met"] == (a["model"] >= float(target[2:]))
+        if a["met"]:
+            assert a["cause"] == ""
 
 
-def test_every_reproduction_target_is_met(result: tuple[dict[str, Any], str]) -> None:
-    """One calibration for all cells meets every target (docs/validation.md)."""
+def test_interleaving_is_judged_against_the_papers_gain(
+    result: tuple[dict[str, Any], str],
+) -> None:
+    """1.33 reproduced within half to one and a half times the gain: a ratio near 1 misses."""
+    res, _ = result
+    (a,) = [a for a in res["acceptance"] if a["ratio"] == INTERLEAVE]
+    assert a["paper"] == pytest.approx(11.32 / 8.49)
+    assert a["target"] == "[1.167, 1.5]"
+    assert a["met"] == (1.167 <= a["model"] <= 1.5)
+    assert not a["met"] and "not modelled" in a["cause"]
+
+
+def test_text_output_carries_the_tpot_caveat() -> None:
+    from kvtier.experiments.validation import Cell, Validation
+    from kvtier.report.validation import tpot_caveat
+
+    cells = [
+        Cell("mooncake", "first", "tpot_mean_s", 1.97, 0.1),
+        Cell("beluga", "full-hit", "tpot_mean_s", 0.15, 0.03),
+        Cell("vllm", "full-hit", "tpot_mean_s", None, 0.02),
+        Cell("vllm", "full-hit", "qps", 0.96, 0.02),
+    ]
+    res = Validation(None, cells, {}, [], [], [])  # type: ignore[arg-type]
+    text = tpot_caveat(res)
+    assert text.startswith("Caveat: the paper's TPOTs are 5.0-20x the model's.")
+    assert "TPOT not reproduced" in text
+
+
+def test_every_reproduction_target_but_interleaving_is_met(
+    result: tuple[dict[str, Any], str],
+) -> None:
+    """One calibration for all cells meets every target but the interleaving gain, which the
+    model does not reproduce (docs/validation.md)."""
     res, _ = result
     missed = [a["ratio"] for a in res["acceptance"] if not a["met"]]
-    assert missed == []
+    assert missed == [INTERLEAVE]
 
 
 def test_a_missed_target_exits_non_zero_and_names_it(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -85,7 +85,11 @@ def validate_beluga(as_json: bool, markdown_path: str | None) -> None:
         as_json=as_json,
         to_json=validation_json,
         to_text=to_text,
-        misses=[f"{a.ratio}: model {a.model:.3g}, target {a.target}" for a in result.missed()],
+        misses=[
+            f"{a.ratio}: model {a.model:.3g}, target {a.target}"
+            + (f" ({a.cause})" if a.cause else "")
+            for a in result.missed()
+        ],
         markdown_path=markdown_path,
         to_markdown=to_markdown,
     )

@@ -109,6 +109,7 @@ class Acceptance:
     model: float
     target: str
     met: bool
+    cause: str = ""  # why the model misses it, where known (printed with the miss)
 
 
 @dataclass(frozen=True)
@@ -324,12 +325,31 @@ def _ratio(a: float, b: float) -> float:
 
 
 def _accept(
-    name: str, paper: float, model: float, lo: float, hi: float | None, *, strict: bool = False
+    name: str, paper: float, model: float, lo: float, hi: float | None, *, cause: str = ""
 ) -> Acceptance:
-    ok = (model > lo if strict else model >= lo) and (hi is None or model <= hi)
-    at_least = f"> {lo:g}" if strict else f">= {lo:g}"
-    target = at_least if hi is None else f"[{lo:g}, {hi:g}]"
-    return Acceptance(name, paper, model, target, bool(ok))
+    ok = model >= lo and (hi is None or model <= hi)
+    target = f">= {lo:g}" if hi is None else f"[{lo:g}, {hi:g}]"
+    return Acceptance(name, paper, model, target, bool(ok), "" if ok else cause)
+
+
+# Why the model misses the interleaving gain (docs/validation.md): in the model, interleaving
+# only lifts the cap of one transfer at one device's bandwidth; the devices are not separate
+# queues, and a full-hit load is bound by the host's CXL adapters (and the GPU DMA per block)
+# well below that cap, so turning interleaving off changes almost nothing. The paper's gain
+# comes from hot devices: without interleaving, the blocks of concurrent requests crowd onto
+# the few devices that hold them, a contention the model does not represent.
+INTERLEAVE_CAUSE = (
+    "devices are not separate queues in the model: a non-interleaved pool only caps one "
+    "transfer at one device's bandwidth, above what the host's CXL adapters give a full-hit "
+    "load, so the hot-device contention behind the paper's gain is not modelled"
+)
+# Why the paper's TPOTs are far above the model's (printed with the table, docs/validation.md)
+TPOT_CAUSE = (
+    "TPOT not reproduced: in the paper decode steps stall behind other requests' loads and "
+    "15K-token prefills (with answers this short, every stall weighs on few intervals); the "
+    "model's chunked prefill and per-request load waits show only part of it, and the paper "
+    "does not state its answer lengths (the scenario assumes 16 tokens)"
+)
 
 
 def run_beluga() -> Validation:
@@ -404,6 +424,7 @@ def run_beluga() -> Validation:
     def pcell(s: str, r: str, m: str) -> float:
         return float(paper[f"{s}.{r}"][m])
 
+    paper_gain = _ratio(pcell("beluga", "full-hit", "qps"), float(ex["interleave_off_qps"]))
     acceptance = [
         _accept(
             "full-hit mean TTFT, Beluga / MoonCake",
@@ -447,11 +468,12 @@ def run_beluga() -> Validation:
         ),
         _accept(
             "Beluga full-hit QPS, interleaved / not interleaved",
-            _ratio(pcell("beluga", "full-hit", "qps"), float(ex["interleave_off_qps"])),
+            paper_gain,
             _ratio(cell("beluga", "full-hit", "qps"), no_int["full-hit"].qps),
-            1.0,
-            None,
-            strict=True,
+            # the paper's gain reproduced within half to one and a half times it
+            round(1 + (paper_gain - 1) / 2, 3),
+            round(1 + 1.5 * (paper_gain - 1), 3),
+            cause=INTERLEAVE_CAUSE,
         ),
     ]
     # absolute mean TTFT within 2x of the paper in every cell it gives

@@ -10,7 +10,7 @@ import math
 from dataclasses import asdict
 from typing import Any
 
-from kvtier.experiments.validation import METRICS, RUNS, SYSTEMS, Validation
+from kvtier.experiments.validation import METRICS, RUNS, SYSTEMS, TPOT_CAUSE, Validation
 
 METRIC_LABELS = {
     "ttft_mean_s": "mean TTFT (s)",
@@ -85,11 +85,27 @@ def _rows(items: list[Any], keys: list[str], head: list[str]) -> str:
     return "\n".join(lines)
 
 
+def tpot_caveat(result: Validation) -> str:
+    """The TPOT cells' paper / model range, and why they are not reproduced."""
+    ratios = [
+        c.paper / c.model
+        for c in result.cells
+        if c.metric.startswith("tpot") and c.paper is not None and c.model > 0
+    ]
+    if not ratios:
+        return ""
+    return (
+        f"Caveat: the paper's TPOTs are {min(ratios):.1f}-{max(ratios):.0f}x the model's. "
+        f"{TPOT_CAUSE}."
+    )
+
+
 def to_text(result: Validation) -> str:
     """Terminal output: the tables without the prose of docs/validation.md."""
     parts = [
         "Beluga / MoonCake LV-Eval validation (each cell: paper / model)",
         cells_table(result),
+        tpot_caveat(result),
         "",
         _rows(result.extra, ["check", "paper", "model"], ["reproduction", "paper", "model"]),
         "",
@@ -214,7 +230,8 @@ def to_markdown(result: Validation) -> str:
         "## Acceptance",
         "",
         f"{met} of {len(result.acceptance)} met. The five ratios between systems, then the",
-        "model's mean TTFT over the paper's in every cell that has one (target within 2x).",
+        "model's mean TTFT over the paper's in every cell that has one (target within 2x). A",
+        "ratio is met only inside its target range; a missed one is printed with its cause.",
         "",
         _rows(
             result.acceptance,
@@ -252,11 +269,16 @@ def to_markdown(result: Validation) -> str:
         f"- **16- vs 256-token MoonCake ({_num(ratio_16.model)}, paper 5.91; a consequence of the",
         f"  calibrated RPC, above).** {_num(ex16.model)} s against the paper's",
         f"  {_num(ex16.paper)} s: 16 times the chunks, each a blocking get.",
-        "- **Interleaving (not reproduced in substance).** A non-interleaved pool caps one",
-        "  transfer at one device's 22.5 GB/s, but devices are not separate queues: full-hit QPS",
-        f"  changes by {gain:+.1%} (paper +33%, 8.49 -> 11.32); the check passes only by that",
-        "  margin.",
-        "- **TPOT and P99 (not reproduced).** The paper's TPOTs (0.15-1.97 s) and P99 TTFTs are",
+        "- **Interleaving (not reproduced; the check is missed).** A non-interleaved pool caps",
+        "  one transfer at one device's 22.5 GB/s, but devices are not separate queues: full-hit",
+        f"  QPS changes by {gain:+.1%} (paper +33%, 8.49 -> 11.32). The check asks for the",
+        "  paper's gain within half to one and a half times it (a ratio in [1.167, 1.5]); the",
+        "  model's ratio is outside it, so `kvtier validate beluga` exits 1 naming it and its",
+        "  cause: a full-hit load is bound by the host's CXL adapters below one device's cap,",
+        "  and the contention of concurrent requests on the few devices holding their blocks",
+        "  (the paper's mechanism) is not modelled.",
+        f"- **TPOT and P99 (not reproduced).** {tpot_caveat(result)} The terminal output",
+        "  prints this caveat under the table. The paper's TPOTs (0.15-1.97 s) and P99 TTFTs are",
         "  far above the model's: decode steps there stall behind loads and long prefills in a",
         "  way the model's chunked prefill and per-request waits only partly show (MoonCake's",
         '  batch waits for its loads, `load_wait = "batch"`). Beluga\'s full-hit P99 TTFT is',
@@ -272,8 +294,9 @@ def to_markdown(result: Validation) -> str:
         "kvtier validate beluga --json",
         "```",
         "",
-        "`tests/test_validate.py` checks that every target is met and that a missed one makes",
-        "the command exit 1 naming it.",
+        "`tests/test_validate.py` checks that every target but the interleaving gain is met,",
+        "that each flag follows its range, and that a missed target makes the command exit 1",
+        "naming it and its cause.",
         "",
     ]
     return "\n".join(lines)
