@@ -78,3 +78,29 @@ def test_attainment_both_bounds_or_each_bound(monkeypatch) -> None:
     raw.first_token_s = np.array([np.nan, 0.1, 0.1, 0.1])
     raw.finish_s = raw.first_token_s + 0.02
     assert pv._attainment(trace, None, 0.4, 0.04, per_metric=True) == 0.75
+
+
+def test_a_miss_prints_its_named_cause(monkeypatch) -> None:
+    """A scenario's [figure] residual_cause is printed with its miss and in the text output,
+    never with a met check; every bundled scenario that misses names one."""
+    base = ("x", "[Mooncake-FAST25]", "r", 2.0, 1.5)
+    missed = pv.PdCheck(*base, 1.0, 1.0, 1.0, 0.1, 0.01, "s", cause="eager decode")
+    met = pv.PdCheck(*base, 2.5, 1.0, 2.5, 0.1, 0.01, "s", cause="not printed")
+    monkeypatch.setattr(pv, "run_pd", lambda: pv.PdValidation((missed, met)))
+    res = CliRunner().invoke(main, ["validate", "pd"])
+    assert res.exit_code == 1
+    assert "target missed: x: model 1x, published 2x (tolerance 1.5x); cause: eager decode" in (
+        res.output
+    )
+    assert "residual, x: eager decode" in res.output and "not printed" not in res.output
+    for name in ("mooncake-conversation-capacity", "mooncake-kimi"):
+        cause = pv.load_pd_scenario(name)["figure"]["residual_cause"]
+        assert isinstance(cause, str) and len(cause) > 40
+
+
+def test_a_residual_cause_must_be_text(tmp_path, monkeypatch) -> None:
+    src = (pv.PD_DIR / "mooncake-kimi.toml").read_text()
+    (tmp_path / "k.toml").write_text(src.replace('residual_cause = "', "residual_cause = 3 #"))
+    monkeypatch.setattr(pv, "PD_DIR", tmp_path)
+    with pytest.raises(InputError, match="residual_cause must be a string"):
+        pv.load_pd_scenario("k")

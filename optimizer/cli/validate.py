@@ -149,7 +149,7 @@ def validate_pd(as_json: bool, markdown_path: str | None) -> None:
         to_text=to_text,
         misses=[
             f"{c.name}: model {c.model:.3g}x, published {c.published:g}x "
-            f"(tolerance {c.tolerance:g}x)"
+            f"(tolerance {c.tolerance:g}x)" + (f"; cause: {c.cause}" if c.cause else "")
             for c in result.missed()
         ],
         markdown_path=markdown_path,

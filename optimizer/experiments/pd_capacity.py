@@ -10,7 +10,8 @@ intervals, ``RawResult.tbt_tail_s``) within the threshold
 effective. The published value at each threshold is the paper's ratio of Mooncake's
 capacity over one baseline's (``against``); the model's is the same ratio on the replays. The
 curves' values read from the figure (``[figure.capacity]``) are shown beside the model's and
-not checked. Nothing is calibrated on these figures.
+not checked. Nothing is calibrated on these figures. ``[figure] residual_cause`` names, in a
+sentence, the cause of a residual the model leaves (printed with each missed threshold).
 """
 
 from __future__ import annotations
@@ -61,6 +62,7 @@ class CapacityCheck(RatioCheck):
     published_capacity: dict[str, float]  # read from the figure (NaN: not read)
     best_baseline: str  # the model's best baseline at this threshold
     stand_in: str
+    cause: str = ""  # the scenario's named cause of a residual ([figure] residual_cause)
 
 
 def _fail(name: str, msg: str) -> InputError:
@@ -170,6 +172,7 @@ def run_capacity(name: str, data: dict[str, Any]) -> tuple[CapacityCheck, ...]:
                 },
                 best_baseline=max(baselines, key=lambda s: (baselines[s], s)),
                 stand_in=f"{cond['model']} on {cond['hardware']}",
+                cause=str(fig.get("residual_cause", "")),
             )
         )
     return tuple(out)

@@ -61,6 +61,7 @@ class PdCheck(RatioCheck):
     tpot_slo_s: float
     stand_in: str
     split: str = ""
+    cause: str = ""  # the scenario's named cause of a residual ([figure] residual_cause)
 
 
 @dataclass(frozen=True)
@@ -88,6 +89,8 @@ def load_pd_scenario(name: str) -> dict[str, Any]:
         missing = [k for k in keys if k not in data.get(section, {})]
         if missing:
             raise InputError(f"{path}: [{section}] lacks {', '.join(missing)}")
+    if not isinstance(data["figure"].get("residual_cause", ""), str):
+        raise InputError(f"{path}: [figure] residual_cause must be a string")
     return data
 
 
@@ -280,6 +283,7 @@ def run_check(name: str) -> PdCheck:
         tpot_slo_s=tpot_s,
         stand_in=f"{cond['model']} on {cond['hardware']}",
         split=f"{agg.n_instances} aggregated against {best}P + {dis_all[0].n_instances - best}D",
+        cause=str(fig.get("residual_cause", "")),
     )
 
 

@@ -86,6 +86,10 @@ def to_text(result: PdValidation) -> str:
     lines.append(
         f"{n - len(result.missed())} of {n} published P/D results reproduced within tolerance"
     )
+    causes = dict.fromkeys(
+        f"{c.name.split(' @ ')[0]}: {c.cause}" for c in result.missed() if c.cause
+    )
+    lines += [f"residual, {line}" for line in causes]
     return "\n".join(lines)
 
 
@@ -118,6 +122,7 @@ def pd_json(result: PdValidation) -> dict[str, Any]:
                 "disaggregated_rps_per_gpu": c.disaggregated_rps_per_gpu,
                 "deployments": c.split,
                 "stand_in": c.stand_in,
+                "cause": c.cause,
                 "ttft_slo_s": c.ttft_slo_s,
                 "tpot_slo_s": c.tpot_slo_s,
             }
@@ -142,6 +147,7 @@ def pd_json(result: PdValidation) -> dict[str, Any]:
                 },
                 "best_baseline": c.best_baseline,
                 "stand_in": c.stand_in,
+                "cause": c.cause,
             }
             for c in result.capacity
         ],
