@@ -194,7 +194,9 @@ class Scenario:
     :class:`kvtier.search.objective.Evaluator`). ``concurrency`` N > 0 serves the trace
     closed loop: at most N requests in flight, each sent at the later of its (scaled) trace
     time and the moment a slot frees (``kvtier replay --concurrency``; docs/model.md, "Load
-    generator"). ``blocks`` may be passed to share one
+    generator"); ``ramp_s`` spreads that loop's first wave of sends over so many seconds
+    (:mod:`kvtier.sim.ramp`; None: the lifetime of the trace's first request replayed
+    alone; 0: every first send at once). ``blocks`` may be passed to share one
     trace's block mappings between scenarios that differ in hardware or policy.
     """
 
@@ -208,6 +210,7 @@ class Scenario:
     engine: str = "numba"
     blocks: BlockCache | None = field(default=None, repr=False, compare=False)
     concurrency: int = 0
+    ramp_s: float | None = 0.0
     # a sample's replay under a content-blind router restores the full cluster's routing
     # fan-out (kvtier.trace.fanout); off only to measure what that correction changes
     sample_fan_out: bool = True
@@ -223,6 +226,13 @@ class Scenario:
                 f"must be in [0, {MAX_CONCURRENCY:,}] (0: open loop), got {self.concurrency}",
                 option="--concurrency",
             )
+        if self.ramp_s is not None:
+            r = float(self.ramp_s)
+            if not (math.isfinite(r) and r >= 0):
+                raise InputError(
+                    f"must be 'auto' or finite seconds >= 0, got {self.ramp_s!r}", option="--ramp"
+                )
+            object.__setattr__(self, "ramp_s", r)
         if self.engine not in ENGINES:
             raise InputError(
                 f"must be one of {', '.join(ENGINES)}, got {self.engine!r}", option="--engine"
@@ -333,6 +343,7 @@ class Scenario:
         """
         from kvtier.deploy.sample import fan_out_applies, scaled_for_sample
         from kvtier.sim import build_config, replay_metrics, simulate_raw
+        from kvtier.sim.ramp import alone_lifetime_s, ramp_arrivals
 
         policy = self.policy if policy is None else policy
         scale = self.rate_scale if rate_scale is None else check_rate_scale(rate_scale)
@@ -361,6 +372,11 @@ class Scenario:
         closed = self.concurrency if concurrency is None else concurrency
         if closed:
             cfg = replace(cfg, concurrency=int(closed))
+            ramp = self.ramp_s
+            if ramp is None:
+                ramp = alone_lifetime_s(trace, cfg, self.engine)
+            if ramp > 0:
+                trace = trace.with_arrivals(ramp_arrivals(trace.arrival_s, int(closed), ramp))
         raw = simulate_raw(
             trace, cfg, engine=self.engine, slo=slo, stop_early=stop_early, track_tbt=track_tbt
         )

@@ -20,6 +20,19 @@ from kvtier.report.energy import energy_cell
 from kvtier.report.jsonout import null_reason
 
 
+def _ramp_seconds(text: str) -> float | None:
+    """``--ramp``: 'auto' (None: one request's lifetime alone) or seconds (checked by
+    :class:`kvtier.scenario.Scenario`)."""
+    if text.strip().lower() == "auto":
+        return None
+    try:
+        return float(text)
+    except ValueError:
+        from kvtier.errors import InputError
+
+        raise InputError(f"must be 'auto' or seconds, got {text!r}", option="--ramp") from None
+
+
 @click.command("replay")
 @trace_option
 @policy_profile_options
@@ -56,6 +69,14 @@ from kvtier.report.jsonout import null_reason
     show_default=True,
     help="Closed loop: at most N requests in flight, each sent when a slot frees and not "
     "before its trace time (vllm bench serve --max-concurrency); 0: open loop.",
+)
+@click.option(
+    "--ramp",
+    default="auto",
+    show_default=True,
+    help="Closed loop: spread the first N sends over this many seconds, as benchmark clients "
+    "ramp up and de-synchronise (AIPerf --concurrency-ramp-duration); 'auto': the lifetime "
+    "of the trace's first request replayed alone; 0: every first send at once.",
 )
 @click.option(
     "--engine",
@@ -96,6 +117,7 @@ def replay_cmd(
     block_tokens: int | None,
     rate_scale: float | None,
     concurrency: int,
+    ramp: str,
     engine: str,
     prices: str | None,
     as_json: bool,
@@ -151,7 +173,7 @@ def replay_cmd(
         given = {"serving.tp": serving.tp, "serving.instances": serving.instances}
         check_pinned_size(given, scenario.hardware, option="--set")
     if concurrency:
-        scenario = replace(scenario, concurrency=concurrency)
+        scenario = replace(scenario, concurrency=concurrency, ramp_s=_ramp_seconds(ramp))
     bias = sample_bias(scenario.policy, scenario.hardware, scenario.trace.sample_fraction)
     if bias is not None:
         click.echo(f"warning: {bias}", err=True)
