@@ -5,7 +5,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from kvtier.experiments.serving_validation import BACKENDS, TARGETS, ServingValidation
+from kvtier.experiments.serving_validation import (
+    BACKENDS,
+    RESIDUALS,
+    TARGETS,
+    ServingValidation,
+)
 
 
 def _num(v: float | None, unit: str) -> str:
@@ -44,8 +49,16 @@ def _mape_lines(result: ServingValidation) -> list[str]:
         target = TARGETS[b]
         goal = f" (target <= {100 * target:.0f} %)" if target is not None else " (no target)"
         lines.append(f"MAPE {b}: {_pct(result.mape(b))} over {n} checks{goal}")
+        lines.append(
+            "  of which "
+            + "; ".join(
+                f"{g} {_pct(result.mape(b, g))} ({k})" for g, k in result.group_sizes().items()
+            )
+        )
     fe = ", ".join(f"{k} {v * 1e3:.2f} ms" for k, v in sorted(result.frontend_s.items()))
     lines.append(f"front-end cost per request (calibrated, docs/sources.md): {fe}")
+    if any(r.figure.conditions["mode"] == "closed" for r in result.checks()):
+        lines += [f"residual: {x}" for x in RESIDUALS]
     return lines
 
 
@@ -87,6 +100,9 @@ def serving_json(result: ServingValidation) -> dict[str, Any]:
             for r in result.rows
         ],
         "mape": {b: result.mape(b) for b in BACKENDS},
+        "mape_by_group": {
+            b: {g: result.mape(b, g) for g in result.group_sizes()} for b in BACKENDS
+        },
         "targets": TARGETS,
         "frontend_s": result.frontend_s,
         "missed": [
