@@ -195,9 +195,9 @@ class Scenario:
     closed loop: at most N requests in flight, each sent at the later of its (scaled) trace
     time and the moment a slot frees (``kvtier replay --concurrency``; docs/model.md, "Load
     generator"); ``ramp_s`` spreads that loop's first wave of sends over so many seconds
-    (:mod:`kvtier.sim.ramp`; None: the lifetime of the trace's first request replayed
-    alone; 0: every first send at once). ``blocks`` may be passed to share one
-    trace's block mappings between scenarios that differ in hardware or policy.
+    (:mod:`kvtier.sim.ramp`; None: one request's lifetime under the loop's own load,
+    :func:`kvtier.sim.ramp.auto_ramp_s`; 0: every first send at once). ``blocks`` may be
+    passed to share one trace's block mappings between scenarios that differ in hardware or policy.
     """
 
     trace: Trace
@@ -343,7 +343,7 @@ class Scenario:
         """
         from kvtier.deploy.sample import fan_out_applies, scaled_for_sample
         from kvtier.sim import build_config, replay_metrics, simulate_raw
-        from kvtier.sim.ramp import alone_lifetime_s, ramp_arrivals
+        from kvtier.sim.ramp import auto_ramp_s, ramp_arrivals
 
         policy = self.policy if policy is None else policy
         scale = self.rate_scale if rate_scale is None else check_rate_scale(rate_scale)
@@ -374,7 +374,7 @@ class Scenario:
             cfg = replace(cfg, concurrency=int(closed))
             ramp = self.ramp_s
             if ramp is None:
-                ramp = alone_lifetime_s(trace, cfg, self.engine)
+                ramp = auto_ramp_s(trace, cfg, self.engine)
             if ramp > 0:
                 trace = trace.with_arrivals(ramp_arrivals(trace.arrival_s, int(closed), ramp))
         raw = simulate_raw(

@@ -18,7 +18,7 @@ from kvtier.hardware import load_hardware, load_model
 from kvtier.policy.model import Policy, ServingPolicy
 from kvtier.scenario import Scenario
 from kvtier.sim import simulate_raw
-from kvtier.sim.ramp import alone_lifetime_s, ramp_arrivals
+from kvtier.sim.ramp import alone_lifetime_s, auto_ramp_s, ramp_arrivals
 from kvtier.trace.format import Trace
 from tests.sim_strategies import blocked_traces, sim_configs
 from tests.test_sim_differential import assert_same
@@ -82,18 +82,24 @@ def _scenario(n: int, ramp: float | None, engine: str = "numba") -> Scenario:
     )
 
 
-def test_auto_ramp_is_one_request_alone_and_desynchronises_the_loop() -> None:
+def test_auto_ramp_is_a_loaded_lifetime_and_desynchronises_the_loop() -> None:
     """A burst of identical requests, 16 clients: with every first send at once the loop
     keeps its waves (sends bunched at a few instants per cycle, each wave's TTFT behind a
-    wave of prefills); the auto ramp spreads the first wave over one request's lifetime
-    alone, after which sends stay spread and the steady TTFT falls."""
+    wave of prefills); the auto ramp spreads the first wave over one request's mean lifetime
+    under that load (longer than alone), after which sends stay spread and the steady TTFT
+    falls."""
     n = 16
     sync = _scenario(n, 0.0).replay().raw
     auto = _scenario(n, None)
     rep = auto.replay()
-    life = alone_lifetime_s(rep.trace, rep.config, "numba")
     alone = Scenario(_burst(1), auto.hardware, auto.model, auto.policy).replay().raw
-    assert life == pytest.approx(float(alone.finish_s[0]))
+    assert alone_lifetime_s(rep.trace, rep.config, "numba") == pytest.approx(alone.finish_s[0])
+    life = auto_ramp_s(auto.blocked(), rep.config, "numba")
+    assert life > float(alone.finish_s[0])  # a request lives longer under load than alone
+    # the pilot's steady lifetime is what a replay ramped over the alone lifetime shows
+    pilot = _scenario(n, float(alone.finish_s[0])).replay().raw
+    order = np.argsort(pilot.arrival_s, kind="stable")[n : 120 - n]
+    assert life == pytest.approx(float(np.mean((pilot.finish_s - pilot.arrival_s)[order])))
     sent = rep.raw.arrival_s
     np.testing.assert_allclose(np.sort(sent)[:n], np.arange(n) * life / n)
     steady = slice(n, 120 - n)

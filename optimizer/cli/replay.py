@@ -75,8 +75,8 @@ def _ramp_seconds(text: str) -> float | None:
     default="auto",
     show_default=True,
     help="Closed loop: spread the first N sends over this many seconds, as benchmark clients "
-    "ramp up and de-synchronise (AIPerf --concurrency-ramp-duration); 'auto': the lifetime "
-    "of the trace's first request replayed alone; 0: every first send at once.",
+    "ramp up and de-synchronise (AIPerf --concurrency-ramp-duration); 'auto': one "
+    "request's mean lifetime under the loop's load (a pilot replay); 0: every first send at once.",
 )
 @click.option(
     "--engine",

@@ -71,17 +71,17 @@ GROUPS = ("concurrency 1 and offline", "under load: ITL", "under load: TTFT")
 # why the checks under load miss where they do (docs/validation-serving.md, "Residuals under
 # load"), printed with the MAPE breakdown
 RESIDUALS = (
-    "TTFT under load, short prompts (500 tokens, 0.32-0.51x): the measured clients are only "
-    "partly de-synchronised; at 25 and 100 clients the same closed loop with every first "
-    "send at once gives 4.7x and 4.6x, the ramped one 0.47x and 0.37x, and the measurement "
-    "lies between; how far AIPerf's clients stay in waves is not published",
-    "TTFT at 5,000 tokens and 50-100 clients (1.6-1.8x): the ramp lasts one request's "
-    "lifetime alone (about 9.7 s) while a request lives about three times as long at that "
-    "load, so the first wave's sends cover a third of a cycle and the waves partly reform",
-    "TTFT past the knee (150-250 clients at 5,000 tokens, 1.15-1.23x; 200 clients at 500 "
-    "tokens, 0.02x): queueing for KV space; NIM's engine holds between 400k and 500k tokens "
-    "of reservations (its knees), the model's pool slightly more, so its knee sits elsewhere "
-    "and the queue's length follows; the engine's KV budget is not published",
+    "TTFT under load, short prompts (500 tokens, 5-150 clients: 0.49-0.79x) and long ones up "
+    "to the knee (5,000 tokens, 5-50 clients: 0.68-0.78x): the measured clients are only "
+    "partly de-synchronised; at 25 and 100 clients (500 tokens) the same closed loop with "
+    "every first send at once gives 4.7x and 4.6x, the ramped one 0.49x and 0.69x, and the "
+    "measurement lies between; how far AIPerf's clients stay in waves is not published",
+    "TTFT at the knee and past it (5,000 tokens: 1.46x at 100 clients, 0.91-1.03x at "
+    "150-250; 500 tokens: 0.07x at 200): queueing for KV space; NIM's engine holds between "
+    "400k and 500k tokens of reservations (every knee of its sweeps), the model's pool "
+    "about as much, so where a level sits close to that bound (550k at 5,000 tokens and 100 "
+    "clients, 500k at 500 tokens and 200) the queue's length is decided by the exact bound; "
+    "the engine's KV budget is not published",
 )
 
 

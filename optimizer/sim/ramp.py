@@ -16,7 +16,10 @@ trace time, and no later request before it (sends keep trace order). The engines
 loop is otherwise unchanged (a request leaves at the later of its trace time and a freed
 slot), so both engines see the same input and agree exactly. While the ramp lasts less than
 a request's lifetime no slot frees during it, and this equals AIPerf's concurrency ramp (one
-more slot every ``ramp_s / N``).
+more slot every ``ramp_s / N``); a slot that frees during a longer ramp stays empty until the
+next ramp send, where AIPerf would refill it at once. The default length (``--ramp auto``,
+:func:`auto_ramp_s`) is one request's lifetime under the loop's own load, measured by a pilot
+replay.
 """
 
 from __future__ import annotations
@@ -33,7 +36,7 @@ if TYPE_CHECKING:
 
 
 def alone_lifetime_s(trace: BlockedTrace, cfg: SimConfig, engine: str) -> float:
-    """The default ramp: the lifetime (send to last token) of the trace's first request
+    """The lifetime (send to last token) of the trace's first request
     replayed alone on ``cfg``'s deployment, open loop (0 for an empty trace or a request
     that cannot be served)."""
     from kvtier.sim import simulate_raw
@@ -45,6 +48,32 @@ def alone_lifetime_s(trace: BlockedTrace, cfg: SimConfig, engine: str) -> float:
     raw = simulate_raw(one, replace(cfg, concurrency=0, track_tbt=False), engine=engine)
     life = float(raw.finish_s[0])
     return life if math.isfinite(life) and life > 0 else 0.0
+
+
+def auto_ramp_s(trace: BlockedTrace, cfg: SimConfig, engine: str) -> float:
+    """The default ramp (``--ramp auto``): one request's lifetime under the loop's own load.
+
+    A pilot replay of the closed loop (``cfg.concurrency`` N) ramped over the lifetime of the
+    first request alone (:func:`alone_lifetime_s`) gives the mean lifetime, send to last
+    token, of its steady window: the requests sent after the first N sends and before the last
+    N (every served request when the trace holds fewer than 3N). Under load a request lives
+    longer than alone, and a ramp shorter than a cycle lets the waves reform."""
+    from kvtier.sim import simulate_raw
+
+    alone = alone_lifetime_s(trace, cfg, engine)
+    n = int(cfg.concurrency)
+    if n <= 0 or alone <= 0:
+        return alone
+    pilot = trace.with_arrivals(ramp_arrivals(trace.arrival_s, n, alone))
+    raw = simulate_raw(pilot, replace(cfg, track_tbt=False), engine=engine)
+    sent = raw.arrival_s if raw.arrival_s is not None else pilot.arrival_s
+    order = np.argsort(sent, kind="stable")
+    if order.shape[0] >= 3 * n:
+        order = order[n : order.shape[0] - n]
+    life = (raw.finish_s - sent)[order]
+    life = life[np.isfinite(life)]
+    mean = float(life.mean()) if life.size else 0.0
+    return mean if mean > 0 else alone
 
 
 def ramp_arrivals(arrival_s: np.ndarray, concurrency: int, ramp_s: float) -> np.ndarray:
