@@ -145,7 +145,7 @@ def to_markdown(result: Validation) -> str:
         "",
         f"- Hardware `{sc.hardware}` (2 x 8 H20, 16 instances of {sc.model}, tp 1); the",
         f"  HBM pool of every instance is the paper's {sc.hbm_kv_gb:g} GB of KV per H20.",
-        "- Systems: the presets `mooncake-rdma` (the RDMA pool through the",
+        "- Systems: the presets `lmcache-0.3-mooncake-beluga` (the RDMA pool through the",
         "  `lmcache-0.3-mooncake` connector: 256-token chunks, the batch waits for loads as",
         "  with LMCache 0.3.1), `beluga-cxl` (the rack-shared CXL pool through `beluga-cxl`:",
         "  GPU DMA of vLLM's 16-token blocks, interleaved over 32 devices; only the loading",
