@@ -160,3 +160,27 @@ def test_burst_engines_agree(connector: str) -> None:
     assert a[:2] == b[:2]
     assert [s.net_loss for s in a[2]] == [s.net_loss for s in b[2]]
     assert holds(*b[:3])
+
+
+def test_net_loss_is_said_in_the_tier_table_json_and_a_note() -> None:
+    from rich.console import Console
+
+    from kvtier.report.tiers import net_loss_lines, tier_json, tier_table
+    from kvtier.sim.tier_stats import STAGES, TierStats
+
+    def row(load: float) -> TierStats:
+        stages = dict.fromkeys(STAGES, 0.1)
+        return TierStats(
+            "rdma", "lmcache-0.3-mooncake", 1.0, 1.0, 1.0, 0.5, stages, "nic", 0.1,
+            float("nan"), 0.0, 0.0, judged_blocks=64.0, load_s_idle=load, recompute_s=1.0,
+        )  # fmt: skip
+
+    slow, fast = row(9.7), row(0.5)
+    assert slow.net_loss and not fast.net_loss
+    (line,) = net_loss_lines([slow, fast])
+    assert "rdma (lmcache-0.3-mooncake) is a net loss" in line and "9.7 s" in line
+    assert [r["net_loss"] for r in tier_json([slow, fast])] == [True, False]
+    console = Console(width=250, record=True)
+    console.print(tier_table([slow, fast]))
+    text = console.export_text()
+    assert "9.7 / 1 net loss" in text and "0.5 / 1" in text
