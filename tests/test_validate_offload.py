@@ -123,3 +123,19 @@ def test_full_catalogue_replays() -> None:
     data = json.loads(res.stdout)
     assert all(r["error"] is None for r in data["runs"])
     assert (res.exit_code == 1) == bool(data["missed"])
+
+
+def test_the_mooncake_run_replays_the_same_on_both_engines() -> None:
+    """The validation's replay of a run through the reference: identical per-request times."""
+    from kvtier.experiments.offload_validation import _hardware, _policy
+    from kvtier.hardware import load_model
+    from kvtier.scenario import Scenario
+
+    run = next(r for r in load_catalogue() if r.name == SMALL)
+    trace, hw = build_trace(run), _hardware(run)
+    model = load_model(run.conditions["model"])
+    policy = _policy(run, "tiered")
+    fast = Scenario(trace, hw, model, policy).replay()
+    ref = Scenario(trace, hw, model, policy, engine="reference").replay()
+    assert (fast.raw.first_token_s == ref.raw.first_token_s).all()
+    assert (fast.raw.finish_s == ref.raw.finish_s).all()
