@@ -209,7 +209,8 @@ def test_replay_concurrency_option_and_tier_table(tmp_path) -> None:  # noqa: AN
     a, b = json.loads(open_loop.output), json.loads(closed.output)
     assert a["n_served"] == b["n_served"] == 40
     (row,) = b["tiers"]
-    assert row["tier"] == "rdma" and row["connector"] == "lmcache-0.3-mooncake"
+    assert row["tier"] == "rdma" and row["connector"] == "lmcache-mooncake"
+    assert isinstance(row["net_loss"], bool) and row["load_s_idle"] > 0
     assert set(row["stage_share"]) == {"rpc", "stream", "staging", "links"}
     bad = CliRunner().invoke(main, [*args, "--concurrency", "-1"])
     assert bad.exit_code == 2 and "--concurrency" in bad.output

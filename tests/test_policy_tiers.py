@@ -17,6 +17,7 @@ PRESETS = [
     "beluga-cxl",
     "dynamo-disagg",
     "dynamo-kvbm",
+    "lmcache-0.3-mooncake-beluga",
     "lmcache-cpu-disk",
     "mooncake-pd",
     "mooncake-rdma",
@@ -38,7 +39,7 @@ def test_every_preset_is_there_and_round_trips() -> None:
 
 
 def test_preset_parameters_that_issue_7_relies_on() -> None:
-    beluga, mooncake = load_preset("beluga-cxl"), load_preset("mooncake-rdma")
+    beluga, mooncake = load_preset("beluga-cxl"), load_preset("lmcache-0.3-mooncake-beluga")
     assert beluga.block_tokens == 16 and [t.name for t in beluga.tiers] == ["hbm", "cxl"]
     assert mooncake.block_tokens == 256 and [t.name for t in mooncake.tiers] == ["hbm", "rdma"]
     assert beluga.hardware == mooncake.hardware == "beluga-testbed"

@@ -198,7 +198,7 @@ def replay_cmd(
         )
         write_request_table(requests_out, table)
     from kvtier.report.rejections import rejection_note
-    from kvtier.report.tiers import tier_json, tier_table
+    from kvtier.report.tiers import net_loss_lines, tier_json, tier_table
 
     # a rejected request is the deployment's answer, not bad input: said plainly, exit 0
     rejected = rejection_note(result)
@@ -221,6 +221,8 @@ def replay_cmd(
     _print_metrics(trace_path, scenario, metrics, _pd_row(result))
     if result.tiers:
         _console().print(tier_table(result.tiers))
+        for line in net_loss_lines(result.tiers):
+            click.echo(f"note: {line}")
     if rejected is not None:
         served = "no request was served: " if metrics.n_served == 0 else ""
         click.echo(f"warning: {served}{rejected}", err=True)

@@ -155,3 +155,57 @@ def validate_pd(as_json: bool, markdown_path: str | None) -> None:
         markdown_path=markdown_path,
         to_markdown=to_markdown,
     )
+
+
+@validate.command("offload")
+@click.option("--json", "as_json", is_flag=True, help="Print the result as one JSON object.")
+@click.option(
+    "--markdown",
+    "markdown_path",
+    default=None,
+    help="Also write the table (docs/validation-offload.md) to this file.",
+)
+@click.option(
+    "--run",
+    "only",
+    multiple=True,
+    help="Replay only this run of the catalogue (a file name without .toml; repeatable).",
+)
+def validate_offload(as_json: bool, markdown_path: str | None, only: tuple[str, ...]) -> None:
+    """Published, measured offload runs (vLLM's OffloadingConnector, LMCache CPU and disk,
+    Mooncake Store, file-system back ends), with and without the tier: measured / model /
+    error per run, TTFT and throughput MAPE and the hit ratio over the checks."""
+    from kvtier.errors import InputError
+    from kvtier.experiments.offload_validation import load_catalogue, run_offload
+    from kvtier.report.offload_validation import offload_json, to_markdown, to_text
+
+    _check_markdown(markdown_path)
+    runs = load_catalogue()
+    if only:
+        names = [r.name for r in runs]
+        unknown = [n for n in only if n not in names]
+        if unknown:
+            raise InputError(
+                f"--run {unknown[0]!r} is not in the catalogue (valid: {', '.join(names)})",
+                option="--run",
+            )
+        runs = [r for r in runs if r.name in only]
+    result = run_offload(runs)
+    _report_validation(
+        result,
+        as_json=as_json,
+        to_json=offload_json,
+        to_text=to_text,
+        misses=[
+            (
+                f"{m.metric}: {', '.join(m.runs)} could not be replayed"
+                if m.metric == "ran"
+                else f"{m.metric} {'MAPE' if m.metric != 'hit_ratio' else 'worst'} "
+                f"{100 * m.value:.1f} {'%' if m.metric != 'hit_ratio' else 'points'} > "
+                f"{100 * m.target:.0f} (worst runs: {', '.join(m.runs)})"
+            )
+            for m in result.missed()
+        ],  # fmt: skip
+        markdown_path=markdown_path,
+        to_markdown=to_markdown,
+    )

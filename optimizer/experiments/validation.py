@@ -1,7 +1,7 @@
 """Validation against published results: the Beluga / MoonCake LV-Eval comparison.
 
 :func:`run_beluga` replays the scenario of ``policies/presets/validation/beluga-lveval.toml``
-(the Beluga paper's testbed, an LV-Eval-like two-pass trace, the ``mooncake-rdma``,
+(the Beluga paper's testbed, an LV-Eval-like two-pass trace, the ``lmcache-0.3-mooncake-beluga``,
 ``beluga-cxl`` and ``vllm-hbm`` presets) and returns every cell of the paper's table with the
 model's value beside it, the extra reproductions (MoonCake with 16-token blocks, Beluga without
 interleaving), the KV geometry checks (docs/sources.md) and the acceptance ratios of issue 7.

@@ -241,15 +241,12 @@ CONNECTORS = Registry(
         Entry(
             "lmcache-mooncake",
             LMCACHE_MOONCAKE,
-            "current LMCache with Mooncake Store: batched get_into registered buffers, "
-            "asynchronous, layer-wise",
+            "LMCache 0.5 with Mooncake Store: one batch_get_into per retrieve, zero copy into "
+            "registered pinned memory, then the copy to the GPU, before the forward pass",
             _path(
-                unit="chunk",
-                order="pipelined",
-                depth=8,
+                unit="transfer",
                 rpc_us=2000.0,
                 stream_gbps=10.0,
-                layerwise=True,
                 pd_decode_hit=False,
             ),
         ),

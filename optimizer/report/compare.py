@@ -99,6 +99,11 @@ def print_comparison(trace_path: str, rows: list[Compared], console: Console) ->
     for r in rows:
         if r.metrics is None:
             console.print(f"* {r.label} could not run: {escape(str(r.error))}")
+    from kvtier.report.tiers import net_loss_lines
+
+    for r in rows:
+        for line in net_loss_lines(r.tiers):
+            console.print(f"[yellow]{escape(r.label)}:[/] {escape(line)}")
     for bias in dict.fromkeys(r.sample_bias for r in rows if r.sample_bias and r.metrics):
         console.print(f"[yellow]warning:[/] {escape(bias)}")
     weighting = [r.metrics.extra.get("latency_weighting") for r in rows if r.metrics is not None]

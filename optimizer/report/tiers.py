@@ -29,6 +29,7 @@ def tier_table(stats: tuple[TierStats, ...] | list[TierStats]) -> Table:
         "workers: rpc / stream / staging / links",
         "busiest link",
         "DWPD (rating)",
+        "load / recompute s",
     ):
         table.add_column(col, justify="left" if col in ("tier", "connector") else "right")
     for s in stats:
@@ -41,6 +42,11 @@ def tier_table(stats: tuple[TierStats, ...] | list[TierStats]) -> Table:
             dwpd = f"{s.dwpd:.2f} ({rating})"
             if s.over_rating:
                 dwpd = f"[bold red]{dwpd} over rating[/]"
+        versus = "-"
+        if not math.isnan(s.load_s_idle):
+            versus = f"{s.load_s_idle:.3g} / {s.recompute_s:.3g}"
+            if s.net_loss:
+                versus = f"[bold red]{versus} net loss[/]"
         table.add_row(
             s.tier,
             s.connector,
@@ -50,8 +56,20 @@ def tier_table(stats: tuple[TierStats, ...] | list[TierStats]) -> Table:
             stages,
             f"{s.busiest_link} {_pct(s.busiest_link_share)}",
             dwpd,
+            versus,
         )
     return table
+
+
+def net_loss_lines(stats: tuple[TierStats, ...] | list[TierStats]) -> list[str]:
+    """One sentence per tier whose path is slower than recomputing (empty when none is)."""
+    return [
+        f"tier {s.tier} ({s.connector}) is a net loss: loading {s.judged_blocks:.0f} blocks "
+        f"takes {s.load_s_idle:.3g} s on an idle path, recomputing them {s.recompute_s:.3g} s, "
+        "so a full hit is slower than a cold prefill"
+        for s in stats
+        if s.net_loss
+    ]
 
 
 def tier_json(stats: tuple[TierStats, ...] | list[TierStats]) -> list[dict[str, Any]]:
@@ -64,4 +82,6 @@ def tier_json(stats: tuple[TierStats, ...] | list[TierStats]) -> list[dict[str, 
             return {k: clean(x) for k, x in v.items()}
         return v
 
-    return [{**clean(asdict(s)), "over_rating": s.over_rating} for s in stats]
+    return [
+        {**clean(asdict(s)), "over_rating": s.over_rating, "net_loss": s.net_loss} for s in stats
+    ]

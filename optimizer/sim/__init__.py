@@ -12,6 +12,8 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+import numpy as np
+
 from kvtier.errors import InputError
 from kvtier.hardware.types import Hardware, ModelProfile
 from kvtier.policy.model import SLO, Policy
@@ -130,7 +132,19 @@ def replay_metrics(
 
     if cfg.concurrency and raw.arrival_s is not None:
         trace = trace.with_arrivals(raw.arrival_s)  # each request counts from its send
-    stats = tuple(tier_stats(cfg.tiers, raw, trace.arrival_s, hardware))
+    stats = tuple(
+        tier_stats(
+            cfg.tiers,
+            raw,
+            trace.arrival_s,
+            hardware,
+            timing=cfg.timing_params(),
+            block_tokens=cfg.block_tokens,
+            prompt_blocks=float(np.mean(np.diff(trace.block_offsets)))
+            if len(trace.arrival_s)
+            else 0.0,
+        )
+    )
     wear = sum(x.wear_per_hour for x in stats)  # SSD endurance used, charged as cost
     energy = replay_energy(raw, cfg, hardware, trace.arrival_s, served_tokens(trace, raw))
     metrics = compute_metrics(

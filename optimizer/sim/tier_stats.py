@@ -12,6 +12,12 @@ engines alike:
   stream, host staging copies, links) over the time the tier's connector workers had (its
   load workers and its store workers, which run apart);
 - the busiest link on the tier's path and its utilisation;
+- the verdict "link slower than recomputing" (``net_loss``): the seconds one request's typical
+  load from the tier takes through its connector on an idle path (the mean blocks a loading
+  request took from it, or the mean prompt when none did) against the seconds its instance
+  computes those tokens from scratch. A tier whose loads lose to recompute makes a full hit
+  slower than a cold prefill; the report says so beside the tier (docs/model.md, "What the
+  replay shows");
 - SSD wear: drive writes per day at the trace's rate (bytes written per pool, per day, over
   one pool's drives' capacity) against the profile's rating, and its cost: each drive endures
   ``dwpd x capacity x 365 x warranty_years`` bytes for its price.
@@ -48,6 +54,15 @@ class TierStats:
     dwpd: float  # drive writes per day at the trace's rate (NaN: not an SSD / no rating)
     dwpd_rating: float  # the profile's rating (0: not rated)
     wear_per_hour: float  # $ of drive endurance used per hour of the replay
+    judged_blocks: float = math.nan  # the load the verdict below is taken on (blocks)
+    load_s_idle: float = math.nan  # seconds to load them through the connector, idle path
+    recompute_s: float = math.nan  # seconds the instance computes their tokens from scratch
+
+    @property
+    def net_loss(self) -> bool:
+        """The tier's path is slower than recomputing: loading a typical hit takes longer
+        than computing its tokens again (a full hit is then slower than a cold prefill)."""
+        return self.load_s_idle > self.recompute_s
 
     @property
     def over_rating(self) -> bool:
@@ -64,10 +79,54 @@ def replay_span(arrival_s: np.ndarray, raw: RawResult) -> float:
     return float(raw.end_s) - start
 
 
+def load_vs_recompute(
+    tiers: TierConfig, timing: np.ndarray, block_tokens: int, t: int, blocks: float, inst: int = 0
+) -> tuple[float, float]:
+    """(seconds to load ``blocks`` blocks from tier ``t`` into instance ``inst`` through the
+    tier's connector on an idle path, seconds the instance takes to compute their tokens with no
+    prefix): the two sides of the net-loss verdict, from the formulas both engines run."""
+    from kvtier.sim.timing import prefill_seconds
+    from kvtier.sim.transfer import ops_of, path_estimate
+
+    n = max(int(round(blocks)), 1)
+    fin = path_estimate(
+        0.0,
+        n * tiers.block_bytes,
+        ops_of(int(tiers.unit[t]), n, tiers.fragments, tiers.coalesce),
+        float(tiers.rpc_s[t]),
+        float(tiers.stream_bw[t]),
+        float(tiers.stage_bw[t, inst]),
+        int(tiers.serial[t]),
+        int(tiers.depth[t]),
+        float(tiers.lat_s[t]),
+        float(tiers.cap_bw[t]),
+        tiers.gpu_path[t, inst],
+        tiers.gpu_scale[t],
+        tiers.link_bw_read,
+        tiers.link_duplex,
+        0,
+        np.zeros(2 * max(tiers.n_links, 1)),
+        np.zeros(2 * max(tiers.n_workers, 1)),
+        int(tiers.w0[t, inst]),
+        int(tiers.nw[t]),
+    )
+    return float(fin), float(prefill_seconds(n * block_tokens, 0, timing))
+
+
 def tier_stats(
-    tiers: TierConfig | None, raw: RawResult, arrival_s: np.ndarray, hardware: Hardware
+    tiers: TierConfig | None,
+    raw: RawResult,
+    arrival_s: np.ndarray,
+    hardware: Hardware,
+    *,
+    timing: np.ndarray | None = None,
+    block_tokens: int = 0,
+    prompt_blocks: float = 0.0,
 ) -> list[TierStats]:
-    """One :class:`TierStats` per lower tier (none without tiers)."""
+    """One :class:`TierStats` per lower tier (none without tiers). With ``timing`` (the
+    instances' packed step-time array) and ``block_tokens``, each row carries the net-loss
+    verdict, judged on the mean load from the tier or, when nothing loaded, on
+    ``prompt_blocks`` (the mean prompt's full blocks)."""
     if tiers is None or not len(raw.tier_hit_blocks):
         return []
     span = replay_span(arrival_s, raw)
@@ -99,6 +158,11 @@ def tier_stats(
             if hw.dwpd > 0 and hw.drive_price > 0:
                 endurance = hw.dwpd * (hw.capacity_bytes / hw.drives) * 365.0 * hw.warranty_years
                 wear = written / (span / 3600.0) * hw.drive_price / endurance
+        judged, load_idle, recompute = math.nan, math.nan, math.nan
+        if timing is not None and block_tokens > 0:
+            judged = float(raw.loaded_blocks[from_t, t].mean()) if from_t.any() else prompt_blocks
+            if judged >= 1:
+                load_idle, recompute = load_vs_recompute(tiers, timing, block_tokens, t, judged)
         rows.append(
             TierStats(
                 tier=name,
@@ -113,6 +177,9 @@ def tier_stats(
                 dwpd=dwpd,
                 dwpd_rating=rating,
                 wear_per_hour=wear,
+                judged_blocks=judged,
+                load_s_idle=load_idle,
+                recompute_s=recompute,
             )
         )
     return rows

@@ -1,0 +1,398 @@
+"""``kvtier validate offload``: published, measured offload runs beside the model's replay.
+
+Each run is a scenario file under ``policies/presets/validation/offload/``. It declares, before
+anything is replayed, its ``role`` (``calibration``: a figure some parameter was set from, shown
+but never counted; ``check``: counted), where it was published and exactly what was read
+(``[source]``), the conditions it ran under (``[conditions]``: hardware and its topology,
+model, instances and tp, the workload, the load generator), the two deployments it compares
+(``[baseline]`` without the tier, ``[tiered]`` with it: a built-in preset and ``--set``
+overrides), and the measured figures of each (``[measured.baseline]``, ``[measured.tiered]``:
+mean TTFT, throughput, the hit ratio where published).
+
+Workloads (``conditions.workload``):
+
+- ``shared_prefix``: inference-perf's shared-prefix generator, ``groups`` system prompts of
+  ``system_tokens`` each, ``prompts_per_group`` questions of ``question_tokens`` per group,
+  ``output_tokens`` out; ``requests`` requests cycle over the prompts in a seeded random order;
+- ``rounds``: ``requests`` distinct prompts of ``input_tokens`` sent at once, then the same
+  prompts again once the first round has finished (a cold round, then a full-hit round: the
+  baseline figures are the first round's, the tiered figures the second's, one replay).
+
+Load (``conditions.load``): ``poisson`` at ``rate`` requests/s (seeded), ``concurrency`` (a
+closed loop of ``concurrency`` clients, ``kvtier replay --concurrency``), or ``burst`` (all at
+t = 0). Throughput is ``throughput_unit``: ``tok/s`` (input plus output tokens over the run's
+span, as inference-perf's "overall throughput") or ``req/s``.
+
+The targets over the checks (docs/validation-offload.md): TTFT MAPE <= 15 %, throughput MAPE
+<= 10 %, hit ratio within 5 points; :meth:`OffloadValidation.missed` names each one missed.
+"""
+
+from __future__ import annotations
+
+import tomllib
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from kvtier.errors import InputError
+from kvtier.policy.presets import BUILTIN_DIR
+
+OFFLOAD_DIR = BUILTIN_DIR / "validation" / "offload"
+ROLES = ("check", "calibration")
+WORKLOADS = ("shared_prefix", "rounds")
+LOADS = ("poisson", "concurrency", "burst")
+UNITS = ("tok/s", "req/s")
+SIDES = ("baseline", "tiered")
+METRICS = ("ttft_mean_s", "throughput", "hit_ratio")
+TARGETS = {"ttft_mean_s": 0.15, "throughput": 0.10}  # MAPE over the checks
+HIT_POINTS = 0.05  # hit ratio within 5 points
+NATIVE_BLOCK = 16  # the traces' hash granularity: every published length is a multiple of it
+ROUND_GAP_S = 1.0e6  # the second round starts long after the first has finished
+
+_TOP = {"role", "system", "source", "conditions", "baseline", "tiered", "measured"}
+_SOURCE = {"title", "url", "date", "read"}
+_CONDITIONS = {
+    "hardware",
+    "hosts",
+    "gpus_per_host",
+    "model",
+    "workload",
+    "groups",
+    "prompts_per_group",
+    "system_tokens",
+    "question_tokens",
+    "input_tokens",
+    "output_tokens",
+    "requests",
+    "load",
+    "rate",
+    "concurrency",
+    "throughput_unit",
+    "seed",
+    "notes",
+}
+_DEPLOY = {"preset", "set"}
+
+
+@dataclass(frozen=True)
+class OffloadRun:
+    """One published run: its role, source, conditions and both deployments' figures."""
+
+    name: str
+    role: str
+    system: str
+    source: dict[str, str]
+    conditions: dict[str, Any]
+    deploy: dict[str, dict[str, Any]]  # side -> {"preset", "set"}
+    measured: dict[str, dict[str, float]]  # side -> metric -> value
+    path: str
+
+    @property
+    def unit(self) -> str:
+        return str(self.conditions.get("throughput_unit", "tok/s"))
+
+
+@dataclass(frozen=True)
+class Cell:
+    """One measured figure of a run beside the model's."""
+
+    run: str
+    role: str
+    side: str
+    metric: str
+    measured: float
+    model: float | None
+
+    @property
+    def error(self) -> float | None:
+        """Relative error (model / measured - 1); for a hit ratio, the difference in points."""
+        if self.model is None:
+            return None
+        if self.metric == "hit_ratio":
+            return self.model - self.measured
+        return self.model / self.measured - 1.0
+
+
+@dataclass(frozen=True)
+class Miss:
+    metric: str
+    value: float
+    target: float
+    runs: tuple[str, ...] = ()
+
+
+@dataclass
+class OffloadValidation:
+    runs: list[OffloadRun]
+    cells: list[Cell]
+    notes: dict[str, str]  # run -> why the model could not run it (empty when it ran)
+
+    def checks(self, metric: str) -> list[Cell]:
+        return [c for c in self.cells if c.role == "check" and c.metric == metric]
+
+    def mape(self, metric: str) -> float | None:
+        errs = [abs(c.error) for c in self.checks(metric) if c.error is not None]
+        return float(np.mean(errs)) if errs else None
+
+    def missed(self) -> list[Miss]:
+        out = []
+        for metric, target in TARGETS.items():
+            m = self.mape(metric)
+            if m is None or m > target:
+                worst = sorted(
+                    (c for c in self.checks(metric) if c.error is not None),
+                    key=lambda c: -abs(c.error or 0.0),
+                )
+                out.append(
+                    Miss(metric, float("nan") if m is None else m, target,
+                         tuple(dict.fromkeys(c.run for c in worst[:3])))
+                )  # fmt: skip
+        far = [c for c in self.checks("hit_ratio") if c.error is None or abs(c.error) > HIT_POINTS]
+        if far:
+            worst = max(abs(c.error) if c.error is not None else np.inf for c in far)
+            out.append(
+                Miss(
+                    "hit_ratio", float(worst), HIT_POINTS, tuple(dict.fromkeys(c.run for c in far))
+                )
+            )
+        for name, why in self.notes.items():
+            if why and any(r.name == name and r.role == "check" for r in self.runs):
+                out.append(Miss("ran", float("nan"), 0.0, (name,)))
+        return out
+
+
+def _check_keys(data: dict[str, Any], allowed: set[str], table: str, path: str) -> None:
+    unknown = sorted(set(data) - allowed)
+    if unknown:
+        raise InputError(
+            f"{path}: unknown key {table}{unknown[0]} (valid: {', '.join(sorted(allowed))})"
+        )
+
+
+def load_run(path: Path) -> OffloadRun:
+    """One scenario file, checked: every key known, the role declared first, the workload,
+    load and unit valid, both sides' figures positive."""
+    text = path.read_text()
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as err:
+        raise InputError(f"{path}: not TOML ({err})") from None
+    first = next((ln for ln in text.splitlines() if ln.strip() and not ln.startswith("#")), "")
+    if not first.replace(" ", "").startswith("role="):
+        raise InputError(f"{path}: the role (calibration or check) must be declared first")
+    _check_keys(data, _TOP, "", str(path))
+    for key in _TOP:
+        if key not in data:
+            raise InputError(f"{path}: missing key {key}")
+    if data["role"] not in ROLES:
+        raise InputError(f"{path}: role {data['role']!r} (valid: {', '.join(ROLES)})")
+    _check_keys(data["source"], _SOURCE, "source.", str(path))
+    if sorted(_SOURCE - set(data["source"])):
+        raise InputError(f"{path}: missing key source.{sorted(_SOURCE - set(data['source']))[0]}")
+    cond = dict(data["conditions"])
+    _check_keys(cond, _CONDITIONS, "conditions.", str(path))
+    for key, choices in (("workload", WORKLOADS), ("load", LOADS)):
+        if cond.get(key) not in choices:
+            raise InputError(
+                f"{path}: conditions.{key} {cond.get(key)!r} (valid: {', '.join(choices)})"
+            )
+    if cond.get("throughput_unit", "tok/s") not in UNITS:
+        raise InputError(f"{path}: conditions.throughput_unit (valid: {', '.join(UNITS)})")
+    for key in ("hardware", "model", "requests", "output_tokens"):
+        if key not in cond:
+            raise InputError(f"{path}: missing key conditions.{key}")
+    deploy: dict[str, dict[str, Any]] = {}
+    for side in SIDES:
+        table = data.get(side, {})
+        _check_keys(table, _DEPLOY, f"{side}.", str(path))
+        if "preset" not in table:
+            raise InputError(f"{path}: missing key {side}.preset")
+        deploy[side] = {"preset": table["preset"], "set": dict(table.get("set", {}))}
+    measured: dict[str, dict[str, float]] = {}
+    for side in SIDES:
+        figs = dict(data["measured"].get(side, {}))
+        _check_keys(figs, set(METRICS), f"measured.{side}.", str(path))
+        for metric, value in figs.items():
+            ok = 0 <= value <= 1 if metric == "hit_ratio" else value > 0
+            if not isinstance(value, (int, float)) or not ok:
+                raise InputError(f"{path}: measured.{side}.{metric} out of range: {value!r}")
+        measured[side] = {k: float(v) for k, v in figs.items()}
+    if not any(measured[s] for s in SIDES):
+        raise InputError(f"{path}: no measured figure")
+    return OffloadRun(
+        path.stem,
+        data["role"],
+        str(data["system"]),
+        dict(data["source"]),
+        cond,
+        deploy,
+        measured,
+        str(path),
+    )
+
+
+def load_catalogue(directory: Path = OFFLOAD_DIR) -> list[OffloadRun]:
+    """Every run of the catalogue, by file name."""
+    return [load_run(p) for p in sorted(directory.glob("*.toml"))]
+
+
+def _prompts(c: dict[str, Any]) -> list[np.ndarray]:
+    """Each distinct prompt's native block hashes (16-token blocks, chained by construction:
+    a shared system prompt's blocks are shared, every other block is the prompt's own)."""
+    nxt = 1
+    out: list[np.ndarray] = []
+    if c["workload"] == "rounds":
+        per = int(c["input_tokens"]) // NATIVE_BLOCK
+        for _ in range(int(c["requests"])):
+            out.append(np.arange(nxt, nxt + per, dtype=np.uint64))
+            nxt += per
+        return out
+    sys_blocks = int(c["system_tokens"]) // NATIVE_BLOCK
+    q_blocks = -(-int(c["question_tokens"]) // NATIVE_BLOCK)
+    for _ in range(int(c["groups"])):
+        system = np.arange(nxt, nxt + sys_blocks, dtype=np.uint64)
+        nxt += sys_blocks
+        for _ in range(int(c["prompts_per_group"])):
+            q = np.arange(nxt, nxt + q_blocks, dtype=np.uint64)
+            nxt += q_blocks
+            out.append(np.concatenate([system, q]))
+    return out
+
+
+def build_trace(run: OffloadRun) -> Any:
+    """The run's requests as a trace (arrivals of the open-loop or burst load; a closed loop's
+    sends are the replay's)."""
+    from kvtier.trace.format import Trace
+
+    c = run.conditions
+    rng = np.random.default_rng(int(c.get("seed", 1)))
+    prompts = _prompts(c)
+    n = int(c["requests"])
+    if c["workload"] == "rounds":
+        order = np.concatenate([np.arange(n), np.arange(n)])
+        input_tokens = np.full(2 * n, int(c["input_tokens"]), dtype=np.int64)
+        arrival = np.concatenate([np.zeros(n), np.full(n, ROUND_GAP_S)])
+    else:
+        order = rng.permutation(np.resize(np.arange(len(prompts)), n))
+        isl = int(c["system_tokens"]) + int(c["question_tokens"])
+        input_tokens = np.full(n, isl, dtype=np.int64)
+        if c["load"] == "poisson":
+            arrival = np.cumsum(rng.exponential(1.0 / float(c["rate"]), n))
+            arrival -= arrival[0]
+        else:
+            arrival = np.zeros(n)
+    blocks = [prompts[i] for i in order]
+    offsets = np.zeros(len(blocks) + 1, dtype=np.int64)
+    offsets[1:] = np.cumsum([len(b) for b in blocks])
+    return Trace.from_arrays(
+        arrival_s=arrival,
+        input_tokens=input_tokens,
+        output_tokens=np.full(len(blocks), int(c["output_tokens"]), dtype=np.int64),
+        hash_offsets=offsets,
+        hashes=np.concatenate(blocks),
+        block_tokens=NATIVE_BLOCK,
+        source=f"validation offload {run.name}",
+    )
+
+
+def _hardware(run: OffloadRun) -> Any:
+    from kvtier.hardware import load_hardware
+
+    c = run.conditions
+    hw = load_hardware(c["hardware"])
+    topo = hw.topology
+    return replace(
+        hw,
+        topology=replace(
+            topo,
+            hosts=int(c.get("hosts", topo.hosts)),
+            gpus_per_host=int(c.get("gpus_per_host", topo.gpus_per_host)),
+        ),
+    )
+
+
+def _policy(run: OffloadRun, side: str) -> Any:
+    from kvtier.policy.overrides import apply_overrides
+    from kvtier.policy.presets import load_preset
+
+    d = run.deploy[side]
+    policy = load_preset(d["preset"])
+    return apply_overrides(policy, d["set"], f"{run.path} [{side}.set]")
+
+
+def _figures(trace: Any, raw: Any, metrics: Any, sel: np.ndarray, unit: str) -> dict[str, float]:
+    """Mean TTFT, throughput and hit ratio of the requests ``sel`` of one replay."""
+    arrival = raw.arrival_s if raw.arrival_s is not None else trace.arrival_s
+    first, finish = raw.first_token_s[sel], raw.finish_s[sel]
+    served = ~np.isnan(finish)
+    span = float(np.max(finish[served]) - np.min(arrival[sel])) if served.any() else np.nan
+    if unit == "req/s":
+        throughput = float(served.sum()) / span
+    else:
+        tokens = trace.input_tokens[sel][served].sum() + trace.output_tokens[sel][served].sum()
+        throughput = float(tokens) / span
+    out = {
+        "ttft_mean_s": float(np.nanmean(first - arrival[sel])),
+        "throughput": throughput,
+    }
+    if metrics is not None:
+        out["hit_ratio"] = float(sum(metrics.hit_ratio_tokens.values()))
+    return out
+
+
+def _hit_ratio(trace: Any, raw: Any, sel: np.ndarray) -> float:
+    """Prompt tokens found in HBM or a lower tier over prompt tokens, for the requests
+    ``sel``."""
+    hit = raw.hit_blocks[sel].sum()
+    if raw.loaded_blocks.size:
+        hit += raw.loaded_blocks[sel].sum()
+    return float(hit * trace.block_tokens) / float(trace.input_tokens[sel].sum())
+
+
+def model_figures(run: OffloadRun) -> dict[str, dict[str, float]]:
+    """The model's figures of both sides (a ``rounds`` run: one replay, its two rounds)."""
+    from kvtier.hardware import load_model
+    from kvtier.scenario import Scenario
+
+    c = run.conditions
+    hw, model = _hardware(run), load_model(c["model"])
+    trace = build_trace(run)
+    closed = int(c.get("concurrency", 0)) if c["load"] == "concurrency" else 0
+    out: dict[str, dict[str, float]] = {}
+    sides = ("tiered",) if c["workload"] == "rounds" else SIDES
+    for side in sides:
+        policy = _policy(run, side)
+        rep = Scenario(trace, hw, model, policy).replay(concurrency=closed)
+        n = len(rep.trace.arrival_s)
+        if c["workload"] == "rounds":
+            half = n // 2
+            for name, sel in (("baseline", np.arange(half)), ("tiered", np.arange(half, n))):
+                figs = _figures(rep.trace, rep.raw, None, sel, run.unit)
+                figs["hit_ratio"] = _hit_ratio(rep.trace, rep.raw, sel)
+                out[name] = figs
+        else:
+            figs = _figures(rep.trace, rep.raw, rep.metrics, np.arange(n), run.unit)
+            out[side] = figs
+    return out
+
+
+def run_offload(runs: list[OffloadRun] | None = None) -> OffloadValidation:
+    """Replay every run, both sides, and set each measured figure beside the model's."""
+    runs = load_catalogue() if runs is None else runs
+    if not runs:
+        raise InputError(f"no offload runs in {OFFLOAD_DIR}")
+    cells: list[Cell] = []
+    notes: dict[str, str] = {}
+    for run in runs:
+        try:
+            model = model_figures(run)
+            notes[run.name] = ""
+        except InputError as err:
+            model, notes[run.name] = {}, err.message
+        for side in SIDES:
+            for metric, value in run.measured[side].items():
+                got = model.get(side, {}).get(metric)
+                cells.append(Cell(run.name, run.role, side, metric, value, got))
+    return OffloadValidation(runs, cells, notes)

@@ -1,0 +1,135 @@
+"""How ``kvtier validate offload`` reports: a table per run (measured, model, error, role), the
+MAPE per metric over the checks against its target, as text, JSON and markdown."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from kvtier.experiments.offload_validation import HIT_POINTS, SIDES, TARGETS
+
+if TYPE_CHECKING:
+    from kvtier.experiments.offload_validation import Cell, OffloadValidation
+
+LABELS = {"ttft_mean_s": "TTFT mean s", "throughput": "throughput", "hit_ratio": "hit ratio"}
+
+
+def _num(x: float | None) -> str:
+    if x is None:
+        return "-"
+    return f"{x:,.3g}" if abs(x) < 1000 else f"{x:,.0f}"
+
+
+def _err(c: Cell) -> str:
+    e = c.error
+    if e is None:
+        return "-"
+    if c.metric == "hit_ratio":
+        return f"{100 * e:+.1f} pts"
+    return f"{100 * e:+.1f} %"
+
+
+def _rows(result: OffloadValidation, run: str) -> list[list[str]]:
+    units = {r.name: r.unit for r in result.runs}
+    out = []
+    for c in result.cells:
+        if c.run != run:
+            continue
+        label = LABELS[c.metric] + (f" ({units[run]})" if c.metric == "throughput" else "")
+        out.append([c.side, label, _num(c.measured), _num(c.model), _err(c), c.role])
+    return out
+
+
+def _summary(result: OffloadValidation) -> list[str]:
+    lines = []
+    for metric, target in TARGETS.items():
+        m = result.mape(metric)
+        got = "-" if m is None else f"{100 * m:.1f} %"
+        n = len(result.checks(metric))
+        met = m is not None and m <= target
+        lines.append(
+            f"{LABELS[metric]} MAPE over {n} checks: {got} (target <= {100 * target:.0f} %: "
+            f"{'met' if met else 'missed'})"
+        )
+    hits = [c for c in result.checks("hit_ratio") if c.error is not None]
+    if hits:
+        worst = max(abs(c.error or 0.0) for c in hits)
+        lines.append(
+            f"hit ratio over {len(hits)} checks: worst {100 * worst:.1f} points "
+            f"(target within {100 * HIT_POINTS:.0f}: {'met' if worst <= HIT_POINTS else 'missed'})"
+        )
+    else:
+        lines.append("hit ratio: no run of the catalogue publishes one")
+    return lines
+
+
+def to_text(result: OffloadValidation) -> str:
+    head = ["side", "metric", "measured", "model", "error", "role"]
+    lines: list[str] = []
+    for run in result.runs:
+        lines.append(f"{run.name}: {run.system} ({run.role})")
+        lines.append(f"  {run.source['title']}, {run.source['date']}")
+        why = result.notes.get(run.name)
+        if why:
+            lines.append(f"  the model could not run it: {why}")
+        rows = [head, *_rows(result, run.name)]
+        widths = [max(len(r[i]) for r in rows) for i in range(len(head))]
+        for r in rows:
+            cells = zip(r, widths, strict=True)
+            lines.append(
+                "  "
+                + "  ".join(v.rjust(w) if i > 1 else v.ljust(w) for i, (v, w) in enumerate(cells))
+            )
+        lines.append("")
+    lines += _summary(result)
+    return "\n".join(lines)
+
+
+def offload_json(result: OffloadValidation) -> dict[str, Any]:
+    return {
+        "runs": [
+            {
+                "name": r.name,
+                "role": r.role,
+                "system": r.system,
+                "source": r.source,
+                "conditions": r.conditions,
+                "throughput_unit": r.unit,
+                "error": result.notes.get(r.name) or None,
+                "cells": [
+                    {
+                        "side": c.side,
+                        "metric": c.metric,
+                        "measured": c.measured,
+                        "model": c.model,
+                        "error": c.error,
+                    }
+                    for c in result.cells
+                    if c.run == r.name
+                ],
+            }
+            for r in result.runs
+        ],
+        "mape": {m: result.mape(m) for m in TARGETS},
+        "targets": {**TARGETS, "hit_ratio_points": HIT_POINTS},
+        "missed": [
+            {"metric": m.metric, "value": m.value, "target": m.target, "runs": list(m.runs)}
+            for m in result.missed()
+        ],
+    }
+
+
+def to_markdown(result: OffloadValidation) -> str:
+    lines = [
+        "| run | role | side | metric | measured | model | error |",
+        "|---|---|---|---|---:|---:|---:|",
+    ]
+    for run in result.runs:
+        for side in SIDES:
+            for row in _rows(result, run.name):
+                if row[0] == side:
+                    lines.append(
+                        f"| `{run.name}` | {run.role} | {side} | {row[1]} | {row[2]} | "
+                        f"{row[3]} | {row[4]} |"
+                    )
+    lines += ["", *(f"- {s}" for s in _summary(result))]
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,141 @@
+"""``kvtier validate offload``: the catalogue's files, the targets' arithmetic, and the command
+on one run (its table's structure, and exit code 1 naming each missed target)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from kvtier.cli import main
+from kvtier.errors import InputError
+from kvtier.experiments.offload_validation import (
+    OFFLOAD_DIR,
+    Cell,
+    OffloadValidation,
+    build_trace,
+    load_catalogue,
+    load_run,
+)
+
+SMALL = "mooncake-store-lmcache-qwen72b-h800"  # 2 x 50 requests on one instance
+
+
+def test_catalogue_runs_are_each_sourced_and_declared_first() -> None:
+    runs = load_catalogue()
+    assert len(runs) >= 11
+    for r in runs:
+        assert r.role in ("check", "calibration")
+        assert r.source["url"].startswith("https://") and r.source["read"]
+        assert r.measured["baseline"] and r.measured["tiered"]
+        first = next(
+            ln for ln in Path(r.path).read_text().splitlines() if ln and not ln.startswith("#")
+        )
+        assert first.startswith("role")  # declared before anything else
+
+
+def test_shared_prefix_trace_shares_only_the_system_prompt() -> None:
+    run = next(r for r in load_catalogue() if r.name.endswith("c45-low-cache"))
+    trace = build_trace(run)
+    table = trace.table
+    assert len(table) == run.conditions["requests"]
+    hashes = table.column("block_hashes").to_pylist()
+    sys_blocks = run.conditions["system_tokens"] // 16
+    groups = {tuple(h[:sys_blocks]) for h in hashes}
+    assert len(groups) == run.conditions["groups"]
+    assert len({tuple(h[sys_blocks:]) for h in hashes}) == 450  # every question its own
+
+
+def test_role_must_come_first_and_keys_are_checked(tmp_path: Path) -> None:
+    src = (OFFLOAD_DIR / f"{SMALL}.toml").read_text()
+    body = src.split("\n", 1)[1]
+    bad = tmp_path / "late.toml"
+    bad.write_text(body + '\nrole = "check"\n')
+    with pytest.raises(InputError, match="declared first"):
+        load_run(bad)
+    typo = tmp_path / "typo.toml"
+    typo.write_text(src.replace("[conditions]", "[conditions]\nbogus = 1"))
+    with pytest.raises(InputError, match=r"conditions\.bogus"):
+        load_run(typo)
+    neg = tmp_path / "neg.toml"
+    neg.write_text(src.replace("ttft_mean_s = 6.71", "ttft_mean_s = -1"))
+    with pytest.raises(InputError, match="out of range"):
+        load_run(neg)
+
+
+def _result(errors: dict[str, float], role: str = "check") -> OffloadValidation:
+    runs = [r for r in load_catalogue() if r.name == SMALL]
+    cells = [
+        Cell(SMALL, role, "tiered", m, 10.0 if m != "hit_ratio" else 0.9,
+             (10.0 * (1 + e)) if m != "hit_ratio" else 0.9 + e)
+        for m, e in errors.items()
+    ]  # fmt: skip
+    return OffloadValidation(runs, cells, {SMALL: ""})
+
+
+def test_targets_met_and_missed() -> None:
+    ok = _result({"ttft_mean_s": 0.149, "throughput": -0.099, "hit_ratio": 0.049})
+    assert ok.missed() == []
+    bad = _result({"ttft_mean_s": 0.151, "throughput": 0.10001, "hit_ratio": -0.051})
+    assert {m.metric for m in bad.missed()} == {"ttft_mean_s", "throughput", "hit_ratio"}
+    # calibration cells are shown, never counted
+    calib = _result({"ttft_mean_s": 5.0, "throughput": 5.0}, role="calibration")
+    assert calib.mape("ttft_mean_s") is None
+    assert {m.metric for m in calib.missed()} == {"ttft_mean_s", "throughput"}  # no checks
+
+
+def test_unknown_run_is_a_one_line_error() -> None:
+    res = CliRunner().invoke(main, ["validate", "offload", "--run", "nope"])
+    assert res.exit_code == 2
+    assert "--run" in res.output and SMALL in res.output and "Traceback" not in res.output
+
+
+def test_command_on_one_run_prints_its_table_and_exit_code_follows_the_targets() -> None:
+    res = CliRunner().invoke(main, ["validate", "offload", "--run", SMALL, "--json"])
+    assert res.exit_code in (0, 1), res.output
+    data = json.loads(res.stdout)
+    (run,) = data["runs"]
+    assert run["name"] == SMALL and run["role"] == "check" and run["error"] is None
+    cells = {(c["side"], c["metric"]): c for c in run["cells"]}
+    assert set(cells) == {
+        (s, m) for s in ("baseline", "tiered") for m in ("ttft_mean_s", "throughput")
+    }
+    for c in cells.values():
+        assert c["model"] > 0 and c["error"] == pytest.approx(c["model"] / c["measured"] - 1)
+    # one replay gives both rounds of a rounds run: its cold round and its full-hit round differ
+    assert cells["tiered", "ttft_mean_s"]["model"] != cells["baseline", "ttft_mean_s"]["model"]
+    missed = {m["metric"] for m in data["missed"]}
+    assert (res.exit_code == 1) == bool(missed)
+    for metric in missed:
+        assert f"target missed: {metric}" in res.stderr
+    text = CliRunner().invoke(main, ["validate", "offload", "--run", SMALL])
+    assert text.exit_code == res.exit_code
+    for word in ("measured", "model", "error", "role", "TTFT mean s", "MAPE"):
+        assert word in text.stdout
+
+
+@pytest.mark.slow
+def test_full_catalogue_replays() -> None:
+    res = CliRunner().invoke(main, ["validate", "offload", "--json"])
+    assert res.exit_code in (0, 1), res.output
+    data = json.loads(res.stdout)
+    assert all(r["error"] is None for r in data["runs"])
+    assert (res.exit_code == 1) == bool(data["missed"])
+
+
+def test_the_mooncake_run_replays_the_same_on_both_engines() -> None:
+    """The validation's replay of a run through the reference: identical per-request times."""
+    from kvtier.experiments.offload_validation import _hardware, _policy
+    from kvtier.hardware import load_model
+    from kvtier.scenario import Scenario
+
+    run = next(r for r in load_catalogue() if r.name == SMALL)
+    trace, hw = build_trace(run), _hardware(run)
+    model = load_model(run.conditions["model"])
+    policy = _policy(run, "tiered")
+    fast = Scenario(trace, hw, model, policy).replay()
+    ref = Scenario(trace, hw, model, policy, engine="reference").replay()
+    assert (fast.raw.first_token_s == ref.raw.first_token_s).all()
+    assert (fast.raw.finish_s == ref.raw.finish_s).all()
