@@ -272,6 +272,7 @@ def _tier_hardware(name: str, t: Table) -> TierHardware:
         shared=t.boolean("shared") if t.has("shared") else None,
         ports=t.integer("ports", 1),
         attach=t.string("attach", "host", choices=("host", "gpu")),
+        gpu_link_bw=t.number("gpu_link_gbps", 0.0, nonneg=True) * GB,
         dwpd=t.number("dwpd", 0.0, nonneg=True),
         drives=t.integer("drives", 1),
         drive_price=t.number("drive_price", 0.0, nonneg=True, at_most=MAX_PRICE),
@@ -282,4 +283,9 @@ def _tier_hardware(name: str, t: Table) -> TierHardware:
         pool_w=t.number("pool_w", pool_w, nonneg=True),
     )
     t.done()
+    if TIER_KINDS[name].traits.get("gpu_link") and tier.gpu_link_bw <= 0:
+        raise t.error(
+            f"tiers.{name}.gpu_link_gbps",
+            "required: each GPU reaches this kind over a link of its own (GB/s per GPU, > 0)",
+        )
     return tier

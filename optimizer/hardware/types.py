@@ -197,6 +197,9 @@ class TierHardware:
     # (HGX: one NIC per GPU), ``"host"``: the host's transfers share the ports as one link.
     ports: int = 1
     attach: str = "host"
+    # a kind with the ``gpu_link`` trait (NVLink-C2C memory, GPU-attached CXL): bytes/s of
+    # the link each GPU reaches it over instead of its PCIe link (0: over PCIe)
+    gpu_link_bw: float = 0.0
     # SSD endurance: drive writes per day over the warranty, drives per pool, $ per drive
     # (0: not rated); the replay reports DWPD at the trace's rate and charges wear.
     dwpd: float = 0.0
