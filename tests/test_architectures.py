@@ -16,6 +16,7 @@ from kvtier.policy.model import policy_from_dict
 from kvtier.sim.tiers import build_tiers
 from kvtier.tier_kinds import TIER_KINDS, trait
 
+ROOT = Path(__file__).resolve().parent.parent
 NEW_KINDS = ("c2c", "gpu_cxl", "photonic", "memfabric", "memserver")
 PROFILES = {
     "gh200-node": "c2c",
@@ -89,3 +90,85 @@ def test_a_gpu_link_kind_without_its_rate_is_a_one_line_error(tmp_path: Path) ->
 def test_no_exporter_claims_a_kind_it_cannot_place(target: str) -> None:
     caps = capabilities(target)
     assert not set(caps.tiers) & set(NEW_KINDS)
+
+
+def _hbf_config(hw: str, model: str = "llama-3.1-8b", **serving):
+    from dataclasses import replace
+
+    from kvtier.policy import Policy
+    from kvtier.sim import build_config
+
+    p = Policy()
+    p = replace(p, serving=replace(p.serving, **serving))
+    return build_config(load_hardware(hw), load_model(model), p)
+
+
+def test_weights_in_hbf_free_hbm_for_kv_and_are_read_at_the_hbf_rate() -> None:
+    model = load_model("llama-3.1-8b")
+    hbm = _hbf_config("h200-hbf-node", instances=1)
+    hbf = _hbf_config("h200-hbf-node", instances=1, weights_in_hbf=True)
+    block = 16 * model.kv_bytes_per_token()
+    gpu = load_gpu("h200-hbf")
+    per_gpu = gpu.hbm_bytes * 0.9 - 2 * GB
+    assert hbm.capacity_blocks == int((per_gpu - model.weight_bytes) // block)
+    assert hbf.capacity_blocks == int(per_gpu // block)
+    # the weights' bytes weighed by HBM's rate over HBF's (4.8 / 1.6 TB/s): read 3x slower
+    assert hbf.weight_bytes == pytest.approx(model.weight_bytes * 3.0, rel=1e-12)
+    assert hbf.step_backend == "roofline" and "HBF" in hbf.step_provenance
+    # a 70B model needs two H200s in HBM, one with its weights in HBF
+    big = _hbf_config("h200-hbf-node", "llama-3.1-70b", instances=1, weights_in_hbf=True)
+    assert big.capacity_blocks > 0
+    with pytest.raises(InputError, match="leaves no room"):
+        _hbf_config("h200-hbf-node", "llama-3.1-70b", instances=1)
+
+
+def test_weights_in_hbf_errors_name_the_option() -> None:
+    with pytest.raises(InputError, match="has no HBF") as err:
+        _hbf_config("h200-node", weights_in_hbf=True)
+    assert err.value.option == "serving.weights_in_hbf"
+    with pytest.raises(InputError, match="do not fit"):
+        _hbf_config("h200-hbf-node", "llama-3.1-405b", instances=1, weights_in_hbf=True)
+
+
+ARCH_PRESETS = {
+    "emfasys-memfabric": "memfabric",
+    "memoryai-memserver": "memserver",
+    "structera-cxl": "cxl",
+    "photonic-pool": "photonic",
+    "gb200-kvbm": "c2c",
+}
+
+
+@pytest.fixture(scope="module")
+def chat_head(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """The first 600 requests of the bundled multi-turn chat sample (traces/README.md)."""
+    from dataclasses import replace
+
+    from kvtier.trace.io import read_trace, write_trace
+
+    trace = read_trace(ROOT / "traces" / "sample-chat.parquet")
+    path = tmp_path_factory.mktemp("chat") / "head.parquet"
+    head = replace(trace, table=trace.table.slice(0, 600))
+    write_trace(head, path)
+    return str(path)
+
+
+@pytest.mark.parametrize(("preset", "kind"), sorted(ARCH_PRESETS.items()))
+def test_each_architecture_replays_from_its_preset(chat_head: str, preset: str, kind: str) -> None:
+    """One instance with 20 GB of HBM for KV, so the conversations' earlier turns come back
+    from the architecture's tier: a non-zero hit ratio there, every request served, a cost
+    and an energy."""
+    import json
+
+    from tests.helpers import invoke
+
+    res = invoke(
+        "replay", "--trace", chat_head, "--preset", preset, "--json",
+        "--set", "serving.instances=1", "--set", "tiers.hbm.capacity_gb=20",
+    )  # fmt: skip
+    assert res.code == 0, res.stderr
+    m = json.loads(res.stdout)
+    assert m["n_served"] == 600
+    assert m["tier_hit_blocks"][kind] > 0
+    assert 0 < m["hit_ratio_tokens"][kind] < 1
+    assert m["cost_per_hour"] > 0 and m["tokens_per_joule"] > 0

@@ -143,8 +143,12 @@ def load_gpu(name_or_path: str | Path, *, base: Path | None = None) -> GPUProfil
         nvlink_latency_s=t.number("nvlink_latency_us", 0.0, nonneg=True) * 1e-6,
         tdp_w=t.number("tdp_w", GPUProfile.tdp_w, positive=True),
         idle_w=t.number("idle_w", GPUProfile.idle_w, nonneg=True),
+        hbf_bytes=t.number("hbf_gb", 0.0, nonneg=True) * GB,
+        hbf_bw=t.number("hbf_bw_gbps", 0.0, nonneg=True) * GB,
     )
     t.done()
+    if (gpu.hbf_bytes > 0) != (gpu.hbf_bw > 0):
+        raise InputError("keys 'hbf_gb' and 'hbf_bw_gbps': give both or neither", path=str(path))
     if gpu.idle_w > gpu.tdp_w:
         raise InputError(
             f"key 'idle_w': {gpu.idle_w:g} W is more than tdp_w ({gpu.tdp_w:g} W)", path=str(path)
@@ -162,6 +166,12 @@ def load_hardware(name_or_path: str | Path) -> Hardware:
         gpu = load_gpu(gpu_ref, base=path.parent)
     except InputError as err:
         raise InputError(f"key 'gpu': {err}", path=str(path)) from None
+    prefill_gpu = None
+    if t.has("prefill_gpu"):
+        try:
+            prefill_gpu = load_gpu(t.string("prefill_gpu"), base=path.parent)
+        except InputError as err:
+            raise InputError(f"key 'prefill_gpu': {err}", path=str(path)) from None
     topo = t.table("topology", required=True)
     eff = t.table("efficiency", required=True)
     mem = t.table("memory")
@@ -247,6 +257,7 @@ def load_hardware(name_or_path: str | Path) -> Hardware:
         source=str(path),
         tiers=tiers,
         power=power,
+        prefill_gpu=prefill_gpu,
     )
 
 

@@ -150,6 +150,7 @@ class _Placement:
     inst_host: np.ndarray
     local: np.ndarray
     n_hosts: int
+    n_prefill: int = 0  # the first n_prefill instances prefill (their GPU type may differ)
 
     @classmethod
     def of(cls, topo: Topology, n_instances: int, layout: Layout | None) -> _Placement:
@@ -161,7 +162,8 @@ class _Placement:
             tps = np.full(n_instances, topo.tp, dtype=np.int64)
         inst_host = gpu0 // topo.gpus_per_host
         local = gpu0 % topo.gpus_per_host  # first GPU of the instance within its host
-        return cls(gpu0, tps, inst_host, local, int(inst_host.max()) + 1)
+        n_prefill = layout.n_prefill if layout is not None else 0
+        return cls(gpu0, tps, inst_host, local, int(inst_host.max()) + 1, n_prefill)
 
 
 @dataclass
@@ -178,7 +180,8 @@ class _HostLinks:
 def _host_links(links: _Links, hardware: Hardware, at: _Placement) -> _HostLinks:
     topo = hardware.topology
     n_instances = len(at.gpu0)
-    pcie_bw = [int(at.tps[k]) * hardware.gpu.pcie_bw for k in range(n_instances)]
+    pcie_bw = [int(at.tps[k]) * hardware.gpu_of(k, at.n_prefill).pcie_bw
+               for k in range(n_instances)]  # fmt: skip
     pcie = [links.add(f"pcie[{k}]", pcie_bw[k], pcie_bw[k]) for k in range(n_instances)]
     switch = np.full(n_instances, -1, dtype=np.int64)
     if topo.switch_uplink_bw > 0:
