@@ -132,7 +132,7 @@ def test_weights_in_hbf_errors_name_the_option() -> None:
 
 ARCH_PRESETS = {
     "emfasys-memfabric": "memfabric",
-    "memoryai-memserver": "memserver",
+    "memoryai-memserver": "memserver",  # below a host DRAM buffer, cut to 10 GB here
     "structera-cxl": "cxl",
     "photonic-pool": "photonic",
     "gb200-kvbm": "c2c",
@@ -165,6 +165,7 @@ def test_each_architecture_replays_from_its_preset(chat_head: str, preset: str, 
     res = invoke(
         "replay", "--trace", chat_head, "--preset", preset, "--json",
         "--set", "serving.instances=1", "--set", "tiers.hbm.capacity_gb=20",
+        *(("--set", "tiers.dram.capacity_gb=10") if preset == "memoryai-memserver" else ()),
     )  # fmt: skip
     assert res.code == 0, res.stderr
     m = json.loads(res.stdout)
