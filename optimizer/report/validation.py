@@ -275,5 +275,9 @@ def to_markdown(result: Validation) -> str:
         "`tests/test_validate.py` checks that every target is met and that a missed one makes",
         "the command exit 1 naming it.",
         "",
+        "The memory architectures' published ratios (the photonic pool's 405B throughput and",
+        "latency, GH200 against x86 H100 multiturn TTFT) are `kvtier validate architectures`:",
+        "docs/validation-architectures.md.",
+        "",
     ]
     return "\n".join(lines)
