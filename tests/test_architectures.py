@@ -173,3 +173,17 @@ def test_each_architecture_replays_from_its_preset(chat_head: str, preset: str, 
     assert m["tier_hit_blocks"][kind] > 0
     assert 0 < m["hit_ratio_tokens"][kind] < 1
     assert m["cost_per_hour"] > 0 and m["tokens_per_joule"] > 0
+
+
+def test_rubin_cpx_prefill_beside_rubin_decode_replays_from_its_preset(chat_head: str) -> None:
+    import json
+
+    from tests.helpers import invoke
+
+    res = invoke("replay", "--trace", chat_head, "--preset", "rubin-cpx-pd", "--json")
+    assert res.code == 0, res.stderr
+    m = json.loads(res.stdout)
+    assert m["n_served"] == 600 and m["tokens_per_joule"] > 0
+    # 16 CPX at their price and 8 Rubin at theirs
+    cpx, rubin = load_gpu("rubin-cpx").price_per_hour, load_gpu("rubin").price_per_hour
+    assert m["cost_per_hour"] == pytest.approx(16 * cpx + 8 * rubin)

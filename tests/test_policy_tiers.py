@@ -24,6 +24,7 @@ PRESETS = [
     "mooncake-pd",
     "mooncake-rdma",
     "photonic-pool",
+    "rubin-cpx-pd",
     "sglang-hicache",
     "structera-cxl",
     "vistara-cxl-expander",
