@@ -131,6 +131,7 @@ def test_weights_in_hbf_errors_name_the_option() -> None:
 
 
 ARCH_PRESETS = {
+    "beluga-gpu-cxl": "gpu_cxl",
     "emfasys-memfabric": "memfabric",
     "memoryai-memserver": "memserver",  # below a host DRAM buffer, cut to 10 GB here
     "structera-cxl": "cxl",

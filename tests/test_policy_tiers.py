@@ -15,6 +15,7 @@ from tests.helpers import assert_one_line_error, invoke
 
 PRESETS = [
     "beluga-cxl",
+    "beluga-gpu-cxl",
     "dynamo-disagg",
     "dynamo-kvbm",
     "emfasys-memfabric",
