@@ -188,3 +188,31 @@ def test_rubin_cpx_prefill_beside_rubin_decode_replays_from_its_preset(chat_head
     # 16 CPX at their price and 8 Rubin at theirs
     cpx, rubin = load_gpu("rubin-cpx").price_per_hour, load_gpu("rubin").price_per_hour
     assert m["cost_per_hour"] == pytest.approx(16 * cpx + 8 * rubin)
+
+
+@pytest.mark.parametrize(
+    ("profile", "kind"), [("gh200-node", "c2c"), ("photonic-rack", "photonic")]
+)
+def test_both_engines_agree_over_a_gpu_link_tier(profile: str, kind: str) -> None:
+    """A tier on each GPU's own link replays the same, per request, on both engines."""
+    from dataclasses import replace
+
+    from kvtier.policy.model import TierPolicy
+    from kvtier.sim import build_config, simulate_raw
+    from kvtier.trace.blocks import block_trace
+    from kvtier.trace.synth import synthesize
+    from tests.test_sim_differential import assert_same
+
+    policy = _policy(kind)
+    policy = replace(
+        policy,
+        tiers=(TierPolicy("hbm", capacity_gb=2.0), *policy.tiers[1:]),
+        serving=replace(policy.serving, instances=2),
+    )
+    cfg = build_config(load_hardware(profile), load_model("llama-3.1-8b"), policy)
+    trace = block_trace(synthesize("chat", requests=150, rate=20.0, seed=5), 16)
+    ref = simulate_raw(trace, cfg, engine="reference")
+    nb = simulate_raw(trace, cfg, engine="numba")
+    assert cfg.tiers is not None
+    assert_same(ref, nb, trace, cfg.tiers.names)
+    assert int(ref.tier_hit_blocks.sum()) > 0  # the tier served some of the prompts
