@@ -216,3 +216,16 @@ def test_both_engines_agree_over_a_gpu_link_tier(profile: str, kind: str) -> Non
     assert cfg.tiers is not None
     assert_same(ref, nb, trace, cfg.tiers.names)
     assert int(ref.tier_hit_blocks.sum()) > 0  # the tier served some of the prompts
+
+
+@pytest.mark.parametrize("target", [e.name for e in EXPORTERS])
+def test_an_export_names_every_tier_it_cannot_place(target: str) -> None:
+    from kvtier.export import export
+    from kvtier.export.common import INEXPRESSIBLE
+    from kvtier.policy.presets import load_preset
+
+    policy = load_preset("gb200-kvbm")
+    hw, model = load_hardware("gb200-nvl72"), load_model("Llama-3.1-70B")
+    result = export(policy, target, hw, model)
+    said = [n for n in result.notes if n.kind == INEXPRESSIBLE and "c2c" in n]
+    assert said, [str(n) for n in result.notes]
