@@ -11,6 +11,9 @@ A tier kind is data: an entry here (its name, lookup order, help and traits) and
 * ``interleave``: a policy may choose whether data is interleaved over its devices (CXL);
 * ``pd_ports``: a disaggregated deployment's KV transfer runs over this tier's host ports
   (its NICs) when the hardware offers it, else over a default NIC per GPU;
+* ``gpu_link``: each GPU reaches the kind over a link of its own, not over its PCIe link
+  to the host (NVLink-C2C to Grace memory, a CXL memory device on the GPU's own port): a
+  profile offering it gives that link's rate (``gpu_link_gbps``);
 * ``power``: the kind's power where a profile's ``[tiers.NAME]`` table does not give it,
   ``(w_per_gb, pj_per_bit, host_w, pool_w)`` (:mod:`kvtier.sim.energy`; sources in
   docs/sources.md [Power-2026]); None: a profile offering the kind must give all four.
@@ -35,6 +38,7 @@ def tier_kind(
     wear: bool = False,
     interleave: bool = False,
     pd_ports: bool = False,
+    gpu_link: bool = False,
     power: tuple[float, float, float, float] | None = None,
 ) -> Entry:
     """A tier kind's entry (see the module docstring for the traits)."""
@@ -43,6 +47,7 @@ def tier_kind(
         "wear": wear,
         "interleave": interleave,
         "pd_ports": pd_ports,
+        "gpu_link": gpu_link,
         "power": power,
     }
     return Entry(name, code, help, traits=traits)
@@ -52,31 +57,75 @@ TIER_KINDS = Registry(
     "tier kind",
     [
         tier_kind(
-            "dram",
+            "c2c",
             0,
+            "NVLink-C2C host memory: the Grace CPU's LPDDR5X, one pool per host, each GPU over "
+            "its own NVLink-C2C link (GH200, GB200)",
+            per_host=True,
+            gpu_link=True,
+            power=(0.05, 8.0, 0.0, 0.0),
+        ),
+        tier_kind(
+            "dram",
+            1,
             "host DRAM, one pool per host, over each GPU's PCIe",
             per_host=True,
             power=(0.1, 20.0, 0.0, 0.0),
         ),
         tier_kind(
+            "gpu_cxl",
+            2,
+            "CXL memory on the GPU's own port, no host root complex in the path (Beluga's "
+            "proposed topology), one pool shared through a CXL switch",
+            per_host=False,
+            interleave=True,
+            gpu_link=True,
+            power=(0.12, 25.0, 0.0, 0.0),
+        ),
+        tier_kind(
             "cxl",
-            1,
+            3,
             "a CXL memory pool shared by the hosts (or an expander per host, shared = false)",
             per_host=False,
             interleave=True,
             power=(0.12, 30.0, 50.0, 0.0),
         ),
         tier_kind(
+            "photonic",
+            4,
+            "a photonic shared memory pool across racks (HBM3E and DDR5 behind an optical "
+            "switch, Celestial AI's Photonic Fabric Appliance), each GPU over its own optical link",
+            per_host=False,
+            gpu_link=True,
+            power=None,
+        ),
+        tier_kind(
             "rdma",
-            2,
+            5,
             "a remote memory pool every host reaches over RDMA NICs",
             per_host=False,
             pd_ports=True,
             power=(0.35, 75.0, 416.0, 0.0),
         ),
         tier_kind(
+            "memfabric",
+            6,
+            "an Ethernet memory fabric: CXL DDR5 behind an RDMA SuperNIC every host reaches "
+            "(Enfabrica EMFASYS)",
+            per_host=False,
+            power=None,
+        ),
+        tier_kind(
+            "memserver",
+            7,
+            "a network KV cache server: a CXL memory server GPU hosts reach over their NICs "
+            "(Penguin Solutions MemoryAI)",
+            per_host=False,
+            power=None,
+        ),
+        tier_kind(
             "ssd",
-            3,
+            8,
             "local NVMe SSD, one pool per host",
             per_host=True,
             wear=True,

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from kvtier.errors import InputError
+from kvtier.hardware.types import LOWER_TIERS
 from kvtier.policy.model import SLO, Policy, ServingPolicy, TierPolicy
 from kvtier.policy.overrides import apply_overrides, override_keys, parse_overrides
 from kvtier.search.space import parse_pins
@@ -106,7 +107,8 @@ def test_every_declared_field_is_a_key() -> None:
         assert f"slo.{f.name}" in keys
     assert {"tiers.ssd.enabled", "tiers.hbm.capacity_gb", "tiers.cxl.interleave"} <= set(keys)
     # enabled, eviction and five connector keys per lower tier, capacity per tier, interleave
-    assert len([k for k in keys if k.startswith("tiers.")]) == 4 * (2 + 5) + 5 + 1
+    n = len(LOWER_TIERS)
+    assert len([k for k in keys if k.startswith("tiers.")]) == n * (2 + 5) + (n + 1) + 1
 
 
 def test_connector_keys_set_a_tiers_transfer_path() -> None:

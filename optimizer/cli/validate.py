@@ -209,3 +209,35 @@ def validate_offload(as_json: bool, markdown_path: str | None, only: tuple[str, 
         markdown_path=markdown_path,
         to_markdown=to_markdown,
     )
+
+
+@validate.command("architectures")
+@click.option("--json", "as_json", is_flag=True, help="Print the result as one JSON object.")
+@click.option(
+    "--markdown",
+    "markdown_path",
+    default=None,
+    help="Also write the table (docs/validation.md, its architectures section) to this file.",
+)
+def validate_architectures(as_json: bool, markdown_path: str | None) -> None:
+    """Published memory-architecture ratios (the photonic pool's 405B throughput and latency,
+    GH200 against x86 H100 multiturn TTFT), published beside the model's, each residual with
+    its cause."""
+    from kvtier.experiments.arch_validation import run_architectures
+    from kvtier.report.arch_validation import arch_json, to_markdown, to_text
+
+    _check_markdown(markdown_path)
+    result = run_architectures()
+    _report_validation(
+        result,
+        as_json=as_json,
+        to_json=arch_json,
+        to_text=to_text,
+        misses=[
+            f"{c.name}: model {c.model:.3g}x, published {c.published:g}x "
+            f"(tolerance {c.tolerance:g}x); cause: {c.gap}"
+            for c in result.missed()
+        ],
+        markdown_path=markdown_path,
+        to_markdown=to_markdown,
+    )

@@ -11,7 +11,7 @@ from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from kvtier.errors import InputError
-from kvtier.hardware.types import Hardware, ModelProfile
+from kvtier.hardware.types import GPUProfile, Hardware, ModelProfile
 
 if TYPE_CHECKING:
     from kvtier.policy.model import Policy
@@ -40,4 +40,22 @@ def apply_deployment(
             )
         wbytes = 1.0 if serving.weight_dtype == "fp8" else 2.0
         model = replace(model, weight_dtype_bytes=wbytes)
+    if serving.weights_in_hbf:
+        check_hbf(hardware.gpu, model, hardware.topology.tp)
+        hardware = replace(hardware, weights_in_hbf=True)
     return hardware, model
+
+
+def check_hbf(gpu: GPUProfile, model: ModelProfile, tp: int) -> None:
+    """Raise InputError unless ``tp`` GPUs of ``gpu`` hold ``model``'s weights in HBF."""
+    if gpu.hbf_bytes <= 0:
+        raise InputError(
+            f"GPU {gpu.name!r} has no HBF (a GPU profile with hbf_gb and hbf_bw_gbps)",
+            option="serving.weights_in_hbf",
+        )
+    if model.weight_bytes > tp * gpu.hbf_bytes:
+        raise InputError(
+            f"{model.weight_bytes / 1e9:.0f} GB of weights do not fit {tp} x "
+            f"{gpu.hbf_bytes / 1e9:g} GB of HBF on {gpu.name!r}",
+            option="serving.weights_in_hbf",
+        )

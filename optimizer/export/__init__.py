@@ -51,8 +51,29 @@ def export(policy: Policy, target: str, hardware: Hardware, model: ModelProfile)
     exporter = EXPORTERS.get(target, option="--target").load()
     deploy = deployment(policy, hardware, model)
     result = exporter(deploy)
-    notes = [*result.notes, *capability_notes(deploy, capabilities(target))]
+    caps = capabilities(target)
+    notes = [*result.notes, *capability_notes(deploy, caps)]
+    notes += _unplaced_tiers(policy, caps.tiers, caps.target, notes)
     return replace(result, notes=notes, release=target_release(target))
+
+
+def _unplaced_tiers(
+    policy: Policy, placed: tuple[str, ...], target: str, notes: list[Note]
+) -> list[Note]:
+    """An inexpressible note for each lower tier the target cannot place (its capabilities'
+    ``tiers``) that no inexpressible note of the exporter names already: a tier kind is never
+    left out of an export silently."""
+    from kvtier.export.common import INEXPRESSIBLE, inexpressible
+
+    said = " ".join(n for n in notes if n.kind == INEXPRESSIBLE)
+    return [
+        inexpressible(
+            f"The {t.name} tier is not exported: {target} places only "
+            f"{', '.join(placed) or 'no tier'} below HBM; its blocks would be recomputed."
+        )
+        for t in policy.lower_tiers
+        if t.name not in placed and f" {t.name} " not in f" {said} "
+    ]
 
 
 __all__ = ["EXPORTERS", "TARGETS", "Deployment", "ExportResult", "Note", "deployment", "export"]

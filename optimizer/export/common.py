@@ -532,6 +532,23 @@ def shared_notes(deploy: Deployment, target: str) -> list[str]:
                 f"{target}: isolate tenants with separate deployments or per-request cache salts."
             )
         )
+    if p.serving.weights_in_hbf:
+        notes.append(
+            inexpressible(
+                f"serving.weights_in_hbf = true (weights kept in high-bandwidth flash beside "
+                f"each GPU) is hardware no {target} release drives; the weights are loaded into "
+                "HBM, which leaves fewer KV blocks than simulated."
+            )
+        )
+    hetero = p.serving.prefill_gpu is not None or deploy.hardware.prefill_gpu is not None
+    if hetero and deploy.layout is not None and deploy.layout.n_prefill:
+        notes.append(
+            inexpressible(
+                f"the prefill instances ran on another GPU type than the decode instances; "
+                f"{target}'s launch scripts name no GPU type: place each role's workers on "
+                "the intended GPUs yourself."
+            )
+        )
     cxl = p.tier("cxl")
     if cxl is not None and cxl.interleave is not None:
         notes.append(

@@ -143,8 +143,12 @@ def load_gpu(name_or_path: str | Path, *, base: Path | None = None) -> GPUProfil
         nvlink_latency_s=t.number("nvlink_latency_us", 0.0, nonneg=True) * 1e-6,
         tdp_w=t.number("tdp_w", GPUProfile.tdp_w, positive=True),
         idle_w=t.number("idle_w", GPUProfile.idle_w, nonneg=True),
+        hbf_bytes=t.number("hbf_gb", 0.0, nonneg=True) * GB,
+        hbf_bw=t.number("hbf_bw_gbps", 0.0, nonneg=True) * GB,
     )
     t.done()
+    if (gpu.hbf_bytes > 0) != (gpu.hbf_bw > 0):
+        raise InputError("keys 'hbf_gb' and 'hbf_bw_gbps': give both or neither", path=str(path))
     if gpu.idle_w > gpu.tdp_w:
         raise InputError(
             f"key 'idle_w': {gpu.idle_w:g} W is more than tdp_w ({gpu.tdp_w:g} W)", path=str(path)
@@ -162,6 +166,12 @@ def load_hardware(name_or_path: str | Path) -> Hardware:
         gpu = load_gpu(gpu_ref, base=path.parent)
     except InputError as err:
         raise InputError(f"key 'gpu': {err}", path=str(path)) from None
+    prefill_gpu = None
+    if t.has("prefill_gpu"):
+        try:
+            prefill_gpu = load_gpu(t.string("prefill_gpu"), base=path.parent)
+        except InputError as err:
+            raise InputError(f"key 'prefill_gpu': {err}", path=str(path)) from None
     topo = t.table("topology", required=True)
     eff = t.table("efficiency", required=True)
     mem = t.table("memory")
@@ -247,6 +257,7 @@ def load_hardware(name_or_path: str | Path) -> Hardware:
         source=str(path),
         tiers=tiers,
         power=power,
+        prefill_gpu=prefill_gpu,
     )
 
 
@@ -272,6 +283,7 @@ def _tier_hardware(name: str, t: Table) -> TierHardware:
         shared=t.boolean("shared") if t.has("shared") else None,
         ports=t.integer("ports", 1),
         attach=t.string("attach", "host", choices=("host", "gpu")),
+        gpu_link_bw=t.number("gpu_link_gbps", 0.0, nonneg=True) * GB,
         dwpd=t.number("dwpd", 0.0, nonneg=True),
         drives=t.integer("drives", 1),
         drive_price=t.number("drive_price", 0.0, nonneg=True, at_most=MAX_PRICE),
@@ -282,4 +294,9 @@ def _tier_hardware(name: str, t: Table) -> TierHardware:
         pool_w=t.number("pool_w", pool_w, nonneg=True),
     )
     t.done()
+    if TIER_KINDS[name].traits.get("gpu_link") and tier.gpu_link_bw <= 0:
+        raise t.error(
+            f"tiers.{name}.gpu_link_gbps",
+            "required: each GPU reaches this kind over a link of its own (GB/s per GPU, > 0)",
+        )
     return tier

@@ -102,6 +102,11 @@ class GPUProfile:
     # (docs/sources.md [Power-2026]).
     tdp_w: float = 700.0
     idle_w: float = 80.0
+    # high-bandwidth flash beside the GPU (HBF: NAND stacked as HBM is, read-optimised),
+    # bytes and read bytes/s per GPU (0: none); a deployment may keep its weights there
+    # (``serving.weights_in_hbf``), freeing their HBM for KV blocks
+    hbf_bytes: float = 0.0
+    hbf_bw: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -197,6 +202,9 @@ class TierHardware:
     # (HGX: one NIC per GPU), ``"host"``: the host's transfers share the ports as one link.
     ports: int = 1
     attach: str = "host"
+    # a kind with the ``gpu_link`` trait (NVLink-C2C memory, GPU-attached CXL): bytes/s of
+    # the link each GPU reaches it over instead of its PCIe link (0: over PCIe)
+    gpu_link_bw: float = 0.0
     # SSD endurance: drive writes per day over the warranty, drives per pool, $ per drive
     # (0: not rated); the replay reports DWPD at the trace's rate and charges wear.
     dwpd: float = 0.0
@@ -234,15 +242,30 @@ class Hardware:
     source: str = ""
     tiers: dict[str, TierHardware] = field(default_factory=dict)
     power: Power = field(default_factory=Power)
+    # a disaggregated deployment's prefill instances run on this GPU type (Rubin CPX prefill
+    # beside Rubin decode, H100 beside H200); None: every instance on ``gpu``. An aggregated
+    # deployment runs on ``gpu`` alone.
+    prefill_gpu: GPUProfile | None = None
+    # the deployment keeps the weights in the GPUs' HBF (serving.weights_in_hbf): they take
+    # no HBM and are read at the HBF's rate (kvtier.deploy.apply)
+    weights_in_hbf: bool = False
+
+    def gpu_of(self, k: int, n_prefill: int) -> GPUProfile:
+        """The GPU type of instance ``k`` when the first ``n_prefill`` instances prefill."""
+        if k < n_prefill and self.prefill_gpu is not None:
+            return self.prefill_gpu
+        return self.gpu
 
     def kv_capacity_bytes(self, model: ModelProfile, tp: int | None = None) -> float:
         """HBM bytes left for KV blocks in one instance (``tp`` GPUs, default the topology's):
-        HBM - weights - reserve.
+        HBM - weights - reserve (the weights nothing when they are in HBF).
 
         The weights are split evenly over the instance's GPUs, as tensor parallelism does.
         """
         tp = self.topology.tp if tp is None else tp
         per_gpu = self.gpu.hbm_bytes * self.gpu_memory_utilization - self.activation_reserve_bytes
+        if self.weights_in_hbf:  # the weights sit in the HBF beside each GPU
+            return tp * per_gpu
         return tp * per_gpu - model.weight_bytes
 
     def cost_per_hour(
@@ -252,10 +275,12 @@ class Hardware:
         *,
         gpus: int | None = None,
         hosts: int | None = None,
+        prefill_gpus: int = 0,
     ) -> float:
         """Dollars per hour for ``instances`` replicas: their GPUs plus the hosts they occupy
         (``gpus`` / ``hosts`` when given, as a layout of pools of two tensor-parallel sizes
-        counts them, :class:`kvtier.deploy.layout.Layout`).
+        counts them, :class:`kvtier.deploy.layout.Layout`); ``prefill_gpus`` of them are
+        ``prefill_gpu``'s, at its price.
 
         ``tier_gb`` adds lower tiers: total GB of each (all hosts' DRAM, the whole pool) at
         the profile's all-in price per GB-hour, plus the fabric each needs on every occupied
@@ -265,6 +290,8 @@ class Hardware:
         gpus = instances * self.topology.tp if gpus is None else gpus
         hosts = -(-gpus // self.topology.gpus_per_host) if hosts is None else hosts
         cost = gpus * self.gpu.price_per_hour + hosts * self.host_fixed_per_hour
+        if prefill_gpus and self.prefill_gpu is not None:
+            cost += prefill_gpus * (self.prefill_gpu.price_per_hour - self.gpu.price_per_hour)
         for name, gb in (tier_gb or {}).items():
             tier = self.tiers[name]
             cost += gb * tier.price_per_gb_hour + hosts * tier.fabric_per_host_hour

@@ -147,6 +147,19 @@ class ServingPolicy:
         kind="int",
         maximum=64,
     )
+    # Prefill and decode pools on different GPU types (docs/model.md, "GPU type per pool"):
+    # the prefill instances on this GPU profile (Rubin CPX beside Rubin, H100 beside H200).
+    prefill_gpu: str | None = setting(
+        None,
+        "disaggregated: GPU profile of the prefill instances (unset: the hardware "
+        "profile's prefill_gpu, else its gpu)",
+        kind="str",
+    )
+    # Weights in high-bandwidth flash beside each GPU (docs/model.md, "Weights in HBF"): no
+    # HBM for weights, so more KV blocks, and the weights read at the HBF's rate each step.
+    weights_in_hbf: bool = setting(
+        False, "keep the weights in the GPUs' HBF (a GPU profile with hbf_gb): more KV in HBM"
+    )
     weight_dtype: str | None = setting(
         None,
         "weight element type (unset: the model profile's); fp8 needs a GPU with FP8",
@@ -384,7 +397,7 @@ class Policy:
 
     @property
     def lower_tiers(self) -> tuple[TierPolicy, ...]:
-        """Listed tiers below HBM, in lookup order (dram, cxl, rdma, ssd)."""
+        """Listed tiers below HBM, in lookup order (the tier kinds' order, kvtier.tier_kinds)."""
         return tuple(t for name in LOWER_TIERS if (t := self.tier(name)) is not None)
 
     def kv_bytes_per_block(self, model: Any) -> int:

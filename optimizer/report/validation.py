@@ -302,5 +302,9 @@ def to_markdown(result: Validation) -> str:
         "that each flag follows its range, and that a missed target makes the command exit 1",
         "naming it and its cause.",
         "",
+        "The memory architectures' published ratios (the photonic pool's 405B throughput and",
+        "latency, GH200 against x86 H100 multiturn TTFT) are `kvtier validate architectures`:",
+        "docs/validation-architectures.md.",
+        "",
     ]
     return "\n".join(lines)

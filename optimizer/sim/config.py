@@ -12,11 +12,11 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from kvtier.deploy.apply import apply_deployment
+from kvtier.deploy.apply import apply_deployment, check_hbf
 from kvtier.deploy.layout import plan_layout, pool_tp_choices
 from kvtier.errors import InputError
 from kvtier.files import check_allocation
-from kvtier.hardware.types import GB, Hardware, ModelProfile
+from kvtier.hardware.types import GB, GPUProfile, Hardware, ModelProfile
 from kvtier.policy.model import Policy
 from kvtier.policy.registries import ROUTERS, SCHEDULERS
 from kvtier.sim.pd import PdConfig, build_pd
@@ -70,6 +70,9 @@ class SimConfig:
     # kvtier.sim.energy; empty / 0: not derived from a deployment)
     instance_gpus: tuple[int, ...] = field(default=(), compare=False, repr=False)
     hosts: int = 0
+    # the prefill instances' GPU type when it is not the hardware's gpu (step times, HBM
+    # blocks, price and power of the prefill pool; None: one GPU type)
+    prefill_gpu: GPUProfile | None = field(default=None, compare=False, repr=False)
 
     # the packed step-time array (kvtier.sim.timing layout; None: the plain roofline of the
     # fields above), the backend that made it and its provenance (package and data versions)
@@ -173,15 +176,21 @@ def build_config(hardware: Hardware, model: ModelProfile, policy: Policy) -> Sim
             f"serving.prefill_instances = {n_pf} leaves no decode instance of {n_inst}; "
             f"choose 0 (aggregated) or 1..{n_inst - 1}"
         )
-    keys = ("serving.prefill_tp", "serving.decode_tp") if layout.mixed else ("serving.tp",) * 2
-    pools = [_pool(hardware, model, policy, layout.prefill_tp, float(kvb), keys[0])]
-    if layout.mixed:
+    hardware = _prefill_gpu(hardware, serving.prefill_gpu, n_pf)
+    hetero = hardware.prefill_gpu is not None
+    two = layout.mixed or hetero  # the decode pool has its own blocks and step times
+    keys = ("serving.prefill_tp", "serving.decode_tp") if two else ("serving.tp",) * 2
+    prefill_hw = replace(hardware, gpu=hardware.prefill_gpu) if hetero else hardware
+    pools = [_pool(prefill_hw, model, policy, layout.prefill_tp, float(kvb), keys[0])]
+    if two:
         pools.append(_pool(hardware, model, policy, layout.decode_tp, float(kvb), keys[1]))
     first = pools[0]
     timing, backend, provenance = first.timing, first.backend, first.provenance
-    if layout.mixed:
-        provenance = f"prefill tp={layout.prefill_tp}: {provenance}; decode tp=" + (
-            f"{layout.decode_tp}: {pools[1].provenance}"
+    if two:
+        pf_name = f"{prefill_hw.gpu.name} " if hetero else ""
+        dc_name = f"{hardware.gpu.name} " if hetero else ""
+        provenance = f"prefill {pf_name}tp={layout.prefill_tp}: {provenance}; decode " + (
+            f"{dc_name}tp={layout.decode_tp}: {pools[1].provenance}"
         )
         if pools[1].backend != backend:
             backend = f"{backend}+{pools[1].backend}"
@@ -215,7 +224,11 @@ def build_config(hardware: Hardware, model: ModelProfile, policy: Policy) -> Sim
         mem_rate=float(timing[5]),
         step_overhead_s=float(timing[6]),
         cost_per_hour=hardware.cost_per_hour(
-            n_inst, tiers.tier_gb if tiers else None, gpus=layout.gpus, hosts=layout.hosts
+            n_inst,
+            tiers.tier_gb if tiers else None,
+            gpus=layout.gpus,
+            hosts=layout.hosts,
+            prefill_gpus=n_pf * layout.prefill_tp if hetero else 0,
         ),
         tiers=tiers,
         timing=timing,
@@ -228,13 +241,37 @@ def build_config(hardware: Hardware, model: ModelProfile, policy: Policy) -> Sim
         n_prefill=n_pf,
         pd=pd,
         watermark_blocks=int(serving.watermark * first.blocks),
-        decode_capacity_blocks=last.blocks if layout.mixed else None,
-        decode_watermark_blocks=int(serving.watermark * last.blocks) if layout.mixed else None,
-        decode_timing=last.timing if layout.mixed else None,
+        decode_capacity_blocks=last.blocks if two else None,
+        decode_watermark_blocks=int(serving.watermark * last.blocks) if two else None,
+        decode_timing=last.timing if two else None,
         gpus=layout.gpus,
         instance_gpus=layout.tps,
         hosts=layout.hosts,
+        prefill_gpu=hardware.prefill_gpu,
     )
+
+
+def _prefill_gpu(hardware: Hardware, name: str | None, n_prefill: int) -> Hardware:
+    """``hardware`` with the prefill instances' GPU type: the policy's
+    ``serving.prefill_gpu``, else the profile's ``prefill_gpu``; none when the deployment is
+    aggregated (every instance on ``gpu``) or the type is ``gpu`` itself."""
+    gpu = hardware.prefill_gpu
+    if name is not None:
+        if not n_prefill:
+            raise InputError(
+                f"serving.prefill_gpu = {name!r} needs a prefill/decode split; set "
+                "serving.prefill_instances or serving.prefill_share, or leave it unset",
+                option="serving.prefill_gpu",
+            )
+        from kvtier.hardware.loader import load_gpu
+
+        try:
+            gpu = load_gpu(name)
+        except InputError as err:
+            raise InputError(f"{err}", option="serving.prefill_gpu") from None
+    if not n_prefill or gpu is None or gpu == hardware.gpu:
+        gpu = None
+    return replace(hardware, prefill_gpu=gpu)
 
 
 @dataclass(frozen=True)
@@ -259,6 +296,8 @@ def _pool(
     topo = hardware.topology
     if tp != topo.tp:
         hardware = replace(hardware, topology=replace(topo, tp=tp))
+    if hardware.weights_in_hbf:  # this pool's GPUs hold the weights in their HBF
+        check_hbf(hardware.gpu, model, tp)
     block_bytes = policy.kv_bytes_per_block(model)
     hbm_tier = policy.tiers[0]
     if hbm_tier.capacity_gb is not None:

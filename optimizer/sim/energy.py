@@ -113,9 +113,18 @@ def replay_energy(
             if t < len(raw.tier_bytes_read):
                 bits = 8.0 * float(raw.tier_bytes_read[t] + raw.tier_bytes_written[t])
                 moved += bits * hw.pj_per_bit * 1e-12
+    gpu_idle = float(g.sum()) * gpu.idle_w * span
+    gpu_busy = float((g * busy).sum()) * (gpu.tdp_w - gpu.idle_w)
+    pf = cfg.prefill_gpu
+    if pf is not None and cfg.n_prefill:  # the prefill instances' GPU type differs
+        n = cfg.n_prefill
+        gpu_idle = (float(g[:n].sum()) * pf.idle_w + float(g[n:].sum()) * gpu.idle_w) * span
+        gpu_busy = float((g[:n] * busy[:n]).sum()) * (pf.tdp_w - pf.idle_w) + float(
+            (g[n:] * busy[n:]).sum()
+        ) * (gpu.tdp_w - gpu.idle_w)
     parts = {
-        "gpu_idle": float(g.sum()) * gpu.idle_w * span,
-        "gpu_busy": float((g * busy).sum()) * (gpu.tdp_w - gpu.idle_w),
+        "gpu_idle": gpu_idle,
+        "gpu_busy": gpu_busy,
         "host": hosts * hardware.power.host_w * span,
         "tier_held": held,
         "tier_moved": moved,

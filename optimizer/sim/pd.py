@@ -111,11 +111,12 @@ def build_pd(
     tp, gph = topo.tp, topo.gpus_per_host
     tps = list(layout.tps) if layout is not None else [tp] * n_instances
     links = _Links(tiers)
-    pcie = [links.get(f"pcie[{k}]", t * hardware.gpu.pcie_bw, t * hardware.gpu.pcie_bw)
+    n_pf = layout.n_prefill if layout is not None else 0
+    gpus = [hardware.gpu_of(k, n_pf) for k in range(n_instances)]  # each instance's GPU type
+    pcie = [links.get(f"pcie[{k}]", t * gpus[k].pcie_bw, t * gpus[k].pcie_bw)
             for k, t in enumerate(tps)]  # fmt: skip
-    nv_bw = hardware.gpu.nvlink_bw
-    nvlink = [links.get(f"nvlink[{k}]", t * nv_bw, t * nv_bw) if nv_bw > 0 else -1
-              for k, t in enumerate(tps)]  # fmt: skip
+    nvlink = [links.get(f"nvlink[{k}]", t * gpus[k].nvlink_bw, t * gpus[k].nvlink_bw)
+              if gpus[k].nvlink_bw > 0 else -1 for k, t in enumerate(tps)]  # fmt: skip
     # the tier whose host ports (NICs) the transfer runs over (the tier kinds' pd_ports)
     nic = next((hw for name, hw in hardware.tiers.items() if tier_trait(name, "pd_ports")), None)
     if nic is not None:
@@ -142,7 +143,8 @@ def build_pd(
     for p in range(K):
         for d in range(K):
             if host[p] == host[d]:
-                a, b = (nvlink[p], nvlink[d]) if nv_bw > 0 else (pcie[p], pcie[d])
+                both = nvlink[p] >= 0 and nvlink[d] >= 0  # NVLink only if both GPUs have it
+                a, b = (nvlink[p], nvlink[d]) if both else (pcie[p], pcie[d])
                 entries = [(a, OUT, 1.0), (b, IN, 1.0)]
             else:
                 entries = [(pcie[p], OUT, 1.0)]

@@ -5,7 +5,7 @@ use the cache engine's eviction policies (here its reference ``RefTier``) and th
 formulas of :mod:`kvtier.sim.transfer`. The rules (docs/model.md, "Tiers below HBM"):
 
 - Lookup: after the HBM prefix, each further block is looked for in the tiers in order
-  (dram, cxl, rdma, ssd), in the pool this instance reaches; the run ends at the first block
+  (the tier kinds' order), in the pool this instance reaches; the run ends at the first block
   found nowhere. The first tier that holds a block is its source.
 - Load rule: ``always_load`` loads the whole run; ``cost_aware`` loads the first ``c`` blocks,
   ``c`` minimising estimated load time plus the time to recompute the rest (ties: load more).

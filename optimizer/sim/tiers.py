@@ -10,7 +10,9 @@ pool; pool ``pool_base[t] + p``. Links, each a FIFO server per direction when fu
 - tier ``t``'s ports: one per host, or ``ports`` per host with each GPU on its own
   (``attach = "gpu"``: one NIC per GPU on HGX-class hosts);
 - a pooled tier's aggregate bandwidth shared by every host;
-- each host's DRAM bandwidth, which staging copies draw on (half duplex: reads and writes).
+- each host's DRAM bandwidth, which staging copies draw on (half duplex: reads and writes);
+- a ``gpu_link`` tier's own link per instance (NVLink-C2C, a CXL port on the GPU), which
+  takes the place of the instance's PCIe link and switch uplink on the paths to that tier.
 
 Each instance reaches tier ``t`` by the precomputed path ``gpu_path[t, k]`` (``MAX_PATH``
 links, -1 unused; ``gpu_scale[t]`` the bytes each carries per byte moved), a cascade from tier
@@ -148,6 +150,7 @@ class _Placement:
     inst_host: np.ndarray
     local: np.ndarray
     n_hosts: int
+    n_prefill: int = 0  # the first n_prefill instances prefill (their GPU type may differ)
 
     @classmethod
     def of(cls, topo: Topology, n_instances: int, layout: Layout | None) -> _Placement:
@@ -159,7 +162,8 @@ class _Placement:
             tps = np.full(n_instances, topo.tp, dtype=np.int64)
         inst_host = gpu0 // topo.gpus_per_host
         local = gpu0 % topo.gpus_per_host  # first GPU of the instance within its host
-        return cls(gpu0, tps, inst_host, local, int(inst_host.max()) + 1)
+        n_prefill = layout.n_prefill if layout is not None else 0
+        return cls(gpu0, tps, inst_host, local, int(inst_host.max()) + 1, n_prefill)
 
 
 @dataclass
@@ -176,7 +180,8 @@ class _HostLinks:
 def _host_links(links: _Links, hardware: Hardware, at: _Placement) -> _HostLinks:
     topo = hardware.topology
     n_instances = len(at.gpu0)
-    pcie_bw = [int(at.tps[k]) * hardware.gpu.pcie_bw for k in range(n_instances)]
+    pcie_bw = [int(at.tps[k]) * hardware.gpu_of(k, at.n_prefill).pcie_bw
+               for k in range(n_instances)]  # fmt: skip
     pcie = [links.add(f"pcie[{k}]", pcie_bw[k], pcie_bw[k]) for k in range(n_instances)]
     switch = np.full(n_instances, -1, dtype=np.int64)
     if topo.switch_uplink_bw > 0:
@@ -221,6 +226,9 @@ class _TierColumns:
         self.w0 = np.zeros((T, n_instances), dtype=np.int64)
         self.nw = np.zeros(T, dtype=np.int64)
         self.via_host = np.zeros(T, dtype=np.bool_)
+        # a tier on each GPU's own link (NVLink-C2C, GPU-attached CXL): that link per
+        # instance, in place of its PCIe link and switch uplink; -1: over PCIe
+        self.own_link = np.full((T, n_instances), -1, dtype=np.int64)
         self.staging = np.zeros(T, dtype=np.int64)
         self.n_workers = 0
         self.n_pools = 0
@@ -309,6 +317,10 @@ class _TierColumns:
             self.port[t, k] = ids[(h, j)]
         if hw.pool_bw > 0:
             self.pool_link[t] = links.add(f"{tp.name}.pool", hw.pool_bw, hw.pool_bw)
+        if hw.gpu_link_bw > 0:
+            for k in range(len(at.gpu0)):
+                bw = int(at.tps[k]) * hw.gpu_link_bw
+                self.own_link[t, k] = links.add(f"{tp.name}.gpu_link[{k}]", bw, bw)
 
     def paths(
         self, at: _Placement, host: _HostLinks
@@ -325,8 +337,9 @@ class _TierColumns:
             gpu_scale[t, 4] = 2.0 * max(int(self.staging[t]), 1)  # each copy reads and writes
             for k in range(n_instances):
                 h = int(at.inst_host[k])
-                gpu_path[t, k, 0] = host.pcie[k]
-                gpu_path[t, k, 1] = host.switch[k] if self.via_host[t] else -1
+                own = int(self.own_link[t, k])
+                gpu_path[t, k, 0] = host.pcie[k] if own < 0 else own
+                gpu_path[t, k, 1] = host.switch[k] if self.via_host[t] and own < 0 else -1
                 gpu_path[t, k, 2] = port[t, k]
                 gpu_path[t, k, 3] = pool_link[t]
                 gpu_path[t, k, 4] = host.membus[h] if self.staging[t] > 0 else -1

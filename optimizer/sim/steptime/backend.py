@@ -56,6 +56,11 @@ def roofline_timing(
         n = min(policy.serving.max_num_batched_tokens, MOE_TABLE_MAX) + 1
         miss = 1.0 - model.moe.active / model.moe.experts  # a token skips a given expert
         frac = 1.0 - miss ** np.arange(n, dtype=np.float64)
+    if hardware.weights_in_hbf:
+        # weights read from HBF: their bytes weighed by HBM's rate over HBF's, so the mem_rate
+        # term reads them at the HBF's rate, after the KV (not overlapped: an assumption)
+        slower = hardware.gpu.hbm_bw / hardware.gpu.hbf_bw
+        dense_bytes, expert_bytes = dense_bytes * slower, expert_bytes * slower
     return roofline_params(
         flops_per_token=2.0 * model.active_params,
         attn_coef=2.0 * model.layers * model.attention_heads * model.head_dim,
@@ -93,6 +98,8 @@ def step_timing(
     if choice == "roofline":
         return base, "roofline", "roofline (kvtier)"
     why = _missing(hardware, model, policy)
+    if why is None and hardware.weights_in_hbf:
+        why = "weights in HBF (measured tables read them from HBM)"
     if why is not None:
         if choice == "measured":
             raise InputError(f"no measured step-time data for {why}", option="serving.step_time")
