@@ -30,7 +30,7 @@ _EXPORTS = {
     "policy_names": "kvtier.cache.policies",
     "ReplayResult": "kvtier.cache.trace_replay",
     "replay": "kvtier.cache.trace_replay",
-    "warmup_start": "kvtier.cache.trace_replay",
+    "warmup_start": "kvtier.cache.warmup",
     "TierState": "kvtier.cache.state",
 }
 

@@ -26,7 +26,7 @@ from numba import njit
 import kvtier.jitcache  # noqa: F401  (drops kernels compiled against older sources)
 from kvtier.cache import enums
 from kvtier.cache.policies import PolicySpec, parse_policy
-from kvtier.cache.trace_replay import replay, warmup_start
+from kvtier.cache.warmup import warmup_start
 from kvtier.errors import InputError
 from kvtier.trace.blocked import BlockedTrace
 
@@ -269,6 +269,8 @@ def miss_ratio_curve(
     if method == "stack":
         hits = lru_stack_hits(trace, caps, flat=flat, warmup=warmup)
     else:
+        from kvtier.cache.trace_replay import replay  # every cache kernel: only for replays
+
         hits = np.array(
             [replay(trace, spec, c, flat=flat, warmup=warmup, cost=cost).hits for c in caps],
             dtype=np.int64,
