@@ -255,6 +255,17 @@ def validate_table(
     return result
 
 
+def _repeated(col: pa.Array) -> np.ndarray:
+    """Rows whose value appeared on an earlier row. Arrow's dictionary encoding numbers values
+    in order of first appearance, so a row is a first one iff its code exceeds every earlier
+    code."""
+    import pyarrow.compute as pc
+
+    codes = numpy_of(pc.dictionary_encode(col).indices).astype(np.int64)
+    seen = np.maximum.accumulate(np.concatenate(([-1], codes[:-1])))
+    return codes <= seen
+
+
 def _check_optional_columns(table: pa.Table, path: str | None) -> pa.Array | None:
     """Check the optional columns; returns ``session_id`` normalised to int64 (or None)."""
     names = table.column_names
@@ -270,9 +281,7 @@ def _check_optional_columns(table: pa.Table, path: str | None) -> pa.Array | Non
                 f"has type {col.type}, expected int64 or string", path=path, column="request_id"
             )
         _check_no_nulls(col, "request_id", path)
-        import polars as pl
-
-        repeated = ~pl.from_arrow(col).is_first_distinct().to_numpy()
+        repeated = _repeated(col)
         if repeated.any():
             # the first row whose id was already used earlier
             raise InputError(
@@ -292,7 +301,7 @@ def _check_optional_columns(table: pa.Table, path: str | None) -> pa.Array | Non
                 row=row,
                 column="session_id",
             )
-        session = pa.array(ids.astype(np.int64, copy=False), type=pa.int64())
+        session = arrow_of(ids.astype(np.int64, copy=False), pa.int64())
     if "tenant" in names:
         col = _column(table, "tenant")
         t = col.type.value_type if pa.types.is_dictionary(col.type) else col.type
