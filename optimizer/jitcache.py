@@ -62,7 +62,7 @@ KERNEL_MODULES = (
     "sim/write_policies/write_back.py",
     "sim/write_policies/write_through.py",
     "sim/write_policies/write_through_selective.py",
-    "trace/blocks.py",
+    "trace/blocks_nb.py",
     "trace/crossbatch.py",
     "trace/hashing.py",
     "trace/idtable.py",

@@ -21,16 +21,16 @@ from typing import Any
 # ``kvtier.cache.registry`` (policy names for the CLI and the policy loader) does not import
 # numba through this package's kernels.
 _EXPORTS = {
-    "MrcPoint": "kvtier.cache.mrc",
-    "MrcResult": "kvtier.cache.mrc",
-    "default_capacities": "kvtier.cache.mrc",
-    "miss_ratio_curve": "kvtier.cache.mrc",
+    "MrcPoint": "kvtier.cache.curve",
+    "MrcResult": "kvtier.cache.curve",
+    "default_capacities": "kvtier.cache.curve",
+    "miss_ratio_curve": "kvtier.cache.curve",
     "PolicySpec": "kvtier.cache.policies",
     "parse_policy": "kvtier.cache.policies",
     "policy_names": "kvtier.cache.policies",
     "ReplayResult": "kvtier.cache.trace_replay",
     "replay": "kvtier.cache.trace_replay",
-    "warmup_start": "kvtier.cache.trace_replay",
+    "warmup_start": "kvtier.cache.warmup",
     "TierState": "kvtier.cache.state",
 }
 

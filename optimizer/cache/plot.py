@@ -10,7 +10,7 @@ from kvtier.files import atomic_write
 from kvtier.plotting import pyplot
 
 if TYPE_CHECKING:
-    from kvtier.cache.mrc import MrcResult
+    from kvtier.cache.curve import MrcResult
 
 
 def curve_figure(result: MrcResult, *, block_gb: float | None = None, model: str = "") -> Any:

@@ -8,7 +8,6 @@ measured requests; *token-weighted* = hit blocks x B / prompt tokens of the meas
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -16,15 +15,9 @@ import numpy as np
 from kvtier.cache import enums, kernels, ring
 from kvtier.cache.policies import PolicySpec, parse_policy
 from kvtier.cache.state import TierState, check_tier_args
+from kvtier.cache.warmup import warmup_start
 from kvtier.errors import InputError
 from kvtier.trace.blocked import BlockedTrace
-
-
-def warmup_start(n_requests: int, warmup: float) -> int:
-    """Index of the first measured request: ``floor(warmup * n_requests)``."""
-    if not (isinstance(warmup, int | float) and math.isfinite(warmup) and 0.0 <= warmup < 1.0):
-        raise InputError(f"warmup must be a fraction in [0, 1), but got {warmup!r}")
-    return int(math.floor(warmup * n_requests))
 
 
 @dataclass(frozen=True, eq=False)

@@ -8,54 +8,96 @@ its own (``trace``, ``replay``, ``optimize``, ``export``, ``validate``,
 ``common``. Command modules import only ``common`` and the subpackages, never one another or
 this module, so the imports have no cycle; heavy imports (numba, Optuna, the tokenizers) stay
 inside the command functions.
+
+The group imports a command's module only when that command runs (or its help is asked
+for): ``kvtier trace stats`` does not pay for the exporters, the search space or Optuna's
+storage, which the other command modules import to declare their options.
 """
 
 from __future__ import annotations
 
+import importlib
 from typing import Any
 
 import click
 
 from kvtier import __version__
-from kvtier.cli.calibrate import calibrate_cmd
-from kvtier.cli.common import KvtierCommand, KvtierGroup
-from kvtier.cli.export import EXPORT_TARGETS, export_cmd
-from kvtier.cli.optimize import (
-    _optimize_options,
-    _run_optimize,
-    batch_cmd,
-    optimize_cmd,
-    report_cmd,
-)
-from kvtier.cli.replay import compare_cmd, replay_cmd
-from kvtier.cli.trace import trace
-from kvtier.cli.validate import validate
+from kvtier.cli.common import KvtierGroup
 
 # the names other code imports from kvtier.cli (EXPORT_TARGETS: the exporters' names)
 __all__ = ["EXPORT_TARGETS", "main", "optimize_main"]
 
+# command name -> "module:attribute" of its click command, imported on first use
+COMMANDS = {
+    "trace": "kvtier.cli.trace:trace",
+    "validate": "kvtier.cli.validate:validate",
+    "replay": "kvtier.cli.replay:replay_cmd",
+    "export": "kvtier.cli.export:export_cmd",
+    "optimize": "kvtier.cli.optimize:optimize_cmd",
+    "compare": "kvtier.cli.replay:compare_cmd",
+    "report": "kvtier.cli.optimize:report_cmd",
+    "batch": "kvtier.cli.optimize:batch_cmd",
+    "calibrate": "kvtier.cli.calibrate:calibrate_cmd",
+}
 
-@click.group(cls=KvtierGroup)
+# names of this module defined in a command module (PEP 562: imported on first access)
+_LAZY_NAMES = {
+    "EXPORT_TARGETS": "kvtier.cli.export",
+    "optimize_main": "kvtier.cli.optimize",
+}
+
+
+def _load(target: str) -> click.Command:
+    module, _, attr = target.partition(":")
+    return getattr(importlib.import_module(module), attr)
+
+
+class _LazyCommands(dict):
+    """A group's ``commands`` that imports a command's module the first time it is looked up
+    (by click's ``get_command`` or by ``group.commands[name]``)."""
+
+    def __init__(self, lazy: dict[str, str]) -> None:
+        super().__init__()
+        self.lazy = lazy
+
+    def __missing__(self, name: str) -> click.Command:
+        if name not in self.lazy:
+            raise KeyError(name)
+        command = _load(self.lazy[name])
+        self[name] = command
+        return command
+
+    def get(self, name: str, default: Any = None) -> Any:  # type: ignore[override]
+        try:
+            return self[name]
+        except KeyError:
+            return default
+
+    def __contains__(self, name: object) -> bool:
+        return dict.__contains__(self, name) or name in self.lazy
+
+
+class LazyGroup(KvtierGroup):
+    """A command group whose commands are named here and imported when run."""
+
+    def __init__(self, *args: Any, lazy: dict[str, str], **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.commands = _LazyCommands(lazy)
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted(set(self.commands) | set(self.commands.lazy))
+
+
+@click.group(cls=LazyGroup, lazy=COMMANDS)
 @click.version_option(__version__, prog_name="kvtier")
 def main() -> None:
     """kvtier: trace-driven optimizer for KV-cache tiering in LLM inference."""
 
 
-# click lists a group's commands by name, so the order here does not show in --help
-main.add_command(trace)
-main.add_command(validate)
-main.add_command(replay_cmd)
-main.add_command(export_cmd)
-main.add_command(optimize_cmd)
-main.add_command(compare_cmd)
-main.add_command(report_cmd)
-main.add_command(batch_cmd)
-main.add_command(calibrate_cmd)
-
-
-@click.command("optimize", cls=KvtierCommand)
-@_optimize_options
-@click.version_option(__version__, prog_name="kvtier")
-def optimize_main(**kwargs: Any) -> None:
-    """Find the cheapest policy per token that meets the SLO on a trace; write a policy file."""
-    _run_optimize(**kwargs)
+def __getattr__(name: str) -> Any:
+    module = _LAZY_NAMES.get(name)
+    if module is None:
+        raise AttributeError(f"module 'kvtier.cli' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value

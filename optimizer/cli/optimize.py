@@ -10,7 +10,8 @@ from typing import Any
 import click
 from rich.console import Console
 
-from kvtier.cli.common import _console, _echo_json
+from kvtier import __version__
+from kvtier.cli.common import KvtierCommand, _console, _echo_json
 from kvtier.errors import InputError
 from kvtier.search.request import OptimizeRequest, cli_fields
 
@@ -196,6 +197,14 @@ def _without(command: Any, *flags: str) -> Any:
 @click.command("optimize")
 @_optimize_options
 def optimize_cmd(**kwargs: Any) -> None:
+    """Find the cheapest policy per token that meets the SLO on a trace; write a policy file."""
+    _run_optimize(**kwargs)
+
+
+@click.command("optimize", cls=KvtierCommand)
+@_optimize_options
+@click.version_option(__version__, prog_name="kvtier")
+def optimize_main(**kwargs: Any) -> None:
     """Find the cheapest policy per token that meets the SLO on a trace; write a policy file."""
     _run_optimize(**kwargs)
 

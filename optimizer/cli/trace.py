@@ -491,7 +491,7 @@ def _trace_bytes(path: str) -> int:
 
 
 def _stream_by_size(path: str, stream: bool | None) -> bool:
-    from kvtier.trace.streaming import STREAM_BYTES
+    from kvtier.trace.format import STREAM_BYTES
 
     return _trace_bytes(path) > STREAM_BYTES if stream is None else stream
 

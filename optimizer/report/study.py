@@ -496,7 +496,7 @@ def model_curve(rep: dict[str, Any], trace_path: str | None = None) -> dict[str,
     if recorded and sha256_of(path) != recorded:
         return f"{path} is not the trace the study ran on (another SHA-256)"
     from kvtier.cache import default_capacities, miss_ratio_curve
-    from kvtier.cache.mrc import working_set_blocks
+    from kvtier.cache.curve import working_set_blocks
     from kvtier.hardware import load_model
     from kvtier.hardware.types import GB
     from kvtier.trace.blocks import block_trace

@@ -40,7 +40,7 @@ def knee_capacities_gb(
 ) -> list[float]:
     """The knees of ``blocked``'s LRU curve (prefix semantics) in GB of KV."""
     from kvtier.cache import default_capacities, miss_ratio_curve
-    from kvtier.cache.mrc import working_set_blocks
+    from kvtier.cache.curve import working_set_blocks
 
     working = working_set_blocks(blocked)
     if working < 3:

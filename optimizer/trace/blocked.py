@@ -14,6 +14,8 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from kvtier.errors import InputError
+
 if TYPE_CHECKING:
     from kvtier.trace.strata import SampleStrata
 
@@ -185,3 +187,17 @@ class BlockedTrace:
             n_blocks=int(n_blocks if n_blocks is not None else (ids.max() + 1 if len(ids) else 0)),
             block_tokens=block_tokens,
         )
+
+
+def check_block_size(block_tokens: int, native: int, path: str | None) -> int:
+    """``block_tokens`` if it is a multiple or a divisor of the trace's ``native`` block size
+    (the rule of :func:`~kvtier.trace.blocks.block_trace` and of the streamed mapping)."""
+    B = int(block_tokens)
+    if B <= 0 or (B % native and native % B):
+        raise InputError(
+            f"block size {B} must be a multiple or a divisor of the trace's native block size "
+            f"{native}",
+            path=path,
+            column="block_tokens",
+        )
+    return B

@@ -59,6 +59,39 @@ HASH_TYPE = pa.list_(pa.uint64())
 # tiers, stays below 2**62). docs/traces.md states it for users.
 MAX_TOKENS = 1 << 30
 
+STREAM_BYTES = 256 << 20  # files larger than this are read streamed by default
+
+
+# pyarrow's own conversions between Arrow and NumPy (``Array.to_numpy``, ``pa.array`` of an
+# ndarray) import pandas on their first call, to recognise pandas objects: half a second of
+# CPU, more than reading a 10,000-request trace. The two helpers below take the plain case
+# (fixed-width numbers, no nulls) through DLPack and Arrow buffers instead, which import
+# nothing, and leave every other case to pyarrow. Their results are the same arrays.
+
+
+def numpy_of(arr: pa.Array | pa.ChunkedArray) -> np.ndarray:
+    """``arr.to_numpy(zero_copy_only=False)``: a read-only view where Arrow allows one."""
+    if isinstance(arr, pa.ChunkedArray):
+        arr = arr.chunk(0) if arr.num_chunks == 1 else arr.combine_chunks()
+    t = arr.type
+    if arr.null_count == 0 and (pa.types.is_integer(t) or pa.types.is_floating(t)):
+        return np.from_dlpack(arr)
+    return arr.to_numpy(zero_copy_only=False)
+
+
+def arrow_of(values: np.ndarray, type: pa.DataType) -> pa.Array:
+    """``pa.array(values, type=type)`` for a 1-d array of numbers (no nulls)."""
+    want = np.dtype(type.to_pandas_dtype()) if pa.types.is_primitive(type) else None
+    if (
+        want is not None
+        and values.ndim == 1
+        and values.dtype == want
+        and (pa.types.is_integer(type) or pa.types.is_floating(type))
+    ):
+        data = np.ascontiguousarray(values)
+        return pa.Array.from_buffers(type, len(data), [None, pa.py_buffer(data)])
+    return pa.array(values, type=type)
+
 
 @dataclass(frozen=True, eq=False)
 class Trace:
@@ -176,7 +209,7 @@ class Trace:
         return self.table.num_rows
 
     def column_numpy(self, name: str, dtype: type | np.dtype | None = None) -> np.ndarray:
-        arr = self.table.column(name).to_numpy()
+        arr = numpy_of(self.table.column(name))
         return np.ascontiguousarray(arr if dtype is None else arr.astype(dtype, copy=False))
 
     @property
@@ -194,8 +227,8 @@ class Trace:
     def hash_arrays(self) -> tuple[np.ndarray, np.ndarray]:
         """``(offsets int64 (n+1,), hashes uint64)`` of ``block_hashes``, flattened."""
         col = self.table.column("block_hashes").combine_chunks()
-        offsets = col.offsets.to_numpy().astype(np.int64)
-        values = col.values.to_numpy(zero_copy_only=False).astype(np.uint64, copy=False)
+        offsets = numpy_of(col.offsets).astype(np.int64)
+        values = numpy_of(col.values).astype(np.uint64, copy=False)
         base = offsets[0]
         return offsets - base, np.ascontiguousarray(values[base : offsets[-1]])
 

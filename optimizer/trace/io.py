@@ -32,6 +32,8 @@ from kvtier.trace.format import (
     META_SOURCE,
     MIN_SAMPLE_FRACTION,
     Trace,
+    arrow_of,
+    numpy_of,
 )
 from kvtier.trace.strata import META_SAMPLE_STRATA, SampleStrata
 
@@ -73,7 +75,7 @@ def _read_dataset(path: str) -> pa.Table:
     first_meta: dict[bytes, bytes] | None = None
     for file in files:
         try:
-            table = pq.read_table(file)
+            table = read_parquet(file)
         except (pa.ArrowException, OSError) as err:
             raise InputError(f"corrupt Parquet file: {err}", path=str(file)) from None
         validated(table, str(file))
@@ -93,6 +95,14 @@ def _read_dataset(path: str) -> pa.Table:
         return pa.concat_tables(tables, promote_options="permissive")
     except pa.ArrowException as err:
         raise InputError(f"the files' columns do not match: {err}", path=path) from None
+
+
+def read_parquet(path: str | os.PathLike[str]) -> pa.Table:
+    """One Parquet file as a table, through the file reader rather than ``pq.read_table``:
+    the same table, without importing ``pyarrow.dataset`` (which imports pandas, about half a
+    second of CPU before a small trace is read)."""
+    with pq.ParquetFile(path) as fh:
+        return fh.read()
 
 
 def validated(table: pa.Table, path: str) -> pa.Table:
@@ -145,7 +155,7 @@ def _read_table(path: str) -> pa.Table:
         raise InputError("empty file", path=path)
     try:
         if head.startswith(_PARQUET_MAGIC):
-            return validated(pq.read_table(path), path)
+            return validated(read_parquet(path), path)
         if head.startswith(_ARROW_FILE_MAGIC):
             with pa.memory_map(path) as source:
                 return validated(ipc.open_file(source).read_all(), path)
@@ -239,12 +249,14 @@ def starting_at_zero(trace: Trace) -> Trace:
     """``trace`` with its arrivals shifted so that the first is 0, the seconds subtracted
     added to its ``arrival_offset_s``: a replay's results then do not depend on where the
     source's clock started (float64 seconds near 1e12 keep a quarter of a millisecond)."""
-    arrival = trace.table.column("arrival_s").to_numpy()
+    arrival = numpy_of(trace.table.column("arrival_s"))
     first = float(arrival[0])
     if first == 0.0:
         return trace
     table = trace.table.set_column(
-        trace.table.schema.get_field_index("arrival_s"), "arrival_s", pa.array(arrival - first)
+        trace.table.schema.get_field_index("arrival_s"),
+        "arrival_s",
+        arrow_of(arrival - first, pa.float64()),
     )
     return replace(
         trace,

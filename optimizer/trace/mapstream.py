@@ -38,7 +38,7 @@ import pyarrow.parquet as pq
 from kvtier.errors import InputError
 from kvtier.files import atomic_write
 from kvtier.trace.batches import BATCH_ROWS, TraceBatches, iter_batches, open_batches
-from kvtier.trace.blocked import BlockedTrace
+from kvtier.trace.blocked import BlockedTrace, check_block_size
 from kvtier.trace.format import HASH_TYPE, META_ARRIVAL_OFFSET, META_BLOCK_TOKENS, Trace
 
 if TYPE_CHECKING:
@@ -48,20 +48,6 @@ TAIL_TAG = np.uint64(1 << 63)  # identity of a request's partial last block: TAI
 META_MAPPED_FROM = "map.native_block_tokens"  # kept by every later read and write
 META_SHARED = "map.shared_across_tenants"
 PART_ROWS = 1 << 24  # rows per file of a dataset directory written by ``trace map``
-
-
-def check_block_size(block_tokens: int, native: int, path: str | None) -> int:
-    """``block_tokens`` if it is a multiple or a divisor of the trace's ``native`` block size
-    (the rule of :func:`~kvtier.trace.blocks.block_trace` and of the streamed mapping)."""
-    B = int(block_tokens)
-    if B <= 0 or (B % native and native % B):
-        raise InputError(
-            f"block size {B} must be a multiple or a divisor of the trace's native block size "
-            f"{native}",
-            path=path,
-            column="block_tokens",
-        )
-    return B
 
 
 @dataclass

@@ -52,7 +52,6 @@ from kvtier.trace.progress import count, stage
 _GZIP_MAGIC = b"\x1f\x8b"
 _UTF8_BOM = b"\xef\xbb\xbf"
 BATCH_ROWS = 1 << 20
-STREAM_BYTES = 256 << 20  # files larger than this import streamed by default
 
 
 @dataclass(frozen=True)

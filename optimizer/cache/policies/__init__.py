@@ -33,7 +33,10 @@ class PolicySpec:
     def __post_init__(self) -> None:
         if not 0 <= self.code < len(EVICTIONS):
             raise InputError(f"unknown policy code {self.code}")
-        self.module.check(dict(self.params))
+        if self.params or EVICTIONS.by_code(self.code).defaults:
+            # a policy without parameters has none to check: its module (numba kernels) is
+            # not imported until a cache is built
+            self.module.check(dict(self.params))
 
     @property
     def module(self) -> ModuleType:

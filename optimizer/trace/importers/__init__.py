@@ -51,10 +51,11 @@ __all__ = [
 def stream_plan(kind: str, path: str, options: ImportOptions, stream: bool | None):  # noqa: ANN201
     """How to import ``path`` streamed (a :class:`~.streaming.StreamPlan` for a CSV log of
     lengths, a :class:`~kvtier.trace.jsonlstream.JsonlPlan` for JSON Lines), or None to import
-    it in memory. ``stream`` None decides by size (:data:`~kvtier.trace.streaming.STREAM_BYTES`);
+    it in memory. ``stream`` None decides by size (:data:`~kvtier.trace.format.STREAM_BYTES`);
     the formats of prompt text do not stream, so asking for it there is an error."""
+    from kvtier.trace.format import STREAM_BYTES
     from kvtier.trace.jsonlstream import JsonlPlan
-    from kvtier.trace.streaming import STREAM_BYTES, StreamPlan
+    from kvtier.trace.streaming import StreamPlan
 
     if stream is False:
         return None
