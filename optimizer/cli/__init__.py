@@ -17,6 +17,7 @@ from typing import Any
 import click
 
 from kvtier import __version__
+from kvtier.cli.assess import assess_cmd
 from kvtier.cli.calibrate import calibrate_cmd
 from kvtier.cli.common import KvtierCommand, KvtierGroup
 from kvtier.cli.export import EXPORT_TARGETS, export_cmd
@@ -51,6 +52,7 @@ main.add_command(compare_cmd)
 main.add_command(report_cmd)
 main.add_command(batch_cmd)
 main.add_command(calibrate_cmd)
+main.add_command(assess_cmd)
 
 
 @click.command("optimize", cls=KvtierCommand)
