@@ -241,3 +241,27 @@ def test_recovery_time_and_tail_ttft_of_a_pool_fault() -> None:
     # without a baseline the level is the pre-fault hit ratio (the first pass: nothing reused)
     (alone,) = fault_impacts(trace, raw, (fault,), window_s=w)
     assert alone.level_hit_ratio == 0.0 and alone.recovery_s == pytest.approx(w - at)
+
+
+def test_replay_fault_option_reports_the_fault(tmp_path) -> None:
+    """``kvtier replay --fault``: the JSON carries each fault's figures; a bad spec is a
+    one-line error with exit code 2."""
+    import json
+
+    from kvtier.trace.io import write_trace
+    from tests.helpers import assert_one_line_error, invoke, make_trace
+
+    docs = [list(range(d * 1000, d * 1000 + 512)) for d in range(3)]
+    prompts = [docs[i % 3] + [50_000 + i] * 20 for i in range(30)]
+    path = tmp_path / "t.parquet"
+    write_trace(make_trace(prompts, 16, arrivals=[0.2 * i for i in range(30)]), path)
+    args = ["replay", "--trace", str(path), "--hardware", "beluga-testbed",
+            "--set", "serving.instances=2", "--preset", "beluga-cxl"]  # fmt: skip
+    bad = invoke(*args, "--fault", "tier=cxl,at=soon")
+    assert bad.code == 2
+    assert_one_line_error(bad, "--fault", "at='soon'")
+    ok = invoke(*args, "--fault", "tier=cxl,at=2,down=1,devices=4,device=1", "--json")
+    assert ok.code == 0, ok.stderr
+    (fault,) = json.loads(ok.stdout)["faults"]
+    assert fault["at_s"] == 2.0 and fault["back_s"] == 3.0
+    assert fault["lost_blocks"] > 0 and fault["requests_during"] >= 0
