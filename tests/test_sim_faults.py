@@ -265,3 +265,37 @@ def test_replay_fault_option_reports_the_fault(tmp_path) -> None:
     (fault,) = json.loads(ok.stdout)["faults"]
     assert fault["at_s"] == 2.0 and fault["back_s"] == 3.0
     assert fault["lost_blocks"] > 0 and fault["requests_during"] >= 0
+
+
+def test_a_policy_files_faults_tables_run_in_replay(tmp_path) -> None:
+    import json
+
+    from kvtier.trace.io import write_trace
+    from tests.helpers import assert_one_line_error, invoke, make_trace
+
+    prompts = [list(range(512)) + [9000 + i] * 20 for i in range(12)]
+    trace = tmp_path / "t.parquet"
+    write_trace(make_trace(prompts, 16, arrivals=[0.3 * i for i in range(12)]), trace)
+    policy = tmp_path / "p.toml"
+    base = (
+        'format = "kvtier-policy/1"\nblock_tokens = 16\n[serving]\ninstances = 2\n'
+        '[[tiers]]\nname = "hbm"\n[[tiers]]\nname = "cxl"\ncapacity_gb = 20.0\n'
+    )
+    policy.write_text(base + '[[faults]]\ntier = "cxl"\nat = 1.0\ndown = 0.5\n')
+    args = [
+        "replay",
+        "--trace",
+        str(trace),
+        "--hardware",
+        "beluga-testbed",
+        "--policy",
+        str(policy),
+    ]
+    ok = invoke(*args, "--json")
+    assert ok.code == 0, ok.stderr
+    (fault,) = json.loads(ok.stdout)["faults"]
+    assert fault["fault"].startswith("tier cxl") and fault["back_s"] == 1.5
+    policy.write_text(base + '[[faults]]\ntier = "cxl"\nat = 1.0\ncolour = "red"\n')
+    bad = invoke(*args)
+    assert bad.code == 2
+    assert_one_line_error(bad, "faults[0]", "colour")

@@ -94,7 +94,8 @@ from kvtier.report.jsonout import null_reason
     help="Fail a lower tier's pool, device, host or switch during the replay, e.g. "
     '"tier=cxl,at=120s,down=30,devices=4,device=1,rebuild_gbps=25" (keys: kind, tier, at, '
     'down, device, devices, host, rebuild_gbps; docs/model.md "Faults"); repeatable. The '
-    "trace is replayed without it too, for the recovery time and the tail TTFT beside it.",
+    "trace is replayed without it too, for the recovery time and the tail TTFT beside it. A "
+    "--policy file's [[faults]] tables (the same keys) add theirs.",
 )
 def replay_cmd(
     trace_path: str,
@@ -126,6 +127,14 @@ def replay_cmd(
     if preset is not None and policy_path is not None:
         raise click.UsageError("give --policy or --preset, not both")
     faults = tuple(parse_fault(spec) for spec in fault_specs)
+    if policy_path is not None:
+        from kvtier.policy.file import read_policy_file
+        from kvtier.sim.faults import fault_of
+
+        tables = read_policy_file(policy_path).faults
+        faults += tuple(
+            fault_of(f, option=f"{policy_path}: faults[{i}]") for i, f in enumerate(tables)
+        )
     if prices is None and policy_path is not None:
         prices, note = recorded_prices(policy_path)
         if note is not None:
