@@ -329,6 +329,7 @@ class Scenario:
         arrival_s: np.ndarray | None = None,
         concurrency: int | None = None,
         track_tbt: bool = False,
+        faults: tuple = (),
     ) -> Replay:
         """Replay ``policy`` (the base policy by default) to its metrics.
 
@@ -340,6 +341,8 @@ class Scenario:
         overrides the scenario's closed loop (0: open loop); the metrics then count each
         request from when it was sent. ``track_tbt`` records each request's token intervals
         (``raw.tbt_tail_s``, ``metrics.tbt_p99_s``); an SLO with ``tbt_p99_s`` always does.
+        ``faults`` (:class:`kvtier.sim.faults.Fault`) fail lower-tier devices during the
+        replay (``raw.fault_lost_ids``; figures by :mod:`kvtier.sim.fault_metrics`).
         """
         from kvtier.deploy.sample import fan_out_applies, scaled_for_sample
         from kvtier.sim import build_config, replay_metrics, simulate_raw
@@ -377,6 +380,8 @@ class Scenario:
                 ramp = auto_ramp_s(trace, cfg, self.engine)
             if ramp > 0:
                 trace = trace.with_arrivals(ramp_arrivals(trace.arrival_s, int(closed), ramp))
+        if faults:
+            cfg = replace(cfg, faults=tuple(faults))
         raw = simulate_raw(
             trace, cfg, engine=self.engine, slo=slo, stop_early=stop_early, track_tbt=track_tbt
         )

@@ -38,6 +38,7 @@ COMMANDS = {
     "report": "kvtier.cli.optimize:report_cmd",
     "batch": "kvtier.cli.optimize:batch_cmd",
     "calibrate": "kvtier.cli.calibrate:calibrate_cmd",
+    "assess": "kvtier.cli.assess:assess_cmd",
 }
 
 # names of this module defined in a command module (PEP 562: imported on first access)

@@ -107,6 +107,17 @@ def _ramp_seconds(text: str) -> float | None:
     help="Record token intervals: TBT P50/P99 (each request's mean of its longest 10% "
     "intervals) and a tbt_tail_s column in --requests-out [always with slo.tbt_p99_s].",
 )
+@click.option(
+    "--fault",
+    "fault_specs",
+    multiple=True,
+    metavar="SPEC",
+    help="Fail a lower tier's pool, device, host or switch during the replay, e.g. "
+    '"tier=cxl,at=120s,down=30,devices=4,device=1,rebuild_gbps=25" (keys: kind, tier, at, '
+    'down, device, devices, host, rebuild_gbps; docs/model.md "Faults"); repeatable. The '
+    "trace is replayed without it too, for the recovery time and the tail TTFT beside it. A "
+    "--policy file's [[faults]] tables (the same keys) add theirs.",
+)
 def replay_cmd(
     trace_path: str,
     hardware: str | None,
@@ -123,6 +134,7 @@ def replay_cmd(
     as_json: bool,
     requests_out: str | None,
     track_tbt: bool = False,
+    fault_specs: tuple[str, ...] = (),
 ) -> None:
     """Replay a trace through the serving simulator and print latency, throughput and cost.
 
@@ -131,10 +143,20 @@ def replay_cmd(
 
     from kvtier.deploy.sample import sample_bias
     from kvtier.scenario import Scenario, recorded_prices
+    from kvtier.sim.faults import parse_fault
     from kvtier.trace.sample_correction import sample_weighting
 
     if preset is not None and policy_path is not None:
         raise click.UsageError("give --policy or --preset, not both")
+    faults = tuple(parse_fault(spec) for spec in fault_specs)
+    if policy_path is not None:
+        from kvtier.policy.file import read_policy_file
+        from kvtier.sim.faults import fault_of
+
+        tables = read_policy_file(policy_path).faults
+        faults += tuple(
+            fault_of(f, option=f"{policy_path}: faults[{i}]") for i, f in enumerate(tables)
+        )
     if prices is None and policy_path is not None:
         prices, note = recorded_prices(policy_path)
         if note is not None:
@@ -181,8 +203,14 @@ def replay_cmd(
         from kvtier.sim.requests import check_requests_path
 
         check_requests_path(requests_out)
-    result = scenario.replay(track_tbt=track_tbt)
+    result = scenario.replay(track_tbt=track_tbt, faults=faults)
     metrics = result.metrics
+    impacts = None
+    if faults:
+        from kvtier.sim.fault_metrics import fault_impacts
+
+        healthy = scenario.replay(track_tbt=track_tbt)
+        impacts = fault_impacts(result.trace, result.raw, faults, baseline=healthy.raw)
     weighting = sample_weighting(scenario.trace)
     if weighting is not None:
         click.echo(f"note: {weighting}", err=True)
@@ -208,6 +236,10 @@ def replay_cmd(
             data["tiers"] = tier_json(result.tiers)
         if prices is not None:
             data["prices"] = prices
+        if impacts is not None:
+            from kvtier.report.faults import fault_json
+
+            data["faults"] = fault_json(impacts)
         why = null_reason(data)
         if rejected is not None and why is not None:  # one line: the cause, then the nulls
             nulls = "latencies, throughput and per-token cost are null"
@@ -223,6 +255,10 @@ def replay_cmd(
         _console().print(tier_table(result.tiers))
         for line in net_loss_lines(result.tiers):
             click.echo(f"note: {line}")
+    if impacts is not None:
+        from kvtier.report.faults import fault_table
+
+        _console().print(fault_table(impacts))
     if rejected is not None:
         served = "no request was served: " if metrics.n_served == 0 else ""
         click.echo(f"warning: {served}{rejected}", err=True)

@@ -21,6 +21,7 @@ from typing import Any
 
 import tomli_w
 
+from kvtier.errors import InputError
 from kvtier.policy.model import Policy, policy_from_dict, policy_to_dict
 from kvtier.toml_fields import read_toml
 
@@ -54,6 +55,8 @@ class PolicyFile:
     policy: Policy
     metrics: dict[str, Any] = field(default_factory=dict)
     provenance: dict[str, Any] = field(default_factory=dict)
+    # [[faults]] tables, as written (kvtier.sim.faults.fault_of reads each; a replay runs them)
+    faults: list[dict[str, Any]] = field(default_factory=list)
 
     @property
     def rate_scale(self) -> float:
@@ -89,8 +92,12 @@ def read_policy_file(path: str | Path) -> PolicyFile:
     policy = policy_from_dict(data, str(path))
     metrics = data.get("metrics", {})
     provenance = data.get("provenance", {})
+    faults = data.get("faults", [])
+    if not isinstance(faults, list) or not all(isinstance(f, dict) for f in faults):
+        raise InputError(f"{path}: faults must be [[faults]] tables")
     return PolicyFile(
         policy,
         metrics if isinstance(metrics, dict) else {},
         provenance if isinstance(provenance, dict) else {},
+        faults,
     )

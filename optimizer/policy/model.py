@@ -470,8 +470,9 @@ def policy_from_dict(data: dict[str, Any], source: str = "<policy>") -> Policy:
         slo=slo,
         **read_settings(Policy, t),
     )
-    # Sections later parts of kvtier fill in; accepted, not interpreted here.
-    for key in ("metrics", "provenance"):
+    # Sections later parts of kvtier fill in or read; accepted, not interpreted here
+    # ([[faults]]: the replay's faults, kvtier.sim.faults)
+    for key in ("metrics", "provenance", "faults"):
         t.used.add(key)
     t.done()
     return policy

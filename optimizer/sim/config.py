@@ -85,6 +85,9 @@ class SimConfig:
     # record each request's token intervals for its TBT tail (RawResult.tbt_tail_s); off, the
     # replay does no per-token work for it
     track_tbt: bool = False
+    # failures of lower-tier pools, devices, hosts or switches during the replay
+    # (kvtier.sim.faults.Fault; docs/model.md "Faults"); empty: none
+    faults: tuple = field(default=(), compare=False, repr=False)
 
     def timing_params(self) -> np.ndarray:
         """The packed step-time array both simulators read (layout: :mod:`kvtier.sim.timing`),

@@ -31,10 +31,20 @@ from kvtier.policy.registries import (
     WRITE_POLICIES,
 )
 from kvtier.sim.config import SimConfig
+from kvtier.sim.faults import (
+    FI_DEV,
+    FI_NDEV,
+    FI_POOL,
+    FI_TIER,
+    FT_AT,
+    FT_UP,
+    fault_arrays,
+    lost_ids,
+)
 from kvtier.sim.nb import simulate_nb
 from kvtier.sim.nb_hbm import AHEAD
 from kvtier.sim.nb_state import HbmPools, Outputs, Params, Requests
-from kvtier.sim.nb_tiers import LinkState, TierParams, TierPools, fill_rows_nb
+from kvtier.sim.nb_tiers import LinkState, TierParams, TierPools, fill_rows_nb, no_faults
 from kvtier.sim.result import RawResult, end_time, tbt_tail_counts
 from kvtier.sim.routing import kv_route_weights
 from kvtier.sim.slo import SloCheck
@@ -199,6 +209,8 @@ def simulate_engine(
         )
     kept: dict[str, np.ndarray] = {}
     ts, tp, lk = _tier_state(cfg.tiers, n_blocks, cfg.n_instances, costs, kept)
+    if cfg.faults:
+        ts = ts._replace(**_fault_rows(cfg, n_blocks, ts))
     pd_params = _pd_params(cfg, n_refs)
     if cfg.tiers is None and cfg.n_prefill > 0:
         lk = LinkState.zeros(cfg.pd.n_links, 0, 0)  # the P/D transfer's links alone
@@ -283,7 +295,35 @@ def simulate_engine(
         tbt_tail_s=out.tbt_tail if cfg.track_tbt else None,
         decode_hit_blocks=out.decode_hit_blocks if cfg.n_prefill > 0 else None,
         **_tier_result(cfg.tiers, lk, out.load_s),
+        **(
+            {"fault_lost_ids": lost_ids(ts.fault_i, ts.fault_lost, len(cfg.faults))}
+            if cfg.faults
+            else {}
+        ),
     )
+
+
+def _fault_result(cfg: SimConfig, ts: TierPools) -> dict[str, tuple[np.ndarray, ...]]:
+    if not cfg.faults:
+        return {}
+    return {"fault_lost_ids": lost_ids(ts.fault_i, ts.fault_lost, len(cfg.faults))}
+
+
+def _fault_rows(cfg: SimConfig, n_blocks: int, ts: TierPools) -> dict[str, np.ndarray]:
+    """The faults' rows (kvtier.sim.faults.fault_arrays), checked against the pools the
+    kernel indexes."""
+    fi, ft, lost = fault_arrays(cfg.faults, cfg.tiers, n_blocks)
+    P = ts.meta.shape[0]
+    if fi.shape[0] and (fi[:, FI_POOL].min() < 0 or fi[:, FI_POOL].max() >= P):
+        raise ValueError("fault pools must lie in [0, n_pools)")
+    if np.any(fi[:, FI_NDEV] < 1) or np.any(fi[:, FI_DEV] >= fi[:, FI_NDEV]):
+        raise ValueError("fault devices must lie in [-1, devices)")
+    if np.any(np.isnan(ft)) or np.any(ft[:, FT_UP] < ft[:, FT_AT]):
+        raise ValueError("fault times must be numbers, back up no earlier than down")
+    caps = cfg.tiers.capacity_blocks[fi[:, FI_TIER]] if fi.shape[0] else np.zeros(0)
+    if np.any(np.minimum(caps, n_blocks) + 1 > lost.shape[1]):
+        raise ValueError("the lost-block rows must hold a pool's blocks")
+    return {"fault_i": fi, "fault_t": ft, "fault_lost": lost}
 
 
 # the most intervals the TBT tails keep in all (8 bytes each): a tenth of the output tokens
@@ -591,7 +631,7 @@ def _tier_state(
     heap = filled("heap", (P, heap_len), np.int32, 0)
     selective = tiers.counts_sightings
     sightings = filled("sightings", (n_blocks if selective else 1,), np.int64, 0)
-    ts = TierPools(meta, fmeta, blk, prio, stamp, heap, hpos, cost, sightings)
+    ts = TierPools(meta, fmeta, blk, prio, stamp, heap, hpos, cost, sightings, *no_faults())
     tp = TierParams(
         n_tiers=tiers.n_tiers,
         per_host=tiers.per_host,

@@ -63,6 +63,7 @@ from kvtier.policy.registries import (
     VLLM_V0,
     VLLM_V1,
 )
+from kvtier.sim.fault_step import faults_advance_nb
 from kvtier.sim.gen import LOAD_RULE_FAMILY, ROUTER_FAMILY, twin
 from kvtier.sim.nb_hbm import (
     BLOCK,
@@ -1368,6 +1369,8 @@ def event_loop_nb(sim: Sim) -> tuple[bool, float]:
         now = next_event_nb(rq, ist, nx, prm, ty)
         if now == np.inf:
             break
+        if sim.ts.fault_i.shape[0] > 0:
+            faults_advance_nb(sim.ts, now)  # failed devices first (kvtier.sim.fault_step)
         # Which instances act is found first in a loop of its own (handling one changes no
         # other instance's state), so the scan over every instance at every event does not
         # carry the large body's per-instance pointers.

@@ -39,6 +39,8 @@ import kvtier.jitcache  # noqa: F401  (drops kernels compiled against older sour
 import kvtier.sim.write_policies.dispatch  # noqa: F401  (its sources, for kvtier.jitcache)
 from kvtier.cache.enums import L_WHERE, M_POLICY, W_MAIN, W_SMALL
 from kvtier.cache.nb import _access_nb, remove_nb
+from kvtier.sim.fault_step import fault_down_nb
+from kvtier.sim.faults import N_FI, N_FT
 from kvtier.sim.gen import WRITE_POLICY_FAMILY, twin
 from kvtier.sim.steptime.jit import prefill_seconds_nb
 from kvtier.sim.transfer import (
@@ -56,6 +58,15 @@ layerwise_ready_nb = njit(cache=True, nogil=True)(layerwise_ready)
 chosen_nb = twin(WRITE_POLICY_FAMILY)
 
 
+def no_faults() -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The fault rows of a replay without faults."""
+    return (
+        np.zeros((0, N_FI), dtype=np.int64),
+        np.zeros((0, N_FT), dtype=np.float64),
+        np.zeros((0, 1), dtype=np.int32),
+    )
+
+
 class TierPools(NamedTuple):
     """Every lower-tier pool's cache-engine arrays, stacked on a leading pool axis."""
 
@@ -68,6 +79,10 @@ class TierPools(NamedTuple):
     hpos: np.ndarray  # i4 (P, w)
     cost: np.ndarray  # f8 (P, w): GDSF recompute seconds per block
     sightings: np.ndarray  # i8 (n_blocks or 1,): admissions that named each block (selective)
+    # faults (kvtier.sim.faults, kvtier.sim.fault_step): one row per failed pool (F may be 0)
+    fault_i: np.ndarray  # i8 (F, N_FI): pool, device, devices, loses blocks, state, lost...
+    fault_t: np.ndarray  # f8 (F, N_FT): at, back up, rebuild seconds per block
+    fault_lost: np.ndarray  # i4 (F, M): ids of the blocks each lost, ascending
 
     @classmethod
     def empty(cls) -> TierPools:
@@ -77,7 +92,7 @@ class TierPools(NamedTuple):
         f2 = np.zeros((0, 0), dtype=f8)
         i2 = np.zeros((0, 0), dtype=i4)
         blk = np.zeros((0, 0, 4), dtype=i4)
-        return cls(z2, f2, blk, f2, z2, i2, i2, f2, np.zeros(0, dtype=i8))
+        return cls(z2, f2, blk, f2, z2, i2, i2, f2, np.zeros(0, dtype=i8), *no_faults())
 
 
 class TierParams(NamedTuple):
@@ -244,7 +259,8 @@ def lookup_nb(ts, tp, k, block_ids, bo, start, cap, src):  # noqa: ANN001, ANN20
         b = block_ids[bo + j]
         found = -1
         for t in range(tp.n_tiers):
-            if has_nb(ts, pool_nb(tp, t, k), b):
+            p = pool_nb(tp, t, k)
+            if has_nb(ts, p, b) and not fault_down_nb(ts, p, b):
                 found = t
                 break
         if found < 0:
@@ -327,7 +343,8 @@ def insert_nb(ts, tp, lk, k, now, t, b, path):  # noqa: ANN001, ANN201
         if victim < 0 or not cascade or t + 1 >= tp.n_tiers:
             return
         nxt = t + 1
-        if has_nb(ts, pool_nb(tp, nxt, k), victim):
+        pn = pool_nb(tp, nxt, k)
+        if has_nb(ts, pn, victim) or fault_down_nb(ts, pn, victim):
             return
         cap = tp.cap_bw[t] if tp.cap_bw[t] < tp.cap_bw[nxt] else tp.cap_bw[nxt]
         transfer_nb(
@@ -371,7 +388,7 @@ def write_down_nb(ts, tp, lk, k, now, buf, nbuf, n_targets, path):  # noqa: ANN0
         cnt = 0
         for x in range(nbuf):
             b = buf[x]
-            if not has_nb(ts, p, b):
+            if not has_nb(ts, p, b) and not fault_down_nb(ts, p, b):
                 insert_nb(ts, tp, lk, k, now, t, b, path)
                 cnt += 1
         if cnt > 0:

@@ -95,6 +95,8 @@ import numpy as np
 
 from kvtier.policy.registries import RESERVE, ROUTERS, VLLM_V0
 from kvtier.sim.config import SimConfig
+from kvtier.sim.fault_step import RefFaults
+from kvtier.sim.faults import fault_arrays
 from kvtier.sim.reference_tiers import LowerTiers
 from kvtier.sim.result import RawResult, end_time, tbt_tail_counts
 from kvtier.sim.routers import RouteView
@@ -289,8 +291,16 @@ class ReferenceReplay:
             costs = recompute_costs(
                 trace.block_offsets, trace.block_ids, trace.n_blocks, self.B, *compute
             )  # GDSF's cost per block
+            faults = None
+            if self.cfg.faults:
+                fi, ft, lost = fault_arrays(self.cfg.faults, self.cfg.tiers, trace.n_blocks)
+                faults = RefFaults(fi, ft, lost, trace.n_blocks, len(self.cfg.faults))
             self.lower = LowerTiers(
-                self.cfg.tiers, trace.n_blocks, self.timing_of if self.cfg.two_pools else tp, costs
+                self.cfg.tiers,
+                trace.n_blocks,
+                self.timing_of if self.cfg.two_pools else tp,
+                costs,
+                faults,
             )
         self.grows = self.cfg.scheduler != RESERVE  # blocks allocated as requests grow, preemption
         self.v0 = self.cfg.scheduler == VLLM_V0  # prompts whole, in iterations without decodes
@@ -866,6 +876,8 @@ class ReferenceReplay:
             now = self.next_event()
             if now == np.inf:
                 break
+            if self.lower is not None:
+                self.lower.advance_faults(now)  # failed devices first (kvtier.sim.fault_step)
             for k, inst in enumerate(self.instances):
                 if inst.busy_until is not None and inst.busy_until == now:
                     self.end_iteration(inst, k, now)

@@ -29,6 +29,8 @@ import numpy as np
 
 from kvtier.cache.reference import RefTier
 from kvtier.policy.registries import LOAD_RULES, WRITE_POLICIES
+from kvtier.sim.fault_step import RefFaults
+from kvtier.sim.faults import lost_ids
 from kvtier.sim.tiers import TierConfig
 from kvtier.sim.timing import prefill_seconds
 from kvtier.sim.transfer import (
@@ -48,8 +50,10 @@ class LowerTiers:
         n_blocks: int,
         compute: np.ndarray | list[np.ndarray],
         costs: np.ndarray,
+        faults: RefFaults | None = None,
     ) -> None:
         self.cfg = cfg
+        self.faults = faults  # failed devices (kvtier.sim.fault_step), None: none
         # the packed step-time array (kvtier.sim.timing), or one per instance (pools of two
         # tensor-parallel sizes): a load overlaps the loading instance's own compute
         self.compute_of = compute if isinstance(compute, list) else None
@@ -79,6 +83,15 @@ class LowerTiers:
     # ---- wiring ------------------------------------------------------------------------------
     def pool(self, t: int, inst: int) -> RefTier:
         return self.pools[self.cfg.pool_of(t, inst)]
+
+    def down(self, t: int, inst: int, b: int) -> bool:
+        """Is block ``b`` of the pool of tier ``t`` that ``inst`` reaches on a failed device?"""
+        return self.faults is not None and self.faults.down(self.cfg.pool_of(t, inst), b)
+
+    def advance_faults(self, now: float) -> None:
+        """Apply the faults ``now`` has reached (once per event instant)."""
+        if self.faults is not None:
+            self.faults.advance(self.pools, now)
 
     def gpu_transfer(self, inst: int, now: float, t: int, cnt: int, write: bool) -> float:
         """Move ``cnt`` blocks between ``inst`` and tier ``t`` through its connector (``write``:
@@ -122,8 +135,14 @@ class LowerTiers:
         """Source tier of each block after the HBM prefix, up to the first block found nowhere."""
         src: list[int] = []
         for j in range(start, cap):
+            b = blocks[j]
             found = next(
-                (t for t in range(self.cfg.n_tiers) if self.pool(t, inst).contains(blocks[j])), -1
+                (
+                    t
+                    for t in range(self.cfg.n_tiers)
+                    if self.pool(t, inst).contains(b) and not self.down(t, inst, b)
+                ),
+                -1,
             )
             if found < 0:
                 break
@@ -235,7 +254,7 @@ class LowerTiers:
             pool = self.pool(t, inst)
             cnt = 0
             for b in blocks:
-                if not pool.contains(b):
+                if not pool.contains(b) and not self.down(t, inst, b):
                     self.insert(inst, now, t, b)
                     cnt += 1
             if cnt:
@@ -253,7 +272,7 @@ class LowerTiers:
             if victim < 0 or not self.cascade or t + 1 >= c.n_tiers:
                 return
             nxt = t + 1
-            if self.pool(nxt, inst).contains(victim):
+            if self.pool(nxt, inst).contains(victim) or self.down(nxt, inst, victim):
                 return
             cap = c.cap_bw[t] if c.cap_bw[t] < c.cap_bw[nxt] else c.cap_bw[nxt]
             path_transfer(
@@ -301,4 +320,9 @@ class LowerTiers:
             "worker_busy_s": self.wbusy.copy(),
             "stage_s": self.stage.copy(),
             "load_s": load_s,
+            **(
+                {"fault_lost_ids": lost_ids(self.faults.fi, self.faults.lost, self.faults.n_faults)}
+                if self.faults is not None
+                else {}
+            ),
         }

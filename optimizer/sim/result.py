@@ -70,6 +70,9 @@ class RawResult:
     # disaggregated: int64 (n,), the prompt's leading blocks its decode instance already held
     # in HBM when it admitted it (not moved; 0 when the connector moves every block)
     decode_hit_blocks: np.ndarray | None = None
+    # faults (kvtier.sim.faults): per fault, the ids of the blocks its pools held when they
+    # failed (None: no fault)
+    fault_lost_ids: tuple[np.ndarray, ...] | None = None
 
 
 def end_time(finish_s: np.ndarray, early_stopped: bool, now: float) -> float:
