@@ -15,10 +15,11 @@ the other's kernels.
   Time is the process's CPU time (``time.process_time``), which other jobs on a shared machine
   disturb less than wall time. Printed per case: each version's median over the rounds, the
   median (range) of the per-round ratios new / old, and whether both gave the same hits.
-* **cold**: one process per version and round with an empty ``NUMBA_CACHE_DIR`` times (CPU)
+* **cold** (first): one process per version and round with an empty ``NUMBA_CACHE_DIR`` times (CPU)
   the first calls of every cache kernel (each policy's replay with both semantics, a tier's
   contains / access / remove / access_many) and, apart, of the ``IdTable`` kernels. The trace
-  is mapped before the clock starts.
+  is mapped before the clock starts. The first round compiles into the version's own cache,
+  which the warm rounds then load.
 
 Usage: ``python scripts/bench_cache_versions.py --version old=/tmp/oldkv --version
 new=/tmp/newkv [--rounds 5] [--runs 3] [--cold-rounds 2] [--zipf-accesses 2000000]``.
@@ -162,8 +163,9 @@ def main() -> None:
         cold: dict[str, dict[str, list[float]]] = {n: {"cache": [], "idtable": []} for n in names}
         for r in range(args.cold_rounds):
             for n in names if r % 2 == 0 else reversed(names):
+                # the first round compiles into the version's own cache, for the warm rounds
                 with tempfile.TemporaryDirectory() as empty:
-                    out = run(versions[n], empty, "cold", 1, 0)
+                    out = run(versions[n], caches[n] if r == 0 else empty, "cold", 1, 0)
                 for k in ("cache", "idtable"):
                     cold[n][k].append(out[k])
                 print(
@@ -171,8 +173,9 @@ def main() -> None:
                     f"IdTable {out['idtable']:.1f} s (CPU)",
                     flush=True,
                 )
-        for n in names:  # fill each version's own cache before the warm rounds
-            run(versions[n], caches[n], "cold", 1, 0)
+        for n in names:  # each version's own cache holds its kernels before the warm rounds
+            if args.cold_rounds < 1:
+                run(versions[n], caches[n], "cold", 1, 0)
         warm: dict[str, list[dict]] = {n: [] for n in names}
         for r in range(args.rounds):
             for n in names if r % 2 == 0 else reversed(names):
