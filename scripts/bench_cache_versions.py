@@ -22,7 +22,8 @@ the other's kernels.
   which the warm rounds then load.
 
 Usage: ``python scripts/bench_cache_versions.py --version old=/tmp/oldkv --version
-new=/tmp/newkv [--rounds 5] [--runs 3] [--cold-rounds 2] [--zipf-accesses 2000000]``.
+new=/tmp/newkv [--rounds 5] [--runs 3] [--cold-rounds 2] [--zipf-accesses 2000000]
+[--cache-root DIR]``.
 The first version named is the baseline of the ratios.
 """
 
@@ -109,9 +110,9 @@ else:
     zcap = max(1, working_set_blocks(z) // 10)
     cases = {{}}
     for p in POLICIES:
-        cases[f"mooncake prefix {{p}}"] = lambda p=p: int(replay(trace, p, cap).hits.sum())
+        cases[f"mooncake prefix {{p}}"] = lambda p=p: int(replay(trace, p, cap).hits)
     for p in ZIPF_POLICIES:
-        cases[f"zipf flat {{p}}"] = lambda p=p: int(replay(z, p, zcap, flat=True).hits.sum())
+        cases[f"zipf flat {{p}}"] = lambda p=p: int(replay(z, p, zcap, flat=True).hits)
     def many(p):
         t = TierState.create(p, cap, trace.n_blocks)
         return int(t.access_many(trace.block_ids)[0].sum())
@@ -154,12 +155,16 @@ def main() -> None:
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--cold-rounds", type=int, default=2)
     ap.add_argument("--zipf-accesses", type=int, default=2_000_000)
+    ap.add_argument(
+        "--cache-root", help="keep each version's numba cache in ROOT/NAME (kept between runs)"
+    )
     args = ap.parse_args()
     versions = dict(v.split("=", 1) for v in args.version)
     names = list(versions)
     base, other = names[0], names[-1]
     with tempfile.TemporaryDirectory() as tmp:
-        caches = {n: str(Path(tmp) / n) for n in names}
+        root = Path(args.cache_root) if args.cache_root else Path(tmp)
+        caches = {n: str(root / n) for n in names}
         cold: dict[str, dict[str, list[float]]] = {n: {"cache": [], "idtable": []} for n in names}
         for r in range(args.cold_rounds):
             for n in names if r % 2 == 0 else reversed(names):
