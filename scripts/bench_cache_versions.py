@@ -18,8 +18,8 @@ the other's kernels.
 * **cold** (first): one process per version and round with an empty ``NUMBA_CACHE_DIR`` times (CPU)
   the first calls of every cache kernel (each policy's replay with both semantics, a tier's
   contains / access / remove / access_many) and, apart, of the ``IdTable`` kernels. The trace
-  is mapped before the clock starts. The first round compiles into the version's own cache,
-  which the warm rounds then load.
+  is mapped before the clock starts. Without ``--cache-root`` the first round compiles into
+  the version's own cache, which the warm rounds then load.
 
 Usage: ``python scripts/bench_cache_versions.py --version old=/tmp/oldkv --version
 new=/tmp/newkv [--rounds 5] [--runs 3] [--cold-rounds 2] [--zipf-accesses 2000000]
@@ -170,7 +170,8 @@ def main() -> None:
             for n in names if r % 2 == 0 else reversed(names):
                 # the first round compiles into the version's own cache, for the warm rounds
                 with tempfile.TemporaryDirectory() as empty:
-                    out = run(versions[n], caches[n] if r == 0 else empty, "cold", 1, 0)
+                    fill = r == 0 and not args.cache_root
+                    out = run(versions[n], caches[n] if fill else empty, "cold", 1, 0)
                 for k in ("cache", "idtable"):
                     cold[n][k].append(out[k])
                 print(
@@ -179,17 +180,17 @@ def main() -> None:
                     flush=True,
                 )
         for n in names:  # each version's own cache holds its kernels before the warm rounds
-            if args.cold_rounds < 1:
+            if args.cold_rounds < 1 or args.cache_root:
                 run(versions[n], caches[n], "cold", 1, 0)
         warm: dict[str, list[dict]] = {n: [] for n in names}
         for r in range(args.rounds):
             for n in names if r % 2 == 0 else reversed(names):
                 warm[n].append(run(versions[n], caches[n], "warm", args.runs, args.zipf_accesses))
-            print(f"round {r + 1} done", flush=True)
+            print(f"round {r + 1}: " + json.dumps({n: warm[n][-1] for n in names}), flush=True)
     print()
     print("| kernels | " + " | ".join(f"{n}, CPU s (rounds)" for n in names) + " | ratio |")
     print("|---|" + "---|" * len(names) + "---|")
-    for k, label in (("cache", "cache engine"), ("idtable", "IdTable")):
+    for k, label in (("cache", "cache engine"), ("idtable", "IdTable")) * (args.cold_rounds > 0):
         meds = {n: statistics.median(cold[n][k]) for n in names}
         cells = " | ".join(
             f"{meds[n]:.1f} ({', '.join(f'{x:.1f}' for x in cold[n][k])})" for n in names
