@@ -1,10 +1,12 @@
 """numba kernels take few parameters: the serving engine's steps take one bundled state
 (:class:`kvtier.sim.nb_state.Sim`) and the plug-ins' twins take it too.
 
-The per-block primitives of the HBM pools, the lower tiers' kernels and the cache engine's
-policy hooks still take more than eight (each is handed only the arrays it touches, which
-the hot loops were tuned on); they are listed here and the list may only shrink: a new kernel
-over the limit, or one of these growing, fails.
+The cache engine's kernels and policy hooks take one tier's arrays as a
+:class:`kvtier.cache.nb_state.TierArrays`. The per-block primitives of the HBM pools and the
+lower tiers' kernels still take more than eight (each is handed only the arrays it touches,
+which the hot loops were tuned on), as do the cache engine's two unbundled entry points that
+those kernels call with one pool's arrays; they are listed here and the list may only shrink:
+a new kernel over the limit, or one of these growing, fails.
 """
 
 from __future__ import annotations
@@ -17,38 +19,8 @@ LIMIT = 8
 
 # (module, kernel) -> its parameter count today; not yet bundled
 KNOWN = {
-    ("cache/hooks.py", "hit_nb"): 10,
-    ("cache/hooks.py", "admit_nb"): 10,
-    ("cache/hooks.py", "insert_nb"): 11,
-    ("cache/hooks.py", "evict_nb"): 9,
-    ("cache/hooks.py", "remove_nb"): 11,
-    ("cache/kernels.py", "replay_nb"): 12,
-    ("cache/kernels.py", "access_many_nb"): 11,
-    ("cache/nb.py", "contains_nb"): 9,
     ("cache/nb.py", "_access_nb"): 10,
     ("cache/nb.py", "remove_nb"): 9,
-    ("cache/nb.py", "access_nb"): 9,
-    ("cache/nb.py", "_replay_loop_nb"): 13,
-    ("cache/nb.py", "_access_many_loop_nb"): 12,
-    ("cache/policies/base.py", "admit_nb"): 9,
-    ("cache/policies/fifo.py", "hit_nb"): 9,
-    ("cache/policies/fifo.py", "insert_nb"): 10,
-    ("cache/policies/fifo.py", "remove_nb"): 9,
-    ("cache/policies/gdsf.py", "hit_nb"): 9,
-    ("cache/policies/gdsf.py", "insert_nb"): 10,
-    ("cache/policies/lfu.py", "hit_nb"): 9,
-    ("cache/policies/lfu.py", "insert_nb"): 10,
-    ("cache/policies/lfu.py", "remove_nb"): 9,
-    ("cache/policies/lru.py", "hit_nb"): 9,
-    ("cache/policies/s3fifo.py", "hit_nb"): 9,
-    ("cache/policies/s3fifo.py", "ghost_check_nb"): 9,
-    ("cache/policies/s3fifo.py", "admit_nb"): 9,
-    ("cache/policies/s3fifo.py", "insert_nb"): 10,
-    ("cache/policies/s3fifo.py", "_ghost_add_nb"): 9,
-    ("cache/policies/s3fifo.py", "remove_nb"): 9,
-    ("cache/policies/sieve.py", "hit_nb"): 9,
-    ("cache/policies/sieve.py", "insert_nb"): 10,
-    ("cache/policies/sieve.py", "remove_nb"): 9,
     ("sim/nb_hbm.py", "hbm_take_nb"): 13,
     ("sim/nb_hbm.py", "hbm_register_nb"): 13,
     ("sim/nb_hbm.py", "hbm_release_nb"): 10,
@@ -56,7 +28,6 @@ KNOWN = {
     ("sim/nb_tiers.py", "load_nb"): 14,
     ("sim/nb_tiers.py", "write_down_nb"): 9,
     ("sim/nb_tiers.py", "sighted_nb"): 11,
-    ("trace/idtable.py", "_insert_nb"): 10,
 }
 
 

@@ -4,7 +4,8 @@ Public API:
 
 - :class:`TierState` - one tier (capacity in blocks + policy) as preallocated arrays, with the
   primitives ``contains`` / ``access`` (reports the evicted block) / ``remove``, and
-  ``arrays()`` for kernels in :mod:`kvtier.cache.nb`.
+  ``arrays()`` (a :class:`~kvtier.cache.nb_state.TierArrays`) for kernels in
+  :mod:`kvtier.cache.nb`.
 - :func:`replay` - replay a ``BlockedTrace`` (prefix or flat semantics, warm-up) ->
   :class:`ReplayResult` with per-request hit blocks.
 - :func:`parse_policy` / :class:`PolicySpec` - ``"s3fifo(small=0.1,ghost=0.9,threshold=2)"``.

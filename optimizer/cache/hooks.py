@@ -9,157 +9,101 @@ Each function branches on ``pol`` to the policy module's hook; inlined into a lo
 
 from __future__ import annotations
 
-import numpy as np
 from numba import njit
 
 import kvtier.jitcache  # noqa: F401  (drops kernels compiled against older sources)
+from kvtier.cache.nb_state import TierArrays
 from kvtier.cache.policies import fifo, gdsf, lfu, lru, s3fifo, sieve
 
 CODES = (0, 1, 2, 3, 4, 5)  # every code dispatched below
 
 
 @njit(cache=True, nogil=True, _nrt=False, inline="always")
-def hit_nb(
-    pol: int,
-    meta: np.ndarray,
-    fmeta: np.ndarray,
-    blk: np.ndarray,
-    prio: np.ndarray,
-    stamp: np.ndarray,
-    heap: np.ndarray,
-    hpos: np.ndarray,
-    cost: np.ndarray,
-    b: int,
-) -> None:
+def hit_nb(pol: int, tier: TierArrays, b: int) -> None:
     """A hit on resident block ``b``."""
     if pol == 0:  # lru
-        lru.hit_nb(meta, fmeta, blk, prio, stamp, heap, hpos, cost, b)
+        lru.hit_nb(tier, b)
     elif pol == 1:  # fifo
-        fifo.hit_nb(meta, fmeta, blk, prio, stamp, heap, hpos, cost, b)
+        fifo.hit_nb(tier, b)
     elif pol == 2:  # lfu
-        lfu.hit_nb(meta, fmeta, blk, prio, stamp, heap, hpos, cost, b)
+        lfu.hit_nb(tier, b)
     elif pol == 3:  # s3fifo
-        s3fifo.hit_nb(meta, fmeta, blk, prio, stamp, heap, hpos, cost, b)
+        s3fifo.hit_nb(tier, b)
     elif pol == 4:  # sieve
-        sieve.hit_nb(meta, fmeta, blk, prio, stamp, heap, hpos, cost, b)
+        sieve.hit_nb(tier, b)
     else:  # gdsf
-        gdsf.hit_nb(meta, fmeta, blk, prio, stamp, heap, hpos, cost, b)
+        gdsf.hit_nb(tier, b)
 
 
 @njit(cache=True, nogil=True, _nrt=False, inline="always")
-def admit_nb(
-    pol: int,
-    meta: np.ndarray,
-    fmeta: np.ndarray,
-    blk: np.ndarray,
-    prio: np.ndarray,
-    stamp: np.ndarray,
-    heap: np.ndarray,
-    hpos: np.ndarray,
-    cost: np.ndarray,
-    b: int,
-) -> int:
+def admit_nb(pol: int, tier: TierArrays, b: int) -> int:
     """On a miss: -1 if ``b`` may not enter, else the flag for :func:`insert_nb`."""
     if pol == 0:  # lru
-        return lru.admit_nb(meta, fmeta, blk, prio, stamp, heap, hpos, cost, b)
+        return lru.admit_nb(tier, b)
     elif pol == 1:  # fifo
-        return fifo.admit_nb(meta, fmeta, blk, prio, stamp, heap, hpos, cost, b)
+        return fifo.admit_nb(tier, b)
     elif pol == 2:  # lfu
-        return lfu.admit_nb(meta, fmeta, blk, prio, stamp, heap, hpos, cost, b)
+        return lfu.admit_nb(tier, b)
     elif pol == 3:  # s3fifo
-        return s3fifo.admit_nb(meta, fmeta, blk, prio, stamp, heap, hpos, cost, b)
+        return s3fifo.admit_nb(tier, b)
     elif pol == 4:  # sieve
-        return sieve.admit_nb(meta, fmeta, blk, prio, stamp, heap, hpos, cost, b)
-    return gdsf.admit_nb(meta, fmeta, blk, prio, stamp, heap, hpos, cost, b)  # gdsf
+        return sieve.admit_nb(tier, b)
+    return gdsf.admit_nb(tier, b)  # gdsf
 
 
 @njit(cache=True, nogil=True, _nrt=False, inline="always")
-def insert_nb(
-    pol: int,
-    meta: np.ndarray,
-    fmeta: np.ndarray,
-    blk: np.ndarray,
-    prio: np.ndarray,
-    stamp: np.ndarray,
-    heap: np.ndarray,
-    hpos: np.ndarray,
-    cost: np.ndarray,
-    b: int,
-    flag: int,
-) -> bool:
+def insert_nb(pol: int, tier: TierArrays, b: int, flag: int) -> bool:
     """Insert missed block ``b``; False when the policy declines it."""
     if pol == 0:  # lru
-        return lru.insert_nb(meta, fmeta, blk, prio, stamp, heap, hpos, cost, b, flag)
+        return lru.insert_nb(tier, b, flag)
     elif pol == 1:  # fifo
-        return fifo.insert_nb(meta, fmeta, blk, prio, stamp, heap, hpos, cost, b, flag)
+        return fifo.insert_nb(tier, b, flag)
     elif pol == 2:  # lfu
-        return lfu.insert_nb(meta, fmeta, blk, prio, stamp, heap, hpos, cost, b, flag)
+        return lfu.insert_nb(tier, b, flag)
     elif pol == 3:  # s3fifo
-        return s3fifo.insert_nb(meta, fmeta, blk, prio, stamp, heap, hpos, cost, b, flag)
+        return s3fifo.insert_nb(tier, b, flag)
     elif pol == 4:  # sieve
-        return sieve.insert_nb(meta, fmeta, blk, prio, stamp, heap, hpos, cost, b, flag)
-    return gdsf.insert_nb(meta, fmeta, blk, prio, stamp, heap, hpos, cost, b, flag)  # gdsf
+        return sieve.insert_nb(tier, b, flag)
+    return gdsf.insert_nb(tier, b, flag)  # gdsf
 
 
 @njit(cache=True, nogil=True, _nrt=False, inline="always")
-def evict_nb(
-    pol: int,
-    meta: np.ndarray,
-    fmeta: np.ndarray,
-    blk: np.ndarray,
-    prio: np.ndarray,
-    stamp: np.ndarray,
-    heap: np.ndarray,
-    hpos: np.ndarray,
-    cost: np.ndarray,
-) -> int:
+def evict_nb(pol: int, tier: TierArrays) -> int:
     """Evict one block; the victim, or NIL when it only moved blocks."""
     if pol == 0:  # lru
-        return lru.evict_nb(meta, fmeta, blk, prio, stamp, heap, hpos, cost)
+        return lru.evict_nb(tier)
     elif pol == 1:  # fifo
-        return fifo.evict_nb(meta, fmeta, blk, prio, stamp, heap, hpos, cost)
+        return fifo.evict_nb(tier)
     elif pol == 2:  # lfu
-        return lfu.evict_nb(meta, fmeta, blk, prio, stamp, heap, hpos, cost)
+        return lfu.evict_nb(tier)
     elif pol == 3:  # s3fifo
-        return s3fifo.evict_nb(meta, fmeta, blk, prio, stamp, heap, hpos, cost)
+        return s3fifo.evict_nb(tier)
     elif pol == 4:  # sieve
-        return sieve.evict_nb(meta, fmeta, blk, prio, stamp, heap, hpos, cost)
-    return gdsf.evict_nb(meta, fmeta, blk, prio, stamp, heap, hpos, cost)  # gdsf
+        return sieve.evict_nb(tier)
+    return gdsf.evict_nb(tier)  # gdsf
 
 
 @njit(cache=True, nogil=True, _nrt=False, inline="always")
-def remove_nb(
-    pol: int,
-    meta: np.ndarray,
-    fmeta: np.ndarray,
-    blk: np.ndarray,
-    prio: np.ndarray,
-    stamp: np.ndarray,
-    heap: np.ndarray,
-    hpos: np.ndarray,
-    cost: np.ndarray,
-    b: int,
-    resident: bool,
-) -> None:
+def remove_nb(pol: int, tier: TierArrays, b: int, resident: bool) -> None:
     """Drop block ``b`` (resident, or remembered by the policy: REMOVE_ABSENT)."""
     if pol == 0:  # lru
         if resident or lru.REMOVE_ABSENT:
-            lru.remove_nb(meta, fmeta, blk, prio, stamp, heap, hpos, cost, b)
+            lru.remove_nb(tier, b)
     elif pol == 1:  # fifo
         if resident or fifo.REMOVE_ABSENT:
-            fifo.remove_nb(meta, fmeta, blk, prio, stamp, heap, hpos, cost, b)
+            fifo.remove_nb(tier, b)
     elif pol == 2:  # lfu
         if resident or lfu.REMOVE_ABSENT:
-            lfu.remove_nb(meta, fmeta, blk, prio, stamp, heap, hpos, cost, b)
+            lfu.remove_nb(tier, b)
     elif pol == 3:  # s3fifo
         if resident or s3fifo.REMOVE_ABSENT:
-            s3fifo.remove_nb(meta, fmeta, blk, prio, stamp, heap, hpos, cost, b)
+            s3fifo.remove_nb(tier, b)
     elif pol == 4:  # sieve
         if resident or sieve.REMOVE_ABSENT:
-            sieve.remove_nb(meta, fmeta, blk, prio, stamp, heap, hpos, cost, b)
+            sieve.remove_nb(tier, b)
     else:  # gdsf
         if resident or gdsf.REMOVE_ABSENT:
-            gdsf.remove_nb(meta, fmeta, blk, prio, stamp, heap, hpos, cost, b)
+            gdsf.remove_nb(tier, b)
 
 
 @njit(cache=True, nogil=True, _nrt=False, inline="always")

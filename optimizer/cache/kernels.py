@@ -16,18 +16,12 @@ from numba import njit
 import kvtier.jitcache  # noqa: F401  (drops kernels compiled against older sources)
 from kvtier.cache.enums import M_POLICY
 from kvtier.cache.nb import _access_many_loop_nb, _replay_loop_nb
+from kvtier.cache.nb_state import TierArrays
 
 
 @njit(cache=True, nogil=True, _nrt=False)
 def replay_nb(
-    meta: np.ndarray,
-    fmeta: np.ndarray,
-    blk: np.ndarray,
-    prio: np.ndarray,
-    stamp: np.ndarray,
-    heap: np.ndarray,
-    hpos: np.ndarray,
-    cost: np.ndarray,
+    tier: TierArrays,
     offsets: np.ndarray,
     ids: np.ndarray,
     semantics: int,
@@ -40,208 +34,39 @@ def replay_nb(
     first, so a prefix is touched last and outlives its tail under recency policies.
     FLAT: each block is accessed in prompt order and every hit counts.
     """
-    pol = meta[M_POLICY]
+    pol = tier.meta[M_POLICY]
     if pol == 0:  # lru
-        _replay_loop_nb(
-            0,
-            meta,
-            fmeta,
-            blk,
-            prio,
-            stamp,
-            heap,
-            hpos,
-            cost,
-            offsets,
-            ids,
-            semantics,
-            hits_out,
-        )
+        _replay_loop_nb(0, tier, offsets, ids, semantics, hits_out)
     elif pol == 1:  # fifo
-        _replay_loop_nb(
-            1,
-            meta,
-            fmeta,
-            blk,
-            prio,
-            stamp,
-            heap,
-            hpos,
-            cost,
-            offsets,
-            ids,
-            semantics,
-            hits_out,
-        )
+        _replay_loop_nb(1, tier, offsets, ids, semantics, hits_out)
     elif pol == 2:  # lfu
-        _replay_loop_nb(
-            2,
-            meta,
-            fmeta,
-            blk,
-            prio,
-            stamp,
-            heap,
-            hpos,
-            cost,
-            offsets,
-            ids,
-            semantics,
-            hits_out,
-        )
+        _replay_loop_nb(2, tier, offsets, ids, semantics, hits_out)
     elif pol == 3:  # s3fifo
-        _replay_loop_nb(
-            3,
-            meta,
-            fmeta,
-            blk,
-            prio,
-            stamp,
-            heap,
-            hpos,
-            cost,
-            offsets,
-            ids,
-            semantics,
-            hits_out,
-        )
+        _replay_loop_nb(3, tier, offsets, ids, semantics, hits_out)
     elif pol == 4:  # sieve
-        _replay_loop_nb(
-            4,
-            meta,
-            fmeta,
-            blk,
-            prio,
-            stamp,
-            heap,
-            hpos,
-            cost,
-            offsets,
-            ids,
-            semantics,
-            hits_out,
-        )
+        _replay_loop_nb(4, tier, offsets, ids, semantics, hits_out)
     else:  # gdsf
-        _replay_loop_nb(
-            5,
-            meta,
-            fmeta,
-            blk,
-            prio,
-            stamp,
-            heap,
-            hpos,
-            cost,
-            offsets,
-            ids,
-            semantics,
-            hits_out,
-        )
+        _replay_loop_nb(5, tier, offsets, ids, semantics, hits_out)
 
 
 @njit(cache=True, nogil=True, _nrt=False)
 def access_many_nb(
-    meta: np.ndarray,
-    fmeta: np.ndarray,
-    blk: np.ndarray,
-    prio: np.ndarray,
-    stamp: np.ndarray,
-    heap: np.ndarray,
-    hpos: np.ndarray,
-    cost: np.ndarray,
+    tier: TierArrays,
     ids: np.ndarray,
     hit_out: np.ndarray,
     evicted_out: np.ndarray,
 ) -> None:
     """Access ``ids`` in order (flat), recording each hit flag and evicted block."""
-    pol = meta[M_POLICY]
+    pol = tier.meta[M_POLICY]
     if pol == 0:  # lru
-        _access_many_loop_nb(
-            0,
-            meta,
-            fmeta,
-            blk,
-            prio,
-            stamp,
-            heap,
-            hpos,
-            cost,
-            ids,
-            hit_out,
-            evicted_out,
-        )
+        _access_many_loop_nb(0, tier, ids, hit_out, evicted_out)
     elif pol == 1:  # fifo
-        _access_many_loop_nb(
-            1,
-            meta,
-            fmeta,
-            blk,
-            prio,
-            stamp,
-            heap,
-            hpos,
-            cost,
-            ids,
-            hit_out,
-            evicted_out,
-        )
+        _access_many_loop_nb(1, tier, ids, hit_out, evicted_out)
     elif pol == 2:  # lfu
-        _access_many_loop_nb(
-            2,
-            meta,
-            fmeta,
-            blk,
-            prio,
-            stamp,
-            heap,
-            hpos,
-            cost,
-            ids,
-            hit_out,
-            evicted_out,
-        )
+        _access_many_loop_nb(2, tier, ids, hit_out, evicted_out)
     elif pol == 3:  # s3fifo
-        _access_many_loop_nb(
-            3,
-            meta,
-            fmeta,
-            blk,
-            prio,
-            stamp,
-            heap,
-            hpos,
-            cost,
-            ids,
-            hit_out,
-            evicted_out,
-        )
+        _access_many_loop_nb(3, tier, ids, hit_out, evicted_out)
     elif pol == 4:  # sieve
-        _access_many_loop_nb(
-            4,
-            meta,
-            fmeta,
-            blk,
-            prio,
-            stamp,
-            heap,
-            hpos,
-            cost,
-            ids,
-            hit_out,
-            evicted_out,
-        )
+        _access_many_loop_nb(4, tier, ids, hit_out, evicted_out)
     else:  # gdsf
-        _access_many_loop_nb(
-            5,
-            meta,
-            fmeta,
-            blk,
-            prio,
-            stamp,
-            heap,
-            hpos,
-            cost,
-            ids,
-            hit_out,
-            evicted_out,
-        )
+        _access_many_loop_nb(5, tier, ids, hit_out, evicted_out)

@@ -3,9 +3,9 @@
 Policies only provide primitives (``hit_nb``, ``admit_nb``, ``insert_nb``, ``evict_nb``,
 ``remove_nb`` in ``kvtier.cache.policies``, see ``kvtier.cache.policies.base``), reached through
 the dispatchers of :mod:`kvtier.cache.hooks`, generated from the registry; capacity rules live
-here, once. A tier's state is the tuple built by :func:`kvtier.cache.state.TierState.arrays`::
-
-    (meta, fmeta, blk, prio, stamp, heap, hpos, cost)
+here, once. Every kernel takes a tier's state as one :class:`kvtier.cache.nb_state.TierArrays`
+(``tier``), built by :meth:`kvtier.cache.state.TierState.arrays`: the named tuple
+``(meta, fmeta, blk, prio, stamp, heap, hpos, cost)``.
 
 Nothing here checks bounds: the Python wrappers check every block id and array before a call.
 Capacities are in blocks and every block has size 1.
@@ -13,7 +13,9 @@ Capacities are in blocks and every block has size 1.
 Performance notes (measured on the 2-core VM, see docs/benchmarks.md): every cache kernel is
 compiled with ``_nrt=False`` because none of them allocates, and with numba's reference counting
 on, the incref/decref of the eleven state arrays at each primitive call made an access about ten
-times slower. The batch kernels (:mod:`kvtier.cache.kernels`) branch on the policy once and
+times slower. A call passes the named tuple's arrays as the same machine words as the eight
+separate arguments it replaced (side by side in docs/benchmarks.md, "Cache engine: the bundled
+tier state"). The batch kernels (:mod:`kvtier.cache.kernels`) branch on the policy once and
 inline a loop of this module specialised to it (``_replay_loop_nb(0, ...)``), so LLVM drops the
 other policies' code from the hot loop; dispatching per access cost another factor of about
 three. Flat LRU and FIFO replays from an empty tier do not come here: :mod:`kvtier.cache.ring`
@@ -39,23 +41,77 @@ from kvtier.cache.enums import (
     W_MAIN,
     W_SMALL,
 )
+from kvtier.cache.nb_state import TierArrays
 
 
 @njit(cache=True, nogil=True, _nrt=False, inline="always")
-def contains_nb(
-    meta: np.ndarray,
-    fmeta: np.ndarray,
-    blk: np.ndarray,
-    prio: np.ndarray,
-    stamp: np.ndarray,
-    heap: np.ndarray,
-    hpos: np.ndarray,
-    cost: np.ndarray,
-    b: int,
-) -> bool:
+def contains_nb(tier: TierArrays, b: int) -> bool:
     """Is block ``b`` resident? Changes nothing (a ghost entry is not residency)."""
-    w = blk[b, L_WHERE]
+    w = tier.blk[b, L_WHERE]
     return w == W_MAIN or w == W_SMALL  # noqa: SIM109 - two compares, no tuple, in numba
+
+
+@njit(cache=True, nogil=True, _nrt=False, inline="always")
+def access_as_nb(pol: int, tier: TierArrays, b: int) -> tuple[bool, int]:
+    """Access block ``b`` under policy ``pol`` (the tier's own, or a constant that lets LLVM
+    drop the other policies' code): a hit updates the policy, a miss admits it.
+
+    Returns ``(hit, evicted)``: ``evicted`` is the block that left the tier to make room
+    (NIL if none; with unit-size blocks at most one leaves per access), which a caller with a
+    tier below uses for write-back. Under GDSF the evicted block can be ``b`` itself: it was
+    admitted and lost to every resident block.
+    """
+    meta = tier.meta
+    meta[M_CLOCK] += 1
+    if contains_nb(tier, b):
+        hooks.hit_nb(pol, tier, b)
+        return True, NIL
+    flag = hooks.admit_nb(pol, tier, b)
+    if flag < 0 or meta[M_CAPACITY] < 1:
+        return False, NIL
+    victim = NIL
+    if hooks.admit_first_nb(pol):
+        # GreedyDual admits first and then evicts the minimum, which may be the new block
+        # itself (libCacheSim GDSF_get).
+        if hooks.insert_nb(pol, tier, b, flag):
+            meta[M_SIZE] += 1
+        while meta[M_SIZE] > meta[M_CAPACITY]:
+            victim = hooks.evict_nb(pol, tier)
+            meta[M_SIZE] -= 1
+            meta[M_N_EVICTIONS] += 1
+        return False, victim
+    while meta[M_SIZE] + 1 > meta[M_CAPACITY]:
+        v = hooks.evict_nb(pol, tier)
+        if v != NIL:
+            victim = v
+            meta[M_SIZE] -= 1
+            meta[M_N_EVICTIONS] += 1
+    if hooks.insert_nb(pol, tier, b, flag):
+        meta[M_SIZE] += 1
+    return False, victim
+
+
+@njit(cache=True, nogil=True, _nrt=False)
+def discard_nb(tier: TierArrays, b: int) -> bool:
+    """Drop block ``b`` from the tier (and from S3-FIFO's ghost); True if it was resident."""
+    resident = contains_nb(tier, b)
+    hooks.remove_nb(tier.meta[M_POLICY], tier, b, resident)
+    if resident:
+        tier.meta[M_SIZE] -= 1
+    return resident
+
+
+@njit(cache=True, nogil=True, _nrt=False)
+def access_nb(tier: TierArrays, b: int) -> tuple[bool, int]:
+    """Access block ``b`` under the tier's policy; see :func:`access_as_nb`."""
+    return access_as_nb(tier.meta[M_POLICY], tier, b)
+
+
+# ---- unbundled entry points --------------------------------------------------------------
+# kvtier.sim.nb_tiers holds every lower-tier pool's arrays stacked on a pool axis and calls
+# these two with one pool's eight arrays; they bundle them and run the kernels above (inlined,
+# so the tuple is taken apart again at compile time). They go once its callers pass a
+# TierArrays (tests/test_kernel_params.py still lists them).
 
 
 @njit(cache=True, nogil=True, _nrt=False, inline="always")
@@ -71,40 +127,8 @@ def _access_nb(
     cost: np.ndarray,
     b: int,
 ) -> tuple[bool, int]:
-    """Access block ``b``: a hit updates the policy, a miss admits it.
-
-    Returns ``(hit, evicted)``: ``evicted`` is the block that left the tier to make room
-    (NIL if none; with unit-size blocks at most one leaves per access), which a caller with a
-    tier below uses for write-back. Under GDSF the evicted block can be ``b`` itself: it was
-    admitted and lost to every resident block.
-    """
-    meta[M_CLOCK] += 1
-    if contains_nb(meta, fmeta, blk, prio, stamp, heap, hpos, cost, b):
-        hooks.hit_nb(pol, meta, fmeta, blk, prio, stamp, heap, hpos, cost, b)
-        return True, NIL
-    flag = hooks.admit_nb(pol, meta, fmeta, blk, prio, stamp, heap, hpos, cost, b)
-    if flag < 0 or meta[M_CAPACITY] < 1:
-        return False, NIL
-    victim = NIL
-    if hooks.admit_first_nb(pol):
-        # GreedyDual admits first and then evicts the minimum, which may be the new block
-        # itself (libCacheSim GDSF_get).
-        if hooks.insert_nb(pol, meta, fmeta, blk, prio, stamp, heap, hpos, cost, b, flag):
-            meta[M_SIZE] += 1
-        while meta[M_SIZE] > meta[M_CAPACITY]:
-            victim = hooks.evict_nb(pol, meta, fmeta, blk, prio, stamp, heap, hpos, cost)
-            meta[M_SIZE] -= 1
-            meta[M_N_EVICTIONS] += 1
-        return False, victim
-    while meta[M_SIZE] + 1 > meta[M_CAPACITY]:
-        v = hooks.evict_nb(pol, meta, fmeta, blk, prio, stamp, heap, hpos, cost)
-        if v != NIL:
-            victim = v
-            meta[M_SIZE] -= 1
-            meta[M_N_EVICTIONS] += 1
-    if hooks.insert_nb(pol, meta, fmeta, blk, prio, stamp, heap, hpos, cost, b, flag):
-        meta[M_SIZE] += 1
-    return False, victim
+    """:func:`access_as_nb` over a pool's arrays passed one by one."""
+    return access_as_nb(pol, TierArrays(meta, fmeta, blk, prio, stamp, heap, hpos, cost), b)
 
 
 @njit(cache=True, nogil=True, _nrt=False)
@@ -119,47 +143,17 @@ def remove_nb(
     cost: np.ndarray,
     b: int,
 ) -> bool:
-    """Drop block ``b`` from the tier (and from S3-FIFO's ghost); True if it was resident."""
-    resident = contains_nb(meta, fmeta, blk, prio, stamp, heap, hpos, cost, b)
-    hooks.remove_nb(meta[M_POLICY], meta, fmeta, blk, prio, stamp, heap, hpos, cost, b, resident)
-    if resident:
-        meta[M_SIZE] -= 1
-    return resident
+    """:func:`discard_nb` over a pool's arrays passed one by one."""
+    return discard_nb(TierArrays(meta, fmeta, blk, prio, stamp, heap, hpos, cost), b)
 
 
-@njit(cache=True, nogil=True, _nrt=False)
-def access_nb(
-    meta: np.ndarray,
-    fmeta: np.ndarray,
-    blk: np.ndarray,
-    prio: np.ndarray,
-    stamp: np.ndarray,
-    heap: np.ndarray,
-    hpos: np.ndarray,
-    cost: np.ndarray,
-    b: int,
-) -> tuple[bool, int]:
-    """Access block ``b``: a hit updates the policy, a miss admits it.
-
-    Returns ``(hit, evicted)``: ``evicted`` is the block that left the tier to make room
-    (NIL if none; with unit-size blocks at most one leaves per access), which a caller with a
-    tier below uses for write-back. Under GDSF the evicted block can be ``b`` itself: it was
-    admitted and lost to every resident block.
-    """
-    return _access_nb(meta[M_POLICY], meta, fmeta, blk, prio, stamp, heap, hpos, cost, b)
+# ---- batch loops (specialised per policy by kvtier.cache.kernels) ---------------------------
 
 
 @njit(cache=True, nogil=True, _nrt=False, inline="always")
 def _replay_loop_nb(
     pol: int,
-    meta: np.ndarray,
-    fmeta: np.ndarray,
-    blk: np.ndarray,
-    prio: np.ndarray,
-    stamp: np.ndarray,
-    heap: np.ndarray,
-    hpos: np.ndarray,
-    cost: np.ndarray,
+    tier: TierArrays,
     offsets: np.ndarray,
     ids: np.ndarray,
     semantics: int,
@@ -171,15 +165,13 @@ def _replay_loop_nb(
         hi = offsets[r + 1]
         h = 0
         if semantics == PREFIX:
-            while lo + h < hi and contains_nb(
-                meta, fmeta, blk, prio, stamp, heap, hpos, cost, ids[lo + h]
-            ):
+            while lo + h < hi and contains_nb(tier, ids[lo + h]):
                 h += 1
             for j in range(hi - 1, lo - 1, -1):
-                _access_nb(pol, meta, fmeta, blk, prio, stamp, heap, hpos, cost, ids[j])
+                access_as_nb(pol, tier, ids[j])
         else:
             for j in range(lo, hi):
-                hit, _ = _access_nb(pol, meta, fmeta, blk, prio, stamp, heap, hpos, cost, ids[j])
+                hit, _ = access_as_nb(pol, tier, ids[j])
                 if hit:
                     h += 1
         hits_out[r] = h
@@ -187,20 +179,9 @@ def _replay_loop_nb(
 
 @njit(cache=True, nogil=True, _nrt=False, inline="always")
 def _access_many_loop_nb(
-    pol: int,
-    meta: np.ndarray,
-    fmeta: np.ndarray,
-    blk: np.ndarray,
-    prio: np.ndarray,
-    stamp: np.ndarray,
-    heap: np.ndarray,
-    hpos: np.ndarray,
-    cost: np.ndarray,
-    ids: np.ndarray,
-    hit_out: np.ndarray,
-    evicted_out: np.ndarray,
+    pol: int, tier: TierArrays, ids: np.ndarray, hit_out: np.ndarray, evicted_out: np.ndarray
 ) -> None:
     for j in range(len(ids)):
-        hit, v = _access_nb(pol, meta, fmeta, blk, prio, stamp, heap, hpos, cost, ids[j])
+        hit, v = access_as_nb(pol, tier, ids[j])
         hit_out[j] = hit
         evicted_out[j] = v

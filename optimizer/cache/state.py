@@ -2,25 +2,23 @@
 
 A tier is a capacity in blocks and an eviction policy over dense block ids ``0..n_blocks-1``.
 All state lives in numpy arrays (struct of arrays) so kernels can hold several tiers at once
-and pass ``tier.arrays()`` to :mod:`kvtier.cache.nb`; a serving engine asks a tier
-whether a block is resident (:meth:`contains`), accesses or inserts blocks (:meth:`access`,
-which reports the block evicted to make room, for write-back to the tier below), and removes
-blocks that move up in an exclusive hierarchy (:meth:`remove`). The Python methods check bounds;
-the kernels do not.
+and pass ``tier.arrays()`` (one :class:`~kvtier.cache.nb_state.TierArrays`) to
+:mod:`kvtier.cache.nb`; a serving engine asks a tier whether a block is resident
+(:meth:`contains`), accesses or inserts blocks (:meth:`access`, which reports the block evicted
+to make room, for write-back to the tier below), and removes blocks that move up in an
+exclusive hierarchy (:meth:`remove`). The Python methods check bounds; the kernels do not.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TypeAlias
 
 import numpy as np
 
 from kvtier.cache import enums, kernels, nb
+from kvtier.cache.nb_state import TierArrays
 from kvtier.cache.policies import PolicySpec, parse_policy
 from kvtier.errors import InputError
-
-StateArrays: TypeAlias = tuple[np.ndarray, ...]
 
 
 @dataclass(eq=False)
@@ -38,10 +36,10 @@ class TierState:
     heap: np.ndarray  # int32 (capacity + 1,) LFU/GDSF heap (idem)
     hpos: np.ndarray  # int32 (n_blocks,) index in heap or -1 (idem)
     cost: np.ndarray  # float64 (n_blocks,) GDSF per-block cost, ones by default (idem)
-    _arrays: StateArrays = field(init=False, repr=False)
+    _arrays: TierArrays = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
-        self._arrays = (
+        self._arrays = TierArrays(
             self.meta,
             self.fmeta,
             self.blk,
@@ -107,8 +105,8 @@ class TierState:
         )
 
     # ---- kernel view ---------------------------------------------------------------------
-    def arrays(self) -> StateArrays:
-        """The state tuple every kernel in :mod:`kvtier.cache.nb` takes."""
+    def arrays(self) -> TierArrays:
+        """The state every kernel in :mod:`kvtier.cache.nb` takes (one named tuple)."""
         return self._arrays
 
     # ---- scalars -------------------------------------------------------------------------
@@ -145,23 +143,23 @@ class TierState:
 
     def contains(self, b: int) -> bool:
         """Is block ``b`` resident? Does not count as an access."""
-        return bool(nb.contains_nb(*self._arrays, self._check(b)))
+        return bool(nb.contains_nb(self._arrays, self._check(b)))
 
     def access(self, b: int) -> tuple[bool, int]:
         """Access (touch, or admit on a miss) block ``b``; returns (hit, evicted id or -1)."""
-        hit, victim = nb.access_nb(*self._arrays, self._check(b))
+        hit, victim = nb.access_nb(self._arrays, self._check(b))
         return bool(hit), int(victim)
 
     def remove(self, b: int) -> bool:
         """Drop block ``b`` (e.g. it moved up in an exclusive hierarchy); True if resident."""
-        return bool(nb.remove_nb(*self._arrays, self._check(b)))
+        return bool(nb.discard_nb(self._arrays, self._check(b)))
 
     def access_many(self, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Access ``ids`` in order; per access the hit flag (bool) and evicted id (-1 if none)."""
         arr = check_ids(ids, self.n_blocks)
         hit = np.zeros(len(arr), dtype=np.bool_)
         evicted = np.full(len(arr), enums.NIL, dtype=np.int32)
-        kernels.access_many_nb(*self._arrays, arr, hit, evicted)
+        kernels.access_many_nb(self._arrays, arr, hit, evicted)
         return hit, evicted
 
 

@@ -95,7 +95,7 @@ def replay(
     elif tier.policy != spec:
         raise InputError(f"policy {spec.name} does not match the tier's {tier.policy.name}")
     semantics = enums.FLAT if flat else enums.PREFIX
-    kernels.replay_nb(*tier.arrays(), trace.block_offsets, trace.block_ids, semantics, hits)
+    kernels.replay_nb(tier.arrays(), trace.block_offsets, trace.block_ids, semantics, hits)
     return _result(tier.policy.name, tier.capacity, flat, start, hits, trace)
 
 

@@ -14,6 +14,8 @@ the ids equal the in-memory mapping's, not approximately but exactly.
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import numpy as np
 from numba import njit
 
@@ -23,6 +25,16 @@ from kvtier.errors import InputError
 MAX_LOAD_NUM, MAX_LOAD_DEN = 3, 4
 MAX_IDS = 2**31 - 1  # ids are int32
 _EMPTY = -1
+
+
+class Slots(NamedTuple):
+    """The table's slots as its kernels take them (numba compiles a named tuple as a plain
+    tuple; the kernels read the fields into locals before their loops)."""
+
+    keys_hi: np.ndarray  # u8 (capacity,): first word of the key in each slot
+    keys_lo: np.ndarray  # u8 (capacity,), or (1,) for one-word keys: second word
+    vals: np.ndarray  # i4 (capacity,): the id in each slot, -1 for an empty slot
+    two_words: bool  # keys of two words (else keys_lo is never read)
 
 
 @njit(cache=True, nogil=True, inline="always")
@@ -56,10 +68,7 @@ def _probe(
 
 @njit(cache=True, nogil=True)
 def _insert_nb(
-    keys_hi: np.ndarray,
-    keys_lo: np.ndarray,
-    vals: np.ndarray,
-    two_words: bool,
+    tab: Slots,
     n_used: int,
     limit: int,
     q_hi: np.ndarray,
@@ -72,6 +81,7 @@ def _insert_nb(
     Stops before inserting past ``limit`` keys (the caller grows the table and resumes).
     Returns ``(next index to process, keys now held)``.
     """
+    keys_hi, keys_lo, vals, two_words = tab.keys_hi, tab.keys_lo, tab.vals, tab.two_words
     mask = np.uint64(vals.shape[0] - 1)
     for i in range(start, q_hi.shape[0]):
         hi = q_hi[i]
@@ -93,15 +103,10 @@ def _insert_nb(
 
 
 @njit(cache=True, nogil=True)
-def _rehash_nb(
-    keys_hi: np.ndarray,
-    keys_lo: np.ndarray,
-    vals: np.ndarray,
-    two_words: bool,
-    new_hi: np.ndarray,
-    new_lo: np.ndarray,
-    new_vals: np.ndarray,
-) -> None:
+def _rehash_nb(tab: Slots, new: Slots) -> None:
+    """Every key of ``tab`` into the empty, larger table ``new``, keeping its id."""
+    keys_hi, keys_lo, vals, two_words = tab.keys_hi, tab.keys_lo, tab.vals, tab.two_words
+    new_hi, new_lo, new_vals = new.keys_hi, new.keys_lo, new.vals
     mask = np.uint64(new_vals.shape[0] - 1)
     for s in range(vals.shape[0]):
         v = vals[s]
@@ -119,16 +124,9 @@ def _rehash_nb(
 
 
 @njit(cache=True, nogil=True)
-def _find_nb(
-    keys_hi: np.ndarray,
-    keys_lo: np.ndarray,
-    vals: np.ndarray,
-    two_words: bool,
-    q_hi: np.ndarray,
-    q_lo: np.ndarray,
-    out: np.ndarray,
-) -> None:
+def _find_nb(tab: Slots, q_hi: np.ndarray, q_lo: np.ndarray, out: np.ndarray) -> None:
     """The id of each key ``(q_hi[i], q_lo[i])`` held, or -1; nothing is inserted."""
+    keys_hi, keys_lo, vals, two_words = tab.keys_hi, tab.keys_lo, tab.vals, tab.two_words
     mask = np.uint64(vals.shape[0] - 1)
     for i in range(q_hi.shape[0]):
         lo = q_lo[i] if two_words else np.uint64(0)
@@ -149,6 +147,9 @@ class IdTable:
         self.keys_lo = np.zeros(cap if self.two_words else 1, dtype=np.uint64)
         self.vals = np.full(cap, _EMPTY, dtype=np.int32)
 
+    def _slots(self) -> Slots:
+        return Slots(self.keys_hi, self.keys_lo, self.vals, self.two_words)
+
     @property
     def capacity(self) -> int:
         return len(self.vals)
@@ -158,15 +159,15 @@ class IdTable:
         return self.keys_hi.nbytes + self.keys_lo.nbytes + self.vals.nbytes
 
     def _grow(self) -> None:
-        old_hi, old_lo, old_vals = self.keys_hi, self.keys_lo, self.vals
-        self._alloc(2 * len(old_vals))
-        _rehash_nb(old_hi, old_lo, old_vals, self.two_words, self.keys_hi, self.keys_lo, self.vals)
+        old = self._slots()
+        self._alloc(2 * len(old.vals))
+        _rehash_nb(old, self._slots())
 
     def find(self, hi: np.ndarray, lo: np.ndarray | None = None) -> np.ndarray:
         """The id of every key already held, -1 for the others (int32); the table is unchanged."""
         hi, lo = self._keys(hi, lo)
         out = np.empty(len(hi), dtype=np.int32)
-        _find_nb(self.keys_hi, self.keys_lo, self.vals, self.two_words, hi, lo, out)
+        _find_nb(self._slots(), hi, lo, out)
         return out
 
     def _keys(self, hi: np.ndarray, lo: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
@@ -188,10 +189,7 @@ class IdTable:
         start = 0
         while True:
             limit = min(self.capacity * MAX_LOAD_NUM // MAX_LOAD_DEN, MAX_IDS)
-            start, self.n = _insert_nb(
-                self.keys_hi, self.keys_lo, self.vals, self.two_words, self.n, limit,
-                hi, lo, start, out,
-            )  # fmt: skip
+            start, self.n = _insert_nb(self._slots(), self.n, limit, hi, lo, start, out)
             if start == len(hi):
                 return out
             if self.n >= MAX_IDS:

@@ -1,11 +1,12 @@
 """What every eviction policy module provides, and the parts most of them share.
 
 A policy module (``kvtier.cache.policies.<name>``, registered in ``kvtier.cache.registry``)
-supplies, over the tier state ``(meta, fmeta, blk, prio, stamp, heap, hpos, cost)``:
+supplies, over one tier's state ``tier`` (a :class:`kvtier.cache.nb_state.TierArrays`: every
+hook of every policy takes the same bundle and reads the fields it needs by name):
 
-* numba hooks ``hit_nb(..., b)``, ``admit_nb(..., b) -> flag`` (-1: the block may not enter;
-  otherwise a flag handed to insert), ``insert_nb(..., b, flag) -> inserted``,
-  ``evict_nb(...) -> victim`` and ``remove_nb(..., b)``, dispatched on the policy's code by
+* numba hooks ``hit_nb(tier, b)``, ``admit_nb(tier, b) -> flag`` (-1: the block may not
+  enter; otherwise a flag handed to insert), ``insert_nb(tier, b, flag) -> inserted``,
+  ``evict_nb(tier) -> victim`` and ``remove_nb(tier, b)``, dispatched on the policy's code by
   ``kvtier.cache.hooks`` (generated from the registry);
 * constants ``ADMIT_FIRST``, ``REMOVE_ABSENT``, ``USES_HEAP``, ``USES_COST``;
 * ``check(params)`` and ``configure(meta, params, capacity)`` for its parameters;
@@ -22,20 +23,11 @@ import numpy as np
 from numba import njit
 
 import kvtier.jitcache  # noqa: F401  (drops kernels compiled against older sources)
+from kvtier.cache.nb_state import TierArrays
 
 
 @njit(cache=True, nogil=True, _nrt=False)
-def admit_nb(
-    meta: np.ndarray,
-    fmeta: np.ndarray,
-    blk: np.ndarray,
-    prio: np.ndarray,
-    stamp: np.ndarray,
-    heap: np.ndarray,
-    hpos: np.ndarray,
-    cost: np.ndarray,
-    b: int,
-) -> int:
+def admit_nb(tier: TierArrays, b: int) -> int:
     """Every missed block may be inserted (flag 0)."""
     return 0
 

@@ -10,12 +10,12 @@ from collections import OrderedDict
 from collections.abc import Mapping
 from typing import Any
 
-import numpy as np
 from numba import njit
 
 import kvtier.jitcache  # noqa: F401  (drops kernels compiled against older sources)
 from kvtier.cache.enums import L_WHERE, M_HEAD, M_TAIL, W_ABSENT, W_MAIN
 from kvtier.cache.lists import push_head_nb, unlink_nb
+from kvtier.cache.nb_state import TierArrays
 from kvtier.cache.policies.base import ReferenceBase, admit_nb, check, configure  # noqa: F401
 
 # Read by numba as compile-time constants (kvtier.cache.hooks) and by the tier's setup.
@@ -26,49 +26,21 @@ USES_COST = False  # reads the per-block recompute cost
 
 
 @njit(cache=True, nogil=True, _nrt=False)
-def hit_nb(
-    meta: np.ndarray,
-    fmeta: np.ndarray,
-    blk: np.ndarray,
-    prio: np.ndarray,
-    stamp: np.ndarray,
-    heap: np.ndarray,
-    hpos: np.ndarray,
-    cost: np.ndarray,
-    b: int,
-) -> None:
+def hit_nb(tier: TierArrays, b: int) -> None:
     pass
 
 
 @njit(cache=True, nogil=True, _nrt=False)
-def insert_nb(
-    meta: np.ndarray,
-    fmeta: np.ndarray,
-    blk: np.ndarray,
-    prio: np.ndarray,
-    stamp: np.ndarray,
-    heap: np.ndarray,
-    hpos: np.ndarray,
-    cost: np.ndarray,
-    b: int,
-    flag: int,
-) -> bool:
+def insert_nb(tier: TierArrays, b: int, flag: int) -> bool:
+    meta, blk = tier.meta, tier.blk
     blk[b, L_WHERE] = W_MAIN
     push_head_nb(meta, M_HEAD, M_TAIL, blk, b)
     return True
 
 
 @njit(cache=True, nogil=True, _nrt=False)
-def evict_nb(
-    meta: np.ndarray,
-    fmeta: np.ndarray,
-    blk: np.ndarray,
-    prio: np.ndarray,
-    stamp: np.ndarray,
-    heap: np.ndarray,
-    hpos: np.ndarray,
-    cost: np.ndarray,
-) -> int:
+def evict_nb(tier: TierArrays) -> int:
+    meta, blk = tier.meta, tier.blk
     v = meta[M_TAIL]
     unlink_nb(meta, M_HEAD, M_TAIL, blk, v)
     blk[v, L_WHERE] = W_ABSENT
@@ -76,17 +48,8 @@ def evict_nb(
 
 
 @njit(cache=True, nogil=True, _nrt=False)
-def remove_nb(
-    meta: np.ndarray,
-    fmeta: np.ndarray,
-    blk: np.ndarray,
-    prio: np.ndarray,
-    stamp: np.ndarray,
-    heap: np.ndarray,
-    hpos: np.ndarray,
-    cost: np.ndarray,
-    b: int,
-) -> None:
+def remove_nb(tier: TierArrays, b: int) -> None:
+    meta, blk = tier.meta, tier.blk
     unlink_nb(meta, M_HEAD, M_TAIL, blk, b)
     blk[b, L_WHERE] = W_ABSENT
 

@@ -21,12 +21,12 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-import numpy as np
 from numba import njit
 
 import kvtier.jitcache  # noqa: F401  (drops kernels compiled against older sources)
 from kvtier.cache.enums import F_INFLATION, L_FREQ, L_WHERE, M_CLOCK, W_ABSENT, W_MAIN
 from kvtier.cache.heap import heap_pop_nb, heap_push_nb, heap_update_nb
+from kvtier.cache.nb_state import TierArrays
 from kvtier.cache.policies.base import ReferenceBase, admit_nb, check, configure  # noqa: F401
 
 # Removal is LFU's: take the block out of the heap and forget its count.
@@ -40,59 +40,29 @@ USES_COST = True  # reads the per-block recompute cost
 
 
 @njit(cache=True, nogil=True, _nrt=False)
-def hit_nb(
-    meta: np.ndarray,
-    fmeta: np.ndarray,
-    blk: np.ndarray,
-    prio: np.ndarray,
-    stamp: np.ndarray,
-    heap: np.ndarray,
-    hpos: np.ndarray,
-    cost: np.ndarray,
-    b: int,
-) -> None:
-    blk[b, L_FREQ] += 1
-    prio[b] = fmeta[F_INFLATION] + cost[b] * blk[b, L_FREQ]
-    stamp[b] = meta[M_CLOCK]
-    heap_update_nb(meta, heap, hpos, prio, stamp, b)
+def hit_nb(tier: TierArrays, b: int) -> None:
+    tier.blk[b, L_FREQ] += 1
+    tier.prio[b] = tier.fmeta[F_INFLATION] + tier.cost[b] * tier.blk[b, L_FREQ]
+    tier.stamp[b] = tier.meta[M_CLOCK]
+    heap_update_nb(tier.meta, tier.heap, tier.hpos, tier.prio, tier.stamp, b)
 
 
 @njit(cache=True, nogil=True, _nrt=False)
-def insert_nb(
-    meta: np.ndarray,
-    fmeta: np.ndarray,
-    blk: np.ndarray,
-    prio: np.ndarray,
-    stamp: np.ndarray,
-    heap: np.ndarray,
-    hpos: np.ndarray,
-    cost: np.ndarray,
-    b: int,
-    flag: int,
-) -> bool:
-    blk[b, L_WHERE] = W_MAIN
-    blk[b, L_FREQ] = 1
-    prio[b] = fmeta[F_INFLATION] + cost[b] * 1
-    stamp[b] = meta[M_CLOCK]
-    heap_push_nb(meta, heap, hpos, prio, stamp, b)
+def insert_nb(tier: TierArrays, b: int, flag: int) -> bool:
+    tier.blk[b, L_WHERE] = W_MAIN
+    tier.blk[b, L_FREQ] = 1
+    tier.prio[b] = tier.fmeta[F_INFLATION] + tier.cost[b] * 1
+    tier.stamp[b] = tier.meta[M_CLOCK]
+    heap_push_nb(tier.meta, tier.heap, tier.hpos, tier.prio, tier.stamp, b)
     return True
 
 
 @njit(cache=True, nogil=True, _nrt=False)
-def evict_nb(
-    meta: np.ndarray,
-    fmeta: np.ndarray,
-    blk: np.ndarray,
-    prio: np.ndarray,
-    stamp: np.ndarray,
-    heap: np.ndarray,
-    hpos: np.ndarray,
-    cost: np.ndarray,
-) -> int:
-    v = heap_pop_nb(meta, heap, hpos, prio, stamp)
-    fmeta[F_INFLATION] = prio[v]
-    blk[v, L_WHERE] = W_ABSENT
-    blk[v, L_FREQ] = 0
+def evict_nb(tier: TierArrays) -> int:
+    v = heap_pop_nb(tier.meta, tier.heap, tier.hpos, tier.prio, tier.stamp)
+    tier.fmeta[F_INFLATION] = tier.prio[v]
+    tier.blk[v, L_WHERE] = W_ABSENT
+    tier.blk[v, L_FREQ] = 0
     return v
 
 

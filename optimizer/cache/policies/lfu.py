@@ -13,12 +13,12 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-import numpy as np
 from numba import njit
 
 import kvtier.jitcache  # noqa: F401  (drops kernels compiled against older sources)
 from kvtier.cache.enums import L_FREQ, L_WHERE, M_CLOCK, W_ABSENT, W_MAIN
 from kvtier.cache.heap import heap_pop_nb, heap_push_nb, heap_remove_nb, heap_update_nb
+from kvtier.cache.nb_state import TierArrays
 from kvtier.cache.policies.base import ReferenceBase, admit_nb, check, configure  # noqa: F401
 
 # Read by numba as compile-time constants (kvtier.cache.hooks) and by the tier's setup.
@@ -29,76 +29,36 @@ USES_COST = False  # reads the per-block recompute cost
 
 
 @njit(cache=True, nogil=True, _nrt=False)
-def hit_nb(
-    meta: np.ndarray,
-    fmeta: np.ndarray,
-    blk: np.ndarray,
-    prio: np.ndarray,
-    stamp: np.ndarray,
-    heap: np.ndarray,
-    hpos: np.ndarray,
-    cost: np.ndarray,
-    b: int,
-) -> None:
-    blk[b, L_FREQ] += 1
-    prio[b] = blk[b, L_FREQ]
-    stamp[b] = meta[M_CLOCK]
-    heap_update_nb(meta, heap, hpos, prio, stamp, b)
+def hit_nb(tier: TierArrays, b: int) -> None:
+    tier.blk[b, L_FREQ] += 1
+    tier.prio[b] = tier.blk[b, L_FREQ]
+    tier.stamp[b] = tier.meta[M_CLOCK]
+    heap_update_nb(tier.meta, tier.heap, tier.hpos, tier.prio, tier.stamp, b)
 
 
 @njit(cache=True, nogil=True, _nrt=False)
-def insert_nb(
-    meta: np.ndarray,
-    fmeta: np.ndarray,
-    blk: np.ndarray,
-    prio: np.ndarray,
-    stamp: np.ndarray,
-    heap: np.ndarray,
-    hpos: np.ndarray,
-    cost: np.ndarray,
-    b: int,
-    flag: int,
-) -> bool:
-    blk[b, L_WHERE] = W_MAIN
-    blk[b, L_FREQ] = 1
-    prio[b] = 1.0
-    stamp[b] = meta[M_CLOCK]
-    heap_push_nb(meta, heap, hpos, prio, stamp, b)
+def insert_nb(tier: TierArrays, b: int, flag: int) -> bool:
+    tier.blk[b, L_WHERE] = W_MAIN
+    tier.blk[b, L_FREQ] = 1
+    tier.prio[b] = 1.0
+    tier.stamp[b] = tier.meta[M_CLOCK]
+    heap_push_nb(tier.meta, tier.heap, tier.hpos, tier.prio, tier.stamp, b)
     return True
 
 
 @njit(cache=True, nogil=True, _nrt=False)
-def evict_nb(
-    meta: np.ndarray,
-    fmeta: np.ndarray,
-    blk: np.ndarray,
-    prio: np.ndarray,
-    stamp: np.ndarray,
-    heap: np.ndarray,
-    hpos: np.ndarray,
-    cost: np.ndarray,
-) -> int:
-    v = heap_pop_nb(meta, heap, hpos, prio, stamp)
-    blk[v, L_WHERE] = W_ABSENT
-    blk[v, L_FREQ] = 0
+def evict_nb(tier: TierArrays) -> int:
+    v = heap_pop_nb(tier.meta, tier.heap, tier.hpos, tier.prio, tier.stamp)
+    tier.blk[v, L_WHERE] = W_ABSENT
+    tier.blk[v, L_FREQ] = 0
     return v
 
 
 @njit(cache=True, nogil=True, _nrt=False)
-def remove_nb(
-    meta: np.ndarray,
-    fmeta: np.ndarray,
-    blk: np.ndarray,
-    prio: np.ndarray,
-    stamp: np.ndarray,
-    heap: np.ndarray,
-    hpos: np.ndarray,
-    cost: np.ndarray,
-    b: int,
-) -> None:
-    heap_remove_nb(meta, heap, hpos, prio, stamp, b)
-    blk[b, L_WHERE] = W_ABSENT
-    blk[b, L_FREQ] = 0
+def remove_nb(tier: TierArrays, b: int) -> None:
+    heap_remove_nb(tier.meta, tier.heap, tier.hpos, tier.prio, tier.stamp, b)
+    tier.blk[b, L_WHERE] = W_ABSENT
+    tier.blk[b, L_FREQ] = 0
 
 
 class Reference(ReferenceBase):

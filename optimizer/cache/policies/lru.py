@@ -6,12 +6,12 @@ inserts it at the head; eviction takes the tail. No parameters.
 
 from __future__ import annotations
 
-import numpy as np
 from numba import njit
 
 import kvtier.jitcache  # noqa: F401  (drops kernels compiled against older sources)
 from kvtier.cache.enums import M_HEAD, M_TAIL
 from kvtier.cache.lists import push_head_nb, unlink_nb
+from kvtier.cache.nb_state import TierArrays
 
 # Admission, eviction and removal are FIFO's: one queue, insert at the head, evict the tail.
 # LRU differs only in what a hit does.
@@ -27,17 +27,8 @@ USES_COST = False  # reads the per-block recompute cost
 
 
 @njit(cache=True, nogil=True, _nrt=False)
-def hit_nb(
-    meta: np.ndarray,
-    fmeta: np.ndarray,
-    blk: np.ndarray,
-    prio: np.ndarray,
-    stamp: np.ndarray,
-    heap: np.ndarray,
-    hpos: np.ndarray,
-    cost: np.ndarray,
-    b: int,
-) -> None:
+def hit_nb(tier: TierArrays, b: int) -> None:
+    meta, blk = tier.meta, tier.blk
     unlink_nb(meta, M_HEAD, M_TAIL, blk, b)
     push_head_nb(meta, M_HEAD, M_TAIL, blk, b)
 

@@ -56,6 +56,7 @@ from kvtier.cache.enums import (
     W_SMALL,
 )
 from kvtier.cache.lists import push_head_nb, unlink_nb
+from kvtier.cache.nb_state import TierArrays
 from kvtier.cache.policies.base import ReferenceBase
 from kvtier.errors import InputError
 
@@ -102,33 +103,15 @@ def configure(meta: np.ndarray, params: Mapping[str, float], capacity: int) -> N
 
 
 @njit(cache=True, nogil=True, _nrt=False)
-def hit_nb(
-    meta: np.ndarray,
-    fmeta: np.ndarray,
-    blk: np.ndarray,
-    prio: np.ndarray,
-    stamp: np.ndarray,
-    heap: np.ndarray,
-    hpos: np.ndarray,
-    cost: np.ndarray,
-    b: int,
-) -> None:
+def hit_nb(tier: TierArrays, b: int) -> None:
+    blk = tier.blk
     blk[b, L_FREQ] += 1
 
 
 @njit(cache=True, nogil=True, _nrt=False)
-def ghost_check_nb(
-    meta: np.ndarray,
-    fmeta: np.ndarray,
-    blk: np.ndarray,
-    prio: np.ndarray,
-    stamp: np.ndarray,
-    heap: np.ndarray,
-    hpos: np.ndarray,
-    cost: np.ndarray,
-    b: int,
-) -> int:
+def ghost_check_nb(tier: TierArrays, b: int) -> int:
     """On a miss: drop ``b`` from the ghost; return 1 if it was there (then it goes to main)."""
+    meta, blk = tier.meta, tier.blk
     if blk[b, L_WHERE] == W_GHOST:
         unlink_nb(meta, M_GHEAD, M_GTAIL, blk, b)
         meta[M_N_GHOST] -= 1
@@ -138,52 +121,24 @@ def ghost_check_nb(
 
 
 @njit(cache=True, nogil=True, _nrt=False)
-def can_admit_nb(
-    meta: np.ndarray,
-    fmeta: np.ndarray,
-    blk: np.ndarray,
-    prio: np.ndarray,
-    stamp: np.ndarray,
-    heap: np.ndarray,
-    hpos: np.ndarray,
-    cost: np.ndarray,
-) -> bool:
+def can_admit_nb(tier: TierArrays) -> bool:
+    meta = tier.meta
     return meta[M_SMALL_CAP] >= 1
 
 
 @njit(cache=True, nogil=True, _nrt=False)
-def admit_nb(
-    meta: np.ndarray,
-    fmeta: np.ndarray,
-    blk: np.ndarray,
-    prio: np.ndarray,
-    stamp: np.ndarray,
-    heap: np.ndarray,
-    hpos: np.ndarray,
-    cost: np.ndarray,
-    b: int,
-) -> int:
+def admit_nb(tier: TierArrays, b: int) -> int:
     """On a miss: -1 when no block can enter (no small FIFO), else 1 for a ghost hit (the block
     goes to main), 0 otherwise. The ghost entry is dropped either way."""
-    ghost_hit = ghost_check_nb(meta, fmeta, blk, prio, stamp, heap, hpos, cost, b)
-    if not can_admit_nb(meta, fmeta, blk, prio, stamp, heap, hpos, cost):
+    ghost_hit = ghost_check_nb(tier, b)
+    if not can_admit_nb(tier):
         return -1
     return ghost_hit
 
 
 @njit(cache=True, nogil=True, _nrt=False)
-def insert_nb(
-    meta: np.ndarray,
-    fmeta: np.ndarray,
-    blk: np.ndarray,
-    prio: np.ndarray,
-    stamp: np.ndarray,
-    heap: np.ndarray,
-    hpos: np.ndarray,
-    cost: np.ndarray,
-    b: int,
-    flag: int,
-) -> bool:
+def insert_nb(tier: TierArrays, b: int, flag: int) -> bool:
+    meta, blk = tier.meta, tier.blk
     ghost_hit = flag
     if ghost_hit == 0:
         if meta[M_SMALL_CAP] <= 1:
@@ -203,17 +158,8 @@ def insert_nb(
 
 
 @njit(cache=True, nogil=True, _nrt=False)
-def _ghost_add_nb(
-    meta: np.ndarray,
-    fmeta: np.ndarray,
-    blk: np.ndarray,
-    prio: np.ndarray,
-    stamp: np.ndarray,
-    heap: np.ndarray,
-    hpos: np.ndarray,
-    cost: np.ndarray,
-    b: int,
-) -> None:
+def _ghost_add_nb(tier: TierArrays, b: int) -> None:
+    meta, blk = tier.meta, tier.blk
     if meta[M_GHOST_CAP] <= 0:
         blk[b, L_WHERE] = W_ABSENT
         return
@@ -228,16 +174,8 @@ def _ghost_add_nb(
 
 
 @njit(cache=True, nogil=True, _nrt=False)
-def _evict_main_nb(
-    meta: np.ndarray,
-    fmeta: np.ndarray,
-    blk: np.ndarray,
-    prio: np.ndarray,
-    stamp: np.ndarray,
-    heap: np.ndarray,
-    hpos: np.ndarray,
-    cost: np.ndarray,
-) -> int:
+def _evict_main_nb(tier: TierArrays) -> int:
+    meta, blk = tier.meta, tier.blk
     while meta[M_N_MAIN] > 0:
         v = meta[M_TAIL]
         unlink_nb(meta, M_HEAD, M_TAIL, blk, v)
@@ -253,16 +191,8 @@ def _evict_main_nb(
 
 
 @njit(cache=True, nogil=True, _nrt=False)
-def _evict_small_nb(
-    meta: np.ndarray,
-    fmeta: np.ndarray,
-    blk: np.ndarray,
-    prio: np.ndarray,
-    stamp: np.ndarray,
-    heap: np.ndarray,
-    hpos: np.ndarray,
-    cost: np.ndarray,
-) -> int:
+def _evict_small_nb(tier: TierArrays) -> int:
+    meta, blk = tier.meta, tier.blk
     while meta[M_N_SMALL] > 0:
         v = meta[M_STAIL]
         unlink_nb(meta, M_SHEAD, M_STAIL, blk, v)
@@ -274,41 +204,24 @@ def _evict_small_nb(
             blk[v, L_FREQ] = 0
         else:
             blk[v, L_FREQ] = 0
-            _ghost_add_nb(meta, fmeta, blk, prio, stamp, heap, hpos, cost, v)
+            _ghost_add_nb(tier, v)
             return v
     return NIL
 
 
 @njit(cache=True, nogil=True, _nrt=False)
-def evict_nb(
-    meta: np.ndarray,
-    fmeta: np.ndarray,
-    blk: np.ndarray,
-    prio: np.ndarray,
-    stamp: np.ndarray,
-    heap: np.ndarray,
-    hpos: np.ndarray,
-    cost: np.ndarray,
-) -> int:
+def evict_nb(tier: TierArrays) -> int:
     """One eviction step; returns the evicted block, or NIL if small emptied into main."""
+    meta = tier.meta
     meta[M_HAS_EVICTED] = 1
     if meta[M_N_MAIN] > meta[M_MAIN_CAP] or meta[M_N_SMALL] == 0:
-        return _evict_main_nb(meta, fmeta, blk, prio, stamp, heap, hpos, cost)
-    return _evict_small_nb(meta, fmeta, blk, prio, stamp, heap, hpos, cost)
+        return _evict_main_nb(tier)
+    return _evict_small_nb(tier)
 
 
 @njit(cache=True, nogil=True, _nrt=False)
-def remove_nb(
-    meta: np.ndarray,
-    fmeta: np.ndarray,
-    blk: np.ndarray,
-    prio: np.ndarray,
-    stamp: np.ndarray,
-    heap: np.ndarray,
-    hpos: np.ndarray,
-    cost: np.ndarray,
-    b: int,
-) -> None:
+def remove_nb(tier: TierArrays, b: int) -> None:
+    meta, blk = tier.meta, tier.blk
     w = blk[b, L_WHERE]
     if w == W_SMALL:
         unlink_nb(meta, M_SHEAD, M_STAIL, blk, b)

@@ -13,22 +13,12 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-import numpy as np
 from numba import njit
 
 import kvtier.jitcache  # noqa: F401  (drops kernels compiled against older sources)
-from kvtier.cache.enums import (
-    L_FREQ,
-    L_PRV,
-    L_WHERE,
-    M_HAND,
-    M_HEAD,
-    M_TAIL,
-    NIL,
-    W_ABSENT,
-    W_MAIN,
-)
+from kvtier.cache.enums import L_FREQ, L_PRV, L_WHERE, M_HAND, M_HEAD, M_TAIL, NIL, W_ABSENT, W_MAIN
 from kvtier.cache.lists import push_head_nb, unlink_nb
+from kvtier.cache.nb_state import TierArrays
 from kvtier.cache.policies.base import ReferenceBase, admit_nb, check, configure  # noqa: F401
 
 # Read by numba as compile-time constants (kvtier.cache.hooks) and by the tier's setup.
@@ -39,33 +29,14 @@ USES_COST = False  # reads the per-block recompute cost
 
 
 @njit(cache=True, nogil=True, _nrt=False)
-def hit_nb(
-    meta: np.ndarray,
-    fmeta: np.ndarray,
-    blk: np.ndarray,
-    prio: np.ndarray,
-    stamp: np.ndarray,
-    heap: np.ndarray,
-    hpos: np.ndarray,
-    cost: np.ndarray,
-    b: int,
-) -> None:
+def hit_nb(tier: TierArrays, b: int) -> None:
+    blk = tier.blk
     blk[b, L_FREQ] = 1
 
 
 @njit(cache=True, nogil=True, _nrt=False)
-def insert_nb(
-    meta: np.ndarray,
-    fmeta: np.ndarray,
-    blk: np.ndarray,
-    prio: np.ndarray,
-    stamp: np.ndarray,
-    heap: np.ndarray,
-    hpos: np.ndarray,
-    cost: np.ndarray,
-    b: int,
-    flag: int,
-) -> bool:
+def insert_nb(tier: TierArrays, b: int, flag: int) -> bool:
+    meta, blk = tier.meta, tier.blk
     blk[b, L_WHERE] = W_MAIN
     blk[b, L_FREQ] = 0
     push_head_nb(meta, M_HEAD, M_TAIL, blk, b)
@@ -73,16 +44,8 @@ def insert_nb(
 
 
 @njit(cache=True, nogil=True, _nrt=False)
-def evict_nb(
-    meta: np.ndarray,
-    fmeta: np.ndarray,
-    blk: np.ndarray,
-    prio: np.ndarray,
-    stamp: np.ndarray,
-    heap: np.ndarray,
-    hpos: np.ndarray,
-    cost: np.ndarray,
-) -> int:
+def evict_nb(tier: TierArrays) -> int:
+    meta, blk = tier.meta, tier.blk
     v = meta[M_HAND]
     if v == NIL:
         v = meta[M_TAIL]
@@ -98,17 +61,8 @@ def evict_nb(
 
 
 @njit(cache=True, nogil=True, _nrt=False)
-def remove_nb(
-    meta: np.ndarray,
-    fmeta: np.ndarray,
-    blk: np.ndarray,
-    prio: np.ndarray,
-    stamp: np.ndarray,
-    heap: np.ndarray,
-    hpos: np.ndarray,
-    cost: np.ndarray,
-    b: int,
-) -> None:
+def remove_nb(tier: TierArrays, b: int) -> None:
+    meta, blk = tier.meta, tier.blk
     if meta[M_HAND] == b:
         meta[M_HAND] = blk[b, L_PRV]
     unlink_nb(meta, M_HEAD, M_TAIL, blk, b)
