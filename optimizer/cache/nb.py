@@ -107,46 +107,6 @@ def access_nb(tier: TierArrays, b: int) -> tuple[bool, int]:
     return access_as_nb(tier.meta[M_POLICY], tier, b)
 
 
-# ---- unbundled entry points --------------------------------------------------------------
-# kvtier.sim.nb_tiers holds every lower-tier pool's arrays stacked on a pool axis and calls
-# these two with one pool's eight arrays; they bundle them and run the kernels above (inlined,
-# so the tuple is taken apart again at compile time). They go once its callers pass a
-# TierArrays (tests/test_kernel_params.py still lists them).
-
-
-@njit(cache=True, nogil=True, _nrt=False, inline="always")
-def _access_nb(
-    pol: int,
-    meta: np.ndarray,
-    fmeta: np.ndarray,
-    blk: np.ndarray,
-    prio: np.ndarray,
-    stamp: np.ndarray,
-    heap: np.ndarray,
-    hpos: np.ndarray,
-    cost: np.ndarray,
-    b: int,
-) -> tuple[bool, int]:
-    """:func:`access_as_nb` over a pool's arrays passed one by one."""
-    return access_as_nb(pol, TierArrays(meta, fmeta, blk, prio, stamp, heap, hpos, cost), b)
-
-
-@njit(cache=True, nogil=True, _nrt=False)
-def remove_nb(
-    meta: np.ndarray,
-    fmeta: np.ndarray,
-    blk: np.ndarray,
-    prio: np.ndarray,
-    stamp: np.ndarray,
-    heap: np.ndarray,
-    hpos: np.ndarray,
-    cost: np.ndarray,
-    b: int,
-) -> bool:
-    """:func:`discard_nb` over a pool's arrays passed one by one."""
-    return discard_nb(TierArrays(meta, fmeta, blk, prio, stamp, heap, hpos, cost), b)
-
-
 # ---- batch loops (specialised per policy by kvtier.cache.kernels) ---------------------------
 
 

@@ -29,7 +29,8 @@ from numba import njit
 
 import kvtier.jitcache  # noqa: F401  (drops kernels compiled against older sources)
 from kvtier.cache.enums import L_WHERE, M_POLICY, W_MAIN, W_SMALL
-from kvtier.cache.nb import _access_nb, remove_nb
+from kvtier.cache.nb import access_as_nb, discard_nb
+from kvtier.cache.nb_state import TierArrays
 from kvtier.sim.faults import (
     DOWN,
     FI_CURSOR,
@@ -116,6 +117,15 @@ def _has_nb(ts, p, b):  # noqa: ANN001, ANN201
     return w == W_MAIN or w == W_SMALL  # noqa: SIM109
 
 
+@njit(cache=True, nogil=True, _nrt=False, inline="always")
+def _pool_nb(ts, p):  # noqa: ANN001, ANN201
+    """Pool ``p``'s arrays as the cache engine's :class:`TierArrays` (views)."""
+    return TierArrays(
+        ts.meta[p], ts.fmeta[p], ts.blk[p], ts.prio[p], ts.stamp[p], ts.heap[p], ts.hpos[p],
+        ts.cost[p],
+    )  # fmt: skip
+
+
 @njit(cache=True, nogil=True, _nrt=False)
 def faults_advance_nb(ts, now):  # noqa: ANN001, ANN201
     """:meth:`RefFaults.advance` over the pools' stacked arrays and the fault rows of ``ts``."""
@@ -130,10 +140,7 @@ def faults_advance_nb(ts, now):  # noqa: ANN001, ANN201
                 d, nd = fi[f, FI_DEV], fi[f, FI_NDEV]
                 for b in range(n_blocks):
                     if (d < 0 or b % nd == d) and _has_nb(ts, p, b):
-                        remove_nb(
-                            ts.meta[p], ts.fmeta[p], ts.blk[p], ts.prio[p], ts.stamp[p],
-                            ts.heap[p], ts.hpos[p], ts.cost[p], b,
-                        )  # fmt: skip
+                        discard_nb(_pool_nb(ts, p), b)
                         lost[f, n] = b
                         n += 1
                 fi[f, FI_LOST] = n
@@ -146,9 +153,5 @@ def faults_advance_nb(ts, now):  # noqa: ANN001, ANN201
             ):
                 b = lost[f, fi[f, FI_CURSOR]]
                 if not _has_nb(ts, p, b) and not fault_down_nb(ts, p, b):
-                    meta = ts.meta[p]
-                    _access_nb(
-                        meta[M_POLICY], meta, ts.fmeta[p], ts.blk[p], ts.prio[p], ts.stamp[p],
-                        ts.heap[p], ts.hpos[p], ts.cost[p], b,
-                    )  # fmt: skip
+                    access_as_nb(ts.meta[p, M_POLICY], _pool_nb(ts, p), b)
                 fi[f, FI_CURSOR] += 1

@@ -1,7 +1,8 @@
 """Write the serving kernels' plug-in dispatch from the registries: ``python -m kvtier.sim.gen``.
 
 numba needs static dispatch: the event loop calls ``if code == 0: round_robin.route_nb(...)
-elif ...``, which LLVM folds to one call when the code is a constant. That chain is written here
+elif ...``, which the branch predictor follows at no cost (the code is a constant of the
+replay). That chain is written here
 once per plug-in family from its registry (each entry's ``impl`` names the module holding the
 step's numba twin), as :mod:`kvtier.cache.gen` does for eviction policies. The generated files
 are checked in (numba caches compiled code by source file; :mod:`kvtier.jitcache` follows their
@@ -35,7 +36,15 @@ BANNER = (
 class Family:
     """One plug-in family: its registry, the twin every module defines, the generated module's
     path, and the twin's signature (the code selector is ``select``, a field of the kernel's
-    state)."""
+    state).
+
+    ``inline``: the dispatch is inlined into its caller. The router and load-rule twins take
+    the whole state (``Sim``), and the event loop, where they are called, is one large
+    function: an inlined call copies every array of the state into a variable of its own
+    there (LLVM then carries each through every branch and loop of the event loop), which
+    was most of its compile time. Their dispatch is a kernel of its own instead, called once
+    per arrival or admission; the write policies' twins take a few tuples and are inlined
+    into the lower tiers' kernels."""
 
     registry: Registry
     package: str
@@ -45,6 +54,7 @@ class Family:
     returns: str
     imports: tuple[str, ...]
     doc: str
+    inline: bool = True
 
     @property
     def path(self) -> Path:
@@ -58,8 +68,9 @@ ROUTER_FAMILY = Family(
     select="sim.prm.router",
     params=(("sim", "Sim"), ("i", "int")),
     returns="int",
-    imports=("from kvtier.sim.nb_state import Sim",),
+    imports=("from kvtier.sim.nb_state import INNER, Sim",),
     doc="The instance request ``i`` joins, by the router ``sim.prm.router`` names.",
+    inline=False,
 )
 
 WRITE_POLICY_FAMILY = Family(
@@ -80,8 +91,9 @@ LOAD_RULE_FAMILY = Family(
     select="sim.tp.load_rule",
     params=(("sim", ""), ("k", ""), ("now", ""), ("n_src", ""), ("hbm_hits", ""), ("timing", "")),
     returns="",
-    imports=(),
+    imports=("from kvtier.sim.nb_state import INNER",),
     doc="How many found blocks the load rule ``sim.tp.load_rule`` loads.",
+    inline=False,
 )
 
 FAMILIES = (ROUTER_FAMILY, WRITE_POLICY_FAMILY, LOAD_RULE_FAMILY)
@@ -120,10 +132,20 @@ def dispatch_source(family: Family) -> str:
     modules = [e.impl for e in entries]
     if len({_alias(m) for m in modules}) != len(modules):
         raise ValueError(f"{family.registry.kind}: two plug-in modules share a name: {modules}")
+    where = (
+        ["Inlined into its caller, where the code is a constant of the replay; see"]
+        if family.inline
+        else ["A kernel of its own, called from the event loop (not inlined there); see"]
+    )
+    decorator = (
+        '@njit(cache=True, nogil=True, _nrt=False, inline="always")'
+        if family.inline
+        else "@njit(cache=True, nogil=True, _nrt=False, **INNER)"
+    )
     lines = [
         f'"""The {family.registry.kind} family\'s numba dispatch, generated from the registry.',
         "",
-        "Inlined into the event loop, where the code is a constant of the replay; see",
+        *where,
         ":mod:`kvtier.sim.gen`.",
         '"""',
         "",
@@ -140,7 +162,7 @@ def dispatch_source(family: Family) -> str:
         f"CODES = {tuple(e.code for e in entries)!r}  # every code dispatched below",
         "",
         "",
-        '@njit(cache=True, nogil=True, _nrt=False, inline="always")',
+        decorator,
         *_signature(family),
         f'    """{family.doc}"""',
         f"    code = {family.select}",

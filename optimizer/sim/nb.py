@@ -33,8 +33,9 @@ call. The loops that run once per block (taking, registering and releasing slots
 pins) index with unsigned integers (``u64``): numba then leaves out the wrap-around of negative
 indices, a compare and select per access that took about a fifth of a replay. Every such index
 is non-negative by construction. Those loops are functions of their own, each called for a
-request's run of blocks and handed only the arrays it uses (a call passes each array as
-machine words). The semantics are in the docstring of :mod:`kvtier.sim.reference`.
+request's run of blocks and handed the HBM pools' tuple and the scalars of the run (a call
+passes each array as machine words; :class:`kvtier.sim.nb_hbm.Run` bundles the run's
+bounds). The semantics are in the docstring of :mod:`kvtier.sim.reference`.
 Lower tiers are kernels in :mod:`kvtier.sim.nb_tiers`, called at the same hooks as the
 reference's ``LowerTiers`` and only when there is work for them (each call hands over every
 tier array).
@@ -70,6 +71,7 @@ from kvtier.sim.nb_hbm import (
     MAP,
     POS,
     REF,
+    Run,
     hbm_lookup_nb,
     hbm_register_nb,
     hbm_release_nb,
@@ -86,6 +88,7 @@ from kvtier.sim.nb_state import (
     C_OVER_TPOT,
     C_REJECTED,
     C_STAMP,
+    INNER,
     N_COUNTERS,
     Buffers,
     HbmPools,
@@ -100,6 +103,8 @@ from kvtier.sim.nb_state import (
 from kvtier.sim.nb_tbt import tbt_run_nb, tbt_tail_nb, tbt_token_nb
 from kvtier.sim.nb_tiers import (
     LinkState,
+    Prefill,
+    Refs,
     TierParams,
     TierPools,
     computed_nb,
@@ -120,7 +125,7 @@ from kvtier.sim.steptime.jit import (
 from kvtier.sim.timing import T_FRONTEND
 from kvtier.sim.transfer import pd_transfer
 
-pd_transfer_nb = njit(cache=True, nogil=True, _nrt=False)(pd_transfer)
+pd_transfer_nb = njit(cache=True, nogil=True, _nrt=False, **INNER)(pd_transfer)
 certainly_missed_nb = njit(cache=True, nogil=True, inline="always")(certainly_missed)
 # the plug-in families' dispatch (kvtier.sim.gen): the checked-in modules, imported here so
 # kvtier.jitcache follows their sources, unless plug-ins from outside the package extend them
@@ -196,9 +201,6 @@ def finish_nb(sim: Sim, k: int, i: int, now: float) -> None:
     first_token = out.first_token
     slo_thresholds = prm.slo_thresholds
     ints = ty.ints
-    sl = pool.records
-    rings = pool.rings
-    slots = pool.slots
     ring_head = ist.ring_head
     ring_count = ist.ring_count
     free_len = ist.free_len
@@ -220,8 +222,8 @@ def finish_nb(sim: Sim, k: int, i: int, now: float) -> None:
         if prm.slo_on and tail > slo_thresholds[4]:
             ints[C_OVER_TBT] += 1
     hbm_release_nb(
-        sl, rings, slots, ring_head, ring_count, free_len, k,
-        prm.ring_len, slot_off[i], slot_off[i] + rs.held[i],
+        pool, ring_head, ring_count, free_len, k, prm.ring_len, slot_off[i],
+        slot_off[i] + rs.held[i],
     )  # fmt: skip
 
 
@@ -249,11 +251,6 @@ def end_iteration_nb(sim: Sim, k: int, now: float) -> None:
     kv = rs.kv
     registered = rs.registered
     computed_from = rs.computed_from
-    sl = pool.records
-    slot_of = pool.slot_of
-    slots = pool.slots
-    block_ids = rq.block_ids
-    shared = rq.shared
     slot_off = rs.slot_off
     wbuf = buf.wbuf
     generated = rs.generated
@@ -261,7 +258,6 @@ def end_iteration_nb(sim: Sim, k: int, now: float) -> None:
     n_running = ist.n_running
     seg_steps = ist.seg_steps
     busy = ist.busy
-    path = buf.path
     base = k * prm.n_shared
     saving = ist.saving
     busy_until = ist.busy_until
@@ -283,12 +279,12 @@ def end_iteration_nb(sim: Sim, k: int, now: float) -> None:
             if full > registered[i]:
                 w_from = computed_from[i] if tp.n_tiers > 0 else full  # computed: to lower tiers
                 nw = hbm_register_nb(
-                    sl, slot_of, slots, block_ids, shared, base, boff[i],
-                    slot_off[i], registered[i], full, wbuf, nw, w_from,
+                    pool, rq, base, boff[i], Run(slot_off[i], registered[i], full), wbuf, nw,
+                    w_from,
                 )  # fmt: skip
                 registered[i] = full
         if nw > 0:  # (a call passes every tier array: skip it when there is nothing)
-            saved = computed_nb(ts, tp, lk, k, now, wbuf, np.int64(nw), path)
+            saved = computed_nb(ts, tp, lk, k, now, wbuf, np.int64(nw))
             if saved > now:
                 # a connector that blocks the step (vLLM's wait_for_save): the tokens wait
                 saving[k] = True
@@ -354,7 +350,7 @@ def slo_missed_nb(prm: Params, ty: Tally, n: int) -> bool:
     )  # fmt: skip
 
 
-@njit(cache=True, nogil=True, _nrt=False)
+@njit(cache=True, nogil=True, _nrt=False, **INNER)
 def skip_back_nb(
     k: int, now: float, ist: InstanceState, out: Outputs, timing: np.ndarray, ints: np.ndarray
 ) -> int:
@@ -386,7 +382,7 @@ def skip_back_nb(
     return ist.seg_steps[k] - begun
 
 
-@njit(cache=True, nogil=True, _nrt=False)
+@njit(cache=True, nogil=True, _nrt=False, **INNER)
 def stop_early_nb(now: float, ist: InstanceState, prm: Params, out: Outputs, ty: Tally) -> None:
     """Stop at ``now``: take back the decode steps run ahead that begin at or after it."""
     for k in range(prm.n_instances):
@@ -460,13 +456,11 @@ def admit_nb(sim: Sim, k: int, i: int, now: float, budget: int, others: bool) ->
     src = buf.src
     counts = buf.counts
     timing = prm.timings[prm.pool_of[k]]  # this instance's pool's step times
-    path = buf.path
     load_s = out.load_s
     loaded_blocks = out.loaded_blocks
     hitbuf = buf.hitbuf
     slot_off = rs.slot_off
     slots = pool.slots
-    rings = pool.rings
     evbuf = buf.evbuf
     ring_head = ist.ring_head
     ring_count = ist.ring_count
@@ -522,15 +516,15 @@ def admit_nb(sim: Sim, k: int, i: int, now: float, budget: int, others: bool) ->
         if loaded > 0:
             done_tokens = (h + loaded) * B
             ready[i] = load_nb(
-                ts, tp, lk, k, now, block_ids, boff[i], h, src, loaded, counts,
-                target[i] - done_tokens, done_tokens, timing,
+                ts, tp, lk, k, now, Refs(block_ids, boff[i], h, h + loaded), buf,
+                Prefill(target[i] - done_tokens, done_tokens, timing),
             )  # fmt: skip
             if out.preemptions[i] == 0:  # the first admission's (the prompt's)
                 load_s[i] = ready[i] - now
                 for t in range(tp.n_tiers):  # load_nb counted the loaded blocks per tier
                     loaded_blocks[i, t] = counts[t]
         if tp.counts_sightings:  # only such a write policy reads the sightings
-            sighted_nb(ts, tp, lk, k, now, block_ids, boff[i], nb, h, hitbuf, path)
+            sighted_nb(ts, tp, lk, k, now, Refs(block_ids, boff[i], np.int64(0), nb), h, hitbuf)
     # pin the hits
     so = slot_off[i]
     for j in range(h):
@@ -543,15 +537,15 @@ def admit_nb(sim: Sim, k: int, i: int, now: float, budget: int, others: bool) ->
         slots[u64(so + j)] = s
     # take the other slots from the free ring's head
     r, left, ne = hbm_take_nb(
-        sl, rings, slot_of, slots, evbuf, k * prm.ring_len, prm.ring_len,
-        base, so, h, h + need, ring_head[k], ring_count[k],
+        pool, evbuf, k * prm.ring_len, prm.ring_len, base, Run(so, h, h + need), ring_head[k],
+        ring_count[k],
     )  # fmt: skip
     free_len[k] -= need
     held[i] = h + need
     ring_head[k] = r
     ring_count[k] = left
     if ne > 0 and tp.n_tiers > 0:
-        hbm_evicted_nb(ts, tp, lk, k, now, evbuf, np.int64(ne), path)
+        hbm_evicted_nb(ts, tp, lk, k, now, evbuf, np.int64(ne))
     kv[i] = (h + loaded) * B
     registered[i] = h
     computed_from[i] = h + loaded
@@ -560,7 +554,7 @@ def admit_nb(sim: Sim, k: int, i: int, now: float, budget: int, others: bool) ->
     return True
 
 
-@njit(cache=True, nogil=True, _nrt=False)
+@njit(cache=True, nogil=True, _nrt=False, **INNER)
 def admit_handed_nb(sim: Sim, k: int, i: int, now: float) -> bool:
     """Decode instance ``k`` admits request ``i``, whose KV a prefill instance computed: slots
     for its prompt and first decode token (``reserve``: its footprint); with ``pd_trim`` the
@@ -611,15 +605,15 @@ def admit_handed_nb(sim: Sim, k: int, i: int, now: float) -> bool:
         pool.slots[u64(so + j)] = s
     R = prm.ring_len
     r, left, ne = hbm_take_nb(
-        sl, pool.rings, pool.slot_of, pool.slots, buf.evbuf, k * R, R,
-        k * prm.n_shared, so, h, h + need, ist.ring_head[k], ist.ring_count[k],
+        pool, buf.evbuf, k * R, R, k * prm.n_shared, Run(so, h, h + need), ist.ring_head[k],
+        ist.ring_count[k],
     )  # fmt: skip
     ist.ring_head[k] = r
     ist.ring_count[k] = left
     ist.free_len[k] -= need
     rs.held[i] = h + need
     if ne > 0 and tp.n_tiers > 0:
-        hbm_evicted_nb(ts, tp, lk, k, now, buf.evbuf, np.int64(ne), buf.path)
+        hbm_evicted_nb(ts, tp, lk, k, now, buf.evbuf, np.int64(ne))
     rs.handed[i] = False
     rs.kv[i] = kv0
     rs.target[i] = kv0
@@ -628,21 +622,20 @@ def admit_handed_nb(sim: Sim, k: int, i: int, now: float) -> bool:
     out.decode_hit_blocks[i] = h
     if not prm.pd_layerwise:
         # the decode side pulls the KV past its hit into the blocks it has just allocated
-        end = pd_move_nb(sim, out.instance[i], k, i, now, k, h)
+        blocks = (kv0 + B - 1) // B - h
+        end = pd_move_nb(ist, lk, prm, out.instance[i], k, now, k, blocks)
         arrived_nb(i, end, rq, rs, ist, prm, out, ty)
     return True
 
 
-@njit(cache=True, nogil=True, _nrt=False)
-def pd_move_nb(sim: Sim, p: int, d: int, i: int, now: float, worker: int, hits: int) -> float:
-    """Move request ``i``'s prompt KV but its ``hits`` leading blocks from instance ``p`` to
-    ``d`` through the P/D connector, on instance ``worker``'s workers; returns when it ends
-    (the reference's ``pd_move``)."""
-    rq = sim.rq
-    ist = sim.ist
-    lk = sim.lk
-    prm = sim.prm
-    blocks = (rq.input_tokens[i] + prm.block_tokens - 1) // prm.block_tokens - hits
+@njit(cache=True, nogil=True, _nrt=False, **INNER)
+def pd_move_nb(
+    ist: InstanceState, lk: LinkState, prm: Params, p: int, d: int, now: float, worker: int,
+    blocks: int,
+) -> float:  # fmt: skip
+    """Move ``blocks`` blocks of a request's prompt KV from instance ``p`` to ``d`` through the
+    P/D connector, on instance ``worker``'s workers; returns when it ends (the reference's
+    ``pd_move``)."""
     w = prm.pd_workers
     return pd_transfer_nb(
         now, blocks * prm.pd_block_bytes,
@@ -654,7 +647,7 @@ def pd_move_nb(sim: Sim, p: int, d: int, i: int, now: float, worker: int, hits: 
     )  # fmt: skip
 
 
-@njit(cache=True, nogil=True, _nrt=False)
+@njit(cache=True, nogil=True, _nrt=False, **INNER)
 def arrived_nb(
     i: int,
     end: float,
@@ -675,7 +668,7 @@ def arrived_nb(
         ist.wake[p] = end
 
 
-@njit(cache=True, nogil=True, _nrt=False)
+@njit(cache=True, nogil=True, _nrt=False, **INNER)
 def seen_first_nb(
     i: int, rq: Requests, rs: RequestState, prm: Params, out: Outputs, ty: Tally
 ) -> None:
@@ -687,7 +680,7 @@ def seen_first_nb(
     out.kv_transfer_s[i] = rs.ready[i] - rs.handed_at[i]
 
 
-@njit(cache=True, nogil=True, _nrt=False)
+@njit(cache=True, nogil=True, _nrt=False, **INNER)
 def release_held_nb(k: int, now: float, rs: RequestState, ist: InstanceState, pool: HbmPools,
                     prm: Params) -> None:  # fmt: skip
     """Prefill instance ``k`` frees the blocks of handed-over requests whose KV has been
@@ -699,8 +692,8 @@ def release_held_nb(k: int, now: float, rs: RequestState, ist: InstanceState, po
         if rs.release_at[i] <= now:
             j0 = prm.pd_held_base + rs.slot_off[i]
             hbm_release_nb(
-                pool.records, pool.rings, pool.slots, ist.ring_head, ist.ring_count,
-                ist.free_len, k, prm.ring_len, j0, j0 + rs.pf_held[i],
+                pool, ist.ring_head, ist.ring_count, ist.free_len, k, prm.ring_len, j0,
+                j0 + rs.pf_held[i],
             )  # fmt: skip
             rs.pf_held[i] = 0
             if prev < 0:
@@ -714,7 +707,7 @@ def release_held_nb(k: int, now: float, rs: RequestState, ist: InstanceState, po
         i = nxt
 
 
-@njit(cache=True, nogil=True, _nrt=False)
+@njit(cache=True, nogil=True, _nrt=False, **INNER)
 def hand_off_nb(sim: Sim, k: int, i: int, now: float) -> None:
     """Disaggregated: request ``i``'s prompt is complete on prefill instance ``k``, which holds
     its slots until its KV has been moved; it joins the least loaded decode instance (the
@@ -753,7 +746,8 @@ def hand_off_nb(sim: Sim, k: int, i: int, now: float) -> None:
     rs.pd_first[i] = True
     rs.ready[i] = now
     if prm.pd_layerwise:
-        fin = pd_move_nb(sim, k, d, i, now, k, 0)
+        blocks = (rq.input_tokens[i] + prm.block_tokens - 1) // prm.block_tokens
+        fin = pd_move_nb(ist, sim.lk, prm, k, d, now, k, blocks)
         arrived_nb(i, layerwise_ready_nb(now, fin, prm.pd_layers, ist.iter_dt[k]), rq, rs, ist,
                    prm, out, ty)  # fmt: skip
     blocks = (rq.input_tokens[i] + prm.block_tokens - 1) // prm.block_tokens
@@ -768,7 +762,7 @@ def hand_off_nb(sim: Sim, k: int, i: int, now: float) -> None:
     ist.q_len[d] += 1
 
 
-@njit(cache=True, nogil=True, _nrt=False)
+@njit(cache=True, nogil=True, _nrt=False, **INNER)
 def grow_nb(sim: Sim, k: int, i: int, tokens: int, now: float) -> bool:
     """vllm_v1: take the slots request ``i`` needs to hold ``tokens`` tokens of KV from the free
     ring's head; False (nothing taken) when too few are free (the reference's ``grow``)."""
@@ -789,8 +783,7 @@ def grow_nb(sim: Sim, k: int, i: int, tokens: int, now: float) -> bool:
         return False
     R = prm.ring_len
     r, left, ne = hbm_take_nb(
-        pool.records, pool.rings, pool.slot_of, pool.slots, buf.evbuf, k * R, R,
-        k * prm.n_shared, rs.slot_off[i], held[i], held[i] + need,
+        pool, buf.evbuf, k * R, R, k * prm.n_shared, Run(rs.slot_off[i], held[i], held[i] + need),
         ist.ring_head[k], ist.ring_count[k],
     )  # fmt: skip
     ist.ring_head[k] = r
@@ -798,11 +791,11 @@ def grow_nb(sim: Sim, k: int, i: int, tokens: int, now: float) -> bool:
     ist.free_len[k] -= need
     held[i] += need
     if ne > 0 and tp.n_tiers > 0:
-        hbm_evicted_nb(ts, tp, lk, k, now, buf.evbuf, np.int64(ne), buf.path)
+        hbm_evicted_nb(ts, tp, lk, k, now, buf.evbuf, np.int64(ne))
     return True
 
 
-@njit(cache=True, nogil=True, _nrt=False)
+@njit(cache=True, nogil=True, _nrt=False, **INNER)
 def preempt_nb(
     k: int,
     j: int,
@@ -823,8 +816,8 @@ def preempt_nb(
         ist.running[k, x] = ist.running[k, x + 1]
     ist.n_running[k] = n
     hbm_release_nb(
-        pool.records, pool.rings, pool.slots, ist.ring_head, ist.ring_count, ist.free_len, k,
-        prm.ring_len, rs.slot_off[i], rs.slot_off[i] + rs.held[i],
+        pool, ist.ring_head, ist.ring_count, ist.free_len, k, prm.ring_len, rs.slot_off[i],
+        rs.slot_off[i] + rs.held[i],
     )  # fmt: skip
     rs.held[i] = 0
     out.preemptions[i] += 1
@@ -933,9 +926,9 @@ def run_ahead_nb(
             for x in range(bk_start[r], bk_start[r + 1]):
                 i = running[k, sched_pos[k, bk_req[x]]]
                 hr, hl, _ = hbm_take_nb(
-                    pool.records, pool.rings, pool.slot_of, pool.slots, buf.evbuf,
-                    k * prm.ring_len, prm.ring_len, k * prm.n_shared, rs.slot_off[i],
-                    rs.held[i], rs.held[i] + 1, ist.ring_head[k], ist.ring_count[k],
+                    pool, buf.evbuf, k * prm.ring_len, prm.ring_len, k * prm.n_shared,
+                    Run(rs.slot_off[i], rs.held[i], rs.held[i] + 1), ist.ring_head[k],
+                    ist.ring_count[k],
                 )  # fmt: skip
                 ist.ring_head[k] = hr
                 ist.ring_count[k] = hl
@@ -1223,13 +1216,13 @@ def schedule_admissions_nb(sim: Sim, k: int, now: float, sc: Scheduled) -> Sched
 
 
 @njit(cache=True, nogil=True, inline="always")
-def idle_until_nb(sim: Sim, k: int, now: float, v0: bool, preempted: bool) -> float:
+def idle_until_nb(
+    rs: RequestState, ist: InstanceState, k: int, now: float, v0: bool, preempted: bool
+) -> float:
     """When instance ``k``, with nothing to run because every running request is loading,
     wakes: when the first of them is ready (after a preemption that left none running, or
     any vllm_v0 preemption: at once, to admit); a prefill instance whose blocks are held wakes
     when the first of them is freed."""
-    rs = sim.rs
-    ist = sim.ist
     n_running = ist.n_running
     ready = rs.ready
     w = now if v0 and preempted else np.inf
@@ -1247,12 +1240,10 @@ def idle_until_nb(sim: Sim, k: int, now: float, v0: bool, preempted: bool) -> fl
 
 
 @njit(cache=True, nogil=True, inline="always")
-def pd_horizon_nb(sim: Sim, k: int, now: float, t_next: float) -> float:
+def pd_horizon_nb(ist: InstanceState, prm: Params, k: int, now: float, t_next: float) -> float:
     """How far decode instance ``k`` may run ahead: a prefill instance may hand a request over
     at its iteration's end, and an idle one waiting for held blocks waits for another decode
     instance's next admission (``arrived_nb`` wakes it), so none of those run ahead of it."""
-    ist = sim.ist
-    prm = sim.prm
     busy = ist.busy
     busy_until = ist.busy_until
     wake = ist.wake
@@ -1311,7 +1302,7 @@ def start_iteration_nb(sim: Sim, k: int, now: float, t_next: float) -> None:
         wake[k] = last_ready
         return
     if m == 0:
-        wake[k] = idle_until_nb(sim, k, now, v0, preempted)
+        wake[k] = idle_until_nb(rs, ist, k, now, v0, preempted)
         return
     wake[k] = np.inf
     tokens, attn, kv_read, n_dec, dec_kv, pf_ns, pf_ext = sums
@@ -1321,7 +1312,7 @@ def start_iteration_nb(sim: Sim, k: int, now: float, t_next: float) -> None:
     # vllm_v1: nothing waits (an admission's blocks may change with time) and none preempted
     ahead = not (grows or v0) or (not preempted and ist.q_len[k] == 0)
     if prm.n_prefill > 0 and k >= prm.n_prefill:
-        t_next = pd_horizon_nb(sim, k, now, t_next)
+        t_next = pd_horizon_nb(ist, prm, k, now, t_next)
     if m == n_running[k] and steps_left > 1 and ahead:
         plan = AheadPlan(t_next, m, steps_left, dt, attn, kv_read, (grows or v0) and not cascade)
         t, dt = run_ahead_nb(sim, k, now, plan, v0)
@@ -1333,7 +1324,7 @@ def start_iteration_nb(sim: Sim, k: int, now: float, t_next: float) -> None:
     ints[C_ITER] += 1
 
 
-@njit(cache=True, nogil=True, _nrt=False)
+@njit(cache=True, nogil=True, _nrt=False, **INNER)
 def event_loop_nb(sim: Sim) -> tuple[bool, float]:
     """The event loop of one replay, on state :func:`simulate_nb` has set up; returns
     (stopped early, the last event's time).
@@ -1506,7 +1497,6 @@ def simulate_nb(
         np.empty(max_nb + 1, dtype=np.int32),
         np.empty(max_nb + 1, dtype=np.int32),
         np.zeros(tp.n_tiers + 1, dtype=np.int64),
-        np.full(4, -1, dtype=np.int64),
         np.empty(max_nb + 1, dtype=np.int32),
         np.empty(cap + 1, dtype=np.int32),
         np.empty(prm.token_budget // prm.block_tokens + max_seqs + 2, dtype=np.int32),

@@ -1,17 +1,21 @@
 """The HBM pools' primitives in the numba engine: slot records, free rings, the prefix-cache map.
 
 Each runs once per request's run of blocks (taking, registering and releasing slots;
-look-ups) and is handed only the arrays it uses; see :mod:`kvtier.sim.nb` for the layout
+look-ups) and is handed the pools' tuple (:class:`kvtier.sim.nb_state.HbmPools`), the run's
+bounds (:class:`Run`) and the few other arrays it uses; see :mod:`kvtier.sim.nb` for the layout
 (slot records, the per-instance free ring and the map) and why indices are unsigned.
 """
 
 from __future__ import annotations
+
+from typing import NamedTuple
 
 import numpy as np
 from numba import njit
 
 import kvtier.jitcache  # noqa: F401  (drops kernels compiled against older sources)
 from kvtier.cache.prefetch import prefetch
+from kvtier.sim.nb_state import INNER, HbmPools, Requests
 
 # Fields of a slot record in ``sl`` (int32, 4 per slot, one cache line holds 4 slots): every
 # pool operation on a slot touches one record instead of several arrays. POS is the slot's
@@ -27,7 +31,15 @@ AHEAD = 16
 u64 = np.uint64
 
 
-@njit(cache=True, nogil=True, _nrt=False)
+class Run(NamedTuple):
+    """A request's run of slots, ``slots[so + j0:so + j1]`` (its blocks ``j0:j1``)."""
+
+    so: int
+    j0: int
+    j1: int
+
+
+@njit(cache=True, nogil=True, _nrt=False, **INNER)
 def hbm_compact_nb(
     sl: np.ndarray, ring: np.ndarray, rh: np.ndarray, rn: np.ndarray, k: int, R: int
 ) -> None:
@@ -58,7 +70,7 @@ def hbm_compact_nb(
     rn[k] = m
 
 
-@njit(cache=True, nogil=True, _nrt=False)
+@njit(cache=True, nogil=True, _nrt=False, **INNER)
 def hbm_lookup_nb(
     slot_of: np.ndarray, base: int, shared: np.ndarray, start: int, cap: int, found: np.ndarray
 ) -> int:
@@ -80,23 +92,11 @@ def hbm_lookup_nb(
     return h
 
 
-@njit(cache=True, nogil=True, _nrt=False)
+@njit(cache=True, nogil=True, _nrt=False, **INNER)
 def hbm_take_nb(
-    sl: np.ndarray,
-    ring: np.ndarray,
-    slot_of: np.ndarray,
-    slots: np.ndarray,
-    evbuf: np.ndarray,
-    o: int,
-    R: int,
-    base: int,
-    so: int,
-    j0: int,
-    j1: int,
-    r: int,
-    left: int,
+    pool: HbmPools, evbuf: np.ndarray, o: int, R: int, base: int, run: Run, r: int, left: int
 ) -> tuple[int, int, int]:
-    """Take slots ``slots[so + j0:so + j1]`` from the head of the free ring at ``ring[o:o + R]``.
+    """Take the slots of ``run`` from the head of the free ring at ``pool.rings[o:o + R]``.
 
     ``r`` is the ring's head and ``left`` its entry count; stale entries (free slots a request
     has pinned since) are skipped. A block cached in a taken slot is evicted: its map entry
@@ -106,8 +106,13 @@ def hbm_take_nb(
     wait for its line; prefetching those entries too, which needs the record of a slot taken
     later, made replays slower.)
     """
+    sl = pool.records
+    ring = pool.rings
+    slot_of = pool.slot_of
+    slots = pool.slots
+    so = run.so
     ne = 0
-    for j in range(j0, j1):
+    for j in range(run.j0, run.j1):
         while True:
             t = r + AHEAD
             if t >= R:
@@ -136,30 +141,25 @@ def hbm_take_nb(
     return r, left, ne
 
 
-@njit(cache=True, nogil=True, _nrt=False)
+@njit(cache=True, nogil=True, _nrt=False, **INNER)
 def hbm_register_nb(
-    sl: np.ndarray,
-    slot_of: np.ndarray,
-    slots: np.ndarray,
-    block_ids: np.ndarray,
-    shared: np.ndarray,
-    base: int,
-    ref0: int,
-    slot0: int,
-    j0: int,
-    j1: int,
-    wbuf: np.ndarray,
-    nw: int,
+    pool: HbmPools, rq: Requests, base: int, ref0: int, run: Run, wbuf: np.ndarray, nw: int,
     w_from: int,
-) -> int:
-    """Cache a request's newly computed blocks ``j0:j1`` in their slots.
+) -> int:  # fmt: skip
+    """Cache a request's newly computed blocks ``run.j0:run.j1`` in their slots.
 
-    Block ``j`` is reference ``ref0 + j`` and sits in slot ``slots[slot0 + j]``. A block read
+    Block ``j`` is reference ``ref0 + j`` and sits in slot ``slots[run.so + j]``. A block read
     more than once goes into the map (offset ``base``) unless another slot already holds it
     (then this slot stays anonymous); a block read once is only recorded in its slot. Blocks
     from ``w_from`` on are appended to ``wbuf`` for the lower tiers; returns the new length.
     """
-    for j in range(j0, j1):
+    sl = pool.records
+    slot_of = pool.slot_of
+    slots = pool.slots
+    block_ids = rq.block_ids
+    shared = rq.shared
+    slot0 = run.so
+    for j in range(run.j0, run.j1):
         b = block_ids[u64(ref0 + j)]
         mi = shared[u64(ref0 + j)]
         if mi < 0:  # read by no other request: cached, never looked up
@@ -175,25 +175,20 @@ def hbm_register_nb(
     return nw
 
 
-@njit(cache=True, nogil=True, _nrt=False)
+@njit(cache=True, nogil=True, _nrt=False, **INNER)
 def hbm_release_nb(
-    sl: np.ndarray,
-    ring: np.ndarray,
-    slots: np.ndarray,
-    rh: np.ndarray,
-    rn: np.ndarray,
-    free_len: np.ndarray,
-    k: int,
-    R: int,
-    j0: int,
-    j1: int,
-) -> None:
+    pool: HbmPools, rh: np.ndarray, rn: np.ndarray, free_len: np.ndarray, k: int, R: int,
+    j0: int, j1: int,
+) -> None:  # fmt: skip
     """Unpin a finished request's slots ``slots[j0:j1]`` on instance ``k``, tail-first.
 
     A slot no longer pinned joins the free ring: at the tail if it caches a block (the least
     recently used are taken first), at the head if it is anonymous (reused before any cached
     block is evicted).
     """
+    sl = pool.records
+    ring = pool.rings
+    slots = pool.slots
     head = rh[k]
     count = rn[k]
     free = free_len[k]

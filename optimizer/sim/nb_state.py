@@ -13,6 +13,13 @@ import numpy as np
 if TYPE_CHECKING:
     from kvtier.sim.nb_tiers import LinkState, TierParams, TierPools
 
+# numba options of a kernel that only other kernels call (``@njit(..., **INNER)``): numba
+# otherwise also compiles, for every kernel, a wrapper that converts its arguments from Python
+# objects and one callable from C, each unpacking every array of every named tuple the kernel
+# takes (hundreds of them for the engine's steps), and the replay never calls either. Such a
+# kernel cannot be called from Python; :func:`kvtier.sim.nb.simulate_nb` is the entry point.
+INNER = {"no_cpython_wrapper": True, "no_cfunc_wrapper": True}
+
 
 class Requests(NamedTuple):
     """The trace as the kernel reads it (read-only; :class:`BlockedTrace` checked it)."""
@@ -191,7 +198,6 @@ class Buffers(NamedTuple):
     found: np.ndarray  # i4 (longest prompt + 1,): the HBM slots of a request's prefix
     src: np.ndarray  # i4: source tier of each block found below HBM
     counts: np.ndarray  # i8 (n_tiers + 1,): blocks per tier
-    path: np.ndarray  # i8 (4,): links of one transfer
     hitbuf: np.ndarray  # i4: HBM hits reaching their k-th sighting
     evbuf: np.ndarray  # i4 (capacity + 1,): blocks one admission evicted from HBM
     wbuf: np.ndarray  # i4: blocks one iteration computed

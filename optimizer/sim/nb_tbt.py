@@ -18,6 +18,7 @@ import numpy as np
 from numba import njit
 
 import kvtier.jitcache  # noqa: F401  (drops kernels compiled against older sources)
+from kvtier.sim.nb_state import INNER
 
 
 @njit(cache=True, nogil=True, inline="always")
@@ -57,7 +58,7 @@ def _keep_nb(heap: np.ndarray, o: int, k: int, c: int, x: float) -> int:
     return c
 
 
-@njit(cache=True, nogil=True, _nrt=False)
+@njit(cache=True, nogil=True, _nrt=False, **INNER)
 def tbt_token_nb(
     i: int, seen: float, heap: np.ndarray, off: np.ndarray, count: np.ndarray, last: np.ndarray
 ) -> None:
@@ -68,7 +69,7 @@ def tbt_token_nb(
     count[i] = _keep_nb(heap, o, off[i + 1] - o, count[i], x)
 
 
-@njit(cache=True, nogil=True, _nrt=False)
+@njit(cache=True, nogil=True, _nrt=False, **INNER)
 def tbt_run_nb(
     i: int,
     seen: np.ndarray,
@@ -91,7 +92,7 @@ def tbt_run_nb(
     last[i] = t_last
 
 
-@njit(cache=True, nogil=True, _nrt=False)
+@njit(cache=True, nogil=True, _nrt=False, **INNER)
 def tbt_tail_nb(i: int, heap: np.ndarray, off: np.ndarray, count: np.ndarray) -> float:
     """Request ``i`` finished: the mean of its kept intervals, summed smallest first (the heap
     is consumed); NaN when it keeps none (fewer than two tokens)."""

@@ -38,10 +38,12 @@ from numba import njit
 import kvtier.jitcache  # noqa: F401  (drops kernels compiled against older sources)
 import kvtier.sim.write_policies.dispatch  # noqa: F401  (its sources, for kvtier.jitcache)
 from kvtier.cache.enums import L_WHERE, M_POLICY, W_MAIN, W_SMALL
-from kvtier.cache.nb import _access_nb, remove_nb
+from kvtier.cache.nb import access_as_nb, discard_nb
+from kvtier.cache.nb_state import TierArrays
 from kvtier.sim.fault_step import fault_down_nb
 from kvtier.sim.faults import N_FI, N_FT
 from kvtier.sim.gen import WRITE_POLICY_FAMILY, twin
+from kvtier.sim.nb_state import INNER
 from kvtier.sim.steptime.jit import prefill_seconds_nb
 from kvtier.sim.transfer import (
     layerwise_ready,
@@ -50,10 +52,10 @@ from kvtier.sim.transfer import (
     path_transfer,
 )
 
-transfer_nb = njit(cache=True, nogil=True, _nrt=False)(path_transfer)
-estimate_nb = njit(cache=True, nogil=True, _nrt=False)(path_estimate)
-ops_of_nb = njit(cache=True, nogil=True)(ops_of)
-layerwise_ready_nb = njit(cache=True, nogil=True)(layerwise_ready)
+transfer_nb = njit(cache=True, nogil=True, _nrt=False, **INNER)(path_transfer)
+estimate_nb = njit(cache=True, nogil=True, _nrt=False, **INNER)(path_estimate)
+ops_of_nb = njit(cache=True, nogil=True, **INNER)(ops_of)
+layerwise_ready_nb = njit(cache=True, nogil=True, **INNER)(layerwise_ready)
 # the write policies' dispatch (kvtier.sim.gen; plug-ins from outside the package extend it)
 chosen_nb = twin(WRITE_POLICY_FAMILY)
 
@@ -65,6 +67,24 @@ def no_faults() -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         np.zeros((0, N_FT), dtype=np.float64),
         np.zeros((0, 1), dtype=np.int32),
     )
+
+
+class Refs(NamedTuple):
+    """A request's prompt blocks ``j0:j1``: references ``bo + j0 .. bo + j1`` of ``ids``."""
+
+    ids: np.ndarray  # i4: the trace's block ids (Requests.block_ids)
+    bo: int  # the request's first reference (Requests.block_offsets[i])
+    j0: int
+    j1: int
+
+
+class Prefill(NamedTuple):
+    """The prefill a request has left once loaded: ``q`` tokens after ``ctx`` tokens of KV, on
+    its instance's step times ``timing``."""
+
+    q: int
+    ctx: int
+    timing: np.ndarray  # f8: packed step-time parameters (Params.timings[pool])
 
 
 class TierPools(NamedTuple):
@@ -191,33 +211,29 @@ def has_nb(ts, p, b):  # noqa: ANN001, ANN201
 
 
 @njit(cache=True, nogil=True, _nrt=False, inline="always")
+def pool_arrays_nb(ts, p):  # noqa: ANN001, ANN201
+    """Pool ``p``'s arrays as the cache engine's :class:`TierArrays` (views; inlined, so the
+    tuple is taken apart again at compile time)."""
+    return TierArrays(
+        ts.meta[p], ts.fmeta[p], ts.blk[p], ts.prio[p], ts.stamp[p], ts.heap[p], ts.hpos[p],
+        ts.cost[p],
+    )  # fmt: skip
+
+
+@njit(cache=True, nogil=True, _nrt=False, inline="always")
 def touch_nb(ts, p, b):  # noqa: ANN001, ANN201
     """Access ``b`` in pool ``p``; returns the evicted block or -1.
 
     The cache engine's access is inlined here, dispatching on the pool's policy, rather than
     called: a call passes the pool's eight arrays as about sixty machine words, once per block
     copied below."""
-    meta = ts.meta[p]
-    _, victim = _access_nb(
-        meta[M_POLICY], meta, ts.fmeta[p], ts.blk[p], ts.prio[p], ts.stamp[p], ts.heap[p],
-        ts.hpos[p], ts.cost[p], b,
-    )  # fmt: skip
+    _, victim = access_as_nb(ts.meta[p, M_POLICY], pool_arrays_nb(ts, p), b)
     return victim
 
 
 @njit(cache=True, nogil=True, _nrt=False, inline="always")
 def drop_nb(ts, p, b):  # noqa: ANN001, ANN201
-    remove_nb(
-        ts.meta[p],
-        ts.fmeta[p],
-        ts.blk[p],
-        ts.prio[p],
-        ts.stamp[p],
-        ts.heap[p],
-        ts.hpos[p],
-        ts.cost[p],
-        b,
-    )
+    discard_nb(pool_arrays_nb(ts, p), b)
 
 
 @njit(cache=True, nogil=True, _nrt=False, inline="always")
@@ -251,7 +267,7 @@ def gpu_transfer_nb(tp, lk, k, t, now, cnt, write):  # noqa: ANN001, ANN201
     )
 
 
-@njit(cache=True, nogil=True, _nrt=False)
+@njit(cache=True, nogil=True, _nrt=False, **INNER)
 def lookup_nb(ts, tp, k, block_ids, bo, start, cap, src):  # noqa: ANN001, ANN201
     """Source tier of blocks ``start..`` (into ``src``) until one is found nowhere; the count."""
     n = 0
@@ -270,10 +286,11 @@ def lookup_nb(ts, tp, k, block_ids, bo, start, cap, src):  # noqa: ANN001, ANN20
     return n
 
 
-@njit(cache=True, nogil=True, _nrt=False)
-def load_cost_nb(tp, lk, k, now, counts, q, ctx, timing, path):  # noqa: ANN001, ANN201
+@njit(cache=True, nogil=True, _nrt=False, **INNER)
+def load_cost_nb(tp, lk, k, now, counts, pf):  # noqa: ANN001, ANN201
     """Estimated seconds until a request loading ``counts[t]`` blocks from each tier ``t`` and
-    computing ``q`` tokens after ``ctx`` is ready (the cost-aware load rule's objective)."""
+    computing its prefill ``pf`` (:class:`Prefill`) is ready (the cost-aware load rule's
+    objective)."""
     load = 0.0
     for t in range(tp.n_tiers):
         if counts[t] > 0:
@@ -300,25 +317,30 @@ def load_cost_nb(tp, lk, k, now, counts, q, ctx, timing, path):  # noqa: ANN001,
             )
             if fin - now > load:
                 load = fin - now
-    return load + prefill_seconds_nb(q, ctx, timing)
+    return load + prefill_seconds_nb(pf.q, pf.ctx, pf.timing)
 
 
-@njit(cache=True, nogil=True, _nrt=False)
-def load_nb(ts, tp, lk, k, now, block_ids, bo, start, src, c, counts, q, ctx, timing):  # noqa: ANN001, ANN201
-    """Touch (or remove) the ``c`` loaded blocks tail first, one transfer per source tier;
-    returns when the request may start its prefill (``q`` tokens left after ``ctx``)."""
+@njit(cache=True, nogil=True, _nrt=False, **INNER)
+def load_nb(ts, tp, lk, k, now, refs, buf, pf):  # noqa: ANN001, ANN201
+    """Touch (or remove) the loaded blocks ``refs`` (:class:`Refs`) tail first, one transfer per
+    source tier (``buf.src``, from ``refs.j0`` on; the blocks per tier into ``buf.counts``);
+    returns when the request may start its prefill ``pf`` (:class:`Prefill`)."""
     excl = tp.exclusive
+    src = buf.src
+    counts = buf.counts
+    block_ids = refs.ids
+    o = refs.bo + refs.j0
     for t in range(tp.n_tiers):
         counts[t] = 0
-    for j in range(c - 1, -1, -1):
+    for j in range(refs.j1 - refs.j0 - 1, -1, -1):
         p = pool_nb(tp, src[j], k)
-        b = block_ids[bo + start + j]
+        b = block_ids[o + j]
         if excl:
             drop_nb(ts, p, b)
         else:
             touch_nb(ts, p, b)
         counts[src[j]] += 1
-    compute = prefill_seconds_nb(q, ctx, timing)
+    compute = prefill_seconds_nb(pf.q, pf.ctx, pf.timing)
     ready = now
     for t in range(tp.n_tiers):
         cnt = counts[t]
@@ -335,7 +357,7 @@ def load_nb(ts, tp, lk, k, now, block_ids, bo, start, src, c, counts, q, ctx, ti
 
 
 @njit(cache=True, nogil=True, _nrt=False, inline="always")
-def insert_nb(ts, tp, lk, k, now, t, b, path):  # noqa: ANN001, ANN201
+def insert_nb(ts, tp, lk, k, now, t, b):  # noqa: ANN001, ANN201
     """Admit ``b`` into tier ``t``; victims cascade down under write-back or exclusive."""
     cascade = tp.cascade or tp.exclusive
     while True:
@@ -378,8 +400,8 @@ def insert_nb(ts, tp, lk, k, now, t, b, path):  # noqa: ANN001, ANN201
         b = victim
 
 
-@njit(cache=True, nogil=True, _nrt=False)
-def write_down_nb(ts, tp, lk, k, now, buf, nbuf, n_targets, path):  # noqa: ANN001, ANN201
+@njit(cache=True, nogil=True, _nrt=False, **INNER)
+def write_down_nb(ts, tp, lk, k, now, buf, nbuf, n_targets):  # noqa: ANN001, ANN201
     """Copy ``buf[:nbuf]`` into the first ``n_targets`` tiers, one transfer per tier; returns
     when the last copy into a tier whose connector blocks the step ends (``now`` if none)."""
     saved = now
@@ -389,7 +411,7 @@ def write_down_nb(ts, tp, lk, k, now, buf, nbuf, n_targets, path):  # noqa: ANN0
         for x in range(nbuf):
             b = buf[x]
             if not has_nb(ts, p, b) and not fault_down_nb(ts, p, b):
-                insert_nb(ts, tp, lk, k, now, t, b, path)
+                insert_nb(ts, tp, lk, k, now, t, b)
                 cnt += 1
         if cnt > 0:
             fin = gpu_transfer_nb(tp, lk, k, t, now, cnt, True)
@@ -404,36 +426,38 @@ def new_targets_nb(tp):  # noqa: ANN001, ANN201
     return 1 if tp.exclusive else tp.n_tiers
 
 
-@njit(cache=True, nogil=True, _nrt=False)
-def sighted_nb(ts, tp, lk, k, now, block_ids, bo, nb, hbm_hits, buf, path):  # noqa: ANN001, ANN201
-    """One sighting of each block of an admitted request; selective copies of HBM hits at k."""
+@njit(cache=True, nogil=True, _nrt=False, **INNER)
+def sighted_nb(ts, tp, lk, k, now, refs, hbm_hits, buf):  # noqa: ANN001, ANN201
+    """One sighting of each block ``refs`` (:class:`Refs`) of an admitted request; selective
+    copies of HBM hits at k."""
     n = 0
-    for j in range(nb):
-        b = block_ids[bo + j]
+    block_ids = refs.ids
+    for j in range(refs.j0, refs.j1):
+        b = block_ids[refs.bo + j]
         ts.sightings[b] += 1
         if j < hbm_hits and ts.sightings[b] == tp.selective_k:
             buf[n] = b
             n += 1
     if tp.counts_sightings and n > 0:
         targets = new_targets_nb(tp)
-        write_down_nb(ts, tp, lk, k, now, buf, np.int64(n), np.int64(targets), path)
+        write_down_nb(ts, tp, lk, k, now, buf, np.int64(n), np.int64(targets))
 
 
-@njit(cache=True, nogil=True, _nrt=False)
-def computed_nb(ts, tp, lk, k, now, buf, nbuf, path):  # noqa: ANN001, ANN201
+@njit(cache=True, nogil=True, _nrt=False, **INNER)
+def computed_nb(ts, tp, lk, k, now, buf, nbuf):  # noqa: ANN001, ANN201
     """Newly computed blocks ``buf[:nbuf]``: copy down per the write policy; returns when the
     copies the engine step waits for end (``now`` if none)."""
     n = chosen_nb(ts, tp, buf, nbuf)
     if n > 0:
         targets = new_targets_nb(tp)
-        return write_down_nb(ts, tp, lk, k, now, buf, np.int64(n), np.int64(targets), path)
+        return write_down_nb(ts, tp, lk, k, now, buf, np.int64(n), np.int64(targets))
     return now
 
 
-@njit(cache=True, nogil=True, _nrt=False)
-def hbm_evicted_nb(ts, tp, lk, k, now, buf, nbuf, path):  # noqa: ANN001, ANN201
+@njit(cache=True, nogil=True, _nrt=False, **INNER)
+def hbm_evicted_nb(ts, tp, lk, k, now, buf, nbuf):  # noqa: ANN001, ANN201
     if (tp.cascade or tp.exclusive) and nbuf > 0:
-        write_down_nb(ts, tp, lk, k, now, buf, np.int64(nbuf), np.int64(1), path)
+        write_down_nb(ts, tp, lk, k, now, buf, np.int64(nbuf), np.int64(1))
 
 
 @njit(cache=True, nogil=True, _nrt=False)

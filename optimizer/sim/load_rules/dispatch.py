@@ -1,6 +1,6 @@
 """The load rule family's numba dispatch, generated from the registry.
 
-Inlined into the event loop, where the code is a constant of the replay; see
+A kernel of its own, called from the event loop (not inlined there); see
 :mod:`kvtier.sim.gen`.
 """
 
@@ -14,11 +14,12 @@ from numba import njit
 import kvtier.jitcache  # noqa: F401  (drops kernels compiled against older sources)
 import kvtier.sim.load_rules.always_load as always_load
 import kvtier.sim.load_rules.cost_aware as cost_aware
+from kvtier.sim.nb_state import INNER
 
 CODES = (0, 1)  # every code dispatched below
 
 
-@njit(cache=True, nogil=True, _nrt=False, inline="always")
+@njit(cache=True, nogil=True, _nrt=False, **INNER)
 def choose_nb(sim, k, now, n_src, hbm_hits, timing):  # noqa: ANN001, ANN201
     """How many found blocks the load rule ``sim.tp.load_rule`` loads."""
     code = sim.tp.load_rule

@@ -1,6 +1,6 @@
 """The router family's numba dispatch, generated from the registry.
 
-Inlined into the event loop, where the code is a constant of the replay; see
+A kernel of its own, called from the event loop (not inlined there); see
 :mod:`kvtier.sim.gen`.
 """
 
@@ -16,12 +16,12 @@ import kvtier.sim.routers.kv_aware as kv_aware
 import kvtier.sim.routers.least_loaded as least_loaded
 import kvtier.sim.routers.prefix_affinity as prefix_affinity
 import kvtier.sim.routers.round_robin as round_robin
-from kvtier.sim.nb_state import Sim
+from kvtier.sim.nb_state import INNER, Sim
 
 CODES = (0, 1, 2, 3)  # every code dispatched below
 
 
-@njit(cache=True, nogil=True, _nrt=False, inline="always")
+@njit(cache=True, nogil=True, _nrt=False, **INNER)
 def route_nb(
     sim: Sim,
     i: int,

@@ -13,7 +13,7 @@ from numba import njit
 
 import kvtier.jitcache  # noqa: F401  (drops kernels compiled against older sources)
 from kvtier.sim.nb_hbm import hbm_lookup_nb
-from kvtier.sim.nb_state import Sim
+from kvtier.sim.nb_state import INNER, Sim
 from kvtier.sim.nb_tiers import lookup_nb
 from kvtier.sim.routers.base_nb import n_routed_nb
 
@@ -40,7 +40,7 @@ def route(view: RouteView, req: Any) -> int:
     return best
 
 
-@njit(cache=True, nogil=True, _nrt=False)
+@njit(cache=True, nogil=True, _nrt=False, **INNER)
 def route_nb(sim: Sim, i: int) -> int:
     """The same float operations in the same order as :func:`route`."""
     rq = sim.rq

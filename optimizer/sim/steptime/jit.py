@@ -17,6 +17,7 @@ from numba import njit
 
 import kvtier.jitcache  # noqa: F401  (drops kernels compiled against older sources)
 from kvtier.sim import timing
+from kvtier.sim.nb_state import INNER
 
 _ORDER = (
     "_cell",
@@ -43,7 +44,7 @@ def _compile() -> dict[str, object]:
         copy = types.FunctionType(f.__code__, scope, name, f.__defaults__, f.__closure__)
         copy.__qualname__ = f.__qualname__
         copy.__module__ = f.__module__
-        out[name] = njit(cache=True, nogil=True)(copy)
+        out[name] = njit(cache=True, nogil=True, **INNER)(copy)
         scope[name] = out[name]
     return out
 

@@ -1,6 +1,6 @@
 """The write policy family's numba dispatch, generated from the registry.
 
-Inlined into the event loop, where the code is a constant of the replay; see
+Inlined into its caller, where the code is a constant of the replay; see
 :mod:`kvtier.sim.gen`.
 """
 
