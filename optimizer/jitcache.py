@@ -44,6 +44,7 @@ KERNEL_MODULES = (
     "cache/policies/s3fifo.py",
     "cache/policies/sieve.py",
     "cache/ring.py",
+    "sim/fault_step.py",
     "sim/nb.py",
     "sim/nb_hbm.py",
     "sim/nb_tbt.py",
