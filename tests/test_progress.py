@@ -138,9 +138,10 @@ def test_piped_optimize_prints_a_line_at_least_every_interval(tmp_path: Path, qu
     from kvtier.trace.synth import synthesize
 
     trace = tmp_path / "chat.parquet"
-    write_trace(synthesize("chat", requests=120, rate=6.0, seed=4), trace)
+    write_trace(synthesize("chat", requests=600, rate=6.0, seed=4), trace)
     cmd = [sys.executable, "-m", "kvtier.cli", "optimize", "--trace", str(trace)]
-    cmd += ["--trials", "4", "--no-presets", "--study", "piped"]
+    # enough trials that the run outlasts the interval even with every kernel compiled
+    cmd += ["--trials", "40", "--no-presets", "--study", "piped"]
     cmd += ["--storage", f"sqlite:///{tmp_path / 'piped.db'}", "--out", str(tmp_path / "p.toml")]
     cmd += ["--quiet"] if quiet else []
     env = {**os.environ, PROGRESS_ENV: "1"}

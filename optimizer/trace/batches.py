@@ -121,13 +121,17 @@ def _schema_of(file: str) -> pa.Schema:
         raise InputError(f"cannot read: {err.strerror}", path=file) from None
     if not head:
         raise InputError("empty file", path=file)
+    schema = None
     try:
         if head.startswith(b"PAR1"):
-            return pq.ParquetFile(file).schema_arrow
-        if head.startswith(b"ARROW1"):
+            schema = pq.ParquetFile(file).schema_arrow
+        elif head.startswith(b"ARROW1"):
             with pa.memory_map(file) as source:
-                return ipc.open_file(source).schema
-    except (pa.ArrowException, OSError) as err:
+                schema = ipc.open_file(source).schema
+        if schema is not None:
+            _ = schema.names  # a corrupt file's field names may not decode as UTF-8
+            return schema
+    except (pa.ArrowException, OSError, UnicodeDecodeError) as err:
         raise InputError(f"corrupt Arrow/Parquet file: {err}", path=file) from None
     raise InputError(
         "read by batches: a Parquet file, an Arrow IPC file or a directory of Parquet files",
@@ -177,7 +181,7 @@ def _raw_batches(file: str, batch_rows: int) -> Iterator[pa.Table]:
                 table = validated(pa.Table.from_batches([reader.get_batch(i)]), file)
                 for lo in range(0, table.num_rows, batch_rows):
                     yield table.slice(lo, batch_rows)
-    except (pa.ArrowException, OSError) as err:
+    except (pa.ArrowException, OSError, UnicodeDecodeError) as err:
         raise InputError(f"corrupt Arrow/Parquet file: {err}", path=file) from None
 
 

@@ -76,7 +76,7 @@ def _read_dataset(path: str) -> pa.Table:
     for file in files:
         try:
             table = read_parquet(file)
-        except (pa.ArrowException, OSError) as err:
+        except (pa.ArrowException, OSError, UnicodeDecodeError) as err:
             raise InputError(f"corrupt Parquet file: {err}", path=str(file)) from None
         validated(table, str(file))
         meta = {k: v for k, v in (table.schema.metadata or {}).items() if k.startswith(b"kvtier.")}
@@ -162,7 +162,8 @@ def _read_table(path: str) -> pa.Table:
         if head.startswith(_ARROW_STREAM_MAGIC):
             with pa.memory_map(path) as source:
                 return validated(ipc.open_stream(source).read_all(), path)
-    except (pa.ArrowException, OSError) as err:
+    except (pa.ArrowException, OSError, UnicodeDecodeError) as err:
+        # a corrupt file's field names may not decode as UTF-8
         raise InputError(f"corrupt Arrow/Parquet file: {err}", path=path) from None
     raise InputError(
         "not an Arrow IPC or Parquet file (import other formats with `kvtier trace import`)",
