@@ -424,7 +424,7 @@ def arrive_nb(sim: Sim, i: int) -> None:
     q_len[k] += 1
 
 
-@njit(cache=True, nogil=True, inline="always")
+@njit(cache=True, nogil=True, _nrt=False, **INNER)
 def admit_nb(sim: Sim, k: int, i: int, now: float, budget: int, others: bool) -> bool:
     """Admit request ``i`` on instance ``k`` if its fresh slots fit: look up its prefix (HBM,
     then the lower tiers), load, pin the hits and take the rest from the free ring (the whole
