@@ -37,6 +37,7 @@ from typing import Any
 import numpy as np
 
 from kvtier.errors import InputError
+from kvtier.experiments.serving_validation import check_keys
 from kvtier.policy.presets import BUILTIN_DIR
 
 OFFLOAD_DIR = BUILTIN_DIR / "validation" / "offload"
@@ -163,14 +164,6 @@ class OffloadValidation:
         return out
 
 
-def _check_keys(data: dict[str, Any], allowed: set[str], table: str, path: str) -> None:
-    unknown = sorted(set(data) - allowed)
-    if unknown:
-        raise InputError(
-            f"{path}: unknown key {table}{unknown[0]} (valid: {', '.join(sorted(allowed))})"
-        )
-
-
 def load_run(path: Path) -> OffloadRun:
     """One scenario file, checked: every key known, the role declared first, the workload,
     load and unit valid, both sides' figures positive."""
@@ -182,17 +175,17 @@ def load_run(path: Path) -> OffloadRun:
     first = next((ln for ln in text.splitlines() if ln.strip() and not ln.startswith("#")), "")
     if not first.replace(" ", "").startswith("role="):
         raise InputError(f"{path}: the role (calibration or check) must be declared first")
-    _check_keys(data, _TOP, "", str(path))
+    check_keys(data, _TOP, "", str(path))
     for key in _TOP:
         if key not in data:
             raise InputError(f"{path}: missing key {key}")
     if data["role"] not in ROLES:
         raise InputError(f"{path}: role {data['role']!r} (valid: {', '.join(ROLES)})")
-    _check_keys(data["source"], _SOURCE, "source.", str(path))
+    check_keys(data["source"], _SOURCE, "source", str(path))
     if sorted(_SOURCE - set(data["source"])):
         raise InputError(f"{path}: missing key source.{sorted(_SOURCE - set(data['source']))[0]}")
     cond = dict(data["conditions"])
-    _check_keys(cond, _CONDITIONS, "conditions.", str(path))
+    check_keys(cond, _CONDITIONS, "conditions", str(path))
     for key, choices in (("workload", WORKLOADS), ("load", LOADS)):
         if cond.get(key) not in choices:
             raise InputError(
@@ -206,14 +199,14 @@ def load_run(path: Path) -> OffloadRun:
     deploy: dict[str, dict[str, Any]] = {}
     for side in SIDES:
         table = data.get(side, {})
-        _check_keys(table, _DEPLOY, f"{side}.", str(path))
+        check_keys(table, _DEPLOY, side, str(path))
         if "preset" not in table:
             raise InputError(f"{path}: missing key {side}.preset")
         deploy[side] = {"preset": table["preset"], "set": dict(table.get("set", {}))}
     measured: dict[str, dict[str, float]] = {}
     for side in SIDES:
         figs = dict(data["measured"].get(side, {}))
-        _check_keys(figs, set(METRICS), f"measured.{side}.", str(path))
+        check_keys(figs, set(METRICS), f"measured.{side}", str(path))
         for metric, value in figs.items():
             ok = 0 <= value <= 1 if metric == "hit_ratio" else value > 0
             if not isinstance(value, (int, float)) or not ok:

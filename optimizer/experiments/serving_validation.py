@@ -169,12 +169,13 @@ class ServingValidation:
         return out
 
 
-def _check_keys(data: dict[str, Any], allowed: set[str], table: str, path: str) -> None:
+def check_keys(data: dict[str, Any], allowed: set[str], table: str, path: str) -> None:
+    """A scenario file's table holds only ``allowed`` keys; the first other one is a one-line
+    error naming the file and the key (``table.key``; the bare key at the top, ``table=""``)."""
     unknown = sorted(set(data) - allowed)
     if unknown:
-        raise InputError(
-            f"{path}: unknown key {table}.{unknown[0]} (valid: {', '.join(sorted(allowed))})"
-        )
+        key = f"{table}.{unknown[0]}" if table else unknown[0]
+        raise InputError(f"{path}: unknown key {key} (valid: {', '.join(sorted(allowed))})")
 
 
 def load_figure(path: Path) -> Figure:
@@ -183,8 +184,8 @@ def load_figure(path: Path) -> Figure:
         data = tomllib.load(f)
     fig = data.get("figure", {})
     cond = dict(data.get("conditions", {}))
-    _check_keys(fig, _FIGURE_KEYS, "figure", str(path))
-    _check_keys(cond, _CONDITION_KEYS, "conditions", str(path))
+    check_keys(fig, _FIGURE_KEYS, "figure", str(path))
+    check_keys(cond, _CONDITION_KEYS, "conditions", str(path))
     missing = sorted((_FIGURE_KEYS | (_CONDITION_KEYS - _OPTIONAL)) - set(fig) - set(cond))
     if missing:
         raise InputError(f"{path}: missing key {missing[0]}")
