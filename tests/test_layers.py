@@ -28,6 +28,7 @@ GROUND = {
     "plotting",
     "plugins",
     "tier_kinds",
+    "lazy",
 }
 FLOORS = [
     "trace",

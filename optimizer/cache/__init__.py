@@ -15,8 +15,7 @@ Public API:
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from kvtier.lazy import lazy_getattr
 
 # Public name -> defining module. Imported on first attribute access (PEP 562), so that
 # ``kvtier.cache.registry`` (policy names for the CLI and the policy loader) does not import
@@ -38,10 +37,4 @@ _EXPORTS = {
 __all__ = sorted(_EXPORTS)
 
 
-def __getattr__(name: str) -> Any:
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module 'kvtier.cache' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value
-    return value
+__getattr__ = lazy_getattr(__name__, _EXPORTS)

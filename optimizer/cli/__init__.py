@@ -23,6 +23,7 @@ import click
 
 from kvtier import __version__
 from kvtier.cli.common import KvtierGroup
+from kvtier.lazy import lazy_getattr
 
 # the names other code imports from kvtier.cli (EXPORT_TARGETS: the exporters' names)
 __all__ = ["EXPORT_TARGETS", "main", "optimize_main"]
@@ -95,10 +96,4 @@ def main() -> None:
     """kvtier: trace-driven optimizer for KV-cache tiering in LLM inference."""
 
 
-def __getattr__(name: str) -> Any:
-    module = _LAZY_NAMES.get(name)
-    if module is None:
-        raise AttributeError(f"module 'kvtier.cli' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value
-    return value
+__getattr__ = lazy_getattr(__name__, _LAZY_NAMES)

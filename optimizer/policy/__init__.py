@@ -8,8 +8,7 @@ the tier kinds load) does not import the rest.
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from kvtier.lazy import lazy_getattr
 
 _WHERE = {
     "LOWER_TIERS": "kvtier.policy.model",
@@ -31,10 +30,4 @@ _WHERE = {
 __all__ = sorted(_WHERE)
 
 
-def __getattr__(name: str) -> Any:
-    module = _WHERE.get(name)
-    if module is None:
-        raise AttributeError(f"module 'kvtier.policy' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value
-    return value
+__getattr__ = lazy_getattr(__name__, _WHERE)
