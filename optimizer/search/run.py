@@ -440,6 +440,9 @@ def run_request(request: OptimizeRequest) -> OptimizeResult:
     winner's tiers, refine the winner, find what each target can run, and write the policy
     file."""
     started = time.perf_counter()
+    from kvtier.sim import compile_ahead
+
+    compile_ahead.start()  # before the trace is read: the kernels' compile starts now
     fitted = fit_space(request)
     opened = open_study_stage(request, fitted)
     warmed = warm_start(request, fitted, opened)

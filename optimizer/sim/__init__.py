@@ -69,7 +69,10 @@ def simulate_raw(
     use_slo = stop_early and slo is not None and not slo.is_empty() and trace.sample_strata is None
     check = SloCheck.from_slo(slo) if use_slo else None
     if engine == "numba":
+        from kvtier.sim import compile_ahead
         from kvtier.sim.engine import simulate_engine
+
+        compile_ahead.start()  # (a second core compiles the event loop's callees, once)
 
         return simulate_engine(trace, cfg, slo=check)
     if engine == "reference":

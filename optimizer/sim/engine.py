@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import math
 import threading
+from typing import NamedTuple
 
 import numpy as np
 
@@ -155,10 +156,61 @@ def kernel_blocks(tb: np.ndarray, capacity: int) -> np.ndarray:
     return np.minimum(tb, capacity + 1)
 
 
+class KernelInputs(NamedTuple):
+    """What :func:`kvtier.sim.nb.simulate_nb` takes, built and checked from a trace and a
+    config (``kept``: scratch arrays to give back after a completed call)."""
+
+    requests: Requests
+    params: Params
+    pools: HbmPools
+    ts: TierPools
+    tp: TierParams
+    lk: LinkState
+    out: Outputs
+    kept: dict[str, np.ndarray]
+
+
 def simulate_engine(
     trace: BlockedTrace, cfg: SimConfig, *, slo: SloCheck | None = None
 ) -> RawResult:
     """Replay ``trace`` with the numba kernel; same result as the reference simulator."""
+    requests, params, pools, ts, tp, lk, out, kept = kernel_inputs(trace, cfg, slo=slo)
+    simulate_nb(requests, params, pools, ts, tp, lk, out)
+    for role, arr in kept.items():  # only after a completed call: the map is zero again
+        SCRATCH.give(role, arr)
+    early = bool(out.stats[1])
+    return RawResult(
+        first_token_s=out.first_token,
+        finish_s=out.finish,
+        hit_blocks=out.hit_blocks,
+        instance=out.instance,
+        busy_s=out.busy_s,
+        n_iterations=int(out.stats[0]),
+        extrapolated_iterations=int(out.stats[3]),
+        early_stopped=early,
+        end_s=end_time(out.finish, early, out.stats[2]),
+        loaded_blocks=out.loaded_blocks,
+        arrival_s=requests.arrival,
+        preemptions=out.preemptions,
+        preempted_tokens=out.preempted_tokens,
+        decode_instance=out.decode_instance if cfg.n_prefill > 0 else None,
+        kv_transfer_s=out.kv_transfer_s if cfg.n_prefill > 0 else None,
+        tbt_tail_s=out.tbt_tail if cfg.track_tbt else None,
+        decode_hit_blocks=out.decode_hit_blocks if cfg.n_prefill > 0 else None,
+        **_tier_result(cfg.tiers, lk, out.load_s),
+        **(
+            {"fault_lost_ids": lost_ids(ts.fault_i, ts.fault_lost, len(cfg.faults))}
+            if cfg.faults
+            else {}
+        ),
+    )
+
+
+def kernel_inputs(
+    trace: BlockedTrace, cfg: SimConfig, *, slo: SloCheck | None = None
+) -> KernelInputs:
+    """The kernel's inputs for replaying ``trace`` under ``cfg``, every array validated (no
+    input can make the kernel read out of bounds)."""
     if trace.block_tokens != cfg.block_tokens:
         raise InputError(
             f"trace is blocked at B={trace.block_tokens} but the policy says B={cfg.block_tokens}"
@@ -272,35 +324,7 @@ def simulate_engine(
     )
     # disaggregated: a second slot region holds the prefill slots of handed-over requests
     pools = _hbm_pools(cfg, cap, n_shared, ring_len, n_refs * (2 if cfg.n_prefill > 0 else 1), kept)
-    simulate_nb(requests, params, pools, ts, tp, lk, out)
-    for role, arr in kept.items():  # only after a completed call: the map is zero again
-        SCRATCH.give(role, arr)
-    early = bool(out.stats[1])
-    return RawResult(
-        first_token_s=out.first_token,
-        finish_s=out.finish,
-        hit_blocks=out.hit_blocks,
-        instance=out.instance,
-        busy_s=out.busy_s,
-        n_iterations=int(out.stats[0]),
-        extrapolated_iterations=int(out.stats[3]),
-        early_stopped=early,
-        end_s=end_time(out.finish, early, out.stats[2]),
-        loaded_blocks=out.loaded_blocks,
-        arrival_s=arrival,
-        preemptions=out.preemptions,
-        preempted_tokens=out.preempted_tokens,
-        decode_instance=out.decode_instance if cfg.n_prefill > 0 else None,
-        kv_transfer_s=out.kv_transfer_s if cfg.n_prefill > 0 else None,
-        tbt_tail_s=out.tbt_tail if cfg.track_tbt else None,
-        decode_hit_blocks=out.decode_hit_blocks if cfg.n_prefill > 0 else None,
-        **_tier_result(cfg.tiers, lk, out.load_s),
-        **(
-            {"fault_lost_ids": lost_ids(ts.fault_i, ts.fault_lost, len(cfg.faults))}
-            if cfg.faults
-            else {}
-        ),
-    )
+    return KernelInputs(requests, params, pools, ts, tp, lk, out, kept)
 
 
 def _fault_result(cfg: SimConfig, ts: TierPools) -> dict[str, tuple[np.ndarray, ...]]:

@@ -90,6 +90,7 @@ from kvtier.sim.nb_state import (
     C_STAMP,
     INNER,
     N_COUNTERS,
+    ZERO,
     Buffers,
     HbmPools,
     InstanceState,
@@ -267,7 +268,7 @@ def end_iteration_nb(sim: Sim, k: int, now: float) -> None:
         # the step's blocking stores have finished: its tokens are emitted now
         saving[k] = False
     else:
-        nw = 0
+        nw = np.int64(0)  # (not a literal 0: the callee would compile a second overload)
         for idx in range(n_sched[k]):
             pos = sched_pos[k, idx]
             i = running[k, pos]
@@ -369,7 +370,7 @@ def skip_back_nb(
     busy = ist.seg_busy[k]
     begun = 0
     while begun < ist.seg_steps[k] and t < now:
-        dt = step_time_nb(m, attn, kv_read, m, kv_read, 0, timing)
+        dt = step_time_nb(m, attn, kv_read, m, kv_read, ZERO, timing)
         busy += dt
         t += dt
         begun += 1
@@ -377,7 +378,7 @@ def skip_back_nb(
         kv_read += m
     out.busy_s[k] = busy
     for _ in range(begun, ist.seg_steps[k]):
-        ints[C_EXTRAP] -= step_extrapolated_nb(m, m, kv_read, 0, timing)
+        ints[C_EXTRAP] -= step_extrapolated_nb(m, m, kv_read, ZERO, timing)
         kv_read += m
     return ist.seg_steps[k] - begun
 
@@ -941,8 +942,8 @@ def run_ahead_nb(
         s += 1
         attn += 2 * m
         kv_read += m
-        dt = step_time_nb(m, attn, kv_read, m, kv_read, 0, timing)
-        ints[C_EXTRAP] += step_extrapolated_nb(m, m, kv_read, 0, timing)
+        dt = step_time_nb(m, attn, kv_read, m, kv_read, ZERO, timing)
+        ints[C_EXTRAP] += step_extrapolated_nb(m, m, kv_read, ZERO, timing)
     if s > 0:
         for idx in range(m):
             i = running[k, sched_pos[k, idx]]
@@ -1345,7 +1346,7 @@ def event_loop_nb(sim: Sim) -> tuple[bool, float]:
     ty = sim.ty
     n = rq.arrival.shape[0]
     n_inst = prm.n_instances
-    nx = 0
+    nx = np.int64(0)  # (a literal 0 would compile route_nb a second time)
     early = False
     now = 0.0
     # the arrays the loop itself reads (each step binds its own on entry, outside its loops)
@@ -1396,8 +1397,7 @@ def event_loop_nb(sim: Sim) -> tuple[bool, float]:
     return early, now
 
 
-@njit(cache=True, nogil=True)
-def simulate_nb(
+def new_state(
     rq: Requests,
     prm: Params,
     pool: HbmPools,
@@ -1405,17 +1405,16 @@ def simulate_nb(
     tp: TierParams,
     lk: LinkState,
     out: Outputs,
-) -> None:
-    """Replay every request; write per-request times and counters into ``out``.
+) -> Sim:
+    """The replay's state around its inputs: per-request and per-instance arrays, buffers
+    and counters, sized from the inputs (which the wrapper has validated).
 
-    One kernel call runs the whole replay so the event loop never returns to Python: the
-    per-request and per-instance state is allocated here, sized from the inputs (which the
-    wrapper has validated), then :func:`event_loop_nb` runs.
+    Plain NumPy, so the same code runs inlined into :func:`simulate_nb` and in Python, where
+    :mod:`kvtier.sim.compile_ahead` reads the state's numba types off a small replay's.
     """
     n = rq.arrival.shape[0]
     n_inst = prm.n_instances
     cap = prm.capacity
-    R = prm.ring_len
     max_seqs = prm.max_seqs
     slot_off = np.zeros(n + 1, dtype=np.int64)
     for i in range(n):
@@ -1468,24 +1467,6 @@ def simulate_nb(
         free_len=prm.capacities.copy(),
         saving=np.zeros(n_inst, dtype=np.bool_),
     )
-    # HBM pools, possibly kept from an earlier replay, are set here. Entries of a ring past
-    # its live ones name slot 0 of the instance, so the allocation loop's look-ahead always
-    # reads a slot record.
-    # Instance k's slots are k * cap + [0, capacities[k]) (cap: the largest instance's); the
-    # rest of its stride never enters its ring.
-    for k in range(n_inst):
-        ck = prm.capacities[k]
-        for r in range(R):
-            pool.rings[k * R + r] = k * cap + (r if r < ck else 0)
-    for k in range(n_inst):
-        ck = prm.capacities[k]
-        for x in range(cap):
-            g = k * cap + x
-            pool.records[4 * g + POS] = x if x < ck else -1
-            pool.records[4 * g + MAP] = -1
-            pool.records[4 * g + REF] = 0
-            pool.records[4 * g + BLOCK] = -1
-            pool.stamps[g] = -1
     max_nb = 0
     max_out = 0
     for i in range(n):
@@ -1506,6 +1487,50 @@ def simulate_nb(
     )
     ty = Tally(np.zeros(N_COUNTERS, dtype=np.int64), np.zeros(2, dtype=np.float64))
     sim = Sim(rq, rs, ist, pool, ts, tp, lk, prm, out, ty, buf)
+    return sim
+
+
+new_state_nb = njit(cache=True, nogil=True, inline="always")(new_state)
+
+
+@njit(cache=True, nogil=True)
+def simulate_nb(
+    rq: Requests,
+    prm: Params,
+    pool: HbmPools,
+    ts: TierPools,
+    tp: TierParams,
+    lk: LinkState,
+    out: Outputs,
+) -> None:
+    """Replay every request; write per-request times and counters into ``out``.
+
+    One kernel call runs the whole replay so the event loop never returns to Python: the
+    per-request and per-instance state is allocated here, sized from the inputs (which the
+    wrapper has validated), then :func:`event_loop_nb` runs.
+    """
+    n_inst = prm.n_instances
+    cap = prm.capacity
+    R = prm.ring_len
+    sim = new_state_nb(rq, prm, pool, ts, tp, lk, out)
+    # HBM pools, possibly kept from an earlier replay, are set here. Entries of a ring past
+    # its live ones name slot 0 of the instance, so the allocation loop's look-ahead always
+    # reads a slot record.
+    # Instance k's slots are k * cap + [0, capacities[k]) (cap: the largest instance's); the
+    # rest of its stride never enters its ring.
+    for k in range(n_inst):
+        ck = prm.capacities[k]
+        for r in range(R):
+            pool.rings[k * R + r] = k * cap + (r if r < ck else 0)
+    for k in range(n_inst):
+        ck = prm.capacities[k]
+        for x in range(cap):
+            g = k * cap + x
+            pool.records[4 * g + POS] = x if x < ck else -1
+            pool.records[4 * g + MAP] = -1
+            pool.records[4 * g + REF] = 0
+            pool.records[4 * g + BLOCK] = -1
+            pool.stamps[g] = -1
     early, now = event_loop_nb(sim)
     # Leave the map all zero again so the caller can reuse it for the next replay: every
     # non-zero entry is named by the MAP field of the slot it holds, so clearing those entries
@@ -1514,7 +1539,7 @@ def simulate_nb(
         mx = pool.records[4 * x + MAP]
         if mx >= 0:
             pool.slot_of[(x // cap) * prm.n_shared + mx] = 0
-    out.stats[0] = ty.ints[C_ITER]
+    out.stats[0] = sim.ty.ints[C_ITER]
     out.stats[1] = 1.0 if early else 0.0
     out.stats[2] = now
-    out.stats[3] = ty.ints[C_EXTRAP]
+    out.stats[3] = sim.ty.ints[C_EXTRAP]

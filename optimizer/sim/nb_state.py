@@ -20,6 +20,12 @@ if TYPE_CHECKING:
 # kernel cannot be called from Python; :func:`kvtier.sim.nb.simulate_nb` is the entry point.
 INNER = {"no_cpython_wrapper": True, "no_cfunc_wrapper": True}
 
+# Integer constants a kernel passes to another kernel. numba types a literal ``0`` argument as
+# ``Literal[int](0)`` and compiles the callee once more for it (a second overload of
+# ``step_time``, ``path_transfer``...); a NumPy scalar global is a plain ``int64``.
+ZERO = np.int64(0)
+ONE = np.int64(1)
+
 
 class Requests(NamedTuple):
     """The trace as the kernel reads it (read-only; :class:`BlockedTrace` checked it)."""

@@ -43,7 +43,7 @@ from kvtier.cache.nb_state import TierArrays
 from kvtier.sim.fault_step import fault_down_nb
 from kvtier.sim.faults import N_FI, N_FT
 from kvtier.sim.gen import WRITE_POLICY_FAMILY, twin
-from kvtier.sim.nb_state import INNER
+from kvtier.sim.nb_state import INNER, ONE, ZERO
 from kvtier.sim.steptime.jit import prefill_seconds_nb
 from kvtier.sim.transfer import (
     layerwise_ready,
@@ -255,7 +255,7 @@ def gpu_transfer_nb(tp, lk, k, t, now, cnt, write):  # noqa: ANN001, ANN201
         tp.gpu_scale[t],
         tp.link_bw_write if write else tp.link_bw_read,
         tp.link_duplex,
-        tp.n_links if write else 0,
+        tp.n_links if write else ZERO,
         lk.free,
         lk.busy,
         lk.moved,
@@ -372,7 +372,7 @@ def insert_nb(ts, tp, lk, k, now, t, b):  # noqa: ANN001, ANN201
         transfer_nb(
             now,
             tp.block_bytes,
-            ops_of_nb(tp.unit[nxt], 1, tp.fragments, tp.coalesce),
+            ops_of_nb(tp.unit[nxt], ONE, tp.fragments, tp.coalesce),
             tp.rpc_s[nxt],
             tp.stream_bw[nxt],
             np.inf,
@@ -407,7 +407,7 @@ def write_down_nb(ts, tp, lk, k, now, buf, nbuf, n_targets):  # noqa: ANN001, AN
     saved = now
     for t in range(n_targets):
         p = pool_nb(tp, t, k)
-        cnt = 0
+        cnt = ZERO  # (a literal 0 would compile ops_of a second time)
         for x in range(nbuf):
             b = buf[x]
             if not has_nb(ts, p, b) and not fault_down_nb(ts, p, b):
