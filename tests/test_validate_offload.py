@@ -26,7 +26,7 @@ SMALL = "mooncake-store-lmcache-qwen72b-h800"  # 2 x 50 requests on one instance
 
 def test_catalogue_runs_are_each_sourced_and_declared_first() -> None:
     runs = load_catalogue()
-    assert len(runs) >= 11
+    assert len(runs) >= 12
     for r in runs:
         assert r.role in ("check", "calibration")
         assert r.source["url"].startswith("https://") and r.source["read"]
