@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import numpy as np
 import pytest
 from click.testing import CliRunner
 
@@ -25,7 +26,7 @@ SMALL = "mooncake-store-lmcache-qwen72b-h800"  # 2 x 50 requests on one instance
 
 def test_catalogue_runs_are_each_sourced_and_declared_first() -> None:
     runs = load_catalogue()
-    assert len(runs) >= 11
+    assert len(runs) >= 12
     for r in runs:
         assert r.role in ("check", "calibration")
         assert r.source["url"].startswith("https://") and r.source["read"]
@@ -46,6 +47,35 @@ def test_shared_prefix_trace_shares_only_the_system_prompt() -> None:
     groups = {tuple(h[:sys_blocks]) for h in hashes}
     assert len(groups) == run.conditions["groups"]
     assert len({tuple(h[sys_blocks:]) for h in hashes}) == 450  # every question its own
+
+
+def test_qps_sweep_is_one_trace_of_its_stages_in_order() -> None:
+    """inference-perf's sweep: int(rate x duration) requests per stage, each stage resending
+    the previous stages' prompts from the same shuffled list, stages far apart in time."""
+    from kvtier.experiments.offload_validation import STAGE_GAP_S, stage_of
+
+    run = next(r for r in load_catalogue() if r.name.endswith("-20qps"))
+    c = run.conditions
+    assert c["load"] == "poisson_stages" and c["measured_stage"] == 4
+    trace = build_trace(run)
+    stage = stage_of(trace)
+    counts = [int(r * d) for r, d in c["stages"]]
+    assert np.bincount(stage).tolist() == counts
+    hashes = trace.table.column("block_hashes").to_pylist()
+    first = [tuple(h) for h, s in zip(hashes, stage, strict=True) if s == 0]
+    second = [tuple(h) for h, s in zip(hashes, stage, strict=True) if s == 1]
+    assert second[: len(first)] == first  # request k of every stage: the same prompt
+    assert len(set(first)) == len(first)  # a stage of 300 sends 300 distinct prompts
+    arrival = np.asarray(trace.arrival_s)
+    for s, (_rate, duration) in enumerate(c["stages"]):
+        t = arrival[stage == s] - s * STAGE_GAP_S
+        assert t.min() >= 0 and 0.85 * duration <= t.max() <= 1.15 * duration  # Poisson counts
+        assert (np.diff(t) >= 0).all()
+    # the other stages' runs replay the same sweep (one replay per side serves them all)
+    from kvtier.experiments.offload_validation import _replay_key
+
+    other = next(r for r in load_catalogue() if r.name.endswith("-40qps"))
+    assert _replay_key(run, "tiered") == _replay_key(other, "tiered")
 
 
 def test_role_must_come_first_and_keys_are_checked(tmp_path: Path) -> None:

@@ -19,8 +19,18 @@ Workloads (``conditions.workload``):
   baseline figures are the first round's, the tiered figures the second's, one replay).
 
 Load (``conditions.load``): ``poisson`` at ``rate`` requests/s (seeded), ``concurrency`` (a
-closed loop of ``concurrency`` clients, ``kvtier replay --concurrency``), or ``burst`` (all at
-t = 0). Throughput is ``throughput_unit``: ``tok/s`` (input plus output tokens over the run's
+closed loop of ``concurrency`` clients, ``kvtier replay --concurrency``), ``burst`` (all at
+t = 0), or ``poisson_stages``: inference-perf's multi-stage Poisson sweep as it runs it
+(kubernetes-sigs/inference-perf ``loadgen/load_generator.py`` and ``load_timer.py``, read at
+main 2026-08-19): ``stages`` ``[rate, duration]`` one after the other against the same servers,
+each stage sending ``int(rate * duration)`` requests, drained before the next starts, with
+``stage_interval_s`` between stages; each second of a stage carries a Poisson(rate) count of
+requests spread over it; request ``k`` of every stage takes prompt ``k mod P`` of one shuffled
+list (the datagen's ``get_data`` restarts at index 0 each stage), so later stages resend the
+earlier stages' prompts into a warm cache. The run's figures are those of stage
+``measured_stage`` (1-based) over its own requests, as inference-perf's per-stage report. One
+replay of the sweep serves every run that measures another stage of it (cached per process).
+Throughput is ``throughput_unit``: ``tok/s`` (input plus output tokens over the run's
 span, as inference-perf's "overall throughput") or ``req/s``.
 
 The targets over the checks (docs/validation-offload.md): TTFT MAPE <= 15 %, throughput MAPE
@@ -43,7 +53,7 @@ from kvtier.policy.presets import BUILTIN_DIR
 OFFLOAD_DIR = BUILTIN_DIR / "validation" / "offload"
 ROLES = ("check", "calibration")
 WORKLOADS = ("shared_prefix", "rounds")
-LOADS = ("poisson", "concurrency", "burst")
+LOADS = ("poisson", "concurrency", "burst", "poisson_stages")
 UNITS = ("tok/s", "req/s")
 SIDES = ("baseline", "tiered")
 METRICS = ("ttft_mean_s", "throughput", "hit_ratio")
@@ -51,6 +61,10 @@ TARGETS = {"ttft_mean_s": 0.15, "throughput": 0.10}  # MAPE over the checks
 HIT_POINTS = 0.05  # hit ratio within 5 points
 NATIVE_BLOCK = 16  # the traces' hash granularity: every published length is a multiple of it
 ROUND_GAP_S = 1.0e6  # the second round starts long after the first has finished
+# A sweep's stage k starts at k * STAGE_GAP_S: after the previous stage has drained (checked
+# after the replay) and its interval has passed. Nothing in the model ages with idle time, so
+# a longer idle gap than the measured one (drain + stage_interval_s) changes no figure.
+STAGE_GAP_S = 1.0e5
 
 _TOP = {"role", "system", "source", "conditions", "baseline", "tiered", "measured"}
 _SOURCE = {"title", "url", "date", "read"}
@@ -70,6 +84,9 @@ _CONDITIONS = {
     "load",
     "rate",
     "concurrency",
+    "stages",
+    "stage_interval_s",
+    "measured_stage",
     "throughput_unit",
     "seed",
     "notes",
@@ -193,7 +210,25 @@ def load_run(path: Path) -> OffloadRun:
             )
     if cond.get("throughput_unit", "tok/s") not in UNITS:
         raise InputError(f"{path}: conditions.throughput_unit (valid: {', '.join(UNITS)})")
-    for key in ("hardware", "model", "requests", "output_tokens"):
+    required = ["hardware", "model", "output_tokens"]
+    if cond["load"] == "poisson_stages":
+        required += ["stages", "measured_stage"]
+        stages = cond.get("stages")
+        ok = isinstance(stages, list) and bool(stages) and all(
+            isinstance(st, list) and len(st) == 2 and all(
+                isinstance(v, (int, float)) and v > 0 for v in st
+            ) for st in stages
+        )  # fmt: skip
+        if "stages" in cond and not ok:
+            raise InputError(f"{path}: conditions.stages must be a list of [rate, duration] > 0")
+        m = cond.get("measured_stage")
+        if "measured_stage" in cond and not (isinstance(m, int) and ok and 1 <= m <= len(stages)):
+            raise InputError(f"{path}: conditions.measured_stage must be a stage number (1-based)")
+        if cond["workload"] != "shared_prefix":
+            raise InputError(f"{path}: load poisson_stages needs workload shared_prefix")
+    else:
+        required.append("requests")
+    for key in required:
         if key not in cond:
             raise InputError(f"{path}: missing key conditions.{key}")
     deploy: dict[str, dict[str, Any]] = {}
@@ -254,6 +289,39 @@ def _prompts(c: dict[str, Any]) -> list[np.ndarray]:
     return out
 
 
+def _poisson_stage(rng: np.random.Generator, rate: float, n: int) -> np.ndarray:
+    """inference-perf's ``PoissonLoadTimer``: each second a Poisson(rate) count of requests,
+    their exponential gaps scaled to fill that second (``ConstantLoadTimer`` over 1 s); the
+    first ``n`` send times from 0."""
+    out: list[float] = []
+    second = 0.0
+    while len(out) < n:
+        k = int(rng.poisson(rate))
+        if k >= 1:
+            gaps = rng.exponential(1.0 / rate, k)
+            out.extend(second + np.cumsum(gaps / gaps.sum()))
+        second += 1.0
+    return np.asarray(out[:n])
+
+
+def _sweep(c: dict[str, Any], rng: np.random.Generator, n_prompts: int) -> tuple[Any, Any]:
+    """The prompt of each request and its send time over a multi-stage sweep: one shuffled
+    prompt list, stage ``s`` sends ``int(rate * duration)`` requests taking prompts 0, 1, ...
+    of it (mod its length), starting at ``s * STAGE_GAP_S``."""
+    shuffled = rng.permutation(n_prompts)
+    order, arrival = [], []
+    for s, (rate, duration) in enumerate(c["stages"]):
+        n = int(float(rate) * float(duration))
+        order.append(shuffled[np.arange(n) % n_prompts])
+        arrival.append(s * STAGE_GAP_S + _poisson_stage(rng, float(rate), n))
+    return np.concatenate(order), np.concatenate(arrival)
+
+
+def stage_of(trace: Any) -> np.ndarray:
+    """Each request's stage (0-based) in a sweep's trace."""
+    return (np.asarray(trace.arrival_s) // STAGE_GAP_S).astype(np.int64)
+
+
 def build_trace(run: OffloadRun) -> Any:
     """The run's requests as a trace (arrivals of the open-loop or burst load; a closed loop's
     sends are the replay's)."""
@@ -262,20 +330,24 @@ def build_trace(run: OffloadRun) -> Any:
     c = run.conditions
     rng = np.random.default_rng(int(c.get("seed", 1)))
     prompts = _prompts(c)
-    n = int(c["requests"])
     if c["workload"] == "rounds":
+        n = int(c["requests"])
         order = np.concatenate([np.arange(n), np.arange(n)])
         input_tokens = np.full(2 * n, int(c["input_tokens"]), dtype=np.int64)
         arrival = np.concatenate([np.zeros(n), np.full(n, ROUND_GAP_S)])
     else:
-        order = rng.permutation(np.resize(np.arange(len(prompts)), n))
         isl = int(c["system_tokens"]) + int(c["question_tokens"])
-        input_tokens = np.full(n, isl, dtype=np.int64)
-        if c["load"] == "poisson":
-            arrival = np.cumsum(rng.exponential(1.0 / float(c["rate"]), n))
-            arrival -= arrival[0]
+        if c["load"] == "poisson_stages":
+            order, arrival = _sweep(c, rng, len(prompts))
         else:
-            arrival = np.zeros(n)
+            n = int(c["requests"])
+            order = rng.permutation(np.resize(np.arange(len(prompts)), n))
+            if c["load"] == "poisson":
+                arrival = np.cumsum(rng.exponential(1.0 / float(c["rate"]), n))
+                arrival -= arrival[0]
+            else:
+                arrival = np.zeros(n)
+        input_tokens = np.full(len(order), isl, dtype=np.int64)
     blocks = [prompts[i] for i in order]
     offsets = np.zeros(len(blocks) + 1, dtype=np.int64)
     offsets[1:] = np.cumsum([len(b) for b in blocks])
@@ -344,6 +416,31 @@ def _hit_ratio(trace: Any, raw: Any, sel: np.ndarray) -> float:
     return float(hit * trace.block_tokens) / float(trace.input_tokens[sel].sum())
 
 
+_REPLAYS: dict[str, Any] = {}  # a sweep's replay per deployment, shared by its stages' runs
+
+
+def _replay_key(run: OffloadRun, side: str) -> str:
+    """What a replay depends on: the conditions (but which stage is measured, and notes), the
+    side's deployment."""
+    import json
+
+    cond = {k: v for k, v in run.conditions.items() if k not in ("measured_stage", "notes")}
+    return json.dumps([cond, run.deploy[side]], sort_keys=True)
+
+
+def _check_drained(run: OffloadRun, side: str, rep: Any) -> None:
+    """inference-perf starts a stage only once the previous one has finished: every stage's
+    last request must finish before the next stage's first send."""
+    stage = stage_of(rep.trace)
+    finish = np.asarray(rep.raw.finish_s)
+    for s in range(int(stage.max())):
+        last = float(np.nanmax(finish[stage == s]))
+        if np.isnan(finish[stage == s]).any() or last >= (s + 1) * STAGE_GAP_S:
+            raise InputError(
+                f"{run.name} [{side}]: stage {s + 1} did not drain before stage {s + 2}"
+            )
+
+
 def model_figures(run: OffloadRun) -> dict[str, dict[str, float]]:
     """The model's figures of both sides (a ``rounds`` run: one replay, its two rounds)."""
     from kvtier.hardware import load_model
@@ -356,10 +453,21 @@ def model_figures(run: OffloadRun) -> dict[str, dict[str, float]]:
     out: dict[str, dict[str, float]] = {}
     sides = ("tiered",) if c["workload"] == "rounds" else SIDES
     for side in sides:
-        policy = _policy(run, side)
-        rep = Scenario(trace, hw, model, policy).replay(concurrency=closed)
+        key = _replay_key(run, side)
+        rep = _REPLAYS.get(key)
+        if rep is None:
+            policy = _policy(run, side)
+            rep = Scenario(trace, hw, model, policy).replay(concurrency=closed)
+            if c["load"] == "poisson_stages":
+                _check_drained(run, side, rep)
+                _REPLAYS[key] = rep
         n = len(rep.trace.arrival_s)
-        if c["workload"] == "rounds":
+        if c["load"] == "poisson_stages":
+            sel = np.flatnonzero(stage_of(rep.trace) == int(c["measured_stage"]) - 1)
+            figs = _figures(rep.trace, rep.raw, None, sel, run.unit)
+            figs["hit_ratio"] = _hit_ratio(rep.trace, rep.raw, sel)
+            out[side] = figs
+        elif c["workload"] == "rounds":
             half = n // 2
             for name, sel in (("baseline", np.arange(half)), ("tiered", np.arange(half, n))):
                 figs = _figures(rep.trace, rep.raw, None, sel, run.unit)
