@@ -56,6 +56,7 @@ KERNEL_MODULES = (
     "sim/routers/dispatch.py",
     "sim/routers/kv_aware.py",
     "sim/routers/least_loaded.py",
+    "sim/routers/llmd_epp.py",
     "sim/routers/prefix_affinity.py",
     "sim/routers/round_robin.py",
     "sim/steptime/jit.py",

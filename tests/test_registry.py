@@ -74,7 +74,7 @@ def test_registry_rules() -> None:
         ROUTERS.get("least_load", option="--set")
     assert str(err.value) == (
         "option --set: unknown router 'least_load' (did you mean 'least_loaded'?); "
-        "choose from round_robin, least_loaded, prefix_affinity, kv_aware"
+        "choose from round_robin, least_loaded, prefix_affinity, kv_aware, llmd_epp"
     )
     assert ROUTERS.by_code(2).name == "prefix_affinity"
     assert EVICTIONS["s3fifo"].defaults == {"small": 0.1, "ghost": 0.9, "threshold": 2}
@@ -124,5 +124,8 @@ def test_docs_tables_are_written_from_the_code() -> None:
 
     for name in doctables.TABLES:
         assert doctables.current(name) == doctables.render(name), name
-    row = "| `serving.routing` | `round_robin`, `least_loaded`, `prefix_affinity`, `kv_aware` |"
+    row = (
+        "| `serving.routing` | `round_robin`, `least_loaded`, `prefix_affinity`, `kv_aware`, "
+        "`llmd_epp` |"
+    )
     assert row in doctables.render("policy-settings")

@@ -133,3 +133,62 @@ def test_kv_aware_tier_weights_follow_load_against_recompute() -> None:
     # DRAM over PCIe loads faster than NVMe: each of its blocks is worth more to the router
     assert np.all(w[0] > w[1])
     assert kv_route_weights(kv_cfg(1.0)).shape == (0, 4)
+
+
+def epp_cfg(instances: int = 2, **weights: float):
+    p = Policy()
+    serving = replace(p.serving, routing="llmd_epp", instances=instances)
+    serving = replace(serving, **{f"epp_{k}_weight": v for k, v in weights.items()})
+    return build_config(
+        load_hardware("h100-node"), load_model("Llama-3.1-8B"), replace(p, serving=serving)
+    )
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_llmd_epp_no_hit_lru_spreads_cold_requests(engine) -> None:
+    # four prompts no instance holds, each finished before the next: queue and KV scores tie
+    # (1 everywhere), the no-hit-LRU score ranks never-used instances first (index order:
+    # 1, 0.5, 0), then the least recently used; the fifth reads the first one's document,
+    # scores 2 x 50/50 more on instance 0 (GPU and CPU prefix) and LRU 0.5 everywhere
+    docs = [list(range(j * 50, j * 50 + 50)) for j in range(4)]
+    t = BlockedTrace.from_lists(
+        [0.0, 5.0, 10.0, 15.0, 20.0], [801] * 5, [1] * 5, [*docs, docs[0]], 16, n_blocks=200
+    )
+    raw = simulate_raw(t, epp_cfg(instances=3), engine=engine)
+    assert raw.instance.tolist() == [0, 1, 2, 0, 0]
+    assert raw.hit_blocks.tolist()[4] == 50
+    lru_off = simulate_raw(t, epp_cfg(instances=3, no_hit_lru=0.0), engine=engine)
+    assert lru_off.instance.tolist() == [0, 0, 0, 0, 0]  # ties: the lower index
+
+
+def group_trace(doc_blocks: int) -> BlockedTrace:
+    """Request 0 caches a ``doc_blocks``-block system prompt on instance 0 and finishes; at
+    5 s four prompts of the group arrive at once (the system prompt and 6 - doc_blocks blocks
+    of their own, 97 tokens), routed before either instance runs an iteration."""
+    doc = list(range(doc_blocks))
+    own = [list(range(100 + 10 * j, 100 + 10 * j + 6 - doc_blocks)) for j in range(4)]
+    return BlockedTrace.from_lists(
+        [0.0] + [5.0] * 4,
+        [16 * doc_blocks + 1] + [97] * 4,
+        [1] * 5,
+        [doc, *(doc + o for o in own)],
+        16,
+        n_blocks=200,
+    )
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_llmd_epp_group_sticks_until_the_queue_outweighs_its_prefix(engine) -> None:
+    # weights 1:1:1:1:1, no lower tier (the CPU prefix is the HBM prefix): on instance 0 the
+    # group scores 2 x doc/6 for its prefix, the queue scorer (max - q) / (max - min) takes at
+    # most 1 from the instance with the longer queue; KV use is 0 on both (nothing admitted
+    # yet, 1 each) and the LRU score 0.5 on both (a hit somewhere)
+    # 4 of 6 blocks: 2 x 4/6 = 1.33 > 1, every request stays on instance 0
+    assert simulate_raw(group_trace(4), epp_cfg(), engine=engine).instance.tolist() == [0] * 5
+    # 2 of 6 blocks: 0.67 < 1, the second of the burst (queue 1 against 0) goes to
+    # instance 1, the third back to 0 (queues equal), the fourth to 1
+    raw = simulate_raw(group_trace(2), epp_cfg(), engine=engine)
+    assert raw.instance.tolist() == [0, 0, 1, 0, 1]
+    # 4 of 6 blocks with the queue weighted 2: 2 x 1 > 1.33, the group splits
+    raw = simulate_raw(group_trace(4), epp_cfg(queue=2.0), engine=engine)
+    assert raw.instance.tolist() == [0, 0, 1, 0, 1]

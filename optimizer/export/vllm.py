@@ -181,6 +181,17 @@ def _routing_notes(deploy: Deployment) -> list[str]:
         notes.append(
             info(f"affinity_overload = {s.affinity_overload} belongs to the router, not to vLLM.")
         )
+    if s.routing == "llmd_epp":
+        notes.append(
+            info(
+                "llmd_epp is llm-d's endpoint picker (llm-d-router): in its EndpointPickerConfig "
+                f"profile, queue-scorer weight {s.epp_queue_weight:g}, "
+                f"kv-cache-utilization-scorer {s.epp_kv_util_weight:g}, the GPU and CPU "
+                f"prefix-cache-scorer {s.epp_gpu_prefix_weight:g} and "
+                f"{s.epp_cpu_prefix_weight:g}, no-hit-lru-scorer {s.epp_no_hit_lru_weight:g} "
+                "(llm-d's tiered-prefix-cache guide, router/*/tiered-prefix-cache-cpu.values.yaml)."
+            )
+        )
     return notes
 
 

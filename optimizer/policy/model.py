@@ -116,6 +116,40 @@ class ServingPolicy:
         nonneg=True,
         maximum=1e6,
     )
+    # llmd_epp only: the weights of llm-d's EPP scorers in its scheduling profile (the
+    # tiered-prefix-cache guide's router values, single-host/tiered-prefix-cache-cpu.values.yaml:
+    # queue-scorer, kv-cache-utilization-scorer, GPU and CPU prefix-cache-scorer and
+    # no-hit-lru-scorer listed without weights, so each takes the config loader's
+    # DefaultScorerWeight 1; the guide: "defaults to 1:1:1:1:1"). docs/model.md, "Routing".
+    epp_queue_weight: float = setting(
+        1.0, "llmd_epp: weight of the queue scorer (waiting requests)", nonneg=True, maximum=1e6
+    )
+    epp_kv_util_weight: float = setting(
+        1.0,
+        "llmd_epp: weight of the KV-cache utilisation scorer (1 - used HBM share)",
+        nonneg=True,
+        maximum=1e6,
+    )
+    epp_gpu_prefix_weight: float = setting(
+        1.0,
+        "llmd_epp: weight of the GPU prefix-cache scorer (HBM prefix share of the prompt)",
+        nonneg=True,
+        maximum=1e6,
+    )
+    epp_cpu_prefix_weight: float = setting(
+        1.0,
+        "llmd_epp: weight of the CPU prefix-cache scorer (prefix share held in HBM or a lower "
+        "tier)",
+        nonneg=True,
+        maximum=1e6,
+    )
+    epp_no_hit_lru_weight: float = setting(
+        1.0,
+        "llmd_epp: weight of the no-hit-LRU scorer (a request no instance has cached goes to "
+        "the instance that least recently took one)",
+        nonneg=True,
+        maximum=1e6,
+    )
 
     # vLLM's --enable-prefix-caching / --no-enable-prefix-caching: off, HBM keeps no prefix
     # across requests and every hit comes through a connector (LMCache deployments often run so).

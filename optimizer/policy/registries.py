@@ -14,7 +14,7 @@ from kvtier.plugins import load_plugins
 from kvtier.registry import Entry, Registry
 
 # ---- routers (ServingPolicy.routing): one module each in kvtier.sim.routers ------------------
-ROUND_ROBIN, LEAST_LOADED, PREFIX_AFFINITY, KV_AWARE = 0, 1, 2, 3
+ROUND_ROBIN, LEAST_LOADED, PREFIX_AFFINITY, KV_AWARE, LLMD_EPP = 0, 1, 2, 3, 4
 
 
 def _router(name: str, code: int, help: str, *, content_blind: bool) -> Entry:
@@ -54,6 +54,14 @@ ROUTERS = Registry(
             "Dynamo's KV router cost: serving.kv_overlap_weight x the prompt blocks left to "
             "prefill (HBM hits count 1, lower-tier hits their tier's weight: loading against "
             "recomputing) plus the instance's active blocks; the lowest cost, lower index on ties",
+            content_blind=False,
+        ),
+        _router(
+            "llmd_epp",
+            LLMD_EPP,
+            "llm-d's endpoint picker (EPP): the weighted sum of its queue, KV-cache utilisation, "
+            "GPU-prefix, CPU-prefix and no-hit-LRU scores (serving.epp_*_weight), the highest "
+            "sum, lower index on ties",
             content_blind=False,
         ),
     ],
@@ -303,6 +311,7 @@ __all__ = [
     "EVICTIONS",
     "KV_AWARE",
     "LEAST_LOADED",
+    "LLMD_EPP",
     "LOAD_RULES",
     "PREFIX_AFFINITY",
     "ROUND_ROBIN",

@@ -301,6 +301,7 @@ def kernel_inputs(
         int(cfg.concurrency),
         float(cfg.kv_overlap_weight),
         _route_weights(cfg),
+        _epp_weights(cfg),
         int(cfg.scheduler),
         marks,
         bool(cfg.track_tbt),
@@ -503,6 +504,14 @@ def _route_weights(cfg: SimConfig) -> np.ndarray:
     w = np.ascontiguousarray(kv_route_weights(cfg), dtype=np.float64)
     if w.shape != (cfg.tiers.n_tiers, cfg.n_instances) or not np.all((w >= 0) & (w <= 1)):
         raise ValueError("kv_aware tier weights must be in [0, 1], one per tier and instance")
+    return w
+
+
+def _epp_weights(cfg: SimConfig) -> np.ndarray:
+    """The llmd_epp router's five scorer weights, each finite and >= 0."""
+    w = np.array(cfg.epp_weights, dtype=np.float64)
+    if w.shape != (5,) or not np.all(np.isfinite(w) & (w >= 0)):
+        raise InputError(f"epp_weights must be five finite numbers >= 0, got {cfg.epp_weights}")
     return w
 
 

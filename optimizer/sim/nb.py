@@ -1451,6 +1451,7 @@ def new_state(
         wake=np.full(n_inst, np.inf),
         act=np.empty(n_inst, dtype=np.int64),
         active_blocks=np.zeros(n_inst, dtype=np.int64),
+        cold_stamp=np.zeros(n_inst, dtype=np.int64),
         pd_wfree=np.zeros(n_pdw, dtype=np.float64),
         pd_wbusy=np.zeros(n_pdw, dtype=np.float64),
         held_head=np.full(n_inst, -1, dtype=np.int64),

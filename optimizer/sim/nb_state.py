@@ -66,6 +66,7 @@ class Params(NamedTuple):
     concurrency: int  # closed-loop load generator: requests in flight (0: open loop)
     kv_overlap_weight: float  # kv_aware router: weight of the prompt blocks left to prefill
     route_w: np.ndarray  # f8 (n_tiers, n_instances): kv_aware weight of a lower-tier hit
+    epp_w: np.ndarray  # f8 (5,): llmd_epp scorer weights (queue, KV use, GPU, CPU prefix, LRU)
     scheduler: int  # RESERVE (whole footprint at admission), VLLM_V1 or VLLM_V0 (grow, preempt)
     watermarks: np.ndarray  # i8 (n_instances,) vllm_v1: free blocks an admission leaves
     track_tbt: bool  # record token intervals (Outputs.tbt_*; kvtier.sim.nb_tbt)
@@ -175,6 +176,9 @@ class InstanceState(NamedTuple):
     wake: np.ndarray  # f8: while idle, when a loading request becomes ready
     act: np.ndarray  # i8: instances that act at this event, in index order
     active_blocks: np.ndarray  # i8: prompt blocks of the requests routed here, not finished
+    # llmd_epp: when the instance last took a request no instance had cached (the request's
+    # index + 1; 0: never), the no-hit-LRU scorer's order
+    cold_stamp: np.ndarray  # i8 (n_instances,)
     # disaggregated: the P/D connector's workers (pd_workers per instance), each prefill
     # instance's list of handed-over requests whose blocks it holds (through next_held, in
     # hand-off order), and each instance's last iteration time (a layer-wise push overlaps it)

@@ -346,6 +346,7 @@ class ReferenceReplay:
             self.prefix,
             self.lower,
             kv_route_weights(self.cfg),
+            cold_stamp=[0] * self.cfg.n_instances,
         )
         self.nxt = 0
         self.in_flight = 0  # requests sent and not finished (closed loop)

@@ -18,7 +18,7 @@ among the prefill instances of a disaggregated deployment, else among all
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -31,8 +31,9 @@ if TYPE_CHECKING:
 class RouteView:
     """What a reference router reads: the instances (each with ``load``, ``pool.lookup`` and
     ``active_blocks``), the routed count, the configuration, whether the HBM prefix cache is
-    on, the lower tiers (or None), the kv_aware weights, and the round-robin turn (the one
-    value a router changes)."""
+    on, the lower tiers (or None), the kv_aware weights, the round-robin turn and, for
+    ``llmd_epp``, when each instance last took a request no instance had cached (the values a
+    router changes)."""
 
     instances: list[Any]
     n_route: int
@@ -41,6 +42,7 @@ class RouteView:
     lower: Any
     route_w: np.ndarray
     turn: int = 0
+    cold_stamp: list[int] = field(default_factory=list)
 
     @property
     def routed(self) -> list[Any]:

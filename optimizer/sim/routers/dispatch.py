@@ -14,11 +14,12 @@ from numba import njit
 import kvtier.jitcache  # noqa: F401  (drops kernels compiled against older sources)
 import kvtier.sim.routers.kv_aware as kv_aware
 import kvtier.sim.routers.least_loaded as least_loaded
+import kvtier.sim.routers.llmd_epp as llmd_epp
 import kvtier.sim.routers.prefix_affinity as prefix_affinity
 import kvtier.sim.routers.round_robin as round_robin
 from kvtier.sim.nb_state import INNER, Sim
 
-CODES = (0, 1, 2, 3)  # every code dispatched below
+CODES = (0, 1, 2, 3, 4)  # every code dispatched below
 
 
 @njit(cache=True, nogil=True, _nrt=False, **INNER)
@@ -34,5 +35,7 @@ def route_nb(
         return least_loaded.route_nb(sim, i)
     if code == 2:  # prefix_affinity
         return prefix_affinity.route_nb(sim, i)
-    # kv_aware
-    return kv_aware.route_nb(sim, i)
+    if code == 3:  # kv_aware
+        return kv_aware.route_nb(sim, i)
+    # llmd_epp
+    return llmd_epp.route_nb(sim, i)

@@ -1,0 +1,187 @@
+"""``llmd_epp``: llm-d's endpoint picker (EPP) as its tiered-prefix-cache guide configures it.
+
+llm-d-router v0.10.0 (``pkg/epp/scheduling/scheduler_profile.go``, ``runScorerPlugins``) sums,
+per instance, each scorer's score clamped to [0, 1] times the scorer's weight, in the
+profile's order, and the ``max-score-picker`` takes the highest sum. The five scorers of the
+guide's profile (``serving.epp_*_weight``, in this order):
+
+* ``queue-scorer`` (``scorer/queuedepth/queue.go``): ``(max_q - q) / (max_q - min_q)`` over
+  the candidates' waiting requests ``q``; 1 for every instance when all queues are equal;
+* ``kv-cache-utilization-scorer`` (``scorer/kvcacheutilization``): ``1 - usage``, vLLM's
+  ``kv_cache_usage_perc`` (the share of HBM blocks not in the free queue);
+* ``prefix-cache-scorer`` fed by the GPU prefix producer (``scorer/prefix/plugin.go``):
+  matched prefix blocks / the prompt's blocks; here the HBM prefix hit;
+* the same scorer fed by the CPU producer: here the prefix held in HBM or a lower tier (the
+  HBM hit plus the blocks after it found below);
+* ``no-hit-lru-scorer`` (``scorer/nohitlru/no_hit_lru.go``): 0.5 for every instance when any
+  instance has a prefix hit; else (a "cold" request) ``1 - rank / (n - 1)``, ranking first
+  the instances that never took a cold request (in index order), then the others from the
+  least recently to the most recently (1 when n = 1); the chosen instance of a cold request
+  becomes the most recent.
+
+Approximations (docs/model.md, "Routing"): the EPP reads the prefix from its own indexes of
+where it sent prompts (approximate producers, LRU-bounded) and the load from scraped metrics;
+here both are the instances' exact state at the arrival. The picker breaks ties at random;
+here the lower index wins (a deterministic replay)."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from numba import njit
+
+import kvtier.jitcache  # noqa: F401  (drops kernels compiled against older sources)
+from kvtier.sim.nb_hbm import hbm_lookup_nb
+from kvtier.sim.nb_state import INNER, Sim
+from kvtier.sim.nb_tiers import lookup_nb
+from kvtier.sim.routers.base_nb import n_routed_nb
+
+if TYPE_CHECKING:
+    from kvtier.sim.routers import RouteView
+
+
+def _lru_score(stamps: list[int], k: int, n: int) -> float:
+    """The no-hit-LRU score of instance ``k`` for a cold request (``stamps``: 0 never)."""
+    if n <= 1:
+        return 1.0
+    never = sum(1 for s in stamps[:n] if s == 0)
+    if stamps[k] == 0:
+        rank = sum(1 for j in range(k) if stamps[j] == 0)
+    else:
+        rank = never + sum(1 for j in range(n) if 0 < stamps[j] < stamps[k])
+    return 1.0 - float(rank) / float(n - 1)
+
+
+def route(view: RouteView, req: Any) -> int:
+    B = view.cfg.block_tokens
+    nb = len(req.blocks)
+    cap = min((req.input_tokens - 1) // B, nb)
+    w = view.cfg.epp_weights
+    insts = view.routed
+    n = len(insts)
+    hbm: list[int] = []
+    held: list[int] = []
+    q_min = q_max = len(insts[0].waiting)
+    cold = True
+    for k, inst in enumerate(insts):
+        h = inst.pool.lookup(req.blocks, cap) if view.prefix else 0
+        c = h
+        if view.lower is not None:
+            c += len(view.lower.lookup(k, req.blocks, h, cap))
+        hbm.append(h)
+        held.append(c)
+        if h > 0:
+            cold = False
+        q = len(inst.waiting)
+        q_min = min(q_min, q)
+        q_max = max(q_max, q)
+    best, best_score = -1, -1.0
+    for k, inst in enumerate(insts):
+        q = len(inst.waiting)
+        qs = 1.0 if q_max == q_min else float(q_max - q) / float(q_max - q_min)
+        cap_k = inst.pool.capacity
+        ks = 1.0 - float(cap_k - len(inst.pool.free)) / float(cap_k)
+        ks = min(max(ks, 0.0), 1.0)
+        gs = float(hbm[k]) / float(nb) if nb > 0 else 0.0
+        cs = float(held[k]) / float(nb) if nb > 0 else 0.0
+        ls = _lru_score(view.cold_stamp, k, n) if cold else 0.5
+        s = 0.0
+        s += qs * w[0]
+        s += ks * w[1]
+        s += gs * w[2]
+        s += cs * w[3]
+        s += ls * w[4]
+        if s > best_score:
+            best, best_score = k, s
+    if cold:
+        view.cold_stamp[best] = req.idx + 1
+    return best
+
+
+@njit(cache=True, nogil=True, _nrt=False, **INNER)
+def route_nb(sim: Sim, i: int) -> int:
+    """The same float operations in the same order as :func:`route`."""
+    rq = sim.rq
+    ist = sim.ist
+    pool = sim.pool
+    ts = sim.ts
+    tp = sim.tp
+    prm = sim.prm
+    buf = sim.buf
+    boff = rq.block_offsets
+    inp = rq.input_tokens
+    w = prm.epp_w
+    stamps = ist.cold_stamp
+    B = prm.block_tokens
+    nb = boff[i + 1] - boff[i]
+    hcap = (inp[i] - 1) // B
+    if nb < hcap:
+        hcap = nb
+    n = n_routed_nb(prm)
+    q_min = ist.q_len[0]
+    q_max = ist.q_len[0]
+    cold = True
+    for kk in range(n):
+        h = 0
+        if prm.prefix_caching:
+            h = hbm_lookup_nb(pool.slot_of, kk * prm.n_shared, rq.shared, boff[i], hcap, buf.found)
+        if h > 0:
+            cold = False
+        q = ist.q_len[kk]
+        if q < q_min:
+            q_min = q
+        if q > q_max:
+            q_max = q
+    never = 0
+    for kk in range(n):
+        if stamps[kk] == 0:
+            never += 1
+    best = -1
+    best_score = -1.0
+    for kk in range(n):
+        h = 0
+        if prm.prefix_caching:
+            h = hbm_lookup_nb(pool.slot_of, kk * prm.n_shared, rq.shared, boff[i], hcap, buf.found)
+        c = h
+        if tp.n_tiers > 0:
+            c += lookup_nb(ts, tp, kk, rq.block_ids, boff[i], h, hcap, buf.src)
+        q = ist.q_len[kk]
+        qs = 1.0
+        if q_max != q_min:
+            qs = float(q_max - q) / float(q_max - q_min)
+        cap_k = prm.capacities[kk]
+        ks = 1.0 - float(cap_k - ist.free_len[kk]) / float(cap_k)
+        ks = min(max(ks, 0.0), 1.0)
+        gs = 0.0
+        cs = 0.0
+        if nb > 0:
+            gs = float(h) / float(nb)
+            cs = float(c) / float(nb)
+        ls = 0.5
+        if cold:
+            if n <= 1:
+                ls = 1.0
+            else:
+                rank = 0
+                if stamps[kk] == 0:
+                    for j in range(kk):
+                        if stamps[j] == 0:
+                            rank += 1
+                else:
+                    rank = never
+                    for j in range(n):
+                        if stamps[j] > 0 and stamps[j] < stamps[kk]:
+                            rank += 1
+                ls = 1.0 - float(rank) / float(n - 1)
+        s = 0.0
+        s += qs * w[0]
+        s += ks * w[1]
+        s += gs * w[2]
+        s += cs * w[3]
+        s += ls * w[4]
+        if s > best_score:
+            best = kk
+            best_score = s
+    if cold:
+        stamps[best] = i + 1
+    return best
