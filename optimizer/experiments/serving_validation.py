@@ -62,8 +62,9 @@ _CONDITION_KEYS = {
     "max_num_seqs",
     "max_num_batched_tokens",
     "concurrency",
+    "scheduler",
 }
-_OPTIONAL = {"max_num_seqs", "max_num_batched_tokens", "concurrency"}
+_OPTIONAL = {"max_num_seqs", "max_num_batched_tokens", "concurrency", "scheduler"}
 
 
 # the checks' groups the report breaks the MAPE into (the target is over all checks)
@@ -269,6 +270,8 @@ def _policy(fig: Figure, backend: str) -> Any:
     for key in ("max_num_seqs", "max_num_batched_tokens"):
         if key in c:
             sets[f"serving.{key}"] = int(c[key])
+    if "scheduler" in c:  # the engine's capacity policy (docs/model.md, "Memory accounting")
+        sets["serving.scheduler"] = str(c["scheduler"])
     return apply_overrides(Policy(), sets, f"{fig.path} [conditions]")
 
 
