@@ -14,6 +14,7 @@ from click.testing import CliRunner
 from kvtier.cli import main
 from kvtier.errors import InputError
 from kvtier.experiments import serving_validation as sv
+from kvtier.policy.model import Policy
 from kvtier.sim.steptime.frontend import FRONTEND_S
 
 
@@ -133,3 +134,18 @@ def test_bad_closed_scenarios_are_one_line_errors(tmp_path: Path) -> None:
         p.write_text(closed.replace(old, new))
         with pytest.raises(InputError, match=match):
             sv.load_figure(p)
+
+
+def test_a_scenario_can_state_the_engines_capacity_policy(tmp_path: Path) -> None:
+    """``conditions.scheduler`` reaches the policy (TensorRT-LLM's GUARANTEED_NO_EVICT is
+    ``reserve``); left out, the policy's default stays; a wrong name is a one-line error."""
+    text = sorted(sv.SERVING_DIR.glob("*-c025-ttft.toml"))[0].read_text()
+    p = tmp_path / "x.toml"
+    p.write_text(text.replace("[conditions]", '[conditions]\nscheduler = "reserve"'))
+    fig = sv.load_figure(p)
+    assert sv._policy(fig, "measured").serving.scheduler == "reserve"
+    default = sv._policy(sv.load_figure(sorted(sv.SERVING_DIR.glob("*.toml"))[0]), "measured")
+    assert default.serving.scheduler == Policy().serving.scheduler
+    p.write_text(text.replace("[conditions]", '[conditions]\nscheduler = "bogus"'))
+    with pytest.raises(InputError, match="scheduler"):
+        sv._policy(sv.load_figure(p), "measured")
