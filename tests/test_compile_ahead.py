@@ -86,6 +86,14 @@ def test_the_child_stops_with_its_parent(monkeypatch: pytest.MonkeyPatch) -> Non
     assert compile_ahead._child is None
 
 
+def test_a_child_that_cannot_start_is_no_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(compile_ahead, "wanted", lambda: True)
+    monkeypatch.setattr(compile_ahead, "_asked", False)
+    monkeypatch.setattr(compile_ahead.sys, "executable", "/nonexistent/python")
+    assert not compile_ahead.start()
+    assert compile_ahead._child is None
+
+
 def test_sample_state_is_small() -> None:
     """The child's own replay state costs nothing: two requests on two instances."""
     state = compile_ahead.sample_state()

@@ -70,13 +70,16 @@ def start() -> bool:
     _asked = True
     if not wanted():
         return False
-    _child = subprocess.Popen(
-        [sys.executable, "-m", "kvtier.sim.compile_ahead"],
-        stdin=subprocess.DEVNULL,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-        env=dict(os.environ, **{ENV: "0"}),  # (the child never starts one of its own)
-    )
+    try:
+        _child = subprocess.Popen(
+            [sys.executable, "-m", "kvtier.sim.compile_ahead"],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            env=dict(os.environ, **{ENV: "0"}),  # (the child never starts one of its own)
+        )
+    except OSError:  # (no interpreter to start, no process left): the parent compiles alone
+        return False
     atexit.register(stop)
     return True
 
