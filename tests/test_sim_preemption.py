@@ -192,8 +192,11 @@ def _decode_side_preemption_case() -> tuple[BlockedTrace, SimConfig]:
 
 @pytest.mark.xfail(
     strict=True,
-    reason="known engine disagreement on decode-side preemption (reference 3 preemptions of "
-    "request 2, kernel 2); found by test_engines_agree_under_vllm_v1, not yet fixed",
+    reason="known engine disagreement (found by test_engines_agree_under_vllm_v1, not yet "
+    "fixed): decode instance 1, idle with request 2 waiting (preempted for want of a block), "
+    "retries its admission at every instance's event in the reference; the kernel runs "
+    "instance 2's decode steps ahead as one segment, so instance 1 retries at fewer events "
+    "and is preempted twice, not three times",
 )
 def test_engines_agree_on_decode_side_preemption() -> None:
     assert_engines_agree(*_decode_side_preemption_case())
