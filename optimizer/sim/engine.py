@@ -198,11 +198,7 @@ def simulate_engine(
         tbt_tail_s=out.tbt_tail if cfg.track_tbt else None,
         decode_hit_blocks=out.decode_hit_blocks if cfg.n_prefill > 0 else None,
         **_tier_result(cfg.tiers, lk, out.load_s),
-        **(
-            {"fault_lost_ids": lost_ids(ts.fault_i, ts.fault_lost, len(cfg.faults))}
-            if cfg.faults
-            else {}
-        ),
+        **_fault_result(cfg, ts),
     )
 
 
