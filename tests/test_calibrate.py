@@ -103,6 +103,55 @@ def test_missing_prefix_counters() -> None:
         parse_metrics(text, "scrape.txt")
 
 
+def _scale_counter(text: str, name: str, factor: float) -> str:
+    """``text`` with every series of counter ``name`` multiplied by ``factor``."""
+    out = []
+    for ln in text.splitlines():
+        if ln.startswith(name + "{"):
+            head, value = ln.rsplit(" ", 1)
+            ln = f"{head} {float(value) * factor}"
+        out.append(ln)
+    return "\n".join(out) + "\n"
+
+
+def test_retried_lookups_keep_the_hit_ratio_out_of_the_comparison() -> None:
+    from kvtier.experiments.calibrate import errors, stats_of
+
+    # vLLM before PR #48860 recorded a waiting request's lookup at every scheduling retry: three
+    # lookups per prompt token, hits counted as often. Its ratio is not a per-request one.
+    text = FIXTURE.read_text()
+    fixed = parse_metrics(text, "fixed.txt")
+    assert fixed.lookups_per_prompt_token == pytest.approx(1.0)
+    assert not fixed.hit_ratio_counts_retries
+    assert stats_of(fixed).hit_ratio == pytest.approx(fixed.hit_ratio)
+    retried_text = _scale_counter(text, "vllm:prefix_cache_queries_total", 3.0)
+    retried = parse_metrics(retried_text, "retried.txt")
+    assert retried.lookups_per_prompt_token == pytest.approx(3.0)
+    assert retried.hit_ratio_counts_retries and stats_of(retried).hit_ratio is None
+    model = stats_of(fixed)
+    assert "hit ratio" in errors(model, stats_of(fixed))
+    errs = errors(model, stats_of(retried))
+    assert "hit ratio" not in errs and set(errs) == set(model.values)
+    # prompts admitted but still in prefill when scraped: up to 10 % more queries is not a retry
+    margin = parse_metrics(_scale_counter(text, "vllm:prefix_cache_queries_total", 1.09), "m")
+    assert not margin.hit_ratio_counts_retries
+    # without vllm:prompt_tokens nothing tells: the ratio is compared as read
+    bare = "\n".join(ln for ln in retried_text.splitlines() if "vllm:prompt_tokens" not in ln)
+    m = parse_metrics(bare, "bare.txt")
+    assert m.lookups_per_prompt_token is None and stats_of(m).hit_ratio == m.hit_ratio
+
+
+def test_scrape_line_says_why_the_hit_ratio_is_not_compared() -> None:
+    from kvtier.cli.calibrate import _scrape_json, _scrape_text
+
+    text = _scale_counter(FIXTURE.read_text(), "vllm:prefix_cache_queries_total", 3.0)
+    s = _scrape_json(parse_metrics(text, "retried.txt"))
+    assert s["hit_ratio_compared"] is False and s["lookups_per_prompt_token"] == pytest.approx(3)
+    line = _scrape_text(s)
+    assert "not compared: 3.00 lookups per prompt token" in line and "#48860" in line
+    assert "not compared" not in _scrape_text(_scrape_json(read_metrics(str(FIXTURE))))
+
+
 # -- calibration ---------------------------------------------------------------------------------
 
 

@@ -179,6 +179,8 @@ def _scrape_json(m: Any) -> dict[str, Any]:
     return {
         "requests": m.ttft.count,
         "hit_ratio": m.hit_ratio,
+        "lookups_per_prompt_token": m.lookups_per_prompt_token,
+        "hit_ratio_compared": not m.hit_ratio_counts_retries,
         "external_hit_ratio": m.external_hit_ratio,
         "offload_load_gbps": None if m.offload_load_rate is None else m.offload_load_rate / 1e9,
         "offload_load_ops": m.offload_load_ops,
@@ -188,6 +190,11 @@ def _scrape_json(m: Any) -> dict[str, Any]:
 
 def _scrape_text(s: dict[str, Any]) -> str:
     parts = [f"scrape: {s['requests']:,.0f} requests, prefix-cache hit ratio {s['hit_ratio']:.1%}"]
+    if not s["hit_ratio_compared"]:
+        parts[0] += (
+            f" (not compared: {s['lookups_per_prompt_token']:.2f} lookups per prompt token; this "
+            "vLLM counted a lookup at each retry of a waiting request, fixed in PR #48860)"
+        )
     if s["external_hit_ratio"] is not None:
         parts.append(f"through the KV connector {s['external_hit_ratio']:.1%}")
     if s["offload_load_gbps"] is not None:

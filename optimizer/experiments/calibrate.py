@@ -8,7 +8,11 @@ into vLLM's own histogram buckets, and the statistics the scrape holds are compa
 - the means (exact: a histogram's ``_sum`` over its ``_count``) and the p50, p90 and p99
   interpolated from the buckets as Prometheus's ``histogram_quantile`` does, of the time to
   first token and of the inter-token latency (per token, and per request where exported);
-- the GPU prefix cache's hit ratio (``prefix_cache_hits`` over ``prefix_cache_queries``).
+- the GPU prefix cache's hit ratio (``prefix_cache_hits`` over ``prefix_cache_queries``),
+  unless the scrape's queries exceed its prompt tokens: releases before vLLM PR #48860
+  (2026-07-21) counted a lookup at every scheduling retry of a waiting request, a ratio no
+  replay's per-request hit ratio can be compared with
+  (:attr:`~kvtier.trace.vllm_metrics.ServingMetrics.hit_ratio_counts_retries`).
 
 Both sides go through the same buckets and the same interpolation, so at the parameters the
 server really has the error is only what the model cannot reproduce. The fit minimises the sum
@@ -150,7 +154,7 @@ class Stats:
     """The statistics of one scrape (or one replay binned as a scrape) the fit compares."""
 
     values: dict[str, float]  # latency statistics, seconds
-    hit_ratio: float
+    hit_ratio: float | None  # None: the scrape's counters count retried lookups, not requests
 
 
 def stats_of(m: ServingMetrics) -> Stats:
@@ -169,7 +173,9 @@ def stats_of(m: ServingMetrics) -> Stats:
         add("TPOT", m.tpot)
     else:
         add("ITL", m.itl)
-    return Stats(values, m.hit_ratio)
+    # a scrape whose prefix-cache queries exceed its prompt tokens counted a lookup per
+    # scheduling retry (vLLM before PR #48860): its ratio is not a per-request hit ratio
+    return Stats(values, None if m.hit_ratio_counts_retries else m.hit_ratio)
 
 
 def replay_metrics(
@@ -228,12 +234,13 @@ def replay_times(
 
 def errors(model: Stats, target: Stats) -> dict[str, float]:
     """Relative error per latency statistic (model / target - 1) and the hit ratio's absolute
-    difference (``hit ratio``, in points of 1)."""
+    difference (``hit ratio``, in points of 1; left out when either side has none to compare)."""
     out = {}
     for key, want in target.values.items():
         got = model.values.get(key, float("nan"))
         out[key] = got / want - 1.0 if want > 0 and math.isfinite(got) else float("inf")
-    out["hit ratio"] = model.hit_ratio - target.hit_ratio
+    if model.hit_ratio is not None and target.hit_ratio is not None:
+        out["hit ratio"] = model.hit_ratio - target.hit_ratio
     return out
 
 

@@ -54,6 +54,12 @@ OFFLOAD_LOAD_SIZE = "vllm:kv_offload_load_size"  # histogram: one observation pe
 OFFLOAD_STORE_BYTES = "vllm:kv_offload_store_bytes"
 OFFLOAD_STORE_TIME = "vllm:kv_offload_store_time"
 
+# queries may exceed prompt tokens by the prompts admitted but not yet through their prefill at
+# scrape time (vllm:prompt_tokens counts a prompt when its prefill ends, the query when it is
+# admitted); beyond this share the scrape counts retried lookups (ServingMetrics.
+# hit_ratio_counts_retries)
+RETRY_LOOKUP_MARGIN = 0.10
+
 LABELS = ("model_name", "engine")  # loggers.py: every engine metric's labels
 
 _HELP = {  # loggers.py's documentation strings, written as vLLM writes them
@@ -147,6 +153,28 @@ class ServingMetrics:
     def hit_ratio(self) -> float:
         """Prompt tokens found in the GPU prefix cache over those looked up."""
         return self.prefix_hits / self.prefix_queries if self.prefix_queries > 0 else 0.0
+
+    @property
+    def lookups_per_prompt_token(self) -> float | None:
+        """Prefix-cache queries over prompt tokens (None when either is not exported).
+
+        A release that records a request's lookup once, at admission (vLLM since PR #48860,
+        merged 2026-07-21; 0.31.0 and 0.34.0 read), gives at most 1 (plus the prompts of requests
+        admitted but not yet past their prefill when scraped). Earlier releases recorded a lookup
+        each time the scheduler retried a waiting request it could not admit (no free blocks, no
+        token budget, a connector deferring), so under KV pressure the queries exceed the prompt
+        tokens and the hit ratio follows the retried requests (docs/calibrate.md)."""
+        if self.prompt_tokens is None or self.prompt_tokens <= 0:
+            return None
+        return self.prefix_queries / self.prompt_tokens
+
+    @property
+    def hit_ratio_counts_retries(self) -> bool:
+        """Whether the prefix-cache counters count retried lookups (see
+        :attr:`lookups_per_prompt_token`): the queries exceed the prompt tokens by more than
+        ``RETRY_LOOKUP_MARGIN``."""
+        ratio = self.lookups_per_prompt_token
+        return ratio is not None and ratio > 1.0 + RETRY_LOOKUP_MARGIN
 
     @property
     def external_hit_ratio(self) -> float | None:
