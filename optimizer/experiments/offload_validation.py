@@ -31,7 +31,8 @@ earlier stages' prompts into a warm cache. The run's figures are those of stage
 ``measured_stage`` (1-based) over its own requests, as inference-perf's per-stage report. One
 replay of the sweep serves every run that measures another stage of it (cached per process).
 Throughput is ``throughput_unit``: ``tok/s`` (input plus output tokens over the run's
-span, as inference-perf's "overall throughput") or ``req/s``.
+span, as inference-perf's "overall throughput"), ``out tok/s`` (output tokens only over the
+same span, as llm-d's gpt-oss results tabulate it) or ``req/s``.
 
 The targets over the checks (docs/validation-offload.md): TTFT MAPE <= 15 %, throughput MAPE
 <= 10 %, hit ratio within 5 points; :meth:`OffloadValidation.missed` names each one missed.
@@ -54,7 +55,7 @@ OFFLOAD_DIR = BUILTIN_DIR / "validation" / "offload"
 ROLES = ("check", "calibration")
 WORKLOADS = ("shared_prefix", "rounds")
 LOADS = ("poisson", "concurrency", "burst", "poisson_stages")
-UNITS = ("tok/s", "req/s")
+UNITS = ("tok/s", "out tok/s", "req/s")
 SIDES = ("baseline", "tiered")
 METRICS = ("ttft_mean_s", "throughput", "hit_ratio")
 TARGETS = {"ttft_mean_s": 0.15, "throughput": 0.10}  # MAPE over the checks
@@ -395,6 +396,8 @@ def _figures(trace: Any, raw: Any, metrics: Any, sel: np.ndarray, unit: str) -> 
     span = float(np.max(finish[served]) - np.min(arrival[sel])) if served.any() else np.nan
     if unit == "req/s":
         throughput = float(served.sum()) / span
+    elif unit == "out tok/s":
+        throughput = float(trace.output_tokens[sel][served].sum()) / span
     else:
         tokens = trace.input_tokens[sel][served].sum() + trace.output_tokens[sel][served].sum()
         throughput = float(tokens) / span
