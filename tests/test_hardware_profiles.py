@@ -255,3 +255,34 @@ def test_a_profile_with_an_unknown_key_lists_the_valid_ones(tmp_path: Path) -> N
     message = str(err.value)
     assert "key 'topology.gpus_per_hots': unknown key (did you mean 'gpus_per_host'?)" in message
     assert "valid keys: " in message and "hosts" in message.split("valid keys: ")[1].split(", ")
+
+
+def test_gpt_oss_window_bounded_kv_and_weights() -> None:
+    """gpt-oss-120b: the 18 full-attention layers' KV grows with the context (36 KiB per
+    token); with every layer keeping the whole context (the hybrid manager off) twice that."""
+    m = load_model("gpt-oss-120b")
+    assert m.full_attention_layers == 18
+    assert m.kv_bytes_per_token() == 36 * KIB
+    assert m.kv_bytes_per_token(window_bounded=False) == 72 * KIB
+    assert m.kv_bytes_per_token("fp8") * 2 == m.kv_bytes_per_token()
+    # 60.8 GiB checkpoint ([gpt-oss-model-card])
+    assert m.weight_bytes == pytest.approx(60.8 * GIB, rel=0.001)
+    dense = load_model("Qwen3-32B")
+    assert dense.full_attention_layers == dense.layers
+    assert dense.kv_bytes_per_token(window_bounded=False) == dense.kv_bytes_per_token()
+
+
+@pytest.mark.parametrize(
+    ("extra", "match"),
+    [
+        ("sliding_window = 128\n", "give both"),
+        ("sliding_window_layers = 18\n", "give both"),
+        ("sliding_window = 128\nsliding_window_layers = 36\n", "no full-attention layer"),
+    ],
+)
+def test_sliding_window_fields_are_checked(tmp_path: Path, extra: str, match: str) -> None:
+    text = Path(load_model("Qwen3-8B").source).read_text()
+    head, _, rest = text.partition("params =")
+    path = _write(tmp_path, "m.toml", head + extra + "params =" + rest)
+    with pytest.raises(InputError, match=match):
+        load_model(str(path))

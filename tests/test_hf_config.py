@@ -115,3 +115,20 @@ def test_replay_takes_a_config_json(tmp_path: Path) -> None:
     assert result.exit_code == 0, result.output
     data = json.loads(result.output)
     assert data["step_time"] == "roofline" and data["n_served"] > 0
+
+
+def test_gpt_oss_sliding_window_layers_from_the_config() -> None:
+    """gpt-oss's layer_types (18 of 36 sliding_attention) and window 128 reach the profile, and
+    agree with the curated profile; the MXFP4 size only the curated profile knows."""
+    cfg = load_model("openai/gpt-oss-120b")
+    hand = load_model("gpt-oss-120b")
+    assert (cfg.sliding_window, cfg.sliding_window_layers) == (128, 18)
+    assert (hand.sliding_window, hand.sliding_window_layers) == (128, 18)
+    for field in ("layers", "attention_heads", "kv_heads", "head_dim", "hidden_size"):
+        assert getattr(cfg, field) == getattr(hand, field), field
+    assert cfg.kv_bytes_per_token() == hand.kv_bytes_per_token() == 18 * 8 * 64 * 2 * 2
+    assert cfg.params == pytest.approx(hand.params, rel=0.01)
+    assert cfg.moe is not None and hand.moe is not None
+    assert (cfg.moe.experts, cfg.moe.active) == (hand.moe.experts, hand.moe.active) == (128, 4)
+    assert cfg.moe.expert_params == pytest.approx(hand.moe.expert_params, rel=0.001)
+    assert hand.weight_dtype_bytes < 0.6 < cfg.weight_dtype_bytes  # BF16 from the config

@@ -54,7 +54,7 @@ def test_qps_sweep_is_one_trace_of_its_stages_in_order() -> None:
     the previous stages' prompts from the same shuffled list, stages far apart in time."""
     from kvtier.experiments.offload_validation import STAGE_GAP_S, stage_of
 
-    run = next(r for r in load_catalogue() if r.name.endswith("-20qps"))
+    run = next(r for r in load_catalogue() if r.name.endswith("qwen3-32b-20qps"))
     c = run.conditions
     assert c["load"] == "poisson_stages" and c["measured_stage"] == 4
     trace = build_trace(run)
@@ -74,7 +74,7 @@ def test_qps_sweep_is_one_trace_of_its_stages_in_order() -> None:
     # the other stages' runs replay the same sweep (one replay per side serves them all)
     from kvtier.experiments.offload_validation import _replay_key
 
-    other = next(r for r in load_catalogue() if r.name.endswith("-40qps"))
+    other = next(r for r in load_catalogue() if r.name.endswith("qwen3-32b-40qps"))
     assert _replay_key(run, "tiered") == _replay_key(other, "tiered")
 
 
@@ -98,8 +98,8 @@ def test_role_must_come_first_and_keys_are_checked(tmp_path: Path) -> None:
 def _result(errors: dict[str, float], role: str = "check") -> OffloadValidation:
     runs = [r for r in load_catalogue() if r.name == SMALL]
     cells = [
-        Cell(SMALL, role, "tiered", m, 10.0 if m != "hit_ratio" else 0.9,
-             (10.0 * (1 + e)) if m != "hit_ratio" else 0.9 + e)
+        Cell(SMALL, role, "tiered", m, 10.0 if "hit_ratio" not in m else 0.5,
+             (10.0 * (1 + e)) if "hit_ratio" not in m else 0.5 + e)
         for m, e in errors.items()
     ]  # fmt: skip
     return OffloadValidation(runs, cells, {SMALL: ""})
@@ -114,6 +114,61 @@ def test_targets_met_and_missed() -> None:
     calib = _result({"ttft_mean_s": 5.0, "throughput": 5.0}, role="calibration")
     assert calib.mape("ttft_mean_s") is None
     assert {m.metric for m in calib.missed()} == {"ttft_mean_s", "throughput"}  # no checks
+
+
+def test_sweep_external_hit_ratio_is_in_points_and_checked() -> None:
+    ok = _result({"sweep_external_hit_ratio": 0.049})
+    assert "sweep_external_hit_ratio" not in {m.metric for m in ok.missed()}
+    bad = _result({"sweep_external_hit_ratio": -0.2})
+    (cell,) = bad.cells
+    assert cell.error == pytest.approx(-0.2)
+    assert "sweep_external_hit_ratio" in {m.metric for m in bad.missed()}
+
+
+def test_sweep_hit_ratio_needs_a_sweep_and_external_ratio_arithmetic(tmp_path: Path) -> None:
+    from types import SimpleNamespace
+
+    from kvtier.experiments.offload_validation import _external_hit_ratio, _figures
+
+    src = (OFFLOAD_DIR / f"{SMALL}.toml").read_text()
+    bad = tmp_path / "notasweep.toml"
+    bad.write_text(
+        src.replace("[measured.tiered]", "[measured.tiered]\nsweep_external_hit_ratio = 0.4")
+    )
+    with pytest.raises(InputError, match="needs load poisson_stages"):
+        load_run(bad)
+    # 2 requests of 1,000 prompt tokens (blocks of 100): 300 tokens hit in HBM, 1,190 loaded
+    trace = SimpleNamespace(
+        block_tokens=100,
+        input_tokens=np.array([1000, 1000]),
+        output_tokens=np.array([10, 30]),
+        arrival_s=np.array([0.0, 1.0]),
+    )
+    raw = SimpleNamespace(
+        hit_blocks=np.array([3, 0]),
+        loaded_blocks=np.array([0, 7]),
+        arrival_s=None,
+        first_token_s=np.array([0.5, 1.5]),
+        finish_s=np.array([1.0, 3.0]),
+    )
+    assert _external_hit_ratio(trace, raw) == pytest.approx(700 / 1700)
+    sel = np.arange(2)
+    assert _figures(trace, raw, None, sel, "out tok/s")["throughput"] == pytest.approx(40 / 3)
+    assert _figures(trace, raw, None, sel, "tok/s")["throughput"] == pytest.approx(2040 / 3)
+
+
+def test_gpt_oss_sweep_files() -> None:
+    """The gpt-oss-120b sweep: eight checks of one replay, output-token throughput, the guide's
+    EPP weights on the tiered side, the whole sweep's external hit ratio stated once."""
+    runs = [r for r in load_catalogue() if "gpt-oss-120b" in r.name]
+    assert len(runs) == 8 and all(r.role == "check" for r in runs)
+    assert sorted(r.conditions["measured_stage"] for r in runs) == list(range(1, 9))
+    assert {r.unit for r in runs} == {"out tok/s"}
+    tiered = runs[0].deploy["tiered"]["set"]
+    weights = [tiered[f"serving.epp_{k}_weight"] for k in ("queue", "kv_util", "gpu_prefix")]
+    assert weights + [tiered["serving.epp_cpu_prefix_weight"]] == [2.0, 2.0, 3.0, 2.0]
+    with_hit = [r for r in runs if "sweep_external_hit_ratio" in r.measured["tiered"]]
+    assert [r.measured["tiered"]["sweep_external_hit_ratio"] for r in with_hit] == [0.451]
 
 
 def test_unknown_run_is_a_one_line_error() -> None:

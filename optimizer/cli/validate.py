@@ -176,7 +176,7 @@ def validate_offload(as_json: bool, markdown_path: str | None, only: tuple[str, 
     Mooncake Store, file-system back ends), with and without the tier: measured / model /
     error per run, TTFT and throughput MAPE and the hit ratio over the checks."""
     from kvtier.errors import InputError
-    from kvtier.experiments.offload_validation import load_catalogue, run_offload
+    from kvtier.experiments.offload_validation import HIT_METRICS, load_catalogue, run_offload
     from kvtier.report.offload_validation import offload_json, to_markdown, to_text
 
     _check_markdown(markdown_path)
@@ -200,8 +200,8 @@ def validate_offload(as_json: bool, markdown_path: str | None, only: tuple[str, 
             (
                 f"{m.metric}: {', '.join(m.runs)} could not be replayed"
                 if m.metric == "ran"
-                else f"{m.metric} {'MAPE' if m.metric != 'hit_ratio' else 'worst'} "
-                f"{100 * m.value:.1f} {'%' if m.metric != 'hit_ratio' else 'points'} > "
+                else f"{m.metric} {'worst' if m.metric in HIT_METRICS else 'MAPE'} "
+                f"{100 * m.value:.1f} {'points' if m.metric in HIT_METRICS else '%'} > "
                 f"{100 * m.target:.0f} (worst runs: {', '.join(m.runs)})"
             )
             for m in result.missed()

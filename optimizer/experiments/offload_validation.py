@@ -7,7 +7,8 @@ but never counted; ``check``: counted), where it was published and exactly what 
 model, instances and tp, the workload, the load generator), the two deployments it compares
 (``[baseline]`` without the tier, ``[tiered]`` with it: a built-in preset and ``--set``
 overrides), and the measured figures of each (``[measured.baseline]``, ``[measured.tiered]``:
-mean TTFT, throughput, the hit ratio where published).
+mean TTFT, throughput, the hit ratio where published; a sweep may publish its whole replay's
+external hit ratio, ``sweep_external_hit_ratio`` below).
 
 Workloads (``conditions.workload``):
 
@@ -31,10 +32,18 @@ earlier stages' prompts into a warm cache. The run's figures are those of stage
 ``measured_stage`` (1-based) over its own requests, as inference-perf's per-stage report. One
 replay of the sweep serves every run that measures another stage of it (cached per process).
 Throughput is ``throughput_unit``: ``tok/s`` (input plus output tokens over the run's
-span, as inference-perf's "overall throughput") or ``req/s``.
+span, as inference-perf's "overall throughput"), ``out tok/s`` (output tokens only over the
+same span, as llm-d's gpt-oss results tabulate it) or ``req/s``.
+
+``sweep_external_hit_ratio`` (``poisson_stages`` runs only): vLLM's fleet
+``vllm:external_prefix_cache_hits`` over ``_queries`` for the whole sweep, the tokens a KV
+connector supplied over the prompt tokens not found in HBM when each request was scheduled
+(vLLM 0.24.0 ``v1/core/sched/scheduler.py``, docs/sources.md [vLLM-0.24.0-hma]); the model's is
+the lower tiers' loaded tokens over the prompt tokens less the HBM hits, over every request of
+the sweep's replay, not the run's stage. A sweep states it in one of its stage files only.
 
 The targets over the checks (docs/validation-offload.md): TTFT MAPE <= 15 %, throughput MAPE
-<= 10 %, hit ratio within 5 points; :meth:`OffloadValidation.missed` names each one missed.
+<= 10 %, hit ratios within 5 points; :meth:`OffloadValidation.missed` names each one missed.
 """
 
 from __future__ import annotations
@@ -54,9 +63,10 @@ OFFLOAD_DIR = BUILTIN_DIR / "validation" / "offload"
 ROLES = ("check", "calibration")
 WORKLOADS = ("shared_prefix", "rounds")
 LOADS = ("poisson", "concurrency", "burst", "poisson_stages")
-UNITS = ("tok/s", "req/s")
+UNITS = ("tok/s", "out tok/s", "req/s")
 SIDES = ("baseline", "tiered")
-METRICS = ("ttft_mean_s", "throughput", "hit_ratio")
+METRICS = ("ttft_mean_s", "throughput", "hit_ratio", "sweep_external_hit_ratio")
+HIT_METRICS = ("hit_ratio", "sweep_external_hit_ratio")  # shares: errors in points
 TARGETS = {"ttft_mean_s": 0.15, "throughput": 0.10}  # MAPE over the checks
 HIT_POINTS = 0.05  # hit ratio within 5 points
 NATIVE_BLOCK = 16  # the traces' hash granularity: every published length is a multiple of it
@@ -128,7 +138,7 @@ class Cell:
         """Relative error (model / measured - 1); for a hit ratio, the difference in points."""
         if self.model is None:
             return None
-        if self.metric == "hit_ratio":
+        if self.metric in HIT_METRICS:
             return self.model - self.measured
         return self.model / self.measured - 1.0
 
@@ -167,14 +177,12 @@ class OffloadValidation:
                     Miss(metric, float("nan") if m is None else m, target,
                          tuple(dict.fromkeys(c.run for c in worst[:3])))
                 )  # fmt: skip
-        far = [c for c in self.checks("hit_ratio") if c.error is None or abs(c.error) > HIT_POINTS]
-        if far:
-            worst = max(abs(c.error) if c.error is not None else np.inf for c in far)
-            out.append(
-                Miss(
-                    "hit_ratio", float(worst), HIT_POINTS, tuple(dict.fromkeys(c.run for c in far))
-                )
-            )
+        for metric in HIT_METRICS:
+            far = [c for c in self.checks(metric) if c.error is None or abs(c.error) > HIT_POINTS]
+            if far:
+                worst = max(abs(c.error) if c.error is not None else np.inf for c in far)
+                runs = tuple(dict.fromkeys(c.run for c in far))
+                out.append(Miss(metric, float(worst), HIT_POINTS, runs))
         for name, why in self.notes.items():
             if why and any(r.name == name and r.role == "check" for r in self.runs):
                 out.append(Miss("ran", float("nan"), 0.0, (name,)))
@@ -243,9 +251,13 @@ def load_run(path: Path) -> OffloadRun:
         figs = dict(data["measured"].get(side, {}))
         check_keys(figs, set(METRICS), f"measured.{side}", str(path))
         for metric, value in figs.items():
-            ok = 0 <= value <= 1 if metric == "hit_ratio" else value > 0
+            ok = 0 <= value <= 1 if metric in HIT_METRICS else value > 0
             if not isinstance(value, (int, float)) or not ok:
                 raise InputError(f"{path}: measured.{side}.{metric} out of range: {value!r}")
+        if "sweep_external_hit_ratio" in figs and cond["load"] != "poisson_stages":
+            raise InputError(
+                f"{path}: measured.{side}.sweep_external_hit_ratio needs load poisson_stages"
+            )
         measured[side] = {k: float(v) for k, v in figs.items()}
     if not any(measured[s] for s in SIDES):
         raise InputError(f"{path}: no measured figure")
@@ -395,6 +407,8 @@ def _figures(trace: Any, raw: Any, metrics: Any, sel: np.ndarray, unit: str) -> 
     span = float(np.max(finish[served]) - np.min(arrival[sel])) if served.any() else np.nan
     if unit == "req/s":
         throughput = float(served.sum()) / span
+    elif unit == "out tok/s":
+        throughput = float(trace.output_tokens[sel][served].sum()) / span
     else:
         tokens = trace.input_tokens[sel][served].sum() + trace.output_tokens[sel][served].sum()
         throughput = float(tokens) / span
@@ -414,6 +428,14 @@ def _hit_ratio(trace: Any, raw: Any, sel: np.ndarray) -> float:
     if raw.loaded_blocks.size:
         hit += raw.loaded_blocks[sel].sum()
     return float(hit * trace.block_tokens) / float(trace.input_tokens[sel].sum())
+
+
+def _external_hit_ratio(trace: Any, raw: Any) -> float:
+    """Lower-tier loaded tokens over the prompt tokens not hit in HBM, over the whole replay
+    (vLLM's ``external_prefix_cache_hits / _queries``)."""
+    loaded = float(raw.loaded_blocks.sum()) if raw.loaded_blocks.size else 0.0
+    queried = float(trace.input_tokens.sum()) - float(raw.hit_blocks.sum()) * trace.block_tokens
+    return loaded * trace.block_tokens / queried if queried > 0 else 0.0
 
 
 _REPLAYS: dict[str, Any] = {}  # a sweep's replay per deployment, shared by its stages' runs
@@ -466,6 +488,7 @@ def model_figures(run: OffloadRun) -> dict[str, dict[str, float]]:
             sel = np.flatnonzero(stage_of(rep.trace) == int(c["measured_stage"]) - 1)
             figs = _figures(rep.trace, rep.raw, None, sel, run.unit)
             figs["hit_ratio"] = _hit_ratio(rep.trace, rep.raw, sel)
+            figs["sweep_external_hit_ratio"] = _external_hit_ratio(rep.trace, rep.raw)
             out[side] = figs
         elif c["workload"] == "rounds":
             half = n // 2

@@ -7,7 +7,9 @@ The geometry is read from the config's fields (``num_hidden_layers``, ``num_atte
 ``moe_intermediate_size``, ``first_k_dense_replace``, ``n_shared_experts``), and the parameter
 counts are the sum of the weight matrices those fields imply (embeddings, attention, MLP or
 experts, router, LM head unless tied; norms and biases are left out, under 0.1 %). The weight
-type is FP8 when ``quantization_config.quant_method`` is ``fp8``, else BF16.
+type is FP8 when ``quantization_config.quant_method`` is ``fp8``, else BF16 (an MXFP4
+checkpoint such as gpt-oss is read as BF16: its size needs the curated profile). Sliding-window
+layers: the count of ``"sliding_attention"`` in ``layer_types`` and ``sliding_window``.
 
 The configs aiconfigurator-core ships (``aiconfigurator_core/model_configs``) are reachable by
 their Hugging Face name (``--model meta-llama/Meta-Llama-3.1-8B``), which also becomes the
@@ -21,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from kvtier.errors import InputError
+from kvtier.hardware.loader import check_sliding_window
 from kvtier.hardware.types import MLA, ModelProfile, MoE
 
 
@@ -188,7 +191,11 @@ def profile_from_config(path: str | Path, *, hf_id: str = "") -> ModelProfile:
     quant = cfg.get("quantization_config")
     fp8 = isinstance(quant, dict) and str(quant.get("quant_method", "")).lower() == "fp8"
     name = hf_id.split("/")[-1] if hf_id else str(cfg.get("_name_or_path") or p.parent.name)
-    return ModelProfile(
+    # sliding-window layers (gpt-oss): ``layer_types`` names each layer's attention
+    types = cfg.get("layer_types")
+    sliding = sum(1 for t in types if t == "sliding_attention") if isinstance(types, list) else 0
+    window = int(cfg.get("sliding_window") or 0) if sliding else 0
+    model = ModelProfile(
         name=name or p.stem,
         layers=layers,
         attention_heads=heads,
@@ -202,4 +209,8 @@ def profile_from_config(path: str | Path, *, hf_id: str = "") -> ModelProfile:
         hf_id=hf_id or str(cfg.get("_name_or_path") or ""),
         moe=moe,
         hidden=hidden,
+        sliding_window=window,
+        sliding_window_layers=sliding,
     )
+    check_sliding_window(model, where)
+    return model

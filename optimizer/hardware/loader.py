@@ -119,11 +119,34 @@ def load_model(name_or_path: str | Path) -> ModelProfile:
         hf_id=t.string("hf_id", "") if t.has("hf_id") else "",
         moe=moe,
         hidden=t.integer("hidden_size") if t.has("hidden_size") else 0,
+        sliding_window=t.integer("sliding_window") if t.has("sliding_window") else 0,
+        sliding_window_layers=(
+            t.integer("sliding_window_layers") if t.has("sliding_window_layers") else 0
+        ),
     )
     t.done()
     if moe is not None and moe.expert_params > model.params:
         raise InputError("key 'moe.expert_params': more than params", path=str(path))
+    check_sliding_window(model, str(path))
     return model
+
+
+def check_sliding_window(model: ModelProfile, where: str) -> None:
+    """Sliding-window layers need a window, a window needs layers, and at least one layer
+    must attend to the whole context (the KV that grows with it)."""
+    if (model.sliding_window > 0) != (model.sliding_window_layers > 0):
+        raise InputError(
+            "keys 'sliding_window' and 'sliding_window_layers': give both (or neither)",
+            path=where,
+        )
+    if model.sliding_window < 0 or model.sliding_window_layers < 0:
+        raise InputError("keys 'sliding_window*': must not be negative", path=where)
+    if model.sliding_window_layers >= model.layers:
+        raise InputError(
+            f"key 'sliding_window_layers': {model.sliding_window_layers} leaves no "
+            f"full-attention layer of {model.layers}",
+            path=where,
+        )
 
 
 def load_gpu(name_or_path: str | Path, *, base: Path | None = None) -> GPUProfile:

@@ -52,10 +52,20 @@ class ModelProfile:
     hf_id: str = ""  # Hugging Face name (aiconfigurator-core's model id), "" if none
     moe: MoE | None = None
     hidden: int = 0  # hidden size (all-reduce message per token); 0: heads * head_dim
+    # Sliding-window attention (gpt-oss: every other layer attends to the last 128 tokens):
+    # ``sliding_window_layers`` of the ``layers`` see only the last ``sliding_window`` tokens;
+    # 0 and 0: every layer attends to the whole context.
+    sliding_window: int = 0
+    sliding_window_layers: int = 0
 
     @property
     def hidden_size(self) -> int:
         return self.hidden or self.attention_heads * self.head_dim
+
+    @property
+    def full_attention_layers(self) -> int:
+        """Layers whose attention (and KV) spans the whole context."""
+        return self.layers - self.sliding_window_layers
 
     def kv_replication(self, tp: int) -> float:
         """How many copies of each token's KV an instance of ``tp`` GPUs holds: MLA latents
@@ -64,18 +74,26 @@ class ModelProfile:
             return float(tp)
         return max(1.0, tp / self.kv_heads)
 
-    def kv_bytes_per_token(self, kv_dtype: str = "bf16") -> int:
-        """KV-cache bytes per token over all layers (docs/design.md 4.5).
+    def kv_bytes_per_token(self, kv_dtype: str = "bf16", *, window_bounded: bool = True) -> int:
+        """KV-cache bytes per token of context (docs/design.md 4.5, docs/model.md).
 
         ``2 * layers * kv_heads * head_dim * dtype_bytes`` (a K and a V vector per KV head), or
         for MLA models ``layers * (kv_lora_rank + rope_dim) * dtype_bytes`` (one latent).
         Rounded up to whole bytes, which only matters for int4.
+
+        With sliding-window layers and ``window_bounded`` (vLLM's hybrid KV cache manager,
+        on by default), only the full-attention layers hold KV for every token: a
+        sliding-window layer keeps at most its window per request, a constant that does not
+        grow with the context and is left out. ``window_bounded=False``: every layer keeps
+        the whole context (vLLM with the hybrid manager turned off, as it did with a KV
+        connector that does not support it).
         """
         dtype_bytes = KV_DTYPE_BYTES[kv_dtype]
+        layers = self.full_attention_layers if window_bounded else self.layers
         if self.mla is not None:
             per_layer = self.mla.kv_lora_rank + self.mla.rope_dim
-            return math.ceil(self.layers * per_layer * dtype_bytes)
-        return math.ceil(2 * self.layers * self.kv_heads * self.head_dim * dtype_bytes)
+            return math.ceil(layers * per_layer * dtype_bytes)
+        return math.ceil(2 * layers * self.kv_heads * self.head_dim * dtype_bytes)
 
     @property
     def weight_bytes(self) -> float:

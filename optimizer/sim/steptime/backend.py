@@ -22,9 +22,16 @@ ALLREDUCES_PER_LAYER = 2  # after attention and after the MLP (Megatron-style TP
 MOE_TABLE_MAX = 65536  # distinct-expert fraction tabulated to this many tokens (then ~1)
 
 
+def _fp8_weights(model: ModelProfile) -> bool:
+    """One-byte weights (FP8). Sub-byte checkpoints (gpt-oss's MXFP4 experts: 0.56 bytes per
+    parameter in all) are dequantised to BF16 inside the GEMM on GPUs without FP4 tensor
+    cores (vLLM's w4a16 MoE kernels on H100), so they run at the BF16 peak."""
+    return 0.75 < model.weight_dtype_bytes <= 1.0
+
+
 def _peak(hardware: Hardware, model: ModelProfile) -> float:
     """FP8 weights run FP8 GEMMs where the GPU has them; others the BF16 peak."""
-    if model.weight_dtype_bytes <= 1.0 and hardware.gpu.fp8_flops > 0:
+    if _fp8_weights(model) and hardware.gpu.fp8_flops > 0:
         return hardware.gpu.fp8_flops
     return hardware.gpu.peak_flops
 
@@ -63,7 +70,9 @@ def roofline_timing(
         dense_bytes, expert_bytes = dense_bytes * slower, expert_bytes * slower
     return roofline_params(
         flops_per_token=2.0 * model.active_params,
-        attn_coef=2.0 * model.layers * model.attention_heads * model.head_dim,
+        # sliding-window layers attend to at most their window (128 tokens for gpt-oss): a
+        # term linear in the tokens, under 1 % of a full layer's at a 16K context, left out
+        attn_coef=2.0 * model.full_attention_layers * model.attention_heads * model.head_dim,
         prefill_rate=tp * peak * eff.mfu,
         decode_rate=tp * peak * (eff.decode_mfu or eff.mfu),
         weight_bytes=dense_bytes,
@@ -104,7 +113,13 @@ def step_timing(
         if choice == "measured":
             raise InputError(f"no measured step-time data for {why}", option="serving.step_time")
         return base, "roofline", f"roofline (kvtier; no measured data for {why})"
-    weight = "fp8" if model.weight_dtype_bytes <= 1.0 else "bf16"
+    # the database's weight type: FP8, BF16, or for a sub-byte checkpoint its own (native)
+    # quantisation, which aiconfigurator-core reads from the model's config (gpt-oss: MXFP4
+    # experts, w4a16_mxfp4 MoE tables)
+    if _fp8_weights(model):
+        weight = "fp8"
+    else:
+        weight = "native" if model.weight_dtype_bytes < 1.0 else "bf16"
     try:
         key = measured_key(
             model.hf_id,

@@ -85,7 +85,7 @@ class MeasuredKey:
     framework: str  # vllm, sglang, trtllm
     version: str  # the framework's literal data version (current slot resolved)
     tp: int
-    weight_dtype: str  # bf16 or fp8
+    weight_dtype: str  # bf16, fp8, or native (a sub-byte checkpoint's own quantisation)
     kv_dtype: str  # bf16 or fp8
     package: str = AIC_VERSION_PIN
     grid: int = GRID_VERSION
