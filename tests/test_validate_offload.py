@@ -49,6 +49,34 @@ def test_shared_prefix_trace_shares_only_the_system_prompt() -> None:
     assert len({tuple(h[sys_blocks:]) for h in hashes}) == 450  # every question its own
 
 
+def test_concurrency_run_takes_the_prompts_in_turn_from_one_shuffle() -> None:
+    """inference-perf's shared-prefix datagen: request k takes prompt k mod P of one shuffle,
+    so 2700 requests over 2500 prompts send each once, then the first 200 again."""
+    run = next(r for r in load_catalogue() if r.name == "llmd-fs-connector-lustre-qwen3-32b-30k")
+    c = run.conditions
+    n, p = c["requests"], c["groups"] * c["prompts_per_group"]
+    assert (n, p) == (2700, 2500)
+    hashes = [tuple(h) for h in build_trace(run).table.column("block_hashes").to_pylist()]
+    assert len(set(hashes[:p])) == p
+    assert hashes[p:] == hashes[: n - p]
+    sys_blocks = c["system_tokens"] // 16
+    assert len({h[:sys_blocks] for h in hashes[:50]}) > 10  # shuffled, not group after group
+
+
+def test_fs_runs_read_the_shared_lustre_pool_of_the_guides_storage_class() -> None:
+    """18000 GiB at 1000 MB/s per TiB, one pool every host mounts (the FS connector's PVC)."""
+    from kvtier.hardware import load_hardware
+
+    for r in load_catalogue():
+        if r.name.startswith("llmd-fs-connector-lustre"):
+            assert r.conditions["hardware"] == "a3-highgpu-4g-lustre"
+    hw = load_hardware("a3-highgpu-4g-lustre")
+    ssd = hw.tiers["ssd"]
+    assert not ssd.per_host
+    assert ssd.pool_bw == pytest.approx(18000 / 1024 * 1000 * 1e6, rel=2e-3)
+    assert (hw.topology.hosts, hw.topology.gpus_per_host) == (4, 4)
+
+
 def test_qps_sweep_is_one_trace_of_its_stages_in_order() -> None:
     """inference-perf's sweep: int(rate x duration) requests per stage, each stage resending
     the previous stages' prompts from the same shuffled list, stages far apart in time."""

@@ -14,7 +14,9 @@ Workloads (``conditions.workload``):
 
 - ``shared_prefix``: inference-perf's shared-prefix generator, ``groups`` system prompts of
   ``system_tokens`` each, ``prompts_per_group`` questions of ``question_tokens`` per group,
-  ``output_tokens`` out; ``requests`` requests cycle over the prompts in a seeded random order;
+  ``output_tokens`` out; ``requests`` requests take the prompts of one seeded shuffle in turn
+  (request ``k``: prompt ``k mod P``, inference-perf's ``load_lazy_data``), so past ``P``
+  requests the first prompts are sent again;
 - ``rounds``: ``requests`` distinct prompts of ``input_tokens`` sent at once, then the same
   prompts again once the first round has finished (a cold round, then a full-hit round: the
   baseline figures are the first round's, the tiered figures the second's, one replay).
@@ -352,8 +354,10 @@ def build_trace(run: OffloadRun) -> Any:
         if c["load"] == "poisson_stages":
             order, arrival = _sweep(c, rng, len(prompts))
         else:
+            # inference-perf's shared-prefix datagen: the prompts shuffled once, request k
+            # takes prompt k mod P (its concurrent, constant and Poisson loads alike)
             n = int(c["requests"])
-            order = rng.permutation(np.resize(np.arange(len(prompts)), n))
+            order = rng.permutation(len(prompts))[np.arange(n) % len(prompts)]
             if c["load"] == "poisson":
                 arrival = np.cumsum(rng.exponential(1.0 / float(c["rate"]), n))
                 arrival -= arrival[0]
