@@ -74,6 +74,9 @@ class Refined:
     holds: bool  # every neighbour misses the SLO or costs more
     curves: dict[str, list[Point]] = field(default_factory=dict)  # tier -> cost vs capacity
     replays: int = 0
+    # the load the refined policy's metrics were replayed at: in ``capacity`` mode its own
+    # bisection's, which need not be the trial's (None: a study written before it was kept)
+    rate_scale: float | None = None
 
     @property
     def cost_per_mtok(self) -> float:
@@ -105,6 +108,7 @@ class Refined:
             holds=bool(data["holds"]),
             curves={k: points(v) for k, v in data.get("curves", {}).items()},
             replays=int(data.get("replays", 0)),
+            rate_scale=None if data.get("rate_scale") is None else float(data["rate_scale"]),
         )
 
 
@@ -414,6 +418,7 @@ def refine(
         holds=holds,
         curves=tier_curves,
         replays=replays.count + whole.count,
+        rate_scale=cur_ev.rate_scale,
     )
 
 

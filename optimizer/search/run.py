@@ -1059,7 +1059,13 @@ def _provenance(
         "hardware": fitted.hardware,
         "model": fitted.model,
         "load": request.load,
-        "rate_scale": best.rate_scale,
+        # the load the written metrics ran at: the refine's own (capacity mode bisects again
+        # for the refined policy), else the trial's
+        "rate_scale": (
+            refined.rate_scale
+            if refined is not None and refined.rate_scale is not None
+            else best.rate_scale
+        ),
         "space": fitted.space.source,
         "params": best_trial.user_attrs.get("params", {}),
         # the step-time backend and the package / data versions behind the metrics
