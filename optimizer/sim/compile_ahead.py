@@ -149,7 +149,7 @@ def plan() -> list[tuple[Any, Callable[[Sim], tuple]]]:
 
     from kvtier.sim import nb
     from kvtier.sim.fault_step import faults_advance_nb
-    from kvtier.sim.nb_hbm import Run, hbm_register_nb, hbm_release_nb
+    from kvtier.sim.nb_hbm import Run, hbm_cache_generated_nb, hbm_register_nb, hbm_release_nb
     from kvtier.sim.nb_tbt import tbt_run_nb, tbt_tail_nb, tbt_token_nb
     from kvtier.sim.nb_tiers import computed_nb
     from kvtier.sim.routers.dispatch import route_nb
@@ -165,6 +165,7 @@ def plan() -> list[tuple[Any, Callable[[Sim], tuple]]]:
         (route_nb, lambda s: (s, 0)),
         (nb.stop_early_nb, lambda s: (0.0, s.ist, s.prm, s.out, s.ty)),
         (hbm_release_nb, lambda s: (s.pool, i8, i8, i8, 0, 0, 0, 0)),
+        (hbm_cache_generated_nb, lambda s: (s.pool.records, s.pool.slots, 0, 0)),
         (tbt_run_nb, lambda s: (0, f8, 0, f8, i8, i8, f8)),
         (tbt_tail_nb, lambda s: (0, f8, i8, i8)),
         (tbt_token_nb, lambda s: (0, 0.0, f8, i8, i8, f8)),

@@ -72,6 +72,7 @@ from kvtier.sim.nb_hbm import (
     POS,
     REF,
     Run,
+    hbm_cache_generated_nb,
     hbm_lookup_nb,
     hbm_register_nb,
     hbm_release_nb,
@@ -222,6 +223,14 @@ def finish_nb(sim: Sim, k: int, i: int, now: float) -> None:
         out.tbt_tail[i] = tail
         if prm.slo_on and tail > slo_thresholds[4]:
             ints[C_OVER_TBT] += 1
+    if prm.prefix_caching:
+        g1 = rs.kv[i] // prm.block_tokens
+        if g1 > rs.held[i]:
+            g1 = rs.held[i]
+        hbm_cache_generated_nb(
+            pool.records, pool.slots, slot_off[i] + rq.input_tokens[i] // prm.block_tokens,
+            slot_off[i] + g1,
+        )  # fmt: skip
     hbm_release_nb(
         pool, ring_head, ring_count, free_len, k, prm.ring_len, slot_off[i],
         slot_off[i] + rs.held[i],

@@ -23,6 +23,10 @@ from kvtier.sim.nb_state import INNER, HbmPools, Requests
 # caches (-1: none, an anonymous slot); MAP the block's map index while the map names this
 # slot (-1 otherwise: no block, or a block read only once).
 POS, MAP, REF, BLOCK = 0, 1, 2, 3
+# BLOCK of a slot holding a full block of generated tokens: cached (released to the ring's tail)
+# under a hash no prompt names, so never looked up, never evicted into a lower tier
+# (:func:`hbm_cache_generated_nb`)
+GENERATED = -2
 # Entries between prefetching a slot record (ring or request order) and using it: far enough
 # for a miss to arrive meanwhile. The ring (2 * capacity + AHEAD entries) is longer than AHEAD,
 # which the allocation loop's wrap of ``r + AHEAD`` relies on.
@@ -134,8 +138,9 @@ def hbm_take_nb(
                 slot_of[u64(base + mo)] = 0
                 sl[u64(4 * s + MAP)] = -1
             sl[u64(4 * s + BLOCK)] = -1
-            evbuf[u64(ne)] = old
-            ne += 1
+            if old >= 0:  # a generated block goes nowhere
+                evbuf[u64(ne)] = old
+                ne += 1
         sl[u64(4 * s + REF)] = 1
         slots[u64(so + j)] = s
     return r, left, ne
@@ -173,6 +178,20 @@ def hbm_register_nb(
             wbuf[u64(nw)] = b
             nw += 1
     return nw
+
+
+@njit(cache=True, nogil=True, _nrt=False, **INNER)
+def hbm_cache_generated_nb(sl: np.ndarray, slots: np.ndarray, j0: int, j1: int) -> None:
+    """Mark a finished request's full blocks of generated tokens, ``slots[j0:j1]``, cached.
+
+    vLLM V1 hashes and caches them as it does a prompt's (``Request.append_output_token_ids``
+    extends ``block_hashes``; ``KVCacheManager.allocate_slots`` caches up to
+    ``request.num_tokens``), so when the request ends they join the free ring's tail, where an
+    anonymous slot would go to its head (the reference's ``HbmPool.cache_generated``)."""
+    for j in range(j0, j1):
+        s = slots[u64(j)]
+        if sl[u64(4 * s + BLOCK)] == -1:
+            sl[u64(4 * s + BLOCK)] = GENERATED
 
 
 @njit(cache=True, nogil=True, _nrt=False, **INNER)

@@ -113,6 +113,9 @@ from kvtier.sim.timing import (
 from kvtier.sim.transfer import layerwise_ready, ops_of, pd_transfer
 from kvtier.trace.blocked import BlockedTrace
 
+# a slot's block when it holds a full block of generated tokens (HbmPool.cache_generated)
+GENERATED = -2
+
 
 @dataclass
 class Request:
@@ -170,13 +173,14 @@ class HbmPool:
         return slot
 
     def allocate(self, evicted: list[int]) -> int:
-        """Take the free queue's head; a block cached there is evicted (appended to ``evicted``)."""
+        """Take the free queue's head; a block cached there is evicted (appended to ``evicted``;
+        a generated block, which no prompt names, goes nowhere)."""
         slot, _ = self.free.popitem(last=False)
         old = self.slot_block[slot]
-        if old != -1:
+        if old >= 0:
             del self.cached[old]
-            self.slot_block[slot] = -1
             evicted.append(old)
+        self.slot_block[slot] = -1
         self.ref[slot] = 1
         return slot
 
@@ -184,6 +188,16 @@ class HbmPool:
         if block not in self.cached:
             self.cached[block] = slot
             self.slot_block[slot] = block
+
+    def cache_generated(self, slots: list[int]) -> None:
+        """A finished request's full blocks of generated tokens stay cached, as vLLM V1 hashes
+        and caches them (``Request.append_output_token_ids`` extends ``block_hashes``,
+        ``KVCacheManager.allocate_slots`` caches up to ``request.num_tokens``): released, they
+        join the free queue's tail (least recently used last) where an anonymous slot goes to
+        its head. No later prompt names them, so they are never hit nor copied down."""
+        for slot in slots:
+            if self.slot_block[slot] == -1:
+                self.slot_block[slot] = GENERATED
 
     def release(self, slots: list[int]) -> None:
         for slot in reversed(slots):
@@ -806,6 +820,8 @@ class ReferenceReplay:
         if self.tracker is not None:
             self.tracker.finished(seen - self.first[req.idx], req.output_tokens)
         self.tbt_tail(req)
+        if self.prefix:
+            inst.pool.cache_generated(req.slots[req.input_tokens // self.B : req.kv // self.B])
         inst.pool.release(req.slots)
         inst.active_blocks -= -(-req.input_tokens // self.B)
 
