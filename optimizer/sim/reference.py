@@ -653,9 +653,7 @@ class ReferenceReplay:
             budget = max(budget - q, 0)
         resumed = bool(sched)  # the loaded prompts' step: nobody else is admitted to it
         loading = False  # a prompt admitted with a lower-tier load is in this iteration
-        while (
-            not resumed and budget > 0 and inst.waiting and len(inst.running) < self.cfg.max_seqs
-        ):
+        while not resumed and budget > 0 and inst.waiting and len(inst.running) < self.cfg.max_seqs:
             req = inst.waiting[0]
             planned = 1 if req.handed else req.target  # a handed-over request: one decode step
             if (sched or loading) and planned > budget:
