@@ -124,9 +124,11 @@ def assert_engines_agree(trace, cfg) -> None:
 
 
 def _decode_side_preemption_case() -> tuple[BlockedTrace, SimConfig]:
-    """A P/D replay (1 prefill + 2 decode instances of 5 two-token blocks) whose decode
-    instance 1 preempts request 2 three times in the reference and twice in the kernel; every
-    first-token and finish time agrees, the preemptions and busy time do not."""
+    """A P/D replay (1 prefill + 2 decode instances of 5 two-token blocks) in which decode
+    instance 1 preempts request 2 while request 5's KV, still arriving, holds the blocks it
+    lacks, and is then idle with request 2 waiting, while instance 2 decodes (steps the
+    kernel runs ahead). When an idle instance retried at every instance's event, the
+    reference preempted request 2 three times and the kernel twice."""
     from kvtier.sim.pd import PdConfig
 
     trace = BlockedTrace(
@@ -190,13 +192,15 @@ def _decode_side_preemption_case() -> tuple[BlockedTrace, SimConfig]:
     return trace, cfg
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="known engine disagreement (found by test_engines_agree_under_vllm_v1, not yet "
-    "fixed): decode instance 1, idle with request 2 waiting (preempted for want of a block), "
-    "retries its admission at every instance's event in the reference; the kernel runs "
-    "instance 2's decode steps ahead as one segment, so instance 1 retries at fewer events "
-    "and is preempted twice, not three times",
-)
 def test_engines_agree_on_decode_side_preemption() -> None:
     assert_engines_agree(*_decode_side_preemption_case())
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_an_instance_that_preempted_admits_again_at_once(engine) -> None:
+    # the case above: after each preemption instance 1 runs nothing and admits request 2
+    # again at the same instant (vLLM's engine loop schedules again at once), recomputes it
+    # and, short of a block again, preempts it, until request 5's KV has arrived; instance
+    # 2's steps play no part
+    raw = run(*_decode_side_preemption_case(), engine)
+    assert raw.preemptions.tolist() == [0, 0, 7, 0, 0, 0, 0]

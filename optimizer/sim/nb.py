@@ -25,8 +25,10 @@ request of an instance is decoding (none prefilling or loading), the instance ru
 in a tight loop up to the next arrival or to the step in which the first of them finishes,
 instead of as one event each. The step times are the same floats as step by step (the same
 formula on the same integer sums, added in the same order), and meanwhile nothing another
-instance or the router reads changes; admission, if its queue is blocked, stays blocked until a
-finish. An early stop in the middle takes back the steps begun after it (``skip_back_nb``).
+instance or the router reads changes, and no other instance schedules at those steps' ends (an
+idle instance schedules only at its own events, ``ist.wake``); admission, if its queue is
+blocked, stays blocked until a finish. An early stop in the middle takes back the steps begun
+after it (``skip_back_nb``).
 
 The kernels do no bounds checks: :mod:`kvtier.sim.engine` validates every array before the
 call. The loops that run once per block (taking, registering and releasing slots; look-ups;
@@ -347,6 +349,8 @@ def end_iteration_nb(sim: Sim, k: int, now: float) -> None:
     n_sched[k] = 0
     seg_steps[k] = 0
     busy[k] = False
+    # with work left it schedules its next iteration now
+    ist.wake[k] = now if n_running[k] > 0 or ist.q_len[k] > 0 else np.inf
 
 
 @njit(cache=True, nogil=True, inline="always")
@@ -432,6 +436,7 @@ def arrive_nb(sim: Sim, i: int) -> None:
         next_waiting[q_tail[k]] = i
     q_tail[k] = i
     q_len[k] += 1
+    ist.wake[k] = rq.arrival[i]  # its scheduler sees the new request now
 
 
 @njit(cache=True, nogil=True, _nrt=False, **INNER)
@@ -770,6 +775,7 @@ def hand_off_nb(sim: Sim, k: int, i: int, now: float) -> None:
         rs.next_waiting[ist.q_tail[d]] = i
     ist.q_tail[d] = i
     ist.q_len[d] += 1
+    ist.wake[d] = now  # its scheduler sees the handed-over request now
 
 
 @njit(cache=True, nogil=True, _nrt=False, **INNER)
@@ -1235,15 +1241,17 @@ def schedule_admissions_nb(sim: Sim, k: int, now: float, sc: Scheduled) -> Sched
 
 @njit(cache=True, nogil=True, inline="always")
 def idle_until_nb(
-    rs: RequestState, ist: InstanceState, k: int, now: float, v0: bool, preempted: bool
+    rs: RequestState, ist: InstanceState, k: int, now: float, preempted: bool
 ) -> float:
     """When instance ``k``, with nothing to run because every running request is loading,
-    wakes: when the first of them is ready (after a preemption that left none running, or
-    any vllm_v0 preemption: at once, to admit); a prefill instance whose blocks are held wakes
-    when the first of them is freed."""
+    wakes: when the first of them is ready; a prefill instance whose blocks are held wakes
+    when the first of them is freed; after a preemption at once, to admit (the reference's
+    rule in ``start_iteration``)."""
+    if preempted or (ist.n_running[k] == 0 and ist.held_head[k] < 0):
+        return now
     n_running = ist.n_running
     ready = rs.ready
-    w = now if v0 and preempted else np.inf
+    w = np.inf
     for pos in range(n_running[k]):
         if ready[ist.running[k, pos]] < w:
             w = ready[ist.running[k, pos]]
@@ -1252,8 +1260,6 @@ def idle_until_nb(
         if rs.release_at[h] < w:
             w = rs.release_at[h]
         h = rs.next_held[h]
-    if n_running[k] == 0 and (preempted or ist.held_head[k] < 0):
-        w = now
     return w
 
 
@@ -1320,7 +1326,7 @@ def start_iteration_nb(sim: Sim, k: int, now: float, t_next: float) -> None:
         wake[k] = last_ready
         return
     if m == 0:
-        wake[k] = idle_until_nb(rs, ist, k, now, v0, preempted)
+        wake[k] = idle_until_nb(rs, ist, k, now, preempted)
         return
     wake[k] = np.inf
     tokens, attn, kv_read, n_dec, dec_kv, pf_ns, pf_ext = sums
@@ -1373,6 +1379,7 @@ def event_loop_nb(sim: Sim) -> tuple[bool, float]:
     act = ist.act
     n_running = ist.n_running
     q_len = ist.q_len
+    wake = ist.wake
     slo_on = prm.slo_on
     while True:
         now = next_event_nb(rq, ist, nx, prm, ty)
@@ -1398,9 +1405,11 @@ def event_loop_nb(sim: Sim) -> tuple[bool, float]:
             arrival[nx] = now  # when it was sent (a closed loop's copy of the trace times)
             arrive_nb(sim, nx)
             nx += 1
+        # an idle instance schedules only at an event of its own (``wake``: now when its
+        # iteration ended or a request joined its queue), never at another instance's
         n_act = 0
         for k in range(n_inst):
-            if not busy[k] and (n_running[k] > 0 or q_len[k] > 0):
+            if not busy[k] and (n_running[k] > 0 or q_len[k] > 0) and wake[k] <= now:
                 act[n_act] = k
                 n_act += 1
         # the next arrival bounds the decode steps run ahead; in a closed loop with every slot

@@ -173,7 +173,7 @@ class InstanceState(NamedTuple):
     n_sched: np.ndarray
     busy: np.ndarray  # bool: in an iteration
     busy_until: np.ndarray  # f8: when the iteration ends
-    wake: np.ndarray  # f8: while idle, when a loading request becomes ready
+    wake: np.ndarray  # f8: while idle with work, when it next schedules (`Instance.wake`)
     act: np.ndarray  # i8: instances that act at this event, in index order
     active_blocks: np.ndarray  # i8: prompt blocks of the requests routed here, not finished
     # llmd_epp: when the instance last took a request no instance had cached (the request's

@@ -12,10 +12,15 @@ order they apply:
 
 Events. Time advances to the next event: the end of an instance's iteration or an arrival. At
 one instant, iteration ends are processed first (instances in index order), then arrivals (trace
-order), then every idle instance with work starts its next iteration. A busy instance starts its
-next iteration at the end of the current one, so requests that arrive in the same instant join
-the same iteration. An idle instance whose running requests are all still loading blocks from
-a lower tier wakes when the first of them is ready (a third kind of event instant).
+order), then every idle instance with work whose own event it is starts its next iteration. A
+busy instance starts its next iteration at the end of the current one, so requests that arrive
+in the same instant join the same iteration. An idle instance schedules only at its own events
+(``Instance.wake``): a request routed or handed over to it, and its wake-up. One whose running
+requests are all still loading blocks from a lower tier (or receiving their KV) wakes when the
+first of them is ready (a third kind of event instant); a prefill instance whose held blocks
+keep its queue waiting, when the first of them is freed; one whose step preempted and ran
+nothing, at once. Another instance's events do not make it schedule (vLLM's instances are
+processes of their own; docs/model.md, "Each instance schedules at its own events only").
 
 Lower tiers (``cfg.tiers``) are :class:`kvtier.sim.reference_tiers.LowerTiers`; its
 docstring has their rules. Hooks: at admission (after the HBM fit check) the lower-tier look-up,
@@ -233,7 +238,9 @@ class Instance:
         self.busy_until: float | None = None
         self.scheduled: list[tuple[Request, int]] = []
         self.busy_time = 0.0
-        self.wake = np.inf  # while idle: when a loading request becomes ready
+        # while idle with work: when it next schedules (now: its iteration ended, a request
+        # was routed or handed to it, or it preempted; else a load's or a transfer's end)
+        self.wake = np.inf
         self.active_blocks = 0  # prompt blocks of the requests routed here, not finished
         self.saving = False  # the iteration has ended, its blocking stores have not
         self.held: list[Request] = []  # handed-over requests whose blocks it holds, in order
@@ -439,6 +446,7 @@ class ReferenceReplay:
         k = self.router.route(self.routing, req)
         self.inst_of[req.idx] = k
         self.instances[k].waiting.append(req)
+        self.instances[k].wake = t  # its scheduler sees the new request now
         self.instances[k].active_blocks += -(-req.input_tokens // self.B)
 
     def admit(
@@ -609,6 +617,7 @@ class ReferenceReplay:
         inst.active_blocks -= -(-req.input_tokens // self.B)
         self.instances[d].active_blocks += -(-req.input_tokens // self.B)
         self.instances[d].waiting.append(req)
+        self.instances[d].wake = t  # its scheduler sees the handed-over request now
 
     def grow(self, inst: Instance, k: int, req: Request, tokens: int, now: float) -> bool:
         """vllm_v1: allocate the blocks ``req`` needs to hold ``tokens`` tokens of KV; False
@@ -723,11 +732,9 @@ class ReferenceReplay:
         tokens = attn = kv_read = 0
         preempted = False
         x = 0
-        v0_preempted = False
         if self.v0:
-            sched, v0_preempted = self.schedule_v0(inst, k, t)
+            sched, preempted = self.schedule_v0(inst, k, t)
             x = len(inst.running)  # (the loops below are vllm_v1's and reserve's)
-            preempted = v0_preempted
         while x < len(inst.running):
             req = inst.running[x]
             if budget == 0:
@@ -778,12 +785,13 @@ class ReferenceReplay:
                 inst.wake = max(loading)
                 return
         if not sched:
-            # every running request is loading (or, after a preemption, none runs: wake now);
-            # a prefill instance whose blocks are held wakes when the first is freed; vllm_v0:
-            # after a preemption at once, to run the preempted request's prompt
+            # every running request is loading: it wakes when the first is ready; a prefill
+            # instance whose blocks are held wakes when the first is freed; after a preemption
+            # at once, to admit the preempted request (vLLM's engine loop schedules again at
+            # once after a step that ran nothing)
             w = min((r.ready for r in inst.running), default=np.inf)
             w = min([w] + [r.release_at for r in inst.held])
-            if (not inst.running and (preempted or not inst.held)) or v0_preempted:
+            if preempted or (not inst.running and not inst.held):
                 w = t
             inst.wake = w
             return
@@ -888,6 +896,8 @@ class ReferenceReplay:
             inst.running.remove(req)
         inst.scheduled = []
         inst.busy_until = None
+        # with work left it schedules its next iteration now
+        inst.wake = t if inst.running or inst.waiting else np.inf
         if self.check_invariants:
             pool.check(inst.running, self.B if self.grows else 0, inst.held_slots())
             if self.lower is not None:
@@ -914,7 +924,9 @@ class ReferenceReplay:
                 self.arrive(self.requests[self.nxt], now)
                 self.nxt += 1
             for k, inst in enumerate(self.instances):
-                if inst.busy_until is None and (inst.running or inst.waiting):
+                # an idle instance schedules only at an event of its own (``wake``), never at
+                # another instance's
+                if inst.busy_until is None and (inst.running or inst.waiting) and inst.wake <= now:
                     self.start_iteration(inst, k, now)
 
         return RawResult(
