@@ -976,9 +976,7 @@ def run_ahead_nb(
 def schedule_v0_nb(sim: Sim, k: int, now: float, cascade: bool) -> tuple[int, int, bool, float]:
     """vllm_v0: the iteration's requests into ``sched_pos`` / ``sched_q`` (the reference's
     ``schedule_v0``): prompts whole and FCFS, in an iteration of their own; else every running
-    request decodes, each needing a free block, preempting from the end; a prompt admitted
-    with a lower-tier load takes its uncached tokens from the budget and keeps decodes out,
-    and the loaded prompts' remainder runs with no further admission. Returns the scheduled
+    request decodes, each needing a free block, preempting from the end. Returns the scheduled
     count, the decode steps before the first of the batch finishes (0: not decode-only),
     whether it preempted, and the latest load end among running requests."""
     rq = sim.rq
@@ -1020,12 +1018,10 @@ def schedule_v0_nb(sim: Sim, k: int, now: float, cascade: bool) -> tuple[int, in
         sched_q[k, m] = q
         m += 1
         budget = budget - q if q < budget else 0
-    resumed = m > 0  # the loaded prompts' step: nobody else is admitted to it
-    loading = False  # a prompt admitted with a lower-tier load is in this iteration
-    while not resumed and budget > 0 and q_len[k] > 0 and n_running[k] < prm.max_seqs:
+    while budget > 0 and q_len[k] > 0 and n_running[k] < prm.max_seqs:
         i = q_head[k]
         planned = 1 if rs.handed[i] else target[i]  # a handed-over request: one decode step
-        if (m > 0 or loading) and planned > budget:
+        if m > 0 and planned > budget:
             break
         if not admit_nb(sim, k, i, now, budget, m > 0):
             break
@@ -1039,17 +1035,13 @@ def schedule_v0_nb(sim: Sim, k: int, now: float, cascade: bool) -> tuple[int, in
         if ready[i] > now:
             if ready[i] > last_ready:
                 last_ready = ready[i]
-            if not rs.handed[i]:  # its uncached tokens, as if computed in this step
-                loading = True
-                u = target[i] - registered[i] * prm.block_tokens
-                budget = budget - u if u < budget else 0
             continue
         q = target[i] - kv[i] if kv[i] < target[i] else 1
         sched_pos[k, m] = pos
         sched_q[k, m] = q
         m += 1
         budget = budget - q if q < budget else 0
-    if m > 0 or loading:
+    if m > 0:
         return m, 0, False, last_ready
     steps_left = np.int64(1) << 62
     preempted = False

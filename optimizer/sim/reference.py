@@ -657,13 +657,9 @@ class ReferenceReplay:
         recomputed preempted request longer than the budget cannot stall). An iteration with
         a prompt runs no decode. Without one, every running request decodes; each needs a free
         block (``can_append_slots``: one per running request, whether or not it starts a
-        block), else the most recently admitted request is preempted. A KV connector is
-        invisible to v0's scheduler (vLLM 0.8.5: ``recv_kv_caches_and_hidden_states`` runs in
-        ``ModelRunner.execute_model`` before the forward pass): a prompt admitted with a
-        lower-tier load takes its uncached tokens (all but its HBM hits) from the budget and
-        belongs to the iteration, which runs no decode; once the loads have ended, the
-        remainder of those prompts runs with no further admission (the same engine step).
-        Returns the iteration's requests and whether it preempted."""
+        block), else the most recently admitted request is preempted. A request whose loads
+        ended (lower tiers) runs its prompt in the prompt phase too. Returns the iteration's
+        requests and whether it preempted."""
         budget = self.cfg.token_budget
         sched: list[tuple[Request, int]] = []
         for req in inst.running:  # prompts whose lower-tier loads have ended
@@ -674,26 +670,21 @@ class ReferenceReplay:
                 continue
             sched.append((req, q))
             budget = max(budget - q, 0)
-        resumed = bool(sched)  # the loaded prompts' step: nobody else is admitted to it
-        loading = False  # a prompt admitted with a lower-tier load is in this iteration
-        while not resumed and budget > 0 and inst.waiting and len(inst.running) < self.cfg.max_seqs:
+        while budget > 0 and inst.waiting and len(inst.running) < self.cfg.max_seqs:
             req = inst.waiting[0]
             planned = 1 if req.handed else req.target  # a handed-over request: one decode step
-            if (sched or loading) and planned > budget:
+            if sched and planned > budget:
                 break
             if not self.admit(inst, k, req, t, budget, bool(sched)):
                 break
             inst.waiting.popleft()
             inst.running.append(req)
             if req.ready > t:
-                if not req.handed:  # its uncached tokens, as if computed in this step
-                    loading = True
-                    budget = max(budget - (req.target - req.registered * self.B), 0)
                 continue
             q = req.target - req.kv if req.kv < req.target else 1
             sched.append((req, q))
             budget = max(budget - q, 0)
-        if sched or loading:
+        if sched:
             return sched, False
         preempted = False
         x = 0
