@@ -134,13 +134,13 @@ def load_model(name_or_path: str | Path) -> ModelProfile:
 def check_sliding_window(model: ModelProfile, where: str) -> None:
     """Sliding-window layers need a window, a window needs layers, and at least one layer
     must attend to the whole context (the KV that grows with it)."""
+    if model.sliding_window < 0 or model.sliding_window_layers < 0:
+        raise InputError("keys 'sliding_window*': must not be negative", path=where)
     if (model.sliding_window > 0) != (model.sliding_window_layers > 0):
         raise InputError(
             "keys 'sliding_window' and 'sliding_window_layers': give both (or neither)",
             path=where,
         )
-    if model.sliding_window < 0 or model.sliding_window_layers < 0:
-        raise InputError("keys 'sliding_window*': must not be negative", path=where)
     if model.sliding_window_layers >= model.layers:
         raise InputError(
             f"key 'sliding_window_layers': {model.sliding_window_layers} leaves no "
