@@ -11,6 +11,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from kvtier.hardware import load_hardware
 from kvtier.policy.registries import SCHEDULERS, VLLM_V0, VLLM_V1
 from kvtier.trace.blocked import BlockedTrace
 from tests.sim_strategies import blocked_traces, sim_configs, tiered_configs
@@ -131,3 +132,43 @@ def test_a_handed_over_first_step_is_not_run_ahead_under_vllm_v0() -> None:
     np.testing.assert_array_equal(ref.first_token_s, fast.first_token_s)
     np.testing.assert_array_equal(ref.busy_s, fast.busy_s)
     assert not np.isnan(ref.first_token_s[2])  # the handed-over request's, at the stop
+
+
+@pytest.mark.parametrize("tier", ["cxl", "rdma"])
+def test_a_lower_tier_load_is_part_of_the_step_that_admits_it(tier: str) -> None:
+    """vllm_v0 with a lower tier: a v0 connector loads inside ``execute_model``, unseen by the
+    scheduler, so the engine is inside the step that admitted the prompt until its load ends.
+    A request decoding on that instance makes no progress during the load (it finishes at
+    least the load time later than without the loading prompt), and a prompt arriving during
+    the load is admitted only after the loaded prompt's step (its first token comes later).
+
+    Round robin over two instances: the long prompt is computed on instance 0 and written to
+    the tier; a long decode (request 3) runs on instance 1, where the same prompt (request 5)
+    loads from the tier and a one-block prompt (request 7) arrives during that load."""
+    from tests.test_sim_tiers_behaviour import PROMPT, replay, tiered, two_hosts
+
+    B = 16
+    prompt = list(range(PROMPT // B))
+    other = lambda j: [PROMPT // B + j]  # noqa: E731 - a one-block prompt of its own
+    arrivals = [0.0, 0.0, 500.0, 1000.0, 1000.5, 1001.0, 1001.04, 1001.04]
+    inputs = [PROMPT + 1, B, B, B, B, PROMPT + 1, B, B]
+    outputs = [1, 1, 1, 400, 1, 1, 1, 1]
+    blocks = [prompt, other(0), other(1), other(2), other(3), prompt, other(4), other(5)]
+    hw = two_hosts(load_hardware("beluga-testbed"), gpus_per_host=2)
+    policy = tiered(tier, B)
+    serving = replace(policy.serving, scheduler="vllm_v0", max_num_batched_tokens=2 * PROMPT)
+    policy = replace(policy, serving=serving)
+    raw, _ = replay(hw, policy, BlockedTrace.from_lists(arrivals, inputs, outputs, blocks, B))
+    assert raw.instance.tolist() == [0, 1, 0, 1, 0, 1, 0, 1]
+    assert raw.tier_hit_blocks.sum() == PROMPT // B  # request 5's prompt loads from below
+    load = float(raw.load_s[5])
+    assert load > 0.05
+    assert raw.first_token_s[7] > raw.first_token_s[5]  # admitted after the loaded step
+    alone = [j for j in range(8) if j not in (5, 7)]  # the decode without the loading prompt
+    pick = lambda xs: [xs[j] for j in alone]  # noqa: E731
+    base, _ = replay(
+        hw,
+        policy,
+        BlockedTrace.from_lists(pick(arrivals), pick(inputs), pick(outputs), pick(blocks), B),
+    )
+    assert raw.finish_s[3] - base.finish_s[3] >= load

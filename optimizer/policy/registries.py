@@ -97,7 +97,9 @@ SCHEDULERS = Registry(
             "vLLM v0 (vllm/core/scheduler.py _schedule_default, v0.4): waiting prompts are "
             "run whole (no chunking, the token budget caps the prompts of one iteration) in "
             "an iteration of their own, and the running requests decode only in iterations "
-            "without a prompt; a prompt's blocks are allocated at admission (leaving the "
+            "without a prompt; a lower-tier load is invisible to the scheduler (its prompt "
+            "takes its tokens from the budget and the load runs in that step); a prompt's "
+            "blocks are allocated at admission (leaving the "
             "watermark free), one block per B decode tokens later; a decode step needs a free "
             "block per request, else the most recently admitted one (whose KV is here) is "
             "preempted and later recomputed; a prompt longer than the token budget is rejected",

@@ -973,12 +973,18 @@ def run_ahead_nb(
 
 
 @njit(cache=True, nogil=True, inline="always")
-def schedule_v0_nb(sim: Sim, k: int, now: float, cascade: bool) -> tuple[int, int, bool, float]:
+def schedule_v0_nb(
+    sim: Sim, k: int, now: float, cascade: bool
+) -> tuple[int, int, bool, float, float]:
     """vllm_v0: the iteration's requests into ``sched_pos`` / ``sched_q`` (the reference's
     ``schedule_v0``): prompts whole and FCFS, in an iteration of their own; else every running
-    request decodes, each needing a free block, preempting from the end. Returns the scheduled
-    count, the decode steps before the first of the batch finishes (0: not decode-only),
-    whether it preempted, and the latest load end among running requests."""
+    request decodes, each needing a free block, preempting from the end; a prompt admitted
+    with a lower-tier load (not a handed-over request) takes its uncached tokens from the
+    budget and the iteration runs nothing until its last load ends, then the loaded prompts'
+    remainder runs with no further admission. Returns the scheduled count, the decode steps
+    before the first of the batch finishes (0: not decode-only), whether it preempted, the
+    latest load end among running requests and the end of the iteration's last lower-tier
+    load (``-inf``: none)."""
     rq = sim.rq
     rs = sim.rs
     ist = sim.ist
@@ -1018,10 +1024,13 @@ def schedule_v0_nb(sim: Sim, k: int, now: float, cascade: bool) -> tuple[int, in
         sched_q[k, m] = q
         m += 1
         budget = budget - q if q < budget else 0
-    while budget > 0 and q_len[k] > 0 and n_running[k] < prm.max_seqs:
+    resumed = m > 0  # the loaded prompts' step: nobody else is admitted to it
+    load_end = -np.inf  # the end of the last lower-tier load admitted in this iteration
+    while not resumed and budget > 0 and q_len[k] > 0 and n_running[k] < prm.max_seqs:
         i = q_head[k]
-        planned = 1 if rs.handed[i] else target[i]  # a handed-over request: one decode step
-        if m > 0 and planned > budget:
+        handed = rs.handed[i]  # (admission clears it)
+        planned = 1 if handed else target[i]  # a handed-over request: one decode step
+        if (m > 0 or load_end > now) and planned > budget:
             break
         if not admit_nb(sim, k, i, now, budget, m > 0):
             break
@@ -1035,14 +1044,21 @@ def schedule_v0_nb(sim: Sim, k: int, now: float, cascade: bool) -> tuple[int, in
         if ready[i] > now:
             if ready[i] > last_ready:
                 last_ready = ready[i]
+            if not handed:  # its uncached tokens, as if computed in this step
+                if ready[i] > load_end:
+                    load_end = ready[i]
+                u = target[i] - registered[i] * prm.block_tokens
+                budget = budget - u if u < budget else 0
             continue
         q = target[i] - kv[i] if kv[i] < target[i] else 1
         sched_pos[k, m] = pos
         sched_q[k, m] = q
         m += 1
         budget = budget - q if q < budget else 0
+    if load_end > now:  # the step waits for its loads: its prompts run once they have ended
+        return 0, 0, False, last_ready, load_end
     if m > 0:
-        return m, 0, False, last_ready
+        return m, 0, False, last_ready, load_end
     steps_left = np.int64(1) << 62
     preempted = False
     pos = -1
@@ -1078,7 +1094,7 @@ def schedule_v0_nb(sim: Sim, k: int, now: float, cascade: bool) -> tuple[int, in
         sched_pos[k, m] = pos
         sched_q[k, m] = 1
         m += 1
-    return m, steps_left, preempted, last_ready
+    return m, steps_left, preempted, last_ready, -np.inf
 
 
 class StepSums(NamedTuple):
@@ -1299,8 +1315,9 @@ def start_iteration_nb(sim: Sim, k: int, now: float, t_next: float) -> None:
     v0 = prm.scheduler == VLLM_V0
     sums = StepSums(0, 0, 0, 0, 0, 0, 0)
     steps_left = np.int64(1) << 62  # (0: not a decode-only batch)
+    load_end = -np.inf
     if v0:
-        m, steps_left, preempted, last_ready = schedule_v0_nb(sim, k, now, cascade)
+        m, steps_left, preempted, last_ready, load_end = schedule_v0_nb(sim, k, now, cascade)
         if ist.free_len[k] < 1:
             steps_left = 0  # the next step's requests each need a free block: step by step
         for x in range(m):
@@ -1316,6 +1333,14 @@ def start_iteration_nb(sim: Sim, k: int, now: float, t_next: float) -> None:
     if tp.batch_waits and last_ready > now:
         # the batch waits for every load (load_wait = batch): idle until the last one
         wake[k] = last_ready
+        return
+    if load_end > now:
+        # (vllm_v0) the step admitted lower-tier loads: busy until the last has ended, then
+        # its prompts' remainder (the same vLLM step, not counted twice)
+        ist.n_sched[k] = 0
+        ist.busy[k] = True
+        ist.busy_until[k] = load_end
+        wake[k] = np.inf
         return
     if m == 0:
         wake[k] = idle_until_nb(rs, ist, k, now, preempted)

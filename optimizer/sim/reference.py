@@ -650,16 +650,23 @@ class ReferenceReplay:
 
     def schedule_v0(
         self, inst: Instance, k: int, t: float
-    ) -> tuple[list[tuple[Request, int]], bool]:
+    ) -> tuple[list[tuple[Request, int]], bool, float]:
         """vLLM v0's ``_schedule_default`` (vllm/core/scheduler.py, v0.4): prompts first, each
         whole (no chunking), FCFS while the token budget, ``max_num_seqs`` and the free blocks
         allow (a prompt over the budget's remainder stops admission; alone it runs whole, so a
         recomputed preempted request longer than the budget cannot stall). An iteration with
         a prompt runs no decode. Without one, every running request decodes; each needs a free
         block (``can_append_slots``: one per running request, whether or not it starts a
-        block), else the most recently admitted request is preempted. A request whose loads
-        ended (lower tiers) runs its prompt in the prompt phase too. Returns the iteration's
-        requests and whether it preempted."""
+        block), else the most recently admitted request is preempted. A KV connector is
+        invisible to v0's scheduler (vLLM 0.8.5: ``recv_kv_caches_and_hidden_states`` runs in
+        ``ModelRunner.execute_model`` before the forward pass): a prompt admitted with a
+        lower-tier load takes its uncached tokens (all but its HBM hits) from the budget and
+        belongs to the iteration, which runs nothing until the last of its loads has ended
+        (the engine is inside that step); then those prompts' remainder, and the prompts
+        admitted beside them, run with no further admission (the same engine step). A
+        handed-over request (disaggregated) is not such a load: its KV arrives while its
+        decode instance runs on. Returns the iteration's requests, whether it preempted, and
+        the end of the iteration's last lower-tier load (``-inf`` if none: it runs now)."""
         budget = self.cfg.token_budget
         sched: list[tuple[Request, int]] = []
         for req in inst.running:  # prompts whose lower-tier loads have ended
@@ -670,22 +677,30 @@ class ReferenceReplay:
                 continue
             sched.append((req, q))
             budget = max(budget - q, 0)
-        while budget > 0 and inst.waiting and len(inst.running) < self.cfg.max_seqs:
+        resumed = bool(sched)  # the loaded prompts' step: nobody else is admitted to it
+        load_end = -np.inf  # the end of the last lower-tier load admitted in this iteration
+        while not resumed and budget > 0 and inst.waiting and len(inst.running) < self.cfg.max_seqs:
             req = inst.waiting[0]
-            planned = 1 if req.handed else req.target  # a handed-over request: one decode step
-            if sched and planned > budget:
+            handed = req.handed  # (admission clears it)
+            planned = 1 if handed else req.target  # a handed-over request: one decode step
+            if (sched or load_end > t) and planned > budget:
                 break
             if not self.admit(inst, k, req, t, budget, bool(sched)):
                 break
             inst.waiting.popleft()
             inst.running.append(req)
             if req.ready > t:
+                if not handed:  # its uncached tokens, as if computed in this step
+                    load_end = max(load_end, req.ready)
+                    budget = max(budget - (req.target - req.registered * self.B), 0)
                 continue
             q = req.target - req.kv if req.kv < req.target else 1
             sched.append((req, q))
             budget = max(budget - q, 0)
+        if load_end > t:  # the step waits for its loads: its prompts run once they have ended
+            return [], False, load_end
         if sched:
-            return sched, False
+            return sched, False, load_end
         preempted = False
         x = 0
         while x < len(inst.running):
@@ -710,7 +725,7 @@ class ReferenceReplay:
                 break
             sched.append((req, 1))
             x += 1
-        return sched, preempted
+        return sched, preempted, -np.inf
 
     def start_iteration(self, inst: Instance, k: int, t: float) -> None:
         """Idle instance ``k`` schedules an iteration: running requests take their tokens, then
@@ -723,8 +738,9 @@ class ReferenceReplay:
         tokens = attn = kv_read = 0
         preempted = False
         x = 0
+        load_end = -np.inf
         if self.v0:
-            sched, preempted = self.schedule_v0(inst, k, t)
+            sched, preempted, load_end = self.schedule_v0(inst, k, t)
             x = len(inst.running)  # (the loops below are vllm_v1's and reserve's)
         while x < len(inst.running):
             req = inst.running[x]
@@ -775,6 +791,14 @@ class ReferenceReplay:
             if loading:
                 inst.wake = max(loading)
                 return
+        if load_end > t:
+            # (vllm_v0) the step admitted lower-tier loads: the engine is inside it, busy until
+            # the last has ended (no arrival starts another); its prompts then run their
+            # remainder in the iteration that follows (the same vLLM step, not counted twice)
+            inst.scheduled = []
+            inst.busy_until = load_end
+            inst.wake = np.inf
+            return
         if not sched:
             # every running request is loading: it wakes when the first is ready; a prefill
             # instance whose blocks are held wakes when the first is freed; after a preemption
