@@ -252,3 +252,26 @@ def test_the_mooncake_run_replays_the_same_on_both_engines() -> None:
     ref = Scenario(trace, hw, model, policy, engine="reference").replay()
     assert (fast.raw.first_token_s == ref.raw.first_token_s).all()
     assert (fast.raw.finish_s == ref.raw.finish_s).all()
+
+
+def test_vllm_v0_counts_a_connector_load_in_the_token_budget() -> None:
+    """vLLM v0's scheduler does not see a KV connector's hits (the connector loads inside the
+    step, before the forward pass): in the Mooncake run's full-hit round each step admits the
+    three 9,728-token prompts its 32,768-token budget holds, loads them and emits their first
+    tokens together, instead of admitting all 50 at once."""
+    from kvtier.experiments.offload_validation import _hardware, _policy
+    from kvtier.hardware import load_model
+    from kvtier.scenario import Scenario
+
+    run = next(r for r in load_catalogue() if r.name == SMALL)
+    assert run.deploy["tiered"]["set"]["serving.scheduler"] == "vllm_v0"
+    trace, hw = build_trace(run), _hardware(run)
+    policy = _policy(run, "tiered")
+    rep = Scenario(trace, hw, load_model(run.conditions["model"]), policy).replay()
+    n = int(run.conditions["requests"])
+    first = rep.raw.first_token_s[n:]
+    groups = np.unique(first)
+    per_step = policy.serving.max_num_batched_tokens // int(run.conditions["input_tokens"])
+    assert per_step == 3
+    assert len(groups) == -(-n // per_step)
+    assert all((first == g).sum() <= per_step for g in groups)
