@@ -275,3 +275,23 @@ def test_vllm_v0_counts_a_connector_load_in_the_token_budget() -> None:
     assert per_step == 3
     assert len(groups) == -(-n // per_step)
     assert all((first == g).sum() <= per_step for g in groups)
+
+
+def test_lmcache_lustre_runs_keep_per_engine_files_on_the_one_lustre_instance() -> None:
+    """LMCache's local-disk back end on the guide's Lustre PVC: each engine's own files (a
+    per-host tier, no engine reads another's), every host's traffic through the instance's one
+    17.6 GB/s link; the rest of the cluster as the FS runs' profile."""
+    from kvtier.hardware import load_hardware
+
+    runs = [r for r in load_catalogue() if r.name.startswith("llmd-lmcache-cpu-lustre")]
+    assert len(runs) == 2
+    for r in runs:
+        assert r.conditions["hardware"] == "a3-highgpu-4g-lustre-local"
+    local, shared = (
+        load_hardware("a3-highgpu-4g-lustre-local"),
+        load_hardware("a3-highgpu-4g-lustre"),
+    )
+    assert local.tiers["ssd"].per_host and not shared.tiers["ssd"].per_host
+    assert local.tiers["ssd"].pool_bw == shared.tiers["ssd"].pool_bw
+    assert local.topology == shared.topology
+    assert local.tiers["dram"] == shared.tiers["dram"]
