@@ -252,3 +252,16 @@ def test_the_mooncake_run_replays_the_same_on_both_engines() -> None:
     ref = Scenario(trace, hw, model, policy, engine="reference").replay()
     assert (fast.raw.first_token_s == ref.raw.first_token_s).all()
     assert (fast.raw.finish_s == ref.raw.finish_s).all()
+
+
+def test_c45_files_run_behind_the_epp_profile_of_their_guide() -> None:
+    """The concurrency-45 runs (llm-d PR #457): both sides behind llmd_epp at the guide's
+    2:2:1:1 (queue : KV use : GPU prefix : CPU prefix), no LRU or active-request scorer."""
+    runs = [r for r in load_catalogue() if "-c45-" in r.name]
+    assert len(runs) == 2 and all(r.role == "check" for r in runs)
+    keys = ("queue", "kv_util", "gpu_prefix", "cpu_prefix", "no_hit_lru", "active")
+    for r in runs:
+        for side in ("baseline", "tiered"):
+            s = r.deploy[side]["set"]
+            assert s["serving.routing"] == "llmd_epp"
+            assert [s[f"serving.epp_{k}_weight"] for k in keys] == [2.0, 2.0, 1.0, 1.0, 0.0, 0.0]
