@@ -166,7 +166,15 @@ def _sim_config(draw: st.DrawFn, block_tokens: int) -> SimConfig:
         affinity_overload=draw(st.integers(0, 3)),
         kv_overlap_weight=draw(st.sampled_from([0.0, 1.0, 2.5])),
         epp_weights=draw(
-            st.sampled_from([(1.0,) * 5, (2.0, 2.0, 1.0, 1.0, 0.0), (0.5, 0.0, 3.0, 1.0, 1.0)])
+            st.sampled_from(
+                [
+                    (1.0,) * 5 + (0.0,),
+                    (2.0, 2.0, 1.0, 1.0, 0.0, 0.0),
+                    (0.5, 0.0, 3.0, 1.0, 1.0, 0.0),
+                    (0.0, 2.0, 1.0, 1.0, 0.0, 2.0),
+                    (1.0, 0.0, 0.5, 0.0, 1.0, 3.0),
+                ]
+            )
         ),
         scheduler=draw(st.integers(0, 2)),  # reserve, vllm_v1, vllm_v0
         watermark_blocks=draw(st.sampled_from([0, 0, 1])),

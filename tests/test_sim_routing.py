@@ -192,3 +192,57 @@ def test_llmd_epp_group_sticks_until_the_queue_outweighs_its_prefix(engine) -> N
     # 4 of 6 blocks with the queue weighted 2: 2 x 1 > 1.33, the group splits
     raw = simulate_raw(group_trace(4), epp_cfg(queue=2.0), engine=engine)
     assert raw.instance.tolist() == [0, 0, 1, 0, 1]
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_llmd_epp_active_request_scorer_counts_running_requests(engine) -> None:
+    # three long requests (2,000 tokens out, still decoding at 3 s) at 0, 1 and 2 s, then two
+    # short ones together at 3 s; only the active-request scorer weighs (1 when an instance
+    # has none, else (max - a) / max): at 1 s a = [1, 0, 0] scores [0, 1, 1] -> instance 1;
+    # at 2 s [1, 1, 0] -> 2; at 3 s [1, 1, 1] scores 0 everywhere -> 0 (lower index); the
+    # second at 3 s sees [2, 1, 1], scores [0, 0.5, 0.5] -> 1
+    t = BlockedTrace.from_lists(
+        [0.0, 1.0, 2.0, 3.0, 3.0],
+        [5000, 5000, 5000, 10, 10],
+        [2000, 2000, 2000, 1, 1],
+        [[]] * 5,
+        16,
+    )
+    off = {k: 0.0 for k in ("queue", "kv_util", "gpu_prefix", "cpu_prefix", "no_hit_lru")}
+    raw = simulate_raw(t, epp_cfg(instances=3, **off, active=1.0), engine=engine)
+    assert raw.instance.tolist() == [0, 1, 2, 0, 1]
+    # the queue scorer sees only waiting requests: the running ones leave every queue empty
+    # (1 everywhere) until the first short request waits on instance 0
+    raw = simulate_raw(t, epp_cfg(instances=3, **{**off, "queue": 1.0}), engine=engine)
+    assert raw.instance.tolist() == [0, 0, 0, 0, 1]
+
+
+def test_llmd_epp_active_score_is_scaled_by_the_most_active_not_min_max() -> None:
+    # the reference step on three instances with 3, 2 and 1 requests running and none
+    # waiting, a cold request (no prefix anywhere), no-hit-LRU weight 0.8 and active weight 1;
+    # LRU order (stamps 3, 1, 2): instance 1 first (1), 2 (0.5), 0 (0).
+    # active scores (3 - a) / 3 = [0, 1/3, 2/3]: totals [0, 0.8 + 1/3, 0.4 + 2/3] = [0,
+    # 1.133, 1.067] -> instance 1 (a min-max scaling, [0, 0.5, 1], would give 1.3 < 1.4 ->
+    # instance 2)
+    from types import SimpleNamespace
+
+    from kvtier.sim.routers import RouteView
+    from kvtier.sim.routers.llmd_epp import route
+
+    def inst(running: int):
+        pool = SimpleNamespace(capacity=100, free=list(range(100)))
+        return SimpleNamespace(pool=pool, waiting=[], load=running)
+
+    cfg = SimpleNamespace(block_tokens=16, epp_weights=(0.0, 0.0, 0.0, 0.0, 0.8, 1.0))
+    view = RouteView(
+        instances=[inst(3), inst(2), inst(1)],
+        n_route=3,
+        cfg=cfg,
+        prefix=False,
+        lower=None,
+        route_w=np.zeros((0, 3)),
+        cold_stamp=[3, 1, 2],
+    )
+    req = SimpleNamespace(blocks=[7, 8], input_tokens=40, idx=9)
+    assert route(view, req) == 1
+    assert view.cold_stamp == [3, 10, 2]  # the cold request's pick becomes the most recent

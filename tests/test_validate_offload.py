@@ -295,3 +295,16 @@ def test_lmcache_lustre_runs_keep_per_engine_files_on_the_one_lustre_instance() 
     assert local.tiers["ssd"].pool_bw == shared.tiers["ssd"].pool_bw
     assert local.topology == shared.topology
     assert local.tiers["dram"] == shared.tiers["dram"]
+
+
+def test_c45_files_run_behind_the_epp_profile_of_their_guide() -> None:
+    """The concurrency-45 runs (llm-d PR #457): both sides behind llmd_epp at the guide's
+    2:2:1:1 (queue : KV use : GPU prefix : CPU prefix), no LRU or active-request scorer."""
+    runs = [r for r in load_catalogue() if "-c45-" in r.name]
+    assert len(runs) == 2 and all(r.role == "check" for r in runs)
+    keys = ("queue", "kv_util", "gpu_prefix", "cpu_prefix", "no_hit_lru", "active")
+    for r in runs:
+        for side in ("baseline", "tiered"):
+            s = r.deploy[side]["set"]
+            assert s["serving.routing"] == "llmd_epp"
+            assert [s[f"serving.epp_{k}_weight"] for k in keys] == [2.0, 2.0, 1.0, 1.0, 0.0, 0.0]

@@ -188,7 +188,8 @@ def _routing_notes(deploy: Deployment) -> list[str]:
                 f"profile, queue-scorer weight {s.epp_queue_weight:g}, "
                 f"kv-cache-utilization-scorer {s.epp_kv_util_weight:g}, the GPU and CPU "
                 f"prefix-cache-scorer {s.epp_gpu_prefix_weight:g} and "
-                f"{s.epp_cpu_prefix_weight:g}, no-hit-lru-scorer {s.epp_no_hit_lru_weight:g} "
+                f"{s.epp_cpu_prefix_weight:g}, no-hit-lru-scorer {s.epp_no_hit_lru_weight:g}, "
+                f"active-request-scorer {s.epp_active_weight:g} "
                 "(llm-d's tiered-prefix-cache guide, router/*/tiered-prefix-cache-cpu.values.yaml)."
             )
         )

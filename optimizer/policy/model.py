@@ -150,6 +150,16 @@ class ServingPolicy:
         nonneg=True,
         maximum=1e6,
     )
+    # llm-d-inference-scheduler's active-request-scorer (pkg/plugins/scorer/active_request.go,
+    # v0.4.0): not in the guide's current profile, so 0 by default; an earlier version of its
+    # CPU guide's values (cpu/manifests/inferencepool/values.yaml) weighted it 2.
+    epp_active_weight: float = setting(
+        0.0,
+        "llmd_epp: weight of the active-request scorer (requests routed to the instance and "
+        "not finished, against the most on any instance)",
+        nonneg=True,
+        maximum=1e6,
+    )
 
     # vLLM's --enable-prefix-caching / --no-enable-prefix-caching: off, HBM keeps no prefix
     # across requests and every hit comes through a connector (LMCache deployments often run so).

@@ -60,8 +60,8 @@ ROUTERS = Registry(
             "llmd_epp",
             LLMD_EPP,
             "llm-d's endpoint picker (EPP): the weighted sum of its queue, KV-cache utilisation, "
-            "GPU-prefix, CPU-prefix and no-hit-LRU scores (serving.epp_*_weight), the highest "
-            "sum, lower index on ties",
+            "GPU-prefix, CPU-prefix, no-hit-LRU and active-request scores "
+            "(serving.epp_*_weight), the highest sum, lower index on ties",
             content_blind=False,
         ),
     ],

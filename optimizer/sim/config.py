@@ -52,9 +52,9 @@ class SimConfig:
     prefix_caching: bool = True  # serving.prefix_caching: HBM prefix hits across requests
     concurrency: int = 0  # closed-loop load generator: requests in flight (0: open loop)
     kv_overlap_weight: float = 1.0  # kv_aware router: weight of prefill blocks (Dynamo's)
-    # llmd_epp router: weights of the queue, KV utilisation, GPU prefix, CPU prefix and
-    # no-hit-LRU scorers (llm-d's EPP; kvtier.sim.routers.llmd_epp)
-    epp_weights: tuple[float, ...] = (1.0, 1.0, 1.0, 1.0, 1.0)
+    # llmd_epp router: weights of the queue, KV utilisation, GPU prefix, CPU prefix,
+    # no-hit-LRU and active-request scorers (llm-d's EPP; kvtier.sim.routers.llmd_epp)
+    epp_weights: tuple[float, ...] = (1.0, 1.0, 1.0, 1.0, 1.0, 0.0)
     scheduler: int = 0  # SCHEDULERS code: 0 reserve at admission, 1 vLLM V1 (grow, preempt)
     watermark_blocks: int = 0  # vllm_v1: free blocks an admission leaves when others run
     # prefill/decode disaggregation: instances [0, n_prefill) prefill, the rest decode (0:
@@ -249,6 +249,7 @@ def build_config(hardware: Hardware, model: ModelProfile, policy: Policy) -> Sim
             float(serving.epp_gpu_prefix_weight),
             float(serving.epp_cpu_prefix_weight),
             float(serving.epp_no_hit_lru_weight),
+            float(serving.epp_active_weight),
         ),
         scheduler=SCHEDULERS.codes[serving.scheduler],
         n_prefill=n_pf,

@@ -504,10 +504,10 @@ def _route_weights(cfg: SimConfig) -> np.ndarray:
 
 
 def _epp_weights(cfg: SimConfig) -> np.ndarray:
-    """The llmd_epp router's five scorer weights, each finite and >= 0."""
+    """The llmd_epp router's six scorer weights, each finite and >= 0."""
     w = np.array(cfg.epp_weights, dtype=np.float64)
-    if w.shape != (5,) or not np.all(np.isfinite(w) & (w >= 0)):
-        raise InputError(f"epp_weights must be five finite numbers >= 0, got {cfg.epp_weights}")
+    if w.shape != (6,) or not np.all(np.isfinite(w) & (w >= 0)):
+        raise InputError(f"epp_weights must be six finite numbers >= 0, got {cfg.epp_weights}")
     return w
 
 

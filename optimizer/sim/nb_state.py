@@ -66,7 +66,7 @@ class Params(NamedTuple):
     concurrency: int  # closed-loop load generator: requests in flight (0: open loop)
     kv_overlap_weight: float  # kv_aware router: weight of the prompt blocks left to prefill
     route_w: np.ndarray  # f8 (n_tiers, n_instances): kv_aware weight of a lower-tier hit
-    epp_w: np.ndarray  # f8 (5,): llmd_epp scorer weights (queue, KV use, GPU, CPU prefix, LRU)
+    epp_w: np.ndarray  # f8 (6,): llmd_epp weights (queue, KV use, GPU, CPU prefix, LRU, active)
     scheduler: int  # RESERVE (whole footprint at admission), VLLM_V1 or VLLM_V0 (grow, preempt)
     watermarks: np.ndarray  # i8 (n_instances,) vllm_v1: free blocks an admission leaves
     track_tbt: bool  # record token intervals (Outputs.tbt_*; kvtier.sim.nb_tbt)

@@ -3,7 +3,8 @@
 llm-d-router v0.10.0 (``pkg/epp/scheduling/scheduler_profile.go``, ``runScorerPlugins``) sums,
 per instance, each scorer's score clamped to [0, 1] times the scorer's weight, in the
 profile's order, and the ``max-score-picker`` takes the highest sum. The five scorers of the
-guide's profile (``serving.epp_*_weight``, in this order):
+guide's profile and the active-request scorer of an earlier one (``serving.epp_*_weight``, in
+this order):
 
 * ``queue-scorer`` (``scorer/queuedepth/queue.go``): ``(max_q - q) / (max_q - min_q)`` over
   the candidates' waiting requests ``q``; 1 for every instance when all queues are equal;
@@ -17,7 +18,12 @@ guide's profile (``serving.epp_*_weight``, in this order):
   instance has a prefix hit; else (a "cold" request) ``1 - rank / (n - 1)``, ranking first
   the instances that never took a cold request (in index order), then the others from the
   least recently to the most recently (1 when n = 1); the chosen instance of a cold request
-  becomes the most recent.
+  becomes the most recent;
+* ``active-request-scorer`` (llm-d-inference-scheduler v0.4.0, ``pkg/plugins/scorer/
+  active_request.go``; the same arithmetic at v0.3.2 and, at its default parameters, v0.8.0):
+  ``a`` = requests routed to the instance and not finished (the EPP counts a request from its
+  pick to the end of its response); 1 when ``a`` = 0, else ``(max_a - a) / max_a`` with
+  ``max_a`` the most on any instance.
 
 Approximations (docs/model.md, "Routing"): the EPP reads the prefix from its own indexes of
 where it sent prompts (approximate producers, LRU-bounded) and the load from scraped metrics;
@@ -62,6 +68,7 @@ def route(view: RouteView, req: Any) -> int:
     hbm: list[int] = []
     held: list[int] = []
     q_min = q_max = len(insts[0].waiting)
+    a_max = 0
     cold = True
     for k, inst in enumerate(insts):
         h = inst.pool.lookup(req.blocks, cap) if view.prefix else 0
@@ -75,6 +82,7 @@ def route(view: RouteView, req: Any) -> int:
         q = len(inst.waiting)
         q_min = min(q_min, q)
         q_max = max(q_max, q)
+        a_max = max(a_max, inst.load)
     best, best_score = -1, -1.0
     for k, inst in enumerate(insts):
         q = len(inst.waiting)
@@ -85,12 +93,15 @@ def route(view: RouteView, req: Any) -> int:
         gs = float(hbm[k]) / float(nb) if nb > 0 else 0.0
         cs = float(held[k]) / float(nb) if nb > 0 else 0.0
         ls = _lru_score(view.cold_stamp, k, n) if cold else 0.5
+        a = inst.load
+        as_ = 1.0 if a == 0 else float(a_max - a) / float(a_max)
         s = 0.0
         s += qs * w[0]
         s += ks * w[1]
         s += gs * w[2]
         s += cs * w[3]
         s += ls * w[4]
+        s += as_ * w[5]
         if s > best_score:
             best, best_score = k, s
     if cold:
@@ -120,6 +131,7 @@ def route_nb(sim: Sim, i: int) -> int:
     n = n_routed_nb(prm)
     q_min = ist.q_len[0]
     q_max = ist.q_len[0]
+    a_max = 0
     cold = True
     for kk in range(n):
         h = 0
@@ -132,6 +144,9 @@ def route_nb(sim: Sim, i: int) -> int:
             q_min = q
         if q > q_max:
             q_max = q
+        a = q + ist.n_running[kk]
+        if a > a_max:
+            a_max = a
     never = 0
     for kk in range(n):
         if stamps[kk] == 0:
@@ -173,12 +188,17 @@ def route_nb(sim: Sim, i: int) -> int:
                         if stamps[j] > 0 and stamps[j] < stamps[kk]:
                             rank += 1
                 ls = 1.0 - float(rank) / float(n - 1)
+        a = q + ist.n_running[kk]
+        as_ = 1.0
+        if a != 0:
+            as_ = float(a_max - a) / float(a_max)
         s = 0.0
         s += qs * w[0]
         s += ks * w[1]
         s += gs * w[2]
         s += cs * w[3]
         s += ls * w[4]
+        s += as_ * w[5]
         if s > best_score:
             best = kk
             best_score = s
