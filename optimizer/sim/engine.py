@@ -302,6 +302,8 @@ def kernel_inputs(
         marks,
         bool(cfg.track_tbt),
         *pd_params,
+        int(cfg.swa_window),
+        int(cfg.swa_blocks) if cfg.prefix_caching and cfg.swa_window > 0 else 0,
     )
     out = Outputs(
         first_token=np.full(n, np.nan),

@@ -75,6 +75,7 @@ from kvtier.sim.nb_hbm import (
     REF,
     Run,
     hbm_cache_generated_nb,
+    hbm_churn_nb,
     hbm_lookup_nb,
     hbm_register_nb,
     hbm_release_nb,
@@ -191,6 +192,32 @@ def first_token_nb(i: int, now: float, rq: Requests, prm: Params, out: Outputs, 
 
 
 @njit(cache=True, nogil=True, inline="always")
+def swa_skipped_nb(prm: Params, tokens: int) -> int:
+    """Blocks of a sliding-window group behind the window once ``tokens`` are computed."""
+    t = tokens - prm.swa_window + 1
+    if t < 0:
+        t = 0
+    return t // prm.block_tokens
+
+
+@njit(cache=True, nogil=True, inline="always")
+def swa_churn_nb(sim: Sim, k: int, blocks: int, now: float) -> None:
+    """``blocks`` blocks' sliding-window copies left the window on instance ``k`` (the
+    reference's ``swa_churn``): cached into the pool, ``prm.swa_blocks`` pool blocks each;
+    HBM's evictions go to the lower tiers."""
+    if blocks <= 0:
+        return
+    prm = sim.prm
+    ist = sim.ist
+    buf = sim.buf
+    ne = hbm_churn_nb(
+        sim.pool, ist, buf.evbuf, k, prm.ring_len, k * prm.n_shared, blocks * prm.swa_blocks
+    )
+    if ne > 0 and sim.tp.n_tiers > 0:
+        hbm_evicted_nb(sim.ts, sim.tp, sim.lk, k, now, buf.evbuf, np.int64(ne))
+
+
+@njit(cache=True, nogil=True, inline="always")
 def finish_nb(sim: Sim, k: int, i: int, now: float) -> None:
     """Request ``i`` emitted its last token: record it, count its TPOT, free its slots."""
     rq = sim.rq
@@ -225,6 +252,15 @@ def finish_nb(sim: Sim, k: int, i: int, now: float) -> None:
         out.tbt_tail[i] = tail
         if prm.slo_on and tail > slo_thresholds[4]:
             ints[C_OVER_TBT] += 1
+    if prm.swa_blocks > 0:
+        # its sliding-window blocks not yet left behind (the reference's ``finish``)
+        start = swa_skipped_nb(prm, rs.target[i])
+        nb = rq.block_offsets[i + 1] - rq.block_offsets[i]
+        if start > nb:
+            start = nb
+        if start < rs.computed_from[i]:
+            start = rs.computed_from[i]
+        swa_churn_nb(sim, k, rs.kv[i] // prm.block_tokens - start, now)
     if prm.prefix_caching:
         g1 = rs.kv[i] // prm.block_tokens
         if g1 > rs.held[i]:
@@ -295,6 +331,16 @@ def end_iteration_nb(sim: Sim, k: int, now: float) -> None:
                     w_from,
                 )  # fmt: skip
                 registered[i] = full
+            if prm.swa_blocks > 0 and kv[i] - sched_q[k, idx] < target[i]:  # a prefill chunk
+                lo = swa_skipped_nb(prm, kv[i] - sched_q[k, idx])
+                if lo > nb:
+                    lo = nb
+                if lo < computed_from[i]:
+                    lo = computed_from[i]
+                hi = swa_skipped_nb(prm, kv[i])
+                if hi > nb:
+                    hi = nb
+                swa_churn_nb(sim, k, hi - lo, now)
         if nw > 0:  # (a call passes every tier array: skip it when there is nothing)
             saved = computed_nb(ts, tp, lk, k, now, wbuf, np.int64(nw))
             if saved > now:

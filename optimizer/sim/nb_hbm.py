@@ -15,7 +15,7 @@ from numba import njit
 
 import kvtier.jitcache  # noqa: F401  (drops kernels compiled against older sources)
 from kvtier.cache.prefetch import prefetch
-from kvtier.sim.nb_state import INNER, HbmPools, Requests
+from kvtier.sim.nb_state import INNER, HbmPools, InstanceState, Requests
 
 # Fields of a slot record in ``sl`` (int32, 4 per slot, one cache line holds 4 slots): every
 # pool operation on a slot touches one record instead of several arrays. POS is the slot's
@@ -241,3 +241,54 @@ def hbm_release_nb(
     rh[k] = head
     rn[k] = count
     free_len[k] = free
+
+
+@njit(cache=True, nogil=True, _nrt=False, **INNER)
+def hbm_churn_nb(
+    pool: HbmPools, ist: InstanceState, evbuf: np.ndarray, k: int, R: int, base: int, n: int
+) -> int:
+    """vLLM's hybrid KV cache manager: ``n`` blocks of a sliding-window group left the window
+    on instance ``k`` (at most one per free slot). Each takes the live slot at the free ring's
+    head (evicting its block as :func:`hbm_take_nb` does: the map entry at offset ``base`` is
+    cleared, a prompt block's id goes to ``evbuf``) and, cached under a hash no look-up names
+    (``GENERATED``), goes back to the ring's tail. Returns the number of evicted blocks (the
+    reference's ``HbmPool.churn``). Each take drops at least one entry and each return adds
+    one, so the ring never needs compacting."""
+    sl = pool.records
+    ring = pool.rings
+    slot_of = pool.slot_of
+    o = k * R
+    r = ist.ring_head[k]
+    left = ist.ring_count[k]
+    if n > ist.free_len[k]:
+        n = ist.free_len[k]
+    ne = 0
+    for _ in range(n):
+        while True:
+            s = ring[u64(o + r)]
+            live = sl[u64(4 * s + POS)] == r
+            r += 1
+            if r == R:
+                r = 0
+            left -= 1
+            if live:
+                break
+        old = sl[u64(4 * s + BLOCK)]
+        if old != -1:
+            mo = sl[u64(4 * s + MAP)]
+            if mo >= 0:
+                slot_of[u64(base + mo)] = 0
+                sl[u64(4 * s + MAP)] = -1
+            if old >= 0:
+                evbuf[u64(ne)] = old
+                ne += 1
+        sl[u64(4 * s + BLOCK)] = GENERATED
+        t = r + left
+        if t >= R:
+            t -= R
+        ring[u64(o + t)] = s
+        sl[u64(4 * s + POS)] = t
+        left += 1
+    ist.ring_head[k] = r
+    ist.ring_count[k] = left
+    return ne

@@ -96,6 +96,11 @@ class Params(NamedTuple):
     # the decode side looks the prompt up in its HBM prefix cache and pulls only the blocks
     # past its hit (a pull only: a layer-wise push moves every block)
     pd_trim: bool
+    # vLLM's hybrid KV cache manager: a sliding-window group's blocks behind its window of
+    # ``swa_window`` tokens stay cached in the pool, ``swa_blocks`` pool blocks per block of
+    # tokens (0: none; prefix caching off: 0, they are freed uncached)
+    swa_window: int
+    swa_blocks: int
 
 
 class HbmPools(NamedTuple):

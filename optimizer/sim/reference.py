@@ -204,6 +204,20 @@ class HbmPool:
             if self.slot_block[slot] == -1:
                 self.slot_block[slot] = GENERATED
 
+    def churn(self, n: int, evicted: list[int]) -> None:
+        """vLLM's hybrid KV cache manager: ``n`` blocks of a sliding-window group left the
+        window. Each took a slot from the free queue's head (evicting the block cached there,
+        appended to ``evicted``) and, cached under a hash no look-up here names, went back to
+        its tail (at most one pass over the free queue)."""
+        for _ in range(min(n, len(self.free))):
+            slot, _ = self.free.popitem(last=False)
+            old = self.slot_block[slot]
+            if old >= 0:
+                del self.cached[old]
+                evicted.append(old)
+            self.slot_block[slot] = GENERATED
+            self.free[slot] = None
+
     def release(self, slots: list[int]) -> None:
         for slot in reversed(slots):
             self.ref[slot] -= 1
@@ -306,6 +320,8 @@ class ReferenceReplay:
         ]
         self.tracker = slo.tracker(self.n) if slo is not None else None
         self.prefix = self.cfg.prefix_caching  # vLLM's own prefix cache (off: no HBM hits)
+        # vLLM's hybrid KV cache manager: sliding-window blocks stay cached in the pool
+        self.swa = self.prefix and self.cfg.swa_window > 0 and self.cfg.swa_blocks > 0
         self.lower = None
         if self.cfg.tiers is not None:
             compute = (float(tp[0]), float(tp[1]), float(tp[2]))
@@ -633,6 +649,22 @@ class ReferenceReplay:
             self.lower.hbm_evicted(k, now, evicted)
         return True
 
+    def swa_skipped(self, tokens: int) -> int:
+        """Blocks of a sliding-window group behind the window once ``tokens`` tokens are
+        computed (vLLM's ``SlidingWindowManager.get_num_skipped_tokens`` in whole blocks)."""
+        return max(tokens - self.cfg.swa_window + 1, 0) // self.B
+
+    def swa_churn(self, inst: Instance, k: int, blocks: int, t: float) -> None:
+        """``blocks`` blocks' sliding-window copies left the window on instance ``k``: vLLM's
+        hybrid manager frees them cached into the shared block pool (:meth:`HbmPool.churn`,
+        ``cfg.swa_blocks`` pool blocks each); HBM's evictions go to the lower tiers."""
+        if blocks <= 0:
+            return
+        evicted: list[int] = []
+        inst.pool.churn(blocks * self.cfg.swa_blocks, evicted)
+        if self.lower is not None:
+            self.lower.hbm_evicted(k, t, evicted)
+
     def preempt(self, inst: Instance, req: Request) -> None:
         """vllm_v1: ``req`` (the most recently admitted running request) gives its blocks back
         and returns to the head of the queue; it recomputes its prompt and generated tokens."""
@@ -819,7 +851,7 @@ class ReferenceReplay:
         if self.tracker is not None:
             self.tracker.first_token(seen - req.arrival)
 
-    def finish(self, inst: Instance, req: Request, t: float) -> None:
+    def finish(self, inst: Instance, k: int, req: Request, t: float) -> None:
         """``req`` emitted its last token: record it, count its TPOT, free its slots."""
         seen = t + self.fe  # the client has the whole response the front-end cost later
         self.in_flight -= 1
@@ -828,6 +860,12 @@ class ReferenceReplay:
         if self.tracker is not None:
             self.tracker.finished(seen - self.first[req.idx], req.output_tokens)
         self.tbt_tail(req)
+        if self.swa:
+            # its sliding-window blocks not yet left behind: the prompt's last ones and those
+            # of its generated tokens (vLLM frees the window's at the end, the generated ones
+            # as decoding passes them; here all at the end, before its own slots)
+            start = max(req.computed_from, min(self.swa_skipped(req.target), len(req.blocks)))
+            self.swa_churn(inst, k, req.kv // self.B - start, t)
         if self.prefix:
             inst.pool.cache_generated(req.slots[req.input_tokens // self.B : req.kv // self.B])
         inst.pool.release(req.slots)
@@ -850,6 +888,10 @@ class ReferenceReplay:
                     if j >= req.computed_from:
                         computed.append(req.blocks[j])
                 req.registered = max(req.registered, full)
+                if self.swa and req.kv - q < req.target:  # a prefill chunk
+                    nb = len(req.blocks)
+                    lo = max(min(self.swa_skipped(req.kv - q), nb), req.computed_from)
+                    self.swa_churn(inst, k, min(self.swa_skipped(req.kv), nb) - lo, t)
             if self.lower is not None and computed:
                 saved = self.lower.computed(k, t, computed)
                 if saved > t:
@@ -882,7 +924,7 @@ class ReferenceReplay:
                 if req.generated >= req.output_tokens:
                     done.append(req)
             if done and done[-1] is req:
-                self.finish(inst, req, t)
+                self.finish(inst, k, req, t)
         for req in done + handed:
             inst.running.remove(req)
         inst.scheduled = []
