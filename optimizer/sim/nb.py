@@ -80,6 +80,7 @@ from kvtier.sim.nb_hbm import (
     hbm_register_nb,
     hbm_release_nb,
     hbm_take_nb,
+    hbm_touch_nb,
     u64,
 )
 from kvtier.sim.nb_state import (
@@ -200,21 +201,50 @@ def swa_skipped_nb(prm: Params, tokens: int) -> int:
     return t // prm.block_tokens
 
 
-@njit(cache=True, nogil=True, inline="always")
-def swa_churn_nb(sim: Sim, k: int, blocks: int, now: float) -> None:
-    """``blocks`` blocks' sliding-window copies left the window on instance ``k`` (the
-    reference's ``swa_churn``): cached into the pool, ``prm.swa_blocks`` pool blocks each;
-    HBM's evictions go to the lower tiers."""
-    if blocks <= 0:
-        return
+@njit(cache=True, nogil=True, _nrt=False, **INNER)
+def swa_churn_nb(sim: Sim, k: int, i: int, lo: int, hi: int, now: float) -> None:
+    """The sliding-window copies of request ``i``'s blocks ``lo:hi`` left the window on
+    instance ``k`` (the reference's ``swa_churn``): cached into the pool, the last first,
+    ``prm.swa_blocks`` pool blocks each, a prompt block's first copy in the map; HBM's
+    evictions go to the lower tiers, block by block."""
     prm = sim.prm
     ist = sim.ist
     buf = sim.buf
-    ne = hbm_churn_nb(
-        sim.pool, ist, buf.evbuf, k, prm.ring_len, k * prm.n_shared, blocks * prm.swa_blocks
-    )
-    if ne > 0 and sim.tp.n_tiers > 0:
-        hbm_evicted_nb(sim.ts, sim.tp, sim.lk, k, now, buf.evbuf, np.int64(ne))
+    rq = sim.rq
+    start = rq.block_offsets[i]
+    nb = rq.block_offsets[i + 1] - start
+    for j in range(hi - 1, lo - 1, -1):
+        name = -1
+        if j < nb:
+            mi = rq.shared[start + j]
+            if mi >= 0:
+                name = prm.swa_off + mi
+        ne = hbm_churn_nb(
+            sim.pool, ist, buf.evbuf, k, prm.ring_len, k * prm.n_shared, prm.swa_blocks, name
+        )
+        if ne > 0 and sim.tp.n_tiers > 0:
+            hbm_evicted_nb(sim.ts, sim.tp, sim.lk, k, now, buf.evbuf, np.int64(ne))
+
+
+@njit(cache=True, nogil=True, _nrt=False, **INNER)
+def swa_admitted_nb(sim: Sim, k: int, i: int, h: int, kv0: int, now: float) -> None:
+    """Request ``i`` was admitted on instance ``k`` with ``h`` blocks hit and its KV up to
+    ``kv0`` tokens hit or being loaded: the hit's sliding-window copies inside the window go
+    to the free ring's tail, the loaded blocks' inside it are born (the reference's
+    ``swa_admitted``)."""
+    prm = sim.prm
+    rq = sim.rq
+    pool = sim.pool
+    start = rq.block_offsets[i]
+    base = k * prm.n_shared + prm.swa_off
+    lo = swa_skipped_nb(prm, kv0)
+    for j in range(lo, h):
+        mi = rq.shared[start + j]
+        if mi >= 0:
+            s1 = pool.slot_of[base + mi]
+            if s1 != 0:
+                hbm_touch_nb(pool, sim.ist, k, prm.ring_len, s1 - 1)
+    swa_churn_nb(sim, k, i, lo if lo > h else h, kv0 // prm.block_tokens, now)
 
 
 @njit(cache=True, nogil=True, inline="always")
@@ -260,7 +290,7 @@ def finish_nb(sim: Sim, k: int, i: int, now: float) -> None:
             start = nb
         if start < rs.computed_from[i]:
             start = rs.computed_from[i]
-        swa_churn_nb(sim, k, rs.kv[i] // prm.block_tokens - start, now)
+        swa_churn_nb(sim, k, i, start, rs.kv[i] // prm.block_tokens, now)
     if prm.prefix_caching:
         g1 = rs.kv[i] // prm.block_tokens
         if g1 > rs.held[i]:
@@ -340,7 +370,7 @@ def end_iteration_nb(sim: Sim, k: int, now: float) -> None:
                 hi = swa_skipped_nb(prm, kv[i])
                 if hi > nb:
                     hi = nb
-                swa_churn_nb(sim, k, hi - lo, now)
+                swa_churn_nb(sim, k, i, lo, hi, now)
         if nw > 0:  # (a call passes every tier array: skip it when there is nothing)
             saved = computed_nb(ts, tp, lk, k, now, wbuf, np.int64(nw))
             if saved > now:
@@ -541,7 +571,11 @@ def admit_nb(sim: Sim, k: int, i: int, now: float, budget: int, others: bool) ->
     hcap = (target[i] - 1) // B
     if nb < hcap:
         hcap = nb
-    h = hbm_lookup_nb(slot_of, base, shared, boff[i], hcap, found) if prm.prefix_caching else 0
+    h = (
+        hbm_lookup_nb(slot_of, base, shared, boff[i], hcap, found, prm.swa_off, prm.swa_need)
+        if prm.prefix_caching
+        else 0
+    )
     n_src = 0
     loaded = 0
     reserve = 0
@@ -607,6 +641,8 @@ def admit_nb(sim: Sim, k: int, i: int, now: float, budget: int, others: bool) ->
     ring_count[k] = left
     if ne > 0 and tp.n_tiers > 0:
         hbm_evicted_nb(ts, tp, lk, k, now, evbuf, np.int64(ne))
+    if prm.swa_blocks > 0 and h + loaded > 0:
+        swa_admitted_nb(sim, k, i, h, (h + loaded) * B, now)
     kv[i] = (h + loaded) * B
     registered[i] = h
     computed_from[i] = h + loaded
@@ -644,7 +680,10 @@ def admit_handed_nb(sim: Sim, k: int, i: int, now: float) -> bool:
         hcap = (kv0 - 1) // B
         if nb < hcap:
             hcap = nb
-        h = hbm_lookup_nb(pool.slot_of, k * prm.n_shared, rq.shared, boff[i], hcap, found)
+        h = hbm_lookup_nb(
+            pool.slot_of, k * prm.n_shared, rq.shared, boff[i], hcap, found, prm.swa_off,
+            prm.swa_need,
+        )  # fmt: skip
         ty.ints[C_STAMP] += 1
         stamp = ty.ints[C_STAMP]
         for j in range(h):  # distinct hit slots now in the free ring
@@ -675,6 +714,8 @@ def admit_handed_nb(sim: Sim, k: int, i: int, now: float) -> bool:
     rs.held[i] = h + need
     if ne > 0 and tp.n_tiers > 0:
         hbm_evicted_nb(ts, tp, lk, k, now, buf.evbuf, np.int64(ne))
+    if prm.swa_blocks > 0 and h > 0:
+        swa_admitted_nb(sim, k, i, h, h * B, now)
     rs.handed[i] = False
     rs.kv[i] = kv0
     rs.target[i] = kv0

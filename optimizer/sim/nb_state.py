@@ -101,6 +101,11 @@ class Params(NamedTuple):
     # tokens (0: none; prefix caching off: 0, they are freed uncached)
     swa_window: int
     swa_blocks: int
+    # a hit needs the sliding-window copies of its last ``swa_need`` blocks (0: none), whose
+    # map entries are ``slot_of[k * n_shared + swa_off + shared[ref]]`` (swa_off: the
+    # instances' map of full blocks, ``n_instances * n_shared``)
+    swa_need: int
+    swa_off: int
 
 
 class HbmPools(NamedTuple):
