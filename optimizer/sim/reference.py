@@ -61,6 +61,15 @@ block there, if any); a freed slot holding a block id joins the tail, a freed an
 the head (vLLM's block_pool.free_blocks). A request frees its slots in reverse order, so its
 tail leaves before its prefix (docs/design.md 4.3).
 
+Sliding-window copies (``cfg.swa_window`` and ``swa_blocks``, prefix caching on; vLLM's hybrid
+KV cache manager, docs/model.md "Sliding-window blocks in the pool"). A computed block's copies
+for the sliding-window layers are born once the window has passed it (``swa_skipped``): at a
+prefill chunk's end, at the request's end (the rest, its generated blocks' too) and, for loaded
+blocks inside the window, at admission; each copy takes the free queue's head (evicting) and
+goes back cached to its tail, a prompt block's first copy under its id (``sw_cached``). A
+look-up cuts the hit back to the longest prefix whose last ``need`` copies are cached; the
+admitted hit's copies inside the window go to the tail (``HbmPool.touch_sw``).
+
 Admission (FCFS, at iteration start, after the running requests took their tokens, while
 budget and ``max_num_seqs`` allow). The head of the queue looks up its prefix: the longest run
 of its full blocks from block 0 cached on the instance, capped at ``(input - 1) // B`` blocks
