@@ -562,10 +562,11 @@ def replay_bytes(
     trace: BlockedTrace, cfg: SimConfig, n_shared: int, ring_len: int, n_refs: int
 ) -> int:
     """Bytes of the arrays one numba replay allocates (the cache map counted in full, although
-    its untouched pages cost nothing)."""
+    its untouched pages cost nothing; twice with sliding-window copies)."""
     n, inst = trace.n_requests, cfg.n_instances
     n_slots = inst * int(cfg.instance_capacity().max())
-    total = 4 * inst * n_shared + 24 * n_slots + 4 * (inst + 1) * ring_len
+    maps = 2 if cfg.prefix_caching and cfg.swa_window > 0 and cfg.swa_blocks > 0 else 1
+    total = 4 * inst * n_shared * maps + 24 * n_slots + 4 * (inst + 1) * ring_len
     total += 4 * n_refs * (2 if cfg.n_prefill > 0 else 1)  # slots (and held prefill slots)
     tiers = cfg.tiers
     n_tiers = 0 if tiers is None else tiers.n_tiers
