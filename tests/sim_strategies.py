@@ -189,6 +189,9 @@ def _sim_config(draw: st.DrawFn, block_tokens: int) -> SimConfig:
         timing=draw(st.one_of(st.none(), timings())),
         frontend_s=draw(st.sampled_from([0.0, 0.0, 7e-3])),
         track_tbt=draw(st.sampled_from([True, True, False])),  # token intervals, mostly on
+        # sliding-window blocks cached in the pool (vLLM's hybrid manager), mostly off
+        swa_window=draw(st.sampled_from([0, 0, 0, 1, 2, 5])),
+        swa_blocks=draw(st.sampled_from([1, 2])),
     )
 
 

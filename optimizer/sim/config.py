@@ -91,6 +91,12 @@ class SimConfig:
     # failures of lower-tier pools, devices, hosts or switches during the replay
     # (kvtier.sim.faults.Fault; docs/model.md "Faults"); empty: none
     faults: tuple = field(default=(), compare=False, repr=False)
+    # vLLM V1's hybrid KV cache manager with sliding-window layers (docs/model.md, "Sliding-
+    # window blocks in the pool"): a sliding-window group's blocks that fall behind the window
+    # of ``swa_window`` tokens stay cached in the shared block pool, ``swa_blocks`` pool blocks
+    # per block of tokens (0 and 0: no sliding-window layers, or another engine)
+    swa_window: int = 0
+    swa_blocks: int = 0
 
     def timing_params(self) -> np.ndarray:
         """The packed step-time array both simulators read (layout: :mod:`kvtier.sim.timing`),
@@ -262,7 +268,27 @@ def build_config(hardware: Hardware, model: ModelProfile, policy: Policy) -> Sim
         instance_gpus=layout.tps,
         hosts=layout.hosts,
         prefill_gpu=hardware.prefill_gpu,
+        **_sliding_groups(model, serving.scheduler),
     )
+
+
+def _sliding_groups(model: ModelProfile, scheduler: str) -> dict[str, int]:
+    """vLLM V1's hybrid KV cache manager (v1/core/kv_cache_utils.py, 0.24.0,
+    ``_get_kv_cache_groups_uniform_page_size``): the layers of each attention type split into
+    groups of ``group_size`` layers (the smaller type's count, or the larger's when it is
+    under 1.5 times the smaller), every group drawing blocks of ``group_size`` layers' pages
+    from one shared pool. A block of tokens of the full-attention layers (what kvtier's HBM
+    slot holds) is ``full / group_size`` pool blocks, its sliding-window copy ``sliding /
+    group_size``: ``swa_blocks`` is their ratio, rounded down (1 for gpt-oss's 18 and 18)."""
+    if model.sliding_window <= 0 or scheduler != "vllm_v1":
+        return {}
+    full, sliding = model.full_attention_layers, model.sliding_window_layers
+    size = min(full, sliding)
+    if max(full, sliding) < 1.5 * size:
+        size = max(full, sliding)
+    full_groups = -(-full // size)
+    sliding_groups = -(-sliding // size)
+    return {"swa_window": model.sliding_window, "swa_blocks": sliding_groups // full_groups}
 
 
 def _prefill_gpu(hardware: Hardware, name: str | None, n_prefill: int) -> Hardware:

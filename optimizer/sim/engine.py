@@ -275,6 +275,9 @@ def kernel_inputs(
         shared,
         tb,
     )
+    # vLLM's hybrid manager: sliding-window copies cached in the pool, and the ones a hit needs
+    swa_blocks = int(cfg.swa_blocks) if cfg.prefix_caching and cfg.swa_window > 0 else 0
+    swa_need = max(1, -(-(int(cfg.swa_window) - 1) // cfg.block_tokens)) if swa_blocks else 0
     params = Params(
         cfg.n_instances,
         cap,
@@ -302,6 +305,10 @@ def kernel_inputs(
         marks,
         bool(cfg.track_tbt),
         *pd_params,
+        int(cfg.swa_window),
+        swa_blocks,
+        swa_need,
+        cfg.n_instances * n_shared if swa_need else 0,
     )
     out = Outputs(
         first_token=np.full(n, np.nan),
@@ -320,7 +327,10 @@ def kernel_inputs(
         decode_hit_blocks=np.zeros(n, dtype=np.int64),
     )
     # disaggregated: a second slot region holds the prefill slots of handed-over requests
-    pools = _hbm_pools(cfg, cap, n_shared, ring_len, n_refs * (2 if cfg.n_prefill > 0 else 1), kept)
+    pools = _hbm_pools(
+        cfg, cap, n_shared * (2 if swa_need else 1), ring_len,
+        n_refs * (2 if cfg.n_prefill > 0 else 1), kept,
+    )  # fmt: skip
     return KernelInputs(requests, params, pools, ts, tp, lk, out, kept)
 
 
@@ -552,10 +562,11 @@ def replay_bytes(
     trace: BlockedTrace, cfg: SimConfig, n_shared: int, ring_len: int, n_refs: int
 ) -> int:
     """Bytes of the arrays one numba replay allocates (the cache map counted in full, although
-    its untouched pages cost nothing)."""
+    its untouched pages cost nothing; twice with sliding-window copies)."""
     n, inst = trace.n_requests, cfg.n_instances
     n_slots = inst * int(cfg.instance_capacity().max())
-    total = 4 * inst * n_shared + 24 * n_slots + 4 * (inst + 1) * ring_len
+    maps = 2 if cfg.prefix_caching and cfg.swa_window > 0 and cfg.swa_blocks > 0 else 1
+    total = 4 * inst * n_shared * maps + 24 * n_slots + 4 * (inst + 1) * ring_len
     total += 4 * n_refs * (2 if cfg.n_prefill > 0 else 1)  # slots (and held prefill slots)
     tiers = cfg.tiers
     n_tiers = 0 if tiers is None else tiers.n_tiers

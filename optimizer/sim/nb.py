@@ -75,10 +75,12 @@ from kvtier.sim.nb_hbm import (
     REF,
     Run,
     hbm_cache_generated_nb,
+    hbm_churn_nb,
     hbm_lookup_nb,
     hbm_register_nb,
     hbm_release_nb,
     hbm_take_nb,
+    hbm_touch_nb,
     u64,
 )
 from kvtier.sim.nb_state import (
@@ -191,6 +193,61 @@ def first_token_nb(i: int, now: float, rq: Requests, prm: Params, out: Outputs, 
 
 
 @njit(cache=True, nogil=True, inline="always")
+def swa_skipped_nb(prm: Params, tokens: int) -> int:
+    """Blocks of a sliding-window group behind the window once ``tokens`` are computed."""
+    t = tokens - prm.swa_window + 1
+    if t < 0:
+        t = 0
+    return t // prm.block_tokens
+
+
+@njit(cache=True, nogil=True, _nrt=False, **INNER)
+def swa_churn_nb(sim: Sim, k: int, i: int, lo: int, hi: int, now: float) -> None:
+    """The sliding-window copies of request ``i``'s blocks ``lo:hi`` left the window on
+    instance ``k`` (the reference's ``swa_churn``): cached into the pool, the last first,
+    ``prm.swa_blocks`` pool blocks each, a prompt block's first copy in the map; HBM's
+    evictions go to the lower tiers, block by block."""
+    prm = sim.prm
+    ist = sim.ist
+    buf = sim.buf
+    rq = sim.rq
+    start = rq.block_offsets[i]
+    nb = rq.block_offsets[i + 1] - start
+    for j in range(hi - 1, lo - 1, -1):
+        name = -1
+        if j < nb:
+            mi = rq.shared[start + j]
+            if mi >= 0:
+                name = prm.swa_off + mi
+        ne = hbm_churn_nb(
+            sim.pool, ist, buf.evbuf, k, prm.ring_len, k * prm.n_shared, prm.swa_blocks, name
+        )
+        if ne > 0 and sim.tp.n_tiers > 0:
+            hbm_evicted_nb(sim.ts, sim.tp, sim.lk, k, now, buf.evbuf, np.int64(ne))
+
+
+@njit(cache=True, nogil=True, _nrt=False, **INNER)
+def swa_admitted_nb(sim: Sim, k: int, i: int, h: int, kv0: int, now: float) -> None:
+    """Request ``i`` was admitted on instance ``k`` with ``h`` blocks hit and its KV up to
+    ``kv0`` tokens hit or being loaded: the hit's sliding-window copies inside the window go
+    to the free ring's tail, the loaded blocks' inside it are born (the reference's
+    ``swa_admitted``)."""
+    prm = sim.prm
+    rq = sim.rq
+    pool = sim.pool
+    start = rq.block_offsets[i]
+    base = k * prm.n_shared + prm.swa_off
+    lo = swa_skipped_nb(prm, kv0)
+    for j in range(lo, h):
+        mi = rq.shared[start + j]
+        if mi >= 0:
+            s1 = pool.slot_of[base + mi]
+            if s1 != 0:
+                hbm_touch_nb(pool, sim.ist, k, prm.ring_len, s1 - 1)
+    swa_churn_nb(sim, k, i, lo if lo > h else h, kv0 // prm.block_tokens, now)
+
+
+@njit(cache=True, nogil=True, inline="always")
 def finish_nb(sim: Sim, k: int, i: int, now: float) -> None:
     """Request ``i`` emitted its last token: record it, count its TPOT, free its slots."""
     rq = sim.rq
@@ -225,6 +282,15 @@ def finish_nb(sim: Sim, k: int, i: int, now: float) -> None:
         out.tbt_tail[i] = tail
         if prm.slo_on and tail > slo_thresholds[4]:
             ints[C_OVER_TBT] += 1
+    if prm.swa_blocks > 0:
+        # its sliding-window blocks not yet left behind (the reference's ``finish``)
+        start = swa_skipped_nb(prm, rs.target[i])
+        nb = rq.block_offsets[i + 1] - rq.block_offsets[i]
+        if start > nb:
+            start = nb
+        if start < rs.computed_from[i]:
+            start = rs.computed_from[i]
+        swa_churn_nb(sim, k, i, start, rs.kv[i] // prm.block_tokens, now)
     if prm.prefix_caching:
         g1 = rs.kv[i] // prm.block_tokens
         if g1 > rs.held[i]:
@@ -295,6 +361,16 @@ def end_iteration_nb(sim: Sim, k: int, now: float) -> None:
                     w_from,
                 )  # fmt: skip
                 registered[i] = full
+            if prm.swa_blocks > 0 and kv[i] - sched_q[k, idx] < target[i]:  # a prefill chunk
+                lo = swa_skipped_nb(prm, kv[i] - sched_q[k, idx])
+                if lo > nb:
+                    lo = nb
+                if lo < computed_from[i]:
+                    lo = computed_from[i]
+                hi = swa_skipped_nb(prm, kv[i])
+                if hi > nb:
+                    hi = nb
+                swa_churn_nb(sim, k, i, lo, hi, now)
         if nw > 0:  # (a call passes every tier array: skip it when there is nothing)
             saved = computed_nb(ts, tp, lk, k, now, wbuf, np.int64(nw))
             if saved > now:
@@ -495,7 +571,11 @@ def admit_nb(sim: Sim, k: int, i: int, now: float, budget: int, others: bool) ->
     hcap = (target[i] - 1) // B
     if nb < hcap:
         hcap = nb
-    h = hbm_lookup_nb(slot_of, base, shared, boff[i], hcap, found) if prm.prefix_caching else 0
+    h = (
+        hbm_lookup_nb(slot_of, base, shared, boff[i], hcap, found, prm.swa_off, prm.swa_need)
+        if prm.prefix_caching
+        else 0
+    )
     n_src = 0
     loaded = 0
     reserve = 0
@@ -561,6 +641,8 @@ def admit_nb(sim: Sim, k: int, i: int, now: float, budget: int, others: bool) ->
     ring_count[k] = left
     if ne > 0 and tp.n_tiers > 0:
         hbm_evicted_nb(ts, tp, lk, k, now, evbuf, np.int64(ne))
+    if prm.swa_blocks > 0 and h + loaded > 0:
+        swa_admitted_nb(sim, k, i, h, (h + loaded) * B, now)
     kv[i] = (h + loaded) * B
     registered[i] = h
     computed_from[i] = h + loaded
@@ -598,7 +680,10 @@ def admit_handed_nb(sim: Sim, k: int, i: int, now: float) -> bool:
         hcap = (kv0 - 1) // B
         if nb < hcap:
             hcap = nb
-        h = hbm_lookup_nb(pool.slot_of, k * prm.n_shared, rq.shared, boff[i], hcap, found)
+        h = hbm_lookup_nb(
+            pool.slot_of, k * prm.n_shared, rq.shared, boff[i], hcap, found, prm.swa_off,
+            prm.swa_need,
+        )  # fmt: skip
         ty.ints[C_STAMP] += 1
         stamp = ty.ints[C_STAMP]
         for j in range(h):  # distinct hit slots now in the free ring
@@ -629,6 +714,8 @@ def admit_handed_nb(sim: Sim, k: int, i: int, now: float) -> bool:
     rs.held[i] = h + need
     if ne > 0 and tp.n_tiers > 0:
         hbm_evicted_nb(ts, tp, lk, k, now, buf.evbuf, np.int64(ne))
+    if prm.swa_blocks > 0 and h > 0:
+        swa_admitted_nb(sim, k, i, h, h * B, now)
     rs.handed[i] = False
     rs.kv[i] = kv0
     rs.target[i] = kv0

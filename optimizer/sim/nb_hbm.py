@@ -15,7 +15,7 @@ from numba import njit
 
 import kvtier.jitcache  # noqa: F401  (drops kernels compiled against older sources)
 from kvtier.cache.prefetch import prefetch
-from kvtier.sim.nb_state import INNER, HbmPools, Requests
+from kvtier.sim.nb_state import INNER, HbmPools, InstanceState, Requests
 
 # Fields of a slot record in ``sl`` (int32, 4 per slot, one cache line holds 4 slots): every
 # pool operation on a slot touches one record instead of several arrays. POS is the slot's
@@ -76,12 +76,17 @@ def hbm_compact_nb(
 
 @njit(cache=True, nogil=True, _nrt=False, **INNER)
 def hbm_lookup_nb(
-    slot_of: np.ndarray, base: int, shared: np.ndarray, start: int, cap: int, found: np.ndarray
-) -> int:
+    slot_of: np.ndarray, base: int, shared: np.ndarray, start: int, cap: int, found: np.ndarray,
+    sw_off: int, need: int,
+) -> int:  # fmt: skip
     """Leading blocks of references ``start:start+cap`` cached in the map at offset ``base``.
 
     Their slots go to ``found[0:h]`` (room for the longest prompt), saving a second look-up.
-    A block read only once (``shared`` -1) is never cached for another request: a miss.
+    A block read only once (``shared`` -1) is never cached for another request: a miss. With
+    ``need`` > 0 (sliding-window layers, vLLM's hybrid manager) the hit is cut back to the
+    longest prefix whose last ``need`` blocks' sliding-window copies are in the map at offset
+    ``base + sw_off`` (a run from block 0 shorter than ``need`` counts): the reference's
+    ``HbmPool.lookup``.
     """
     h = 0
     while h < cap:
@@ -93,7 +98,17 @@ def hbm_lookup_nb(
             break
         found[u64(h)] = s1 - 1
         h += 1
-    return h
+    if need == 0:
+        return h
+    run = 0
+    for i in range(h - 1, -1, -1):
+        if slot_of[u64(base + sw_off + shared[u64(start + i)])] != 0:
+            run += 1
+            if run >= need:
+                return i + run
+        else:
+            run = 0
+    return run
 
 
 @njit(cache=True, nogil=True, _nrt=False, **INNER)
@@ -241,3 +256,77 @@ def hbm_release_nb(
     rh[k] = head
     rn[k] = count
     free_len[k] = free
+
+
+@njit(cache=True, nogil=True, _nrt=False, **INNER)
+def hbm_churn_nb(
+    pool: HbmPools, ist: InstanceState, evbuf: np.ndarray, k: int, R: int, base: int, n: int,
+    name: int,
+) -> int:  # fmt: skip
+    """vLLM's hybrid KV cache manager: ``n`` sliding-window copies of a block left the window
+    on instance ``k`` (at most one per free slot). Each takes the live slot at the free ring's
+    head (evicting its block as :func:`hbm_take_nb` does: the map entry at offset ``base`` is
+    cleared, a prompt block's id goes to ``evbuf``) and, cached (``GENERATED``), goes back to
+    the ring's tail; the first is entered in the map at ``base + name`` unless that entry is
+    set (``name`` -1: none, a generated token's block or one read once). Returns the number
+    of evicted blocks (the reference's ``HbmPool.churn``). Each take drops at least one entry
+    and each return adds one, so the ring never needs compacting."""
+    sl = pool.records
+    ring = pool.rings
+    slot_of = pool.slot_of
+    o = k * R
+    r = ist.ring_head[k]
+    left = ist.ring_count[k]
+    if n > ist.free_len[k]:
+        n = ist.free_len[k]
+    ne = 0
+    for x in range(n):
+        while True:
+            s = ring[u64(o + r)]
+            live = sl[u64(4 * s + POS)] == r
+            r += 1
+            if r == R:
+                r = 0
+            left -= 1
+            if live:
+                break
+        old = sl[u64(4 * s + BLOCK)]
+        if old != -1:
+            mo = sl[u64(4 * s + MAP)]
+            if mo >= 0:
+                slot_of[u64(base + mo)] = 0
+                sl[u64(4 * s + MAP)] = -1
+            if old >= 0:
+                evbuf[u64(ne)] = old
+                ne += 1
+        sl[u64(4 * s + BLOCK)] = GENERATED
+        if x == 0 and name >= 0 and slot_of[u64(base + name)] == 0:
+            slot_of[u64(base + name)] = s + 1
+            sl[u64(4 * s + MAP)] = name
+        t = r + left
+        if t >= R:
+            t -= R
+        ring[u64(o + t)] = s
+        sl[u64(4 * s + POS)] = t
+        left += 1
+    ist.ring_head[k] = r
+    ist.ring_count[k] = left
+    return ne
+
+
+@njit(cache=True, nogil=True, _nrt=False, **INNER)
+def hbm_touch_nb(pool: HbmPools, ist: InstanceState, k: int, R: int, s: int) -> None:
+    """Move free slot ``s`` of instance ``k`` to its free ring's tail (a hit touched the
+    sliding-window copy it holds: the reference's ``HbmPool.touch_sw``); its old entry goes
+    stale."""
+    sl = pool.records
+    if sl[u64(4 * s + REF)] != 0 or sl[u64(4 * s + POS)] < 0:
+        return
+    if ist.ring_count[k] == R:
+        hbm_compact_nb(sl, pool.rings, ist.ring_head, ist.ring_count, k, R)
+    t = ist.ring_head[k] + ist.ring_count[k]
+    if t >= R:
+        t -= R
+    pool.rings[u64(k * R + t)] = s
+    sl[u64(4 * s + POS)] = t
+    ist.ring_count[k] += 1

@@ -96,6 +96,16 @@ class Params(NamedTuple):
     # the decode side looks the prompt up in its HBM prefix cache and pulls only the blocks
     # past its hit (a pull only: a layer-wise push moves every block)
     pd_trim: bool
+    # vLLM's hybrid KV cache manager: a sliding-window group's blocks behind its window of
+    # ``swa_window`` tokens stay cached in the pool, ``swa_blocks`` pool blocks per block of
+    # tokens (0: none; prefix caching off: 0, they are freed uncached)
+    swa_window: int
+    swa_blocks: int
+    # a hit needs the sliding-window copies of its last ``swa_need`` blocks (0: none), whose
+    # map entries are ``slot_of[k * n_shared + swa_off + shared[ref]]`` (swa_off: the
+    # instances' map of full blocks, ``n_instances * n_shared``)
+    swa_need: int
+    swa_off: int
 
 
 class HbmPools(NamedTuple):

@@ -61,6 +61,15 @@ block there, if any); a freed slot holding a block id joins the tail, a freed an
 the head (vLLM's block_pool.free_blocks). A request frees its slots in reverse order, so its
 tail leaves before its prefix (docs/design.md 4.3).
 
+Sliding-window copies (``cfg.swa_window`` and ``swa_blocks``, prefix caching on; vLLM's hybrid
+KV cache manager, docs/model.md "Sliding-window blocks in the pool"). A computed block's copies
+for the sliding-window layers are born once the window has passed it (``swa_skipped``): at a
+prefill chunk's end, at the request's end (the rest, its generated blocks' too) and, for loaded
+blocks inside the window, at admission; each copy takes the free queue's head (evicting) and
+goes back cached to its tail, a prompt block's first copy under its id (``sw_cached``). A
+look-up cuts the hit back to the longest prefix whose last ``need`` copies are cached; the
+admitted hit's copies inside the window go to the tail (``HbmPool.touch_sw``).
+
 Admission (FCFS, at iteration start, after the running requests took their tokens, while
 budget and ``max_num_seqs`` allow). The head of the queue looks up its prefix: the longest run
 of its full blocks from block 0 cached on the instance, capped at ``(input - 1) // B`` blocks
@@ -120,6 +129,8 @@ from kvtier.trace.blocked import BlockedTrace
 
 # a slot's block when it holds a full block of generated tokens (HbmPool.cache_generated)
 GENERATED = -2
+# a slot holding the sliding-window copy of prompt block b holds SW_MARK - b (HbmPool.churn)
+SW_MARK = -3
 
 
 @dataclass
@@ -151,19 +162,47 @@ class Request:
 class HbmPool:
     """One instance's KV block slots, its prefix cache map and its free queue."""
 
-    def __init__(self, capacity: int) -> None:
+    def __init__(self, capacity: int, need: int = 0) -> None:
         self.capacity = capacity
         self.slot_block = [-1] * capacity
         self.ref = [0] * capacity
         self.free: OrderedDict[int, None] = OrderedDict((s, None) for s in range(capacity))
         self.cached: dict[int, int] = {}  # block id -> slot
+        # vLLM's hybrid manager: a hit needs the sliding-window copies of the prefix's last
+        # ``need`` blocks (0: no sliding-window layers); block id -> the slot of its copy,
+        # which holds ``sw_mark(block)``
+        self.need = need
+        self.sw_cached: dict[int, int] = {}
 
     def lookup(self, blocks: list[int], cap: int) -> int:
-        """Number of leading blocks cached here (the reusable prefix), at most ``cap``."""
+        """Number of leading blocks cached here (the reusable prefix), at most ``cap``; with
+        sliding-window layers, cut back to the longest prefix whose last ``need`` blocks'
+        sliding-window copies are cached too (vLLM's ``SlidingWindowManager.
+        find_longest_cache_hit``, searched from the right; a run from block 0 shorter than
+        ``need`` counts)."""
         hits = 0
         while hits < cap and blocks[hits] in self.cached:
             hits += 1
-        return hits
+        if self.need == 0:
+            return hits
+        run = 0
+        for i in range(hits - 1, -1, -1):
+            if blocks[i] in self.sw_cached:
+                run += 1
+                if run >= self.need:
+                    return i + run
+            else:
+                run = 0
+        return run
+
+    def touch_sw(self, blocks: list[int], lo: int, hi: int) -> None:
+        """A hit touches the sliding-window copies of blocks ``lo:hi`` (those inside the
+        window); vLLM frees them again when the window passes them, one step later: here they
+        go to the free queue's tail at once."""
+        for j in range(lo, hi):
+            slot = self.sw_cached.get(blocks[j])
+            if slot is not None and slot in self.free:
+                self.free.move_to_end(slot)
 
     def can_admit(self, blocks: list[int], hits: int, need: int) -> bool:
         """Whether ``need`` fresh slots remain after pinning the ``hits`` cached slots."""
@@ -185,6 +224,8 @@ class HbmPool:
         if old >= 0:
             del self.cached[old]
             evicted.append(old)
+        elif old <= SW_MARK:
+            del self.sw_cached[SW_MARK - old]
         self.slot_block[slot] = -1
         self.ref[slot] = 1
         return slot
@@ -203,6 +244,27 @@ class HbmPool:
         for slot in slots:
             if self.slot_block[slot] == -1:
                 self.slot_block[slot] = GENERATED
+
+    def churn(self, n: int, evicted: list[int], name: int = -1) -> None:
+        """vLLM's hybrid KV cache manager: ``n`` sliding-window copies of a block left the
+        window. Each took a slot from the free queue's head (evicting the block cached there,
+        appended to ``evicted`` if a prompt's) and went back, cached, to its tail (at most one
+        pass over the free queue). The first is the copy of prompt block ``name`` that look-ups
+        ask for (unless one is cached already; -1: a generated token's block); the others
+        (more sliding-window groups) are cached under hashes no look-up here names."""
+        for x in range(min(n, len(self.free))):
+            slot, _ = self.free.popitem(last=False)
+            old = self.slot_block[slot]
+            if old >= 0:
+                del self.cached[old]
+                evicted.append(old)
+            elif old <= SW_MARK:
+                del self.sw_cached[SW_MARK - old]
+            self.slot_block[slot] = GENERATED
+            if x == 0 and name >= 0 and name not in self.sw_cached:
+                self.sw_cached[name] = slot
+                self.slot_block[slot] = SW_MARK - name
+            self.free[slot] = None
 
     def release(self, slots: list[int]) -> None:
         for slot in reversed(slots):
@@ -227,12 +289,14 @@ class HbmPool:
             assert all(len(r.slots) == r.total_blocks for r in running), "footprint not reserved"
         for block, slot in self.cached.items():
             assert self.slot_block[slot] == block
+        for block, slot in self.sw_cached.items():
+            assert self.slot_block[slot] == SW_MARK - block and self.ref[slot] == 0
         assert all(self.ref[s] == 0 for s in self.free)
 
 
 class Instance:
-    def __init__(self, capacity: int) -> None:
-        self.pool = HbmPool(capacity)
+    def __init__(self, capacity: int, need: int = 0) -> None:
+        self.pool = HbmPool(capacity, need)
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
         self.busy_until: float | None = None
@@ -289,7 +353,11 @@ class ReferenceReplay:
         self.marks = [int(w) for w in self.cfg.instance_watermark()]
         self.timing_of = self.cfg.instance_timings()
         self.fit = min(caps)  # a request larger than the smallest instance is never served
-        self.instances = [Instance(caps[k]) for k in range(self.cfg.n_instances)]
+        # vLLM's hybrid manager: the sliding-window copies a hit needs (0: none)
+        need = 0
+        if self.cfg.prefix_caching and self.cfg.swa_window > 0 and self.cfg.swa_blocks > 0:
+            need = max(1, -(-(self.cfg.swa_window - 1) // self.B))
+        self.instances = [Instance(caps[k], need) for k in range(self.cfg.n_instances)]
         self.requests = [
             Request(
                 idx=i,
@@ -306,6 +374,8 @@ class ReferenceReplay:
         ]
         self.tracker = slo.tracker(self.n) if slo is not None else None
         self.prefix = self.cfg.prefix_caching  # vLLM's own prefix cache (off: no HBM hits)
+        # vLLM's hybrid KV cache manager: sliding-window blocks stay cached in the pool
+        self.swa = self.prefix and self.cfg.swa_window > 0 and self.cfg.swa_blocks > 0
         self.lower = None
         if self.cfg.tiers is not None:
             compute = (float(tp[0]), float(tp[1]), float(tp[2]))
@@ -501,6 +571,8 @@ class ReferenceReplay:
         req.slots += [pool.allocate(evicted) for _ in range(need)]
         if self.lower is not None:
             self.lower.hbm_evicted(k, now, evicted)
+        if self.swa and h + loaded > 0:
+            self.swa_admitted(inst, k, req, h, (h + loaded) * self.B, now)
         req.kv = (h + loaded) * self.B
         req.registered = h
         req.computed_from = h + loaded
@@ -531,6 +603,8 @@ class ReferenceReplay:
         req.slots += [pool.allocate(evicted) for _ in range(need)]
         if self.lower is not None:
             self.lower.hbm_evicted(k, now, evicted)
+        if self.swa and h > 0:
+            self.swa_admitted(inst, k, req, h, h * self.B, now)
         req.handed = False
         req.kv = req.target = kv0
         # cached from the hit on (trim), else never on the decode side
@@ -632,6 +706,34 @@ class ReferenceReplay:
         if self.lower is not None:
             self.lower.hbm_evicted(k, now, evicted)
         return True
+
+    def swa_skipped(self, tokens: int) -> int:
+        """Blocks of a sliding-window group behind the window once ``tokens`` tokens are
+        computed (vLLM's ``SlidingWindowManager.get_num_skipped_tokens`` in whole blocks)."""
+        return max(tokens - self.cfg.swa_window + 1, 0) // self.B
+
+    def swa_churn(self, inst: Instance, k: int, req: Request, lo: int, hi: int, t: float) -> None:
+        """The sliding-window copies of ``req``'s blocks ``lo:hi`` left the window on instance
+        ``k``: vLLM's hybrid manager frees them cached into the shared block pool, the last
+        first (:meth:`HbmPool.churn`, ``cfg.swa_blocks`` pool blocks each, a prompt block's
+        first copy named); HBM's evictions go to the lower tiers, block by block."""
+        nb = len(req.blocks)
+        for j in range(hi - 1, lo - 1, -1):
+            evicted: list[int] = []
+            inst.pool.churn(self.cfg.swa_blocks, evicted, req.blocks[j] if j < nb else -1)
+            if self.lower is not None:
+                self.lower.hbm_evicted(k, t, evicted)
+
+    def swa_admitted(
+        self, inst: Instance, k: int, req: Request, h: int, kv0: int, t: float
+    ) -> None:
+        """``req`` was admitted on instance ``k`` with ``h`` blocks hit in HBM and its KV up
+        to ``kv0`` tokens hit or being loaded: vLLM touches the sliding-window copies of the
+        hit blocks inside the window (:meth:`HbmPool.touch_sw`) and allocates, and caches,
+        copies for the loaded blocks inside it (born now, :meth:`swa_churn`)."""
+        lo = self.swa_skipped(kv0)
+        inst.pool.touch_sw(req.blocks, lo, h)
+        self.swa_churn(inst, k, req, max(lo, h), kv0 // self.B, t)
 
     def preempt(self, inst: Instance, req: Request) -> None:
         """vllm_v1: ``req`` (the most recently admitted running request) gives its blocks back
@@ -843,7 +945,7 @@ class ReferenceReplay:
         if self.tracker is not None:
             self.tracker.first_token(seen - req.arrival)
 
-    def finish(self, inst: Instance, req: Request, t: float) -> None:
+    def finish(self, inst: Instance, k: int, req: Request, t: float) -> None:
         """``req`` emitted its last token: record it, count its TPOT, free its slots."""
         seen = t + self.fe  # the client has the whole response the front-end cost later
         self.in_flight -= 1
@@ -852,6 +954,12 @@ class ReferenceReplay:
         if self.tracker is not None:
             self.tracker.finished(seen - self.first[req.idx], req.output_tokens)
         self.tbt_tail(req)
+        if self.swa:
+            # its sliding-window blocks not yet left behind: the prompt's last ones and those
+            # of its generated tokens (vLLM frees the window's at the end, the generated ones
+            # as decoding passes them; here all at the end, before its own slots)
+            start = max(req.computed_from, min(self.swa_skipped(req.target), len(req.blocks)))
+            self.swa_churn(inst, k, req, start, req.kv // self.B, t)
         if self.prefix:
             inst.pool.cache_generated(req.slots[req.input_tokens // self.B : req.kv // self.B])
         inst.pool.release(req.slots)
@@ -874,6 +982,10 @@ class ReferenceReplay:
                     if j >= req.computed_from:
                         computed.append(req.blocks[j])
                 req.registered = max(req.registered, full)
+                if self.swa and req.kv - q < req.target:  # a prefill chunk
+                    nb = len(req.blocks)
+                    lo = max(min(self.swa_skipped(req.kv - q), nb), req.computed_from)
+                    self.swa_churn(inst, k, req, lo, min(self.swa_skipped(req.kv), nb), t)
             if self.lower is not None and computed:
                 saved = self.lower.computed(k, t, computed)
                 if saved > t:
@@ -906,7 +1018,7 @@ class ReferenceReplay:
                 if req.generated >= req.output_tokens:
                     done.append(req)
             if done and done[-1] is req:
-                self.finish(inst, req, t)
+                self.finish(inst, k, req, t)
         for req in done + handed:
             inst.running.remove(req)
         inst.scheduled = []

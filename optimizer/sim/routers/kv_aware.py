@@ -63,7 +63,10 @@ def route_nb(sim: Sim, i: int) -> int:
     for kk in range(n_routed_nb(prm)):
         h = 0
         if prm.prefix_caching:
-            h = hbm_lookup_nb(pool.slot_of, kk * prm.n_shared, rq.shared, boff[i], hcap, buf.found)
+            h = hbm_lookup_nb(
+                pool.slot_of, kk * prm.n_shared, rq.shared, boff[i], hcap, buf.found,
+                prm.swa_off, prm.swa_need,
+            )  # fmt: skip
         eff = float(h)
         if tp.n_tiers > 0:
             n_src = lookup_nb(ts, tp, kk, rq.block_ids, boff[i], h, hcap, buf.src)

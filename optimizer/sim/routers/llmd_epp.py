@@ -136,7 +136,10 @@ def route_nb(sim: Sim, i: int) -> int:
     for kk in range(n):
         h = 0
         if prm.prefix_caching:
-            h = hbm_lookup_nb(pool.slot_of, kk * prm.n_shared, rq.shared, boff[i], hcap, buf.found)
+            h = hbm_lookup_nb(
+                pool.slot_of, kk * prm.n_shared, rq.shared, boff[i], hcap, buf.found,
+                prm.swa_off, prm.swa_need,
+            )  # fmt: skip
         if h > 0:
             cold = False
         q = ist.q_len[kk]
@@ -156,7 +159,10 @@ def route_nb(sim: Sim, i: int) -> int:
     for kk in range(n):
         h = 0
         if prm.prefix_caching:
-            h = hbm_lookup_nb(pool.slot_of, kk * prm.n_shared, rq.shared, boff[i], hcap, buf.found)
+            h = hbm_lookup_nb(
+                pool.slot_of, kk * prm.n_shared, rq.shared, boff[i], hcap, buf.found,
+                prm.swa_off, prm.swa_need,
+            )  # fmt: skip
         c = h
         if tp.n_tiers > 0:
             c += lookup_nb(ts, tp, kk, rq.block_ids, boff[i], h, hcap, buf.src)

@@ -68,7 +68,9 @@ def route_nb(sim: Sim, i: int) -> int:
         ld = q_len[kk] + n_running[kk]
         if ld > limit:
             continue
-        h = hbm_lookup_nb(slot_of, kk * prm.n_shared, shared, boff[i], hcap, found)
+        h = hbm_lookup_nb(
+            slot_of, kk * prm.n_shared, shared, boff[i], hcap, found, prm.swa_off, prm.swa_need
+        )
         if not prm.prefix_caching:
             h = 0
         if h > best_hits or (h == best_hits and ld < best_load):
