@@ -7,6 +7,11 @@ A tier kind is data: an entry here (its name, lookup order, help and traits) and
 
 * ``per_host``: one pool per host (host DRAM, local SSD), else one pool every host reaches
   (a CXL pool, an RDMA pool); a profile may override it (``shared``);
+* ``per_engine``: a per-host kind whose pool the serving software keeps for each engine
+  (instance) of the host alone, as every current host-memory KV cache does (vLLM's
+  OffloadingConnector, LMCache's local CPU back end, SGLang HiCache's host pool, Dynamo
+  KVBM's host tier; [Host-memory-per-engine]); a policy may override it
+  (``tiers.NAME.per_engine``);
 * ``wear``: its writes wear its devices out (SSD endurance: DWPD and wear cost reported);
 * ``interleave``: a policy may choose whether data is interleaved over its devices (CXL);
 * ``pd_ports``: a disaggregated deployment's KV transfer runs over this tier's host ports
@@ -35,6 +40,7 @@ def tier_kind(
     help: str,
     *,
     per_host: bool,
+    per_engine: bool = False,
     wear: bool = False,
     interleave: bool = False,
     pd_ports: bool = False,
@@ -44,6 +50,7 @@ def tier_kind(
     """A tier kind's entry (see the module docstring for the traits)."""
     traits = {
         "per_host": per_host,
+        "per_engine": per_engine,
         "wear": wear,
         "interleave": interleave,
         "pd_ports": pd_ports,
@@ -62,14 +69,17 @@ TIER_KINDS = Registry(
             "NVLink-C2C host memory: the Grace CPU's LPDDR5X, one pool per host, each GPU over "
             "its own NVLink-C2C link (GH200, GB200)",
             per_host=True,
+            per_engine=True,
             gpu_link=True,
             power=(0.05, 8.0, 0.0, 0.0),
         ),
         tier_kind(
             "dram",
             1,
-            "host DRAM, one pool per host, over each GPU's PCIe",
+            "host DRAM, one pool per engine (each serving instance's own host cache), over each "
+            "GPU's PCIe",
             per_host=True,
+            per_engine=True,
             power=(0.1, 20.0, 0.0, 0.0),
         ),
         tier_kind(

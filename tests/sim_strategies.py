@@ -254,8 +254,19 @@ def tier_configs(draw: st.DrawFn, n_instances: int, block_tokens: int) -> TierCo
     inst_host = np.array([k // gpus_per_host for k in range(n_instances)], dtype=np.int64)
     n_hosts = int(inst_host.max()) + 1
     per_host = np.array([x in ("dram", "ssd") for x in names], dtype=np.bool_)
-    pools = [n_hosts if ph else 1 for ph in per_host]
+    # a per-host tier is one pool per host or one per engine (each instance its own)
+    per_engine = [bool(ph) and draw(st.booleans()) for ph in per_host]
+    pools = [
+        n_instances if pe else n_hosts if ph else 1
+        for ph, pe in zip(per_host, per_engine, strict=True)
+    ]
     pool_base = np.concatenate([[0], np.cumsum(pools)[:-1]]).astype(np.int64)
+    pool_local = np.zeros((T, n_instances), dtype=np.int64)
+    for t in range(T):
+        if per_engine[t]:
+            pool_local[t] = np.arange(n_instances)
+        elif per_host[t]:
+            pool_local[t] = inst_host
     bw = st.sampled_from([1.0, 50.0, 1e4])
     link_r: list[float] = []
     link_w: list[float] = []
@@ -333,6 +344,8 @@ def tier_configs(draw: st.DrawFn, n_instances: int, block_tokens: int) -> TierCo
         per_host=per_host,
         pool_base=pool_base,
         n_pools=int(sum(pools)),
+        pool_count=np.array(pools, dtype=np.int64),
+        pool_local=pool_local,
         n_hosts=n_hosts,
         inst_host=inst_host,
         lat_s=np.array([draw(st.sampled_from([0.0, 1e-3])) for _ in names]),

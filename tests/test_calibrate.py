@@ -318,8 +318,10 @@ def test_recovers_a_tier_stream_rate(tmp_path: Path) -> None:
                               hash_offsets=np.concatenate([[0], np.cumsum(per)]),
                               hashes=np.concatenate(hashes), block_tokens=16)  # fmt: skip
     policy = roofline_policy(
-        Policy(tiers=(TierPolicy(capacity_gb=4.0), TierPolicy(name="dram", capacity_gb=200.0)))
-    )
+        # one host pool the engines share (per_engine = false): every repeat finds its blocks
+        Policy(tiers=(TierPolicy(capacity_gb=4.0),
+                      TierPolicy(name="dram", capacity_gb=200.0, per_engine=False)))
+    )  # fmt: skip
     hw, model = load_hardware("h100-node"), load_model("llama-3.1-8b")
     rate, op = fit_params(["tiers.dram.port_read_gbps", "tiers.dram.op_overhead_us"], hw, policy)
     truth = rate.set(op.set(hw, 1.0), 12.0)

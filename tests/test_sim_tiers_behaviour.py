@@ -90,9 +90,28 @@ def test_per_host_dram_serves_its_own_host_only() -> None:
     other_host = two_hosts(load_hardware("beluga-testbed"), gpus_per_host=1)
     raw, _ = replay(other_host, tiered("dram", 256), same_prompt_twice(256))
     assert raw.tier_hit_blocks.sum() == 0 and raw.hit_blocks.sum() == 0
+    # a host pool its engines share (per_engine = false): the other engine of the host hits
     same_host = two_hosts(load_hardware("beluga-testbed"), gpus_per_host=2)
-    raw, _ = replay(same_host, tiered("dram", 256), same_prompt_twice(256))
+    shared = tiered("dram", 256)
+    shared = replace(shared, tiers=(shared.tiers[0], replace(shared.tiers[1], per_engine=False)))
+    raw, _ = replay(same_host, shared, same_prompt_twice(256))
     assert raw.tier_hit_blocks[0] == PROMPT // 256
+
+
+def test_dram_is_each_engines_own_by_default() -> None:
+    """vLLM's OffloadingConnector, LMCache's local CPU back end, SGLang HiCache's host pool and
+    Dynamo KVBM's host tier each keep their host cache to their own engine: the second engine
+    of a host recomputes a prompt the first stored in DRAM, and each engine's pool is half of
+    the host's 100 GB."""
+    same_host = two_hosts(load_hardware("beluga-testbed"), gpus_per_host=2)
+    raw, cfg = replay(same_host, tiered("dram", 256), same_prompt_twice(256))
+    assert raw.instance.tolist() == [0, 1]
+    assert raw.tier_hit_blocks.sum() == 0 and raw.hit_blocks.sum() == 0
+    tiers = cfg.tiers
+    assert tiers.pool_count.tolist() == [2] and tiers.pool_local.tolist() == [[0, 1]]
+    block_bytes = tiers.block_bytes
+    assert tiers.capacity_blocks[0] == int(50e9 // block_bytes)
+    assert tiers.tier_gb["dram"] == 100.0  # the host's memory is bought whole
 
 
 def churn_trace(B: int, n: int = 120, seed: int = 7) -> BlockedTrace:

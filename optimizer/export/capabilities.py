@@ -20,6 +20,7 @@ from functools import cache
 
 from kvtier.export.common import Deployment, Note, approximate, inexpressible, info
 from kvtier.export.releases import PACKAGES, TARGET_RELEASES
+from kvtier.tier_kinds import trait as tier_trait
 
 Value = bool | int | float | str
 
@@ -166,6 +167,11 @@ def capability_notes(deploy: Deployment, caps: Capabilities) -> list[Note]:
         name = tier.name
         if not deploy.has(name) or name not in caps.tiers or name in caps.shared_tiers:
             continue
+        per_engine = (
+            tier.per_engine if tier.per_engine is not None else tier_trait(name, "per_engine")
+        )
+        if deploy.per_host[name] and per_engine:
+            continue  # simulated as each engine's own share, as the target deploys it
         users = deploy.tier_users
         sharing = (
             max(deploy.users_on_host(deploy.host_of(k)) for k in users)

@@ -301,6 +301,9 @@ class TierPolicy:
     ``capacity_gb`` is per instance for ``hbm`` (default: HBM - weights - reserve), per host for
     ``dram`` and ``ssd``, for the whole pool for ``cxl`` and ``rdma`` (default: the hardware
     profile's). ``interleave`` (cxl only) overrides the profile's device interleaving.
+    ``per_engine`` (per-host tiers) splits the host's capacity evenly into a private pool per
+    engine of the fullest host, as the serving systems' host caches are private to their
+    engine.
     """
 
     name: str = setting("hbm", "the tier", choices=TIER_NAMES)
@@ -316,6 +319,12 @@ class TierPolicy:
     )
     interleave: bool | None = setting(
         None, "cxl only: interleave blocks over the devices (unset: the profile's)", kind="bool"
+    )
+    per_engine: bool | None = setting(
+        None,
+        "per-host tiers: each engine keeps its own share of the host's pool, none reads "
+        "another's (unset: the tier kind's; dram, c2c: yes)",
+        kind="bool",
     )
     # The software between this tier and the GPU (kvtier.policy.registries.CONNECTORS); the
     # four below override the connector's own values.
@@ -343,6 +352,10 @@ class TierPolicy:
             raise ValueError("the hbm tier evicts lru (vLLM's free queue)")
         if self.interleave is not None and not tier_trait(self.name, "interleave"):
             raise ValueError(f"interleave applies to {_interleaved()} only")
+        if self.per_engine is not None and (
+            self.name == "hbm" or not tier_trait(self.name, "per_host")
+        ):
+            raise ValueError("per_engine applies to the per-host tiers only")
 
 
 def _interleaved() -> str:

@@ -32,6 +32,7 @@ from kvtier.policy.model import (
     policy_from_dict,
     policy_to_dict,
 )
+from kvtier.tier_kinds import trait as tier_trait
 from kvtier.toml_fields import Table
 
 # Profiles are chosen with --hardware / --model, never as overrides of a policy. The hbm tier is
@@ -40,6 +41,8 @@ NOT_OVERRIDABLE = ("hardware", "model")
 # A lower tier's connector and the connector values a policy may override (TierPolicy).
 CONNECTOR_FIELDS = ("connector", "depth", "workers", "layerwise", "store_blocks")
 ENABLED = Setting("enabled", None, "list the tier (false: remove it)", "bool")
+# the per-host tier kinds, whose pool may be each engine's own (``per_engine``)
+PER_HOST_TIERS = tuple(t for t in LOWER_TIERS if tier_trait(t, "per_host"))
 
 
 @cache
@@ -59,6 +62,8 @@ def override_keys() -> dict[str, Setting]:
                 keys[f"tiers.{tier}.{name}"] = tier_settings[name]
         keys[f"tiers.{tier}.capacity_gb"] = tier_settings["capacity_gb"]
     keys["tiers.cxl.interleave"] = tier_settings["interleave"]
+    for tier in PER_HOST_TIERS:
+        keys[f"tiers.{tier}.per_engine"] = tier_settings["per_engine"]
     return keys
 
 
@@ -77,6 +82,7 @@ def keys_text(*, search: bool = False) -> str:
         *(f"tiers.{{{lower}}}.{name}" for name in CONNECTOR_FIELDS),
         f"tiers.{{{every}}}.capacity_gb",
         "tiers.cxl.interleave",
+        f"tiers.{{{','.join(PER_HOST_TIERS)}}}.per_engine",
     ]
     return ", ".join([*plain, *tiers])
 

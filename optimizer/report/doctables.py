@@ -31,6 +31,7 @@ def _settings() -> str:
         "tiers.NAME.eviction": "tiers.dram.eviction",
         "tiers.NAME.capacity_gb": "tiers.hbm.capacity_gb",
         "tiers.cxl.interleave": "tiers.cxl.interleave",
+        "tiers.NAME.per_engine": "tiers.dram.per_engine",
         **{f"tiers.NAME.{x}": f"tiers.rdma.{x}" for x in CONNECTOR_FIELDS},
     }
     rows += [(name, keys[key]) for name, key in tier_rows.items()]

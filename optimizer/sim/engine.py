@@ -639,8 +639,7 @@ def _tier_state(
         raise InputError(f"{tiers.n_pools} lower-tier pools x {n_blocks:,} blocks is too large")
     specs = []  # (policy, capacity) per pool, pools in TierConfig order
     for t in range(tiers.n_tiers):
-        pools = tiers.n_hosts if tiers.per_host[t] else 1
-        specs += [(tiers.evictions[t], int(tiers.capacity_blocks[t]))] * pools
+        specs += [(tiers.evictions[t], int(tiers.capacity_blocks[t]))] * int(tiers.pool_count[t])
     # Scalars from the cache engine's own constructor (an empty id space costs nothing); the
     # per-block arrays are allocated here once, stacked, instead of per pool and then copied.
     empty = [TierState.create(policy, cap, 0) for policy, cap in specs]
@@ -676,7 +675,7 @@ def _tier_state(
         n_tiers=tiers.n_tiers,
         per_host=tiers.per_host,
         pool_base=tiers.pool_base,
-        inst_host=tiers.inst_host,
+        pool_local=tiers.pool_local,
         lat_s=tiers.lat_s,
         cap_bw=tiers.cap_bw,
         rpc_s=tiers.rpc_s,
@@ -719,11 +718,19 @@ def _check_tiers(c: TierConfig, n_instances: int) -> None:
         raise ValueError("tier configuration was built for another instance count")
     if c.inst_host.min() < 0 or c.inst_host.max() >= c.n_hosts:
         raise ValueError("inst_host must lie in [0, n_hosts)")
-    pools = np.where(c.per_host, c.n_hosts, 1)
+    pools = np.asarray(c.pool_count)
+    if len(pools) != T or np.any(pools < 1):
+        raise ValueError("pool_count must give each tier at least one pool")
     if not np.array_equal(c.pool_base, np.concatenate([[0], np.cumsum(pools)[:-1]])):
         raise ValueError("pool_base must number the pools of each tier consecutively")
     if int(pools.sum()) != c.n_pools or np.any(c.capacity_blocks < 0):
         raise ValueError("n_pools must match the tiers and hosts; capacities >= 0")
+    if (
+        c.pool_local.shape != (T, n_instances)
+        or np.any(c.pool_local < 0)
+        or np.any(c.pool_local >= pools[:, None])
+    ):
+        raise ValueError("pool_local must name one of its tier's pools for every instance")
     K = n_instances
     shapes = {
         "gpu_path": (c.gpu_path, (T, K, MAX_PATH)),

@@ -175,9 +175,12 @@ def fault_arrays(
             rebuild = float(tiers.block_bytes) / (f.rebuild_gbps * 1e9 / 8)  # s per block
         for t in ts:
             base = int(tiers.pool_base[t])
-            hosts = [f.host] if (tiers.per_host[t] and f.host >= 0) else (
-                list(range(tiers.n_hosts)) if tiers.per_host[t] else [0])  # fmt: skip
-            for h in hosts:
+            if tiers.per_host[t] and f.host >= 0:  # that host's pool, or its engines' own
+                on_host = tiers.pool_local[t][tiers.inst_host == f.host]
+                locals_ = sorted({int(x) for x in on_host})
+            else:  # every pool of the tier (each host's, each engine's, or the shared one)
+                locals_ = list(range(int(tiers.pool_count[t])))
+            for h in locals_:
                 ints = [0] * N_FI
                 ints[FI_POOL] = base + h
                 ints[FI_DEV] = f.device if f.kind == "device" else -1

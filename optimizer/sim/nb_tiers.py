@@ -122,7 +122,7 @@ class TierParams(NamedTuple):
     n_tiers: int  # 0: HBM only
     per_host: np.ndarray  # bool (T,): one pool per host (else one shared pool)
     pool_base: np.ndarray  # i8 (T,): first pool of each tier
-    inst_host: np.ndarray  # i8 (n_instances,): host of each instance
+    pool_local: np.ndarray  # i8 (T, n_instances): the pool each instance reaches, from pool_base
     lat_s: np.ndarray  # f8 (T,): seconds per transfer
     cap_bw: np.ndarray  # f8 (T,): per-transfer bandwidth cap (inf: none)
     rpc_s: np.ndarray  # f8 (T,): worker seconds per operation
@@ -163,7 +163,7 @@ class TierParams(NamedTuple):
         i2, f2 = np.zeros((0, 0), dtype=np.int64), np.zeros((0, 0), dtype=np.float64)
         i3 = np.zeros((0, 0, 0), dtype=np.int64)
         return cls(
-            0, b1, i8, np.zeros(n_instances, dtype=np.int64), f8, f8, f8, f8, f2, i8, i8, i8,
+            0, b1, i8, np.zeros((0, n_instances), dtype=np.int64), f8, f8, f8, f8, f2, i8, i8, i8,
             b1, b1, i2, i8, f8, f8, i8, i3, f2, i3, f2, 0, 0, False, False, 1, False, 0, False,
             1, 1, 1, 0.0,
         )  # fmt: skip
@@ -195,10 +195,8 @@ class LinkState(NamedTuple):
 
 @njit(cache=True, nogil=True, _nrt=False, inline="always")
 def pool_nb(tp, t, k):  # noqa: ANN001, ANN201
-    """Pool of tier ``t`` reached by instance ``k``."""
-    if tp.per_host[t]:
-        return tp.pool_base[t] + tp.inst_host[k]
-    return tp.pool_base[t]
+    """Pool of tier ``t`` reached by instance ``k`` (its host's, its own, or the shared one)."""
+    return tp.pool_base[t] + tp.pool_local[t, k]
 
 
 @njit(cache=True, nogil=True, _nrt=False, inline="always")

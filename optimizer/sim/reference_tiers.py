@@ -60,7 +60,7 @@ class LowerTiers:
         self.compute = compute[0] if isinstance(compute, list) else compute
         self.pools: list[RefTier] = []
         for t in range(cfg.n_tiers):
-            n = cfg.n_hosts if cfg.per_host[t] else 1
+            n = int(cfg.pool_count[t])
             cap = int(cfg.capacity_blocks[t])
             self.pools += [RefTier(cfg.evictions[t], cap, cost=costs) for _ in range(n)]
         self.free = np.zeros(2 * cfg.n_links)  # read queues, then write queues

@@ -40,6 +40,7 @@ from kvtier.policy.registries import (
     UNITS,
     WRITE_POLICIES,
 )
+from kvtier.tier_kinds import trait as tier_trait
 
 # Write-policy codes come from their registry (the kernels import the constants from there).
 WRITE_CODES = WRITE_POLICIES.codes  # {name: code}
@@ -58,6 +59,10 @@ class TierConfig:
     per_host: np.ndarray  # bool (T,)
     pool_base: np.ndarray  # int64 (T,)
     n_pools: int
+    # pools per tier (1 shared, one per host, or one per engine) and the pool of each tier
+    # each instance reaches, counted from the tier's first (``pool_base``)
+    pool_count: np.ndarray  # int64 (T,)
+    pool_local: np.ndarray  # int64 (T, n_instances)
     n_hosts: int
     inst_host: np.ndarray  # int64 (n_instances,)
     lat_s: np.ndarray  # float64 (T,) seconds per transfer
@@ -112,7 +117,7 @@ class TierConfig:
 
     def pool_of(self, t: int, inst: int) -> int:
         """The pool of tier ``t`` that instance ``inst`` reaches."""
-        return int(self.pool_base[t] + (self.inst_host[inst] if self.per_host[t] else 0))
+        return int(self.pool_base[t] + self.pool_local[t, inst])
 
 
 def fragments_per_block(model: ModelProfile, kv_layout: str) -> int:
@@ -211,6 +216,8 @@ class _TierColumns:
         self.caps: list[int] = []
         self.per_host: list[bool] = []
         self.base: list[int] = []
+        self.pool_count: list[int] = []
+        self.pool_local = np.zeros((T, n_instances), dtype=np.int64)
         self.lat_s: list[float] = []
         self.cap_bw: list[float] = []
         self.rpc_s: list[float] = []
@@ -239,18 +246,34 @@ class _TierColumns:
     ) -> None:
         """The tier's pools, capacity in blocks, latency and device bandwidth."""
         cap_bytes = tp.capacity_gb * GB if tp.capacity_gb is not None else hw.capacity_bytes
-        blocks = int(cap_bytes // block_bytes)
+        t = len(self.names)
+        per_engine = (
+            tp.per_engine if tp.per_engine is not None else tier_trait(tp.name, "per_engine")
+        )
+        if hw.per_host and per_engine:
+            # each engine's own pool: the host's capacity split evenly over the engines of the
+            # fullest host (the share an export gives each engine, kvtier.export.common)
+            pools = len(at.inst_host)
+            share = cap_bytes / int(np.bincount(at.inst_host).max())
+            self.pool_local[t] = np.arange(pools)
+        elif hw.per_host:
+            pools, share = at.n_hosts, cap_bytes
+            self.pool_local[t] = at.inst_host
+        else:
+            pools, share = 1, cap_bytes
+        blocks = int(share // block_bytes)
         if blocks < 1:
-            raise InputError(f"tier {tp.name!r} of {cap_bytes / GB:g} GB holds no block")
+            raise InputError(f"tier {tp.name!r} of {share / GB:g} GB per pool holds no block")
         self.names.append(tp.name)
         self.evictions.append(tp.eviction)
         self.connectors.append(tp.connector)
         self.caps.append(blocks)
         self.per_host.append(hw.per_host)
         self.base.append(self.n_pools)
-        pools = at.n_hosts if hw.per_host else 1
+        self.pool_count.append(pools)
         self.n_pools += pools
-        self.tier_gb[tp.name] = cap_bytes / GB * pools
+        # the memory bought: the pool, or each host's (an engine's share is part of its host's)
+        self.tier_gb[tp.name] = cap_bytes / GB * (at.n_hosts if hw.per_host else 1)
         self.lat_s.append(hw.latency_s)
         interleave = hw.interleave if tp.interleave is None else tp.interleave
         self.cap_bw.append(hw.device_bw if (hw.device_bw > 0 and not interleave) else math.inf)
@@ -388,6 +411,8 @@ def build_tiers(
         per_host=np.array(cols.per_host, dtype=np.bool_),
         pool_base=np.array(cols.base, dtype=np.int64),
         n_pools=cols.n_pools,
+        pool_count=np.array(cols.pool_count, dtype=np.int64),
+        pool_local=cols.pool_local,
         n_hosts=at.n_hosts,
         inst_host=at.inst_host,
         lat_s=np.array(cols.lat_s, dtype=np.float64),
