@@ -106,9 +106,9 @@ def test_every_declared_field_is_a_key() -> None:
     for f in fields(SLO):
         assert f"slo.{f.name}" in keys
     assert {"tiers.ssd.enabled", "tiers.hbm.capacity_gb", "tiers.cxl.interleave"} <= set(keys)
-    # enabled, eviction and five connector keys per lower tier, capacity per tier, interleave
+    # enabled, eviction and six connector keys per lower tier, capacity per tier, interleave
     n = len(LOWER_TIERS)
-    assert len([k for k in keys if k.startswith("tiers.")]) == n * (2 + 5) + (n + 1) + 1
+    assert len([k for k in keys if k.startswith("tiers.")]) == n * (2 + 6) + (n + 1) + 1
 
 
 def test_connector_keys_set_a_tiers_transfer_path() -> None:
