@@ -195,7 +195,7 @@ def first_token_nb(i: int, now: float, rq: Requests, prm: Params, out: Outputs, 
 def generated_blocks_nb(sim: Sim, k: int, i: int, now: float) -> None:
     """Finished request ``i``'s full blocks of generated tokens, slots ``input // B`` to
     ``kv // B`` (those ``hbm_cache_generated_nb`` keeps), are copied into the tiers whose
-    connector stores them (the reference's ``Simulator.store_generated``)."""
+    connector stores them (the reference's ``ReferenceReplay.store_generated``)."""
     tp = sim.tp
     B = sim.prm.block_tokens
     g1 = sim.rs.kv[i] // B
