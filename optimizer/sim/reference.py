@@ -827,7 +827,7 @@ class ReferenceReplay:
         if self.tracker is not None:
             self.tracker.first_token(seen - req.arrival)
 
-    def finish(self, inst: Instance, req: Request, t: float, k: int = 0) -> None:
+    def finish(self, inst: Instance, req: Request, t: float, k: int) -> None:
         """``req`` emitted its last token: record it, count its TPOT, store its generated
         blocks (a connector that stores them), free its slots."""
         seen = t + self.fe  # the client has the whole response the front-end cost later
