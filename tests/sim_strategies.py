@@ -358,6 +358,7 @@ def tier_configs(draw: st.DrawFn, n_instances: int, block_tokens: int) -> TierCo
         unit=np.array([draw(st.integers(0, 2)) for _ in names], dtype=np.int64),
         layerwise=np.array([draw(st.booleans()) for _ in names], dtype=np.bool_),
         store_blocks=np.array([draw(st.booleans()) for _ in names], dtype=np.bool_),
+        store_generated=np.array([draw(st.booleans()) for _ in names], dtype=np.bool_),
         w0=w0,
         nw=nw,
         n_workers=n_workers,

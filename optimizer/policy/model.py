@@ -327,7 +327,7 @@ class TierPolicy:
         kind="bool",
     )
     # The software between this tier and the GPU (kvtier.policy.registries.CONNECTORS); the
-    # four below override the connector's own values.
+    # five below override the connector's own values.
     connector: str = setting(
         "direct", "transfer path between the tier and the GPU", choices=CONNECTOR_REGISTRY.names
     )
@@ -343,6 +343,12 @@ class TierPolicy:
     store_blocks: bool | None = setting(
         None,
         "the engine step waits until its copies into the tier are saved (unset: the connector's)",
+        kind="bool",
+    )
+    store_generated: bool | None = setting(
+        None,
+        "a finished request's full blocks of generated tokens are stored into the tier too "
+        "(unset: the connector's)",
         kind="bool",
     )
 

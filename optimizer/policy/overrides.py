@@ -39,7 +39,9 @@ from kvtier.toml_fields import Table
 # always on and evicts lru only, so it has no enabled / eviction keys.
 NOT_OVERRIDABLE = ("hardware", "model")
 # A lower tier's connector and the connector values a policy may override (TierPolicy).
-CONNECTOR_FIELDS = ("connector", "depth", "workers", "layerwise", "store_blocks")
+CONNECTOR_FIELDS = (
+    "connector", "depth", "workers", "layerwise", "store_blocks", "store_generated",
+)  # fmt: skip
 ENABLED = Setting("enabled", None, "list the tier (false: remove it)", "bool")
 # the per-host tier kinds, whose pool may be each engine's own (``per_engine``)
 PER_HOST_TIERS = tuple(t for t in LOWER_TIERS if tier_trait(t, "per_host"))

@@ -181,7 +181,11 @@ LOAD_RULES = Registry(
 # operations in flight, ``workers`` per GPU or per host (``scope``), whether the first layers
 # compute while later ones arrive (``layerwise``), whether the engine step waits until the
 # step's copies into the tier are saved (``store_blocks``: vLLM's V1 ``wait_for_save`` with a
-# synchronous store; else they run behind), whether the data passes through host memory
+# synchronous store; else they run behind), whether a finished request's full blocks of
+# generated tokens are stored into the tier as well as its prompt's (``store_generated``: vLLM's
+# OffloadingConnector before ``offload_prompt_only``, default true from vLLM PR #43797; off in
+# LMCache, ``save_decode_cache`` false; docs/model.md, "Generated blocks in the lower tiers"),
+# whether the data passes through host memory
 # and so the PCIe switch's uplink (``via_host``), whether the staging buffer is on the
 # GPU's own socket (``numa_aware``), and, as the P/D connector (``serving.pd_connector``),
 # whether the prefill side pushes each layer's KV while it computes the next
@@ -216,6 +220,7 @@ def _path(**kw: object) -> dict[str, object]:
         "staging": 0,
         "layerwise": False,
         "store_blocks": False,
+        "store_generated": False,
         "via_host": True,
         "numa_aware": True,
         "pd_layerwise": False,

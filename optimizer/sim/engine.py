@@ -50,7 +50,13 @@ from kvtier.sim.result import RawResult, end_time, tbt_tail_counts
 from kvtier.sim.routing import kv_route_weights
 from kvtier.sim.slo import SloCheck
 from kvtier.sim.steptime.pack import validate_timing
-from kvtier.sim.tiers import MAX_PATH, TierConfig, recompute_costs
+from kvtier.sim.tiers import (
+    MAX_PATH,
+    TierConfig,
+    generated_bases,
+    generated_costs,
+    recompute_costs,
+)
 from kvtier.sim.timing import T_FRONTEND
 from kvtier.trace.blocked import BlockedTrace
 
@@ -251,14 +257,23 @@ def kernel_inputs(
     thr = slo.thresholds() if slo is not None else np.full(5, np.inf)
     lim = slo.limits(n) if slo is not None else np.ones(4, dtype=np.int64)
     costs = None
+    gen_base = None  # the generated blocks' ids, when a tier's connector stores them
+    n_ids = n_blocks
+    if cfg.tiers is not None and cfg.tiers.stores_generated:
+        gen_base = _generated_bases(trace, cfg.block_tokens, n_blocks)
+        n_ids = int(gen_base[-1])
     if cfg.tiers is not None and "gdsf" in cfg.tiers.evictions:
         costs = recompute_costs(
             trace.block_offsets, trace.block_ids, n_blocks, cfg.block_tokens, *tparams[:3]
         )
+        if gen_base is not None:
+            costs = generated_costs(
+                costs, gen_base, trace.input_tokens, cfg.block_tokens, *tparams[:3]
+            )
     kept: dict[str, np.ndarray] = {}
-    ts, tp, lk = _tier_state(cfg.tiers, n_blocks, cfg.n_instances, costs, kept)
+    ts, tp, lk = _tier_state(cfg.tiers, n_ids, cfg.n_instances, costs, kept, gen_base)
     if cfg.faults:
-        ts = ts._replace(**_fault_rows(cfg, n_blocks, ts))
+        ts = ts._replace(**_fault_rows(cfg, n_ids, ts))
     pd_params = _pd_params(cfg, n_refs)
     if cfg.tiers is None and cfg.n_prefill > 0:
         lk = LinkState.zeros(cfg.pd.n_links, 0, 0)  # the P/D transfer's links alone
@@ -332,6 +347,20 @@ def kernel_inputs(
         n_refs * (2 if cfg.n_prefill > 0 else 1), kept,
     )  # fmt: skip
     return KernelInputs(requests, params, pools, ts, tp, lk, out, kept)
+
+
+def _generated_bases(trace: BlockedTrace, block_tokens: int, n_blocks: int) -> np.ndarray:
+    """The generated blocks' ids (:func:`kvtier.sim.tiers.generated_bases`), checked before
+    the kernel indexes the pools' rows and its int32 buffer with them."""
+    base = generated_bases(trace.input_tokens, trace.output_tokens, block_tokens, n_blocks)
+    if len(base) != trace.n_requests + 1 or base[0] != n_blocks or np.any(np.diff(base) < 0):
+        raise ValueError("generated block ids must follow the prompt ids, one range a request")
+    if base[-1] >= 1 << 31:
+        raise InputError(
+            f"{int(base[-1]):,} prompt and generated blocks are too many ids; use a larger "
+            "block size"
+        )
+    return base
 
 
 def _fault_result(cfg: SimConfig, ts: TierPools) -> dict[str, tuple[np.ndarray, ...]]:
@@ -572,7 +601,13 @@ def replay_bytes(
     n_tiers = 0 if tiers is None else tiers.n_tiers
     total += n * (8 * 6 + 8 * n_tiers)  # outputs
     if tiers is not None:
-        total += tiers.n_pools * max(int(trace.n_blocks), 1) * 16
+        n_ids = max(int(trace.n_blocks), 1)
+        if tiers.stores_generated:  # the generated blocks' ids (generated_bases)
+            B = cfg.block_tokens
+            out = np.maximum(np.asarray(trace.output_tokens, dtype=np.int64) - 1, 0)
+            inp = np.asarray(trace.input_tokens, dtype=np.int64)
+            n_ids += int(np.maximum((inp + out) // B - inp // B, 0).sum())
+        total += tiers.n_pools * n_ids * 16
     return int(total)
 
 
@@ -622,6 +657,7 @@ def _tier_state(
     n_instances: int,
     costs: np.ndarray | None = None,
     kept: dict[str, np.ndarray] | None = None,
+    gen_base: np.ndarray | None = None,
 ) -> tuple[TierPools, TierParams, LinkState]:
     """The lower tiers as the kernel takes them: pools, parameters and link state.
 
@@ -707,6 +743,12 @@ def _tier_state(
         coalesce=int(tiers.coalesce),
         layers=int(tiers.layers),
         block_bytes=float(tiers.block_bytes),
+        store_generated=(
+            tiers.store_generated
+            if tiers.store_generated is not None
+            else np.zeros(tiers.n_tiers, dtype=np.bool_)
+        ),
+        gen_base=gen_base if gen_base is not None else np.zeros(0, dtype=np.int64),
     )
     return ts, tp, LinkState.zeros(tiers.n_links, tiers.n_tiers, tiers.n_workers)
 
@@ -760,6 +802,9 @@ def _check_tiers(c: TierConfig, n_instances: int) -> None:
         raise ValueError("depth and workers must be >= 1")
     if len(c.store_blocks) != T or c.store_blocks.dtype != np.bool_:
         raise ValueError("store_blocks must be one bool per tier")
+    gen = c.store_generated
+    if gen is not None and (len(gen) != T or gen.dtype != np.bool_):
+        raise ValueError("store_generated must be one bool per tier")
     if len(c.unit) != T or not np.all(np.isin(c.unit, (0, 1, 2))) or len(c.layerwise) != T:
         raise ValueError("unit must be a known operation unit per tier")
     if T and (c.w0.min() < 0 or np.max(c.w0 + c.nw[:, None]) > c.n_workers):

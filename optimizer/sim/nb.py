@@ -114,6 +114,7 @@ from kvtier.sim.nb_tiers import (
     TierParams,
     TierPools,
     computed_nb,
+    generated_nb,
     hbm_evicted_nb,
     layerwise_ready_nb,
     load_nb,
@@ -248,6 +249,23 @@ def swa_admitted_nb(sim: Sim, k: int, i: int, h: int, kv0: int, now: float) -> N
 
 
 @njit(cache=True, nogil=True, inline="always")
+def generated_blocks_nb(sim: Sim, k: int, i: int, now: float) -> None:
+    """Finished request ``i``'s full blocks of generated tokens, slots ``input // B`` to
+    ``kv // B`` (those ``hbm_cache_generated_nb`` keeps), are copied into the tiers whose
+    connector stores them (the reference's ``ReferenceReplay.store_generated``)."""
+    tp = sim.tp
+    B = sim.prm.block_tokens
+    g1 = sim.rs.kv[i] // B
+    if g1 > sim.rs.held[i]:
+        g1 = sim.rs.held[i]
+    cnt = g1 - sim.rq.input_tokens[i] // B
+    if cnt > tp.gen_base[i + 1] - tp.gen_base[i]:
+        cnt = tp.gen_base[i + 1] - tp.gen_base[i]
+    if cnt > 0:
+        generated_nb(sim.ts, tp, sim.lk, k, now, i, np.int64(cnt), sim.buf.gbuf)
+
+
+@njit(cache=True, nogil=True, inline="always")
 def finish_nb(sim: Sim, k: int, i: int, now: float) -> None:
     """Request ``i`` emitted its last token: record it, count its TPOT, free its slots."""
     rq = sim.rq
@@ -299,6 +317,8 @@ def finish_nb(sim: Sim, k: int, i: int, now: float) -> None:
             pool.records, pool.slots, slot_off[i] + rq.input_tokens[i] // prm.block_tokens,
             slot_off[i] + g1,
         )  # fmt: skip
+    if len(sim.tp.gen_base) > 0:  # a tier's connector stores generated blocks
+        generated_blocks_nb(sim, k, i, now)
     hbm_release_nb(
         pool, ring_head, ring_count, free_len, k, prm.ring_len, slot_off[i],
         slot_off[i] + rs.held[i],
@@ -1605,6 +1625,10 @@ def new_state(
             max_nb = rq.block_offsets[i + 1] - rq.block_offsets[i]
         if rq.output_tokens[i] > max_out:
             max_out = rq.output_tokens[i]
+    max_gen = 0  # the most generated blocks a request stores into a lower tier
+    for i in range(len(tp.gen_base) - 1):
+        if tp.gen_base[i + 1] - tp.gen_base[i] > max_gen:
+            max_gen = tp.gen_base[i + 1] - tp.gen_base[i]
     buf = Buffers(
         np.empty(max_nb + 1, dtype=np.int32),
         np.empty(max_nb + 1, dtype=np.int32),
@@ -1615,6 +1639,7 @@ def new_state(
         np.zeros(prm.block_tokens + 1, dtype=np.int64),
         np.zeros(max_seqs, dtype=np.int64),
         np.empty(max_out + 1 if prm.track_tbt else 1, dtype=np.float64),
+        np.empty(max_gen + 1, dtype=np.int32),
     )
     ty = Tally(np.zeros(N_COUNTERS, dtype=np.int64), np.zeros(2, dtype=np.float64))
     sim = Sim(rq, rs, ist, pool, ts, tp, lk, prm, out, ty, buf)

@@ -228,6 +228,9 @@ class Buffers(NamedTuple):
     # track_tbt: when each decode step run ahead ends, as its tokens are seen (longest output
     # + 1; one entry otherwise)
     tbt_seen: np.ndarray  # f8
+    # a finished request's generated blocks copied down (most generated blocks of a request
+    # + 1 when a tier stores them, TierParams.gen_base; one entry otherwise)
+    gbuf: np.ndarray  # i4
 
 
 # Fields of the replay-wide counters (``Tally.ints``): the round-robin turn, iterations begun,

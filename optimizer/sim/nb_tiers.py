@@ -154,6 +154,10 @@ class TierParams(NamedTuple):
     coalesce: int  # fragments per transfer operation
     layers: int  # model layers (layer-wise loading)
     block_bytes: float
+    store_generated: np.ndarray  # bool (T,): a finished request's generated blocks go there
+    # i8 (n_requests + 1,): request i's generated blocks have ids gen_base[i] .. gen_base[i+1]
+    # - 1 (kvtier.sim.tiers.generated_bases); empty: no tier stores them
+    gen_base: np.ndarray
 
     @classmethod
     def empty(cls, n_instances: int) -> TierParams:
@@ -165,7 +169,7 @@ class TierParams(NamedTuple):
         return cls(
             0, b1, i8, np.zeros((0, n_instances), dtype=np.int64), f8, f8, f8, f8, f2, i8, i8, i8,
             b1, b1, i2, i8, f8, f8, i8, i3, f2, i3, f2, 0, 0, False, False, 1, False, 0, False,
-            1, 1, 1, 0.0,
+            1, 1, 1, 0.0, b1, i8,
         )  # fmt: skip
 
 
@@ -417,6 +421,33 @@ def write_down_nb(ts, tp, lk, k, now, buf, nbuf, n_targets):  # noqa: ANN001, AN
             if tp.store_blocks[t] and fin > saved:
                 saved = fin
     return saved
+
+
+@njit(cache=True, nogil=True, _nrt=False, **INNER)
+def generated_nb(ts, tp, lk, k, now, i, cnt, buf):  # noqa: ANN001, ANN201
+    """Request ``i``'s first ``cnt`` generated blocks (ids ``tp.gen_base[i]`` on; ``buf``
+    holds at least as many): copied down per the write policy into the tiers whose connector
+    stores them, one transfer per tier; the step does not wait for them (the reference's
+    ``LowerTiers.generated``)."""
+    g0 = tp.gen_base[i]
+    for x in range(cnt):
+        buf[x] = g0 + x
+    n = chosen_nb(ts, tp, buf, cnt)
+    if n == 0:
+        return
+    for t in range(new_targets_nb(tp)):
+        if not tp.store_generated[t]:
+            continue
+        p = pool_nb(tp, t, k)
+        c = ZERO
+        for x in range(n):
+            b = buf[x]
+            if not has_nb(ts, p, b) and not fault_down_nb(ts, p, b):
+                insert_nb(ts, tp, lk, k, now, t, b)
+                c += 1
+        if c > 0:
+            gpu_transfer_nb(tp, lk, k, t, now, c, True)
+            lk.bytes_written[t] += c * tp.block_bytes
 
 
 @njit(cache=True, nogil=True, _nrt=False, inline="always")

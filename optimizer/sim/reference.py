@@ -116,7 +116,7 @@ from kvtier.sim.result import RawResult, end_time, tbt_tail_counts
 from kvtier.sim.routers import RouteView
 from kvtier.sim.routing import kv_route_weights
 from kvtier.sim.slo import SloCheck
-from kvtier.sim.tiers import recompute_costs
+from kvtier.sim.tiers import generated_bases, generated_costs, recompute_costs
 from kvtier.sim.timing import (
     T_FRONTEND,
     prefill_attn_ns,
@@ -377,18 +377,26 @@ class ReferenceReplay:
         # vLLM's hybrid KV cache manager: sliding-window blocks stay cached in the pool
         self.swa = self.prefix and self.cfg.swa_window > 0 and self.cfg.swa_blocks > 0
         self.lower = None
+        self.gen_base = None  # ids of the generated blocks a connector stores (generated_bases)
         if self.cfg.tiers is not None:
             compute = (float(tp[0]), float(tp[1]), float(tp[2]))
             costs = recompute_costs(
                 trace.block_offsets, trace.block_ids, trace.n_blocks, self.B, *compute
             )  # GDSF's cost per block
+            n_ids = trace.n_blocks
+            if self.cfg.tiers.stores_generated:
+                self.gen_base = generated_bases(
+                    trace.input_tokens, trace.output_tokens, self.B, trace.n_blocks
+                )
+                n_ids = int(self.gen_base[-1])
+                costs = generated_costs(costs, self.gen_base, trace.input_tokens, self.B, *compute)
             faults = None
             if self.cfg.faults:
-                fi, ft, lost = fault_arrays(self.cfg.faults, self.cfg.tiers, trace.n_blocks)
-                faults = RefFaults(fi, ft, lost, trace.n_blocks, len(self.cfg.faults))
+                fi, ft, lost = fault_arrays(self.cfg.faults, self.cfg.tiers, n_ids)
+                faults = RefFaults(fi, ft, lost, n_ids, len(self.cfg.faults))
             self.lower = LowerTiers(
                 self.cfg.tiers,
-                trace.n_blocks,
+                n_ids,
                 self.timing_of if self.cfg.two_pools else tp,
                 costs,
                 faults,
@@ -946,7 +954,8 @@ class ReferenceReplay:
             self.tracker.first_token(seen - req.arrival)
 
     def finish(self, inst: Instance, k: int, req: Request, t: float) -> None:
-        """``req`` emitted its last token: record it, count its TPOT, free its slots."""
+        """``req`` emitted its last token: record it, count its TPOT, store its generated
+        blocks (a connector that stores them), free its slots."""
         seen = t + self.fe  # the client has the whole response the front-end cost later
         self.in_flight -= 1
         self.gate = seen
@@ -962,8 +971,24 @@ class ReferenceReplay:
             self.swa_churn(inst, k, req, start, req.kv // self.B, t)
         if self.prefix:
             inst.pool.cache_generated(req.slots[req.input_tokens // self.B : req.kv // self.B])
+        if self.gen_base is not None:
+            self.store_generated(k, req, t)
         inst.pool.release(req.slots)
         inst.active_blocks -= -(-req.input_tokens // self.B)
+
+    def store_generated(self, k: int, req: Request, t: float) -> None:
+        """A finished request's full blocks of generated tokens, ``slots[input // B :
+        kv // B]`` (those :meth:`HbmPool.cache_generated` keeps), are copied into the tiers
+        whose connector stores them (ids ``gen_base[idx]`` on, which no prompt names: never hit).
+        vLLM's OffloadingConnector stores each as it fills; here they go at the finish, in one
+        transfer per tier (docs/model.md, "Generated blocks in the lower tiers")."""
+        assert self.lower is not None and self.gen_base is not None
+        j0 = req.input_tokens // self.B
+        j1 = min(req.kv // self.B, len(req.slots))
+        base = int(self.gen_base[req.idx])
+        cnt = min(j1 - j0, int(self.gen_base[req.idx + 1]) - base)
+        if cnt > 0:
+            self.lower.generated(k, t, list(range(base, base + cnt)))
 
     def end_iteration(self, inst: Instance, k: int, t: float) -> None:
         """Instance ``k``'s iteration ends: KV grows, full blocks register and are copied

@@ -236,6 +236,14 @@ class LowerTiers:
             return self.write_down(inst, now, chosen, self.new_block_targets())
         return now
 
+    def generated(self, inst: int, now: float, blocks: list[int]) -> None:
+        """A finished request's generated blocks (ids no prompt names): copied down per the
+        write policy into the tiers whose connector stores them (``store_generated``); the
+        engine step does not wait for them."""
+        chosen = self.writes.chosen(self, blocks)
+        if chosen:
+            self.write_down(inst, now, chosen, self.new_block_targets(), self.cfg.store_generated)
+
     def hbm_evicted(self, inst: int, now: float, blocks: list[int]) -> None:
         """Blocks HBM evicted during one admission: copied to the first lower tier if cascading."""
         if self.cascade and blocks:
@@ -245,12 +253,18 @@ class LowerTiers:
         """How many tiers (from the top) a copy of a new block goes to."""
         return 1 if self.cfg.exclusive else self.cfg.n_tiers
 
-    def write_down(self, inst: int, now: float, blocks: list[int], n_targets: int) -> float:
-        """Copy ``blocks`` into the first ``n_targets`` tiers; returns when the last copy into
-        a tier whose connector blocks the step ends (``now`` if none)."""
+    def write_down(
+        self, inst: int, now: float, blocks: list[int], n_targets: int,
+        only: np.ndarray | None = None,
+    ) -> float:  # fmt: skip
+        """Copy ``blocks`` into the first ``n_targets`` tiers (those of them ``only`` marks,
+        when given); returns when the last copy into a tier whose connector blocks the step
+        ends (``now`` if none)."""
         c = self.cfg
         saved = now
         for t in range(n_targets):
+            if only is not None and not only[t]:
+                continue
             pool = self.pool(t, inst)
             cnt = 0
             for b in blocks:

@@ -96,6 +96,14 @@ class TierConfig:
     layers: int  # model layers (layer-wise loading)
     block_bytes: float
     tier_gb: dict[str, float]  # total GB of each tier over all its pools (for cost)
+    # bool (T,): a finished request's full blocks of generated tokens are copied into the tier
+    # (the connector's ``store_generated``); None: into no tier
+    store_generated: np.ndarray | None = None
+
+    @property
+    def stores_generated(self) -> bool:
+        """Does any tier take a finished request's generated blocks?"""
+        return self.store_generated is not None and bool(np.any(self.store_generated))
 
     @property
     def n_tiers(self) -> int:
@@ -227,6 +235,7 @@ class _TierColumns:
         self.unit: list[int] = []
         self.layerwise: list[bool] = []
         self.blocks_step: list[bool] = []
+        self.gen_step: list[bool] = []
         self.stage_bw = np.full((T, n_instances), math.inf)
         self.port = np.full((T, n_instances), -1, dtype=np.int64)
         self.pool_link = np.full(T, -1, dtype=np.int64)
@@ -295,6 +304,8 @@ class _TierColumns:
         self.layerwise.append(bool(tp.layerwise if tp.layerwise is not None else d["layerwise"]))
         store = tp.store_blocks if tp.store_blocks is not None else d["store_blocks"]
         self.blocks_step.append(bool(store))
+        gen = tp.store_generated if tp.store_generated is not None else d["store_generated"]
+        self.gen_step.append(bool(gen))
         self.via_host[t] = bool(d["via_host"])
         self.staging[t] = int(d["staging"])
         n_instances = len(at.gpu0)
@@ -446,6 +457,7 @@ def build_tiers(
         layers=model.layers,
         block_bytes=block_bytes,
         tier_gb=cols.tier_gb,
+        store_generated=np.array(cols.gen_step, dtype=np.bool_),
     )
 
 
@@ -477,3 +489,53 @@ def recompute_costs(
     ctx = pos[first] * block_tokens
     costs[ids] = (flops_per_token * q + attn_coef * (q * (2 * ctx + q))) / compute_rate
     return costs
+
+
+def generated_bases(
+    input_tokens: np.ndarray, output_tokens: np.ndarray, block_tokens: int, n_blocks: int
+) -> np.ndarray:
+    """The ids of the requests' full blocks of generated tokens, for a connector that stores
+    them (``TierConfig.store_generated``): request ``i``'s are ``base[i] .. base[i + 1] - 1``,
+    after the trace's ``n_blocks`` prompt ids (no prompt names them, so they are never hit).
+
+    Request ``i`` has at most ``(input + max(output - 1, 0)) // B - input // B`` of them: the
+    full blocks from its prompt's last partial block on, the last token's KV never computed
+    (vLLM's block pool caches them, docs/model.md, "HBM prefix cache"). ``base[n]`` is the id
+    space's size. One numpy pass; both engines take the same array.
+    """
+    inp = np.asarray(input_tokens, dtype=np.int64)
+    out = np.asarray(output_tokens, dtype=np.int64)
+    B = int(block_tokens)
+    counts = np.maximum((inp + np.maximum(out - 1, 0)) // B - inp // B, 0)
+    base = np.empty(len(inp) + 1, dtype=np.int64)
+    base[0] = max(int(n_blocks), 1)
+    np.cumsum(counts, out=base[1:])
+    base[1:] += base[0]
+    return base
+
+
+def generated_costs(
+    costs: np.ndarray,
+    base: np.ndarray,
+    input_tokens: np.ndarray,
+    block_tokens: int,
+    flops_per_token: float,
+    attn_coef: float,
+    compute_rate: float,
+) -> np.ndarray:
+    """GDSF's cost per block (:func:`recompute_costs`) extended over the generated blocks'
+    ids (:func:`generated_bases`): generated block ``m`` of request ``i`` costs ``B`` tokens
+    after ``(input // B + m) * B`` tokens of context."""
+    total = int(base[-1])
+    full = np.ones(total, dtype=np.float64)
+    full[: len(costs)] = costs[:total]
+    counts = np.diff(base)
+    n_gen = int(counts.sum())
+    if n_gen == 0:
+        return full
+    req = np.repeat(np.arange(len(counts)), counts)
+    m = np.arange(n_gen, dtype=np.int64) - (base[:-1] - base[0])[req]
+    q = block_tokens
+    ctx = (np.asarray(input_tokens, dtype=np.int64)[req] // q + m) * q
+    full[base[0] :] = (flops_per_token * q + attn_coef * (q * (2 * ctx + q))) / compute_rate
+    return full
