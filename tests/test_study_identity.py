@@ -95,6 +95,46 @@ def test_a_rerun_with_other_prices_is_refused(trace_path, tmp_path) -> None:
     assert ok.code in (0, 1), ok.stderr
 
 
+def test_a_rerun_under_another_model_revision_is_refused(trace_path, tmp_path, monkeypatch) -> None:
+    """Trials judged by an earlier kvtier model (another engine rule, profile or step-time
+    table) must not be mixed with the current one's: the study records the revision."""
+    import kvtier.search.run as run
+
+    db = tmp_path / "s.db"
+    first = invoke(*optimize_args(trace_path, db, "--trials", "2"))
+    assert first.code in (0, 1), first.stderr
+    monkeypatch.setattr(run, "model_revision", lambda: "0123456789abcdef")
+    again = invoke(*optimize_args(trace_path, db, "--trials", "3"))
+    assert_one_line_error(again, "--study", "another setup", "kvtier's model", "0123456789abcdef")
+    assert states(db)["COMPLETE"] + states(db).get("PRUNED", 0) == 2  # none ran since
+
+
+def test_the_model_revision_follows_the_model_files(tmp_path, monkeypatch) -> None:
+    """The revision is a digest of the files that decide a replay's figures: one changed byte
+    in an engine module gives another revision; the same files the same one."""
+    import shutil
+
+    import kvtier.search.revision as rev
+
+    copy = tmp_path / "kvtier"
+    copy.mkdir()
+    for part in rev.MODEL_PARTS:
+        src = rev.PACKAGE / part
+        if src.is_file():
+            shutil.copy(src, copy / part)
+        else:
+            shutil.copytree(src, copy / part, ignore=shutil.ignore_patterns("__pycache__"))
+    monkeypatch.setattr(rev, "PACKAGE", copy)
+    rev.model_revision.cache_clear()
+    a = rev.model_revision()
+    rev.model_revision.cache_clear()
+    assert rev.model_revision() == a
+    (copy / "sim" / "reference.py").write_text((copy / "sim" / "reference.py").read_text() + "#")
+    rev.model_revision.cache_clear()
+    assert rev.model_revision() != a
+    rev.model_revision.cache_clear()
+
+
 def test_the_same_setup_continues(trace_path, tmp_path) -> None:
     db = tmp_path / "s.db"
     args = optimize_args(trace_path, db, "--slo", "ttft_p99=2", "--json")

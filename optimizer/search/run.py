@@ -35,6 +35,7 @@ from kvtier.policy.model import (
 )
 from kvtier.scenario import Scenario, hardware_name, model_name
 from kvtier.search.objective import Evaluation, Evaluator, binding_term
+from kvtier.search.revision import model_revision
 from kvtier.search.setup import StudySetup, check_study_trace, slo_to_dict
 from kvtier.search.space import SearchSpace, load_space, restrict_to_target
 from kvtier.search.study import (
@@ -582,6 +583,7 @@ def open_study_stage(request: OptimizeRequest, fitted: Fitted) -> Opened:
         space=fitted.space.source,
         prices=price_figures(hw),
         objective=request.objective,
+        model_revision=model_revision(),
     )
     check_study_setup(study, setup, storage)
     # before the setup is recorded: the refusal names the space the study ran with

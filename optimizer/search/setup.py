@@ -59,6 +59,9 @@ class StudySetup:
     prices: dict[str, Any] | None = None
     # what the study minimises (kvtier.search.objective.OBJECTIVES); recorded unless "cost"
     objective: str = "cost"
+    # the model revision its trials were judged under (kvtier.search.revision); None for a
+    # study recorded before it was kept
+    model_revision: str | None = None
 
     def to_attrs(self) -> dict[str, Any]:
         """The study user attributes this setup is stored as."""
@@ -75,6 +78,8 @@ class StudySetup:
             setup["prices"] = self.prices
         if self.objective != "cost":
             setup["objective"] = self.objective
+        if self.model_revision is not None:
+            setup["model_revision"] = self.model_revision
         return {SHA256_ATTR: self.trace_sha256, SETUP_ATTR: setup}
 
     def record(self, study: Any) -> None:
@@ -100,6 +105,7 @@ class StudySetup:
             space=str(setup.get("space", "")),
             prices=setup.get("prices"),
             objective=str(setup.get("objective", "cost")),
+            model_revision=setup.get("model_revision"),
         )
 
     def scenario(self, policy: Policy, *, trace_path: str | None = None) -> Scenario:

@@ -410,7 +410,9 @@ def resumed_seed(seed: int, held: int) -> int:
     return int(np.random.SeedSequence([seed % 2**32, held]).generate_state(1)[0])
 
 
-IDENTITY = ("hardware", "model", "slo", "load", "rate_scale", "prices", "objective")
+IDENTITY = (
+    "hardware", "model", "slo", "load", "rate_scale", "prices", "objective", "model_revision",
+)  # fmt: skip
 
 
 def check_study_setup(study: optuna.Study, setup: StudySetup, storage: str) -> None:
@@ -515,6 +517,8 @@ def _flat(value: dict[str, Any], prefix: str = "") -> dict[str, Any]:
 
 def _changed(key: str, was: Any, now: Any) -> str:
     """One changed setup item in words; of the price figures only those that differ."""
+    if key == "model_revision":
+        return f"kvtier's model (simulator, profiles, step-time data) was revision {was}, now {now}"
     if key == "prices" and isinstance(was, dict) and isinstance(now, dict):
         a, b = _flat(was), _flat(now)
         keys = [k for k in dict.fromkeys([*a, *b]) if a.get(k) != b.get(k)]
