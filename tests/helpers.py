@@ -95,3 +95,22 @@ def assert_one_line_error(result: CliResult, *needles: str) -> None:
     assert "Traceback" not in result.stderr
     for needle in needles:
         assert needle in lines[0], (needle, lines[0])
+
+
+def replay_both(trace, cfg, **reference_options):  # noqa: ANN001, ANN003, ANN201
+    """Both engines' replays of ``trace`` under ``cfg`` (the reference with
+    ``reference_options``), or None when both stop at the same stall with the same message
+    (kvtier.errors.StallError, docs/model.md "A replay that does not progress")."""
+    import pytest
+
+    from kvtier.errors import StallError
+    from kvtier.sim import simulate_raw
+
+    try:
+        ref = simulate_raw(trace, cfg, engine="reference", **reference_options)
+    except StallError as err:
+        with pytest.raises(StallError) as fast_err:
+            simulate_raw(trace, cfg, engine="numba")
+        assert str(fast_err.value) == str(err)
+        return None
+    return ref, simulate_raw(trace, cfg, engine="numba")
