@@ -185,7 +185,7 @@ def simulate_engine(
     for role, arr in kept.items():  # only after a completed call: the map is zero again
         SCRATCH.give(role, arr)
     if out.stats[4] >= 0:  # a replay that does not progress (the reference raises the same)
-        stall_limit = trace.n_requests * int(params.capacity)
+        stall_limit = trace.n_requests * int(params.capacity) * cfg.block_tokens
         raise StallError(int(out.stats[4]), int(out.stats[5]), float(out.stats[6]), stall_limit)
     early = bool(out.stats[1])
     return RawResult(

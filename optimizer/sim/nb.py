@@ -1084,12 +1084,14 @@ def run_ahead_nb(
 def stalled_nb(sim: Sim, i: int, k: int, now: float) -> None:
     """Request ``i`` preempted itself on instance ``k`` with no other request running there
     whose KV is in place: a stall (the reference's ``stalled``). The first stall past the limit
-    (requests x the largest instance's blocks) is recorded in ``out.stats[4:7]`` and the event
-    loop stops at the end of this event; the wrapper raises the reference's error."""
+    (requests x the tokens of the largest instance's blocks) is recorded in ``out.stats[4:7]``
+    and the event loop stops at the end of this event; the wrapper raises the reference's
+    error."""
     ints = sim.ty.ints
     ints[C_STALLS] += 1
     stats = sim.out.stats
-    if ints[C_STALLS] > sim.rq.arrival.shape[0] * sim.prm.capacity and stats[4] < 0:
+    limit = sim.rq.arrival.shape[0] * sim.prm.capacity * sim.prm.block_tokens
+    if ints[C_STALLS] > limit and stats[4] < 0:
         stats[4] = i
         stats[5] = k
         stats[6] = now

@@ -455,7 +455,7 @@ class ReferenceReplay:
         self.n_iter = 0
         # self-preemptions of a request alone on its instance, and how many stop the replay
         self.stalls = 0
-        self.stall_limit = self.n * max(caps)
+        self.stall_limit = self.n * max(caps) * self.B
         self.n_extrap = 0  # iterations whose measured step time was extrapolated
         self.early = False
         self.track = self.cfg.track_tbt  # token intervals (RawResult.tbt_tail_s)
