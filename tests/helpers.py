@@ -95,3 +95,29 @@ def assert_one_line_error(result: CliResult, *needles: str) -> None:
     assert "Traceback" not in result.stderr
     for needle in needles:
         assert needle in lines[0], (needle, lines[0])
+
+
+def replay_both(trace, cfg, *, fast=None, **options):  # noqa: ANN001, ANN003, ANN201
+    """Both engines' replays of ``trace`` under ``cfg`` (``options`` for both but
+    ``check_invariants``, the reference's alone; ``fast`` replays with the numba engine
+    instead, if given), or None when both stop at the same stall with the same message
+    (kvtier.errors.StallError, docs/model.md "A replay that does not progress")."""
+    import pytest
+
+    from kvtier.errors import StallError
+    from kvtier.sim import simulate_raw
+
+    numba_options = {k: v for k, v in options.items() if k != "check_invariants"}
+    if fast is None:
+
+        def fast():  # noqa: ANN202
+            return simulate_raw(trace, cfg, engine="numba", **numba_options)
+
+    try:
+        ref = simulate_raw(trace, cfg, engine="reference", **options)
+    except StallError as err:
+        with pytest.raises(StallError) as fast_err:
+            fast()
+        assert str(fast_err.value) == str(err)
+        return None
+    return ref, fast()

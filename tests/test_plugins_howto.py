@@ -105,6 +105,7 @@ from kvtier.policy.model import TierPolicy
 from kvtier.policy.registries import CONNECTORS, ROUTERS, WRITE_POLICIES
 from kvtier.sim import build_config, simulate_raw
 from kvtier.trace.blocked import BlockedTrace
+from tests.helpers import replay_both
 from tests.sim_strategies import blocked_traces, tiered_configs
 from tests.test_sim_tiers_differential import assert_same_tiers
 
@@ -122,8 +123,10 @@ def engines_agree(data):
     cfg = replace(cfg, router=router)
     if cfg.tiers is not None:
         cfg = replace(cfg, tiers=replace(cfg.tiers, write_policy=writes))
-    ref = simulate_raw(trace, cfg, engine="reference", check_invariants=True)
-    fast = simulate_raw(trace, cfg, engine="numba")
+    pair = replay_both(trace, cfg, check_invariants=True)
+    if pair is None:  # both stopped at the same stall
+        return
+    ref, fast = pair
     assert_same_tiers(ref, fast, trace, cfg)
     seen.update(int(k) for k in ref.instance if k >= 0)
 

@@ -21,7 +21,7 @@ import numpy as np
 
 from kvtier.cache.enums import BLK_LANES, L_NXT, L_PRV, L_WHERE, NIL, W_ABSENT
 from kvtier.cache.state import TierState
-from kvtier.errors import InputError
+from kvtier.errors import InputError, StallError
 from kvtier.policy.registries import (
     KV_AWARE,
     LOAD_RULES,
@@ -184,6 +184,9 @@ def simulate_engine(
     simulate_nb(requests, params, pools, ts, tp, lk, out)
     for role, arr in kept.items():  # only after a completed call: the map is zero again
         SCRATCH.give(role, arr)
+    if out.stats[4] >= 0:  # a replay that does not progress (the reference raises the same)
+        stall_limit = trace.n_requests * int(params.capacity) * cfg.block_tokens
+        raise StallError(int(out.stats[4]), int(out.stats[5]), float(out.stats[6]), stall_limit)
     early = bool(out.stats[1])
     return RawResult(
         first_token_s=out.first_token,
@@ -333,7 +336,7 @@ def kernel_inputs(
         busy_s=np.zeros(cfg.n_instances, dtype=np.float64),
         load_s=np.zeros(n),
         loaded_blocks=np.zeros((n, tp.n_tiers), dtype=np.int64),
-        stats=np.zeros(4, dtype=np.float64),
+        stats=np.array([0.0, 0.0, 0.0, 0.0, -1.0, -1.0, 0.0]),
         preemptions=np.zeros(n, dtype=np.int64),
         preempted_tokens=np.zeros(n, dtype=np.int64),
         decode_instance=np.full(n, -1, dtype=np.int64),

@@ -92,6 +92,7 @@ from kvtier.sim.nb_state import (
     C_OVER_TBT,
     C_OVER_TPOT,
     C_REJECTED,
+    C_STALLS,
     C_STAMP,
     INNER,
     N_COUNTERS,
@@ -1080,6 +1081,23 @@ def run_ahead_nb(
 
 
 @njit(cache=True, nogil=True, inline="always")
+def stalled_nb(sim: Sim, i: int, k: int, now: float) -> None:
+    """Request ``i`` preempted itself on instance ``k`` with no other request running there
+    whose KV is in place: a stall (the reference's ``stalled``). The first stall past the limit
+    (requests x the tokens of the largest instance's blocks) is recorded in ``out.stats[4:7]``
+    and the event loop stops at the end of this event; the wrapper raises the reference's
+    error."""
+    ints = sim.ty.ints
+    ints[C_STALLS] += 1
+    stats = sim.out.stats
+    limit = sim.rq.arrival.shape[0] * sim.prm.capacity * sim.prm.block_tokens
+    if ints[C_STALLS] > limit and stats[4] < 0:
+        stats[4] = i
+        stats[5] = k
+        stats[6] = now
+
+
+@njit(cache=True, nogil=True, inline="always")
 def schedule_v0_nb(
     sim: Sim, k: int, now: float, cascade: bool
 ) -> tuple[int, int, bool, float, float]:
@@ -1191,6 +1209,8 @@ def schedule_v0_nb(
             v = preempt_nb(k, j, rq, rs, ist, pool, prm, out)
             preempted = True
             if v == i:
+                if m == 0:
+                    stalled_nb(sim, i, k, now)
                 ok = False
                 break
         if not ok:
@@ -1294,6 +1314,8 @@ def schedule_running_nb(sim: Sim, k: int, now: float, sc: Scheduled, cascade: bo
                 v = preempt_nb(k, j, rq, rs, ist, sim.pool, prm, sim.out)
                 preempted = True
                 if v == i:
+                    if m == 0:
+                        stalled_nb(sim, i, k, now)
                     ok = False
                     break
             if not ok:
@@ -1543,6 +1565,8 @@ def event_loop_nb(sim: Sim) -> tuple[bool, float]:
             t_next = now
         for a in range(n_act):
             start_iteration_nb(sim, act[a], now, t_next)
+        if out.stats[4] >= 0:
+            break  # a replay that does not progress (``stalled_nb``)
 
     return early, now
 

@@ -131,7 +131,9 @@ class Outputs(NamedTuple):
     busy_s: np.ndarray  # f8 (n_instances,), zero
     load_s: np.ndarray  # f8 (n,), zero: seconds from admission to the last loaded block
     loaded_blocks: np.ndarray  # i8 (n, n_tiers), zero: blocks loaded from each lower tier
-    stats: np.ndarray  # f8 (4,): n_iterations, early_stopped, end time, extrapolated steps
+    # f8 (7,): n_iterations, early_stopped, end time, extrapolated steps; then the stall that
+    # stopped the replay (request, instance, time; request -1 if none)
+    stats: np.ndarray
     preemptions: np.ndarray  # i8 (n,), zero: times preempted (vllm_v1)
     preempted_tokens: np.ndarray  # i8 (n,), zero: computed KV tokens its preemptions discarded
     decode_instance: np.ndarray  # i8 (n,), -1-filled: its decode instance (disaggregated)
@@ -240,10 +242,12 @@ class Buffers(NamedTuple):
 # The closed-loop load generator's requests in flight (C_IN_FLIGHT) and, in ``Tally.ttft_sum[1]``,
 # when the last slot freed.
 # C_EXTRAP: iterations whose measured step time used values beyond the measured data.
+# C_STALLS: self-preemptions of a request alone on its instance (the reference's ``stalls``).
 C_RR, C_ITER, C_STAMP, C_REJECTED, C_OVER_P99, C_OVER_P999, C_OVER_TPOT, C_IN_FLIGHT = range(8)
 C_EXTRAP = 8
 C_OVER_TBT = 9
-N_COUNTERS = 10
+C_STALLS = 10
+N_COUNTERS = 11
 
 
 class Tally(NamedTuple):

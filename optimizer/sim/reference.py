@@ -107,6 +107,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from kvtier.errors import StallError
 from kvtier.policy.registries import RESERVE, ROUTERS, VLLM_V0
 from kvtier.sim.config import SimConfig
 from kvtier.sim.fault_step import RefFaults
@@ -452,6 +453,9 @@ class ReferenceReplay:
         self.gate = 0.0  # when the last slot freed (closed loop)
         self.sent_s = np.array([r.arrival for r in self.requests], dtype=np.float64)
         self.n_iter = 0
+        # self-preemptions of a request alone on its instance, and how many stop the replay
+        self.stalls = 0
+        self.stall_limit = self.n * max(caps) * self.B
         self.n_extrap = 0  # iterations whose measured step time was extrapolated
         self.early = False
         self.track = self.cfg.track_tbt  # token intervals (RawResult.tbt_tail_s)
@@ -758,6 +762,15 @@ class ReferenceReplay:
         req.handed = req.pd_first  # its KV had not arrived: it is pulled again
         inst.waiting.appendleft(req)
 
+    def stalled(self, req: Request, k: int, t: float) -> None:
+        """``req`` preempted itself on instance ``k`` with no other request running there
+        whose KV is in place (the blocks it lacks are held for handed-over requests or for
+        requests still loading): a stall. More than ``stall_limit`` of them stop the replay
+        (docs/model.md, "A replay that does not progress")."""
+        self.stalls += 1
+        if self.stalls > self.stall_limit:
+            raise StallError(req.idx, k, t, self.stall_limit)
+
     def schedule_v0(
         self, inst: Instance, k: int, t: float
     ) -> tuple[list[tuple[Request, int]], bool, float]:
@@ -829,6 +842,8 @@ class ReferenceReplay:
                 self.preempt(inst, victim)
                 preempted = True
                 if victim is req:
+                    if not sched:
+                        self.stalled(req, k, t)
                     ok = False
                     break
             if not ok:
@@ -869,6 +884,8 @@ class ReferenceReplay:
                     self.preempt(inst, victim)
                     preempted = True
                     if victim is req:
+                        if not sched:
+                            self.stalled(req, k, t)
                         ok = False
                         break
                 if not ok:
