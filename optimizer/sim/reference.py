@@ -217,9 +217,10 @@ class HbmPool:
         self.ref[slot] += 1
         return slot
 
-    def allocate(self, evicted: list[int]) -> int:
-        """Take the free queue's head; a block cached there is evicted (appended to ``evicted``;
-        a generated block, which no prompt names, goes nowhere)."""
+    def take_head(self, evicted: list[int]) -> int:
+        """Take the free queue's head slot; a block cached there is evicted (a prompt's is
+        appended to ``evicted``; a sliding-window copy leaves its map; a generated block,
+        which no prompt names, goes nowhere)."""
         slot, _ = self.free.popitem(last=False)
         old = self.slot_block[slot]
         if old >= 0:
@@ -227,6 +228,11 @@ class HbmPool:
             evicted.append(old)
         elif old <= SW_MARK:
             del self.sw_cached[SW_MARK - old]
+        return slot
+
+    def allocate(self, evicted: list[int]) -> int:
+        """Take the free queue's head for a request (:meth:`take_head`), held once."""
+        slot = self.take_head(evicted)
         self.slot_block[slot] = -1
         self.ref[slot] = 1
         return slot
@@ -254,13 +260,7 @@ class HbmPool:
         ask for (unless one is cached already; -1: a generated token's block); the others
         (more sliding-window groups) are cached under hashes no look-up here names."""
         for x in range(min(n, len(self.free))):
-            slot, _ = self.free.popitem(last=False)
-            old = self.slot_block[slot]
-            if old >= 0:
-                del self.cached[old]
-                evicted.append(old)
-            elif old <= SW_MARK:
-                del self.sw_cached[SW_MARK - old]
+            slot = self.take_head(evicted)
             self.slot_block[slot] = GENERATED
             if x == 0 and name >= 0 and name not in self.sw_cached:
                 self.sw_cached[name] = slot
