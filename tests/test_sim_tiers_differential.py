@@ -106,12 +106,22 @@ def test_kept_scratch_arrays_give_fresh_results(first, second, p99) -> None:
     prefix-cache map all zero."""
     trace, cfg = first
     slo = SLO(ttft_p99_s=p99) if p99 is not None else None
+
+    def replay(case):  # noqa: ANN001, ANN202 - a result, or the stall's message
+        try:
+            return simulate_raw(*case, engine="numba", slo=slo, stop_early=True)
+        except StallError as err:  # (a replay that does not progress; it still returns arrays)
+            return str(err)
+
     SCRATCH.clear()
-    fresh = simulate_raw(trace, cfg, engine="numba", slo=slo, stop_early=True)
-    simulate_raw(*second, engine="numba", slo=slo, stop_early=True)
-    simulate_raw(trace, cfg, engine="numba", slo=slo, stop_early=True)
-    again = simulate_raw(trace, cfg, engine="numba", slo=slo, stop_early=True)
-    assert_same_tiers(fresh, again, trace, cfg)
+    fresh = replay(first)
+    replay(second)  # (a stall here leaves kept arrays too)
+    replay(first)
+    again = replay(first)
+    if isinstance(fresh, str):
+        assert again == fresh
+    else:
+        assert_same_tiers(fresh, again, trace, cfg)
     n_shared = max(trace.n_blocks if maps_every_block(cfg.scheduler) else trace.shared_blocks[1], 1)
     # (sliding-window copies, vLLM's hybrid manager: a second map of the same size)
     if cfg.prefix_caching and cfg.swa_window > 0 and cfg.swa_blocks > 0:
