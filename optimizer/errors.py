@@ -59,9 +59,10 @@ class InputError(Exception):
 
 class StallError(InputError):
     """A replay that does not progress (docs/model.md, "A replay that does not progress"):
-    requests alone on their instance preempted themselves more often than the trace has
-    requests times the largest instance holds tokens (its blocks x block tokens). Both engines
-    stop at the same preemption and raise this with the same message."""
+    requests alone on their instance, blocks held there for handed-over requests, preempted
+    themselves more often than the trace has requests times the largest instance holds tokens
+    (its blocks x block tokens). Both engines stop at the same preemption and raise this with
+    the same message."""
 
     def __init__(self, request: int, instance: int, now: float, limit: int) -> None:
         self.request = request
@@ -73,6 +74,6 @@ class StallError(InputError):
             f"on instance {instance}, alone there and unable to get a block, and requests alone "
             f"on their instance have now done so more than {limit} times (requests x tokens "
             "the largest instance's blocks hold); the blocks it needs are held for handed-over "
-            "requests whose KV is not yet pulled or for requests still loading (docs/model.md, "
-            "'A replay that does not progress')"
+            "requests whose KV is not yet pulled (docs/model.md, 'A replay that does not "
+            "progress')"
         )

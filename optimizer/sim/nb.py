@@ -1083,7 +1083,8 @@ def run_ahead_nb(
 @njit(cache=True, nogil=True, inline="always")
 def stalled_nb(sim: Sim, i: int, k: int, now: float) -> None:
     """Request ``i`` preempted itself on instance ``k`` with no other request running there
-    whose KV is in place: a stall (the reference's ``stalled``). The first stall past the limit
+    whose KV is in place, blocks held there for handed-over requests: a stall (the
+    reference's ``stalled``). The first stall past the limit
     (requests x the tokens of the largest instance's blocks) is recorded in ``out.stats[4:7]``
     and the event loop stops at the end of this event; the wrapper raises the reference's
     error."""
@@ -1209,7 +1210,7 @@ def schedule_v0_nb(
             v = preempt_nb(k, j, rq, rs, ist, pool, prm, out)
             preempted = True
             if v == i:
-                if m == 0:
+                if m == 0 and ist.held_head[k] >= 0:
                     stalled_nb(sim, i, k, now)
                 ok = False
                 break
@@ -1314,7 +1315,7 @@ def schedule_running_nb(sim: Sim, k: int, now: float, sc: Scheduled, cascade: bo
                 v = preempt_nb(k, j, rq, rs, ist, sim.pool, prm, sim.out)
                 preempted = True
                 if v == i:
-                    if m == 0:
+                    if m == 0 and ist.held_head[k] >= 0:
                         stalled_nb(sim, i, k, now)
                     ok = False
                     break

@@ -764,9 +764,10 @@ class ReferenceReplay:
 
     def stalled(self, req: Request, k: int, t: float) -> None:
         """``req`` preempted itself on instance ``k`` with no other request running there
-        whose KV is in place (the blocks it lacks are held for handed-over requests or for
-        requests still loading): a stall. More than ``stall_limit`` of them stop the replay
-        (docs/model.md, "A replay that does not progress")."""
+        whose KV is in place while the instance holds blocks for handed-over requests whose
+        KV is not yet pulled: a stall. More than ``stall_limit`` of them stop the replay
+        (docs/model.md, "A replay that does not progress"). (Blocks of requests still loading
+        from a lower tier are not a stall: each load ends at a time fixed when it starts.)"""
         self.stalls += 1
         if self.stalls > self.stall_limit:
             raise StallError(req.idx, k, t, self.stall_limit)
@@ -842,7 +843,7 @@ class ReferenceReplay:
                 self.preempt(inst, victim)
                 preempted = True
                 if victim is req:
-                    if not sched:
+                    if not sched and inst.held:
                         self.stalled(req, k, t)
                     ok = False
                     break
@@ -884,7 +885,7 @@ class ReferenceReplay:
                     self.preempt(inst, victim)
                     preempted = True
                     if victim is req:
-                        if not sched:
+                        if not sched and inst.held:
                             self.stalled(req, k, t)
                         ok = False
                         break
