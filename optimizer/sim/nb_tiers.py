@@ -402,24 +402,32 @@ def insert_nb(ts, tp, lk, k, now, t, b):  # noqa: ANN001, ANN201
         b = victim
 
 
+@njit(cache=True, nogil=True, _nrt=False, inline="always")
+def copy_into_nb(ts, tp, lk, k, now, t, buf, nbuf):  # noqa: ANN001, ANN201
+    """Copy those of ``buf[:nbuf]`` tier ``t``'s pool (the one ``k`` reaches) lacks into it, one
+    transfer; returns when it ends (``now`` if nothing was copied)."""
+    p = pool_nb(tp, t, k)
+    cnt = ZERO  # (a literal 0 would compile ops_of a second time)
+    for x in range(nbuf):
+        b = buf[x]
+        if not has_nb(ts, p, b) and not fault_down_nb(ts, p, b):
+            insert_nb(ts, tp, lk, k, now, t, b)
+            cnt += 1
+    if cnt == 0:
+        return now
+    lk.bytes_written[t] += cnt * tp.block_bytes
+    return gpu_transfer_nb(tp, lk, k, t, now, cnt, True)
+
+
 @njit(cache=True, nogil=True, _nrt=False, **INNER)
 def write_down_nb(ts, tp, lk, k, now, buf, nbuf, n_targets):  # noqa: ANN001, ANN201
     """Copy ``buf[:nbuf]`` into the first ``n_targets`` tiers, one transfer per tier; returns
     when the last copy into a tier whose connector blocks the step ends (``now`` if none)."""
     saved = now
     for t in range(n_targets):
-        p = pool_nb(tp, t, k)
-        cnt = ZERO  # (a literal 0 would compile ops_of a second time)
-        for x in range(nbuf):
-            b = buf[x]
-            if not has_nb(ts, p, b) and not fault_down_nb(ts, p, b):
-                insert_nb(ts, tp, lk, k, now, t, b)
-                cnt += 1
-        if cnt > 0:
-            fin = gpu_transfer_nb(tp, lk, k, t, now, cnt, True)
-            lk.bytes_written[t] += cnt * tp.block_bytes
-            if tp.store_blocks[t] and fin > saved:
-                saved = fin
+        fin = copy_into_nb(ts, tp, lk, k, now, t, buf, nbuf)
+        if tp.store_blocks[t] and fin > saved:
+            saved = fin
     return saved
 
 
@@ -436,18 +444,8 @@ def generated_nb(ts, tp, lk, k, now, i, cnt, buf):  # noqa: ANN001, ANN201
     if n == 0:
         return
     for t in range(new_targets_nb(tp)):
-        if not tp.store_generated[t]:
-            continue
-        p = pool_nb(tp, t, k)
-        c = ZERO
-        for x in range(n):
-            b = buf[x]
-            if not has_nb(ts, p, b) and not fault_down_nb(ts, p, b):
-                insert_nb(ts, tp, lk, k, now, t, b)
-                c += 1
-        if c > 0:
-            gpu_transfer_nb(tp, lk, k, t, now, c, True)
-            lk.bytes_written[t] += c * tp.block_bytes
+        if tp.store_generated[t]:
+            copy_into_nb(ts, tp, lk, k, now, t, buf, n)
 
 
 @njit(cache=True, nogil=True, _nrt=False, inline="always")
