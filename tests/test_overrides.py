@@ -223,3 +223,15 @@ def test_replay_and_compare_refuse_a_bad_set(small_trace: Path, command: str) ->
         command, "--trace", str(small_trace), "--preset", "vllm-hbm", "--set", "blocktokens=32"
     )
     assert_one_line_error(result, "option --set", "unknown key 'blocktokens'", "block_tokens")
+
+
+def test_per_engine_on_a_shared_tier_in_a_policy_file_is_one_line(tmp_path) -> None:
+    """``per_engine`` applies to the per-host tiers only; in a policy file on another tier it
+    is refused in one line naming the file and key (no traceback)."""
+    from tests.helpers import REPO, assert_one_line_error, invoke
+
+    policy = tmp_path / "p.toml"
+    policy.write_text('[[tiers]]\nname = "hbm"\n[[tiers]]\nname = "cxl"\nper_engine = true\n')
+    result = invoke("replay", "--trace", str(REPO / "traces" / "sample-chat.parquet"),
+                    "--policy", str(policy), "--hardware", "beluga-testbed")  # fmt: skip
+    assert_one_line_error(result, str(policy), "tiers[1].per_engine", "c2c, dram, ssd")

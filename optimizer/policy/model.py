@@ -511,6 +511,9 @@ def policy_from_dict(data: dict[str, Any], source: str = "<policy>") -> Policy:
             raise tt.error(f"tiers[{i}].name", f"tier {name!r} is listed twice")
         if tt.has("interleave") and not tier_trait(name, "interleave"):
             raise tt.error(f"tiers[{i}].interleave", f"applies to {_interleaved()} only")
+        if tt.has("per_engine") and (name == "hbm" or not tier_trait(name, "per_host")):
+            per_host = ", ".join(n for n in TIER_NAMES if n != "hbm" and tier_trait(n, "per_host"))
+            raise tt.error(f"tiers[{i}].per_engine", f"applies to the {per_host} tiers only")
         hbm = name == "hbm"
         values = read_settings(
             TierPolicy,
