@@ -176,6 +176,13 @@ def _sim_config(draw: st.DrawFn, block_tokens: int) -> SimConfig:
                 ]
             )
         ),
+        # llmd_epp's prefix source: the caches, the EPP's indexes at their defaults (never
+        # full here), or indexes of a few entries (turning over; a short hashed head)
+        epp_index=draw(
+            st.sampled_from(
+                [(), (0, 0, 31250, 64, 131072), (1, 0, 2, 16, 1 << 20), (3, 16, 1, 32, 64)]
+            )
+        ),
         scheduler=draw(st.integers(0, 2)),  # reserve, vllm_v1, vllm_v0
         watermark_blocks=draw(st.sampled_from([0, 0, 1])),
         flops_per_token=draw(st.sampled_from([1.0, 3.0])),

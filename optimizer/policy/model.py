@@ -160,6 +160,46 @@ class ServingPolicy:
         nonneg=True,
         maximum=1e6,
     )
+    # Where the EPP's two prefix scorers read a prefix (llm-d-router v0.10.0,
+    # requestcontrol/dataproducer/approximateprefix: plugin.go, indexer.go, types.go; the same
+    # index in gateway-api-inference-extension v1.0.1's plugins/multi/prefix): "index", the
+    # approx-prefix-cache-producers' per-server LRU indexes of the prompts the EPP sent there,
+    # as llm-d runs them; "cache", the instances' actual HBM and lower-tier content (a
+    # precise, KV-event-fed scorer). docs/model.md, "Routing".
+    epp_prefix_source: str = setting(
+        "index",
+        "llmd_epp: where the prefix scorers read a prefix: the EPP's own LRU indexes of where "
+        "it sent prompts (index) or the instances' cached blocks (cache)",
+        choices=("index", "cache"),
+    )
+    # the GPU producer: autoTune takes vLLM's block count (cache_config_info num_gpu_blocks)
+    # as its entries and vLLM's block size, at least 64 tokens (minBlockSizeTokens), as its
+    # entry; the CPU producer of the tiered guide: autoTune false, lruCapacityPerServer set,
+    # blockSizeTokens at its default 16, clamped to 64
+    epp_gpu_index_entries: int = setting(
+        0,
+        "llmd_epp index: entries of the GPU producer's LRU per server (0: autoTune, the "
+        "instance's HBM blocks)",
+        minimum=0,
+    )
+    epp_gpu_index_entry_tokens: int = setting(
+        0,
+        "llmd_epp index: prompt tokens per GPU-producer entry (0: autoTune, the block size "
+        "and at least 64)",
+        minimum=0,
+    )
+    epp_cpu_index_entries: int = setting(
+        31250,
+        "llmd_epp index: entries of the CPU producer's LRU per server (lruCapacityPerServer; "
+        "default 31,250)",
+    )
+    epp_cpu_index_entry_tokens: int = setting(
+        64, "llmd_epp index: prompt tokens per CPU-producer entry (blockSizeTokens, >= 64)"
+    )
+    epp_index_max_tokens: int = setting(
+        131072,
+        "llmd_epp index: leading prompt tokens the producers hash (maxPrefixTokensToMatch)",
+    )
 
     # vLLM's --enable-prefix-caching / --no-enable-prefix-caching: off, HBM keeps no prefix
     # across requests and every hit comes through a connector (LMCache deployments often run so).

@@ -55,6 +55,11 @@ class SimConfig:
     # llmd_epp router: weights of the queue, KV utilisation, GPU prefix, CPU prefix,
     # no-hit-LRU and active-request scorers (llm-d's EPP; kvtier.sim.routers.llmd_epp)
     epp_weights: tuple[float, ...] = (1.0, 1.0, 1.0, 1.0, 1.0, 0.0)
+    # llmd_epp prefix source: () reads the instances' cached blocks; else the EPP's two
+    # approximate indexes of where it sent prompts, (GPU entries per server, 0: the instance's
+    # HBM blocks; tokens per GPU entry, 0: max(block_tokens, 64); CPU entries; tokens per CPU
+    # entry; leading prompt tokens hashed) (kvtier.sim.routers.epp_index)
+    epp_index: tuple[int, ...] = ()
     scheduler: int = 0  # SCHEDULERS code: 0 reserve at admission, 1 vLLM V1 (grow, preempt)
     watermark_blocks: int = 0  # vllm_v1: free blocks an admission leaves when others run
     # prefill/decode disaggregation: instances [0, n_prefill) prefill, the rest decode (0:
@@ -256,6 +261,17 @@ def build_config(hardware: Hardware, model: ModelProfile, policy: Policy) -> Sim
             float(serving.epp_cpu_prefix_weight),
             float(serving.epp_no_hit_lru_weight),
             float(serving.epp_active_weight),
+        ),
+        epp_index=(
+            (
+                int(serving.epp_gpu_index_entries),
+                int(serving.epp_gpu_index_entry_tokens),
+                int(serving.epp_cpu_index_entries),
+                int(serving.epp_cpu_index_entry_tokens),
+                int(serving.epp_index_max_tokens),
+            )
+            if serving.epp_prefix_source == "index"
+            else ()
         ),
         scheduler=SCHEDULERS.codes[serving.scheduler],
         n_prefill=n_pf,

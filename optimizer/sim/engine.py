@@ -22,6 +22,7 @@ import numpy as np
 from kvtier.cache.enums import BLK_LANES, L_NXT, L_PRV, L_WHERE, NIL, W_ABSENT
 from kvtier.cache.state import TierState
 from kvtier.errors import InputError, StallError
+from kvtier.files import check_allocation
 from kvtier.policy.registries import (
     KV_AWARE,
     LOAD_RULES,
@@ -47,6 +48,7 @@ from kvtier.sim.nb_hbm import AHEAD
 from kvtier.sim.nb_state import HbmPools, Outputs, Params, Requests
 from kvtier.sim.nb_tiers import LinkState, TierParams, TierPools, fill_rows_nb, no_faults
 from kvtier.sim.result import RawResult, end_time, tbt_tail_counts
+from kvtier.sim.routers.epp_index import index_capacities
 from kvtier.sim.routing import kv_route_weights
 from kvtier.sim.slo import SloCheck
 from kvtier.sim.steptime.pack import validate_timing
@@ -256,6 +258,7 @@ def kernel_inputs(
     fit = int(caps.min())
     tb = kernel_blocks(total_blocks(trace, cfg.block_tokens), fit)
     n_refs = _check_counts(trace, cfg, tb, n_shared, ring_len)
+    epp_ix = _epp_index(cfg, caps, n_shared, n_refs)
     slo_on = slo is not None
     thr = slo.thresholds() if slo is not None else np.full(5, np.inf)
     lim = slo.limits(n) if slo is not None else np.ones(4, dtype=np.int64)
@@ -327,6 +330,7 @@ def kernel_inputs(
         swa_blocks,
         swa_need,
         cfg.n_instances * n_shared if swa_need else 0,
+        *epp_ix,
     )
     out = Outputs(
         first_token=np.full(n, np.nan),
@@ -551,6 +555,36 @@ def _epp_weights(cfg: SimConfig) -> np.ndarray:
     if w.shape != (6,) or not np.all(np.isfinite(w) & (w >= 0)):
         raise InputError(f"epp_weights must be six finite numbers >= 0, got {cfg.epp_weights}")
     return w
+
+
+def _epp_index(cfg: SimConfig, caps: np.ndarray, n_shared: int, n_refs: int) -> tuple:
+    """The kernel's ``epp_ix``, ``ix_cap``, ``ix_max`` and ``ix_nodes``: the llmd_epp router's
+    approximate indexes when it reads them (kvtier.sim.routers.epp_index), else none."""
+    if cfg.router != ROUTERS.codes["llmd_epp"] or not cfg.epp_index:
+        return False, np.ones(2 * cfg.n_instances, dtype=np.int64), 0, 1
+    if len(cfg.epp_index) != 5 or not all(
+        isinstance(v, int) and 0 <= v < 1 << 40 for v in cfg.epp_index
+    ):
+        raise InputError(f"epp_index must be five integers >= 0, got {cfg.epp_index}")
+    if min(cfg.epp_index[2:]) < 1:
+        raise InputError(
+            f"epp_index: CPU entries, tokens per CPU entry and hashed tokens must be >= 1, "
+            f"got {cfg.epp_index}"
+        )
+    nodes = cfg.n_instances * n_shared + n_refs
+    if nodes >= 1 << 31:
+        raise InputError(
+            f"{cfg.n_instances} instances x {n_shared:,} shared blocks + {n_refs:,} block "
+            "references is too large an EPP index; use a larger block size",
+            option="serving.epp_prefix_source",
+        )
+    check_allocation(
+        2 * nodes * 9.0,
+        f"the EPP's prefix indexes over {nodes:,} entries",
+        option="serving.epp_prefix_source",
+    )
+    ix_cap, ix_max = index_capacities(cfg.epp_index, caps, cfg.block_tokens)
+    return True, np.ascontiguousarray(ix_cap.reshape(-1)), int(ix_max), int(nodes)
 
 
 def _check_counts(

@@ -1642,6 +1642,13 @@ def new_state(
         ring_count=prm.capacities.copy(),
         free_len=prm.capacities.copy(),
         saving=np.zeros(n_inst, dtype=np.bool_),
+        ix_next=np.full(2 * prm.ix_nodes, -1, dtype=np.int32),
+        ix_prev=np.full(2 * prm.ix_nodes, -1, dtype=np.int32),
+        ix_on=np.zeros(2 * prm.ix_nodes, dtype=np.bool_),
+        ix_head=np.full(2 * n_inst, -1, dtype=np.int64),
+        ix_tail=np.full(2 * n_inst, -1, dtype=np.int64),
+        ix_len=np.zeros(2 * n_inst, dtype=np.int64),
+        ix_cnt=np.zeros(2 * n_inst, dtype=np.int64),
     )
     max_nb = 0
     max_out = 0

@@ -106,6 +106,13 @@ class Params(NamedTuple):
     # instances' map of full blocks, ``n_instances * n_shared``)
     swa_need: int
     swa_off: int
+    # llmd_epp reading the EPP's approximate indexes (kvtier.sim.routers.epp_index; False:
+    # the instances' caches): each producer's LRU capacity per instance in blocks (GPU rows
+    # then CPU rows), the leading blocks a prompt hashes, the entries of one producer's lists
+    epp_ix: bool
+    ix_cap: np.ndarray  # i8 (2 * n_instances,)
+    ix_max: int
+    ix_nodes: int  # n_instances * n_shared + refs (1 when epp_ix is False)
 
 
 class HbmPools(NamedTuple):
@@ -212,6 +219,16 @@ class InstanceState(NamedTuple):
     ring_count: np.ndarray
     free_len: np.ndarray
     saving: np.ndarray  # bool: the iteration has ended, its blocking stores have not
+    # llmd_epp's approximate indexes: one doubly linked LRU list per producer and instance
+    # (list p * n_instances + k) over entries p * ix_nodes + node, oldest at the head; and the
+    # per-instance match counts of the request being routed
+    ix_next: np.ndarray  # i4 (2 * ix_nodes,), -1: none
+    ix_prev: np.ndarray  # i4 (2 * ix_nodes,)
+    ix_on: np.ndarray  # bool (2 * ix_nodes,): in its list
+    ix_head: np.ndarray  # i8 (2 * n_instances,), -1: empty
+    ix_tail: np.ndarray  # i8 (2 * n_instances,)
+    ix_len: np.ndarray  # i8 (2 * n_instances,)
+    ix_cnt: np.ndarray  # i8 (2 * n_instances,)
 
 
 class Buffers(NamedTuple):

@@ -115,6 +115,7 @@ from kvtier.sim.faults import fault_arrays
 from kvtier.sim.reference_tiers import LowerTiers
 from kvtier.sim.result import RawResult, end_time, tbt_tail_counts
 from kvtier.sim.routers import RouteView
+from kvtier.sim.routers.epp_index import EppIndex, index_capacities
 from kvtier.sim.routing import kv_route_weights
 from kvtier.sim.slo import SloCheck
 from kvtier.sim.tiers import generated_bases, generated_costs, recompute_costs
@@ -447,6 +448,7 @@ class ReferenceReplay:
             self.lower,
             kv_route_weights(self.cfg),
             cold_stamp=[0] * self.cfg.n_instances,
+            epp_index=self._epp_index(),
         )
         self.nxt = 0
         self.in_flight = 0  # requests sent and not finished (closed loop)
@@ -513,6 +515,14 @@ class ReferenceReplay:
         wakes = [inst.wake for inst in self.instances if inst.busy_until is None]
         t_wake = min(wakes) if wakes else np.inf
         return min(t_arr, t_end, t_wake)
+
+    def _epp_index(self) -> EppIndex | None:
+        """llmd_epp's approximate indexes when it reads them (``SimConfig.epp_index``)."""
+        if self.cfg.router != ROUTERS.codes["llmd_epp"] or not self.cfg.epp_index:
+            return None
+        caps = np.array([inst.pool.capacity for inst in self.instances], dtype=np.int64)
+        ix_cap, ix_max = index_capacities(self.cfg.epp_index, caps, self.B)
+        return EppIndex(ix_cap, ix_max)
 
     def arrive(self, req: Request, t: float) -> None:
         """``req`` arrives at ``t``: rejected if it can never fit, else routed to a waiting

@@ -32,8 +32,8 @@ class RouteView:
     """What a reference router reads: the instances (each with ``load``, ``pool.lookup`` and
     ``active_blocks``), the routed count, the configuration, whether the HBM prefix cache is
     on, the lower tiers (or None), the kv_aware weights, the round-robin turn and, for
-    ``llmd_epp``, when each instance last took a request no instance had cached (the values a
-    router changes)."""
+    ``llmd_epp``, when each instance last took a request no instance had cached and the EPP's
+    indexes of where it sent prompts, when it reads them (the values a router changes)."""
 
     instances: list[Any]
     n_route: int
@@ -43,6 +43,7 @@ class RouteView:
     route_w: np.ndarray
     turn: int = 0
     cold_stamp: list[int] = field(default_factory=list)
+    epp_index: Any = None  # llmd_epp: the EPP's approximate indexes (routers.epp_index.EppIndex)
 
     @property
     def routed(self) -> list[Any]:

@@ -11,9 +11,9 @@ this order):
 * ``kv-cache-utilization-scorer`` (``scorer/kvcacheutilization``): ``1 - usage``, vLLM's
   ``kv_cache_usage_perc`` (the share of HBM blocks not in the free queue);
 * ``prefix-cache-scorer`` fed by the GPU prefix producer (``scorer/prefix/plugin.go``):
-  matched prefix blocks / the prompt's blocks; here the HBM prefix hit;
-* the same scorer fed by the CPU producer: here the prefix held in HBM or a lower tier (the
-  HBM hit plus the blocks after it found below);
+  matched prefix blocks / the prompt's blocks (reading the caches: the HBM prefix hit);
+* the same scorer fed by the CPU producer (reading the caches: the prefix held in HBM or a
+  lower tier, the HBM hit plus the blocks after it found below);
 * ``no-hit-lru-scorer`` (``scorer/nohitlru/no_hit_lru.go``): 0.5 for every instance when any
   instance has a prefix hit; else (a "cold" request) ``1 - rank / (n - 1)``, ranking first
   the instances that never took a cold request (in index order), then the others from the
@@ -25,10 +25,11 @@ this order):
   pick to the end of its response); 1 when ``a`` = 0, else ``(max_a - a) / max_a`` with
   ``max_a`` the most on any instance.
 
-Approximations (docs/model.md, "Routing"): the EPP reads the prefix from its own indexes of
-where it sent prompts (approximate producers, LRU-bounded) and the load from scraped metrics;
-here both are the instances' exact state at the arrival. The picker breaks ties at random;
-here the lower index wins (a deterministic replay)."""
+The two prefix scorers read, as the EPP does, its own LRU indexes of where it sent prompts
+(``SimConfig.epp_index``, :mod:`kvtier.sim.routers.epp_index`), or, with ``epp_index`` empty,
+the instances' cached blocks. Approximations (docs/model.md, "Routing"): the EPP reads the
+load from scraped metrics, here the instances' exact state at the arrival; the picker breaks
+ties at random, here the lower index wins (a deterministic replay)."""
 
 from __future__ import annotations
 
@@ -41,6 +42,13 @@ from kvtier.sim.nb_hbm import hbm_lookup_nb
 from kvtier.sim.nb_state import INNER, Sim
 from kvtier.sim.nb_tiers import lookup_nb
 from kvtier.sim.routers.base_nb import n_routed_nb
+from kvtier.sim.routers.epp_index import (
+    CPU,
+    GPU,
+    hashed_blocks,
+    index_add_nb,
+    index_match_nb,
+)
 
 if TYPE_CHECKING:
     from kvtier.sim.routers import RouteView
@@ -70,11 +78,19 @@ def route(view: RouteView, req: Any) -> int:
     q_min = q_max = len(insts[0].waiting)
     a_max = 0
     cold = True
+    index = view.epp_index
+    nh = 0
+    if index is not None:  # the EPP's own indexes of where it sent prompts
+        nh = hashed_blocks(req.input_tokens, nb, B, index.max_blocks)
+        counts = index.match(req.blocks, nh, n)
     for k, inst in enumerate(insts):
-        h = inst.pool.lookup(req.blocks, cap) if view.prefix else 0
-        c = h
-        if view.lower is not None:
-            c += len(view.lower.lookup(k, req.blocks, h, cap))
+        if index is not None:
+            h, c = counts[GPU][k], counts[CPU][k]
+        else:
+            h = inst.pool.lookup(req.blocks, cap) if view.prefix else 0
+            c = h
+            if view.lower is not None:
+                c += len(view.lower.lookup(k, req.blocks, h, cap))
         hbm.append(h)
         held.append(c)
         if h > 0:
@@ -90,8 +106,9 @@ def route(view: RouteView, req: Any) -> int:
         cap_k = inst.pool.capacity
         ks = 1.0 - float(cap_k - len(inst.pool.free)) / float(cap_k)
         ks = min(max(ks, 0.0), 1.0)
-        gs = float(hbm[k]) / float(nb) if nb > 0 else 0.0
-        cs = float(held[k]) / float(nb) if nb > 0 else 0.0
+        den = nh if index is not None else nb
+        gs = float(hbm[k]) / float(den) if den > 0 else 0.0
+        cs = float(held[k]) / float(den) if den > 0 else 0.0
         ls = _lru_score(view.cold_stamp, k, n) if cold else 0.5
         a = inst.load
         as_ = 1.0 if a == 0 else float(a_max - a) / float(a_max)
@@ -106,6 +123,8 @@ def route(view: RouteView, req: Any) -> int:
             best, best_score = k, s
     if cold:
         view.cold_stamp[best] = req.idx + 1
+    if index is not None:
+        index.add(best, req.blocks, nh)
     return best
 
 
@@ -129,13 +148,25 @@ def route_nb(sim: Sim, i: int) -> int:
     if nb < hcap:
         hcap = nb
     n = n_routed_nb(prm)
+    n_inst = prm.n_instances
+    cnt = ist.ix_cnt
+    nh = 0
+    if prm.epp_ix:  # the EPP's own indexes of where it sent prompts
+        nh = inp[i] // B
+        if nb < nh:
+            nh = nb
+        if prm.ix_max < nh:
+            nh = prm.ix_max
+        index_match_nb(rq, ist, prm, boff[i], nh, n)
     q_min = ist.q_len[0]
     q_max = ist.q_len[0]
     a_max = 0
     cold = True
     for kk in range(n):
         h = 0
-        if prm.prefix_caching:
+        if prm.epp_ix:
+            h = cnt[kk]
+        elif prm.prefix_caching:
             h = hbm_lookup_nb(
                 pool.slot_of, kk * prm.n_shared, rq.shared, boff[i], hcap, buf.found,
                 prm.swa_off, prm.swa_need,
@@ -158,14 +189,19 @@ def route_nb(sim: Sim, i: int) -> int:
     best_score = -1.0
     for kk in range(n):
         h = 0
-        if prm.prefix_caching:
-            h = hbm_lookup_nb(
-                pool.slot_of, kk * prm.n_shared, rq.shared, boff[i], hcap, buf.found,
-                prm.swa_off, prm.swa_need,
-            )  # fmt: skip
-        c = h
-        if tp.n_tiers > 0:
-            c += lookup_nb(ts, tp, kk, rq.block_ids, boff[i], h, hcap, buf.src)
+        c = 0
+        if prm.epp_ix:
+            h = cnt[kk]
+            c = cnt[n_inst + kk]
+        else:
+            if prm.prefix_caching:
+                h = hbm_lookup_nb(
+                    pool.slot_of, kk * prm.n_shared, rq.shared, boff[i], hcap, buf.found,
+                    prm.swa_off, prm.swa_need,
+                )  # fmt: skip
+            c = h
+            if tp.n_tiers > 0:
+                c += lookup_nb(ts, tp, kk, rq.block_ids, boff[i], h, hcap, buf.src)
         q = ist.q_len[kk]
         qs = 1.0
         if q_max != q_min:
@@ -175,9 +211,10 @@ def route_nb(sim: Sim, i: int) -> int:
         ks = min(max(ks, 0.0), 1.0)
         gs = 0.0
         cs = 0.0
-        if nb > 0:
-            gs = float(h) / float(nb)
-            cs = float(c) / float(nb)
+        den = nh if prm.epp_ix else nb
+        if den > 0:
+            gs = float(h) / float(den)
+            cs = float(c) / float(den)
         ls = 0.5
         if cold:
             if n <= 1:
@@ -210,4 +247,6 @@ def route_nb(sim: Sim, i: int) -> int:
             best_score = s
     if cold:
         stamps[best] = i + 1
+    if prm.epp_ix:
+        index_add_nb(rq, ist, prm, best, boff[i], nh)
     return best
