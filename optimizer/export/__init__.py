@@ -54,7 +54,9 @@ def export(policy: Policy, target: str, hardware: Hardware, model: ModelProfile)
     caps = capabilities(target)
     notes = [*result.notes, *capability_notes(deploy, caps)]
     notes += _unplaced_tiers(policy, caps.tiers, caps.target, notes)
-    return replace(result, notes=notes, release=target_release(target))
+    # an exporter's own release names a further file's target (llm-d's EPP config)
+    release = ", ".join(r for r in (target_release(target), result.release) if r)
+    return replace(result, notes=notes, release=release)
 
 
 def _unplaced_tiers(

@@ -182,15 +182,13 @@ def _routing_notes(deploy: Deployment) -> list[str]:
             info(f"affinity_overload = {s.affinity_overload} belongs to the router, not to vLLM.")
         )
     if s.routing == "llmd_epp":
+        from kvtier.export.epp import EPP_FILE
+
         notes.append(
             info(
-                "llmd_epp is llm-d's endpoint picker (llm-d-router): in its EndpointPickerConfig "
-                f"profile, queue-scorer weight {s.epp_queue_weight:g}, "
-                f"kv-cache-utilization-scorer {s.epp_kv_util_weight:g}, the GPU and CPU "
-                f"prefix-cache-scorer {s.epp_gpu_prefix_weight:g} and "
-                f"{s.epp_cpu_prefix_weight:g}, no-hit-lru-scorer {s.epp_no_hit_lru_weight:g}, "
-                f"active-request-scorer {s.epp_active_weight:g} "
-                "(llm-d's tiered-prefix-cache guide, router/*/tiered-prefix-cache-cpu.values.yaml)."
+                "llmd_epp is llm-d's endpoint picker (llm-d-router): its scorers, weights "
+                f"and prefix indexes as simulated are in {EPP_FILE} (when they can be "
+                "deployed), the plugins config file of the EPP in front of these instances."
             )
         )
     return notes
@@ -280,8 +278,20 @@ def export_vllm(deploy: Deployment) -> ExportResult:
     from kvtier.export.pd import pd_notes
 
     notes += pd_notes(deploy, "vLLM")
+    release = ""
+    if p.serving.routing == "llmd_epp":
+        from kvtier.export.epp import EPP_FILE, EPP_RELEASE, epp_config, epp_yaml
+
+        epp, epp_notes = epp_config(deploy)
+        notes += [n.prefixed("llm-d EPP: ") for n in epp_notes]
+        if epp is not None:
+            files[EPP_FILE] = epp_yaml(epp)
+            release = EPP_RELEASE
     return ExportResult(
-        "vllm", files, [*shared_notes(deploy, "vLLM"), *_routing_notes(deploy), *notes]
+        "vllm",
+        files,
+        [*shared_notes(deploy, "vLLM"), *_routing_notes(deploy), *notes],
+        release=release,
     )
 
 

@@ -31,6 +31,9 @@ from kvtier.tier_kinds import trait as tier_trait
 from kvtier.toml_fields import Table, read_toml
 
 POLICY_FORMAT = "kvtier-policy/1"
+# llm-d-router's minBlockSizeTokens (#1160; v0.10.0 approximateprefix/plugin.go): the EPP's
+# prefix indexes never hash blocks of fewer tokens (kvtier.sim.routers.epp_index, export.epp)
+EPP_MIN_ENTRY_TOKENS = 64
 ROUTERS = ROUTER_REGISTRY.names
 TIER_NAMES = ("hbm", *LOWER_TIERS)  # LOWER_TIERS (kvtier.hardware.types) in lookup order
 EVICTIONS = EVICTION_REGISTRY.names  # the cache engine's policies

@@ -217,6 +217,18 @@ def build_config(hardware: Hardware, model: ModelProfile, policy: Policy) -> Sim
         f"{n_inst:,} instances of {serving.max_num_seqs:,} sequences each",
         option="serving.max_num_seqs",
     )
+    if (
+        serving.routing == "llmd_epp"
+        and serving.epp_prefix_source == "index"
+        and serving.epp_gpu_index_entries == 0
+        and serving.epp_gpu_index_entry_tokens != 0
+    ):
+        # the EPP's autoTune takes both from vLLM: a stated entry size needs stated entries
+        raise InputError(
+            "is set while serving.epp_gpu_index_entries is 0 (autoTune, which takes the entry "
+            "size from vLLM's block size); set both or neither",
+            option="serving.epp_gpu_index_entry_tokens",
+        )
     tiers = build_tiers(hardware, model, policy, n_inst, layout)
     pd = None
     if n_pf:

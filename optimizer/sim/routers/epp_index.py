@@ -35,11 +35,12 @@ import numpy as np
 from numba import njit
 
 import kvtier.jitcache  # noqa: F401  (drops kernels compiled against older sources)
+from kvtier.policy.model import EPP_MIN_ENTRY_TOKENS
 from kvtier.sim.nb_state import INNER, InstanceState, Params, Requests
 
 GPU = 0  # producer rows of the capacities and counts
 CPU = 1
-MIN_ENTRY_TOKENS = 64  # llm-d-router minBlockSizeTokens (#1160): autoTune's floor
+MIN_ENTRY_TOKENS = EPP_MIN_ENTRY_TOKENS  # autoTune's floor
 
 
 def index_capacities(epp_index: tuple[int, ...], capacities: np.ndarray, block_tokens: int):
