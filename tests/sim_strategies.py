@@ -177,10 +177,17 @@ def _sim_config(draw: st.DrawFn, block_tokens: int) -> SimConfig:
             )
         ),
         # llmd_epp's prefix source: the caches, the EPP's indexes at their defaults (never
-        # full here), or indexes of a few entries (turning over; a short hashed head)
+        # full here), or indexes of a few entries (turning over; entries of one or several
+        # blocks or of a size the block does not divide; a short hashed head)
         epp_index=draw(
             st.sampled_from(
-                [(), (0, 0, 31250, 64, 131072), (1, 0, 2, 16, 1 << 20), (3, 16, 1, 32, 64)]
+                [
+                    (),
+                    (0, 0, 31250, 64, 131072),
+                    (1, 0, 2, 16, 1 << 20),
+                    (3, 16, 1, 32, 64),
+                    (2, 24, 3, 40, 200),
+                ]
             )
         ),
         scheduler=draw(st.integers(0, 2)),  # reserve, vllm_v1, vllm_v0

@@ -10,7 +10,7 @@ import pytest
 from kvtier.hardware import load_hardware, load_model
 from kvtier.policy import Policy
 from kvtier.sim import build_config, simulate_raw
-from kvtier.sim.routers.epp_index import EppIndex, index_capacities
+from kvtier.sim.routers.epp_index import EppIndex, index_geometry
 from kvtier.trace.blocked import BlockedTrace
 
 ENGINES = ["reference", "numba"]
@@ -87,27 +87,40 @@ def test_the_index_remembers_a_prefix_the_cache_evicted(engine) -> None:
     assert raw.hit_blocks.tolist() == [0, 0, 0, 0]
 
 
-def test_index_capacities_follow_the_producers_entries() -> None:
-    # GPU: autoTune, the instance's HBM blocks of max(16, 64) tokens = 4 blocks of 16 each;
-    # CPU: 41,000 entries of 64 tokens in 16-token blocks; 131,072 tokens hashed
-    caps, max_blocks = index_capacities((0, 0, 41000, 64, 131072), np.array([100, 7]), 16)
-    assert caps.tolist() == [[400, 28], [164000, 164000]]
-    assert max_blocks == 8192
-    # 128-token blocks (gpt-oss): the GPU entry is the block, a 64-token CPU entry half one
-    caps, _ = index_capacities((0, 0, 41000, 64, 131072), np.array([1392]), 128)
-    assert caps.tolist() == [[1392], [20500]]
+def test_the_producers_entries_in_blocks() -> None:
+    # 16-token blocks: the GPU entry (autoTune, max(16, 64) tokens) is 4 blocks, its capacity
+    # the instance's HBM block count in entries (4 times the HBM's tokens); the CPU entry of 64
+    # tokens 4 blocks, 41,000 entries; 131,072 tokens are 2,048 entries
+    g = index_geometry((0, 0, 41000, 64, 131072), np.array([100, 7]), 16)
+    assert g.step.tolist() == [4, 4]
+    assert g.caps.tolist() == [[100, 7], [41000, 41000]]
+    assert g.max_entries.tolist() == [2048, 2048]
+    # 128-token blocks (gpt-oss): the GPU entry is the block; a 64-token CPU entry is half a
+    # block, kept as one block with the capacity halved
+    g = index_geometry((0, 0, 41000, 64, 131072), np.array([1392]), 128)
+    assert g.step.tolist() == [1, 1]
+    assert g.caps.tolist() == [[1392], [20500]]
+    assert g.max_entries.tolist() == [1024, 1024]
+
+
+def test_an_entry_is_keyed_by_its_last_block_and_a_short_prompt_hashes_none() -> None:
+    ix = EppIndex(index_geometry((2, 32, 5, 48, 96), np.array([9]), 16))
+    blocks = list(range(100, 110))
+    # 2 blocks per GPU entry, 3 per CPU entry; 96 tokens cap both at 3 and 2 entries
+    assert ix.keys(blocks, 160, 16) == [[101, 103, 105], [102, 105]]
+    assert ix.keys(blocks[:2], 40, 16) == [[101], []]  # 40 tokens: one 32-token entry only
 
 
 def test_a_present_entry_moves_to_the_front_and_a_new_one_evicts_the_oldest() -> None:
     # hashicorp/golang-lru's Add, as the EPP's indexer calls it
-    ix = EppIndex(np.array([[3], [2]]), 10)
-    ix.add(0, [1, 2, 3], 3)  # GPU list (3 entries) 1, 2, 3; CPU list (2) 2, 3
-    ix.add(0, [1], 1)  # GPU: 1 moves to the front, 2, 3, 1; CPU: 1 is new, evicts 2
-    ix.add(0, [4], 1)  # GPU: evicts 2; CPU: evicts 3
+    ix = EppIndex(index_geometry((3, 16, 2, 16, 1 << 20), np.array([9]), 16))
+    ix.add(0, [[1, 2, 3], [1, 2, 3]])  # GPU list (3 entries) 1, 2, 3; CPU list (2) 2, 3
+    ix.add(0, [[1], [1]])  # GPU: 1 moves to the front, 2, 3, 1; CPU: 1 is new, evicts 2
+    ix.add(0, [[4], [4]])  # GPU: evicts 2; CPU: evicts 3
     assert list(ix.lru[0][0]) == [3, 1, 4]
     assert list(ix.lru[1][0]) == [1, 4]
-    # the match counts the leading run some instance holds: block 2 is nowhere, so the run
+    # the match counts the leading run some instance holds: entry 2 is nowhere, so the run
     # stops there although 3 is still indexed
-    assert ix.match([1, 2, 3], 3, 1) == [[1], [1]]
+    assert ix.match([[1, 2, 3], [1, 2, 3]], 1) == [[1], [1]]
     # (per producer: 3 is no longer in the CPU list, so its run is empty)
-    assert ix.match([3, 1, 4], 3, 1) == [[3], [0]]
+    assert ix.match([[3, 1, 4], [3, 1, 4]], 1) == [[3], [0]]

@@ -136,8 +136,10 @@ def test_kv_aware_tier_weights_follow_load_against_recompute() -> None:
 
 
 def epp_cfg(instances: int = 2, **weights: float):
+    # the scorers reading the instances' caches, as these cases are derived (the EPP's own
+    # indexes: tests/test_sim_epp_index.py)
     p = Policy()
-    serving = replace(p.serving, routing="llmd_epp", instances=instances)
+    serving = replace(p.serving, routing="llmd_epp", instances=instances, epp_prefix_source="cache")
     serving = replace(serving, **{f"epp_{k}_weight": v for k, v in weights.items()})
     return build_config(
         load_hardware("h100-node"), load_model("Llama-3.1-8B"), replace(p, serving=serving)

@@ -48,7 +48,7 @@ from kvtier.sim.nb_hbm import AHEAD
 from kvtier.sim.nb_state import HbmPools, Outputs, Params, Requests
 from kvtier.sim.nb_tiers import LinkState, TierParams, TierPools, fill_rows_nb, no_faults
 from kvtier.sim.result import RawResult, end_time, tbt_tail_counts
-from kvtier.sim.routers.epp_index import index_capacities
+from kvtier.sim.routers.epp_index import index_geometry, index_keys
 from kvtier.sim.routing import kv_route_weights
 from kvtier.sim.slo import SloCheck
 from kvtier.sim.steptime.pack import validate_timing
@@ -258,7 +258,7 @@ def kernel_inputs(
     fit = int(caps.min())
     tb = kernel_blocks(total_blocks(trace, cfg.block_tokens), fit)
     n_refs = _check_counts(trace, cfg, tb, n_shared, ring_len)
-    epp_ix = _epp_index(cfg, caps, n_shared, n_refs)
+    epp_ix = _epp_index(cfg, caps, shared, trace)
     slo_on = slo is not None
     thr = slo.thresholds() if slo is not None else np.full(5, np.inf)
     lim = slo.limits(n) if slo is not None else np.ones(4, dtype=np.int64)
@@ -557,11 +557,20 @@ def _epp_weights(cfg: SimConfig) -> np.ndarray:
     return w
 
 
-def _epp_index(cfg: SimConfig, caps: np.ndarray, n_shared: int, n_refs: int) -> tuple:
-    """The kernel's ``epp_ix``, ``ix_cap``, ``ix_max`` and ``ix_nodes``: the llmd_epp router's
-    approximate indexes when it reads them (kvtier.sim.routers.epp_index), else none."""
+def _epp_index(cfg: SimConfig, caps: np.ndarray, shared: np.ndarray, trace: BlockedTrace) -> tuple:
+    """The kernel's ``epp_ix``, ``ix_cap``, ``ix_koff``, ``ix_key``, ``ix_nodes`` and
+    ``ix_log``: the llmd_epp router's approximate indexes when it reads them
+    (kvtier.sim.routers.epp_index), else none."""
+    n = trace.n_requests
     if cfg.router != ROUTERS.codes["llmd_epp"] or not cfg.epp_index:
-        return False, np.ones(2 * cfg.n_instances, dtype=np.int64), 0, 1
+        return (
+            False,
+            np.ones(2 * cfg.n_instances, dtype=np.int64),
+            np.zeros((2, n + 1), dtype=np.int64),
+            np.full((2, 1), -1, dtype=np.int32),
+            1,
+            1,
+        )
     if len(cfg.epp_index) != 5 or not all(
         isinstance(v, int) and 0 <= v < 1 << 40 for v in cfg.epp_index
     ):
@@ -571,20 +580,32 @@ def _epp_index(cfg: SimConfig, caps: np.ndarray, n_shared: int, n_refs: int) -> 
             f"epp_index: CPU entries, tokens per CPU entry and hashed tokens must be >= 1, "
             f"got {cfg.epp_index}"
         )
-    nodes = cfg.n_instances * n_shared + n_refs
-    if nodes >= 1 << 31:
+    g = index_geometry(cfg.epp_index, caps, cfg.block_tokens)
+    # each request is routed once and adds its hashed entries: the logs' length
+    koff, keys, n_keys = index_keys(
+        g, shared, trace.block_offsets, trace.input_tokens, cfg.block_tokens
+    )
+    log = int(np.diff(koff, axis=1).sum(axis=1).max())
+    nodes = cfg.n_instances * n_keys
+    if nodes >= 1 << 30 or log >= 1 << 30:
         raise InputError(
-            f"{cfg.n_instances} instances x {n_shared:,} shared blocks + {n_refs:,} block "
-            "references is too large an EPP index; use a larger block size",
+            f"{cfg.n_instances} instances x {n_keys:,} keys, {log:,} index entries is too "
+            "large an EPP index; use a larger block size",
             option="serving.epp_prefix_source",
         )
     check_allocation(
-        2 * nodes * 9.0,
-        f"the EPP's prefix indexes over {nodes:,} entries",
+        2 * (nodes + 2 * log) * 4.0,
+        f"the EPP's prefix indexes over {nodes:,} nodes and {log:,} entries",
         option="serving.epp_prefix_source",
     )
-    ix_cap, ix_max = index_capacities(cfg.epp_index, caps, cfg.block_tokens)
-    return True, np.ascontiguousarray(ix_cap.reshape(-1)), int(ix_max), int(nodes)
+    return (
+        True,
+        np.ascontiguousarray(g.caps.reshape(-1)),
+        koff,
+        keys,
+        max(nodes, 1),
+        max(log, 1),
+    )
 
 
 def _check_counts(

@@ -95,6 +95,8 @@ from kvtier.sim.nb_state import (
     C_STALLS,
     C_STAMP,
     INNER,
+    IX_HEAD,
+    IX_TAIL,
     N_COUNTERS,
     ZERO,
     Buffers,
@@ -1612,6 +1614,9 @@ def new_state(
         np.zeros(n, dtype=np.bool_),
     )
     n_pdw = n_inst * prm.pd_workers
+    ix_list = np.zeros((5, 2 * n_inst), dtype=np.int64)
+    ix_list[IX_HEAD] = -1
+    ix_list[IX_TAIL] = -1
     ist = InstanceState(
         q_head=np.full(n_inst, -1, dtype=np.int64),
         q_tail=np.full(n_inst, -1, dtype=np.int64),
@@ -1642,13 +1647,9 @@ def new_state(
         ring_count=prm.capacities.copy(),
         free_len=prm.capacities.copy(),
         saving=np.zeros(n_inst, dtype=np.bool_),
-        ix_next=np.full(2 * prm.ix_nodes, -1, dtype=np.int32),
-        ix_prev=np.full(2 * prm.ix_nodes, -1, dtype=np.int32),
-        ix_on=np.zeros(2 * prm.ix_nodes, dtype=np.bool_),
-        ix_head=np.full(2 * n_inst, -1, dtype=np.int64),
-        ix_tail=np.full(2 * n_inst, -1, dtype=np.int64),
-        ix_len=np.zeros(2 * n_inst, dtype=np.int64),
-        ix_cnt=np.zeros(2 * n_inst, dtype=np.int64),
+        ix_last=np.full(2 * prm.ix_nodes, -1, dtype=np.int32),
+        ix_log=np.empty((2, 2 * prm.ix_log), dtype=np.int32),
+        ix_list=ix_list,
     )
     max_nb = 0
     max_out = 0

@@ -107,12 +107,15 @@ class Params(NamedTuple):
     swa_need: int
     swa_off: int
     # llmd_epp reading the EPP's approximate indexes (kvtier.sim.routers.epp_index; False:
-    # the instances' caches): each producer's LRU capacity per instance in blocks (GPU rows
-    # then CPU rows), the leading blocks a prompt hashes, the entries of one producer's lists
+    # the instances' caches): each producer's LRU capacity per instance in entries (GPU
+    # then CPU), each request's entries (offsets into the keys) and every entry's key
+    # (routers.epp_index.index_keys), the nodes of one producer, the entries a replay adds
     epp_ix: bool
     ix_cap: np.ndarray  # i8 (2 * n_instances,)
-    ix_max: int
-    ix_nodes: int  # n_instances * n_shared + refs (1 when epp_ix is False)
+    ix_koff: np.ndarray  # i8 (2, n + 1)
+    ix_key: np.ndarray  # i4 (2, entries): compact key, -1 for a block read once
+    ix_nodes: int  # keys x n_instances (1 when epp_ix is False)
+    ix_log: int  # the most entries a replay adds to one producer's indexes (1: none)
 
 
 class HbmPools(NamedTuple):
@@ -179,6 +182,11 @@ class RequestState(NamedTuple):
     pd_first: np.ndarray  # bool: handed over, first token not yet seen (``seen_first_nb``)
 
 
+# rows of InstanceState.ix_log and ix_list (llmd_epp's approximate indexes)
+IX_NODE, IX_NEXT = 0, 1
+IX_HEAD, IX_TAIL, IX_LEN, IX_CNT, IX_FILL = 0, 1, 2, 3, 4
+
+
 class InstanceState(NamedTuple):
     """Per-instance queues, running set, iteration and free-ring state (``Instance``)."""
 
@@ -219,16 +227,15 @@ class InstanceState(NamedTuple):
     ring_count: np.ndarray
     free_len: np.ndarray
     saving: np.ndarray  # bool: the iteration has ended, its blocking stores have not
-    # llmd_epp's approximate indexes: one doubly linked LRU list per producer and instance
-    # (list p * n_instances + k) over entries p * ix_nodes + node, oldest at the head; and the
-    # per-instance match counts of the request being routed
-    ix_next: np.ndarray  # i4 (2 * ix_nodes,), -1: none
-    ix_prev: np.ndarray  # i4 (2 * ix_nodes,)
-    ix_on: np.ndarray  # bool (2 * ix_nodes,): in its list
-    ix_head: np.ndarray  # i8 (2 * n_instances,), -1: empty
-    ix_tail: np.ndarray  # i8 (2 * n_instances,)
-    ix_len: np.ndarray  # i8 (2 * n_instances,)
-    ix_cnt: np.ndarray  # i8 (2 * n_instances,)
+    # llmd_epp's approximate indexes (kvtier.sim.routers.epp_index): per producer p, an
+    # append-only log of its touches (entry p * ix_log + e: the node touched, -1 for a block
+    # read once; the next touch of the same list) and each node's latest touch (-1: not
+    # indexed); per list p * n_instances + k its oldest and newest touch, live entries and the
+    # routed request's match count; IX_FILL of column p: the touches producer p has logged.
+    # Three arrays, not more: every call that takes the state passes each array's words.
+    ix_last: np.ndarray  # i4 (2 * ix_nodes,)
+    ix_log: np.ndarray  # i4 (2, 2 * ix_log)
+    ix_list: np.ndarray  # i8 (5, 2 * n_instances)
 
 
 class Buffers(NamedTuple):

@@ -115,7 +115,7 @@ from kvtier.sim.faults import fault_arrays
 from kvtier.sim.reference_tiers import LowerTiers
 from kvtier.sim.result import RawResult, end_time, tbt_tail_counts
 from kvtier.sim.routers import RouteView
-from kvtier.sim.routers.epp_index import EppIndex, index_capacities
+from kvtier.sim.routers.epp_index import EppIndex, index_geometry
 from kvtier.sim.routing import kv_route_weights
 from kvtier.sim.slo import SloCheck
 from kvtier.sim.tiers import generated_bases, generated_costs, recompute_costs
@@ -521,8 +521,7 @@ class ReferenceReplay:
         if self.cfg.router != ROUTERS.codes["llmd_epp"] or not self.cfg.epp_index:
             return None
         caps = np.array([inst.pool.capacity for inst in self.instances], dtype=np.int64)
-        ix_cap, ix_max = index_capacities(self.cfg.epp_index, caps, self.B)
-        return EppIndex(ix_cap, ix_max)
+        return EppIndex(index_geometry(self.cfg.epp_index, caps, self.B))
 
     def arrive(self, req: Request, t: float) -> None:
         """``req`` arrives at ``t``: rejected if it can never fit, else routed to a waiting

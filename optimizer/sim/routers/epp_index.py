@@ -21,65 +21,111 @@ when the GPU index matches nowhere.
 Here an index is kept at the replay's block granularity: an entry of ``t`` tokens holds
 ``t / block_tokens`` blocks' worth of capacity, and a prompt hashes its full blocks up to the
 token cap (the EPP's hash blocks and the engine's need not align; docs/model.md, "Routing").
-Both twins keep one LRU per producer and instance: the reference an ``OrderedDict`` of block
-ids, the kernel a doubly linked list over the block map's entries (a block read more than once
-is entry ``k * n_shared + shared[ref]`` of instance ``k``; a block read once is entry
-``n_instances * n_shared + ref``: it takes room and is never matched).
+Both twins keep one LRU per producer and instance: the reference an ``OrderedDict`` of entry
+keys, the kernel a log of touches per producer with each entry's latest touch
+(``InstanceState.ix_last``, ``ix_log``, ``ix_list``): a touch appends to the log and
+supersedes the entry's earlier one, and eviction walks the list's touches from the oldest,
+skipping superseded ones, which gives the LRU order with one write per touch where a linked
+list moves its neighbours. An entry whose last block is read more than once is node
+``key * n_instances + k`` of instance ``k``, ``key`` the compact number of that block among
+the producer's keys (a match reads every instance's node of an entry in one cache line); an
+entry whose last block is read once has no node (it takes room and is never matched). The
+keys are computed once per replay (:func:`index_keys`).
 """
 
 from __future__ import annotations
 
 from collections import OrderedDict
+from typing import NamedTuple
 
 import numpy as np
 from numba import njit
 
 import kvtier.jitcache  # noqa: F401  (drops kernels compiled against older sources)
 from kvtier.policy.model import EPP_MIN_ENTRY_TOKENS
-from kvtier.sim.nb_state import INNER, InstanceState, Params, Requests
+from kvtier.sim.nb_state import (
+    INNER,
+    IX_CNT,
+    IX_FILL,
+    IX_HEAD,
+    IX_LEN,
+    IX_NEXT,
+    IX_NODE,
+    IX_TAIL,
+    InstanceState,
+    Params,
+)
 
 GPU = 0  # producer rows of the capacities and counts
 CPU = 1
 MIN_ENTRY_TOKENS = EPP_MIN_ENTRY_TOKENS  # autoTune's floor
 
 
-def index_capacities(epp_index: tuple[int, ...], capacities: np.ndarray, block_tokens: int):
-    """Each producer's LRU capacity per instance in blocks, shape (2, n_instances), and the
-    most leading blocks a prompt hashes: from ``SimConfig.epp_index`` and the instances' HBM
-    blocks (the GPU producer's autoTune reads vLLM's block count)."""
+class IndexGeometry(NamedTuple):
+    """Each producer's entries in the replay's blocks: ``step[p]`` blocks per entry, the LRU
+    capacity ``caps[p, k]`` of instance ``k`` in entries, the most entries a prompt hashes."""
+
+    step: np.ndarray  # i8 (2,)
+    caps: np.ndarray  # i8 (2, n_instances)
+    max_entries: np.ndarray  # i8 (2,)
+
+
+def index_geometry(
+    epp_index: tuple[int, ...], capacities: np.ndarray, block_tokens: int
+) -> IndexGeometry:
+    """The producers' entries from ``SimConfig.epp_index`` and the instances' HBM blocks (the
+    GPU producer's autoTune reads vLLM's block count and size). An entry of ``t`` tokens is
+    ``t / block_tokens`` blocks when that divides (the entry's key is its last block, whose
+    chained id names the whole prefix through it, as the EPP's chained hash does); otherwise
+    one block, the capacity converted at ``t / block_tokens`` blocks per entry."""
     gpu_entries, gpu_tokens, cpu_entries, cpu_tokens, max_tokens = epp_index
     gpu_tokens = gpu_tokens or max(block_tokens, MIN_ENTRY_TOKENS)
+    step = np.ones(2, dtype=np.int64)
     caps = np.empty((2, len(capacities)), dtype=np.int64)
-    for k, blocks in enumerate(capacities):
-        entries = gpu_entries or int(blocks)
-        caps[GPU, k] = max(1, entries * gpu_tokens // block_tokens)
-        caps[CPU, k] = max(1, cpu_entries * cpu_tokens // block_tokens)
-    return caps, max_tokens // block_tokens
+    for p, tokens in ((GPU, gpu_tokens), (CPU, cpu_tokens)):
+        whole = tokens % block_tokens == 0
+        if whole:
+            step[p] = tokens // block_tokens
+        for k, blocks in enumerate(capacities):
+            entries = cpu_entries if p == CPU else gpu_entries or int(blocks)
+            caps[p, k] = max(1, entries if whole else entries * tokens // block_tokens)
+    max_entries = np.array([max_tokens // (int(r) * block_tokens) for r in step], dtype=np.int64)
+    return IndexGeometry(step, caps, max_entries)
 
 
-def hashed_blocks(input_tokens: int, n_blocks: int, block_tokens: int, max_blocks: int) -> int:
-    """The leading blocks of a prompt an index hashes: its full blocks, at most ``max_blocks``."""
-    return min(input_tokens // block_tokens, n_blocks, max_blocks)
+def hashed_entries(
+    input_tokens: int, n_blocks: int, block_tokens: int, step: int, most: int
+) -> int:
+    """The entries a prompt hashes: its full entries of ``step`` blocks, at most ``most``."""
+    return min(input_tokens // (step * block_tokens), n_blocks // step, most)
 
 
 class EppIndex:
-    """The reference twin: per producer and instance, an LRU of block ids."""
+    """The reference twin: per producer and instance, an LRU of entry keys (block ids)."""
 
-    def __init__(self, caps: np.ndarray, max_blocks: int) -> None:
-        self.caps = caps
-        self.max_blocks = max_blocks
+    def __init__(self, geometry: IndexGeometry) -> None:
+        self.geometry = geometry
         self.lru: list[list[OrderedDict[int, None]]] = [
-            [OrderedDict() for _ in range(caps.shape[1])] for _ in range(2)
+            [OrderedDict() for _ in range(geometry.caps.shape[1])] for _ in range(2)
         ]
 
-    def match(self, blocks: list[int], nh: int, n: int) -> list[list[int]]:
-        """Per producer, each of the first ``n`` instances' count of the leading run's blocks
-        (the run stops at the first block no instance holds)."""
+    def keys(self, blocks: list[int], input_tokens: int, block_tokens: int) -> list[list[int]]:
+        """Per producer, the keys of a prompt's hashed entries: the last block of each."""
+        g = self.geometry
+        out = []
+        for p in (GPU, CPU):
+            r = int(g.step[p])
+            nh = hashed_entries(input_tokens, len(blocks), block_tokens, r, int(g.max_entries[p]))
+            out.append([blocks[(j + 1) * r - 1] for j in range(nh)])
+        return out
+
+    def match(self, keys: list[list[int]], n: int) -> list[list[int]]:
+        """Per producer, each of the first ``n`` instances' count of the leading run's entries
+        (the run stops at the first entry no instance holds)."""
         counts = [[0] * n, [0] * n]
         for p in (GPU, CPU):
             lru = self.lru[p]
-            for j in range(nh):
-                b = blocks[j]
+            for b in keys[p]:
                 seen = False
                 for k in range(n):
                     if b in lru[k]:
@@ -89,13 +135,12 @@ class EppIndex:
                     break
         return counts
 
-    def add(self, k: int, blocks: list[int], nh: int) -> None:
-        """Record that the EPP sent a prompt with these leading blocks to instance ``k``."""
+    def add(self, k: int, keys: list[list[int]]) -> None:
+        """Record that the EPP sent a prompt with these entries to instance ``k``."""
         for p in (GPU, CPU):
             lru = self.lru[p][k]
-            cap = int(self.caps[p, k])
-            for j in range(nh):
-                b = blocks[j]
+            cap = int(self.geometry.caps[p, k])
+            for b in keys[p]:
                 if b in lru:
                     lru.move_to_end(b)
                 else:
@@ -104,33 +149,92 @@ class EppIndex:
                         lru.popitem(last=False)
 
 
-@njit(cache=True, nogil=True, _nrt=False, inline="always")
-def index_node_nb(rq: Requests, prm: Params, k: int, ref: int) -> int:
-    """The index entry of reference ``ref`` on instance ``k`` (see the module docstring)."""
-    m = rq.shared[ref]
-    if m >= 0:
-        return k * prm.n_shared + m
-    return prm.n_instances * prm.n_shared + ref
+def index_keys(
+    geometry: IndexGeometry,
+    shared: np.ndarray,
+    block_offsets: np.ndarray,
+    input_tokens: np.ndarray,
+    block_tokens: int,
+) -> tuple[np.ndarray, np.ndarray, int]:
+    """The kernel's entry keys, computed once per replay: per producer, each request's hashed
+    entries (offsets, shape (2, n + 1)), every entry's node (the compact number of its last
+    block among the producer's keys read more than once; -1 for a block read once; shape
+    (2, most entries of a producer)) and the most distinct nodes of a producer. Numbering only
+    the blocks that are keys keeps the per-instance nodes dense (a quarter of the blocks at
+    64-token entries of 16-token blocks), so the look-ups stay in cache."""
+    nb = np.diff(np.asarray(block_offsets, dtype=np.int64))
+    inp = np.asarray(input_tokens, dtype=np.int64)
+    offs = np.zeros((2, len(nb) + 1), dtype=np.int64)
+    for p in (GPU, CPU):
+        r = int(geometry.step[p])
+        nh = np.minimum(np.minimum(inp // (r * block_tokens), nb // r), geometry.max_entries[p])
+        np.cumsum(np.maximum(nh, 0), out=offs[p, 1:])
+    width = max(1, int(offs[:, -1].max()))
+    keys = np.full((2, width), -1, dtype=np.int32)
+    n_shared = int(shared.max(initial=-1)) + 1
+    n_keys = number_keys_nb(
+        shared, np.asarray(block_offsets, dtype=np.int64), offs, geometry.step, keys, n_shared
+    )
+    return offs, keys, int(n_keys)
+
+
+@njit(cache=True, nogil=True)
+def number_keys_nb(
+    shared: np.ndarray,
+    block_offsets: np.ndarray,
+    offs: np.ndarray,
+    step: np.ndarray,
+    keys: np.ndarray,
+    n_shared: int,
+) -> int:
+    """Fill ``keys`` (see :func:`index_keys`): the blocks that are some entry's last block,
+    numbered in block order; returns the most of either producer."""
+    most = 0
+    for p in range(2):
+        r = step[p]
+        rank = np.zeros(n_shared + 1, dtype=np.int64)
+        for i in range(block_offsets.shape[0] - 1):
+            for e in range(offs[p, i], offs[p, i + 1]):
+                m = shared[block_offsets[i] + (e - offs[p, i] + 1) * r - 1]
+                if m >= 0:
+                    rank[m] = 1
+        total = 0
+        for m in range(n_shared):
+            if rank[m] != 0:
+                rank[m] = total
+                total += 1
+            else:
+                rank[m] = -1
+        for i in range(block_offsets.shape[0] - 1):
+            for e in range(offs[p, i], offs[p, i + 1]):
+                m = shared[block_offsets[i] + (e - offs[p, i] + 1) * r - 1]
+                if m >= 0:
+                    keys[p, e] = rank[m]
+        if total > most:
+            most = total
+    return most
 
 
 @njit(cache=True, nogil=True, _nrt=False, **INNER)
-def index_match_nb(rq: Requests, ist: InstanceState, prm: Params, start: int, nh: int, n: int):
-    """:meth:`EppIndex.match` into ``ist.ix_cnt`` (producer ``p``, instance ``k`` at
-    ``p * n_instances + k``)."""
-    cnt = ist.ix_cnt
-    on = ist.ix_on
+def index_match_nb(ist: InstanceState, prm: Params, i: int, n: int) -> None:
+    """:meth:`EppIndex.match` for request ``i`` into row ``IX_CNT`` of ``ist.ix_list``
+    (producer ``p``, instance ``k`` at ``p * n_instances + k``)."""
+    cnt = ist.ix_list[IX_CNT]
+    last = ist.ix_last
     nodes = prm.ix_nodes
     n_inst = prm.n_instances
     for p in range(2):
+        keys = prm.ix_key[p]
         for k in range(n):
             cnt[p * n_inst + k] = 0
-        for j in range(nh):
-            m = rq.shared[start + j]
+        for e in range(prm.ix_koff[p, i], prm.ix_koff[p, i + 1]):
+            m = keys[e]
             if m < 0:
                 break  # a block read once: no earlier prompt had it
             seen = False
+            base = p * nodes + m * n_inst  # the entry's node on every instance, together
             for k in range(n):
-                if on[p * nodes + k * prm.n_shared + m]:
+                if last[base + k] >= 0:
                     cnt[p * n_inst + k] += 1
                     seen = True
             if not seen:
@@ -138,51 +242,51 @@ def index_match_nb(rq: Requests, ist: InstanceState, prm: Params, start: int, nh
 
 
 @njit(cache=True, nogil=True, _nrt=False, **INNER)
-def index_add_nb(rq: Requests, ist: InstanceState, prm: Params, k: int, start: int, nh: int):
-    """:meth:`EppIndex.add`: each block to the tail of instance ``k``'s list (most recent),
-    a new one evicting the head once the list is over its capacity."""
-    nxt = ist.ix_next
-    prv = ist.ix_prev
-    on = ist.ix_on
-    head = ist.ix_head
-    tail = ist.ix_tail
-    size = ist.ix_len
+def index_add_nb(ist: InstanceState, prm: Params, k: int, i: int) -> None:
+    """:meth:`EppIndex.add` of request ``i`` on instance ``k``'s lists: each entry's touch
+    appended to its producer's log (the newest of the list) and made the entry's latest; a new
+    entry evicts the oldest live one once the list is over its capacity, skipping touches a
+    later touch of the same entry superseded (so the list's order is the LRU order, as a move
+    to the front keeps it)."""
+    last = ist.ix_last
+    node = ist.ix_log[IX_NODE]
+    nxt = ist.ix_log[IX_NEXT]
+    head = ist.ix_list[IX_HEAD]
+    tail = ist.ix_list[IX_TAIL]
+    size = ist.ix_list[IX_LEN]
+    fill = ist.ix_list[IX_FILL]
     nodes = prm.ix_nodes
     n_inst = prm.n_instances
     for p in range(2):
+        keys = prm.ix_key[p]
         lst = p * n_inst + k
         cap = prm.ix_cap[lst]
-        for j in range(nh):
-            x = p * nodes + index_node_nb(rq, prm, k, start + j)
-            fresh = not on[x]
-            if not fresh:  # unlink it, to append it again
-                a = prv[x]
-                b = nxt[x]
-                if a >= 0:
-                    nxt[a] = b
-                else:
-                    head[lst] = b
-                if b >= 0:
-                    prv[b] = a
-                else:
-                    tail[lst] = a
-            on[x] = True
-            prv[x] = tail[lst]
-            nxt[x] = -1
+        for ke in range(prm.ix_koff[p, i], prm.ix_koff[p, i + 1]):
+            m = keys[ke]
+            x = -1  # a block read once: it takes room, no later prompt looks it up
+            if m >= 0:
+                x = p * nodes + m * n_inst + k
+            fresh = x < 0 or last[x] < 0
+            e = p * prm.ix_log + fill[p]
+            fill[p] += 1
+            node[e] = x
+            nxt[e] = -1
             if tail[lst] >= 0:
-                nxt[tail[lst]] = x
+                nxt[tail[lst]] = e
             else:
-                head[lst] = x
-            tail[lst] = x
+                head[lst] = e
+            tail[lst] = e
+            if x >= 0:
+                last[x] = e
             if fresh:
                 size[lst] += 1
-                if size[lst] > cap:  # evict the least recently added
-                    h = head[lst]
-                    b = nxt[h]
-                    head[lst] = b
-                    if b >= 0:
-                        prv[b] = -1
-                    else:
-                        tail[lst] = -1
-                    on[h] = False
-                    size[lst] -= 1
+                if size[lst] > cap:  # evict the least recently touched live entry
+                    while True:
+                        h = head[lst]
+                        head[lst] = nxt[h]
+                        y = node[h]
+                        if y < 0 or last[y] == h:
+                            if y >= 0:
+                                last[y] = -1
+                            size[lst] -= 1
+                            break

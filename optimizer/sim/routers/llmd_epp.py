@@ -39,13 +39,12 @@ from numba import njit
 
 import kvtier.jitcache  # noqa: F401  (drops kernels compiled against older sources)
 from kvtier.sim.nb_hbm import hbm_lookup_nb
-from kvtier.sim.nb_state import INNER, Sim
+from kvtier.sim.nb_state import INNER, IX_CNT, Sim
 from kvtier.sim.nb_tiers import lookup_nb
 from kvtier.sim.routers.base_nb import n_routed_nb
 from kvtier.sim.routers.epp_index import (
     CPU,
     GPU,
-    hashed_blocks,
     index_add_nb,
     index_match_nb,
 )
@@ -79,10 +78,11 @@ def route(view: RouteView, req: Any) -> int:
     a_max = 0
     cold = True
     index = view.epp_index
-    nh = 0
+    nh = [0, 0]
     if index is not None:  # the EPP's own indexes of where it sent prompts
-        nh = hashed_blocks(req.input_tokens, nb, B, index.max_blocks)
-        counts = index.match(req.blocks, nh, n)
+        keys = index.keys(req.blocks, req.input_tokens, B)
+        nh = [len(keys[GPU]), len(keys[CPU])]
+        counts = index.match(keys, n)
     for k, inst in enumerate(insts):
         if index is not None:
             h, c = counts[GPU][k], counts[CPU][k]
@@ -106,9 +106,10 @@ def route(view: RouteView, req: Any) -> int:
         cap_k = inst.pool.capacity
         ks = 1.0 - float(cap_k - len(inst.pool.free)) / float(cap_k)
         ks = min(max(ks, 0.0), 1.0)
-        den = nh if index is not None else nb
-        gs = float(hbm[k]) / float(den) if den > 0 else 0.0
-        cs = float(held[k]) / float(den) if den > 0 else 0.0
+        den_g = nh[GPU] if index is not None else nb
+        den_c = nh[CPU] if index is not None else nb
+        gs = float(hbm[k]) / float(den_g) if den_g > 0 else 0.0
+        cs = float(held[k]) / float(den_c) if den_c > 0 else 0.0
         ls = _lru_score(view.cold_stamp, k, n) if cold else 0.5
         a = inst.load
         as_ = 1.0 if a == 0 else float(a_max - a) / float(a_max)
@@ -124,7 +125,7 @@ def route(view: RouteView, req: Any) -> int:
     if cold:
         view.cold_stamp[best] = req.idx + 1
     if index is not None:
-        index.add(best, req.blocks, nh)
+        index.add(best, keys)
     return best
 
 
@@ -149,15 +150,13 @@ def route_nb(sim: Sim, i: int) -> int:
         hcap = nb
     n = n_routed_nb(prm)
     n_inst = prm.n_instances
-    cnt = ist.ix_cnt
-    nh = 0
+    cnt = ist.ix_list[IX_CNT]
+    nh_g = 0
+    nh_c = 0
     if prm.epp_ix:  # the EPP's own indexes of where it sent prompts
-        nh = inp[i] // B
-        if nb < nh:
-            nh = nb
-        if prm.ix_max < nh:
-            nh = prm.ix_max
-        index_match_nb(rq, ist, prm, boff[i], nh, n)
+        nh_g = prm.ix_koff[0, i + 1] - prm.ix_koff[0, i]
+        nh_c = prm.ix_koff[1, i + 1] - prm.ix_koff[1, i]
+        index_match_nb(ist, prm, i, n)
     q_min = ist.q_len[0]
     q_max = ist.q_len[0]
     a_max = 0
@@ -211,10 +210,12 @@ def route_nb(sim: Sim, i: int) -> int:
         ks = min(max(ks, 0.0), 1.0)
         gs = 0.0
         cs = 0.0
-        den = nh if prm.epp_ix else nb
-        if den > 0:
-            gs = float(h) / float(den)
-            cs = float(c) / float(den)
+        den_g = nh_g if prm.epp_ix else nb
+        den_c = nh_c if prm.epp_ix else nb
+        if den_g > 0:
+            gs = float(h) / float(den_g)
+        if den_c > 0:
+            cs = float(c) / float(den_c)
         ls = 0.5
         if cold:
             if n <= 1:
@@ -248,5 +249,5 @@ def route_nb(sim: Sim, i: int) -> int:
     if cold:
         stamps[best] = i + 1
     if prm.epp_ix:
-        index_add_nb(rq, ist, prm, best, boff[i], nh)
+        index_add_nb(ist, prm, best, i)
     return best
