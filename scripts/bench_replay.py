@@ -12,6 +12,9 @@ Measures, for Llama-3.1-8B on the ``h100-node`` profile (8 instances, B=16 by de
   write-back: warm replay median, and the ratio to the reference on the first N requests for
   each N in ``--tier-samples``.
 
+With ``--epp`` it instead times ``llmd_epp`` replays reading the endpoint picker's own prefix
+indexes against the same reading the instances' caches, side by side in rounds.
+
 With ``--tbt`` it instead times replays that track token intervals (``track_tbt``, the TBT
 tails) against the same replays without, side by side in rounds (the order alternating; the
 replaying thread's CPU time), for the default deployment and a disaggregated one.
@@ -170,7 +173,15 @@ def main() -> None:
         action="store_true",
         help="Only replays tracking token intervals against the same without, side by side.",
     )
+    ap.add_argument(
+        "--epp",
+        action="store_true",
+        help="Only llmd_epp reading the EPP's prefix indexes against reading the caches.",
+    )
     args = ap.parse_args()
+    if args.epp:
+        bench_epp(args)
+        return
     if args.tbt:
         bench_tbt(args)
         return
@@ -334,6 +345,41 @@ class Version:
         m = run().to_dict()
         m.pop("engine")
         return run, m
+
+
+def bench_epp(args: argparse.Namespace) -> None:
+    """``llmd_epp`` reading the endpoint picker's own prefix indexes against reading the
+    instances' caches (``serving.epp_prefix_source``), side by side in one process."""
+    sys.path.insert(0, str(ROOT))
+    from kvtier.scenario import Scenario
+    from kvtier.sim import simulate
+
+    B = args.block_tokens
+    scenario = Scenario.from_files(str(args.trace), block_tokens=B)
+    tr, hw, model, policy = scenario.blocked(), scenario.hardware, scenario.model, scenario.policy
+    pols = {
+        src: replace(
+            policy, serving=replace(policy.serving, routing="llmd_epp", epp_prefix_source=src)
+        )
+        for src in ("index", "cache")
+    }
+    metrics = {src: simulate(tr, hw, model, p) for src, p in pols.items()}  # compile, warm
+    times: dict[str, list[float]] = {src: [] for src in pols}
+    ratios = []
+    for r in range(args.rounds):
+        for src in ("index", "cache") if r % 2 == 0 else ("cache", "index"):
+            p = pols[src]
+            fn = lambda p=p: simulate(tr, hw, model, p)  # noqa: E731
+            times[src].append(statistics.median(timed(fn, args.runs, time.thread_time)))
+        ratios.append(times["index"][-1] / times["cache"][-1])
+    print(
+        f"{args.trace.name}, B={B}, {scenario.hardware.name}, llmd_epp; {args.rounds} rounds, "
+        f"each the median of {args.runs} warm replays (thread CPU time): index "
+        f"{statistics.median(times['index']):.4f} s, cache {statistics.median(times['cache']):.4f}"
+        f" s; ratio per round median {statistics.median(ratios):.3f} (range "
+        f"{min(ratios):.3f}-{max(ratios):.3f}); mean TTFT {metrics['index'].ttft_mean_s:.3f} s "
+        f"and {metrics['cache'].ttft_mean_s:.3f} s"
+    )
 
 
 def bench_tbt(args: argparse.Namespace) -> None:
