@@ -17,7 +17,7 @@ from __future__ import annotations
 import yaml
 
 from kvtier.export.common import Deployment, Note, approximate, inexpressible
-from kvtier.policy.model import EPP_MIN_ENTRY_TOKENS as MIN_ENTRY_TOKENS
+from kvtier.policy.model import EPP_MIN_ENTRY_TOKENS, epp_gpu_entry_tokens
 
 EPP_FILE = "epp-config.yaml"
 EPP_RELEASE = "llm-d-router 0.10.0"
@@ -81,19 +81,19 @@ def epp_config(deploy: Deployment) -> tuple[dict[str, object] | None, list[Note]
         ("epp_gpu_index_entry_tokens", s.epp_gpu_index_entry_tokens),
         ("epp_cpu_index_entry_tokens", s.epp_cpu_index_entry_tokens),
     ):
-        if 0 < tokens < MIN_ENTRY_TOKENS:
+        floor = EPP_MIN_ENTRY_TOKENS
+        if 0 < tokens < floor:
             notes.append(
                 approximate(
                     f"serving.{key} = {tokens}: llm-d-router 0.10.0 raises a block size below "
-                    f"{MIN_ENTRY_TOKENS} tokens to {MIN_ENTRY_TOKENS} (minBlockSizeTokens), so "
-                    f"the deployed index holds {MIN_ENTRY_TOKENS / tokens:g} times the "
-                    "simulated prompt tokens."
+                    f"{floor} tokens to {floor} (minBlockSizeTokens), so the deployed index "
+                    f"holds {floor / tokens:g} times the simulated prompt tokens."
                 )
             )
     gpu = _producer(
         GPU_PRODUCER,
         s.epp_gpu_index_entries,
-        s.epp_gpu_index_entry_tokens or max(deploy.policy.block_tokens, MIN_ENTRY_TOKENS),
+        epp_gpu_entry_tokens(s.epp_gpu_index_entry_tokens, deploy.policy.block_tokens),
         s.epp_index_max_tokens,
     )
     cpu = _producer(

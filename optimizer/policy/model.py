@@ -34,6 +34,14 @@ POLICY_FORMAT = "kvtier-policy/1"
 # llm-d-router's minBlockSizeTokens (#1160; v0.10.0 approximateprefix/plugin.go): the EPP's
 # prefix indexes never hash blocks of fewer tokens (kvtier.sim.routers.epp_index, export.epp)
 EPP_MIN_ENTRY_TOKENS = 64
+
+
+def epp_gpu_entry_tokens(entry_tokens: int, block_tokens: int) -> int:
+    """The GPU producer's tokens per entry: the stated size, else autoTune's (vLLM's block
+    size, at least :data:`EPP_MIN_ENTRY_TOKENS`)."""
+    return entry_tokens or max(block_tokens, EPP_MIN_ENTRY_TOKENS)
+
+
 ROUTERS = ROUTER_REGISTRY.names
 TIER_NAMES = ("hbm", *LOWER_TIERS)  # LOWER_TIERS (kvtier.hardware.types) in lookup order
 EVICTIONS = EVICTION_REGISTRY.names  # the cache engine's policies

@@ -258,7 +258,7 @@ def kernel_inputs(
     fit = int(caps.min())
     tb = kernel_blocks(total_blocks(trace, cfg.block_tokens), fit)
     n_refs = _check_counts(trace, cfg, tb, n_shared, ring_len)
-    epp_ix = _epp_index(cfg, caps, shared, trace)
+    epp_ix = _epp_index(cfg, caps, shared, n_shared, trace)
     slo_on = slo is not None
     thr = slo.thresholds() if slo is not None else np.full(5, np.inf)
     lim = slo.limits(n) if slo is not None else np.ones(4, dtype=np.int64)
@@ -557,7 +557,9 @@ def _epp_weights(cfg: SimConfig) -> np.ndarray:
     return w
 
 
-def _epp_index(cfg: SimConfig, caps: np.ndarray, shared: np.ndarray, trace: BlockedTrace) -> tuple:
+def _epp_index(
+    cfg: SimConfig, caps: np.ndarray, shared: np.ndarray, n_shared: int, trace: BlockedTrace
+) -> tuple:
     """The kernel's ``epp_ix``, ``ix_cap``, ``ix_koff``, ``ix_key``, ``ix_nodes`` and
     ``ix_log``: the llmd_epp router's approximate indexes when it reads them
     (kvtier.sim.routers.epp_index), else none."""
@@ -583,9 +585,9 @@ def _epp_index(cfg: SimConfig, caps: np.ndarray, shared: np.ndarray, trace: Bloc
     g = index_geometry(cfg.epp_index, caps, cfg.block_tokens)
     # each request is routed once and adds its hashed entries: the logs' length
     koff, keys, n_keys = index_keys(
-        g, shared, trace.block_offsets, trace.input_tokens, cfg.block_tokens
+        g, shared, n_shared, trace.block_offsets, trace.input_tokens, cfg.block_tokens
     )
-    log = int(np.diff(koff, axis=1).sum(axis=1).max())
+    log = int(koff[:, -1].max())
     nodes = cfg.n_instances * n_keys
     if nodes >= 1 << 30 or log >= 1 << 30:
         raise InputError(

@@ -42,7 +42,7 @@ import numpy as np
 from numba import njit
 
 import kvtier.jitcache  # noqa: F401  (drops kernels compiled against older sources)
-from kvtier.policy.model import EPP_MIN_ENTRY_TOKENS
+from kvtier.policy.model import epp_gpu_entry_tokens
 from kvtier.sim.nb_state import (
     INNER,
     IX_CNT,
@@ -58,7 +58,6 @@ from kvtier.sim.nb_state import (
 
 GPU = 0  # producer rows of the capacities and counts
 CPU = 1
-MIN_ENTRY_TOKENS = EPP_MIN_ENTRY_TOKENS  # autoTune's floor
 
 
 class IndexGeometry(NamedTuple):
@@ -79,7 +78,7 @@ def index_geometry(
     chained id names the whole prefix through it, as the EPP's chained hash does); otherwise
     one block, the capacity converted at ``t / block_tokens`` blocks per entry."""
     gpu_entries, gpu_tokens, cpu_entries, cpu_tokens, max_tokens = epp_index
-    gpu_tokens = gpu_tokens or max(block_tokens, MIN_ENTRY_TOKENS)
+    gpu_tokens = epp_gpu_entry_tokens(gpu_tokens, block_tokens)
     step = np.ones(2, dtype=np.int64)
     caps = np.empty((2, len(capacities)), dtype=np.int64)
     for p, tokens in ((GPU, gpu_tokens), (CPU, cpu_tokens)):
@@ -94,10 +93,15 @@ def index_geometry(
 
 
 def hashed_entries(
-    input_tokens: int, n_blocks: int, block_tokens: int, step: int, most: int
-) -> int:
-    """The entries a prompt hashes: its full entries of ``step`` blocks, at most ``most``."""
-    return min(input_tokens // (step * block_tokens), n_blocks // step, most)
+    input_tokens: int | np.ndarray,
+    n_blocks: int | np.ndarray,
+    block_tokens: int,
+    step: int,
+    most: int,
+) -> int | np.ndarray:
+    """The entries a prompt hashes: its full entries of ``step`` blocks, at most ``most``
+    (element-wise over arrays of prompts too)."""
+    return np.minimum(np.minimum(input_tokens // (step * block_tokens), n_blocks // step), most)
 
 
 class EppIndex:
@@ -115,7 +119,8 @@ class EppIndex:
         out = []
         for p in (GPU, CPU):
             r = int(g.step[p])
-            nh = hashed_entries(input_tokens, len(blocks), block_tokens, r, int(g.max_entries[p]))
+            most = int(g.max_entries[p])
+            nh = int(hashed_entries(input_tokens, len(blocks), block_tokens, r, most))
             out.append([blocks[(j + 1) * r - 1] for j in range(nh)])
         return out
 
@@ -152,6 +157,7 @@ class EppIndex:
 def index_keys(
     geometry: IndexGeometry,
     shared: np.ndarray,
+    n_shared: int,
     block_offsets: np.ndarray,
     input_tokens: np.ndarray,
     block_tokens: int,
@@ -167,11 +173,10 @@ def index_keys(
     offs = np.zeros((2, len(nb) + 1), dtype=np.int64)
     for p in (GPU, CPU):
         r = int(geometry.step[p])
-        nh = np.minimum(np.minimum(inp // (r * block_tokens), nb // r), geometry.max_entries[p])
+        nh = hashed_entries(inp, nb, block_tokens, r, int(geometry.max_entries[p]))
         np.cumsum(np.maximum(nh, 0), out=offs[p, 1:])
     width = max(1, int(offs[:, -1].max()))
     keys = np.full((2, width), -1, dtype=np.int32)
-    n_shared = int(shared.max(initial=-1)) + 1
     n_keys = number_keys_nb(
         shared, np.asarray(block_offsets, dtype=np.int64), offs, geometry.step, keys, n_shared
     )
