@@ -12,7 +12,10 @@ from hypothesis import strategies as st
 from kvtier.errors import StallError
 from kvtier.policy.model import SLO
 from kvtier.sim import compute_metrics, simulate_raw
-from kvtier.sim.engine import SCRATCH, maps_every_block
+from kvtier.sim.engine import SCRATCH, empty_block_row, kernel_inputs, maps_every_block
+from kvtier.sim.nb import simulate_nb
+from kvtier.sim.nb_state import DIRTY_SPAN
+from kvtier.sim.nb_tiers import reset_dirty_rows_nb
 from kvtier.sim.requests import request_table
 from tests.helpers import replay_both
 from tests.sim_strategies import blocked_traces, tiered_configs
@@ -150,3 +153,22 @@ def test_concurrent_replays_do_not_share_kept_arrays(case) -> None:
             assert got == expected
         else:
             assert_same_tiers(expected, got, trace, cfg)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(cases())
+def test_every_row_a_replay_changed_lies_in_a_flagged_span(case) -> None:
+    """The dirty flags cover every pool row a replay wrote (faults included), so resetting
+    only the flagged spans empties the pools for the next replay on the kept arrays."""
+    trace, cfg = case
+    if cfg.tiers is None:
+        return
+    inputs = kernel_inputs(trace, cfg)
+    simulate_nb(*inputs[:7])
+    blk, dirty = inputs.ts.blk, inputs.ts.dirty
+    n = blk.shape[1]
+    flagged = np.repeat(dirty.astype(bool), DIRTY_SPAN, axis=1)[:, :n]
+    unchanged = (blk == empty_block_row()).all(axis=2)
+    assert unchanged[~flagged].all()
+    reset_dirty_rows_nb(blk, dirty, empty_block_row())
+    assert (blk == empty_block_row()).all() and not dirty.any()

@@ -45,8 +45,15 @@ from kvtier.sim.faults import (
 )
 from kvtier.sim.nb import simulate_nb
 from kvtier.sim.nb_hbm import AHEAD
-from kvtier.sim.nb_state import HbmPools, Outputs, Params, Requests
-from kvtier.sim.nb_tiers import LinkState, TierParams, TierPools, fill_rows_nb, no_faults
+from kvtier.sim.nb_state import DIRTY_SPAN, HbmPools, Outputs, Params, Requests
+from kvtier.sim.nb_tiers import (
+    LinkState,
+    TierParams,
+    TierPools,
+    fill_rows_nb,
+    no_faults,
+    reset_dirty_rows_nb,
+)
 from kvtier.sim.result import RawResult, end_time, tbt_tail_counts
 from kvtier.sim.routers.epp_index import index_geometry, index_keys
 from kvtier.sim.routing import kv_route_weights
@@ -752,11 +759,7 @@ def _tier_state(
         arr.fill(value)
         return arr
 
-    row = np.zeros(BLK_LANES, dtype=np.int32)  # as TierState does, in one pass of stores
-    row[L_PRV] = row[L_NXT] = NIL
-    row[L_WHERE] = W_ABSENT
-    blk = SCRATCH.borrow("blk", (P, n_blocks, BLK_LANES), np.int32, kept)
-    fill_rows_nb(blk.reshape(-1, BLK_LANES), row)
+    blk, dirty = _block_rows(P, n_blocks, kept)
     prio = filled("prio", (P, width), np.float64, 0.0)
     stamp = filled("stamp", (P, width), np.int64, 0)
     hpos = filled("hpos", (P, width), np.int32, NIL)
@@ -766,7 +769,9 @@ def _tier_state(
     heap = filled("heap", (P, heap_len), np.int32, 0)
     selective = tiers.counts_sightings
     sightings = filled("sightings", (n_blocks if selective else 1,), np.int64, 0)
-    ts = TierPools(meta, fmeta, blk, prio, stamp, heap, hpos, cost, sightings, *no_faults())
+    ts = TierPools(
+        meta, fmeta, blk, prio, stamp, heap, hpos, cost, sightings, *no_faults(), dirty
+    )  # fmt: skip
     tp = TierParams(
         n_tiers=tiers.n_tiers,
         per_host=tiers.per_host,
@@ -811,6 +816,51 @@ def _tier_state(
         gen_base=gen_base if gen_base is not None else np.zeros(0, dtype=np.int64),
     )
     return ts, tp, LinkState.zeros(tiers.n_links, tiers.n_tiers, tiers.n_workers)
+
+
+def empty_block_row() -> np.ndarray:
+    """A pool's row of a block it does not hold, as :class:`TierState` creates it."""
+    row = np.zeros(BLK_LANES, dtype=np.int32)
+    row[L_PRV] = row[L_NXT] = NIL
+    row[L_WHERE] = W_ABSENT
+    return row
+
+
+def block_row_views(buf: np.ndarray, n_pools: int, n_blocks: int) -> tuple[np.ndarray, ...]:
+    """The pools' block rows ``(P, n_blocks, BLK_LANES)`` int32 and their dirty flags
+    ``(P, spans)`` uint8 (:class:`TierPools`), as views of one buffer: they are kept in
+    :data:`SCRATCH` as one array, so the flags always describe the rows they are kept with."""
+    row_bytes = n_pools * n_blocks * BLK_LANES * 4
+    spans = -(-n_blocks // DIRTY_SPAN)
+    if buf.shape != (row_bytes + n_pools * spans,) or buf.dtype != np.uint8:
+        raise ValueError("block-row buffer of another shape")
+    blk = buf[:row_bytes].view(np.int32).reshape(n_pools, n_blocks, BLK_LANES)
+    return blk, buf[row_bytes:].reshape(n_pools, spans)
+
+
+def _block_rows(
+    n_pools: int, n_blocks: int, kept: dict[str, np.ndarray]
+) -> tuple[np.ndarray, np.ndarray]:
+    """Every pool's block rows, empty, and their dirty flags, all clear.
+
+    Kept from a completed replay, only the spans of ids that replay flagged are reset (a
+    replay behind 16 per-engine pools of millions of ids touches a small part of each); new,
+    every row is written once (one pass of stores, faulting the pages in)."""
+    row_bytes = n_pools * n_blocks * BLK_LANES * 4
+    shape = (row_bytes + n_pools * -(-n_blocks // DIRTY_SPAN),)
+    buf = SCRATCH.take("blk_rows", shape, np.uint8)
+    fresh = buf is None
+    if buf is None:
+        buf = np.empty(shape, dtype=np.uint8)
+    kept["blk_rows"] = buf
+    blk, dirty = block_row_views(buf, n_pools, n_blocks)
+    row = empty_block_row()
+    if fresh:
+        fill_rows_nb(blk.reshape(-1, BLK_LANES), row)
+        dirty.fill(0)
+    else:
+        reset_dirty_rows_nb(blk, dirty, row)
+    return blk, dirty
 
 
 def _check_tiers(c: TierConfig, n_instances: int) -> None:

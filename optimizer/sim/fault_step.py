@@ -46,6 +46,7 @@ from kvtier.sim.faults import (
     PENDING,
     UP,
 )
+from kvtier.sim.nb_state import DIRTY_SPAN
 
 
 class RefFaults:
@@ -154,4 +155,5 @@ def faults_advance_nb(ts, now):  # noqa: ANN001, ANN201
                 b = lost[f, fi[f, FI_CURSOR]]
                 if not _has_nb(ts, p, b) and not fault_down_nb(ts, p, b):
                     access_as_nb(ts.meta[p, M_POLICY], _pool_nb(ts, p), b)
+                    ts.dirty[p, b // DIRTY_SPAN] = 1  # (nb_tiers.touch_nb's rule)
                 fi[f, FI_CURSOR] += 1

@@ -25,6 +25,9 @@ INNER = {"no_cpython_wrapper": True, "no_cfunc_wrapper": True}
 # ``step_time``, ``path_transfer``...); a NumPy scalar global is a plain ``int64``.
 ZERO = np.int64(0)
 ONE = np.int64(1)
+# Block ids per flag of nb_tiers.TierPools.dirty: a span's rows (16 bytes each) are reset
+# together after a replay.
+DIRTY_SPAN = 64
 
 
 class Requests(NamedTuple):

@@ -43,7 +43,7 @@ from kvtier.cache.nb_state import TierArrays
 from kvtier.sim.fault_step import fault_down_nb
 from kvtier.sim.faults import N_FI, N_FT
 from kvtier.sim.gen import WRITE_POLICY_FAMILY, twin
-from kvtier.sim.nb_state import INNER, ONE, ZERO
+from kvtier.sim.nb_state import DIRTY_SPAN, INNER, ONE, ZERO
 from kvtier.sim.steptime.jit import prefill_seconds_nb
 from kvtier.sim.transfer import (
     layerwise_ready,
@@ -103,6 +103,11 @@ class TierPools(NamedTuple):
     fault_i: np.ndarray  # i8 (F, N_FI): pool, device, devices, loses blocks, state, lost...
     fault_t: np.ndarray  # f8 (F, N_FT): at, back up, rebuild seconds per block
     fault_lost: np.ndarray  # i4 (F, M): ids of the blocks each lost, ascending
+    # u1 (P, ceil(n_blocks / DIRTY_SPAN)): 1 where a block of that span of ids was ever missed
+    # in the pool. Every row the pool wrote belongs to such a block (a row changes only once
+    # its block has been inserted), so the next replay on these arrays resets the flagged
+    # spans' rows instead of every row (kvtier.sim.engine, "blk_rows").
+    dirty: np.ndarray
 
     @classmethod
     def empty(cls) -> TierPools:
@@ -112,7 +117,10 @@ class TierPools(NamedTuple):
         f2 = np.zeros((0, 0), dtype=f8)
         i2 = np.zeros((0, 0), dtype=i4)
         blk = np.zeros((0, 0, 4), dtype=i4)
-        return cls(z2, f2, blk, f2, z2, i2, i2, f2, np.zeros(0, dtype=i8), *no_faults())
+        return cls(
+            z2, f2, blk, f2, z2, i2, i2, f2, np.zeros(0, dtype=i8), *no_faults(),
+            np.zeros((0, 0), dtype=np.uint8),
+        )  # fmt: skip
 
 
 class TierParams(NamedTuple):
@@ -224,12 +232,15 @@ def pool_arrays_nb(ts, p):  # noqa: ANN001, ANN201
 
 @njit(cache=True, nogil=True, _nrt=False, inline="always")
 def touch_nb(ts, p, b):  # noqa: ANN001, ANN201
-    """Access ``b`` in pool ``p``; returns the evicted block or -1.
+    """Access ``b`` in pool ``p``; returns the evicted block or -1. A miss flags ``b``'s span
+    of ids in ``ts.dirty`` (the only way a row starts to change).
 
     The cache engine's access is inlined here, dispatching on the pool's policy, rather than
     called: a call passes the pool's eight arrays as about sixty machine words, once per block
     copied below."""
-    _, victim = access_as_nb(ts.meta[p, M_POLICY], pool_arrays_nb(ts, p), b)
+    hit, victim = access_as_nb(ts.meta[p, M_POLICY], pool_arrays_nb(ts, p), b)
+    if not hit:
+        ts.dirty[p, b // DIRTY_SPAN] = 1
     return victim
 
 
@@ -485,6 +496,24 @@ def computed_nb(ts, tp, lk, k, now, buf, nbuf):  # noqa: ANN001, ANN201
 def hbm_evicted_nb(ts, tp, lk, k, now, buf, nbuf):  # noqa: ANN001, ANN201
     if (tp.cascade or tp.exclusive) and nbuf > 0:
         write_down_nb(ts, tp, lk, k, now, buf, np.int64(nbuf), np.int64(1))
+
+
+@njit(cache=True, nogil=True, _nrt=False)
+def reset_dirty_rows_nb(blk: np.ndarray, dirty: np.ndarray, row: np.ndarray) -> None:
+    """Set the rows of every span ``dirty`` flags to ``row`` and clear the flags: pools kept
+    from a completed replay are empty again after a pass over the spans it touched, not over
+    every block (16 per-engine pools x millions of ids are GBs of rows, few of them used)."""
+    n = blk.shape[1]
+    for p in range(dirty.shape[0]):
+        for w in range(dirty.shape[1]):
+            if dirty[p, w]:
+                hi = min((w + 1) * DIRTY_SPAN, n)
+                for b in range(w * DIRTY_SPAN, hi):
+                    blk[p, b, 0] = row[0]
+                    blk[p, b, 1] = row[1]
+                    blk[p, b, 2] = row[2]
+                    blk[p, b, 3] = row[3]
+                dirty[p, w] = 0
 
 
 @njit(cache=True, nogil=True, _nrt=False)
