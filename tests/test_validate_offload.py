@@ -63,6 +63,16 @@ def test_concurrency_run_takes_the_prompts_in_turn_from_one_shuffle() -> None:
     assert len({h[:sys_blocks] for h in hashes[:50]}) > 10  # shuffled, not group after group
 
 
+def test_concurrency_run_queues_every_request_within_the_first_second() -> None:
+    """inference-perf's concurrent load is a one-second constant-rate stage of every request
+    (exponential gaps scaled to sum to 1 s): queued times rise from just after 0 to 1 s."""
+    run = next(r for r in load_catalogue() if r.name.endswith("c45-low-cache"))
+    t = np.asarray(build_trace(run).arrival_s)
+    assert len(t) == run.conditions["requests"]
+    assert t[0] > 0 and np.all(np.diff(t) > 0) and abs(t[-1] - 1.0) < 1e-9
+    assert 0.02 < t[44] < 0.3  # the first wave of 45 within about a tenth of a second
+
+
 def test_fs_runs_read_the_shared_lustre_pool_of_the_guides_storage_class() -> None:
     """18000 GiB at 1000 MB/s per TiB, one pool every host mounts (the FS connector's PVC)."""
     from kvtier.hardware import load_hardware

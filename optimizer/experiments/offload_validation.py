@@ -318,6 +318,15 @@ def _poisson_stage(rng: np.random.Generator, rate: float, n: int) -> np.ndarray:
     return np.asarray(out[:n])
 
 
+def _concurrent_sends(rng: np.random.Generator, n: int) -> np.ndarray:
+    """inference-perf's concurrent load: ``main.py`` turns the stage into ``rate = n`` over
+    ``duration = 1`` s, so ``ConstantLoadTimer`` queues every request within the first second
+    (``n`` exponential gaps scaled to sum to 1 s); the closed loop then sends each at the later
+    of that time and a freed slot."""
+    gaps = rng.exponential(1.0 / n, n)
+    return np.cumsum(gaps / gaps.sum())
+
+
 def _sweep(c: dict[str, Any], rng: np.random.Generator, n_prompts: int) -> tuple[Any, Any]:
     """The prompt of each request and its send time over a multi-stage sweep: one shuffled
     prompt list, stage ``s`` sends ``int(rate * duration)`` requests taking prompts 0, 1, ...
@@ -362,7 +371,7 @@ def build_trace(run: OffloadRun) -> Any:
                 arrival = np.cumsum(rng.exponential(1.0 / float(c["rate"]), n))
                 arrival -= arrival[0]
             else:
-                arrival = np.zeros(n)
+                arrival = _concurrent_sends(rng, n)
         input_tokens = np.full(len(order), isl, dtype=np.int64)
     blocks = [prompts[i] for i in order]
     offsets = np.zeros(len(blocks) + 1, dtype=np.int64)
