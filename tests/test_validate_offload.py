@@ -309,7 +309,9 @@ def test_lmcache_lustre_runs_keep_per_engine_files_on_the_one_lustre_instance() 
 
 def test_c45_files_run_behind_the_epp_profile_of_their_guide() -> None:
     """The concurrency-45 runs (llm-d PR #457): both sides behind llmd_epp at the guide's
-    2:2:1:1 (queue : KV use : GPU prefix : CPU prefix), no LRU or active-request scorer."""
+    2:2:1:1 (queue : KV use : GPU prefix : CPU prefix), no LRU or active-request scorer; the
+    KV-use scorer at 0, the constant score it gave with its metric missing from the runs'
+    vLLM (docs/sources.md [llm-d-epp])."""
     runs = [r for r in load_catalogue() if "-c45-" in r.name]
     assert len(runs) == 2 and all(r.role == "check" for r in runs)
     keys = ("queue", "kv_util", "gpu_prefix", "cpu_prefix", "no_hit_lru", "active")
@@ -317,4 +319,4 @@ def test_c45_files_run_behind_the_epp_profile_of_their_guide() -> None:
         for side in ("baseline", "tiered"):
             s = r.deploy[side]["set"]
             assert s["serving.routing"] == "llmd_epp"
-            assert [s[f"serving.epp_{k}_weight"] for k in keys] == [2.0, 2.0, 1.0, 1.0, 0.0, 0.0]
+            assert [s[f"serving.epp_{k}_weight"] for k in keys] == [2.0, 0.0, 1.0, 1.0, 0.0, 0.0]
