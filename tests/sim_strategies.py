@@ -365,7 +365,13 @@ def tier_configs(draw: st.DrawFn, n_instances: int, block_tokens: int) -> TierCo
         lat_s=np.array([draw(st.sampled_from([0.0, 1e-3])) for _ in names]),
         cap_bw=np.array([draw(st.sampled_from([np.inf, 1.0])) for _ in names]),
         rpc_s=np.array([draw(st.sampled_from([0.0, 1e-4, 1e-2])) for _ in names]),
-        stream_bw=np.array([draw(st.sampled_from([np.inf, 2.0, 30.0])) for _ in names]),
+        # per instance (an instance's tensor-parallel ranks each stream their shard)
+        stream_bw=np.array(
+            [
+                [draw(st.sampled_from([np.inf, 2.0, 30.0])) for _ in range(n_instances)]
+                for _ in names
+            ]  # fmt: skip
+        ).reshape(T, n_instances),
         stage_bw=stage_bw,
         serial=np.array([draw(st.integers(0, 1)) for _ in names], dtype=np.int64),
         depth=np.array([draw(st.sampled_from([1, 2, 8])) for _ in names], dtype=np.int64),

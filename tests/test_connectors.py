@@ -41,6 +41,12 @@ def same_prompt_twice(B: int) -> BlockedTrace:
 
 def load_time(connector: str, B: int, hw: Hardware | None = None, **kw: object) -> float:
     """Seconds the second request waits for its blocks, both engines agreeing."""
+    return float(replay_pair(connector, B, hw, **kw).load_s[1])
+
+
+def replay_pair(connector: str, B: int, hw: Hardware | None = None, **kw: object):  # noqa: ANN201
+    """The second request loads what the first wrote through ``connector``; both engines
+    agreeing, the numba engine's result."""
     hw = two_gpus(load_hardware("beluga-testbed")) if hw is None else hw
     tier = TierPolicy(name="rdma", capacity_gb=100.0, connector=connector)
     policy = Policy(
@@ -57,7 +63,7 @@ def load_time(connector: str, B: int, hw: Hardware | None = None, **kw: object) 
     np.testing.assert_array_equal(ref.load_s, fast.load_s)
     np.testing.assert_array_equal(ref.stage_s, fast.stage_s)
     assert fast.tier_hit_blocks.sum() == PROMPT // B  # every block came from the pool
-    return float(fast.load_s[1])
+    return fast
 
 
 def test_serial_retrieve_scales_with_chunk_count() -> None:
@@ -96,6 +102,22 @@ def test_software_cost_is_worker_time_not_nic_time() -> None:
     shared = load_time("lmcache-0.3-mooncake", 256, hw)
     split = load_time("lmcache-0.3-mooncake", 256, per_gpu)
     assert split == pytest.approx(shared, rel=0.02)
+
+
+def test_each_tensor_parallel_rank_streams_its_own_shard() -> None:
+    """LMCache runs one engine per tensor-parallel rank on the rank's KV heads: a TP=2
+    instance moves its bytes over two streams and two staging copies at once, while each
+    chunk's RPC is paid by both ranks together, once."""
+    one = two_gpus(load_hardware("beluga-testbed"))
+    two = replace(one, topology=replace(one.topology, gpus_per_host=4, tp=2))
+    moved = 2 * PROMPT * 262_144  # the first request's store and the second's load (Qwen3-32B)
+    for connector, rate in (("lmcache-mooncake", 10e9), ("lmcache-0.3-mooncake", 0.67e9)):
+        s1 = replay_pair(connector, 256, one).stage_s[0]  # rpc, stream, staging, links
+        s2 = replay_pair(connector, 256, two).stage_s[0]
+        assert s1[1] == pytest.approx(moved / rate, rel=1e-9)
+        assert s2[0] == s1[0]
+        assert s2[1] == pytest.approx(s1[1] / 2, rel=1e-9)
+        assert s2[2] == pytest.approx(s1[2] / 2, rel=1e-9)
 
 
 def test_path_transfer_serial_and_pipelined_by_formula() -> None:

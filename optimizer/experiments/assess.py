@@ -229,7 +229,7 @@ def break_even(scenario: Scenario, policy: Policy, tier: TierPolicy, B: int) -> 
         blocks = L // B
         load = path_estimate(
             0.0, blocks * c.block_bytes, ops_of(int(c.unit[0]), blocks, c.fragments, c.coalesce),
-            c.rpc_s[0], c.stream_bw[0], c.stage_bw[0, 0], c.serial[0], c.depth[0], c.lat_s[0],
+            c.rpc_s[0], c.stream_bw[0, 0], c.stage_bw[0, 0], c.serial[0], c.depth[0], c.lat_s[0],
             c.cap_bw[0], c.gpu_path[0, 0], c.gpu_scale[0], c.link_bw_read, c.link_duplex, 0,
             free, wfree, c.w0[0, 0], c.nw[0],
         )  # fmt: skip

@@ -889,6 +889,7 @@ def _check_tiers(c: TierConfig, n_instances: int) -> None:
         "casc_path": (c.casc_path, (T, K, MAX_PATH)),
         "gpu_scale": (c.gpu_scale, (T, MAX_PATH)),
         "casc_scale": (c.casc_scale, (T, MAX_PATH)),
+        "stream_bw": (c.stream_bw, (T, K)),
         "stage_bw": (c.stage_bw, (T, K)),
         "w0": (c.w0, (T, K)),
     }

@@ -134,7 +134,7 @@ class TierParams(NamedTuple):
     lat_s: np.ndarray  # f8 (T,): seconds per transfer
     cap_bw: np.ndarray  # f8 (T,): per-transfer bandwidth cap (inf: none)
     rpc_s: np.ndarray  # f8 (T,): worker seconds per operation
-    stream_bw: np.ndarray  # f8 (T,): the store's per-stream rate (inf: none)
+    stream_bw: np.ndarray  # f8 (T, n_instances): the store's stream rate (inf: none)
     stage_bw: np.ndarray  # f8 (T, n_instances): staging copy rate (inf: none)
     serial: np.ndarray  # i8 (T,)
     depth: np.ndarray  # i8 (T,)
@@ -175,7 +175,7 @@ class TierParams(NamedTuple):
         i2, f2 = np.zeros((0, 0), dtype=np.int64), np.zeros((0, 0), dtype=np.float64)
         i3 = np.zeros((0, 0, 0), dtype=np.int64)
         return cls(
-            0, b1, i8, np.zeros((0, n_instances), dtype=np.int64), f8, f8, f8, f8, f2, i8, i8, i8,
+            0, b1, i8, np.zeros((0, n_instances), dtype=np.int64), f8, f8, f8, f2, f2, i8, i8, i8,
             b1, b1, i2, i8, f8, f8, i8, i3, f2, i3, f2, 0, 0, False, False, 1, False, 0, False,
             1, 1, 1, 0.0, b1, i8,
         )  # fmt: skip
@@ -258,7 +258,7 @@ def gpu_transfer_nb(tp, lk, k, t, now, cnt, write):  # noqa: ANN001, ANN201
         cnt * tp.block_bytes,
         ops_of_nb(tp.unit[t], cnt, tp.fragments, tp.coalesce),
         tp.rpc_s[t],
-        tp.stream_bw[t],
+        tp.stream_bw[t, k],
         tp.stage_bw[t, k],
         tp.serial[t],
         tp.depth[t],
@@ -312,7 +312,7 @@ def load_cost_nb(tp, lk, k, now, counts, pf):  # noqa: ANN001, ANN201
                 counts[t] * tp.block_bytes,
                 ops_of_nb(tp.unit[t], counts[t], tp.fragments, tp.coalesce),
                 tp.rpc_s[t],
-                tp.stream_bw[t],
+                tp.stream_bw[t, k],
                 tp.stage_bw[t, k],
                 tp.serial[t],
                 tp.depth[t],
@@ -387,7 +387,7 @@ def insert_nb(ts, tp, lk, k, now, t, b):  # noqa: ANN001, ANN201
             tp.block_bytes,
             ops_of_nb(tp.unit[nxt], ONE, tp.fragments, tp.coalesce),
             tp.rpc_s[nxt],
-            tp.stream_bw[nxt],
+            tp.stream_bw[nxt, k],
             np.inf,
             tp.serial[nxt],
             tp.depth[nxt],

@@ -45,7 +45,7 @@ def kv_route_weights(cfg: SimConfig) -> np.ndarray:
                 run * c.block_bytes,
                 ops_of(c.unit[t], run, c.fragments, c.coalesce),
                 c.rpc_s[t],
-                c.stream_bw[t],
+                c.stream_bw[t, k],
                 c.stage_bw[t, k],
                 c.serial[t],
                 c.depth[t],

@@ -94,7 +94,7 @@ def load_vs_recompute(
         n * tiers.block_bytes,
         ops_of(int(tiers.unit[t]), n, tiers.fragments, tiers.coalesce),
         float(tiers.rpc_s[t]),
-        float(tiers.stream_bw[t]),
+        float(tiers.stream_bw[t, inst]),
         float(tiers.stage_bw[t, inst]),
         int(tiers.serial[t]),
         int(tiers.depth[t]),

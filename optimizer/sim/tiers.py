@@ -68,7 +68,9 @@ class TierConfig:
     lat_s: np.ndarray  # float64 (T,) seconds per transfer
     cap_bw: np.ndarray  # float64 (T,) per-transfer cap (one CXL device), inf when none
     rpc_s: np.ndarray  # float64 (T,) worker seconds per operation
-    stream_bw: np.ndarray  # float64 (T,) the store's per-stream rate, inf when none
+    # an instance's transfer rate through the store's streams and the staging copies: one
+    # worker's rate times the instance's tensor-parallel ranks, each moving its own shard
+    stream_bw: np.ndarray  # float64 (T, n_instances), inf when none
     stage_bw: np.ndarray  # float64 (T, n_instances) memcpy rate / staging copies, inf: none
     serial: np.ndarray  # int64 (T,) 1: serial, 0: pipelined
     depth: np.ndarray  # int64 (T,) operations in flight when pipelined
@@ -229,13 +231,13 @@ class _TierColumns:
         self.lat_s: list[float] = []
         self.cap_bw: list[float] = []
         self.rpc_s: list[float] = []
-        self.stream_bw: list[float] = []
         self.serial: list[int] = []
         self.depth: list[int] = []
         self.unit: list[int] = []
         self.layerwise: list[bool] = []
         self.blocks_step: list[bool] = []
         self.gen_step: list[bool] = []
+        self.stream_bw = np.full((T, n_instances), math.inf)
         self.stage_bw = np.full((T, n_instances), math.inf)
         self.port = np.full((T, n_instances), -1, dtype=np.int64)
         self.pool_link = np.full(T, -1, dtype=np.int64)
@@ -296,8 +298,6 @@ class _TierColumns:
         d = CONNECTORS.get(tp.connector, path=f"tiers.{tp.name}.connector").defaults
         rpc = float(d["rpc_us"])
         self.rpc_s.append(hw.op_overhead_s if rpc < 0 else rpc * 1e-6)
-        sg = float(d["stream_gbps"])
-        self.stream_bw.append(sg * GB if sg > 0 else math.inf)
         self.serial.append(1 if d["order"] == "serial" else 0)
         self.depth.append(int(tp.depth if tp.depth is not None else d["depth"]))
         self.unit.append(UNITS.index(str(d["unit"])))
@@ -309,13 +309,21 @@ class _TierColumns:
         self.via_host[t] = bool(d["via_host"])
         self.staging[t] = int(d["staging"])
         n_instances = len(at.gpu0)
+        # Every tensor-parallel rank runs the connector's worker side on its own shard of each
+        # block (LMCache builds one engine per rank, its KV shape with the rank's share of the
+        # KV heads, keyed by worker_id = rank: [LMCache-0.5.6-wheel] integration/vllm/utils.py;
+        # vLLM's connectors run in every worker): an operation's per-call cost is paid by all
+        # ranks at once, its bytes split over their streams and staging copies
+        sg = float(d["stream_gbps"])
+        if sg > 0:
+            self.stream_bw[t] = sg * GB * at.tps
         if self.staging[t] > 0:
             for k in range(n_instances):
                 remote = host.socket[k] != 0 and not d["numa_aware"]
                 rate = topo.memcpy_bw
                 if remote and topo.numa_remote_memcpy_bw > 0:
                     rate = topo.numa_remote_memcpy_bw
-                self.stage_bw[t, k] = rate / self.staging[t]
+                self.stage_bw[t, k] = int(at.tps[k]) * rate / self.staging[t]
         workers = int(tp.workers if tp.workers is not None else d["workers"])
         self.nw[t] = workers
         pool_count = at.n_hosts if d["scope"] == "host" else n_instances
@@ -429,7 +437,7 @@ def build_tiers(
         lat_s=np.array(cols.lat_s, dtype=np.float64),
         cap_bw=np.array(cols.cap_bw, dtype=np.float64),
         rpc_s=np.array(cols.rpc_s, dtype=np.float64),
-        stream_bw=np.array(cols.stream_bw, dtype=np.float64),
+        stream_bw=cols.stream_bw,
         stage_bw=cols.stage_bw,
         serial=np.array(cols.serial, dtype=np.int64),
         depth=np.array(cols.depth, dtype=np.int64),
