@@ -272,3 +272,21 @@ def test_tbt_counts_from_the_kv_arrival_on_the_decode_instance(engine) -> None:
     assert raw.tbt_tail_s is not None
     assert raw.tbt_tail_s[0] == pytest.approx(max(steps), rel=1e-9)
     assert max(steps) == steps[-1]
+
+
+def test_each_decode_rank_pulls_its_shard_through_its_own_stream() -> None:
+    """A P/D connector with a stream and a staging copy (LMCache over Mooncake) runs on each
+    decode rank: at tp 2 the transfer streams and stages at twice one rank's rate."""
+    base = Policy()
+    hw = load_hardware("h100-node")
+    rates = {}
+    for tp in (1, 2):
+        s = replace(
+            base.serving, instances=4, prefill_instances=2, pd_connector="lmcache-0.3-mooncake"
+        )
+        hw_tp = replace(hw, topology=replace(hw.topology, tp=tp))
+        pd = build_config(hw_tp, load_model("Llama-3.1-8B"), replace(base, serving=s)).pd
+        rates[tp] = (pd.stream_bw, pd.stage_bw)
+    assert rates[1][0] == pytest.approx(0.67 * GB)  # the connector's one stream
+    assert rates[2][0] == pytest.approx(2 * rates[1][0])
+    assert rates[2][1] == pytest.approx(2 * rates[1][1])

@@ -176,8 +176,10 @@ def build_pd(
         fragments=fragments_per_block(model, policy.kv_layout),
         coalesce=policy.coalesce,
         rpc_s=op_s,
-        stream_bw=sg * GB if sg > 0 else math.inf,
-        stage_bw=topo.memcpy_bw / staging if staging > 0 else math.inf,
+        # each decode rank pulls its shard through its own stream and staging copy
+        # (kvtier.sim.tiers.add_connector: every connector runs on each rank)
+        stream_bw=sg * GB * int(tps[-1]) if sg > 0 else math.inf,
+        stage_bw=topo.memcpy_bw * int(tps[-1]) / staging if staging > 0 else math.inf,
         serial=1 if c["order"] == "serial" else 0,
         depth=int(c["depth"]),
         workers=int(c["workers"]),
