@@ -10,6 +10,7 @@ import pytest
 from kvtier.hardware import load_hardware, load_model
 from kvtier.policy import Policy
 from kvtier.sim import build_config, simulate_raw
+from kvtier.sim.routers.llmd_epp import tie_draw
 from kvtier.trace.blocked import BlockedTrace
 
 ENGINES = ["reference", "numba"]
@@ -135,6 +136,23 @@ def test_kv_aware_tier_weights_follow_load_against_recompute() -> None:
     assert kv_route_weights(kv_cfg(1.0)).shape == (0, 4)
 
 
+def tie_pick(i: int, tied: list[int]) -> int:
+    """The max-score picker's random tie-break as the replay draws it for request ``i``
+    (kvtier.sim.routers.llmd_epp.tie_draw): the ``t``-th tied instance, in index order,
+    replaces the pick when its draw in ``[0, t)`` is 0."""
+    best = tied[0]
+    for t, k in enumerate(tied[1:], start=2):
+        if tie_draw(i, t) == 0:
+            best = k
+    return best
+
+
+def test_ties_are_broken_alike_over_the_tied_instances() -> None:
+    for n in (2, 3, 8):
+        counts = np.bincount([tie_pick(i, list(range(n))) for i in range(6000)], minlength=n)
+        assert counts.min() > 0.85 * 6000 / n and counts.max() < 1.15 * 6000 / n
+
+
 def epp_cfg(instances: int = 2, **weights: float):
     # the scorers reading the instances' caches, as these cases are derived (the EPP's own
     # indexes: tests/test_sim_epp_index.py)
@@ -159,8 +177,11 @@ def test_llmd_epp_no_hit_lru_spreads_cold_requests(engine) -> None:
     raw = simulate_raw(t, epp_cfg(instances=3), engine=engine)
     assert raw.instance.tolist() == [0, 1, 2, 0, 0]
     assert raw.hit_blocks.tolist()[4] == 50
+    # without it every cold request ties on all three (the picker's random draw, fixed by the
+    # request's index); the fifth goes where the first one's document is
     lru_off = simulate_raw(t, epp_cfg(instances=3, no_hit_lru=0.0), engine=engine)
-    assert lru_off.instance.tolist() == [0, 0, 0, 0, 0]  # ties: the lower index
+    first = [tie_pick(i, [0, 1, 2]) for i in range(4)]
+    assert lru_off.instance.tolist() == [*first, first[0]]
 
 
 def group_trace(doc_blocks: int) -> BlockedTrace:
@@ -200,9 +221,10 @@ def test_llmd_epp_group_sticks_until_the_queue_outweighs_its_prefix(engine) -> N
 def test_llmd_epp_active_request_scorer_counts_running_requests(engine) -> None:
     # three long requests (2,000 tokens out, still decoding at 3 s) at 0, 1 and 2 s, then two
     # short ones together at 3 s; only the active-request scorer weighs (1 when an instance
-    # has none, else (max - a) / max): at 1 s a = [1, 0, 0] scores [0, 1, 1] -> instance 1;
-    # at 2 s [1, 1, 0] -> 2; at 3 s [1, 1, 1] scores 0 everywhere -> 0 (lower index); the
-    # second at 3 s sees [2, 1, 1], scores [0, 0.5, 0.5] -> 1
+    # has none, else (max - a) / max): at 0 s every instance scores 1 (a tie, the picker's
+    # draw); at 1 s the two idle ones score 1 (a tie); at 2 s the last idle one; at 3 s every
+    # instance has one and scores 0 (a tie); the second at 3 s sees 2 on that one, 1 on the
+    # others: 0 there, 0.5 on the other two (a tie)
     t = BlockedTrace.from_lists(
         [0.0, 1.0, 2.0, 3.0, 3.0],
         [5000, 5000, 5000, 10, 10],
@@ -212,11 +234,17 @@ def test_llmd_epp_active_request_scorer_counts_running_requests(engine) -> None:
     )
     off = {k: 0.0 for k in ("queue", "kv_util", "gpu_prefix", "cpu_prefix", "no_hit_lru")}
     raw = simulate_raw(t, epp_cfg(instances=3, **off, active=1.0), engine=engine)
-    assert raw.instance.tolist() == [0, 1, 2, 0, 1]
+    p0 = tie_pick(0, [0, 1, 2])
+    p1 = tie_pick(1, [k for k in range(3) if k != p0])
+    p2 = next(k for k in range(3) if k not in (p0, p1))
+    p3 = tie_pick(3, [0, 1, 2])
+    p4 = tie_pick(4, [k for k in range(3) if k != p3])
+    assert raw.instance.tolist() == [p0, p1, p2, p3, p4]
     # the queue scorer sees only waiting requests: the running ones leave every queue empty
-    # (1 everywhere) until the first short request waits on instance 0
+    # (1 everywhere, a tie) until the first short request waits on its instance
     raw = simulate_raw(t, epp_cfg(instances=3, **{**off, "queue": 1.0}), engine=engine)
-    assert raw.instance.tolist() == [0, 0, 0, 0, 1]
+    picks = [tie_pick(i, [0, 1, 2]) for i in range(4)]
+    assert raw.instance.tolist() == [*picks, tie_pick(4, [k for k in range(3) if k != picks[3]])]
 
 
 def test_llmd_epp_active_score_is_scaled_by_the_most_active_not_min_max() -> None:

@@ -27,9 +27,13 @@ this order):
 
 The two prefix scorers read, as the EPP does, its own LRU indexes of where it sent prompts
 (``SimConfig.epp_index``, :mod:`kvtier.sim.routers.epp_index`), or, with ``epp_index`` empty,
-the instances' cached blocks. Approximations (docs/model.md, "Routing"): the EPP reads the
-load from scraped metrics, here the instances' exact state at the arrival; the picker breaks
-ties at random, here the lower index wins (a deterministic replay)."""
+the instances' cached blocks. The ``max-score-picker`` breaks ties at random (it shuffles the
+candidates before a stable sort by score: ``picker/maxscore/picker.go`` at v0.10.0, and
+gateway-api-inference-extension v1.0.1's ``max_score_picker.go``); here each tie is settled
+by a draw fixed by the request's index (:func:`tie_draw`), uniform over the tied instances,
+so a replay stays deterministic and both engines pick alike. Approximation (docs/model.md,
+"Routing"): the EPP reads the load from scraped metrics, here the instances' exact state at
+the arrival."""
 
 from __future__ import annotations
 
@@ -51,6 +55,23 @@ from kvtier.sim.routers.epp_index import (
 
 if TYPE_CHECKING:
     from kvtier.sim.routers import RouteView
+
+
+# a prime below 2**32: every product in tie_draw stays inside int64, in Python and in numba
+_TIE_P = 4294967291
+
+
+def tie_draw(i: int, t: int) -> int:
+    """A draw in ``[0, t)`` fixed by request ``i`` and the tie count ``t`` (``t >= 1``): the
+    ``t``-th instance found at the best score replaces the pick when it is 0 (probability
+    ``1/t``, reservoir sampling), which leaves each of the tied instances picked alike."""
+    x = ((i % _TIE_P) * 69069 + t * 40503 + 12345) % _TIE_P
+    x = ((x ^ (x >> 15)) * 1103515245) % _TIE_P
+    x = ((x ^ (x >> 13)) * 1103515245) % _TIE_P
+    return x % t
+
+
+tie_draw_nb = njit(cache=True, nogil=True, **INNER)(tie_draw)
 
 
 def _lru_score(stamps: list[int], k: int, n: int) -> float:
@@ -99,7 +120,7 @@ def route(view: RouteView, req: Any) -> int:
         q_min = min(q_min, q)
         q_max = max(q_max, q)
         a_max = max(a_max, inst.load)
-    best, best_score = -1, -1.0
+    best, best_score, ties = -1, -1.0, 0
     for k, inst in enumerate(insts):
         q = len(inst.waiting)
         qs = 1.0 if q_max == q_min else float(q_max - q) / float(q_max - q_min)
@@ -121,7 +142,11 @@ def route(view: RouteView, req: Any) -> int:
         s += ls * w[4]
         s += as_ * w[5]
         if s > best_score:
-            best, best_score = k, s
+            best, best_score, ties = k, s, 1
+        elif s == best_score:
+            ties += 1
+            if tie_draw(req.idx, ties) == 0:
+                best = k
     if cold:
         view.cold_stamp[best] = req.idx + 1
     if index is not None:
@@ -186,6 +211,7 @@ def route_nb(sim: Sim, i: int) -> int:
             never += 1
     best = -1
     best_score = -1.0
+    ties = 0
     for kk in range(n):
         h = 0
         c = 0
@@ -246,6 +272,11 @@ def route_nb(sim: Sim, i: int) -> int:
         if s > best_score:
             best = kk
             best_score = s
+            ties = 1
+        elif s == best_score:
+            ties += 1
+            if tie_draw_nb(i, ties) == 0:
+                best = kk
     if cold:
         stamps[best] = i + 1
     if prm.epp_ix:
