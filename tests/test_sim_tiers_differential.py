@@ -9,10 +9,11 @@ import numpy as np
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from kvtier.cache.state import empty_block_row
 from kvtier.errors import StallError
 from kvtier.policy.model import SLO
 from kvtier.sim import compute_metrics, simulate_raw
-from kvtier.sim.engine import SCRATCH, empty_block_row, kernel_inputs, maps_every_block
+from kvtier.sim.engine import SCRATCH, kernel_inputs, maps_every_block
 from kvtier.sim.nb import simulate_nb
 from kvtier.sim.nb_state import DIRTY_SPAN
 from kvtier.sim.nb_tiers import reset_dirty_rows_nb

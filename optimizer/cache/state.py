@@ -190,12 +190,17 @@ def check_tier_args(
     return capacity, n_blocks, cost_arr
 
 
-def _empty_blocks(n_blocks: int) -> np.ndarray:
+def empty_block_row() -> np.ndarray:
+    """The row of a block the tier does not hold (no links, absent, no counter)."""
     row = np.zeros(enums.BLK_LANES, dtype=np.int32)
     row[enums.L_PRV] = row[enums.L_NXT] = enums.NIL
     row[enums.L_WHERE] = enums.W_ABSENT
+    return row
+
+
+def _empty_blocks(n_blocks: int) -> np.ndarray:
     blk = np.empty((n_blocks, enums.BLK_LANES), dtype=np.int32)
-    blk[:] = row  # one pass over the memory
+    blk[:] = empty_block_row()  # one pass over the memory
     return blk
 
 

@@ -19,8 +19,8 @@ from typing import NamedTuple
 
 import numpy as np
 
-from kvtier.cache.enums import BLK_LANES, L_NXT, L_PRV, L_WHERE, NIL, W_ABSENT
-from kvtier.cache.state import TierState
+from kvtier.cache.enums import BLK_LANES, NIL
+from kvtier.cache.state import TierState, empty_block_row
 from kvtier.errors import InputError, StallError
 from kvtier.files import check_allocation
 from kvtier.policy.registries import (
@@ -818,42 +818,26 @@ def _tier_state(
     return ts, tp, LinkState.zeros(tiers.n_links, tiers.n_tiers, tiers.n_workers)
 
 
-def empty_block_row() -> np.ndarray:
-    """A pool's row of a block it does not hold, as :class:`TierState` creates it."""
-    row = np.zeros(BLK_LANES, dtype=np.int32)
-    row[L_PRV] = row[L_NXT] = NIL
-    row[L_WHERE] = W_ABSENT
-    return row
-
-
-def block_row_views(buf: np.ndarray, n_pools: int, n_blocks: int) -> tuple[np.ndarray, ...]:
-    """The pools' block rows ``(P, n_blocks, BLK_LANES)`` int32 and their dirty flags
-    ``(P, spans)`` uint8 (:class:`TierPools`), as views of one buffer: they are kept in
-    :data:`SCRATCH` as one array, so the flags always describe the rows they are kept with."""
-    row_bytes = n_pools * n_blocks * BLK_LANES * 4
-    spans = -(-n_blocks // DIRTY_SPAN)
-    if buf.shape != (row_bytes + n_pools * spans,) or buf.dtype != np.uint8:
-        raise ValueError("block-row buffer of another shape")
-    blk = buf[:row_bytes].view(np.int32).reshape(n_pools, n_blocks, BLK_LANES)
-    return blk, buf[row_bytes:].reshape(n_pools, spans)
-
-
 def _block_rows(
     n_pools: int, n_blocks: int, kept: dict[str, np.ndarray]
 ) -> tuple[np.ndarray, np.ndarray]:
-    """Every pool's block rows, empty, and their dirty flags, all clear.
+    """Every pool's block rows ``(P, n_blocks, BLK_LANES)``, empty, and their dirty flags
+    ``(P, spans)`` (:class:`TierPools`), all clear: views of one buffer, kept in
+    :data:`SCRATCH` as one array so the flags always describe the rows they are kept with.
 
     Kept from a completed replay, only the spans of ids that replay flagged are reset (a
     replay behind 16 per-engine pools of millions of ids touches a small part of each); new,
     every row is written once (one pass of stores, faulting the pages in)."""
     row_bytes = n_pools * n_blocks * BLK_LANES * 4
-    shape = (row_bytes + n_pools * -(-n_blocks // DIRTY_SPAN),)
+    spans = -(-n_blocks // DIRTY_SPAN)
+    shape = (row_bytes + n_pools * spans,)
     buf = SCRATCH.take("blk_rows", shape, np.uint8)
     fresh = buf is None
-    if buf is None:
+    if fresh:
         buf = np.empty(shape, dtype=np.uint8)
     kept["blk_rows"] = buf
-    blk, dirty = block_row_views(buf, n_pools, n_blocks)
+    blk = buf[:row_bytes].view(np.int32).reshape(n_pools, n_blocks, BLK_LANES)
+    dirty = buf[row_bytes:].reshape(n_pools, spans)
     row = empty_block_row()
     if fresh:
         fill_rows_nb(blk.reshape(-1, BLK_LANES), row)
