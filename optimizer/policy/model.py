@@ -91,6 +91,15 @@ class ServingPolicy:
         "how blocks are allocated: as requests grow, or reserved at admission",
         choices=SCHEDULER_REGISTRY.names,
     )
+    # vLLM's async scheduling (on by default in 0.19.1 and 0.24.0, off in 0.11.0;
+    # config/vllm.py, v1/engine/core.py step_with_batch_queue): the scheduler decides step
+    # n + 1 as soon as step n is launched, so a request queued or a load finished during a
+    # step waits for the step after next while a request runs on (docs/model.md, "Async
+    # scheduling").
+    async_scheduling: bool = setting(
+        False,
+        "vllm_v1: the scheduler runs one step ahead of the GPU (vLLM's async scheduling)",
+    )
     # vllm_v1: vLLM's KVCacheManager watermark (0.01 of the pool): a waiting or preempted
     # request is admitted only if this share of the blocks stays free, when others run.
     watermark: float = setting(
@@ -555,6 +564,11 @@ def policy_from_dict(data: dict[str, Any], source: str = "<policy>") -> Policy:
         st.done()
         if (conflict := split_conflict(serving)) is not None:
             raise t.error("serving.prefill_share", conflict)
+        if serving.async_scheduling and serving.scheduler != "vllm_v1":
+            raise t.error(
+                "serving.async_scheduling",
+                f"applies to scheduler 'vllm_v1' only, not {serving.scheduler!r}",
+            )
     tiers: list[TierPolicy] = []
     for i, tt in enumerate(t.tables("tiers")):
         name = tt.string("name", choices=TIER_NAMES)

@@ -102,6 +102,11 @@ class SimConfig:
     # per block of tokens (0 and 0: no sliding-window layers, or another engine)
     swa_window: int = 0
     swa_blocks: int = 0
+    # vllm_v1: the scheduler runs one step ahead of the GPU (vLLM's async scheduling, on by
+    # default in 0.19.1 and 0.24.0, off in 0.11.0; docs/model.md, "Async scheduling"): a
+    # request queued or a load finished during a step is scheduled for the step after next
+    # while a request runs on
+    async_scheduling: bool = False
 
     def timing_params(self) -> np.ndarray:
         """The packed step-time array both simulators read (layout: :mod:`kvtier.sim.timing`),
@@ -297,6 +302,7 @@ def build_config(hardware: Hardware, model: ModelProfile, policy: Policy) -> Sim
         hosts=layout.hosts,
         prefill_gpu=hardware.prefill_gpu,
         **_sliding_groups(model, serving.scheduler),
+        async_scheduling=serving.async_scheduling,
     )
 
 

@@ -445,6 +445,8 @@ def end_iteration_nb(sim: Sim, k: int, now: float) -> None:
                 running[k, w] = running[k, pos]
                 w += 1
         n_running[k] = w
+    # a request runs on: its next step was scheduled while this one ran (async scheduling)
+    ist.runs_on_at[k] = now if n_sched[k] > n_done else -np.inf
     n_sched[k] = 0
     seg_steps[k] = 0
     busy[k] = False
@@ -1269,9 +1271,12 @@ class Scheduled(NamedTuple):
 
 
 @njit(cache=True, nogil=True, inline="always")
-def schedule_running_nb(sim: Sim, k: int, now: float, sc: Scheduled, cascade: bool) -> Scheduled:
+def schedule_running_nb(
+    sim: Sim, k: int, now: float, seen: float, sc: Scheduled, cascade: bool
+) -> Scheduled:
     """The running requests of instance ``k`` take their tokens, in order (vllm_v1: a
-    request that finds no free block preempts the most recently admitted one)."""
+    request that finds no free block preempts the most recently admitted one); one still
+    loading when the step was scheduled (``seen``, :func:`scheduled_at_nb`) takes none."""
     rq = sim.rq
     rs = sim.rs
     ist = sim.ist
@@ -1289,7 +1294,7 @@ def schedule_running_nb(sim: Sim, k: int, now: float, sc: Scheduled, cascade: bo
     while pos + 1 < n_running[k]:  # (vllm_v1: preemptions take requests off its end)
         pos += 1
         i = running[k, pos]
-        if ready[i] > now:
+        if ready[i] > seen:
             if ready[i] > last_ready:
                 last_ready = ready[i]
             continue
@@ -1337,10 +1342,11 @@ def schedule_running_nb(sim: Sim, k: int, now: float, sc: Scheduled, cascade: bo
 
 
 @njit(cache=True, nogil=True, inline="always")
-def schedule_admissions_nb(sim: Sim, k: int, now: float, sc: Scheduled) -> Scheduled:
+def schedule_admissions_nb(sim: Sim, k: int, now: float, seen: float, sc: Scheduled) -> Scheduled:
     """Waiting requests of instance ``k`` are admitted in FCFS order while the budget, the
-    running-request limit and HBM allow; each that is ready takes a prefill chunk (a decode
-    instance's handed-over request: its first decode step)."""
+    running-request limit and HBM allow, up to the first queued after the step was scheduled
+    (``seen``); each that is ready takes a prefill chunk (a decode instance's handed-over
+    request: its first decode step)."""
     rs = sim.rs
     ist = sim.ist
     prm = sim.prm
@@ -1354,6 +1360,8 @@ def schedule_admissions_nb(sim: Sim, k: int, now: float, sc: Scheduled) -> Sched
     m, budget, sums, steps_left, last_ready, preempted = sc
     while budget > 0 and q_len[k] > 0 and n_running[k] < prm.max_seqs:
         i = q_head[k]
+        if (rs.handed_at[i] if rs.handed[i] else sim.rq.arrival[i]) > seen:
+            break  # (async scheduling) queued after this step was scheduled
         if not admit_nb(sim, k, i, now, budget, m > 0):
             break
         q_head[k] = rs.next_waiting[i]
@@ -1428,6 +1436,16 @@ def pd_horizon_nb(ist: InstanceState, prm: Params, k: int, now: float, t_next: f
 
 
 @njit(cache=True, nogil=True, inline="always")
+def scheduled_at_nb(ist: InstanceState, prm: Params, k: int, now: float) -> float:
+    """When instance ``k``'s scheduler decided the iteration starting ``now``: then, or with
+    async scheduling at the start of the step that has just ended if a request of that step
+    runs on (the reference's ``scheduled_at``)."""
+    if prm.async_sched and ist.runs_on_at[k] == now:
+        return ist.iter_start[k]
+    return now
+
+
+@njit(cache=True, nogil=True, inline="always")
 def start_iteration_nb(sim: Sim, k: int, now: float, t_next: float) -> None:
     """Idle instance ``k`` schedules an iteration: running requests take their tokens, then
     admissions (FCFS) take prefill chunks (vllm_v0: :func:`schedule_v0_nb`); with nothing to
@@ -1457,10 +1475,11 @@ def start_iteration_nb(sim: Sim, k: int, now: float, t_next: float) -> None:
             sums = take_nb(sums, ist.sched_q[k, x], rs.kv[i], rs.target[i], timing)
         sc = Scheduled(m, prm.token_budget, sums, steps_left, last_ready, preempted)
     else:
+        seen = scheduled_at_nb(ist, prm, k, now)
         sc = Scheduled(0, prm.token_budget, sums, steps_left, now, False)
-        sc = schedule_running_nb(sim, k, now, sc, cascade)
+        sc = schedule_running_nb(sim, k, now, seen, sc, cascade)
         if not sc.preempted:  # (vLLM V1 admits nobody in a step that preempted)
-            sc = schedule_admissions_nb(sim, k, now, sc)
+            sc = schedule_admissions_nb(sim, k, now, seen, sc)
     m, _, sums, steps_left, last_ready, preempted = sc
     if tp.batch_waits and last_ready > now:
         # the batch waits for every load (load_wait = batch): idle until the last one
@@ -1489,6 +1508,7 @@ def start_iteration_nb(sim: Sim, k: int, now: float, t_next: float) -> None:
     if m == n_running[k] and steps_left > 1 and ahead:
         plan = AheadPlan(t_next, m, steps_left, dt, attn, kv_read, (grows or v0) and not cascade)
         t, dt = run_ahead_nb(sim, k, now, plan, v0)
+    ist.iter_start[k] = t
     ist.n_sched[k] = m
     ist.iter_dt[k] = dt
     ist.busy[k] = True
@@ -1647,6 +1667,8 @@ def new_state(
         ring_count=prm.capacities.copy(),
         free_len=prm.capacities.copy(),
         saving=np.zeros(n_inst, dtype=np.bool_),
+        iter_start=np.full(n_inst, -np.inf),
+        runs_on_at=np.full(n_inst, -np.inf),
         ix_last=np.full(2 * prm.ix_nodes, -1, dtype=np.int32),
         ix_log=np.empty((2, 2 * prm.ix_log), dtype=np.int32),
         ix_list=ix_list,

@@ -119,6 +119,9 @@ class Params(NamedTuple):
     ix_key: np.ndarray  # i4 (2, entries): compact key, -1 for a block read once
     ix_nodes: int  # keys x n_instances (1 when epp_ix is False)
     ix_log: int  # the most entries a replay adds to one producer's indexes (1: none)
+    # vllm_v1 with vLLM's async scheduling: an iteration that follows one with a request
+    # running on was scheduled at that one's start (SimConfig.async_scheduling)
+    async_sched: bool
 
 
 class HbmPools(NamedTuple):
@@ -230,6 +233,10 @@ class InstanceState(NamedTuple):
     ring_count: np.ndarray
     free_len: np.ndarray
     saving: np.ndarray  # bool: the iteration has ended, its blocking stores have not
+    # async scheduling: when the last iteration (the last step run ahead) started, and when
+    # an iteration ended with a request running on past it (-inf: never)
+    iter_start: np.ndarray  # f8 (n_instances,)
+    runs_on_at: np.ndarray  # f8 (n_instances,)
     # llmd_epp's approximate indexes (kvtier.sim.routers.epp_index): per producer p, an
     # append-only log of its touches (entry p * ix_log + e: the node touched, -1 for a block
     # read once; the next touch of the same list) and each node's latest touch (-1: not

@@ -311,6 +311,10 @@ class Instance:
         self.saving = False  # the iteration has ended, its blocking stores have not
         self.held: list[Request] = []  # handed-over requests whose blocks it holds, in order
         self.iter_dt = 0.0  # the last iteration's duration (a layer-wise push overlaps it)
+        # async scheduling: when the last iteration started, and when an iteration ended with
+        # a request running on past it (-inf: never), whose next step was scheduled ahead
+        self.iter_start = -np.inf
+        self.runs_on_at = -np.inf
 
     def held_slots(self) -> int:
         return sum(len(r.held_slots) for r in self.held)
@@ -405,6 +409,8 @@ class ReferenceReplay:
             )
         self.grows = self.cfg.scheduler != RESERVE  # blocks allocated as requests grow, preemption
         self.v0 = self.cfg.scheduler == VLLM_V0  # prompts whole, in iterations without decodes
+        # vLLM's async scheduling (scheduled_at), vllm_v1's alone
+        self.async_sched = self.cfg.async_scheduling and self.grows and not self.v0
         # disaggregated: instances [0, n_pf) prefill, the rest decode
         self.n_pf = self.cfg.n_prefill
         # the router's instances
@@ -862,12 +868,25 @@ class ReferenceReplay:
             x += 1
         return sched, preempted, -np.inf
 
+    def scheduled_at(self, inst: Instance, t: float) -> float:
+        """When the scheduler decided the iteration instance ``inst`` starts at ``t``: then,
+        or with async scheduling (vLLM's, on by default in 0.19.1 and 0.24.0) at the start of
+        the step that has just ended, if a request of that step runs on: the engine schedules step
+        ``n + 1`` as soon as it has launched step ``n`` (``EngineCore.step_with_batch_queue``,
+        a queue of two batches), so a request queued or a load finished during step ``n`` is
+        first scheduled for step ``n + 2``. An engine with nothing running on schedules at
+        once (docs/model.md, "Async scheduling")."""
+        if self.async_sched and inst.runs_on_at == t:
+            return inst.iter_start
+        return t
+
     def start_iteration(self, inst: Instance, k: int, t: float) -> None:
         """Idle instance ``k`` schedules an iteration: running requests take their tokens, then
         admissions (FCFS) take prefill chunks (``vllm_v0``: :func:`schedule_v0`); requests
         still loading take no tokens. With nothing to run (every running request is loading)
         it stays idle until one is ready."""
         self.release_held(inst, t)
+        seen = self.scheduled_at(inst, t)
         budget = self.cfg.token_budget
         sched: list[tuple[Request, int]] = []
         tokens = attn = kv_read = 0
@@ -881,7 +900,7 @@ class ReferenceReplay:
             req = inst.running[x]
             if budget == 0:
                 break
-            if req.ready > t:
+            if req.ready > seen:  # loading (async scheduling: or seen loaded only after)
                 x += 1
                 continue
             q = min(req.target - req.kv, budget) if req.kv < req.target else 1
@@ -911,6 +930,8 @@ class ReferenceReplay:
             and len(inst.running) < self.cfg.max_seqs
         ):  # (vLLM V1 admits nobody in a step that preempted; vllm_v0 admitted above)
             req = inst.waiting[0]
+            if (req.handed_at if req.handed else req.arrival) > seen:
+                break  # (async scheduling) queued after this step was scheduled
             if not self.admit(inst, k, req, t, budget, bool(sched)):
                 break
             inst.waiting.popleft()
@@ -948,6 +969,7 @@ class ReferenceReplay:
             inst.wake = w
             return
         inst.wake = np.inf
+        inst.iter_start = t
         n_dec = dec_kv = pf_ns = pf_ext = 0
         tpk = self.timing_of[k]  # this instance's pool's step times
         for req, q in sched:
@@ -1073,6 +1095,8 @@ class ReferenceReplay:
                 self.finish(inst, k, req, t)
         for req in done + handed:
             inst.running.remove(req)
+        # a request runs on: its next step was scheduled while this one ran (async scheduling)
+        inst.runs_on_at = t if len(inst.scheduled) > len(done) + len(handed) else -np.inf
         inst.scheduled = []
         inst.busy_until = None
         # with work left it schedules its next iteration now
