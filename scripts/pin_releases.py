@@ -67,22 +67,57 @@ def _is_environ(node: ast.AST) -> bool:
     return isinstance(node, ast.Name) and node.id == "environ"
 
 
+def _is_negatable(node: ast.AST) -> bool:
+    """``argparse.BooleanOptionalAction`` (which also declares ``--no-<name>``)."""
+    return getattr(node, "attr", getattr(node, "id", "")) == "BooleanOptionalAction"
+
+
 class _Reader(ast.NodeVisitor):
     def __init__(self, path: str) -> None:
         self.path = path
         self.flags: set[str] = set()
         self.env: set[str] = set()
+        # vLLM: ``add_argument("--flag", **kwargs_var["field"])`` (the flag, the variable and
+        # the field), and ``kwargs_var = get_kwargs(ConfigClass)``
+        self.spreads: list[tuple[str, str, str]] = []
+        self.kwargs_of: dict[str, str] = {}
 
-    def _flag(self, text: str | None) -> None:
+    def _flag(self, text: str | None) -> bool:
         if text and text.startswith("--") and re.fullmatch(r"--[A-Za-z0-9][\w.-]*", text):
             self.flags.add(text)
+            return True
+        return False
+
+    def visit_Assign(self, node: ast.Assign) -> None:
+        value = node.value
+        if (
+            len(node.targets) == 1
+            and isinstance(node.targets[0], ast.Name)
+            and isinstance(value, ast.Call)
+            and getattr(value.func, "id", "") == "get_kwargs"
+            and value.args
+            and isinstance(value.args[0], ast.Name)
+        ):
+            self.kwargs_of[node.targets[0].id] = value.args[0].id
+        self.generic_visit(node)
 
     def visit_Call(self, node: ast.Call) -> None:
         func = node.func
         name = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", "")
         if name == "add_argument":
-            for arg in node.args:
-                self._flag(_str(arg))
+            declared = [t for t in map(_str, node.args) if self._flag(t)]
+            for kw in node.keywords:
+                if kw.arg == "action" and _is_negatable(kw.value):
+                    for flag in declared:
+                        self._flag("--no-" + flag[2:])
+                if (
+                    kw.arg is None
+                    and isinstance(kw.value, ast.Subscript)
+                    and isinstance(kw.value.value, ast.Name)
+                    and _str(kw.value.slice)
+                ):
+                    for flag in declared:
+                        self.spreads.append((flag, kw.value.value.id, _str(kw.value.slice)))
         for kw in node.keywords:
             if kw.arg in ("flag_name", "cli_name"):
                 self._flag(_str(kw.value))
@@ -117,6 +152,38 @@ class _Reader(ast.NodeVisitor):
             if text:
                 self.env.add(text)
         self.generic_visit(node)
+
+
+def _field_types(tree: ast.Module) -> dict[tuple[str, str], set[str]]:
+    """(class, field) -> the names in the field's annotation, for every annotated field."""
+    out: dict[tuple[str, str], set[str]] = {}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ClassDef):
+            for item in node.body:
+                if isinstance(item, ast.AnnAssign) and isinstance(item.target, ast.Name):
+                    names = {
+                        n.id if isinstance(n, ast.Name) else str(n.value)
+                        for n in ast.walk(item.annotation)
+                        if isinstance(n, (ast.Name, ast.Constant))
+                    }
+                    out[(node.name, item.target.id)] = names
+    return out
+
+
+def _negated_bools(
+    spreads: list[tuple[str, str, str]],
+    kwargs_of: dict[str, str],
+    types: dict[tuple[str, str], set[str]],
+) -> set[str]:
+    """vLLM's ``--no-<flag>`` for the flags its ``get_kwargs`` makes
+    ``BooleanOptionalAction`` (``engine/arg_utils.py``: a field whose type holds ``bool``,
+    unless it is exactly ``bool | str | None``, an optional-valued flag)."""
+    out: set[str] = set()
+    for flag, var, field in spreads:
+        names = types.get((kwargs_of.get(var, ""), field), set())
+        if "bool" in names and not {"bool", "str", "None"} <= names:
+            out.add("--no-" + flag[2:])
+    return out
 
 
 def _vllm_envs(tree: ast.Module) -> set[str]:
@@ -277,6 +344,9 @@ def read_wheel(package: str, wheel: Path) -> dict[str, object]:
     env: set[str] = set()
     config: dict[str, set[str]] = {}
     by_module: dict[str, set[str]] = {}  # "dynamo/vllm" -> the flags declared under it
+    spreads: dict[str, list[tuple[str, str, str]]] = {}  # module -> vLLM's **kwargs flags
+    kwargs_of: dict[str, str] = {}
+    types: dict[tuple[str, str], set[str]] = {}
     with zipfile.ZipFile(wheel) as zf:
         for info in zf.infolist():
             name = info.filename
@@ -292,6 +362,10 @@ def read_wheel(package: str, wheel: Path) -> dict[str, object]:
                 flags |= reader.flags
                 module = "/".join(name.split("/")[:2])
                 by_module.setdefault(module, set()).update(reader.flags)
+                spreads.setdefault(module, []).extend(reader.spreads)
+                kwargs_of.update(reader.kwargs_of)
+                if name.startswith("vllm/config/"):
+                    types.update(_field_types(tree))
                 env |= reader.env
                 if name == "vllm/envs.py":
                     env |= _vllm_envs(tree)
@@ -337,6 +411,10 @@ def read_wheel(package: str, wheel: Path) -> dict[str, object]:
                 if name.endswith("/mooncake_master"):
                     flags |= _gflags(data, "rpc_port")
                     by_module["mooncake/mooncake_master"] = _gflags(data, "rpc_port")
+    for module, found in spreads.items():
+        negated = _negated_bools(found, kwargs_of, types)
+        flags |= negated
+        by_module.setdefault(module, set()).update(negated)
     return {
         "flags": sorted(flags),
         "env": sorted(env),

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import json
 import shlex
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import pytest
@@ -230,6 +230,7 @@ class Proc:
     tiers: dict[str, float] = field(default_factory=dict)  # bytes this process holds
     shared: dict[str, bool] = field(default_factory=dict)  # one pool shared by processes
     unit: dict[str, float] = field(default_factory=dict)  # rounding step of each size
+    ahead: bool | None = None  # the engine schedules one step ahead (async / overlap)
 
 
 def nixl_role(cfg: dict | None) -> str:
@@ -265,6 +266,13 @@ def lmcache_tiers(cfg: dict, ranks: int) -> tuple[dict[str, float], dict[str, fl
     return tiers, unit
 
 
+def vllm_ahead(call: Call) -> bool:
+    """vLLM's async scheduling, stated either way (0.31 and 0.34 turn it on when unset)."""
+    on, off = "--async-scheduling" in call.argv, "--no-async-scheduling" in call.argv
+    assert on != off, "the export states the scheduling mode exactly once"
+    return on
+
+
 def read_vllm(result: ExportResult, calls: list[Call]) -> list[Proc]:
     lm = yaml.safe_load(result.files["lmcache.yaml"]) if "lmcache.yaml" in result.files else {}
     procs = []
@@ -279,6 +287,7 @@ def read_vllm(result: ExportResult, calls: list[Call]) -> list[Proc]:
             int(call.flag("--kv-cache-memory-bytes")) * tp,
             tp,
         )
+        proc.ahead = vllm_ahead(call)
         if cfg is not None and "LMCacheConnectorV1" in connector_names(cfg):
             proc.tiers, proc.unit = lmcache_tiers(lm, tp)
             proc.shared = {t: t == "rdma" for t in proc.tiers}
@@ -295,6 +304,8 @@ def read_sglang(result: ExportResult, calls: list[Call], deploy: Deployment) -> 
         )
         hbm = int(call.flag("--max-total-tokens")) * deploy.kv_bytes_per_token
         proc = Proc(host_of(call), gpus(call), tp, role, hbm, deploy.kv_bytes_per_token)
+        # SGLang 0.5.23's overlap scheduler is on unless disabled
+        proc.ahead = "--disable-overlap-schedule" not in call.argv
         if "--enable-hierarchical-cache" in call.argv:
             if "--hicache-size" in call.argv:
                 proc.tiers["dram"] = int(call.flag("--hicache-size")) * GB * tp
@@ -330,6 +341,7 @@ def read_dynamo(result: ExportResult, calls: list[Call]) -> list[Proc]:
         assert nixl_role(cfg) == role  # NIXL's producer/consumer role matches the worker's
         hbm = int(call.flag("--kv-cache-memory-bytes")) * tp
         proc = Proc(host_of(call), gpus(call), tp, role, hbm, tp)
+        proc.ahead = vllm_ahead(call)
         if cfg is not None and "DynamoConnector" in connector_names(cfg):
             for var, tier in (("DYN_KVBM_CPU_CACHE_GB", "dram"), ("DYN_KVBM_DISK_CACHE_GB", "ssd")):
                 if var in call.env:
@@ -357,6 +369,8 @@ def check_round_trip(target: str, result: ExportResult, deploy: Deployment, proc
     placed = sorted((expected(deploy, k), k) for k in range(deploy.instances))
     got = sorted(((p.host, p.gpus, p.tp, p.role), p) for p in procs)
     assert [e for e, _ in placed] == [g for g, _ in got]
+    # every engine schedules as the replay did (one step ahead, or in step)
+    assert {p.ahead for p in procs} == {deploy.policy.serving.async_scheduling}
     users = set(deploy.tier_users)
     for (_, k), (_, proc) in zip(placed, got, strict=True):
         # HBM KV bytes per process: what the simulator gives the instance
@@ -401,6 +415,24 @@ def test_the_export_deploys_what_was_simulated(name, target, tmp_path) -> None:
         procs = read_sglang(result, calls, deploy)
     else:
         procs = read_dynamo(result, calls)
+    check_round_trip(target, result, deploy, procs)
+
+
+@pytest.mark.parametrize("target", ["vllm", "sglang", "dynamo"])
+def test_a_policy_scheduled_one_step_ahead_deploys_so(target, tmp_path) -> None:
+    """The presets replay in step; the same policy with ``serving.async_scheduling`` deploys
+    engines that schedule ahead (vLLM's default, SGLang's overlap scheduler)."""
+    policy = load_preset("lmcache-cpu-disk")
+    policy = replace(policy, serving=replace(policy.serving, async_scheduling=True))
+    hw = load_hardware(hardware_name(None, policy))
+    mdl = load_model(model_name(None, policy))
+    result, deploy = export(policy, target, hw, mdl), deployment(policy, hw, mdl)
+    calls = run_everywhere(result, deploy, tmp_path)
+    reader = {"vllm": read_vllm, "dynamo": read_dynamo}
+    procs = (
+        read_sglang(result, calls, deploy) if target == "sglang" else reader[target](result, calls)
+    )
+    assert procs and all(p.ahead for p in procs)
     check_round_trip(target, result, deploy, procs)
 
 

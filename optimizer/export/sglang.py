@@ -18,6 +18,10 @@ the host pools in ``mem_cache/memory_pool_host.py`` and ``hiradix_cache.py``):
   ``bf16`` -> ``bf16``, ``fp8`` -> ``fp8_e4m3``; ``int4`` has no counterpart.
 * ``--chunked-prefill-size`` <- ``max_num_batched_tokens`` (prefill tokens per chunk);
   ``--max-running-requests`` <- ``max_num_seqs``.
+* ``--disable-overlap-schedule`` unless ``serving.async_scheduling``: SGLang's overlap
+  scheduler (on by default in 0.5.23, ``fields/schedule.py``) decides batch ``n + 1`` before
+  it processes batch ``n``'s result (``managers/scheduler.py`` ``event_loop_overlap``), the
+  one-step-ahead schedule ``async_scheduling`` replays.
 * ``--max-total-tokens`` (tokens in the device pool) <- the HBM KV bytes kvtier simulates per
   instance (an explicit hbm ``capacity_gb``, else the hardware profile's share).
 * ``--radix-eviction-policy`` (``lru``, ``lfu``, ``slru``, ``priority``, ``tlru``) <- ``lru``,
@@ -257,6 +261,8 @@ def export_sglang(deploy: Deployment) -> ExportResult:
         "--radix-eviction-policy",
         "lru",
     ]
+    if not p.serving.async_scheduling:
+        args.append("--disable-overlap-schedule")  # the replay's engine schedules in step
     if p.serving.weight_dtype == "fp8":
         args += ["--quantization", "fp8"]
         notes.append(

@@ -11,6 +11,9 @@ releases' lists (``kvtier/export/releases``). Flags, read in the 0.34.0 wheel
   :data:`CAPABILITIES` declares, so ``optimize --target vllm`` searches only those.
 * ``--enable-prefix-caching``: the HBM tier is vLLM's prefix cache (its free-block queue is LRU).
 * ``--max-num-batched-tokens``, ``--max-num-seqs`` <- ``serving``.
+* ``--async-scheduling`` / ``--no-async-scheduling`` <- ``serving.async_scheduling``, always
+  stated: 0.31.0 and 0.34.0 schedule one step ahead unless told not to (``config/vllm.py``:
+  ``async_scheduling`` ``None`` becomes ``True``), so a policy simulated without it must say so.
 * ``--kv-cache-dtype`` (``CacheDType``: ``auto``, ``fp8``, ..., ``int4_per_token_head``, ...):
   ``bf16`` -> ``auto`` (the model's own dtype; ``bfloat16`` is documented as valid only for
   models that default to fp8), ``fp8`` -> ``fp8``, ``int4`` -> ``int4_per_token_head``.
@@ -119,6 +122,8 @@ def vllm_args(
         KV_DTYPES[p.kv_dtype],
         "--tensor-parallel-size",
         str(deploy.tp),
+        # vLLM schedules one step ahead by default: the replay's choice, stated either way
+        "--async-scheduling" if p.serving.async_scheduling else "--no-async-scheduling",
     ]
     if p.serving.weight_dtype == "fp8":
         args += ["--quantization", "fp8"]
