@@ -123,3 +123,17 @@ def test_a_policy_refuses_the_flag_on_another_scheduler() -> None:
     }
     with pytest.raises(InputError, match="serving.async_scheduling"):
         policy_from_dict(data)
+
+
+def test_a_policy_refuses_the_flag_beside_a_framework_cpu_cost() -> None:
+    """The replay adds ``cpu_overhead_s`` to every step; an engine that schedules ahead hides
+    it, so the two together would replay neither engine."""
+    data = {
+        "format": POLICY_FORMAT,
+        "serving": {"async_scheduling": True, "cpu_overhead_s": 0.004},
+    }
+    with pytest.raises(InputError, match="cpu_overhead_s"):
+        policy_from_dict(data)
+    assert policy_from_dict(
+        {"format": POLICY_FORMAT, "serving": {"async_scheduling": True}}
+    ).serving.async_scheduling

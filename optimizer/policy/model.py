@@ -569,6 +569,14 @@ def policy_from_dict(data: dict[str, Any], source: str = "<policy>") -> Policy:
                 "serving.async_scheduling",
                 f"applies to scheduler 'vllm_v1' only, not {serving.scheduler!r}",
             )
+        if serving.async_scheduling and serving.cpu_overhead_s > 0:
+            # the replay adds cpu_overhead_s to every step, as an engine that schedules in
+            # step pays it; one that schedules ahead hides it behind the GPU's step
+            raise t.error(
+                "serving.async_scheduling",
+                "hides the framework CPU time serving.cpu_overhead_s adds to every step "
+                "(an engine that schedules in step pays it); set one of them",
+            )
     tiers: list[TierPolicy] = []
     for i, tt in enumerate(t.tables("tiers")):
         name = tt.string("name", choices=TIER_NAMES)
