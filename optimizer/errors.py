@@ -64,16 +64,28 @@ class StallError(InputError):
     (its blocks x block tokens). Both engines stop at the same preemption and raise this with
     the same message."""
 
-    def __init__(self, request: int, instance: int, now: float, limit: int) -> None:
+    def __init__(
+        self, request: int, instance: int, now: float, limit: int, *, behind_loads: bool = False
+    ) -> None:
         self.request = request
         self.instance = instance
         self.now = now
         self.limit = limit
+        self.behind_loads = behind_loads
+        if behind_loads:
+            cause = (
+                "the blocks it needs are held by requests loading from a lower tier, which "
+                f"preempt themselves in turn: more than {limit} such preemptions (requests x "
+                "tokens the largest instance's blocks hold) without a token emitted"
+            )
+        else:
+            cause = (
+                f"requests alone on their instance have now done so more than {limit} times "
+                "(requests x tokens the largest instance's blocks hold); the blocks it needs "
+                "are held for handed-over requests whose KV is not yet pulled"
+            )
         super().__init__(
             f"the replay does not progress: at t={now:.6f} s request {request} preempted itself "
-            f"on instance {instance}, alone there and unable to get a block, and requests alone "
-            f"on their instance have now done so more than {limit} times (requests x tokens "
-            "the largest instance's blocks hold); the blocks it needs are held for handed-over "
-            "requests whose KV is not yet pulled (docs/model.md, 'A replay that does not "
-            "progress')"
+            f"on instance {instance}, alone there and unable to get a block, and {cause} "
+            "(docs/model.md, 'A replay that does not progress')"
         )

@@ -195,7 +195,10 @@ def simulate_engine(
         SCRATCH.give(role, arr)
     if out.stats[4] >= 0:  # a replay that does not progress (the reference raises the same)
         stall_limit = trace.n_requests * int(params.capacity) * cfg.block_tokens
-        raise StallError(int(out.stats[4]), int(out.stats[5]), float(out.stats[6]), stall_limit)
+        raise StallError(
+            int(out.stats[4]), int(out.stats[5]), float(out.stats[6]), stall_limit,
+            behind_loads=bool(out.stats[7]),
+        )  # fmt: skip
     early = bool(out.stats[1])
     return RawResult(
         first_token_s=out.first_token,
@@ -348,7 +351,7 @@ def kernel_inputs(
         busy_s=np.zeros(cfg.n_instances, dtype=np.float64),
         load_s=np.zeros(n),
         loaded_blocks=np.zeros((n, tp.n_tiers), dtype=np.int64),
-        stats=np.array([0.0, 0.0, 0.0, 0.0, -1.0, -1.0, 0.0]),
+        stats=np.array([0.0, 0.0, 0.0, 0.0, -1.0, -1.0, 0.0, 0.0]),
         preemptions=np.zeros(n, dtype=np.int64),
         preempted_tokens=np.zeros(n, dtype=np.int64),
         decode_instance=np.full(n, -1, dtype=np.int64),

@@ -87,6 +87,7 @@ from kvtier.sim.nb_state import (
     C_EXTRAP,
     C_IN_FLIGHT,
     C_ITER,
+    C_LOAD_STALLS,
     C_OVER_P99,
     C_OVER_P999,
     C_OVER_TBT,
@@ -183,6 +184,7 @@ def first_token_nb(i: int, now: float, rq: Requests, prm: Params, out: Outputs, 
     ttft_sum = ty.ttft_sum
     slo_thresholds = prm.slo_thresholds
     ints = ty.ints
+    ints[C_LOAD_STALLS] = 0  # the replay progresses
     seen = now + prm.timing[T_FRONTEND]  # the client sees it the front-end cost later
     first_token[i] = seen
     if prm.track_tbt:
@@ -422,6 +424,7 @@ def end_iteration_nb(sim: Sim, k: int, now: float) -> None:
                     done = True
             elif kv[i] == target[i]:  # a preempted request has recomputed its KV
                 generated[i] += 1
+                ty.ints[C_LOAD_STALLS] = 0  # the replay progresses
                 if prm.track_tbt:
                     tbt_token_nb(i, now + fe, out.tbt_heap, out.tbt_off, out.tbt_count,
                                  out.tbt_last)  # fmt: skip
@@ -429,6 +432,7 @@ def end_iteration_nb(sim: Sim, k: int, now: float) -> None:
                     done = True
         else:
             generated[i] += 1
+            ty.ints[C_LOAD_STALLS] = 0  # the replay progresses
             if prm.track_tbt:
                 tbt_token_nb(i, now + fe, out.tbt_heap, out.tbt_off, out.tbt_count,
                              out.tbt_last)  # fmt: skip
@@ -1087,19 +1091,22 @@ def run_ahead_nb(
 @njit(cache=True, nogil=True, inline="always")
 def stalled_nb(sim: Sim, i: int, k: int, now: float) -> None:
     """Request ``i`` preempted itself on instance ``k`` with no other request running there
-    whose KV is in place, blocks held there for handed-over requests: a stall (the
-    reference's ``stalled``). The first stall past the limit
-    (requests x the tokens of the largest instance's blocks) is recorded in ``out.stats[4:7]``
-    and the event loop stops at the end of this event; the wrapper raises the reference's
-    error."""
+    whose KV is in place: a stall (the reference's ``stalled``), counted in ``C_STALLS``
+    while the instance holds blocks for handed-over requests, else in ``C_LOAD_STALLS``
+    (behind requests loading from a lower tier; reset by every token emitted). The first
+    stall past the limit (requests x the tokens of the largest instance's blocks) is recorded
+    in ``out.stats[4:8]`` and the event loop stops at the end of this event; the wrapper
+    raises the reference's error."""
     ints = sim.ty.ints
-    ints[C_STALLS] += 1
+    c = C_STALLS if sim.ist.held_head[k] >= 0 else C_LOAD_STALLS
+    ints[c] += 1
     stats = sim.out.stats
     limit = sim.rq.arrival.shape[0] * sim.prm.capacity * sim.prm.block_tokens
-    if ints[C_STALLS] > limit and stats[4] < 0:
+    if ints[c] > limit and stats[4] < 0:
         stats[4] = i
         stats[5] = k
         stats[6] = now
+        stats[7] = 1.0 if c == C_LOAD_STALLS else 0.0
 
 
 @njit(cache=True, nogil=True, inline="always")
@@ -1214,7 +1221,7 @@ def schedule_v0_nb(
             v = preempt_nb(k, j, rq, rs, ist, pool, prm, out)
             preempted = True
             if v == i:
-                if m == 0 and ist.held_head[k] >= 0:
+                if m == 0:
                     stalled_nb(sim, i, k, now)
                 ok = False
                 break
@@ -1322,7 +1329,7 @@ def schedule_running_nb(
                 v = preempt_nb(k, j, rq, rs, ist, sim.pool, prm, sim.out)
                 preempted = True
                 if v == i:
-                    if m == 0 and ist.held_head[k] >= 0:
+                    if m == 0:
                         stalled_nb(sim, i, k, now)
                     ok = False
                     break
@@ -1494,7 +1501,10 @@ def start_iteration_nb(sim: Sim, k: int, now: float, t_next: float) -> None:
         wake[k] = np.inf
         return
     if m == 0:
-        wake[k] = idle_until_nb(rs, ist, k, now, preempted)
+        # no step in flight: the next one is decided when it starts (the reference's rule:
+        # a load that ended after this attempt's decision, by now, runs in it, at once)
+        wake[k] = max(idle_until_nb(rs, ist, k, now, preempted), now)
+        ist.runs_on_at[k] = -np.inf
         return
     wake[k] = np.inf
     tokens, attn, kv_read, n_dec, dec_kv, pf_ns, pf_ext = sums

@@ -277,11 +277,14 @@ class Buffers(NamedTuple):
 # when the last slot freed.
 # C_EXTRAP: iterations whose measured step time used values beyond the measured data.
 # C_STALLS: self-preemptions of a request alone on its instance (the reference's ``stalls``).
+# C_LOAD_STALLS: the others, behind requests still loading, since the last token any request
+# emitted (the reference's ``load_stalls``).
 C_RR, C_ITER, C_STAMP, C_REJECTED, C_OVER_P99, C_OVER_P999, C_OVER_TPOT, C_IN_FLIGHT = range(8)
 C_EXTRAP = 8
 C_OVER_TBT = 9
 C_STALLS = 10
-N_COUNTERS = 11
+C_LOAD_STALLS = 11
+N_COUNTERS = 12
 
 
 class Tally(NamedTuple):

@@ -463,6 +463,7 @@ class ReferenceReplay:
         self.n_iter = 0
         # self-preemptions of a request alone on its instance, and how many stop the replay
         self.stalls = 0
+        self.load_stalls = 0  # the others, since the last token any request emitted
         self.stall_limit = self.n * max(caps) * self.B
         self.n_extrap = 0  # iterations whose measured step time was extrapolated
         self.early = False
@@ -477,6 +478,7 @@ class ReferenceReplay:
     def token(self, req: Request, t: float) -> None:
         """``req`` emitted a token after its first in the iteration ending at ``t``: its
         interval joins the request's longest ones (a min-heap of ``tail_k`` values)."""
+        self.load_stalls = 0  # the replay progresses
         if not self.track:
             return
         i = req.idx
@@ -777,15 +779,22 @@ class ReferenceReplay:
         req.handed = req.pd_first  # its KV had not arrived: it is pulled again
         inst.waiting.appendleft(req)
 
-    def stalled(self, req: Request, k: int, t: float) -> None:
+    def stalled(self, inst: Instance, req: Request, k: int, t: float) -> None:
         """``req`` preempted itself on instance ``k`` with no other request running there
-        whose KV is in place while the instance holds blocks for handed-over requests whose
-        KV is not yet pulled: a stall. More than ``stall_limit`` of them stop the replay
-        (docs/model.md, "A replay that does not progress"). (Blocks of requests still loading
-        from a lower tier are not a stall: each load ends at a time fixed when it starts.)"""
-        self.stalls += 1
-        if self.stalls > self.stall_limit:
-            raise StallError(req.idx, k, t, self.stall_limit)
+        whose KV is in place: a stall. While the instance holds blocks for handed-over
+        requests whose KV is not yet pulled, every such stall counts; else (the blocks are
+        held by requests still loading from a lower tier, which a preempted request, loading
+        again, may hold in turn) those since the last token any request emitted. More than
+        ``stall_limit`` of either stop the replay (docs/model.md, "A replay that does not
+        progress")."""
+        if inst.held:
+            self.stalls += 1
+            if self.stalls > self.stall_limit:
+                raise StallError(req.idx, k, t, self.stall_limit)
+            return
+        self.load_stalls += 1
+        if self.load_stalls > self.stall_limit:
+            raise StallError(req.idx, k, t, self.stall_limit, behind_loads=True)
 
     def schedule_v0(
         self, inst: Instance, k: int, t: float
@@ -858,8 +867,8 @@ class ReferenceReplay:
                 self.preempt(inst, victim)
                 preempted = True
                 if victim is req:
-                    if not sched and inst.held:
-                        self.stalled(req, k, t)
+                    if not sched:
+                        self.stalled(inst, req, k, t)
                     ok = False
                     break
             if not ok:
@@ -913,8 +922,8 @@ class ReferenceReplay:
                     self.preempt(inst, victim)
                     preempted = True
                     if victim is req:
-                        if not sched and inst.held:
-                            self.stalled(req, k, t)
+                        if not sched:
+                            self.stalled(inst, req, k, t)
                         ok = False
                         break
                 if not ok:
@@ -966,7 +975,10 @@ class ReferenceReplay:
             w = min([w] + [r.release_at for r in inst.held])
             if preempted or (not inst.running and not inst.held):
                 w = t
-            inst.wake = w
+            # no step in flight: the next one is decided when it starts (async scheduling: a
+            # load that ended after this attempt's decision, by now, runs in it, at once)
+            inst.wake = max(w, t)
+            inst.runs_on_at = -np.inf
             return
         inst.wake = np.inf
         inst.iter_start = t
@@ -995,6 +1007,7 @@ class ReferenceReplay:
     def first_token(self, req: Request, t: float) -> None:
         """``req``'s prompt is complete at ``t``: the client sees its first token the
         front-end cost later (SLO counts)."""
+        self.load_stalls = 0  # the replay progresses
         seen = t + self.fe
         self.first[req.idx] = seen
         if self.track:
@@ -1111,10 +1124,21 @@ class ReferenceReplay:
         # The event loop; the numba kernel's loop (kvtier.sim.nb.simulate_nb) has the same steps
         # under the same names (next_event_nb, end_iteration_nb, slo_missed_nb, arrive_nb,
         # start_iteration_nb).
+        last, same = -np.inf, 0
+        # events at one instant: each ends an iteration, sends a request, starts an iteration
+        # or preempts a request, so more than this many in a row make no progress
+        bound = 4 * (self.n + self.cfg.n_instances) + 16
         while True:
             now = self.next_event()
             if now == np.inf:
                 break
+            if self.check_invariants:
+                # events come in time order (no instance wakes before the present), and an
+                # instant passes (no instance schedules at it for ever)
+                assert now >= last, f"event at {now} after one at {last}"
+                same = same + 1 if now == last else 0
+                assert same <= bound, f"{same} events at {now} without progress"
+                last = now
             if self.lower is not None:
                 self.lower.advance_faults(now)  # failed devices first (kvtier.sim.fault_step)
             for k, inst in enumerate(self.instances):
