@@ -22,42 +22,24 @@ from kvtier.sim.timing import prefill_attn_ns, step_time
 from kvtier.trace.blocked import BlockedTrace
 from tests.helpers import replay_both
 from tests.sim_strategies import blocked_traces, tiered_configs
-from tests.test_sim_differential import assert_same
+from tests.test_sim_differential import _step_ends, assert_same
+from tests.test_sim_tbt import config
 
 PROMPT = 8
 
 
 def _config(async_scheduling: bool, scheduler: int = 1) -> SimConfig:
-    return SimConfig(
-        n_instances=1,
-        capacity_blocks=200,
-        block_tokens=4,
-        token_budget=64,  # a prompt and the running decode fit one step
-        max_seqs=4,
-        router=0,
-        affinity_overload=0,
-        flops_per_token=3.0,
-        attn_coef=0.01,
-        compute_rate=1000.0,
-        weight_bytes=5.0,
-        kv_bytes_per_token=0.3,
-        mem_rate=1000.0,
-        step_overhead_s=1e-3,
-        cost_per_hour=10.0,
-        scheduler=scheduler,
+    """The toy instance of the TBT tests: one instance, a budget a prompt and the running
+    decode fit in one step."""
+    return config(
+        capacity_blocks=200, track_tbt=False, scheduler=scheduler,
         async_scheduling=async_scheduling,
-    )
+    )  # fmt: skip
 
 
 def _decode_ends(cfg: SimConfig, steps: int) -> list[float]:
     """End times of a lone request's steps: its one-chunk prefill, then decode steps."""
-    p = cfg.timing_params()
-    t = float(step_time(PROMPT, PROMPT * PROMPT, PROMPT, 0, 0, prefill_attn_ns(PROMPT, 0, p), p))
-    ends = [t]
-    for kv in range(PROMPT, PROMPT + steps):
-        t += float(step_time(1, 2 * kv + 1, kv + 1, 1, kv + 1, 0, p))
-        ends.append(t)
-    return ends
+    return _step_ends(cfg, PROMPT, steps)
 
 
 def _mixed_step(cfg: SimConfig, decode_kv: int) -> float:
