@@ -418,12 +418,13 @@ def test_the_export_deploys_what_was_simulated(name, target, tmp_path) -> None:
     check_round_trip(target, result, deploy, procs)
 
 
+@pytest.mark.parametrize("ahead", [True, False])
 @pytest.mark.parametrize("target", ["vllm", "sglang", "dynamo"])
-def test_a_policy_scheduled_one_step_ahead_deploys_so(target, tmp_path) -> None:
-    """The presets replay in step; the same policy with ``serving.async_scheduling`` deploys
-    engines that schedule ahead (vLLM's default, SGLang's overlap scheduler)."""
+def test_the_engines_schedule_as_the_replay_did(target, ahead, tmp_path) -> None:
+    """A policy that schedules one step ahead deploys engines that do (vLLM's default,
+    SGLang's overlap scheduler); one that schedules in step deploys engines told not to."""
     policy = load_preset("lmcache-cpu-disk")
-    policy = replace(policy, serving=replace(policy.serving, async_scheduling=True))
+    policy = replace(policy, serving=replace(policy.serving, async_scheduling=ahead))
     hw = load_hardware(hardware_name(None, policy))
     mdl = load_model(model_name(None, policy))
     result, deploy = export(policy, target, hw, mdl), deployment(policy, hw, mdl)
@@ -432,7 +433,7 @@ def test_a_policy_scheduled_one_step_ahead_deploys_so(target, tmp_path) -> None:
     procs = (
         read_sglang(result, calls, deploy) if target == "sglang" else reader[target](result, calls)
     )
-    assert procs and all(p.ahead for p in procs)
+    assert procs and all(p.ahead is ahead for p in procs)
     check_round_trip(target, result, deploy, procs)
 
 
