@@ -59,10 +59,11 @@ class InputError(Exception):
 
 class StallError(InputError):
     """A replay that does not progress (docs/model.md, "A replay that does not progress"):
-    requests alone on their instance, blocks held there for handed-over requests, preempted
-    themselves more often than the trace has requests times the largest instance holds tokens
-    (its blocks x block tokens). Both engines stop at the same preemption and raise this with
-    the same message."""
+    requests alone on their instance preempted themselves more often than the trace has
+    requests times the largest instance holds tokens (its blocks x block tokens), the blocks
+    they need held for handed-over requests (counted over the replay) or by requests loading
+    from a lower tier (``behind_loads``; counted since the last token emitted). Both engines
+    stop at the same preemption and raise this with the same message."""
 
     def __init__(
         self, request: int, instance: int, now: float, limit: int, *, behind_loads: bool = False
