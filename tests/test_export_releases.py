@@ -32,6 +32,7 @@ from kvtier.export.pd import role as pd_role
 from kvtier.export.releases import PACKAGES, TARGET_RELEASES, release
 from kvtier.hardware import load_hardware, load_model
 from kvtier.hardware.types import GB
+from kvtier.policy.model import Policy
 from kvtier.policy.presets import load_preset, preset_names
 from kvtier.scenario import hardware_name, model_name
 from tests.test_export_launch import Call, run, write
@@ -43,8 +44,9 @@ CUDA_ENV = {"CUDA_VISIBLE_DEVICES"}
 RUNNER_ENV = {"PATH", "RECORD", "MODEL", "HOST_INDEX", "PWD", "SHLVL", "_", "OLDPWD"}
 
 
-def exported(name: str, target: str) -> tuple[ExportResult, Deployment]:
-    policy = load_preset(name)
+def exported(name: str | Policy, target: str) -> tuple[ExportResult, Deployment]:
+    """The export of a preset (by name) or of a policy, and the deployment it simulates."""
+    policy = load_preset(name) if isinstance(name, str) else name
     hw = load_hardware(hardware_name(None, policy))
     mdl = load_model(model_name(None, policy))
     return export(policy, target, hw, mdl), deployment(policy, hw, mdl)
@@ -354,6 +356,17 @@ def read_dynamo(result: ExportResult, calls: list[Call]) -> list[Proc]:
     return procs
 
 
+def read_back(
+    target: str, result: ExportResult, calls: list[Call], deploy: Deployment
+) -> list[Proc]:
+    """The serving processes ``target``'s export starts, read from their calls."""
+    if target == "vllm":
+        return read_vllm(result, calls)
+    if target == "sglang":
+        return read_sglang(result, calls, deploy)
+    return read_dynamo(result, calls)
+
+
 def expected(deploy: Deployment, k: int) -> tuple[int, tuple[int, ...], int, str]:
     lay = deploy.layout
     per_host = deploy.hardware.topology.gpus_per_host
@@ -408,13 +421,7 @@ def check_round_trip(target: str, result: ExportResult, deploy: Deployment, proc
 @pytest.mark.parametrize("name", PRESETS)
 def test_the_export_deploys_what_was_simulated(name, target, tmp_path) -> None:
     result, deploy = exported(name, target)
-    calls = run_everywhere(result, deploy, tmp_path)
-    if target == "vllm":
-        procs = read_vllm(result, calls)
-    elif target == "sglang":
-        procs = read_sglang(result, calls, deploy)
-    else:
-        procs = read_dynamo(result, calls)
+    procs = read_back(target, result, run_everywhere(result, deploy, tmp_path), deploy)
     check_round_trip(target, result, deploy, procs)
 
 
@@ -425,14 +432,8 @@ def test_the_engines_schedule_as_the_replay_did(target, ahead, tmp_path) -> None
     SGLang's overlap scheduler); one that schedules in step deploys engines told not to."""
     policy = load_preset("lmcache-cpu-disk")
     policy = replace(policy, serving=replace(policy.serving, async_scheduling=ahead))
-    hw = load_hardware(hardware_name(None, policy))
-    mdl = load_model(model_name(None, policy))
-    result, deploy = export(policy, target, hw, mdl), deployment(policy, hw, mdl)
-    calls = run_everywhere(result, deploy, tmp_path)
-    reader = {"vllm": read_vllm, "dynamo": read_dynamo}
-    procs = (
-        read_sglang(result, calls, deploy) if target == "sglang" else reader[target](result, calls)
-    )
+    result, deploy = exported(policy, target)
+    procs = read_back(target, result, run_everywhere(result, deploy, tmp_path), deploy)
     assert procs and all(p.ahead is ahead for p in procs)
     check_round_trip(target, result, deploy, procs)
 

@@ -37,11 +37,6 @@ def _config(async_scheduling: bool, scheduler: int = 1) -> SimConfig:
     )  # fmt: skip
 
 
-def _decode_ends(cfg: SimConfig, steps: int) -> list[float]:
-    """End times of a lone request's steps: its one-chunk prefill, then decode steps."""
-    return _step_ends(cfg, PROMPT, steps)
-
-
 def _mixed_step(cfg: SimConfig, decode_kv: int) -> float:
     """One step of a decode at ``decode_kv`` tokens beside a whole fresh prompt."""
     p = cfg.timing_params()
@@ -60,8 +55,8 @@ def _mixed_step(cfg: SimConfig, decode_kv: int) -> float:
 
 
 def _both(trace: BlockedTrace, cfg: SimConfig):  # noqa: ANN202
-    ref = simulate_raw(trace, cfg, engine="reference")
-    fast = simulate_raw(trace, cfg, engine="numba")
+    """The reference's replay, once the numba engine's has been found the same."""
+    ref, fast = replay_both(trace, cfg)
     assert_same(ref, fast, trace)
     return ref
 
@@ -70,7 +65,7 @@ def test_a_request_sent_during_a_step_waits_for_the_step_after_next() -> None:
     """Request 1 arrives inside request 0's sixth decode step. Synchronous: it is prefilled
     in the next step, beside the seventh decode. Async: the next step was scheduled when the
     sixth was launched, so it joins the one after, beside the eighth decode."""
-    ends = _decode_ends(_config(False), 20)
+    ends = _step_ends(_config(False), PROMPT, 20)
     t_arrive = (ends[5] + ends[6]) / 2
     trace = BlockedTrace.from_lists([0.0, t_arrive], [PROMPT, PROMPT], [40, 5], [[0, 1], [2, 3]], 4)
 
@@ -86,7 +81,7 @@ def test_a_request_sent_during_a_step_waits_for_the_step_after_next() -> None:
 def test_an_idle_engine_schedules_a_request_at_once() -> None:
     """Nothing runs on: the request sent after request 0 finished is scheduled when it
     arrives, with or without async scheduling."""
-    ends = _decode_ends(_config(False), 10)
+    ends = _step_ends(_config(False), PROMPT, 10)
     trace = BlockedTrace.from_lists(
         [0.0, ends[4] + 1.0], [PROMPT, PROMPT], [4, 4], [[0, 1], [2, 3]], 4
     )
@@ -99,7 +94,7 @@ def test_an_idle_engine_schedules_a_request_at_once() -> None:
 @pytest.mark.parametrize("scheduler", [0, 2])  # reserve, vllm_v0
 def test_other_schedulers_ignore_the_flag(scheduler: int) -> None:
     """Only vLLM V1's scheduler runs ahead: the other schedulers replay as before."""
-    ends = _decode_ends(_config(False), 20)
+    ends = _step_ends(_config(False), PROMPT, 20)
     trace = BlockedTrace.from_lists(
         [0.0, (ends[5] + ends[6]) / 2], [PROMPT, PROMPT], [40, 5], [[0, 1], [2, 3]], 4
     )

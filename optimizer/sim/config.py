@@ -18,7 +18,7 @@ from kvtier.errors import InputError
 from kvtier.files import check_allocation
 from kvtier.hardware.types import GB, GPUProfile, Hardware, ModelProfile
 from kvtier.policy.model import Policy
-from kvtier.policy.registries import ROUTERS, SCHEDULERS
+from kvtier.policy.registries import ROUTERS, SCHEDULERS, VLLM_V1
 from kvtier.sim.pd import PdConfig, build_pd
 from kvtier.sim.steptime.backend import step_timing
 from kvtier.sim.tiers import TierConfig, build_tiers
@@ -137,6 +137,12 @@ class SimConfig:
             step_overhead_s=self.step_overhead_s,
             frontend_s=self.frontend_s,
         )
+
+    @property
+    def schedules_ahead(self) -> bool:
+        """vLLM's async scheduling in effect: set, under ``vllm_v1`` (the only scheduler that
+        has it; both engines read this)."""
+        return self.async_scheduling and self.scheduler == VLLM_V1
 
     @property
     def two_pools(self) -> bool:

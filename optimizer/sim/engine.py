@@ -341,7 +341,7 @@ def kernel_inputs(
         swa_need,
         cfg.n_instances * n_shared if swa_need else 0,
         *epp_ix,
-        bool(cfg.async_scheduling and cfg.scheduler == VLLM_V1),  # (vllm_v1's alone)
+        cfg.schedules_ahead,
     )
     out = Outputs(
         first_token=np.full(n, np.nan),

@@ -409,8 +409,6 @@ class ReferenceReplay:
             )
         self.grows = self.cfg.scheduler != RESERVE  # blocks allocated as requests grow, preemption
         self.v0 = self.cfg.scheduler == VLLM_V0  # prompts whole, in iterations without decodes
-        # vLLM's async scheduling (scheduled_at), vllm_v1's alone
-        self.async_sched = self.cfg.async_scheduling and self.grows and not self.v0
         # disaggregated: instances [0, n_pf) prefill, the rest decode
         self.n_pf = self.cfg.n_prefill
         # the router's instances
@@ -885,7 +883,7 @@ class ReferenceReplay:
         a queue of two batches), so a request queued or a load finished during step ``n`` is
         first scheduled for step ``n + 2``. An engine with nothing running on schedules at
         once (docs/model.md, "Async scheduling")."""
-        if self.async_sched and inst.runs_on_at == t:
+        if self.cfg.schedules_ahead and inst.runs_on_at == t:
             return inst.iter_start
         return t
 
