@@ -193,6 +193,47 @@ def test_sweep_hit_ratio_needs_a_sweep_and_external_ratio_arithmetic(tmp_path: P
     sel = np.arange(2)
     assert _figures(trace, raw, None, sel, "out tok/s")["throughput"] == pytest.approx(40 / 3)
     assert _figures(trace, raw, None, sel, "tok/s")["throughput"] == pytest.approx(2040 / 3)
+    # a harness that counted 1.5 tokens for each one sent: only the output side is counted so
+    assert _figures(trace, raw, None, sel, "out tok/s", 1.5)["throughput"] == pytest.approx(20)
+    assert _figures(trace, raw, None, sel, "tok/s", 1.5)["throughput"] == pytest.approx(2060 / 3)
+    assert _figures(trace, raw, None, sel, "tok/s", 1.5)["ttft_mean_s"] == pytest.approx(0.5)
+
+
+def test_harness_output_count_is_checked_and_changes_no_replay(tmp_path: Path) -> None:
+    """``harness_output_tokens``: one count per side, at least the server's, only with a
+    throughput in tokens; it scales what the model reports, never what it replays."""
+    from kvtier.experiments.offload_validation import _replay_key
+
+    src = (OFFLOAD_DIR / f"{SMALL}.toml").read_text()  # output_tokens = 64, throughput req/s
+    tok = src.replace('throughput_unit = "req/s"', 'throughput_unit = "tok/s"')
+    assert tok != src
+
+    def with_count(text: str, table: str) -> Path:
+        path = tmp_path / "counted.toml"
+        line = f"[conditions]\nharness_output_tokens = {table}"
+        path.write_text(text.replace("[conditions]", line))
+        return path
+
+    run = load_run(with_count(tok, "{ baseline = 96.0, tiered = 80 }"))
+    assert run.output_count("baseline") == pytest.approx(1.5)
+    assert run.output_count("tiered") == pytest.approx(1.25)
+    plain = load_run(OFFLOAD_DIR / f"{SMALL}.toml")
+    assert plain.output_count("tiered") == 1.0
+    for side in ("baseline", "tiered"):  # the same replay as without the count
+        assert _replay_key(run, side) == _replay_key(
+            load_run(with_count(tok, "{ baseline = 64, tiered = 64 }")), side
+        )
+    for table, why in (
+        ("{ baseline = 96.0 }", "tiered must be a number"),
+        ("{ baseline = 96.0, tiered = 32 }", "at least output_tokens"),
+        ("{ baseline = 96.0, tiered = true }", "tiered must be a number"),
+        ("{ baseline = 96.0, tiered = 80, rounds = 1 }", "harness_output_tokens.rounds"),
+        ("96.0", "must be a table"),
+    ):
+        with pytest.raises(InputError, match=why):
+            load_run(with_count(tok, table))
+    with pytest.raises(InputError, match="needs a throughput in tokens"):
+        load_run(with_count(src, "{ baseline = 96.0, tiered = 80 }"))
 
 
 def test_gpt_oss_sweep_files() -> None:
@@ -202,6 +243,11 @@ def test_gpt_oss_sweep_files() -> None:
     assert len(runs) == 8 and all(r.role == "check" for r in runs)
     assert sorted(r.conditions["measured_stage"] for r in runs) == list(range(1, 9))
     assert {r.unit for r in runs} == {"out tok/s"}
+    # inference-perf's count per request (summary output tokens/s over requests/s), each file
+    for r in runs:
+        assert r.conditions["harness_output_tokens"] == {"baseline": 382.2, "tiered": 358.9}
+        assert r.output_count("baseline") == pytest.approx(3704 / 9.69 / 256, rel=1e-3)
+        assert r.output_count("tiered") == pytest.approx(4120 / 11.48 / 256, rel=1e-3)
     tiered = runs[0].deploy["tiered"]["set"]
     weights = [tiered[f"serving.epp_{k}_weight"] for k in ("queue", "kv_util", "gpu_prefix")]
     assert weights + [tiered["serving.epp_cpu_prefix_weight"]] == [2.0, 2.0, 3.0, 2.0]

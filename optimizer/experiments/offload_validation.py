@@ -37,6 +37,18 @@ Throughput is ``throughput_unit``: ``tok/s`` (input plus output tokens over the 
 span, as inference-perf's "overall throughput"), ``out tok/s`` (output tokens only over the
 same span, as llm-d's gpt-oss results tabulate it) or ``req/s``.
 
+``harness_output_tokens`` (``{baseline = n, tiered = n}``, optional): the output tokens per
+request the load generator *counted*, where that differs from what the server generated.
+inference-perf from PR #410 (2026-04-24) to PR #565 (2026-06-23) re-counted a streamed
+response chunk by chunk, each chunk tokenized with the tokenizer's special tokens, so a
+tokenizer that adds one per call counted up to twice the tokens the server sent (its issue
+#564: "output_len above the configured max_tokens cap"); its throughput figures summed those
+counts (``reportgen/base.py`` ``summarize_requests``, read at both commits). The server's count
+is ``output_tokens`` (the requests' ``max_tokens`` with ``ignore_eos``); the harness's is its
+summary's output tokens over its requests. The model's output tokens are then counted as the
+harness counted them, ``harness_output_tokens / output_tokens`` each, so the measured figure
+stays the published one; only what the model reports changes, never what it replays.
+
 ``sweep_external_hit_ratio`` (``poisson_stages`` runs only): vLLM's fleet
 ``vllm:external_prefix_cache_hits`` over ``_queries`` for the whole sweep, the tokens a KV
 connector supplied over the prompt tokens not found in HBM when each request was scheduled
@@ -100,6 +112,7 @@ _CONDITIONS = {
     "stage_interval_s",
     "measured_stage",
     "throughput_unit",
+    "harness_output_tokens",
     "seed",
     "notes",
 }
@@ -122,6 +135,14 @@ class OffloadRun:
     @property
     def unit(self) -> str:
         return str(self.conditions.get("throughput_unit", "tok/s"))
+
+    def output_count(self, side: str) -> float:
+        """How many output tokens the harness counted for each one the server sent (1 unless
+        ``harness_output_tokens`` says otherwise)."""
+        counted = self.conditions.get("harness_output_tokens")
+        if counted is None:
+            return 1.0
+        return float(counted[side]) / float(self.conditions["output_tokens"])
 
 
 @dataclass(frozen=True)
@@ -221,6 +242,7 @@ def load_run(path: Path) -> OffloadRun:
     if cond.get("throughput_unit", "tok/s") not in UNITS:
         raise InputError(f"{path}: conditions.throughput_unit (valid: {', '.join(UNITS)})")
     required = ["hardware", "model", "output_tokens"]
+    _check_harness_count(cond, path)
     if cond["load"] == "poisson_stages":
         required += ["stages", "measured_stage"]
         stages = cond.get("stages")
@@ -273,6 +295,30 @@ def load_run(path: Path) -> OffloadRun:
         measured,
         str(path),
     )
+
+
+def _check_harness_count(cond: dict[str, Any], path: Path) -> None:
+    """``harness_output_tokens``: a count per side, each at least the server's, on a run whose
+    throughput counts output tokens."""
+    counted = cond.get("harness_output_tokens")
+    if counted is None:
+        return
+    where = f"{path}: conditions.harness_output_tokens"
+    if not isinstance(counted, dict):
+        raise InputError(f"{where} must be a table {{baseline = n, tiered = n}}")
+    check_keys(counted, set(SIDES), "conditions.harness_output_tokens", str(path))
+    if cond.get("throughput_unit", "tok/s") == "req/s":
+        raise InputError(f"{where} needs a throughput in tokens (throughput_unit req/s)")
+    out = cond.get("output_tokens")
+    for side in SIDES:
+        value = counted.get(side)
+        if not isinstance(value, (int, float)) or isinstance(value, bool):
+            raise InputError(f"{where}.{side} must be a number (missing or {value!r})")
+        if isinstance(out, (int, float)) and not out <= value < 100 * out:
+            raise InputError(
+                f"{where}.{side} {value!r} must be at least output_tokens ({out}) and "
+                "below 100 times it"
+            )
 
 
 def load_catalogue(directory: Path = OFFLOAD_DIR) -> list[OffloadRun]:
@@ -412,8 +458,11 @@ def _policy(run: OffloadRun, side: str) -> Any:
     return apply_overrides(policy, d["set"], f"{run.path} [{side}.set]")
 
 
-def _figures(trace: Any, raw: Any, metrics: Any, sel: np.ndarray, unit: str) -> dict[str, float]:
-    """Mean TTFT, throughput and hit ratio of the requests ``sel`` of one replay."""
+def _figures(
+    trace: Any, raw: Any, metrics: Any, sel: np.ndarray, unit: str, output_count: float = 1.0
+) -> dict[str, float]:
+    """Mean TTFT, throughput and hit ratio of the requests ``sel`` of one replay; output tokens
+    counted ``output_count`` times each (:meth:`OffloadRun.output_count`)."""
     arrival = raw.arrival_s if raw.arrival_s is not None else trace.arrival_s
     first, finish = raw.first_token_s[sel], raw.finish_s[sel]
     served = ~np.isnan(finish)
@@ -421,10 +470,10 @@ def _figures(trace: Any, raw: Any, metrics: Any, sel: np.ndarray, unit: str) -> 
     if unit == "req/s":
         throughput = float(served.sum()) / span
     elif unit == "out tok/s":
-        throughput = float(trace.output_tokens[sel][served].sum()) / span
+        throughput = output_count * float(trace.output_tokens[sel][served].sum()) / span
     else:
-        tokens = trace.input_tokens[sel][served].sum() + trace.output_tokens[sel][served].sum()
-        throughput = float(tokens) / span
+        out_tokens = output_count * float(trace.output_tokens[sel][served].sum())
+        throughput = (float(trace.input_tokens[sel][served].sum()) + out_tokens) / span
     out = {
         "ttft_mean_s": float(np.nanmean(first - arrival[sel])),
         "throughput": throughput,
@@ -459,7 +508,8 @@ def _replay_key(run: OffloadRun, side: str) -> str:
     side's deployment."""
     import json
 
-    cond = {k: v for k, v in run.conditions.items() if k not in ("measured_stage", "notes")}
+    report_only = ("measured_stage", "notes", "harness_output_tokens")
+    cond = {k: v for k, v in run.conditions.items() if k not in report_only}
     return json.dumps([cond, run.deploy[side]], sort_keys=True)
 
 
@@ -499,18 +549,19 @@ def model_figures(run: OffloadRun) -> dict[str, dict[str, float]]:
         n = len(rep.trace.arrival_s)
         if c["load"] == "poisson_stages":
             sel = np.flatnonzero(stage_of(rep.trace) == int(c["measured_stage"]) - 1)
-            figs = _figures(rep.trace, rep.raw, None, sel, run.unit)
+            figs = _figures(rep.trace, rep.raw, None, sel, run.unit, run.output_count(side))
             figs["hit_ratio"] = _hit_ratio(rep.trace, rep.raw, sel)
             figs["sweep_external_hit_ratio"] = _external_hit_ratio(rep.trace, rep.raw)
             out[side] = figs
         elif c["workload"] == "rounds":
             half = n // 2
             for name, sel in (("baseline", np.arange(half)), ("tiered", np.arange(half, n))):
-                figs = _figures(rep.trace, rep.raw, None, sel, run.unit)
+                figs = _figures(rep.trace, rep.raw, None, sel, run.unit, run.output_count(name))
                 figs["hit_ratio"] = _hit_ratio(rep.trace, rep.raw, sel)
                 out[name] = figs
         else:
-            figs = _figures(rep.trace, rep.raw, rep.metrics, np.arange(n), run.unit)
+            count = run.output_count(side)
+            figs = _figures(rep.trace, rep.raw, rep.metrics, np.arange(n), run.unit, count)
             out[side] = figs
     return out
 

@@ -34,12 +34,15 @@ def _err(c: Cell) -> str:
 
 
 def _rows(result: OffloadValidation, run: str) -> list[list[str]]:
-    units = {r.name: r.unit for r in result.runs}
+    the_run = next(r for r in result.runs if r.name == run)
     out = []
     for c in result.cells:
         if c.run != run:
             continue
-        label = LABELS[c.metric] + (f" ({units[run]})" if c.metric == "throughput" else "")
+        label = LABELS[c.metric]
+        if c.metric == "throughput":
+            counted = the_run.output_count(c.side) != 1.0
+            label += f" ({the_run.unit}{', as the harness counted' if counted else ''})"
         out.append([c.side, label, _num(c.measured), _num(c.model), _err(c), c.role])
     return out
 
