@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -30,6 +31,7 @@ PRESETS = [
     "sglang-hicache",
     "structera-cxl",
     "vistara-cxl-expander",
+    "vllm-0.8.5-hbm-beluga",
     "vllm-hbm",
     "vllm-pd-lmcache",
 ]
@@ -43,6 +45,14 @@ def test_every_preset_is_there_and_round_trips() -> None:
         assert policy_from_dict(policy_to_dict(policy), name) == policy
         text = (ROOT / "policies" / "presets" / f"{name}.toml").read_text()
         assert text.startswith(f"# {name}:")  # a line on what it models
+
+
+def test_vllm_presets_schedule_as_their_releases() -> None:
+    """``vllm-hbm`` models the current release (one step ahead, vLLM 0.19.1 to 0.34.0's
+    default), the Beluga paper's vLLM 0.8.5 baseline schedules in step; otherwise the same."""
+    current, beluga = load_preset("vllm-hbm"), load_preset("vllm-0.8.5-hbm-beluga")
+    assert current.serving.async_scheduling and not beluga.serving.async_scheduling
+    assert replace(current, serving=beluga.serving) == beluga
 
 
 def test_preset_parameters_that_issue_7_relies_on() -> None:

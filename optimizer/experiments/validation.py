@@ -2,10 +2,11 @@
 
 :func:`run_beluga` replays the scenario of ``policies/presets/validation/beluga-lveval.toml``
 (the Beluga paper's testbed, an LV-Eval-like two-pass trace, the ``lmcache-0.3-mooncake-beluga``,
-``beluga-cxl`` and ``vllm-hbm`` presets) and returns every cell of the paper's table with the
-model's value beside it, the extra reproductions (MoonCake with 16-token blocks, Beluga without
-interleaving), the KV geometry checks (docs/sources.md) and the acceptance ratios of issue 7.
-:mod:`kvtier.report.validation` renders the result (terminal, JSON, ``docs/validation.md``).
+``beluga-cxl`` and ``vllm-0.8.5-hbm-beluga`` presets) and returns every cell of the paper's table
+with the model's value beside it, the extra reproductions (MoonCake with 16-token blocks, Beluga
+without interleaving), the KV geometry checks (docs/sources.md) and the acceptance ratios of
+issue 7. :mod:`kvtier.report.validation` renders the result (terminal, JSON,
+``docs/validation.md``).
 
 The load generator is a closed loop of ``[load] concurrency`` clients (as ``vllm bench serve
 --max-concurrency``): each sends its next request of the pass when its last one finishes; the
