@@ -239,7 +239,9 @@ def test_harness_output_count_is_checked_and_changes_no_replay(tmp_path: Path) -
 
 def test_gpt_oss_sweep_files() -> None:
     """The gpt-oss-120b sweep: eight checks of one replay, output-token throughput, the guide's
-    EPP weights on the tiered side, the whole sweep's external hit ratio stated once."""
+    EPP weights on the tiered side without the CPU prefix scorer (llm-d's blog of the sweep:
+    routing scored only the GPU), vLLM 0.22.0's stores of generated blocks, the whole sweep's
+    external hit ratio stated once."""
     runs = [r for r in load_catalogue() if "gpt-oss-120b" in r.name]
     assert len(runs) == 8 and all(r.role == "check" for r in runs)
     assert sorted(r.conditions["measured_stage"] for r in runs) == list(range(1, 9))
@@ -251,7 +253,8 @@ def test_gpt_oss_sweep_files() -> None:
         assert r.output_count("tiered") == pytest.approx(4120 / 11.48 / 256, rel=1e-3)
     tiered = runs[0].deploy["tiered"]["set"]
     weights = [tiered[f"serving.epp_{k}_weight"] for k in ("queue", "kv_util", "gpu_prefix")]
-    assert weights + [tiered["serving.epp_cpu_prefix_weight"]] == [2.0, 2.0, 3.0, 2.0]
+    assert weights + [tiered["serving.epp_cpu_prefix_weight"]] == [2.0, 2.0, 3.0, 0.0]
+    assert tiered["tiers.dram.store_generated"] is True
     with_hit = [r for r in runs if "sweep_external_hit_ratio" in r.measured["tiered"]]
     assert [r.measured["tiered"]["sweep_external_hit_ratio"] for r in with_hit] == [0.451]
 
