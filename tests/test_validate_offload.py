@@ -238,10 +238,10 @@ def test_harness_output_count_is_checked_and_changes_no_replay(tmp_path: Path) -
 
 
 def test_gpt_oss_sweep_files() -> None:
-    """The gpt-oss-120b sweep: eight checks of one replay, output-token throughput, the guide's
-    EPP weights on the tiered side without the CPU prefix scorer (llm-d's blog of the sweep:
-    routing scored only the GPU), vLLM 0.22.0's stores of generated blocks, the whole sweep's
-    external hit ratio stated once."""
+    """The gpt-oss-120b sweep: eight checks of one replay, output-token throughput, both sides
+    behind llm-d's optimized-baseline router of the run's date (2:2:3 with no-hit-LRU 2 and no
+    CPU prefix scorer: llm-d's blog of the sweep, routing scored only the GPU), vLLM 0.22.0's
+    stores of generated blocks, the whole sweep's external hit ratio stated once."""
     runs = [r for r in load_catalogue() if "gpt-oss-120b" in r.name]
     assert len(runs) == 8 and all(r.role == "check" for r in runs)
     assert sorted(r.conditions["measured_stage"] for r in runs) == list(range(1, 9))
@@ -254,6 +254,10 @@ def test_gpt_oss_sweep_files() -> None:
     tiered = runs[0].deploy["tiered"]["set"]
     weights = [tiered[f"serving.epp_{k}_weight"] for k in ("queue", "kv_util", "gpu_prefix")]
     assert weights + [tiered["serving.epp_cpu_prefix_weight"]] == [2.0, 2.0, 3.0, 0.0]
+    baseline = runs[0].deploy["baseline"]["set"]
+    for key in [k for k in tiered if k.startswith("serving.epp_")] + ["serving.routing"]:
+        assert baseline[key] == tiered[key], key  # one router for both arms
+    assert tiered["serving.epp_no_hit_lru_weight"] == 2.0
     assert tiered["tiers.dram.store_generated"] is True
     with_hit = [r for r in runs if "sweep_external_hit_ratio" in r.measured["tiered"]]
     assert [r.measured["tiered"]["sweep_external_hit_ratio"] for r in with_hit] == [0.451]
