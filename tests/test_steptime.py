@@ -209,6 +209,35 @@ def test_measured_tp2_fp8_70b() -> None:
     assert prefill(f8) < 0.9 * prefill(b16)  # 0.81x: the all-reduce does not shrink with FP8
 
 
+def test_a_gpu_measured_as_a_faster_nvlink_sibling_pays_its_own_all_reduce() -> None:
+    """The H800 reads the H100's tables, the A800 the A100's: the same tables, plus the ring
+    all-reduce's difference at the GPU's own NVLink on every batch token (2 per layer, 2 (tp -
+    1) / tp of hidden * 2 bytes: 200 GB/s against 450 and 300 per direction); nothing at tp 1,
+    nothing for a GPU measured as itself."""
+    model = load_model("llama-3.1-70b")
+    per_token = 80 * 2 * 2 * 7 / 8 * 8192 * 2  # bytes of all-reduce per token at tp 8
+
+    def non_attention(hw_name: str, tp: int, n: int, m: object = model) -> tuple[float, str]:
+        cfg = build_config(load_hardware(hw_name), m, _policy(tp=tp, weight_dtype="bf16"))
+        assert cfg.step_backend == "measured"
+        return T._non_attention_s(n, cfg.timing), cfg.step_provenance
+
+    for slow, fast, own_bw, fast_bw in (
+        ("h800-node", "h100-node", 200e9, 450e9),
+        ("mooncake-a800-testbed", "a100-node", 200e9, 300e9),
+    ):
+        extra = per_token * (1 / own_bw - 1 / fast_bw)
+        for n in (1, 512, 8192):
+            got, why = non_attention(slow, 8, n)
+            want, _ = non_attention(fast, 8, n)
+            assert got - want == pytest.approx(n * extra, rel=1e-9)
+            assert "per token of all-reduce" in why
+    small = load_model("llama-3.1-8b")
+    got, why = non_attention("h800-node", 1, 4096, small)
+    assert got == non_attention("h100-node", 1, 4096, small)[0] and "all-reduce" not in why
+    assert "all-reduce" not in non_attention("h100-node", 8, 1)[1]
+
+
 def test_roofline_tp_allreduce_fp8_and_moe() -> None:
     hw, model = load_hardware("h100-node"), load_model("llama-3.1-8b")
     tp1 = build_config(hw, model, _policy(step_time="roofline")).timing

@@ -14,7 +14,12 @@ from kvtier.errors import InputError
 from kvtier.hardware.types import Hardware, ModelProfile
 from kvtier.policy.model import Policy
 from kvtier.sim.steptime.frontend import frontend_s
-from kvtier.sim.steptime.measured import AIC_SYSTEMS, measured_key, measured_tables
+from kvtier.sim.steptime.measured import (
+    AIC_SYSTEMS,
+    NVLINK_SIBLING,
+    measured_key,
+    measured_tables,
+)
 from kvtier.sim.steptime.pack import pack_measured, roofline_params
 
 ACT_BYTES = 2.0  # BF16 activations: the all-reduce message is hidden * 2 bytes per token
@@ -27,6 +32,32 @@ def _fp8_weights(model: ModelProfile) -> bool:
     parameter in all) are dequantised to BF16 inside the GEMM on GPUs without FP4 tensor
     cores (vLLM's w4a16 MoE kernels on H100), so they run at the BF16 peak."""
     return 0.75 < model.weight_dtype_bytes <= 1.0
+
+
+def allreduce_s_per_token(tp: int, model: ModelProfile, bw: float) -> float:
+    """Seconds of tensor-parallel all-reduce per batch token at ``bw`` bytes/s per direction:
+    a ring all-reduce sends and receives ``2 (tp - 1) / tp`` of each ``hidden * 2`` byte
+    message, ``ALLREDUCES_PER_LAYER`` per layer."""
+    n_ar = ALLREDUCES_PER_LAYER * model.layers
+    return n_ar * 2.0 * (tp - 1) / tp * model.hidden_size * ACT_BYTES / bw
+
+
+def nvlink_extra_s_per_token(hardware: Hardware, model: ModelProfile) -> float:
+    """What a GPU whose measured tables are a sibling's with faster NVLink (A800 reads the
+    A100's, H800 the H100's) spends more on all-reduce per batch token than the tables hold:
+    the ring all-reduce at its own NVLink less the same at the sibling's (0 at tp 1, or for a
+    GPU measured as itself)."""
+    from kvtier.hardware import load_gpu
+
+    tp = hardware.topology.tp
+    sibling = NVLINK_SIBLING.get(hardware.gpu.name)
+    if tp <= 1 or sibling is None or not hardware.gpu.nvlink_bw:
+        return 0.0
+    fast = load_gpu(sibling).nvlink_bw
+    own = hardware.gpu.nvlink_bw
+    if own >= fast:
+        return 0.0
+    return allreduce_s_per_token(tp, model, own) - allreduce_s_per_token(tp, model, fast)
 
 
 def _peak(hardware: Hardware, model: ModelProfile) -> float:
@@ -50,10 +81,9 @@ def roofline_timing(
     if tp > 1:
         bw = hardware.gpu.nvlink_bw or hardware.gpu.pcie_bw
         lat = hardware.gpu.nvlink_latency_s
-        n_ar = ALLREDUCES_PER_LAYER * model.layers
         # ring all-reduce: each GPU sends and receives 2 (tp - 1) / tp of the message
-        ar_token = n_ar * 2.0 * (tp - 1) / tp * model.hidden_size * ACT_BYTES / bw
-        ar_fixed = n_ar * lat
+        ar_token = allreduce_s_per_token(tp, model, bw)
+        ar_fixed = ALLREDUCES_PER_LAYER * model.layers * lat
     expert_bytes = 0.0
     frac = None
     dense_bytes = model.weight_bytes
@@ -139,7 +169,12 @@ def step_timing(
         f"measured (aiconfigurator-core {key.package}, {key.system} {key.framework} "
         f"{key.version}, tp={key.tp}, weights {key.weight_dtype}, kv {key.kv_dtype})"
     )
+    # a GPU read from a sibling's tables pays its own, slower NVLink on every batch token
+    extra = nvlink_extra_s_per_token(hardware, model)
+    if extra > 0:
+        gpu = hardware.gpu.name
+        provenance += f", + {extra * 1e6:.2f} us per token of all-reduce at the {gpu}'s NVLink"
     # the measured operator times carry the GPU work; the scheduler's own per-step CPU time is
     # not in them: only the framework's, when the scenario states it (docs/model.md)
     overhead = policy.serving.cpu_overhead_s
-    return pack_measured(base, tables, overhead), "measured", provenance
+    return pack_measured(base, tables, overhead, extra), "measured", provenance

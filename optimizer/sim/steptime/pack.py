@@ -77,16 +77,23 @@ def dense_decode_rows(t: MeasuredTables) -> np.ndarray:
     return np.ascontiguousarray(np.stack([vals[:, :-1], slope], axis=2))
 
 
-def pack_measured(base: np.ndarray, t: MeasuredTables, step_overhead_s: float) -> np.ndarray:
+def pack_measured(
+    base: np.ndarray, t: MeasuredTables, step_overhead_s: float, extra_s_per_token: float = 0.0
+) -> np.ndarray:
     """``base`` (a roofline array, kept for the parts that read the roofline's scalars) with the
     measured tables appended and the backend switched to measured: the non-attention time and
     the decode-attention rows dense by token count and batch size (one load, no search, on the
-    hot path), the prefill attention on its grids."""
+    hot path), the prefill attention on its grids. ``extra_s_per_token`` is added to the
+    non-attention time of every batch token (a GPU measured as a sibling with faster NVLink:
+    :func:`kvtier.sim.steptime.backend.nvlink_extra_s_per_token`)."""
+    if not (np.isfinite(extra_s_per_token) and extra_s_per_token >= 0):
+        raise ValueError("the extra time per batch token must be finite and >= 0")
     head = base[: T.HEADER].copy()
     frac = base[T.HEADER : T.HEADER + int(base[T.T_N_MOE])]
     head[T.T_BACKEND] = T.BACKEND_MEASURED
     head[T.T_OVERHEAD] = step_overhead_s
     na = dense_non_attention(t)
+    na += extra_s_per_token * np.arange(na.size, dtype=np.float64)
     da = dense_decode_rows(t)
     head[T.T_N_TOK] = na.size
     head[T.T_N_PQ] = t.pq_grid.size
