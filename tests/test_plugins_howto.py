@@ -115,7 +115,11 @@ writes = WRITE_POLICIES["write_through_head"].code
 seen = set()
 
 
-@settings(max_examples=30, deadline=None, suppress_health_check=list(HealthCheck))
+# fixed draws: the spread check below needs the same 30 cases every run (random ones could all
+# be single-instance or one-request replays, as a run once drew)
+@settings(
+    max_examples=30, deadline=None, suppress_health_check=list(HealthCheck), derandomize=True
+)
 @given(st.data())
 def engines_agree(data):
     trace = data.draw(blocked_traces())
