@@ -8,6 +8,8 @@ dtypes, else the roofline).
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 
 from kvtier.errors import InputError
@@ -42,18 +44,24 @@ def allreduce_s_per_token(tp: int, model: ModelProfile, bw: float) -> float:
     return n_ar * 2.0 * (tp - 1) / tp * model.hidden_size * ACT_BYTES / bw
 
 
+@functools.cache
+def _sibling_nvlink_bw(profile: str) -> float:
+    """The NVLink bandwidth of a built-in GPU profile (read once per process)."""
+    from kvtier.hardware import load_gpu
+
+    return load_gpu(profile).nvlink_bw
+
+
 def nvlink_extra_s_per_token(hardware: Hardware, model: ModelProfile) -> float:
     """What a GPU whose measured tables are a sibling's with faster NVLink (A800 reads the
     A100's, H800 the H100's) spends more on all-reduce per batch token than the tables hold:
     the ring all-reduce at its own NVLink less the same at the sibling's (0 at tp 1, or for a
     GPU measured as itself)."""
-    from kvtier.hardware import load_gpu
-
     tp = hardware.topology.tp
     sibling = NVLINK_SIBLING.get(hardware.gpu.name)
     if tp <= 1 or sibling is None or not hardware.gpu.nvlink_bw:
         return 0.0
-    fast = load_gpu(sibling).nvlink_bw
+    fast = _sibling_nvlink_bw(sibling[1])
     own = hardware.gpu.nvlink_bw
     if own >= fast:
         return 0.0

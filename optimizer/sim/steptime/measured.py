@@ -46,16 +46,18 @@ AIC_SYSTEMS: dict[str, str] = {
     "B200": "b200_sxm",
     "L40S": "l40s",
     "A100-SXM": "a100_sxm",
-    # A800: A100 compute and HBM, NVLink cut to 400 GB/s; the A100 tables' all-reduce ran at
-    # A100's 600 GB/s, the difference added per token (docs/sources.md [NVIDIA-A800])
-    "A800-SXM": "a100_sxm",
-    # H800: H100 compute and HBM, NVLink cut to 400 GB/s ([NVIDIA-H800])
-    "H800-SXM": "h100_sxm",
 }
-# A GPU measured as a sibling whose NVLink is faster: the sibling's GPU profile, whose NVLink the
-# tables' all-reduce ran at; the step time adds the difference per batch token
-# (backend.nvlink_extra_s_per_token; docs/model.md, "The measured backend")
-NVLINK_SIBLING: dict[str, str] = {"A800-SXM": "a100-sxm", "H800-SXM": "h100-sxm"}
+# GPUs aiconfigurator-core has no system for, read from a sibling's tables whose NVLink is
+# faster: GPU name -> (the sibling's GPU name, its built-in profile). The tables' all-reduce ran
+# at the sibling's NVLink; the step time adds the difference per batch token
+# (backend.nvlink_extra_s_per_token; docs/model.md, "The measured backend"). A800: A100
+# compute and HBM, NVLink cut to 400 GB/s ([NVIDIA-A800]); H800: the same of the H100
+# ([NVIDIA-H800]).
+NVLINK_SIBLING: dict[str, tuple[str, str]] = {
+    "A800-SXM": ("A100-SXM", "a100-sxm"),
+    "H800-SXM": ("H100-SXM", "h100-sxm"),
+}
+AIC_SYSTEMS.update({gpu: AIC_SYSTEMS[name] for gpu, (name, _) in NVLINK_SIBLING.items()})
 FRAMEWORKS = ("vllm", "sglang", "trtllm")
 # the database's measured ranges (systems/data/*/attention/*: context attention isl to 16,384;
 # generation attention batch to 2,048 and kv position to 131,071)

@@ -93,7 +93,8 @@ def pack_measured(
     head[T.T_BACKEND] = T.BACKEND_MEASURED
     head[T.T_OVERHEAD] = step_overhead_s
     na = dense_non_attention(t)
-    na += extra_s_per_token * np.arange(na.size, dtype=np.float64)
+    if extra_s_per_token:
+        na += extra_s_per_token * np.arange(na.size, dtype=np.float64)
     da = dense_decode_rows(t)
     head[T.T_N_TOK] = na.size
     head[T.T_N_PQ] = t.pq_grid.size
