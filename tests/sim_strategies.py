@@ -208,6 +208,8 @@ def _sim_config(draw: st.DrawFn, block_tokens: int) -> SimConfig:
         swa_blocks=draw(st.sampled_from([1, 2])),
         # vLLM's async scheduling (vllm_v1's alone; the other schedulers ignore it)
         async_scheduling=draw(st.booleans()),
+        # vLLM's KV connector: a load's end reported with a later step's output
+        polls_loads=draw(st.booleans()),
     )
 
 

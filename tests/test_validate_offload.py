@@ -374,3 +374,14 @@ def test_c45_files_run_behind_the_epp_profile_of_their_guide() -> None:
             s = r.deploy[side]["set"]
             assert s["serving.routing"] == "llmd_epp"
             assert [s[f"serving.epp_{k}_weight"] for k in keys] == [2.0, 0.0, 1.0, 1.0, 0.0, 0.0]
+
+
+def test_a_mape_beside_its_target_shows_the_digit_that_decides_it() -> None:
+    """A MAPE that one decimal would print as the target gets a second decimal, so the
+    verdict beside it is not read off a rounded figure; others keep one."""
+    from kvtier.report.offload_validation import _percent
+
+    assert _percent(0.09984, 0.10) == "9.98 %"
+    assert _percent(0.10041, 0.10) == "10.04 %"
+    assert _percent(0.303, 0.15) == "30.3 %"
+    assert _percent(0.101, 0.10) == "10.1 %"

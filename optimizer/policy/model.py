@@ -51,6 +51,7 @@ WRITE_POLICIES = WRITE_REGISTRY.names
 HIERARCHIES = ("inclusive", "exclusive")
 LOAD_RULES = LOAD_REGISTRY.names
 LOAD_WAITS = ("request", "batch")
+LOAD_REPORTS = ("step_output", "at_once")
 KV_LAYOUTS = ("per_layer", "contiguous")
 WEIGHT_DTYPES = ("bf16", "fp8")
 STEP_TIMES = ("auto", "measured", "roofline")  # kvtier.sim.steptime backends
@@ -495,6 +496,17 @@ class Policy:
         "request",
         "who waits for a lower-tier load: the loading request, or the instance's batch",
         choices=LOAD_WAITS,
+    )
+    # When the scheduler learns that a request's lower-tier load has ended (``load_wait =
+    # "request"``, ``vllm_v1``): with the output of the first engine step launched after it
+    # (vLLM's KV connector: the worker's ``get_finished`` runs as each step is launched and its
+    # finished loads reach the scheduler with that step's output), or at its next decision
+    # (docs/model.md, "When the scheduler sees a load end").
+    load_report: str = setting(
+        "step_output",
+        "when the scheduler sees a finished lower-tier load: with the output of the first step "
+        "launched after it (vLLM's KV connector), or at once",
+        choices=LOAD_REPORTS,
     )
     kv_layout: str = setting(
         "per_layer",

@@ -47,11 +47,20 @@ def _rows(result: OffloadValidation, run: str) -> list[list[str]]:
     return out
 
 
+def _percent(value: float, target: float) -> str:
+    """``value`` in percent, with a second decimal where one would print it as the target,
+    so that the verdict beside it can be read off the figure (9.98 % met, 10.04 % missed)."""
+    text = f"{100 * value:.1f}"
+    if text == f"{100 * target:.1f}":
+        text = f"{100 * value:.2f}"
+    return f"{text} %"
+
+
 def _summary(result: OffloadValidation) -> list[str]:
     lines = []
     for metric, target in TARGETS.items():
         m = result.mape(metric)
-        got = "-" if m is None else f"{100 * m:.1f} %"
+        got = "-" if m is None else _percent(m, target)
         n = len(result.checks(metric))
         met = m is not None and m <= target
         lines.append(

@@ -107,6 +107,11 @@ class SimConfig:
     # request queued or a load finished during a step is scheduled for the step after next
     # while a request runs on
     async_scheduling: bool = False
+    # vllm_v1 with lower tiers and ``load_wait = "request"``: a finished load reaches the
+    # scheduler with the output of the first step launched after it (vLLM's KV connector,
+    # ``get_finished``; policy ``load_report = "step_output"``; docs/model.md, "When the
+    # scheduler sees a load end"), and a load starts when its step is decided
+    polls_loads: bool = False
 
     def timing_params(self) -> np.ndarray:
         """The packed step-time array both simulators read (layout: :mod:`kvtier.sim.timing`),
@@ -309,6 +314,12 @@ def build_config(hardware: Hardware, model: ModelProfile, policy: Policy) -> Sim
         prefill_gpu=hardware.prefill_gpu,
         **_sliding_groups(model, serving.scheduler),
         async_scheduling=serving.async_scheduling,
+        polls_loads=(
+            bool(policy.lower_tiers)
+            and serving.scheduler == "vllm_v1"
+            and policy.load_wait == "request"
+            and policy.load_report == "step_output"
+        ),
     )
 
 

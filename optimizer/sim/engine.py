@@ -342,6 +342,7 @@ def kernel_inputs(
         cfg.n_instances * n_shared if swa_need else 0,
         *epp_ix,
         cfg.schedules_ahead,
+        bool(cfg.polls_loads),
     )
     out = Outputs(
         first_token=np.full(n, np.nan),

@@ -99,6 +99,9 @@ from kvtier.sim.nb_state import (
     IX_HEAD,
     IX_TAIL,
     N_COUNTERS,
+    POLL_AT,
+    POLL_BEFORE,
+    POLL_ENDED,
     ZERO,
     Buffers,
     HbmPools,
@@ -451,6 +454,7 @@ def end_iteration_nb(sim: Sim, k: int, now: float) -> None:
         n_running[k] = w
     # a request runs on: its next step was scheduled while this one ran (async scheduling)
     ist.runs_on_at[k] = now if n_sched[k] > n_done else -np.inf
+    ist.polls[POLL_ENDED, k] = now
     n_sched[k] = 0
     seg_steps[k] = 0
     busy[k] = False
@@ -545,9 +549,10 @@ def arrive_nb(sim: Sim, i: int) -> None:
 
 
 @njit(cache=True, nogil=True, _nrt=False, **INNER)
-def admit_nb(sim: Sim, k: int, i: int, now: float, budget: int, others: bool) -> bool:
+def admit_nb(sim: Sim, k: int, i: int, now: float, budget: int, others: bool, issue: float) -> bool:
     """Admit request ``i`` on instance ``k`` if its fresh slots fit: look up its prefix (HBM,
-    then the lower tiers), load, pin the hits and take the rest from the free ring (the whole
+    then the lower tiers), load (starting at ``issue``: ``now``, or with polls_loads when the
+    step was decided), pin the hits and take the rest from the free ring (the whole
     footprint, or with vllm_v1 the blocks of its first chunk of ``budget`` tokens, leaving the
     watermark free when ``others`` are scheduled in this iteration; vllm_v0: the blocks of its
     whole prompt, leaving the watermark free when the instance runs anything)."""
@@ -633,6 +638,7 @@ def admit_nb(sim: Sim, k: int, i: int, now: float, budget: int, others: bool) ->
     if need + reserve > free_len[k] - pinned_free:
         return False
     ready[i] = now
+    rs.polled[i] = False
     if tp.n_tiers > 0:
         if not grows:
             n_src = lookup_nb(ts, tp, k, block_ids, boff[i], h, hcap, src)
@@ -640,11 +646,12 @@ def admit_nb(sim: Sim, k: int, i: int, now: float, budget: int, others: bool) ->
         if loaded > 0:
             done_tokens = (h + loaded) * B
             ready[i] = load_nb(
-                ts, tp, lk, k, now, Refs(block_ids, boff[i], h, h + loaded), buf,
+                ts, tp, lk, k, issue, Refs(block_ids, boff[i], h, h + loaded), buf,
                 Prefill(target[i] - done_tokens, done_tokens, timing),
             )  # fmt: skip
+            rs.polled[i] = prm.polls_loads
             if out.preemptions[i] == 0:  # the first admission's (the prompt's)
-                load_s[i] = ready[i] - now
+                load_s[i] = ready[i] - issue
                 for t in range(tp.n_tiers):  # load_nb counted the loaded blocks per tier
                     loaded_blocks[i, t] = counts[t]
         if tp.counts_sightings:  # only such a write policy reads the sightings
@@ -1169,7 +1176,7 @@ def schedule_v0_nb(
         planned = 1 if handed else target[i]  # a handed-over request: one decode step
         if (m > 0 or load_end > now) and planned > budget:
             break
-        if not admit_nb(sim, k, i, now, budget, m > 0):
+        if not admit_nb(sim, k, i, now, budget, m > 0, now):
             break
         q_head[k] = next_waiting[i]
         if q_head[k] < 0:
@@ -1279,11 +1286,12 @@ class Scheduled(NamedTuple):
 
 @njit(cache=True, nogil=True, inline="always")
 def schedule_running_nb(
-    sim: Sim, k: int, now: float, seen: float, sc: Scheduled, cascade: bool
+    sim: Sim, k: int, now: float, seen: float, loads_seen: float, sc: Scheduled, cascade: bool
 ) -> Scheduled:
     """The running requests of instance ``k`` take their tokens, in order (vllm_v1: a
     request that finds no free block preempts the most recently admitted one); one still
-    loading when the step was scheduled (``seen``, :func:`scheduled_at_nb`) takes none."""
+    loading when the step was scheduled (``seen``, :func:`scheduled_at_nb`), or whose load's
+    end the scheduler has not yet read (``loads_seen``, :func:`loads_seen_nb`), takes none."""
     rq = sim.rq
     rs = sim.rs
     ist = sim.ist
@@ -1301,7 +1309,7 @@ def schedule_running_nb(
     while pos + 1 < n_running[k]:  # (vllm_v1: preemptions take requests off its end)
         pos += 1
         i = running[k, pos]
-        if ready[i] > seen:
+        if ready[i] > (loads_seen if rs.polled[i] else seen):
             if ready[i] > last_ready:
                 last_ready = ready[i]
             continue
@@ -1369,7 +1377,7 @@ def schedule_admissions_nb(sim: Sim, k: int, now: float, seen: float, sc: Schedu
         i = q_head[k]
         if (rs.handed_at[i] if rs.handed[i] else sim.rq.arrival[i]) > seen:
             break  # (async scheduling) queued after this step was scheduled
-        if not admit_nb(sim, k, i, now, budget, m > 0):
+        if not admit_nb(sim, k, i, now, budget, m > 0, seen if prm.polls_loads else now):
             break
         q_head[k] = rs.next_waiting[i]
         if q_head[k] < 0:
@@ -1379,7 +1387,8 @@ def schedule_admissions_nb(sim: Sim, k: int, now: float, seen: float, sc: Schedu
         ist.running[k, pos] = i
         n_running[k] += 1
         steps_left = 0
-        if ready[i] > now:
+        if ready[i] > now or rs.polled[i]:
+            # (a polled load's end is reported with a later step's output)
             if ready[i] > last_ready:
                 last_ready = ready[i]
             continue
@@ -1453,6 +1462,20 @@ def scheduled_at_nb(ist: InstanceState, prm: Params, k: int, now: float) -> floa
 
 
 @njit(cache=True, nogil=True, inline="always")
+def loads_seen_nb(ist: InstanceState, prm: Params, k: int, now: float) -> float:
+    """Until when instance ``k``'s scheduler, deciding the iteration starting ``now``, knows
+    which lower-tier loads have ended (polls_loads; the reference's ``loads_seen``): with no
+    step in flight, now; after a step that has just ended, when that step was decided (its
+    worker's poll), or scheduling ahead, when the step before it was."""
+    polls = ist.polls
+    if polls[POLL_ENDED, k] != now:
+        return now
+    if prm.async_sched and ist.runs_on_at[k] == now:
+        return polls[POLL_BEFORE, k]
+    return polls[POLL_AT, k]
+
+
+@njit(cache=True, nogil=True, inline="always")
 def start_iteration_nb(sim: Sim, k: int, now: float, t_next: float) -> None:
     """Idle instance ``k`` schedules an iteration: running requests take their tokens, then
     admissions (FCFS) take prefill chunks (vllm_v0: :func:`schedule_v0_nb`); with nothing to
@@ -1473,6 +1496,7 @@ def start_iteration_nb(sim: Sim, k: int, now: float, t_next: float) -> None:
     sums = StepSums(0, 0, 0, 0, 0, 0, 0)
     steps_left = np.int64(1) << 62  # (0: not a decode-only batch)
     load_end = -np.inf
+    seen = now
     if v0:
         m, steps_left, preempted, last_ready, load_end = schedule_v0_nb(sim, k, now, cascade)
         if ist.free_len[k] < 1:
@@ -1483,8 +1507,9 @@ def start_iteration_nb(sim: Sim, k: int, now: float, t_next: float) -> None:
         sc = Scheduled(m, prm.token_budget, sums, steps_left, last_ready, preempted)
     else:
         seen = scheduled_at_nb(ist, prm, k, now)
+        loads_seen = loads_seen_nb(ist, prm, k, now) if prm.polls_loads else seen
         sc = Scheduled(0, prm.token_budget, sums, steps_left, now, False)
-        sc = schedule_running_nb(sim, k, now, seen, sc, cascade)
+        sc = schedule_running_nb(sim, k, now, seen, loads_seen, sc, cascade)
         if not sc.preempted:  # (vLLM V1 admits nobody in a step that preempted)
             sc = schedule_admissions_nb(sim, k, now, seen, sc)
     m, _, sums, steps_left, last_ready, preempted = sc
@@ -1505,8 +1530,14 @@ def start_iteration_nb(sim: Sim, k: int, now: float, t_next: float) -> None:
         # a load that ended after this attempt's decision, by now, runs in it, at once)
         wake[k] = max(idle_until_nb(rs, ist, k, now, preempted), now)
         ist.runs_on_at[k] = -np.inf
+        ist.polls[POLL_ENDED, k] = -np.inf  # (polls_loads: the next attempt polls at once)
         return
     wake[k] = np.inf
+    if prm.polls_loads:
+        # this step's worker polls for finished loads when it is launched (decided)
+        polls = ist.polls
+        polls[POLL_BEFORE, k] = polls[POLL_AT, k] if polls[POLL_ENDED, k] == now else seen
+        polls[POLL_AT, k] = seen
     tokens, attn, kv_read, n_dec, dec_kv, pf_ns, pf_ext = sums
     dt = step_time_nb(tokens, attn, kv_read, n_dec, dec_kv, pf_ns, timing)
     ints[C_EXTRAP] += step_extrapolated_nb(tokens, n_dec, dec_kv, pf_ext, timing)
@@ -1642,6 +1673,7 @@ def new_state(
         np.full(n, -1, dtype=np.int64),
         np.zeros(n, dtype=np.float64),
         np.zeros(n, dtype=np.bool_),
+        np.zeros(n, dtype=np.bool_),
     )
     n_pdw = n_inst * prm.pd_workers
     ix_list = np.zeros((5, 2 * n_inst), dtype=np.int64)
@@ -1679,6 +1711,7 @@ def new_state(
         saving=np.zeros(n_inst, dtype=np.bool_),
         iter_start=np.full(n_inst, -np.inf),
         runs_on_at=np.full(n_inst, -np.inf),
+        polls=np.full((3, n_inst), -np.inf),
         ix_last=np.full(2 * prm.ix_nodes, -1, dtype=np.int32),
         ix_log=np.empty((2, 2 * prm.ix_log), dtype=np.int32),
         ix_list=ix_list,

@@ -122,6 +122,10 @@ class Params(NamedTuple):
     # vllm_v1 with vLLM's async scheduling: an iteration that follows one with a request
     # running on was scheduled at that one's start (SimConfig.async_scheduling)
     async_sched: bool
+    # vLLM's KV connector: a lower-tier load's end reaches the scheduler with the output of
+    # the first step launched after it, and a load starts when its step is decided
+    # (SimConfig.polls_loads)
+    polls_loads: bool
 
 
 class HbmPools(NamedTuple):
@@ -186,7 +190,12 @@ class RequestState(NamedTuple):
     next_held: np.ndarray  # i8
     handed_at: np.ndarray  # f8
     pd_first: np.ndarray  # bool: handed over, first token not yet seen (``seen_first_nb``)
+    # its lower-tier load's end reaches the scheduler with a step's output (Params.polls_loads)
+    polled: np.ndarray  # bool
 
+
+# rows of InstanceState.polls (Params.polls_loads)
+POLL_ENDED, POLL_AT, POLL_BEFORE = 0, 1, 2
 
 # rows of InstanceState.ix_log and ix_list (llmd_epp's approximate indexes)
 IX_NODE, IX_NEXT = 0, 1
@@ -237,6 +246,10 @@ class InstanceState(NamedTuple):
     # an iteration ended with a request running on past it (-inf: never)
     iter_start: np.ndarray  # f8 (n_instances,)
     runs_on_at: np.ndarray  # f8 (n_instances,)
+    # Params.polls_loads: per instance, when its last iteration ended (-inf: none in flight,
+    # the engine polls at once) and when the last two iterations started were decided (their
+    # workers' polls for finished loads); rows POLL_ENDED, POLL_AT, POLL_BEFORE
+    polls: np.ndarray  # f8 (3, n_instances)
     # llmd_epp's approximate indexes (kvtier.sim.routers.epp_index): per producer p, an
     # append-only log of its touches (entry p * ix_log + e: the node touched, -1 for a block
     # read once; the next touch of the same list) and each node's latest touch (-1: not

@@ -159,6 +159,8 @@ class Request:
     release_at: float = np.inf
     handed_at: float = 0.0
     pd_first: bool = False  # handed over, its first token not yet seen (at its KV's arrival)
+    # its lower-tier load's end reaches the scheduler with a step's output (``polls_loads``)
+    polled: bool = False
 
 
 class HbmPool:
@@ -315,6 +317,12 @@ class Instance:
         # a request running on past it (-inf: never), whose next step was scheduled ahead
         self.iter_start = -np.inf
         self.runs_on_at = -np.inf
+        # vLLM's KV connector (``polls_loads``): when the last iteration ended (-inf: none in
+        # flight, the engine polls at once), and when the last two started were decided,
+        # i.e. when their workers polled for finished loads (``get_finished``)
+        self.ended_at = -np.inf
+        self.polled_at = -np.inf
+        self.polled_before = -np.inf
 
     def held_slots(self) -> int:
         return sum(len(r.held_slots) for r in self.held)
@@ -547,14 +555,24 @@ class ReferenceReplay:
         self.instances[k].active_blocks += -(-req.input_tokens // self.B)
 
     def admit(
-        self, inst: Instance, k: int, req: Request, now: float, budget: int, busy: bool
+        self,
+        inst: Instance,
+        k: int,
+        req: Request,
+        now: float,
+        budget: int,
+        busy: bool,
+        issue: float | None = None,
     ) -> bool:
         """Admit ``req`` on instance ``k`` if its fresh slots fit: look up its prefix (HBM,
         then the lower tiers), load, pin the hits and allocate the rest (``reserve``: the whole
         footprint; ``vllm_v1``: the blocks of its first chunk of ``budget`` tokens, keeping
         the watermark free when another request is ``busy`` in this iteration; ``vllm_v0``:
-        the blocks of its whole prompt, always keeping the watermark free)."""
+        the blocks of its whole prompt, always keeping the watermark free). A load starts at
+        ``issue`` (default ``now``: ``polls_loads`` with async scheduling, when the step was
+        decided)."""
         pool = inst.pool
+        issue = now if issue is None else issue
         if req.handed:
             return self.admit_handed(inst, k, req, now)
         cap = min((req.target - 1) // self.B, len(req.blocks))
@@ -578,6 +596,7 @@ class ReferenceReplay:
         if not pool.can_admit(req.blocks, h, need + reserve):
             return False
         req.ready = now
+        req.polled = False
         if self.lower is not None:
             if not self.grows:
                 src = self.lower.lookup(k, req.blocks, h, cap)
@@ -585,11 +604,12 @@ class ReferenceReplay:
             if loaded:
                 done_tokens = (h + loaded) * self.B
                 req.ready = self.lower.load(
-                    k, now, req.blocks, h, src[:loaded], req.target - done_tokens,
+                    k, issue, req.blocks, h, src[:loaded], req.target - done_tokens,
                     done_tokens,
                 )  # fmt: skip
+                req.polled = self.cfg.polls_loads
                 if req.preemptions == 0:  # the first admission's (the prompt's)
-                    self.load_s[req.idx] = req.ready - now
+                    self.load_s[req.idx] = req.ready - issue
                     for t in src[:loaded]:
                         self.loaded_blocks[req.idx, t] += 1
             self.lower.sighted(k, now, req.blocks, h)
@@ -887,6 +907,21 @@ class ReferenceReplay:
             return inst.iter_start
         return t
 
+    def loads_seen(self, inst: Instance, t: float) -> float:
+        """Until when the scheduler deciding the iteration instance ``inst`` starts at ``t``
+        knows which lower-tier loads have ended (``polls_loads``: vLLM's KV connector). The
+        worker polls for finished loads (``get_finished``) as it launches each step, and the
+        scheduler reads them with that step's output: in step, the output of the step that has
+        just ended, launched when it was decided; scheduling ahead (a request of that step runs
+        on), the output of the step before it. With no step in flight the engine polls at once
+        (an empty step, ``kv_connector_no_forward``). docs/model.md, "When the scheduler sees
+        a load end"."""
+        if inst.ended_at != t:
+            return t
+        if self.cfg.schedules_ahead and inst.runs_on_at == t:
+            return inst.polled_before
+        return inst.polled_at
+
     def start_iteration(self, inst: Instance, k: int, t: float) -> None:
         """Idle instance ``k`` schedules an iteration: running requests take their tokens, then
         admissions (FCFS) take prefill chunks (``vllm_v0``: :func:`schedule_v0`); requests
@@ -894,6 +929,8 @@ class ReferenceReplay:
         it stays idle until one is ready."""
         self.release_held(inst, t)
         seen = self.scheduled_at(inst, t)
+        polls = self.cfg.polls_loads
+        loads_seen = self.loads_seen(inst, t) if polls else seen
         budget = self.cfg.token_budget
         sched: list[tuple[Request, int]] = []
         tokens = attn = kv_read = 0
@@ -907,7 +944,9 @@ class ReferenceReplay:
             req = inst.running[x]
             if budget == 0:
                 break
-            if req.ready > seen:  # loading (async scheduling: or seen loaded only after)
+            if req.ready > (loads_seen if req.polled else seen):
+                # loading (async scheduling: or seen loaded only after; polls_loads: or its
+                # end not yet reported)
                 x += 1
                 continue
             q = min(req.target - req.kv, budget) if req.kv < req.target else 1
@@ -939,12 +978,14 @@ class ReferenceReplay:
             req = inst.waiting[0]
             if (req.handed_at if req.handed else req.arrival) > seen:
                 break  # (async scheduling) queued after this step was scheduled
-            if not self.admit(inst, k, req, t, budget, bool(sched)):
+            # (polls_loads: a load starts when its step is decided, on the worker that
+            # launches it)
+            if not self.admit(inst, k, req, t, budget, bool(sched), seen if polls else t):
                 break
             inst.waiting.popleft()
             inst.running.append(req)
-            if req.ready > t:
-                continue
+            if req.ready > t or req.polled:
+                continue  # (a polled load's end is reported with a later step's output)
             # a prefill chunk (a decode instance's handed-over request: its first decode step)
             q = min(req.target - req.kv, budget) if req.kv < req.target else 1
             sched.append((req, q))
@@ -977,9 +1018,14 @@ class ReferenceReplay:
             # load that ended after this attempt's decision, by now, runs in it, at once)
             inst.wake = max(w, t)
             inst.runs_on_at = -np.inf
+            inst.ended_at = -np.inf  # (polls_loads: the next attempt polls at once)
             return
         inst.wake = np.inf
         inst.iter_start = t
+        if polls:
+            # this step's worker polls for finished loads when it is launched (decided)
+            inst.polled_before = inst.polled_at if inst.ended_at == t else seen
+            inst.polled_at = seen
         n_dec = dec_kv = pf_ns = pf_ext = 0
         tpk = self.timing_of[k]  # this instance's pool's step times
         for req, q in sched:
@@ -1108,6 +1154,7 @@ class ReferenceReplay:
             inst.running.remove(req)
         # a request runs on: its next step was scheduled while this one ran (async scheduling)
         inst.runs_on_at = t if len(inst.scheduled) > len(done) + len(handed) else -np.inf
+        inst.ended_at = t
         inst.scheduled = []
         inst.busy_until = None
         # with work left it schedules its next iteration now
