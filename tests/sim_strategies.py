@@ -202,6 +202,7 @@ def _sim_config(draw: st.DrawFn, block_tokens: int) -> SimConfig:
         cost_per_hour=10.0,
         timing=draw(st.one_of(st.none(), timings())),
         frontend_s=draw(st.sampled_from([0.0, 0.0, 7e-3])),
+        frontend_token_s=draw(st.sampled_from([0.0, 0.0, 3e-5])),
         track_tbt=draw(st.sampled_from([True, True, False])),  # token intervals, mostly on
         # sliding-window blocks cached in the pool (vLLM's hybrid manager), mostly off
         swa_window=draw(st.sampled_from([0, 0, 0, 1, 2, 5])),

@@ -13,7 +13,7 @@ from kvtier.hardware.types import Hardware, ModelProfile
 from kvtier.policy import SLO
 from kvtier.policy import Policy as _Policy
 from kvtier.sim import build_config, compute_metrics, simulate, simulate_raw
-from kvtier.sim.steptime.frontend import frontend_s
+from kvtier.sim.steptime.frontend import frontend_s, frontend_token_s
 from kvtier.trace.blocked import BlockedTrace
 
 ENGINES = ["reference", "numba"]
@@ -37,9 +37,16 @@ def Policy() -> _Policy:  # noqa: N802 - stands in for the class in these closed
     return replace(p, serving=replace(p.serving, step_time="roofline"))
 
 
-# Every request's first token and finish also carry the front-end cost (HTTP, tokenization,
-# detokenization; kvtier.sim.steptime.frontend), outside the engine's iterations.
+# Every request's first token and finish also carry the front-end costs (HTTP and the rest
+# per request; tokenization and the detokenizer's priming per prompt token;
+# kvtier.sim.steptime.frontend), outside the engine's iterations.
 FRONTEND_S = frontend_s(_Policy().serving.framework)
+FRONTEND_TOKEN_S = frontend_token_s(_Policy().serving.framework)
+
+
+def front_end(prompt_tokens: int) -> float:
+    """What a request of ``prompt_tokens`` spends in the front end."""
+    return FRONTEND_S + FRONTEND_TOKEN_S * prompt_tokens
 
 
 def prefill_seconds(hw: Hardware, m: ModelProfile, q: int, ctx: int) -> float:
@@ -62,7 +69,7 @@ def one(arrivals, inputs, outputs, blocks) -> BlockedTrace:
 def test_single_request_ttft_is_the_prefill_formula(hw, model, engine) -> None:
     trace = one([0.5], [3000], [1], [list(range(3000 // B))])
     m = simulate(trace, hw, model, Policy(), engine=engine)
-    expected = prefill_seconds(hw, model, 3000, 0) + FRONTEND_S
+    expected = prefill_seconds(hw, model, 3000, 0) + front_end(3000)
     assert m.ttft_mean_s == pytest.approx(expected, rel=1e-12)
     assert m.n_iterations == 1  # 3000 tokens fit the 8192-token budget
     assert m.e2e_mean_s == m.ttft_mean_s  # one output token: done at the first token
@@ -78,7 +85,7 @@ def test_chunked_prefill_sums_chunks(hw, model, engine) -> None:
         + prefill_seconds(hw, model, 1000, 1000)
         + prefill_seconds(hw, model, 500, 2000)
     )
-    assert m.ttft_mean_s == pytest.approx(expected + FRONTEND_S, rel=1e-12)
+    assert m.ttft_mean_s == pytest.approx(expected + front_end(2500), rel=1e-12)
     assert m.n_iterations == 3
 
 
@@ -114,10 +121,10 @@ def test_full_prefix_hit_skips_prefill(hw, model, engine) -> None:
     trace = one([0.0, 10.0], [inp, inp], [2, 2], [blocks, blocks])
     m_raw = simulate_raw(trace, build_config(hw, model, policy), engine=engine)
     ttft = m_raw.first_token_s - trace.arrival_s
-    assert ttft[0] == pytest.approx(prefill_seconds(hw, model, inp, 0) + FRONTEND_S, rel=1e-12)
+    assert ttft[0] == pytest.approx(prefill_seconds(hw, model, inp, 0) + front_end(inp), rel=1e-12)
     # the second request finds all 100 blocks and computes only its 5-token tail
     assert m_raw.hit_blocks.tolist() == [0, n_blocks]
-    tail = prefill_seconds(hw, model, 5, n_blocks * B) + FRONTEND_S
+    tail = prefill_seconds(hw, model, 5, n_blocks * B) + front_end(inp)
     assert ttft[1] == pytest.approx(tail, rel=1e-12)
     m = simulate(trace, hw, model, policy, engine=engine)
     assert m.prefill_tokens_saved == n_blocks * B
@@ -156,9 +163,9 @@ def test_twice_the_flops_halves_a_compute_bound_prefill(tmp_path, model, engine)
     fast = simulate(
         trace, load_hardware(_hardware_file(tmp_path, 1978, 0.0)), model, Policy(), engine=engine
     )
-    # the engine's part halves; the front-end cost outside it does not
-    assert fast.ttft_mean_s - FRONTEND_S == pytest.approx(
-        (slow.ttft_mean_s - FRONTEND_S) / 2, rel=1e-12
+    # the engine's part halves; the front-end costs outside it do not
+    assert fast.ttft_mean_s - front_end(8000) == pytest.approx(
+        (slow.ttft_mean_s - front_end(8000)) / 2, rel=1e-12
     )
 
 

@@ -117,7 +117,8 @@ def test_layerwise_push_overlaps_the_last_prefill_iteration(engine) -> None:
     # overlapping it arrives at max(d + T / 32, T + d / 32) after the prefill began
     t = single(8000)
     agg = simulate_raw(t, config(2, 0), engine=engine)
-    fe = float(config(2, 0).frontend_s)
+    base = config(2, 0)
+    fe = float(base.frontend_s + base.frontend_token_s * 8000)  # the front end's, this prompt
     d = agg.first_token_s[0] - fe
     blocks = 500
     nbytes = blocks * 16 * 131072.0
@@ -141,7 +142,7 @@ def test_prefill_holds_blocks_until_the_transfer_ends(engine) -> None:
     t = BlockedTrace.from_lists([0.0, 0.0], [8000, 8000], [2, 2], [[], []], 16)
     cfg = slow_links(replace(config(2, 1, scheduler="reserve"), capacity_blocks=700), 0.5 * GB)
     agg = simulate_raw(single(8000, 2), config(2, 0), engine=engine)
-    fe = float(cfg.frontend_s)
+    fe = float(cfg.frontend_s + cfg.frontend_token_s * 8000)  # the front end's, each prompt
     d = agg.first_token_s[0] - fe
     T = nixl_span(8000, 0.5 * GB)
     pd = simulate_raw(t, cfg, engine=engine, check_invariants=engine == "reference")

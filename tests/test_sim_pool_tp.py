@@ -14,7 +14,7 @@ from kvtier.hardware import load_hardware, load_model
 from kvtier.policy import Policy
 from kvtier.policy.model import policy_from_dict, policy_to_dict
 from kvtier.sim import build_config, simulate, simulate_raw
-from kvtier.sim.timing import T_FRONTEND, prefill_attn_ns, step_time
+from kvtier.sim.timing import T_FRONTEND, T_FRONTEND_TOKEN, prefill_attn_ns, step_time
 from kvtier.trace.blocked import BlockedTrace
 from tests.test_sim_disaggregated import GB, nixl_span
 
@@ -71,7 +71,7 @@ def test_prefill_at_the_tp2_table_decode_at_the_tp1_table(engine) -> None:
     # decode side's bound the pull
     transfer = nixl_span(q, 450 * GB)
     assert r.kv_transfer_s[0] == pytest.approx(transfer, rel=1e-12)
-    fe = float(tp1[T_FRONTEND])
+    fe = float(tp1[T_FRONTEND] + tp1[T_FRONTEND_TOKEN] * q)  # the front end's, this prompt
     assert r.first_token_s[0] == pytest.approx(prefill + transfer + fe, rel=1e-12)
     end = prefill + transfer
     for ctx in (q, q + 1):  # decode steps: one token after ctx tokens of KV

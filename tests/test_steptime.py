@@ -148,6 +148,10 @@ def test_validate_timing_refuses_bad_tables(llama_tables: MeasuredTables) -> Non
     bad[T.T_FRONTEND] = -1e-3
     with pytest.raises(ValueError, match="front-end"):
         validate_timing(bad)
+    bad = good.copy()
+    bad[T.T_FRONTEND_TOKEN] = -1e-6
+    with pytest.raises(ValueError, match="front-end"):
+        validate_timing(bad)
 
 
 def test_dense_tables_are_the_grids_interpolated(llama_tables: MeasuredTables) -> None:

@@ -315,8 +315,9 @@ def model_value(fig: Figure, backend: str) -> tuple[float, str, float]:
     elif fig.metric == "itl_ms":
         steps = np.maximum(rep.trace.output_tokens - 1, 1)
         value = float(np.mean(((raw.finish_s - raw.first_token_s) / steps)[window])) * 1e3
-    else:  # offline: no HTTP front end, so its cost comes off every finish
-        makespan = float(np.max(raw.finish_s)) - fe
+    else:  # offline: no HTTP front end, so its costs come off every finish
+        per_token = rep.config.frontend_token_s * rep.trace.input_tokens
+        makespan = float(np.max(raw.finish_s - per_token)) - fe
         out = float(np.sum(rep.trace.output_tokens))
         value = out / makespan / int(c["tp"])
     return value, rep.config.step_provenance, fe

@@ -227,6 +227,12 @@ class ServingPolicy:
     prefix_caching: bool = setting(
         True, "vLLM's own prefix cache in HBM (off: every hit comes from a lower tier)"
     )
+    # Clients that send token ids and read token ids back (a benchmark with de/tokenization
+    # off): no per-prompt-token front-end cost (kvtier.sim.steptime.frontend).
+    token_ids_io: bool = setting(
+        False,
+        "clients send token ids and read ids back: no tokenization or detokenizer priming in TTFT",
+    )
     # Deployment: GPUs per instance and the weights' element type (fp8 is lossy: the search
     # takes it only with the flag that allows lossy choices, as with fp8 KV).
     tp: int | None = setting(

@@ -11,6 +11,7 @@ from kvtier.experiments.serving_validation import (
     TARGETS,
     ServingValidation,
 )
+from kvtier.sim.steptime.frontend import FRONTEND_TOKEN_S
 
 
 def _num(v: float | None, unit: str) -> str:
@@ -57,6 +58,10 @@ def _mape_lines(result: ServingValidation) -> list[str]:
         )
     fe = ", ".join(f"{k} {v * 1e3:.2f} ms" for k, v in sorted(result.frontend_s.items()))
     lines.append(f"front-end cost per request (calibrated, docs/sources.md): {fe}")
+    per_token = ", ".join(
+        f"{k} {FRONTEND_TOKEN_S.get(k, 0.0) * 1e6:.2f} us" for k in sorted(result.frontend_s)
+    )
+    lines.append(f"front-end cost per prompt token (sourced, docs/sources.md): {per_token}")
     if any(r.figure.conditions["mode"] == "closed" for r in result.checks()):
         lines += [f"residual: {x}" for x in RESIDUALS]
     return lines

@@ -22,7 +22,7 @@ from kvtier.policy.registries import ROUTERS, SCHEDULERS, VLLM_V1
 from kvtier.sim.pd import PdConfig, build_pd
 from kvtier.sim.steptime.backend import step_timing
 from kvtier.sim.tiers import TierConfig, build_tiers
-from kvtier.sim.timing import T_FRONTEND
+from kvtier.sim.timing import T_FRONTEND, T_FRONTEND_TOKEN
 
 ROUTER_CODES = ROUTERS.codes  # {name: code}, from the router registry
 
@@ -90,6 +90,9 @@ class SimConfig:
     # seconds per request outside the engine (HTTP, tokenization, detokenization), added to
     # the first-token and finish times a client sees (kvtier.sim.steptime.frontend)
     frontend_s: float = 0.0
+    # and seconds per prompt token (tokenization; vLLM: the detokenizer's priming), added to
+    # both times as well (kvtier.sim.steptime.frontend; 0: token ids in and out)
+    frontend_token_s: float = 0.0
     # record each request's token intervals for its TBT tail (RawResult.tbt_tail_s); off, the
     # replay does no per-token work for it
     track_tbt: bool = False
@@ -128,6 +131,7 @@ class SimConfig:
                 self.step_overhead_s,
             )
             packed[T_FRONTEND] = self.frontend_s
+            packed[T_FRONTEND_TOKEN] = self.frontend_token_s
             return packed
         from kvtier.sim.steptime.pack import roofline_params
 
@@ -141,6 +145,7 @@ class SimConfig:
             mem_rate=self.mem_rate,
             step_overhead_s=self.step_overhead_s,
             frontend_s=self.frontend_s,
+            frontend_token_s=self.frontend_token_s,
         )
 
     @property
@@ -180,12 +185,14 @@ class SimConfig:
 
     def pool_timings(self) -> list[np.ndarray]:
         """The packed step-time array of each pool: the prefill (or only) pool's, then the
-        decode pool's when it has its own (front-end cost: ``frontend_s`` in both)."""
+        decode pool's when it has its own (front-end costs: ``frontend_s`` and
+        ``frontend_token_s`` in both)."""
         first = self.timing_params()
         if self.n_prefill == 0 or self.decode_timing is None:
             return [first]
         second = self.decode_timing.copy()
         second[T_FRONTEND] = self.frontend_s
+        second[T_FRONTEND_TOKEN] = self.frontend_token_s
         return [first, second]
 
     def instance_timings(self) -> list[np.ndarray]:
@@ -280,6 +287,7 @@ def build_config(hardware: Hardware, model: ModelProfile, policy: Policy) -> Sim
         step_backend=backend,
         step_provenance=provenance,
         frontend_s=float(timing[T_FRONTEND]),
+        frontend_token_s=float(timing[T_FRONTEND_TOKEN]),
         prefix_caching=serving.prefix_caching,
         kv_overlap_weight=float(serving.kv_overlap_weight),
         epp_weights=(

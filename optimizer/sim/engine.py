@@ -66,7 +66,7 @@ from kvtier.sim.tiers import (
     generated_costs,
     recompute_costs,
 )
-from kvtier.sim.timing import T_FRONTEND
+from kvtier.sim.timing import T_FRONTEND, T_FRONTEND_TOKEN
 from kvtier.trace.blocked import BlockedTrace
 
 # The cache map holds one int32 per (instance, block id); it is allocated lazily (calloc), but
@@ -460,8 +460,8 @@ def _pool_params(cfg: SimConfig) -> tuple[np.ndarray, np.ndarray, np.ndarray, np
     timings = np.zeros((len(rows), width), dtype=np.float64)
     for j, row in enumerate(rows):
         timings[j, : row.size] = row
-    if len({float(r[T_FRONTEND]) for r in rows}) != 1:
-        raise ValueError("every pool has the same per-request front-end cost")
+    if len({(float(r[T_FRONTEND]), float(r[T_FRONTEND_TOKEN])) for r in rows}) != 1:
+        raise ValueError("every pool has the same front-end costs")
     pool_of = np.zeros(cfg.n_instances, dtype=np.int64)
     if len(rows) > 1:
         pool_of[cfg.n_prefill :] = 1

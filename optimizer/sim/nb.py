@@ -136,7 +136,7 @@ from kvtier.sim.steptime.jit import (
     step_extrapolated_nb,
     step_time_nb,
 )
-from kvtier.sim.timing import T_FRONTEND
+from kvtier.sim.timing import T_FRONTEND, T_FRONTEND_TOKEN
 from kvtier.sim.transfer import pd_transfer
 
 pd_transfer_nb = njit(cache=True, nogil=True, _nrt=False, **INNER)(pd_transfer)
@@ -188,10 +188,13 @@ def first_token_nb(i: int, now: float, rq: Requests, prm: Params, out: Outputs, 
     slo_thresholds = prm.slo_thresholds
     ints = ty.ints
     ints[C_LOAD_STALLS] = 0  # the replay progresses
-    seen = now + prm.timing[T_FRONTEND]  # the client sees it the front-end cost later
+    fe = now + prm.timing[T_FRONTEND]
+    # the client sees it the front-end costs later (per request and per prompt token); its
+    # token intervals run from the per-request cost alone
+    seen = fe + prm.timing[T_FRONTEND_TOKEN] * rq.input_tokens[i]
     first_token[i] = seen
     if prm.track_tbt:
-        out.tbt_last[i] = seen
+        out.tbt_last[i] = fe
     if prm.slo_on:
         ttft = seen - arrival[i]
         ttft_sum[0] += ttft
@@ -292,7 +295,8 @@ def finish_nb(sim: Sim, k: int, i: int, now: float) -> None:
     ring_count = ist.ring_count
     free_len = ist.free_len
     slot_off = rs.slot_off
-    seen = now + prm.timing[T_FRONTEND]  # the whole response, the front-end cost later
+    # the whole response, the front-end costs later (per request and per prompt token)
+    seen = now + prm.timing[T_FRONTEND] + prm.timing[T_FRONTEND_TOKEN] * rq.input_tokens[i]
     finish[i] = seen
     ints[C_IN_FLIGHT] -= 1
     ist.active_blocks[k] -= (rq.input_tokens[i] + prm.block_tokens - 1) // prm.block_tokens

@@ -87,15 +87,16 @@ the instance's cache (unless that id is already cached: then its slot stays anon
 request whose prompt completes emits its first token at the iteration's end; each decode step
 emits one more; after ``max(output, 1)`` tokens it finishes and frees its slots.
 
-Token intervals (``cfg.track_tbt``). A request's first token is at its recorded first-token
-time; each later token at the end (plus the front-end cost) of the iteration that emitted it,
-on whichever instance; the interval between two tokens is the difference. Its TBT tail is the
+Token intervals (``cfg.track_tbt``). A request's first token is at the end (plus the
+per-request front-end cost) of the iteration that emitted it; each later token likewise, on
+whichever instance; the interval between two tokens is the difference. Its TBT tail is the
 mean of its ``ceil(TBT_TAIL_SHARE * (L - 1))`` longest intervals (``L`` its output tokens),
 summed in ascending order, at its finish (NaN below two tokens).
 
-Front end. The client sees a request's first token, and its finish, the per-request front-end
-cost (``T_FRONTEND`` of the step-time array: HTTP, tokenization, detokenization) after the
-iteration that produced it; the recorded times are those. The engine does not wait for it; a
+Front end. The client sees a request's first token, and its finish, the front-end costs after
+the iteration that produced it: per request (``T_FRONTEND`` of the step-time array: HTTP and
+the rest) and per prompt token (``T_FRONTEND_TOKEN``: tokenization, and vLLM's detokenizer
+priming on the prompt); the recorded times are those. The engine does not wait for them; a
 closed-loop client's freed slot (``gate``) does.
 """
 
@@ -121,6 +122,7 @@ from kvtier.sim.slo import SloCheck
 from kvtier.sim.tiers import generated_bases, generated_costs, recompute_costs
 from kvtier.sim.timing import (
     T_FRONTEND,
+    T_FRONTEND_TOKEN,
     prefill_attn_ns,
     prefill_out_of_range,
     step_extrapolated,
@@ -358,6 +360,7 @@ class ReferenceReplay:
         self.B = self.cfg.block_tokens
         tp = self.cfg.timing_params()
         self.fe = float(tp[T_FRONTEND])  # per-request front-end seconds (kvtier.sim.timing)
+        self.fe_token = float(tp[T_FRONTEND_TOKEN])  # and per prompt token
         self.first = np.full(self.n, np.nan)
         self.finish_s = np.full(self.n, np.nan)
         self.hits_out = np.zeros(self.n, dtype=np.int64)
@@ -1052,17 +1055,19 @@ class ReferenceReplay:
         """``req``'s prompt is complete at ``t``: the client sees its first token the
         front-end cost later (SLO counts)."""
         self.load_stalls = 0  # the replay progresses
-        seen = t + self.fe
+        # its token intervals run from the per-request cost alone
+        seen = t + self.fe + self.fe_token * req.input_tokens
         self.first[req.idx] = seen
         if self.track:
-            self.last_token[req.idx] = seen
+            self.last_token[req.idx] = t + self.fe
         if self.tracker is not None:
             self.tracker.first_token(seen - req.arrival)
 
     def finish(self, inst: Instance, k: int, req: Request, t: float) -> None:
         """``req`` emitted its last token: record it, count its TPOT, store its generated
         blocks (a connector that stores them), free its slots."""
-        seen = t + self.fe  # the client has the whole response the front-end cost later
+        # the client has the whole response the front-end costs later
+        seen = t + self.fe + self.fe_token * req.input_tokens
         self.in_flight -= 1
         self.gate = seen
         self.finish_s[req.idx] = seen

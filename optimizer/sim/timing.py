@@ -27,12 +27,13 @@ attention as one row per batch size (each cell of the context grid as its value 
 that a step finds both without searching the token or batch axes (a decode step searches only
 the 15-point context grid).
 
-Both backends add a per-request front-end cost (``T_FRONTEND``: HTTP, tokenization,
-detokenization) to the times a client sees: a request's first token and its finish are
-recorded ``T_FRONTEND`` seconds after the engine's iteration produced them. The engine's
-schedule does not wait for it (vLLM's API server runs in its own process, beside the engine
-core), but a closed-loop client does: its next request is sent when the last one's response
-is complete, ``T_FRONTEND`` after the engine finished it.
+Both backends add front-end costs to the times a client sees, per request (``T_FRONTEND``:
+HTTP and the rest) and per prompt token (``T_FRONTEND_TOKEN``: tokenization, and vLLM's
+detokenizer priming on the prompt): a request's first token and its finish are recorded
+``T_FRONTEND + T_FRONTEND_TOKEN * prompt tokens`` seconds after the engine's iteration produced
+them. The engine's schedule does not wait for them (vLLM's API server runs in its own process,
+beside the engine core), but a closed-loop client does: its next request is sent when the last
+one's response is complete.
 """
 
 from __future__ import annotations
@@ -64,7 +65,9 @@ T_FRONTEND = 20  # seconds per request outside the engine (HTTP, tokenization, d
 T_O_DC = 21  # measured: offset of the decode context grid (see _offsets)
 T_O_DA = 22  # measured: offset of the decode rows (value and slope per batch size and cell)
 T_DC_MAX = 23  # measured: the decode context grid's last point
-HEADER = 24
+# seconds per prompt token outside the engine (tokenization; vLLM: the detokenizer's priming)
+T_FRONTEND_TOKEN = 24
+HEADER = 25
 
 BACKEND_ROOFLINE = 0
 BACKEND_MEASURED = 1

@@ -15,7 +15,7 @@ import numpy as np
 from kvtier.errors import InputError
 from kvtier.hardware.types import Hardware, ModelProfile
 from kvtier.policy.model import Policy
-from kvtier.sim.steptime.frontend import frontend_s
+from kvtier.sim.steptime.frontend import frontend_s, frontend_token_s
 from kvtier.sim.steptime.measured import (
     AIC_SYSTEMS,
     NVLINK_SIBLING,
@@ -80,8 +80,8 @@ def roofline_timing(
 ) -> np.ndarray:
     """The improved roofline: separate prefill / decode MFU, FP8 peak, a TP all-reduce term and
     MoE weights read as the distinct experts a batch touches (docs/model.md); the framework's
-    per-request front-end cost (:mod:`kvtier.sim.steptime.frontend`), kept by the measured
-    backend too."""
+    front-end costs per request and per prompt token (:mod:`kvtier.sim.steptime.frontend`;
+    none per token for clients that send token ids), kept by the measured backend too."""
     tp = hardware.topology.tp
     eff = hardware.efficiency
     peak = _peak(hardware, model)
@@ -122,6 +122,9 @@ def roofline_timing(
         expert_bytes=expert_bytes,
         moe_fraction=frac,
         frontend_s=frontend_s(policy.serving.framework),
+        frontend_token_s=(
+            0.0 if policy.serving.token_ids_io else frontend_token_s(policy.serving.framework)
+        ),
     )
 
 

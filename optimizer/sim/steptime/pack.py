@@ -29,6 +29,7 @@ def roofline_params(
     expert_bytes: float = 0.0,
     moe_fraction: np.ndarray | None = None,
     frontend_s: float = 0.0,
+    frontend_token_s: float = 0.0,
 ) -> np.ndarray:
     """The roofline's packed array (``T_BACKEND`` = roofline, no tables)."""
     frac = np.zeros(0) if moe_fraction is None else np.asarray(moe_fraction, dtype=np.float64)
@@ -47,6 +48,7 @@ def roofline_params(
     head[T.T_EXPERT_BYTES] = expert_bytes
     head[T.T_N_MOE] = frac.size
     head[T.T_FRONTEND] = frontend_s
+    head[T.T_FRONTEND_TOKEN] = frontend_token_s
     return np.concatenate([head, frac])
 
 
@@ -131,8 +133,8 @@ def validate_timing(tp: np.ndarray) -> None:
         raise ValueError("timing rates must be positive")
     if min(tp[T.T_OVERHEAD], tp[T.T_AR_TOKEN], tp[T.T_AR_FIXED], tp[T.T_EXPERT_BYTES]) < 0:
         raise ValueError("timing overheads and byte counts must be >= 0")
-    if tp[T.T_FRONTEND] < 0:
-        raise ValueError("the per-request front-end cost must be >= 0")
+    if tp[T.T_FRONTEND] < 0 or tp[T.T_FRONTEND_TOKEN] < 0:
+        raise ValueError("the front-end costs must be >= 0")
     counts = tp[T.T_N_MOE : T.T_N_DC + 1]
     if np.any(counts < 0) or np.any(counts != np.floor(counts)):
         raise ValueError("timing section lengths must be non-negative integers")
