@@ -710,3 +710,44 @@ def test_serving_tp_and_fp8_weights_reach_the_flags() -> None:
     assert f["--tp-size"] == "4" and f["--quantization"] == "fp8"
     with pytest.raises(InputError, match="serving.weight_dtype"):
         vllm_command(p, replace(H100, gpu=replace(H100.gpu, fp8_flops=0.0)))
+
+
+def test_clients_that_send_token_ids_are_named_in_every_export() -> None:
+    """``serving.token_ids_io`` is no server setting: each target's export says so."""
+    from dataclasses import replace
+
+    from kvtier.export import export
+    from kvtier.hardware import load_hardware, load_model
+    from kvtier.policy.presets import load_preset
+
+    p = load_preset("vllm-hbm")
+    p = replace(p, serving=replace(p.serving, token_ids_io=True))
+    hw, model = load_hardware("h100-node"), load_model("Llama-3.1-8B")
+    for target in ("vllm", "sglang"):
+        notes = export(p, target, hw, model).notes
+        assert any("token_ids_io" in str(n) for n in notes), target
+
+
+def test_a_load_report_the_target_engine_does_not_have_is_not_runnable_as_simulated() -> None:
+    """SGLang loads host pages within the step (``at_once``), vLLM's engine reads a load's
+    end with a later step's output (``step_output``): a tiered policy of the other kind is
+    named inexpressible there, and ``optimize --target`` pins it to the target's."""
+    from dataclasses import replace
+
+    from kvtier.export import export
+    from kvtier.export.capabilities import capabilities
+    from kvtier.hardware import load_hardware, load_model
+    from kvtier.policy.presets import load_preset
+
+    p = load_preset("sglang-hicache")
+    hw, model = load_hardware(p.hardware), load_model(p.model)
+
+    def flagged(policy, target: str) -> bool:  # noqa: ANN001
+        notes = export(policy, target, hw, model).notes
+        return any("load_report" in str(n) and n.kind == "inexpressible" for n in notes)
+
+    assert not flagged(p, "sglang")
+    assert flagged(replace(p, load_report="step_output"), "sglang")
+    assert flagged(p, "vllm") and not flagged(replace(p, load_report="step_output"), "vllm")
+    assert capabilities("sglang").allowed()["load_report"] == ("at_once",)
+    assert capabilities("vllm").allowed()["load_report"] == ("step_output",)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from dataclasses import replace
 
 from kvtier.export import export
 from kvtier.hardware import load_hardware, load_model
@@ -28,7 +29,6 @@ def test_vllm_lmcache_producers_and_consumers() -> None:
 
 
 def test_vllm_nixl_without_lmcache() -> None:
-    from dataclasses import replace
 
     p = load_preset("vllm-pd-lmcache")
     p = replace(p, tiers=p.tiers[:1])  # HBM only: the NIXL connector moves the KV
@@ -59,23 +59,23 @@ def test_aggregated_exports_have_no_roles() -> None:
 def test_targets_that_run_a_disaggregated_winner() -> None:
     # dynamo-disagg's NIXL pull is what vLLM's (NixlConnector beside LMCache in a
     # MultiConnector), SGLang's and Dynamo's launch lines select; the LMCache target exports
-    # no P/D backend
+    # no P/D backend; its host tier's loads are read with a later step's output, as vLLM's
+    # engine reads them, which SGLang's (loading within the step) does not do
     from kvtier.policy.model import policy_to_dict
     from kvtier.search.run import runnable_targets
 
     p = load_preset("dynamo-disagg")
     hw, mdl = load_hardware(p.hardware), load_model(p.model)
-    assert runnable_targets(policy_to_dict(p), hw, mdl) == ["vllm", "sglang", "dynamo"]
+    assert runnable_targets(policy_to_dict(p), hw, mdl) == ["vllm", "dynamo"]
+    as_sglang = replace(p, load_report="at_once")
+    assert "sglang" in runnable_targets(policy_to_dict(as_sglang), hw, mdl)
     # HBM only: vLLM's NixlConnector is the modelled path; its launch line runs the winner
-    from dataclasses import replace
-
     hbm = replace(p, tiers=p.tiers[:1])
     assert "vllm" in runnable_targets(policy_to_dict(hbm), hw, mdl)
     assert not any("Not expressible" in n for n in exported("dynamo-disagg", "vllm").notes)
 
 
 def test_layerwise_push_is_not_what_vllm_or_sglang_run() -> None:
-    from dataclasses import replace
 
     p = load_preset("mooncake-pd")
     p = replace(p, load_rule="always_load")

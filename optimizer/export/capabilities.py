@@ -70,6 +70,9 @@ class Capabilities:
     pd_connectors: tuple[str, ...]  # () when it cannot run a disaggregated policy
     shared_tiers: tuple[str, ...]  # tiers it runs as one pool several instances share
     selective_k: tuple[int, ...] = (2,)
+    # when its scheduler sees a lower-tier load end (``load_report``): vLLM's engine reads it
+    # with a later step's output (docs/model.md, "When the scheduler sees a load end")
+    load_reports: tuple[str, ...] = ("step_output",)
     need: tuple[str, ...] = ()  # tiers it cannot run without
     requires: Mapping[str, tuple[tuple[str, Value], ...]] = field(default_factory=dict)
 
@@ -94,6 +97,7 @@ class Capabilities:
             HIERARCHIES,
             KV_DTYPES,
             KV_LAYOUTS,
+            LOAD_REPORTS,
             LOAD_RULES,
             ROUTERS,
             WRITE_POLICIES,
@@ -107,6 +111,7 @@ class Capabilities:
         }
         domains: list[tuple[str, tuple[Value, ...], tuple[Value, ...]]] = [
             ("load_rule", self.load_rules, LOAD_RULES),
+            ("load_report", self.load_reports, LOAD_REPORTS),
             ("hierarchy", self.hierarchies, HIERARCHIES),
             ("write_policy", self.write_policies, WRITE_POLICIES),
             ("kv_layout", self.kv_layouts, KV_LAYOUTS),
@@ -142,6 +147,13 @@ def _load(target: str) -> Capabilities:
     return caps
 
 
+_LOAD_REPORT_WORDS = {
+    "step_output": "with the output of the first step launched after it (load_report = "
+    "step_output)",
+    "at_once": "at its next scheduling decision, loading within the step (load_report = at_once)",
+}
+
+
 def capability_notes(deploy: Deployment, caps: Capabilities) -> list[Note]:
     """Notes every target shares, read from its capabilities: a scheduler it cannot run, a
     pool the simulation shares that it splits into private caches, and the releases it is
@@ -154,6 +166,13 @@ def capability_notes(deploy: Deployment, caps: Capabilities) -> list[Note]:
             inexpressible(
                 f"{caps.target} needs a {', '.join(missing)} tier, which the policy lacks: "
                 "there is nothing for it to run."
+            )
+        )
+    if p.lower_tiers and p.load_wait == "request" and p.load_report not in caps.load_reports:
+        notes.append(
+            inexpressible(
+                f"load_report = {p.load_report} cannot be expressed: {caps.target}'s engine "
+                f"sees a finished lower-tier load {_LOAD_REPORT_WORDS[caps.load_reports[0]]}."
             )
         )
     if p.serving.scheduler not in caps.schedulers:

@@ -532,6 +532,14 @@ def shared_notes(deploy: Deployment, target: str) -> list[str]:
                 f"{target}: isolate tenants with separate deployments or per-request cache salts."
             )
         )
+    if p.serving.token_ids_io:
+        notes.append(
+            info(
+                f"serving.token_ids_io = true describes clients that send token ids and read ids "
+                f"back; {target} needs no setting for it (its completions endpoint takes ids), "
+                "and clients that send text pay the tokenization the simulation left out."
+            )
+        )
     if p.serving.weights_in_hbf:
         notes.append(
             inexpressible(

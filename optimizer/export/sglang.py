@@ -100,6 +100,8 @@ CAPABILITIES = Capabilities(
     pd_connectors=("nixl",),  # mooncake moves the KV per chunk, not layer by layer
     shared_tiers=("rdma",),  # one Mooncake Store pool; the host pool is per rank
     selective_k=(SELECTIVE_THRESHOLD,),
+    # host pages are loaded within the step that schedules the request (docs/model.md)
+    load_reports=("at_once",),
     # one L3 backend beside a host pool: Mooncake, or the file backend
     requires={
         "tiers.rdma.enabled": (("tiers.dram.enabled", True),),
