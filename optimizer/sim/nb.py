@@ -757,6 +757,7 @@ def admit_handed_nb(sim: Sim, k: int, i: int, now: float) -> bool:
     if prm.swa_blocks > 0 and h > 0:
         swa_admitted_nb(sim, k, i, h, h * B, now)
     rs.handed[i] = False
+    rs.polled[i] = False  # its KV's arrival is not read through the connector poll
     rs.kv[i] = kv0
     rs.target[i] = kv0
     rs.registered[i] = h if prm.pd_trim else nb  # else never cached on the decode side

@@ -656,6 +656,7 @@ class ReferenceReplay:
         if self.swa and h > 0:
             self.swa_admitted(inst, k, req, h, h * self.B, now)
         req.handed = False
+        req.polled = False  # its KV's arrival is not read through the connector poll
         req.kv = req.target = kv0
         # cached from the hit on (trim), else never on the decode side
         req.registered = h if self.trim else len(req.blocks)
