@@ -148,6 +148,7 @@ class Miss:
 class ServingValidation:
     rows: list[Row]
     frontend_s: dict[str, float] = field(default_factory=dict)  # per framework, as used
+    frontend_token_s: dict[str, float] = field(default_factory=dict)  # and per prompt token
 
     def checks(self) -> list[Row]:
         return [r for r in self.rows if r.figure.role == "check"]
@@ -290,8 +291,9 @@ def steady_window(sent_s: np.ndarray, concurrency: int) -> np.ndarray:
     return keep
 
 
-def model_value(fig: Figure, backend: str) -> tuple[float, str, float]:
-    """(the model's value of ``fig.metric``, the backend's provenance, front-end seconds)."""
+def model_value(fig: Figure, backend: str) -> tuple[float, str, float, float]:
+    """(the model's value of ``fig.metric``, the backend's provenance, front-end seconds per
+    request and per prompt token)."""
     from kvtier.hardware import load_hardware, load_model
     from kvtier.scenario import Scenario
 
@@ -306,7 +308,7 @@ def model_value(fig: Figure, backend: str) -> tuple[float, str, float]:
         ramp_s=None,  # the first wave over one request's lifetime (kvtier.sim.ramp)
     )
     rep = scenario.replay()
-    raw, fe = rep.raw, rep.config.frontend_s
+    raw, fe, fe_token = rep.raw, rep.config.frontend_s, rep.config.frontend_token_s
     if rep.config.step_backend != backend:
         raise InputError(f"{fig.path}: ran {rep.config.step_backend}, not {backend}")
     window = steady_window(raw.arrival_s, closed)
@@ -316,11 +318,10 @@ def model_value(fig: Figure, backend: str) -> tuple[float, str, float]:
         steps = np.maximum(rep.trace.output_tokens - 1, 1)
         value = float(np.mean(((raw.finish_s - raw.first_token_s) / steps)[window])) * 1e3
     else:  # offline: no HTTP front end, so its costs come off every finish
-        per_token = rep.config.frontend_token_s * rep.trace.input_tokens
-        makespan = float(np.max(raw.finish_s - per_token)) - fe
+        makespan = float(np.max(raw.finish_s - fe_token * rep.trace.input_tokens)) - fe
         out = float(np.sum(rep.trace.output_tokens))
         value = out / makespan / int(c["tp"])
-    return value, rep.config.step_provenance, fe
+    return value, rep.config.step_provenance, fe, fe_token
 
 
 def run_serving(figures: list[Figure] | None = None) -> ServingValidation:
@@ -330,14 +331,16 @@ def run_serving(figures: list[Figure] | None = None) -> ServingValidation:
         raise InputError(f"no serving figures in {SERVING_DIR}")
     rows: list[Row] = []
     fe_used: dict[str, float] = {}
+    fe_token_used: dict[str, float] = {}
     for fig in figures:
         values: dict[str, float | None] = {}
         prov: dict[str, str] = {}
         for backend in BACKENDS:
             try:
-                values[backend], prov[backend], fe = model_value(fig, backend)
+                values[backend], prov[backend], fe, fe_token = model_value(fig, backend)
                 fe_used[fig.conditions["framework"]] = fe
+                fe_token_used[fig.conditions["framework"]] = fe_token
             except InputError as err:
                 values[backend], prov[backend] = None, err.message
         rows.append(Row(fig, values, prov))
-    return ServingValidation(rows, fe_used)
+    return ServingValidation(rows, fe_used, fe_token_used)

@@ -11,7 +11,6 @@ from kvtier.experiments.serving_validation import (
     TARGETS,
     ServingValidation,
 )
-from kvtier.sim.steptime.frontend import FRONTEND_TOKEN_S
 
 
 def _num(v: float | None, unit: str) -> str:
@@ -59,7 +58,7 @@ def _mape_lines(result: ServingValidation) -> list[str]:
     fe = ", ".join(f"{k} {v * 1e3:.2f} ms" for k, v in sorted(result.frontend_s.items()))
     lines.append(f"front-end cost per request (calibrated, docs/sources.md): {fe}")
     per_token = ", ".join(
-        f"{k} {FRONTEND_TOKEN_S.get(k, 0.0) * 1e6:.2f} us" for k in sorted(result.frontend_s)
+        f"{k} {v * 1e6:.2f} us" for k, v in sorted(result.frontend_token_s.items())
     )
     lines.append(f"front-end cost per prompt token (sourced, docs/sources.md): {per_token}")
     if any(r.figure.conditions["mode"] == "closed" for r in result.checks()):
@@ -110,6 +109,7 @@ def serving_json(result: ServingValidation) -> dict[str, Any]:
         },
         "targets": TARGETS,
         "frontend_s": result.frontend_s,
+        "frontend_token_s": result.frontend_token_s,
         "missed": [
             {"backend": m.backend, "mape": m.mape, "target": m.target} for m in result.missed()
         ],
