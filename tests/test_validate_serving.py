@@ -15,6 +15,7 @@ from kvtier.cli import main
 from kvtier.errors import InputError
 from kvtier.experiments import serving_validation as sv
 from kvtier.policy.model import Policy
+from kvtier.sim.steptime import frontend
 from kvtier.sim.steptime.frontend import FRONTEND_S
 
 
@@ -36,11 +37,23 @@ def test_catalogue_states_every_figure() -> None:
 
 
 def test_calibration_reproduces_and_checks_meet_the_target(result: sv.ServingValidation) -> None:
-    """The front-end cost was derived from the calibration figure, so the measured backend
-    reproduces it; the checks' MAPE (calibration excluded) meets the declared 10 %."""
+    """The front-end cost was derived from the calibration figure: the published TTFT less the
+    engine's modelled time and the prompt's tokenization, floored at 0. The constant the module
+    holds is the model's current time for that row, so the measured backend reproduces the
+    figure where the cost is positive and overshoots it by the engine's excess where it is 0
+    (today, at the power limit: docs/model.md). The checks' MAPE (calibration excluded) is
+    flagged exactly when it misses the declared 10 %."""
     (cal,) = [r for r in result.rows if r.figure.role == "calibration"]
-    assert cal.ratio("measured") == pytest.approx(1.0, abs=2e-3)
-    assert result.frontend_s["trtllm"] == FRONTEND_S["trtllm"] > 0
+    fe = result.frontend_s["trtllm"]
+    assert fe == FRONTEND_S["trtllm"] >= 0
+    tokens = frontend.CALIBRATION_PROMPT_TOKENS * frontend.TOKENIZE_S_PER_TOKEN
+    engine_ms = cal.model["measured"] - (fe + tokens) * 1e3
+    assert engine_ms == pytest.approx(frontend.CALIBRATION_MODELLED_S * 1e3, abs=0.01)
+    assert fe == max(0.0, cal.figure.published * 1e-3 - frontend.CALIBRATION_MODELLED_S - tokens)
+    if fe > 0:
+        assert cal.ratio("measured") == pytest.approx(1.0, abs=2e-3)
+    else:
+        assert cal.ratio("measured") > 1.0
     checks = result.checks()
     assert cal not in checks and len(checks) == len(result.rows) - 1
     m = result.mape("measured")

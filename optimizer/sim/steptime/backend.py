@@ -23,6 +23,7 @@ from kvtier.sim.steptime.measured import (
     measured_tables,
 )
 from kvtier.sim.steptime.pack import pack_measured, roofline_params
+from kvtier.sim.steptime.sustained import at_power_limit, ridge_tokens
 
 ACT_BYTES = 2.0  # BF16 activations: the all-reduce message is hidden * 2 bytes per token
 ALLREDUCES_PER_LAYER = 2  # after attention and after the MLP (Megatron-style TP)
@@ -180,6 +181,13 @@ def step_timing(
         f"measured (aiconfigurator-core {key.package}, {key.system} {key.framework} "
         f"{key.version}, tp={key.tp}, weights {key.weight_dtype}, kv {key.kv_dtype})"
     )
+    # the tables' short bursts ran at full clocks; a serving engine's compute-bound kernels run
+    # at the board's power limit (docs/model.md, "Compute at the power limit")
+    scale = hardware.gpu.sustained_compute_scale
+    if scale > 1.0:
+        ridge = ridge_tokens(_peak(hardware, model), model.weight_dtype_bytes, hardware.gpu.hbm_bw)
+        tables = at_power_limit(tables, scale, ridge)
+        provenance += f", compute-bound work x{scale:g} at the power limit"
     # a GPU read from a sibling's tables pays its own, slower NVLink on every batch token
     extra = nvlink_extra_s_per_token(hardware, model)
     if extra > 0:
