@@ -5,11 +5,12 @@ timed runs: milliseconds of work) at the maximum application clocks its collecto
 asks for; in its power mode (``collect.py --measure_power``) each kernel runs for about a
 second while NVML samples the board's power. A serving engine's prefill runs for seconds, at
 the power limit. This script compares the two on the GPUs that have a power-measured GEMM table
-(``power`` and ``power_limit`` columns; aiconfigurator PR #1408): each bf16 shape of the power
-table against the geometric mean of the same shape in the short-burst tables of the releases
-of the same framework just before and just after it, over the shapes that drew at least 97 %
-of the limit. The median is a GPU profile's ``sustained_compute_scale`` (docs/sources.md
-[AIC-power-tables]; docs/model.md, "Compute at the power limit").
+(``power`` and ``power_limit`` columns; aiconfigurator PR #1408): each shape of the power table
+against the geometric mean of the same shape in the short-burst tables of the releases of the
+same framework just before and just after it, over the shapes that drew at least 97 % of the
+limit, per GEMM type (bf16; fp8 per tensor, the type kvtier's FP8 tables use; fp8 block-scaled).
+The medians are a GPU profile's ``sustained_compute_scale`` and ``sustained_compute_scale_fp8``
+(docs/sources.md [AIC-power-tables]; docs/model.md, "Compute at the power limit").
 
     python scripts/sustained_compute_scale.py --data DATA
 
@@ -41,20 +42,23 @@ AT_LIMIT = 0.97  # a shape "at the limit" drew at least this share of the board'
 SHAPE = ["m", "n", "k"]
 
 
-def _table(data: Path, system: str, framework: str, release: str) -> pl.DataFrame:
+GEMM_TYPES = ("bfloat16", "fp8", "fp8_block")
+
+
+def _table(data: Path, system: str, framework: str, release: str, dtype: str) -> pl.DataFrame:
     path = data / system / "gemm" / framework / release / "gemm_perf.parquet"
-    return pl.read_parquet(path).filter(pl.col("gemm_dtype") == "bfloat16")
+    return pl.read_parquet(path).filter(pl.col("gemm_dtype") == dtype)
 
 
-def ratios(data: Path, system: str) -> pl.DataFrame:
-    """Per shape: the power table's latency over the short-burst neighbours' geometric mean,
-    with the power the shape drew as a share of the limit."""
+def ratios(data: Path, system: str, dtype: str = "bfloat16") -> pl.DataFrame:
+    """Per shape of GEMM type ``dtype``: the power table's latency over the short-burst
+    neighbours' geometric mean, with the power the shape drew as a share of the limit."""
     parts = []
     for framework, release, around in POWER_TABLES[system]:
-        power = _table(data, system, framework, release)
+        power = _table(data, system, framework, release, dtype)
         joined = power.select([*SHAPE, "latency", "power", "power_limit"])
         for i, other in enumerate(around):
-            burst = _table(data, system, framework, other)
+            burst = _table(data, system, framework, other, dtype)
             joined = joined.join(
                 burst.select([*SHAPE, pl.col("latency").alias(f"burst{i}")]), on=SHAPE
             )
@@ -75,15 +79,20 @@ def main() -> None:
     parser.add_argument("--data", type=Path, required=True, help="aiconfigurator systems/data")
     args = parser.parse_args()
     for system in POWER_TABLES:
-        r = ratios(args.data, system)
-        at_limit = r.filter(pl.col("power_share") >= AT_LIMIT)
-        small = r.filter(pl.col("m") <= 64)
-        print(
-            f"{system}: {at_limit.height} of {r.height} shapes at the limit, median "
-            f"{at_limit['ratio'].median():.3f} (quartiles {at_limit['ratio'].quantile(0.25):.3f}"
-            f"-{at_limit['ratio'].quantile(0.75):.3f}); m <= 64 (memory-bound) median "
-            f"{small['ratio'].median():.3f} at {small['power_share'].median():.0%} of the limit"
-        )
+        for dtype in GEMM_TYPES:
+            r = ratios(args.data, system, dtype)
+            at_limit = r.filter(pl.col("power_share") >= AT_LIMIT)
+            if at_limit.height == 0:
+                print(f"{system} {dtype}: no shape at the limit ({r.height} compared)")
+                continue
+            small = r.filter(pl.col("m") <= 64)
+            print(
+                f"{system} {dtype}: {at_limit.height} of {r.height} shapes at the limit, median "
+                f"{at_limit['ratio'].median():.3f} (quartiles "
+                f"{at_limit['ratio'].quantile(0.25):.3f}-{at_limit['ratio'].quantile(0.75):.3f});"
+                f" m <= 64 (memory-bound) median {small['ratio'].median():.3f} at "
+                f"{small['power_share'].median():.0%} of the limit"
+            )
 
 
 if __name__ == "__main__":

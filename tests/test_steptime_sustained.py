@@ -60,11 +60,11 @@ def test_tables_scaled_by_tokens_and_chunk_decode_untouched() -> None:
     tables = measured_tables(
         measured_key(model.hf_id, "H100-SXM", "vllm", "current", 1, "bf16", "bf16")
     )
-    assert at_power_limit(tables, 1.0, 295.0) is tables
-    hot = at_power_limit(tables, 1.2, 295.0)
+    assert at_power_limit(tables, 1.0, 1.0, 295.0) is tables
+    hot = at_power_limit(tables, 1.2, 1.1, 295.0)
     want = tables.non_attn * (1 + 0.2 * tables.tok_grid / (tables.tok_grid + 295.0))
     np.testing.assert_allclose(hot.non_attn, want, rtol=1e-12)
-    chunk = (1 + 0.2 * tables.pq_grid / (tables.pq_grid + 295.0))[:, None]
+    chunk = (1 + 0.1 * tables.pq_grid / (tables.pq_grid + 295.0))[:, None]
     np.testing.assert_allclose(hot.prefill_attn, tables.prefill_attn * chunk, rtol=1e-12)
     assert np.array_equal(hot.decode_attn, tables.decode_attn)
     assert hot.pf_floor == tables.pf_floor
@@ -78,7 +78,7 @@ def test_a_long_prefill_slows_by_the_scale_a_small_decode_hardly() -> None:
     cool_gpu = replace(hw.gpu, sustained_compute_scale=1.0)
     hot = build_config(hw, model, _policy())
     cool = build_config(replace(hw, gpu=cool_gpu), model, _policy())
-    assert "at the power limit" in hot.step_provenance
+    assert "GEMMs x1.118 and prefill attention x1.118 at the power limit" in hot.step_provenance
     assert "power limit" not in cool.step_provenance
 
     def prefill(tp: np.ndarray) -> float:
@@ -98,15 +98,35 @@ def test_a_long_prefill_slows_by_the_scale_a_small_decode_hardly() -> None:
     assert np.array_equal(rf.timing, rf_cool.timing)  # the roofline is not scaled
 
 
+def test_each_gemm_type_takes_its_own_factor() -> None:
+    """FP8 weights and KV take the FP8 factor: 1 on the H100 (not measured on Hopper), so an
+    FP8 model's steps are the short-burst tables'; the B200's own 1.032 where it has one."""
+    hw, model = load_hardware("h100-node"), load_model("llama-3.1-70b")
+    assert hw.gpu.sustained_compute_scale_fp8 == 1.0
+    fp8 = build_config(hw, model, _policy(tp=2, weight_dtype="fp8"))
+    fp8_kv = replace(
+        Policy(), kv_dtype="fp8", serving=replace(ServingPolicy(), tp=2, weight_dtype="fp8")
+    )
+    cool_gpu = replace(hw.gpu, sustained_compute_scale=1.0)
+    cool = build_config(replace(hw, gpu=cool_gpu), model, _policy(tp=2, weight_dtype="fp8"))
+    n = 8192
+    tok = T._non_attention_s(n, fp8.timing)
+    assert tok == T._non_attention_s(n, cool.timing)  # FP8 GEMMs unchanged on the H100
+    assert "GEMMs x1 and prefill attention x1.118" in fp8.step_provenance  # BF16 KV
+    both = build_config(hw, model, fp8_kv)
+    assert "power limit" not in both.step_provenance  # FP8 weights and KV: nothing known
+    b200 = load_gpu("b200")
+    assert (b200.sustained_compute_scale, b200.sustained_compute_scale_fp8) == (1.132, 1.032)
+
+
+@pytest.mark.parametrize("key", ["sustained_compute_scale", "sustained_compute_scale_fp8"])
 @pytest.mark.parametrize(("value", "why"), [(0.9, "must be >= 1"), (2.5, "must be <= 2")])
-def test_profile_key_is_checked(tmp_path: Path, value: float, why: str) -> None:
+def test_profile_keys_are_checked(tmp_path: Path, key: str, value: float, why: str) -> None:
     text = Path(str(load_gpu("h100-sxm").source)).read_text()
     bad = tmp_path / "gpu.toml"
     bad.write_text(
-        "\n".join(
-            line for line in text.splitlines() if not line.startswith("sustained_compute_scale")
-        )
-        + f"\nsustained_compute_scale = {value}\n"
+        "\n".join(line for line in text.splitlines() if not line.startswith(key + " "))
+        + f"\n{key} = {value}\n"
     )
-    with pytest.raises(InputError, match=f"key 'sustained_compute_scale': {why}"):
+    with pytest.raises(InputError, match=f"key '{key}': {why}"):
         load_gpu(bad)

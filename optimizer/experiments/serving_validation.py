@@ -72,25 +72,20 @@ GROUPS = ("concurrency 1 and offline", "under load: ITL", "under load: TTFT")
 # why the checks under load miss where they do (docs/validation-serving.md, "Residuals under
 # load"), printed with the MAPE breakdown
 RESIDUALS = (
-    "TTFT under load, short prompts (500 tokens, 5-150 clients: 0.52-0.89x) and long ones up "
-    "to the knee (5,000 tokens, 5-50 clients: 0.75-0.87x): every such check lies between the "
-    "ramped loop and the same loop with every first send at once (1.5-5.2x, replayed before "
-    "the power limit was modelled); how far AIPerf's clients stay in waves is not published, "
-    "and the gap to the ramped loop is nearly constant across load (59-87 ms at 500 tokens "
-    "and 5-50 clients, 105-175 ms at 5,000), which waves alone would widen; TensorRT-LLM's "
-    "scheduler, as read, treats a new request as the model does (next step, beside the "
-    "decodes, one token budget), and NIM 1.8.0's engine options are not published",
-    "TTFT at the knee and past it (5,000 tokens: 1.58x at 100 clients, 0.99-1.11x at "
-    "150-250; 500 tokens: 0.08x at 200): queueing for KV space; NIM's engine holds between "
+    "TTFT under load, short prompts (500 tokens, 5-150 clients: 0.49-0.79x) and long ones up "
+    "to the knee (5,000 tokens, 5-50 clients: 0.68-0.78x): every such check lies between the "
+    "ramped loop and the same loop with every first send at once (1.5-5.2x); how far "
+    "AIPerf's clients stay in waves is not published, and the gap to the ramped loop is "
+    "nearly constant across load (62-92 ms at 500 tokens, 147-224 ms at 5,000), which waves "
+    "alone would widen; TensorRT-LLM's scheduler, as read, treats a new request as the model "
+    "does (next step, beside the decodes, one token budget), and NIM 1.8.0's engine options "
+    "are not published",
+    "TTFT at the knee and past it (5,000 tokens: 1.46x at 100 clients, 0.91-1.03x at "
+    "150-250; 500 tokens: 0.07x at 200): queueing for KV space; NIM's engine holds between "
     "400k and 500k tokens of reservations (every knee of its sweeps), the model's pool "
     "about as much, so where a level sits close to that bound (550k at 5,000 tokens and 100 "
     "clients, 500k at 500 tokens and 200) the queue's length is decided by the exact bound; "
     "the engine's KV budget is not published",
-    "TensorRT-LLM's offline throughput (0.85-0.91x) and its decode under long prompts (ITL "
-    "1.04-1.13x at 5,000 tokens): the measured tables at the GPU's power limit (docs/model.md, "
-    "'Compute at the power limit') are slower than NVIDIA's TensorRT-LLM runs; in their short "
-    "bursts they were already 0.90-0.99x of the offline figures, so the TensorRT-LLM tables' "
-    "composition of a step is slower than its engine by about as much again (not traced)",
 )
 
 

@@ -169,12 +169,12 @@ def load_gpu(name_or_path: str | Path, *, base: Path | None = None) -> GPUProfil
         hbf_bytes=t.number("hbf_gb", 0.0, nonneg=True) * GB,
         hbf_bw=t.number("hbf_bw_gbps", 0.0, nonneg=True) * GB,
         sustained_compute_scale=t.number("sustained_compute_scale", 1.0, at_most=2.0),
+        sustained_compute_scale_fp8=t.number("sustained_compute_scale_fp8", 1.0, at_most=2.0),
     )
     t.done()
-    if gpu.sustained_compute_scale < 1.0:
-        raise t.error(
-            "sustained_compute_scale", f"must be >= 1, got {gpu.sustained_compute_scale:g}"
-        )
+    for key in ("sustained_compute_scale", "sustained_compute_scale_fp8"):
+        if getattr(gpu, key) < 1.0:
+            raise t.error(key, f"must be >= 1, got {getattr(gpu, key):g}")
     if (gpu.hbf_bytes > 0) != (gpu.hbf_bw > 0):
         raise InputError("keys 'hbf_gb' and 'hbf_bw_gbps': give both or neither", path=str(path))
     if gpu.idle_w > gpu.tdp_w:

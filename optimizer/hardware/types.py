@@ -126,9 +126,11 @@ class GPUProfile:
     hbf_bytes: float = 0.0
     hbf_bw: float = 0.0
     # how much longer compute-bound kernels take at the board's power limit than in the short
-    # bursts the measured tables timed (the measured backend's compute-bound share of a step is
-    # scaled by it: kvtier.sim.steptime.sustained; 1: not known, no change)
+    # bursts the measured tables timed, for BF16 and for FP8 tensor-core work (the measured
+    # backend's compute-bound share of a step is scaled by it: kvtier.sim.steptime.sustained;
+    # 1: not known, no change)
     sustained_compute_scale: float = 1.0
+    sustained_compute_scale_fp8: float = 1.0
 
 
 @dataclass(frozen=True)

@@ -183,16 +183,22 @@ def step_timing(
     )
     # the tables' short bursts ran at full clocks; a serving engine's compute-bound kernels run
     # at the board's power limit (docs/model.md, "Compute at the power limit")
-    scale = hardware.gpu.sustained_compute_scale
-    if scale > 1.0:
-        ridge = ridge_tokens(_peak(hardware, model), model.weight_dtype_bytes, hardware.gpu.hbm_bw)
-        tables = at_power_limit(tables, scale, ridge)
-        provenance += f", compute-bound work x{scale:g} at the power limit"
+    gpu = hardware.gpu
+    gemm_scale = gpu.sustained_compute_scale_fp8 if weight == "fp8" else gpu.sustained_compute_scale
+    attn_scale = (
+        gpu.sustained_compute_scale_fp8 if policy.kv_dtype == "fp8" else gpu.sustained_compute_scale
+    )
+    if gemm_scale > 1.0 or attn_scale > 1.0:
+        ridge = ridge_tokens(_peak(hardware, model), model.weight_dtype_bytes, gpu.hbm_bw)
+        tables = at_power_limit(tables, gemm_scale, attn_scale, ridge)
+        provenance += (
+            f", compute-bound GEMMs x{gemm_scale:g} and prefill attention x{attn_scale:g} at the"
+            " power limit"
+        )
     # a GPU read from a sibling's tables pays its own, slower NVLink on every batch token
     extra = nvlink_extra_s_per_token(hardware, model)
     if extra > 0:
-        gpu = hardware.gpu.name
-        provenance += f", + {extra * 1e6:.2f} us per token of all-reduce at the {gpu}'s NVLink"
+        provenance += f", + {extra * 1e6:.2f} us per token of all-reduce at the {gpu.name}'s NVLink"
     # the measured operator times carry the GPU work; the scheduler's own per-step CPU time is
     # not in them: only the framework's, when the scenario states it (docs/model.md)
     overhead = policy.serving.cpu_overhead_s

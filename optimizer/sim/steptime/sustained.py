@@ -9,7 +9,10 @@ limit took a median 1.118x as long as the same shapes in its short-burst tables,
 memory-bound ones (at a third of the limit) did not slow (``scripts/sustained_compute_scale.py``;
 docs/sources.md [AIC-power-tables]; docs/model.md, "Compute at the power limit").
 
-A GPU profile's ``sustained_compute_scale`` is that factor. It applies to the compute-bound
+A GPU profile's ``sustained_compute_scale`` is that factor for BF16 tensor-core work and
+``sustained_compute_scale_fp8`` for FP8 (1, no change, where the power tables do not measure
+it: FP8 on Hopper). The weights' type picks the GEMMs' factor, the KV's the prefill
+attention's. It applies to the compute-bound
 share of a step's work, which grows with the tokens the kernel multiplies: a GEMM over ``n``
 tokens is compute-bound past the ridge point ``n* = peak FLOP/s x weight bytes per parameter /
 (2 x HBM bytes/s)`` (295 tokens on an H100 at BF16 or FP8), and its time is scaled by ``1 +
@@ -45,14 +48,17 @@ def compute_factor(tokens: np.ndarray, scale: float, ridge: float) -> np.ndarray
     return 1.0 + (scale - 1.0) * n / (n + ridge)
 
 
-def at_power_limit(tables: MeasuredTables, scale: float, ridge: float) -> MeasuredTables:
+def at_power_limit(
+    tables: MeasuredTables, gemm_scale: float, attention_scale: float, ridge: float
+) -> MeasuredTables:
     """The tables as a serving engine runs them at the power limit: the non-attention time by
-    batch tokens and the prefill attention by chunk scaled by :func:`compute_factor`; the
-    decode attention and the one-token prefill floor unchanged."""
-    if scale == 1.0:
+    batch tokens scaled by :func:`compute_factor` at ``gemm_scale`` (the factor of the
+    weights' GEMM type), the prefill attention by chunk at ``attention_scale`` (the KV's);
+    the decode attention and the one-token prefill floor unchanged."""
+    if gemm_scale == 1.0 and attention_scale == 1.0:
         return tables
-    non_attn = tables.non_attn * compute_factor(tables.tok_grid, scale, ridge)
-    by_chunk = compute_factor(tables.pq_grid, scale, ridge)[:, None]
+    non_attn = tables.non_attn * compute_factor(tables.tok_grid, gemm_scale, ridge)
+    by_chunk = compute_factor(tables.pq_grid, attention_scale, ridge)[:, None]
     return dataclasses.replace(
         tables, non_attn=non_attn, prefill_attn=tables.prefill_attn * by_chunk
     )
