@@ -163,3 +163,22 @@ def test_a_scenario_can_state_the_engines_capacity_policy(tmp_path: Path) -> Non
     p.write_text(text.replace("[conditions]", '[conditions]\nscheduler = "bogus"'))
     with pytest.raises(InputError, match="scheduler"):
         sv._policy(sv.load_figure(p), "measured")
+
+
+def test_a_client_sending_token_ids_pays_no_per_token_front_end(
+    result: sv.ServingValidation, tmp_path: Path
+) -> None:
+    """``conditions.token_ids_io`` (the vLLM blog's runs: "De/Tokenization disabled") reaches the
+    policy, so those replays carry no per-prompt-token cost while the NIM ones do; a value that
+    is not a boolean is a one-line error naming the key."""
+    blog = [r for r in result.rows if r.figure.name.startswith("vllm-blog-")]
+    assert len(blog) == 10 and all(r.figure.conditions["token_ids_io"] for r in blog)
+    assert sv._policy(blog[0].figure, "measured").serving.token_ids_io
+    assert result.frontend_token_s["vllm"] == 0.0 < result.frontend_token_s["trtllm"]
+    nim = sv.load_figure(sorted(sv.SERVING_DIR.glob("nim-*-ttft.toml"))[0])
+    assert not sv._policy(nim, "measured").serving.token_ids_io
+    text = Path(blog[0].figure.path).read_text()
+    p = tmp_path / "x.toml"
+    p.write_text(text.replace("token_ids_io = true", 'token_ids_io = "yes"'))
+    with pytest.raises(InputError, match="conditions.token_ids_io must be true or false"):
+        sv.load_figure(p)

@@ -63,8 +63,9 @@ _CONDITION_KEYS = {
     "max_num_batched_tokens",
     "concurrency",
     "scheduler",
+    "token_ids_io",
 }
-_OPTIONAL = {"max_num_seqs", "max_num_batched_tokens", "concurrency", "scheduler"}
+_OPTIONAL = {"max_num_seqs", "max_num_batched_tokens", "concurrency", "scheduler", "token_ids_io"}
 
 
 # the checks' groups the report breaks the MAPE into (the target is over all checks)
@@ -217,6 +218,8 @@ def load_figure(path: Path) -> Figure:
             )
     elif "concurrency" in cond:
         raise InputError(f"{path}: conditions.concurrency applies to mode 'closed' only")
+    if not isinstance(cond.get("token_ids_io", False), bool):
+        raise InputError(f"{path}: conditions.token_ids_io must be true or false")
     return Figure(
         path.stem,
         fig["role"],
@@ -276,6 +279,8 @@ def _policy(fig: Figure, backend: str) -> Any:
             sets[f"serving.{key}"] = int(c[key])
     if "scheduler" in c:  # the engine's capacity policy (docs/model.md, "Memory accounting")
         sets["serving.scheduler"] = str(c["scheduler"])
+    if c.get("token_ids_io"):  # a client that sends and reads token ids: no per-token front end
+        sets["serving.token_ids_io"] = True
     return apply_overrides(Policy(), sets, f"{fig.path} [conditions]")
 
 
