@@ -12,14 +12,15 @@ docs/sources.md [AIC-power-tables]; docs/model.md, "Compute at the power limit")
 A GPU profile's ``sustained_compute_scale`` is that factor for BF16 tensor-core work and
 ``sustained_compute_scale_fp8`` for FP8 (1, no change, where the power tables do not measure
 it: FP8 on Hopper). The weights' type picks the GEMMs' factor, the KV's the prefill
-attention's. It applies to the compute-bound
-share of a step's work, which grows with the tokens the kernel multiplies: a GEMM over ``n``
-tokens is compute-bound past the ridge point ``n* = peak FLOP/s x weight bytes per parameter /
-(2 x HBM bytes/s)`` (295 tokens on an H100 at BF16 or FP8), and its time is scaled by ``1 +
-(scale - 1) x n / (n + n*)``: about 1 for a decode step of a few sequences, the full factor for
-a prefill of thousands of tokens. Prefill attention, whose intensity grows with the chunk, is
-scaled by the same rule over its chunk; decode attention (memory-bound) is not. The
-all-reduce inside the non-attention time is scaled with it (its kernels run on the same SMs).
+attention's. The factor applies to the compute-bound share of a step's work, which grows with
+the tokens the kernel multiplies: a GEMM over ``n`` tokens is compute-bound past the ridge
+point ``n* = peak FLOP/s x weight bytes per parameter / (2 x HBM bytes/s)`` (295 tokens on an
+H100 at BF16 or FP8), and its time is scaled by ``1 + (scale - 1) x n / (n + n*)``: about 1
+for a decode step of a few sequences, the full factor for a prefill of thousands of tokens.
+Prefill attention, whose intensity grows with the chunk, is scaled by the same rule over its
+chunk; decode attention (memory-bound) is not. The all-reduce inside the non-attention time is
+scaled with it (its kernels run on the same SMs). The factor is stateless: how soon the clocks
+drop after an idle spell is not modelled (docs/model.md).
 """
 
 from __future__ import annotations
