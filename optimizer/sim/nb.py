@@ -180,6 +180,14 @@ def next_event_nb(rq: Requests, ist: InstanceState, nx: int, prm: Params, ty: Ta
 
 
 @njit(cache=True, nogil=True, inline="always")
+def client_sees_nb(now: float, i: int, rq: Requests, prm: Params) -> float:
+    """When the client sees what the engine produced for request ``i`` at ``now``: the
+    front-end costs later, per request and per prompt token (the reference's
+    ``client_sees``)."""
+    return now + prm.timing[T_FRONTEND] + prm.timing[T_FRONTEND_TOKEN] * rq.input_tokens[i]
+
+
+@njit(cache=True, nogil=True, inline="always")
 def first_token_nb(i: int, now: float, rq: Requests, prm: Params, out: Outputs, ty: Tally) -> None:
     """Request ``i``'s prompt is complete: its first token at ``now`` (SLO counts)."""
     first_token = out.first_token
@@ -188,13 +196,10 @@ def first_token_nb(i: int, now: float, rq: Requests, prm: Params, out: Outputs, 
     slo_thresholds = prm.slo_thresholds
     ints = ty.ints
     ints[C_LOAD_STALLS] = 0  # the replay progresses
-    fe = now + prm.timing[T_FRONTEND]
-    # the client sees it the front-end costs later (per request and per prompt token); its
-    # token intervals run from the per-request cost alone
-    seen = fe + prm.timing[T_FRONTEND_TOKEN] * rq.input_tokens[i]
+    seen = client_sees_nb(now, i, rq, prm)
     first_token[i] = seen
-    if prm.track_tbt:
-        out.tbt_last[i] = fe
+    if prm.track_tbt:  # its token intervals run from the per-request cost alone
+        out.tbt_last[i] = now + prm.timing[T_FRONTEND]
     if prm.slo_on:
         ttft = seen - arrival[i]
         ttft_sum[0] += ttft
@@ -295,8 +300,7 @@ def finish_nb(sim: Sim, k: int, i: int, now: float) -> None:
     ring_count = ist.ring_count
     free_len = ist.free_len
     slot_off = rs.slot_off
-    # the whole response, the front-end costs later (per request and per prompt token)
-    seen = now + prm.timing[T_FRONTEND] + prm.timing[T_FRONTEND_TOKEN] * rq.input_tokens[i]
+    seen = client_sees_nb(now, i, rq, prm)  # the whole response
     finish[i] = seen
     ints[C_IN_FLIGHT] -= 1
     ist.active_blocks[k] -= (rq.input_tokens[i] + prm.block_tokens - 1) // prm.block_tokens

@@ -1052,14 +1052,18 @@ class ReferenceReplay:
         if self.check_invariants:
             inst.pool.check(inst.running, self.B if self.grows else 0, inst.held_slots())
 
+    def client_sees(self, t: float, req: Request) -> float:
+        """When the client sees what the engine produced for ``req`` at ``t``: the front-end
+        costs later, per request and per prompt token (module docstring, "Front end")."""
+        return t + self.fe + self.fe_token * req.input_tokens
+
     def first_token(self, req: Request, t: float) -> None:
         """``req``'s prompt is complete at ``t``: the client sees its first token the
-        front-end cost later (SLO counts)."""
+        front-end costs later (SLO counts)."""
         self.load_stalls = 0  # the replay progresses
-        # its token intervals run from the per-request cost alone
-        seen = t + self.fe + self.fe_token * req.input_tokens
+        seen = self.client_sees(t, req)
         self.first[req.idx] = seen
-        if self.track:
+        if self.track:  # its token intervals run from the per-request cost alone
             self.last_token[req.idx] = t + self.fe
         if self.tracker is not None:
             self.tracker.first_token(seen - req.arrival)
@@ -1067,8 +1071,7 @@ class ReferenceReplay:
     def finish(self, inst: Instance, k: int, req: Request, t: float) -> None:
         """``req`` emitted its last token: record it, count its TPOT, store its generated
         blocks (a connector that stores them), free its slots."""
-        # the client has the whole response the front-end costs later
-        seen = t + self.fe + self.fe_token * req.input_tokens
+        seen = self.client_sees(t, req)  # the whole response
         self.in_flight -= 1
         self.gate = seen
         self.finish_s[req.idx] = seen

@@ -23,7 +23,7 @@ from kvtier.sim.steptime.measured import (
     measured_tables,
 )
 from kvtier.sim.steptime.pack import pack_measured, roofline_params
-from kvtier.sim.steptime.sustained import at_power_limit, ridge_tokens
+from kvtier.sim.steptime.sustained import at_power_limit, ridge_tokens, scale_for
 
 ACT_BYTES = 2.0  # BF16 activations: the all-reduce message is hidden * 2 bytes per token
 ALLREDUCES_PER_LAYER = 2  # after attention and after the MLP (Megatron-style TP)
@@ -184,10 +184,7 @@ def step_timing(
     # the tables' short bursts ran at full clocks; a serving engine's compute-bound kernels run
     # at the board's power limit (docs/model.md, "Compute at the power limit")
     gpu = hardware.gpu
-    gemm_scale = gpu.sustained_compute_scale_fp8 if weight == "fp8" else gpu.sustained_compute_scale
-    attn_scale = (
-        gpu.sustained_compute_scale_fp8 if policy.kv_dtype == "fp8" else gpu.sustained_compute_scale
-    )
+    gemm_scale, attn_scale = scale_for(gpu, weight), scale_for(gpu, policy.kv_dtype)
     if gemm_scale > 1.0 or attn_scale > 1.0:
         ridge = ridge_tokens(_peak(hardware, model), model.weight_dtype_bytes, gpu.hbm_bw)
         tables = at_power_limit(tables, gemm_scale, attn_scale, ridge)

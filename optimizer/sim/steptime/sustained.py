@@ -29,7 +29,13 @@ import dataclasses
 
 import numpy as np
 
+from kvtier.hardware.types import GPUProfile
 from kvtier.sim.steptime.measured import MeasuredTables
+
+
+def scale_for(gpu: GPUProfile, dtype: str) -> float:
+    """The GPU's factor for tensor-core work in ``dtype`` (``fp8``, else BF16)."""
+    return gpu.sustained_compute_scale_fp8 if dtype == "fp8" else gpu.sustained_compute_scale
 
 
 def ridge_tokens(peak_flops: float, weight_bytes_per_param: float, hbm_bw: float) -> float:
