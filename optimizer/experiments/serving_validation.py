@@ -344,7 +344,8 @@ def run_serving(figures: list[Figure] | None = None) -> ServingValidation:
             try:
                 values[backend], prov[backend], fe, fe_token = model_value(fig, backend)
                 fe_used[fig.conditions["framework"]] = fe
-                fe_token_used[fig.conditions["framework"]] = fe_token
+                if not fig.conditions.get("token_ids_io"):  # those send token ids: no such cost
+                    fe_token_used[fig.conditions["framework"]] = fe_token
             except InputError as err:
                 values[backend], prov[backend] = None, err.message
         rows.append(Row(fig, values, prov))
