@@ -211,6 +211,8 @@ def _sim_config(draw: st.DrawFn, block_tokens: int) -> SimConfig:
         async_scheduling=draw(st.booleans()),
         # vLLM's KV connector: a load's end reported with a later step's output
         polls_loads=draw(st.booleans()),
+        # SGLang's batching: a step of prefill chunks when one can run, else of decodes
+        prefill_first=draw(st.booleans()),
     )
 
 

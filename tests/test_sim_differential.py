@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from kvtier.errors import StallError
-from kvtier.policy.model import SLO
+from kvtier.errors import InputError, StallError
+from kvtier.policy.model import SLO, policy_from_dict
 from kvtier.sim import compute_metrics, simulate_raw
 from kvtier.sim.config import SimConfig
 from kvtier.sim.requests import request_table
@@ -226,3 +229,31 @@ def test_early_stop_while_another_instance_runs_ahead() -> None:
     assert ref.early_stopped
     assert ref.end_s < full.finish_s[0]  # request 0 was still decoding
     assert_same(ref, fast, trace)
+
+
+def test_prefill_first_runs_a_new_prompt_without_the_decodes() -> None:
+    """SGLang's batching (``prefill_first``): while request 1's 40-token prompt is prefilled
+    in chunks of the 8-token budget, request 0's decode takes no token (its tokens stop for
+    five steps), and request 1's prefill steps carry no decode; mixed batching (vLLM V1)
+    gives request 0 a token in every step and request 1 seven of the budget's eight. Both
+    engines agree in both modes."""
+    mixed = _config(1)
+    split = replace(mixed, prefill_first=True)
+    ends = _step_ends(mixed, 8, 30)
+    blocks = [[0, 1], list(range(2, 12))]
+    trace = BlockedTrace.from_lists([0.0, ends[3]], [8, 40], [30, 2], blocks, 4)
+    out = {}
+    for name, cfg in (("mixed", mixed), ("split", split)):
+        ref = simulate_raw(trace, cfg, engine="reference")
+        assert_same(ref, simulate_raw(trace, cfg, engine="numba"), trace)
+        out[name] = ref
+    # request 0 decodes alone, identically, until request 1 arrives
+    assert out["mixed"].first_token_s[0] == out["split"].first_token_s[0] == ends[0]
+    # its prompt runs in five steps of 8 tokens alone (split), in six beside a decode (mixed)
+    assert out["split"].first_token_s[1] < out["mixed"].first_token_s[1]
+    # and request 0, paused for those steps, finishes later than when it decoded in them
+    assert out["split"].finish_s[0] > out["mixed"].finish_s[0]
+    with pytest.raises(InputError, match="serving.batching"):
+        policy_from_dict(
+            {"serving": {"batching": "prefill_first", "scheduler": "vllm_v0"}}, "x.toml"
+        )

@@ -101,6 +101,16 @@ class ServingPolicy:
         False,
         "vllm_v1: the scheduler runs one step ahead of the GPU (vLLM's async scheduling)",
     )
+    # What one step runs (docs/model.md, "Scheduler"): "mixed", decodes and prefill chunks
+    # together in one token budget (vLLM V1, v1/core/sched/scheduler.py); "prefill_first", a
+    # step of prefill chunks whenever one can run and otherwise a step of decodes (SGLang
+    # 0.5.13 without --enable-mixed-chunk, managers/scheduler.py get_next_batch_to_run).
+    batching: str = setting(
+        "mixed",
+        "what a step runs: decodes and prefill chunks together (mixed), or prefill chunks "
+        "whenever any can run, else decodes (prefill_first)",
+        choices=("mixed", "prefill_first"),
+    )
     # vllm_v1: vLLM's KVCacheManager watermark (0.01 of the pool): a waiting or preempted
     # request is admitted only if this share of the blocks stays free, when others run.
     watermark: float = setting(
@@ -582,6 +592,12 @@ def policy_from_dict(data: dict[str, Any], source: str = "<policy>") -> Policy:
         st.done()
         if (conflict := split_conflict(serving)) is not None:
             raise t.error("serving.prefill_share", conflict)
+        if serving.batching == "prefill_first" and serving.scheduler == "vllm_v0":
+            raise t.error(
+                "serving.batching",
+                "prefill_first applies to schedulers 'vllm_v1' and 'reserve'; 'vllm_v0' "
+                "already runs prompts in steps without decodes",
+            )
         if serving.async_scheduling and serving.scheduler != "vllm_v1":
             raise t.error(
                 "serving.async_scheduling",

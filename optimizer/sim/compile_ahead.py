@@ -158,7 +158,7 @@ def plan() -> list[tuple[Any, Callable[[Sim], tuple]]]:
     i8 = np.zeros(1, dtype=np.int64)
     i4 = np.zeros(1, dtype=np.int32)
     return [
-        (nb.admit_nb, lambda s: (s, 0, 0, 0.0, 0, False, 0.0)),
+        (nb.admit_nb, lambda s: (s, 0, 0, 0.0, 0, False, 0.0, 0)),
         (nb.preempt_nb, lambda s: (0, 0, s.rq, s.rs, s.ist, s.pool, s.prm, s.out)),
         (nb.grow_nb, lambda s: (s, 0, 0, 0, 0.0)),
         (nb.release_held_nb, lambda s: (0, 0.0, s.rs, s.ist, s.pool, s.prm)),

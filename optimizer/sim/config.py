@@ -115,6 +115,12 @@ class SimConfig:
     # ``get_finished``; policy ``load_report = "step_output"``; docs/model.md, "When the
     # scheduler sees a load end"), and a load starts when its step is decided
     polls_loads: bool = False
+    # a step of prefill chunks whenever one can run, else a step of decodes, never both
+    # (SGLang's scheduler without --enable-mixed-chunk, managers/scheduler.py
+    # get_next_batch_to_run: "Run prefill first if possible"; serving.batching
+    # "prefill_first"); off: every step mixes them, as vLLM V1 does. Not on a disaggregated
+    # deployment's decode instances, nor under vllm_v0 (which never mixes them)
+    prefill_first: bool = False
 
     def timing_params(self) -> np.ndarray:
         """The packed step-time array both simulators read (layout: :mod:`kvtier.sim.timing`),
@@ -322,6 +328,7 @@ def build_config(hardware: Hardware, model: ModelProfile, policy: Policy) -> Sim
         prefill_gpu=hardware.prefill_gpu,
         **_sliding_groups(model, serving.scheduler),
         async_scheduling=serving.async_scheduling,
+        prefill_first=serving.batching == "prefill_first",
         polls_loads=(
             bool(policy.lower_tiers)
             and serving.scheduler == "vllm_v1"

@@ -343,6 +343,7 @@ def kernel_inputs(
         *epp_ix,
         cfg.schedules_ahead,
         bool(cfg.polls_loads),
+        bool(cfg.prefill_first),
     )
     out = Outputs(
         first_token=np.full(n, np.nan),

@@ -99,6 +99,10 @@ from kvtier.sim.nb_state import (
     IX_HEAD,
     IX_TAIL,
     N_COUNTERS,
+    PASS_ALL,
+    PASS_DECODE,
+    PASS_PREFILL,
+    PASS_PREFILL_YIELDS,
     POLL_AT,
     POLL_BEFORE,
     POLL_ENDED,
@@ -557,13 +561,16 @@ def arrive_nb(sim: Sim, i: int) -> None:
 
 
 @njit(cache=True, nogil=True, _nrt=False, **INNER)
-def admit_nb(sim: Sim, k: int, i: int, now: float, budget: int, others: bool, issue: float) -> bool:
+def admit_nb(
+    sim: Sim, k: int, i: int, now: float, budget: int, others: bool, issue: float, keep: int
+) -> bool:
     """Admit request ``i`` on instance ``k`` if its fresh slots fit: look up its prefix (HBM,
     then the lower tiers), load (starting at ``issue``: ``now``, or with polls_loads when the
     step was decided), pin the hits and take the rest from the free ring (the whole
     footprint, or with vllm_v1 the blocks of its first chunk of ``budget`` tokens, leaving the
-    watermark free when ``others`` are scheduled in this iteration; vllm_v0: the blocks of its
-    whole prompt, leaving the watermark free when the instance runs anything)."""
+    watermark free when ``others`` are scheduled in this iteration, and ``keep`` blocks more:
+    prefill_first's running decodes' next blocks; vllm_v0: the blocks of its whole prompt,
+    leaving the watermark free when the instance runs anything)."""
     rq = sim.rq
     rs = sim.rs
     ist = sim.ist
@@ -633,6 +640,7 @@ def admit_nb(sim: Sim, k: int, i: int, now: float, budget: int, others: bool, is
         need = (kv0 + q0 + B - 1) // B - h
         if others or (v0 and ist.n_running[k] > 0):
             reserve = prm.watermarks[k]
+        reserve += keep
     else:
         need = total_blocks[i] - h
     ints[C_STAMP] += 1
@@ -1185,7 +1193,7 @@ def schedule_v0_nb(
         planned = 1 if handed else target[i]  # a handed-over request: one decode step
         if (m > 0 or load_end > now) and planned > budget:
             break
-        if not admit_nb(sim, k, i, now, budget, m > 0, now):
+        if not admit_nb(sim, k, i, now, budget, m > 0, now, ZERO):
             break
         q_head[k] = next_waiting[i]
         if q_head[k] < 0:
@@ -1295,12 +1303,23 @@ class Scheduled(NamedTuple):
 
 @njit(cache=True, nogil=True, inline="always")
 def schedule_running_nb(
-    sim: Sim, k: int, now: float, seen: float, loads_seen: float, sc: Scheduled, cascade: bool
+    sim: Sim,
+    k: int,
+    now: float,
+    seen: float,
+    loads_seen: float,
+    sc: Scheduled,
+    cascade: bool,
+    phase: int,
 ) -> Scheduled:
     """The running requests of instance ``k`` take their tokens, in order (vllm_v1: a
     request that finds no free block preempts the most recently admitted one); one still
     loading when the step was scheduled (``seen``, :func:`scheduled_at_nb`), or whose load's
-    end the scheduler has not yet read (``loads_seen``, :func:`loads_seen_nb`), takes none."""
+    end the scheduler has not yet read (``loads_seen``, :func:`loads_seen_nb`), takes none.
+    ``phase``: :data:`PASS_ALL`, or only the requests still prefilling (:data:`PASS_PREFILL`;
+    :data:`PASS_PREFILL_YIELDS` while others decode: a chunk that finds no free block ends
+    the pass, and its admissions, without preempting) or only those decoding
+    (:data:`PASS_DECODE`; ``prefill_first``)."""
     rq = sim.rq
     rs = sim.rs
     ist = sim.ist
@@ -1324,6 +1343,11 @@ def schedule_running_nb(
             continue
         if budget == 0:
             continue
+        prefilling = kv[i] < target[i]
+        if (phase == PASS_DECODE and prefilling) or (
+            phase in (PASS_PREFILL, PASS_PREFILL_YIELDS) and not prefilling
+        ):
+            continue  # (prefill_first) not of this pass
         if kv[i] < target[i]:
             q = target[i] - kv[i]
             if q > budget:
@@ -1335,6 +1359,12 @@ def schedule_running_nb(
                 steps_left = 0  # (a handed-over request's first step ends at an event)
             elif rq.output_tokens[i] - rs.generated[i] < steps_left:
                 steps_left = rq.output_tokens[i] - rs.generated[i]
+        if grows and phase == PASS_PREFILL_YIELDS and not grow_nb(sim, k, i, kv[i] + q, now):
+            # (prefill_first) a chunk finds no free block while requests decode: no prefill
+            # step, the decodes run (SGLang forms no prefill batch its memory cannot hold);
+            # budget 0 stops the admissions too
+            budget = 0
+            break
         if grows:
             # vLLM V1: no free block, the most recently admitted request is preempted
             ok = True
@@ -1366,7 +1396,28 @@ def schedule_running_nb(
 
 
 @njit(cache=True, nogil=True, inline="always")
-def schedule_admissions_nb(sim: Sim, k: int, now: float, seen: float, sc: Scheduled) -> Scheduled:
+def decoding_nb(sim: Sim, k: int) -> tuple[int, int]:
+    """prefill_first: instance ``k``'s decoding requests, and the blocks they need for their
+    next token (one each whose tokens fill its blocks), which a prefill pass's admissions
+    leave free, as SGLang's prefill batch leaves room for its running requests' decode."""
+    rs = sim.rs
+    ist = sim.ist
+    B = sim.prm.block_tokens
+    n = 0
+    need = 0
+    for pos in range(ist.n_running[k]):
+        i = ist.running[k, pos]
+        if rs.kv[i] >= rs.target[i]:
+            n += 1
+            if rs.kv[i] % B == 0:
+                need += 1
+    return n, need
+
+
+@njit(cache=True, nogil=True, inline="always")
+def schedule_admissions_nb(
+    sim: Sim, k: int, now: float, seen: float, sc: Scheduled, keep: int
+) -> Scheduled:
     """Waiting requests of instance ``k`` are admitted in FCFS order while the budget, the
     running-request limit and HBM allow, up to the first queued after the step was scheduled
     (``seen``); each that is ready takes a prefill chunk (a decode instance's handed-over
@@ -1386,7 +1437,8 @@ def schedule_admissions_nb(sim: Sim, k: int, now: float, seen: float, sc: Schedu
         i = q_head[k]
         if (rs.handed_at[i] if rs.handed[i] else sim.rq.arrival[i]) > seen:
             break  # (async scheduling) queued after this step was scheduled
-        if not admit_nb(sim, k, i, now, budget, m > 0, seen if prm.polls_loads else now):
+        issue = seen if prm.polls_loads else now
+        if not admit_nb(sim, k, i, now, budget, m > 0, issue, keep):
             break
         q_head[k] = rs.next_waiting[i]
         if q_head[k] < 0:
@@ -1518,9 +1570,25 @@ def start_iteration_nb(sim: Sim, k: int, now: float, t_next: float) -> None:
         seen = scheduled_at_nb(ist, prm, k, now)
         loads_seen = loads_seen_nb(ist, prm, k, now) if prm.polls_loads else seen
         sc = Scheduled(0, prm.token_budget, sums, steps_left, now, False)
-        sc = schedule_running_nb(sim, k, now, seen, loads_seen, sc, cascade)
+        split = prm.prefill_first and not 0 < prm.n_prefill <= k
+        n_decoding = keep = ZERO
+        if split:
+            n_decoding, keep = decoding_nb(sim, k)
+            if not grows:
+                keep = ZERO
+        phase = PASS_ALL
+        if split:
+            phase = PASS_PREFILL_YIELDS if n_decoding > 0 else PASS_PREFILL
+        sc = schedule_running_nb(sim, k, now, seen, loads_seen, sc, cascade, phase)
+        n_before = n_running[k]
         if not sc.preempted:  # (vLLM V1 admits nobody in a step that preempted)
-            sc = schedule_admissions_nb(sim, k, now, seen, sc)
+            sc = schedule_admissions_nb(sim, k, now, seen, sc, keep)
+        if split and sc.m == 0 and not sc.preempted and n_running[k] == n_before:
+            # prefill_first: no prefill chunk can run and nobody was admitted (an admission
+            # that waits for its load is SGLang's load inside a prefill batch), so decodes,
+            # in the whole budget (nothing was taken)
+            sc = Scheduled(0, prm.token_budget, sc.sums, sc.steps_left, sc.last_ready, False)
+            sc = schedule_running_nb(sim, k, now, seen, loads_seen, sc, cascade, PASS_DECODE)
     m, _, sums, steps_left, last_ready, preempted = sc
     if tp.batch_waits and last_ready > now:
         # the batch waits for every load (load_wait = batch): idle until the last one

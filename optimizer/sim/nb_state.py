@@ -126,6 +126,8 @@ class Params(NamedTuple):
     # the first step launched after it, and a load starts when its step is decided
     # (SimConfig.polls_loads)
     polls_loads: bool
+    # a step of prefill chunks when one can run, else one of decodes (SimConfig.prefill_first)
+    prefill_first: bool
 
 
 class HbmPools(NamedTuple):
@@ -196,6 +198,10 @@ class RequestState(NamedTuple):
 
 # rows of InstanceState.polls (Params.polls_loads)
 POLL_ENDED, POLL_AT, POLL_BEFORE = 0, 1, 2
+# the running requests a scheduling pass takes (Params.prefill_first): all, only those still
+# prefilling, only those decoding, or only those prefilling while others decode (a chunk
+# that finds no free block then ends the pass without preempting)
+PASS_ALL, PASS_PREFILL, PASS_DECODE, PASS_PREFILL_YIELDS = 0, 1, 2, 3
 
 # rows of InstanceState.ix_log and ix_list (llmd_epp's approximate indexes)
 IX_NODE, IX_NEXT = 0, 1

@@ -566,11 +566,13 @@ class ReferenceReplay:
         budget: int,
         busy: bool,
         issue: float | None = None,
+        keep: int = 0,
     ) -> bool:
         """Admit ``req`` on instance ``k`` if its fresh slots fit: look up its prefix (HBM,
         then the lower tiers), load, pin the hits and allocate the rest (``reserve``: the whole
         footprint; ``vllm_v1``: the blocks of its first chunk of ``budget`` tokens, keeping
-        the watermark free when another request is ``busy`` in this iteration; ``vllm_v0``:
+        the watermark free when another request is ``busy`` in this iteration, and ``keep``
+        blocks more: prefill_first's running decodes' next blocks; ``vllm_v0``:
         the blocks of its whole prompt, always keeping the watermark free). A load starts at
         ``issue`` (default ``now``: ``polls_loads`` with async scheduling, when the step was
         decided)."""
@@ -593,6 +595,7 @@ class ReferenceReplay:
             # vLLM v0's can_allocate keeps the watermark free whatever else runs (kvtier: not
             # when the instance runs nothing, where vLLM would drop a prompt that cannot fit)
             reserve = self.marks[k] if busy or (self.v0 and inst.running) else 0
+            reserve += keep
         else:
             need = req.total_blocks - h
             reserve = 0
@@ -926,6 +929,100 @@ class ReferenceReplay:
             return inst.polled_before
         return inst.polled_at
 
+    def schedule_passes(
+        self, inst: Instance, k: int, t: float, seen: float, loads_seen: float
+    ) -> tuple[list[tuple[Request, int]], bool]:
+        """``vllm_v1`` and ``reserve``: the requests instance ``k``'s next iteration takes and
+        whether it preempted. Batching ``mixed``: one pass, running requests then admissions,
+        decodes and prefill chunks together (vLLM V1). ``prefill_first`` (SGLang without
+        --enable-mixed-chunk): a pass of prefill work (running requests still prefilling, then
+        admissions) and, only if it takes nothing and admits nobody, a pass of decodes."""
+        polls = self.cfg.polls_loads
+        budget = self.cfg.token_budget
+        sched: list[tuple[Request, int]] = []
+        preempted = blocked = False
+        split = self.cfg.prefill_first and not 0 < self.cfg.n_prefill <= k
+        decoding = [r for r in inst.running if r.kv >= r.target] if split else []
+        # prefill_first: admissions leave free the blocks the decoding requests' next tokens
+        # need (one each whose tokens fill its blocks), as SGLang's prefill batch leaves room
+        # for its running requests' decode
+        keep = sum(1 for r in decoding if r.kv % self.B == 0) if self.grows else 0
+        for prefills in (True, False) if split else (None,):
+            n_before = len(inst.running)
+            x = 0
+            while x < len(inst.running):
+                req = inst.running[x]
+                if budget == 0:
+                    break
+                if req.ready > (loads_seen if req.polled else seen) or (
+                    prefills is not None and (req.kv < req.target) != prefills
+                ):
+                    # loading (async scheduling: or seen loaded only after; polls_loads: or
+                    # its end not yet reported), or not of this pass
+                    x += 1
+                    continue
+                q = min(req.target - req.kv, budget) if req.kv < req.target else 1
+                if (
+                    prefills
+                    and self.grows
+                    and decoding
+                    and not self.grow(inst, k, req, req.kv + q, t)
+                ):
+                    # (prefill_first) a chunk finds no free block while requests decode: no
+                    # prefill step, the decodes run (SGLang forms no prefill batch its memory
+                    # cannot hold); with nobody decoding it preempts as below
+                    blocked = True
+                    break
+                if self.grows:  # (vllm_v1 here)
+                    # vLLM V1: no free block, the most recently admitted request is preempted
+                    ok = True
+                    while not self.grow(inst, k, req, req.kv + q, t):
+                        # (not a request whose KV is still arriving: vLLM keeps those waiting)
+                        victim = next(r for r in reversed(inst.running) if r.ready <= t)
+                        self.preempt(inst, victim)
+                        preempted = True
+                        if victim is req:
+                            if not sched:
+                                self.stalled(inst, req, k, t)
+                            ok = False
+                            break
+                    if not ok:
+                        break
+                sched.append((req, q))
+                budget -= q
+                x += 1
+            while (
+                prefills is not False
+                and not blocked
+                and not preempted
+                and budget > 0
+                and inst.waiting
+                and len(inst.running) < self.cfg.max_seqs
+            ):  # (vLLM V1 admits nobody in a step that preempted)
+                req = inst.waiting[0]
+                if (req.handed_at if req.handed else req.arrival) > seen:
+                    break  # (async scheduling) queued after this step was scheduled
+                # (polls_loads: a load starts when its step is decided, on the worker that
+                # launches it)
+                issue = seen if polls else t
+                if not self.admit(inst, k, req, t, budget, bool(sched), issue, keep):
+                    break
+                inst.waiting.popleft()
+                inst.running.append(req)
+                if req.ready > t or req.polled:
+                    continue  # (a polled load's end is reported with a later step's output)
+                # a prefill chunk (a decode instance's handed-over request: its first decode
+                # step)
+                q = min(req.target - req.kv, budget) if req.kv < req.target else 1
+                sched.append((req, q))
+                budget -= q
+            if sched or preempted or len(inst.running) > n_before:
+                # (prefill_first) a step of prefill chunks, or of admissions that wait for
+                # their loads (SGLang loads a host hit inside the prefill batch that takes
+                # it), or one that preempted: no decode pass
+                break
+        return sched, preempted
+
     def start_iteration(self, inst: Instance, k: int, t: float) -> None:
         """Idle instance ``k`` schedules an iteration: running requests take their tokens, then
         admissions (FCFS) take prefill chunks (``vllm_v0``: :func:`schedule_v0`); requests
@@ -935,65 +1032,12 @@ class ReferenceReplay:
         seen = self.scheduled_at(inst, t)
         polls = self.cfg.polls_loads
         loads_seen = self.loads_seen(inst, t) if polls else seen
-        budget = self.cfg.token_budget
-        sched: list[tuple[Request, int]] = []
         tokens = attn = kv_read = 0
-        preempted = False
-        x = 0
         load_end = -np.inf
         if self.v0:
             sched, preempted, load_end = self.schedule_v0(inst, k, t)
-            x = len(inst.running)  # (the loops below are vllm_v1's and reserve's)
-        while x < len(inst.running):
-            req = inst.running[x]
-            if budget == 0:
-                break
-            if req.ready > (loads_seen if req.polled else seen):
-                # loading (async scheduling: or seen loaded only after; polls_loads: or its
-                # end not yet reported)
-                x += 1
-                continue
-            q = min(req.target - req.kv, budget) if req.kv < req.target else 1
-            if self.grows:  # (vllm_v1 here)
-                # vLLM V1: no free block, the most recently admitted request is preempted
-                ok = True
-                while not self.grow(inst, k, req, req.kv + q, t):
-                    # (not a request whose KV is still arriving: vLLM keeps those waiting)
-                    victim = next(r for r in reversed(inst.running) if r.ready <= t)
-                    self.preempt(inst, victim)
-                    preempted = True
-                    if victim is req:
-                        if not sched:
-                            self.stalled(inst, req, k, t)
-                        ok = False
-                        break
-                if not ok:
-                    break
-            sched.append((req, q))
-            budget -= q
-            x += 1
-        while (
-            not self.v0
-            and not preempted
-            and budget > 0
-            and inst.waiting
-            and len(inst.running) < self.cfg.max_seqs
-        ):  # (vLLM V1 admits nobody in a step that preempted; vllm_v0 admitted above)
-            req = inst.waiting[0]
-            if (req.handed_at if req.handed else req.arrival) > seen:
-                break  # (async scheduling) queued after this step was scheduled
-            # (polls_loads: a load starts when its step is decided, on the worker that
-            # launches it)
-            if not self.admit(inst, k, req, t, budget, bool(sched), seen if polls else t):
-                break
-            inst.waiting.popleft()
-            inst.running.append(req)
-            if req.ready > t or req.polled:
-                continue  # (a polled load's end is reported with a later step's output)
-            # a prefill chunk (a decode instance's handed-over request: its first decode step)
-            q = min(req.target - req.kv, budget) if req.kv < req.target else 1
-            sched.append((req, q))
-            budget -= q
+        else:
+            sched, preempted = self.schedule_passes(inst, k, t, seen, loads_seen)
         if self.check_invariants and self.lower is not None:
             self.lower.check()
         if self.cfg.tiers is not None and self.cfg.tiers.batch_waits:
