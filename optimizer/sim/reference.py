@@ -881,21 +881,8 @@ class ReferenceReplay:
             if req.ready > t or req.kv < req.target:
                 x += 1
                 continue
-            ok = True
-            fits = -(-(req.kv + 1) // self.B) <= len(req.slots)
-            while not inst.pool.free or not self.grow(inst, k, req, req.kv + 1, t):
-                # the most recently admitted request whose KV is here (a handed-over request
-                # whose KV is still arriving is not yet running in vLLM's sense)
-                victim = next(r for r in reversed(inst.running) if r.ready <= t)
-                if victim is req and fits:
-                    break  # alone within its blocks it decodes (vLLM would re-admit it forever)
-                self.preempt(inst, victim)
-                preempted = True
-                if victim is req:
-                    if not sched:
-                        self.stalled(inst, req, k, t)
-                    ok = False
-                    break
+            ok, made_room = self.grow_or_preempt(inst, k, req, req.kv + 1, t, sched, v0_rule=True)
+            preempted = preempted or made_room
             if not ok:
                 break
             sched.append((req, 1))
@@ -928,6 +915,37 @@ class ReferenceReplay:
         if self.cfg.schedules_ahead and inst.runs_on_at == t:
             return inst.polled_before
         return inst.polled_at
+
+    def grow_or_preempt(
+        self,
+        inst: Instance,
+        k: int,
+        req: Request,
+        tokens: int,
+        t: float,
+        sched: list[tuple[Request, int]],
+        v0_rule: bool = False,
+    ) -> tuple[bool, bool]:
+        """vLLM's rule when a running request needs blocks: allocate those ``req`` needs to hold
+        ``tokens`` tokens, preempting the most recently admitted request whose KV is here (a
+        handed-over request whose KV is still arriving is not yet running in vLLM's sense)
+        while none is free. Returns whether ``req`` runs and whether anyone was preempted.
+        ``v0_rule``: vLLM v0's decode step, which wants a free block even when ``req``'s next
+        token fits its own, and lets a request alone within its blocks decode (vLLM would
+        re-admit it for ever)."""
+        fits = v0_rule and -(-tokens // self.B) <= len(req.slots)
+        preempted = False
+        while (v0_rule and not inst.pool.free) or not self.grow(inst, k, req, tokens, t):
+            victim = next(r for r in reversed(inst.running) if r.ready <= t)
+            if victim is req and fits:
+                return True, preempted
+            self.preempt(inst, victim)
+            preempted = True
+            if victim is req:
+                if not sched:
+                    self.stalled(inst, req, k, t)
+                return False, True
+        return True, preempted
 
     def schedule_passes(
         self, inst: Instance, k: int, t: float, seen: float, loads_seen: float
@@ -974,18 +992,8 @@ class ReferenceReplay:
                     blocked = True
                     break
                 if self.grows:  # (vllm_v1 here)
-                    # vLLM V1: no free block, the most recently admitted request is preempted
-                    ok = True
-                    while not self.grow(inst, k, req, req.kv + q, t):
-                        # (not a request whose KV is still arriving: vLLM keeps those waiting)
-                        victim = next(r for r in reversed(inst.running) if r.ready <= t)
-                        self.preempt(inst, victim)
-                        preempted = True
-                        if victim is req:
-                            if not sched:
-                                self.stalled(inst, req, k, t)
-                            ok = False
-                            break
+                    ok, made_room = self.grow_or_preempt(inst, k, req, req.kv + q, t, sched)
+                    preempted = preempted or made_room
                     if not ok:
                         break
                 sched.append((req, q))
