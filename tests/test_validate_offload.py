@@ -200,6 +200,42 @@ def test_sweep_hit_ratio_needs_a_sweep_and_external_ratio_arithmetic(tmp_path: P
     assert _figures(trace, raw, None, sel, "tok/s", 1.5)["ttft_mean_s"] == pytest.approx(0.5)
 
 
+def test_latency_tail_and_end_to_end_are_inference_perfs_figures() -> None:
+    """P90 by numpy's linear rule over the selected requests (inference-perf's ``summarize``),
+    end-to-end from send to last token; an unfinished request is left out, not counted as 0."""
+    from types import SimpleNamespace
+
+    from kvtier.experiments.offload_validation import _figures
+
+    n = 11
+    trace = SimpleNamespace(
+        block_tokens=16,
+        input_tokens=np.full(n, 100),
+        output_tokens=np.full(n, 10),
+        arrival_s=np.arange(n, dtype=float),
+    )
+    ttft = np.linspace(0.1, 1.1, n)  # 0.1, 0.2, ... 1.1
+    finish = np.arange(n) + ttft + 2.0
+    finish[0] = np.nan  # still running at the end
+    raw = SimpleNamespace(arrival_s=None, first_token_s=np.arange(n) + ttft, finish_s=finish)
+    figs = _figures(trace, raw, None, np.arange(n), "tok/s")
+    assert figs["ttft_p90_s"] == pytest.approx(1.0)
+    assert figs["e2e_mean_s"] == pytest.approx(2.0 + np.mean(ttft[1:]))
+    assert figs["e2e_p90_s"] == pytest.approx(2.0 + np.percentile(ttft[1:], 90))
+
+
+def test_reported_figures_have_a_mape_and_no_target() -> None:
+    """A P90 or end-to-end error, however large, never makes the command miss; its MAPE is
+    printed and written beside the targeted ones."""
+    from kvtier.report.offload_validation import offload_json, to_text
+
+    res = _result({"ttft_mean_s": 0.05, "throughput": 0.02, "e2e_mean_s": -0.6})
+    assert res.missed() == []
+    assert res.mape("e2e_mean_s") == pytest.approx(0.6)
+    assert "E2E latency mean s MAPE over 1 checks: 60.0 % (no target)" in to_text(res)
+    assert offload_json(res)["mape"]["e2e_mean_s"] == pytest.approx(0.6)
+
+
 def test_harness_output_count_is_checked_and_changes_no_replay(tmp_path: Path) -> None:
     """``harness_output_tokens``: one count per side, at least the server's, only with a
     throughput in tokens; it scales what the model reports, never what it replays."""
