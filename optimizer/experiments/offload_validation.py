@@ -10,7 +10,7 @@ overrides), and the measured figures of each (``[measured.baseline]``, ``[measur
 mean TTFT, throughput, the hit ratio where published; a sweep may publish its whole replay's
 external hit ratio, ``sweep_external_hit_ratio`` below). Where a source publishes them, the
 P90 TTFT and the mean and P90 end-to-end latency (``ttft_p90_s``, ``e2e_mean_s``,
-``e2e_p90_s``) are compared too and reported with their MAPE, without a target: the issue's
+``e2e_p90_s``) are compared too and reported with their MAPE, without a target: the
 targets are on mean TTFT, throughput and hit ratio, and these show where a replay's time goes
 wrong (queueing in the tail, decode speed in the end-to-end latency).
 
