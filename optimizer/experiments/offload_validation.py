@@ -84,8 +84,8 @@ LOADS = ("poisson", "concurrency", "burst", "poisson_stages")
 UNITS = ("tok/s", "out tok/s", "req/s")
 SIDES = ("baseline", "tiered")
 # figures compared without a target: the latency tail and the whole request's latency, which
-# show where the model's time goes wrong when the mean TTFT alone does not (llm-d's simulator
-# publishes its end-to-end error beside its TTFT error; docs/validation-offload.md)
+# show where the model's time goes wrong when the mean TTFT alone does not (the figures llm-d's
+# simulator study scores itself on; docs/validation-offload.md)
 REPORTED = ("ttft_p90_s", "e2e_mean_s", "e2e_p90_s")
 METRICS = ("ttft_mean_s", "throughput", "hit_ratio", "sweep_external_hit_ratio", *REPORTED)
 HIT_METRICS = ("hit_ratio", "sweep_external_hit_ratio")  # shares: errors in points
