@@ -1348,7 +1348,7 @@ def schedule_running_nb(
             phase in (PASS_PREFILL, PASS_PREFILL_YIELDS) and not prefilling
         ):
             continue  # (prefill_first) not of this pass
-        if kv[i] < target[i]:
+        if prefilling:
             q = target[i] - kv[i]
             if q > budget:
                 q = budget
