@@ -386,6 +386,7 @@ def tier_configs(draw: st.DrawFn, n_instances: int, block_tokens: int) -> TierCo
         layerwise=np.array([draw(st.booleans()) for _ in names], dtype=np.bool_),
         store_blocks=np.array([draw(st.booleans()) for _ in names], dtype=np.bool_),
         store_generated=np.array([draw(st.booleans()) for _ in names], dtype=np.bool_),
+        defer_loading_hits=draw(st.booleans()),
         w0=w0,
         nw=nw,
         n_workers=n_workers,

@@ -404,7 +404,7 @@ class TierPolicy:
         kind="bool",
     )
     # The software between this tier and the GPU (kvtier.policy.registries.CONNECTORS); the
-    # five below override the connector's own values.
+    # six below override the connector's own values.
     connector: str = setting(
         "direct", "transfer path between the tier and the GPU", choices=CONNECTOR_REGISTRY.names
     )
@@ -425,6 +425,12 @@ class TierPolicy:
     store_generated: bool | None = setting(
         None,
         "a finished request's full blocks of generated tokens are stored into the tier too "
+        "(unset: the connector's)",
+        kind="bool",
+    )
+    defer_loading_hits: bool | None = setting(
+        None,
+        "a request whose hits in the tier another request is loading waits for that load "
         "(unset: the connector's)",
         kind="bool",
     )

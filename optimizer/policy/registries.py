@@ -185,7 +185,11 @@ LOAD_RULES = Registry(
 # generated tokens are stored into the tier as well as its prompt's (``store_generated``: vLLM's
 # OffloadingConnector before ``offload_prompt_only``, default true from vLLM PR #43797; off in
 # LMCache, ``save_decode_cache`` false; docs/model.md, "Generated blocks in the lower tiers"),
-# whether the data passes through host memory
+# whether a request whose lower-tier hits another request of its engine is loading waits,
+# skipped in the queue, until that load is in HBM instead of loading them again
+# (``defer_loading_hits``: vLLM's OffloadingConnector from PR #29087, in 0.15.1 to 0.34.0, not
+# in 0.11.0; docs/model.md, "Hits another request is loading"), whether the data passes
+# through host memory
 # and so the PCIe switch's uplink (``via_host``), whether the staging buffer is on the
 # GPU's own socket (``numa_aware``), and, as the P/D connector (``serving.pd_connector``),
 # whether the prefill side pushes each layer's KV while it computes the next
@@ -221,6 +225,7 @@ def _path(**kw: object) -> dict[str, object]:
         "layerwise": False,
         "store_blocks": False,
         "store_generated": False,
+        "defer_loading_hits": False,
         "via_host": True,
         "numa_aware": True,
         "pd_layerwise": False,
@@ -282,7 +287,7 @@ CONNECTORS = Registry(
             "vllm-offloading",
             VLLM_OFFLOADING,
             "vLLM's OffloadingConnector: one DMA per fragment, its cost set by fragment count",
-            _path(rpc_us=7.0),
+            _path(rpc_us=7.0, defer_loading_hits=True),
         ),
         Entry(
             "nixl",

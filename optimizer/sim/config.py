@@ -161,6 +161,20 @@ class SimConfig:
         return self.async_scheduling and self.scheduler == VLLM_V1
 
     @property
+    def defers_loading_hits(self) -> bool:
+        """A waiting request whose lower-tier hits another request of its instance is loading
+        is skipped until that load is in HBM (a tier's connector's ``defer_loading_hits``,
+        under ``vllm_v1`` with prefix caching: vLLM keeps no set of blocks being loaded
+        without it; both engines read this; docs/model.md, "Hits another request is
+        loading")."""
+        return (
+            self.tiers is not None
+            and self.tiers.defer_loading_hits
+            and self.scheduler == VLLM_V1
+            and self.prefix_caching
+        )
+
+    @property
     def two_pools(self) -> bool:
         """The decode instances differ from the prefill ones (capacity, watermark or timing)."""
         return self.n_prefill > 0 and (

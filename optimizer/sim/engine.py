@@ -344,6 +344,7 @@ def kernel_inputs(
         cfg.schedules_ahead,
         bool(cfg.polls_loads),
         bool(cfg.prefill_first),
+        bool(cfg.defers_loading_hits),
     )
     out = Outputs(
         first_token=np.full(n, np.nan),
@@ -668,6 +669,7 @@ def replay_bytes(
     n, inst = trace.n_requests, cfg.n_instances
     n_slots = inst * int(cfg.instance_capacity().max())
     maps = 2 if cfg.prefix_caching and cfg.swa_window > 0 and cfg.swa_blocks > 0 else 1
+    maps += 1 if cfg.defers_loading_hits else 0  # the blocks being loaded, counted alike
     total = 4 * inst * n_shared * maps + 24 * n_slots + 4 * (inst + 1) * ring_len
     total += 4 * n_refs * (2 if cfg.n_prefill > 0 else 1)  # slots (and held prefill slots)
     tiers = cfg.tiers

@@ -83,7 +83,9 @@ from kvtier.sim.nb_hbm import (
     hbm_touch_nb,
     u64,
 )
+from kvtier.sim.nb_loading import loading_hit_nb, mark_loading_nb, unmark_loading_nb
 from kvtier.sim.nb_state import (
+    C_DEFERRED,
     C_EXTRAP,
     C_IN_FLIGHT,
     C_ITER,
@@ -401,6 +403,8 @@ def end_iteration_nb(sim: Sim, k: int, now: float) -> None:
                     w_from,
                 )  # fmt: skip
                 registered[i] = full
+            if rs.loading_hi[i] > 0:  # its loaded blocks are in the cache now
+                unmark_loading_nb(ist.loading, base, rq.shared, boff[i], rs, i)
             if prm.swa_blocks > 0 and kv[i] - sched_q[k, idx] < target[i]:  # a prefill chunk
                 lo = swa_skipped_nb(prm, kv[i] - sched_q[k, idx])
                 if lo > nb:
@@ -632,6 +636,11 @@ def admit_nb(
         # vLLM V1's allocate_slots: the blocks of the tokens this step computes
         if tp.n_tiers > 0:
             n_src = lookup_nb(ts, tp, k, block_ids, boff[i], h, hcap, src)
+            if prm.defers_loading_hits and loading_hit_nb(
+                ist.loading, base, shared, boff[i] + h, n_src
+            ):
+                ints[C_DEFERRED] = 1  # another request is loading its hits: skipped
+                return False
             loaded = choose_nb(sim, k, now, n_src, h, timing)
         kv0 = (h + loaded) * B
         q0 = target[i] - kv0
@@ -666,6 +675,10 @@ def admit_nb(
                 Prefill(target[i] - done_tokens, done_tokens, timing),
             )  # fmt: skip
             rs.polled[i] = prm.polls_loads
+            if prm.defers_loading_hits:
+                mark_loading_nb(ist.loading, base, shared, boff[i] + h, loaded, 1)
+                rs.loading_lo[i] = h
+                rs.loading_hi[i] = h + loaded
             if out.preemptions[i] == 0:  # the first admission's (the prompt's)
                 load_s[i] = ready[i] - issue
                 for t in range(tp.n_tiers):  # load_nb counted the loaded blocks per tier
@@ -976,6 +989,8 @@ def preempt_nb(
         rs.slot_off[i] + rs.held[i],
     )  # fmt: skip
     rs.held[i] = 0
+    if rs.loading_hi[i] > 0:  # (loaded, not yet run: its blocks are given back uncached)
+        unmark_loading_nb(ist.loading, k * prm.n_shared, rq.shared, rq.block_offsets[i], rs, i)
     out.preemptions[i] += 1
     out.preempted_tokens[i] += rs.kv[i]
     rs.target[i] = rq.input_tokens[i] + rs.generated[i]
@@ -1433,16 +1448,27 @@ def schedule_admissions_nb(
     n_running = ist.n_running
     timing = prm.timings[prm.pool_of[k]]  # this instance's pool's step times
     m, budget, sums, steps_left, last_ready, preempted = sc
-    while budget > 0 and q_len[k] > 0 and n_running[k] < prm.max_seqs:
-        i = q_head[k]
+    ints = sim.ty.ints
+    prev = -1  # the last request left waiting before ``i`` (-1: ``i`` is the head)
+    i = q_head[k]
+    while budget > 0 and i >= 0 and n_running[k] < prm.max_seqs:
         if (rs.handed_at[i] if rs.handed[i] else sim.rq.arrival[i]) > seen:
             break  # (async scheduling) queued after this step was scheduled
         issue = seen if prm.polls_loads else now
+        ints[C_DEFERRED] = 0
         if not admit_nb(sim, k, i, now, budget, m > 0, issue, keep):
-            break
-        q_head[k] = rs.next_waiting[i]
-        if q_head[k] < 0:
-            ist.q_tail[k] = -1
+            if ints[C_DEFERRED] == 0:
+                break
+            prev = i  # another request loads its hits: it waits, the next one is tried
+            i = rs.next_waiting[i]
+            continue
+        nxt = rs.next_waiting[i]
+        if prev < 0:
+            q_head[k] = nxt
+        else:
+            rs.next_waiting[prev] = nxt
+        if nxt < 0:
+            ist.q_tail[k] = prev
         q_len[k] -= 1
         pos = n_running[k]
         ist.running[k, pos] = i
@@ -1452,6 +1478,7 @@ def schedule_admissions_nb(
             # (a polled load's end is reported with a later step's output)
             if ready[i] > last_ready:
                 last_ready = ready[i]
+            i = nxt
             continue
         q = target[i] - kv[i] if kv[i] < target[i] else 1
         if q > budget:
@@ -1461,6 +1488,7 @@ def schedule_admissions_nb(
         budget -= q
         m += 1
         sums = take_nb(sums, q, kv[i], target[i], timing)
+        i = nxt
     return Scheduled(m, budget, sums, steps_left, last_ready, preempted)
 
 
@@ -1751,9 +1779,12 @@ def new_state(
         np.zeros(n, dtype=np.float64),
         np.zeros(n, dtype=np.bool_),
         np.zeros(n, dtype=np.bool_),
+        np.zeros(n, dtype=np.int64),
+        np.zeros(n, dtype=np.int64),
     )
     n_pdw = n_inst * prm.pd_workers
     ix_list = np.zeros((5, 2 * n_inst), dtype=np.int64)
+    n_marks = n_inst * prm.n_shared if prm.defers_loading_hits else 1
     ix_list[IX_HEAD] = -1
     ix_list[IX_TAIL] = -1
     ist = InstanceState(
@@ -1792,6 +1823,7 @@ def new_state(
         ix_last=np.full(2 * prm.ix_nodes, -1, dtype=np.int32),
         ix_log=np.empty((2, 2 * prm.ix_log), dtype=np.int32),
         ix_list=ix_list,
+        loading=np.zeros(n_marks, dtype=np.int32),
     )
     max_nb = 0
     max_out = 0

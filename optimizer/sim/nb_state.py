@@ -128,6 +128,9 @@ class Params(NamedTuple):
     polls_loads: bool
     # a step of prefill chunks when one can run, else one of decodes (SimConfig.prefill_first)
     prefill_first: bool
+    # a waiting request whose lower-tier hits another request of its instance is loading is
+    # skipped until that load is in HBM (SimConfig.defers_loading_hits)
+    defers_loading_hits: bool
 
 
 class HbmPools(NamedTuple):
@@ -194,6 +197,10 @@ class RequestState(NamedTuple):
     pd_first: np.ndarray  # bool: handed over, first token not yet seen (``seen_first_nb``)
     # its lower-tier load's end reaches the scheduler with a step's output (Params.polls_loads)
     polled: np.ndarray  # bool
+    # Params.defers_loading_hits: prompt blocks [loading_lo, loading_hi) it loads are marked
+    # in InstanceState.loading until they are in its instance's HBM cache (hi 0: none)
+    loading_lo: np.ndarray  # i8
+    loading_hi: np.ndarray  # i8
 
 
 # rows of InstanceState.polls (Params.polls_loads)
@@ -265,6 +272,10 @@ class InstanceState(NamedTuple):
     ix_last: np.ndarray  # i4 (2 * ix_nodes,)
     ix_log: np.ndarray  # i4 (2, 2 * ix_log)
     ix_list: np.ndarray  # i8 (5, 2 * n_instances)
+    # Params.defers_loading_hits: per instance and shared block (k * n_shared + shared id),
+    # the running requests loading it whose loaded blocks are not yet in HBM's cache (one
+    # entry when off)
+    loading: np.ndarray  # i4
 
 
 class Buffers(NamedTuple):
@@ -298,12 +309,15 @@ class Buffers(NamedTuple):
 # C_STALLS: self-preemptions of a request alone on its instance (the reference's ``stalls``).
 # C_LOAD_STALLS: the others, behind requests still loading, since the last token any request
 # emitted (the reference's ``load_stalls``).
+# C_DEFERRED: set by an admission that did not admit because another request is loading its
+# hits (Params.defers_loading_hits; the reference's ``deferred``), so the queue moves on.
 C_RR, C_ITER, C_STAMP, C_REJECTED, C_OVER_P99, C_OVER_P999, C_OVER_TPOT, C_IN_FLIGHT = range(8)
 C_EXTRAP = 8
 C_OVER_TBT = 9
 C_STALLS = 10
 C_LOAD_STALLS = 11
-N_COUNTERS = 12
+C_DEFERRED = 12
+N_COUNTERS = 13
 
 
 class Tally(NamedTuple):

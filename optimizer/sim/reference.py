@@ -103,7 +103,7 @@ closed-loop client's freed slot (``gate``) does.
 from __future__ import annotations
 
 import heapq
-from collections import OrderedDict, deque
+from collections import Counter, OrderedDict, deque
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -163,6 +163,9 @@ class Request:
     pd_first: bool = False  # handed over, its first token not yet seen (at its KV's arrival)
     # its lower-tier load's end reaches the scheduler with a step's output (``polls_loads``)
     polled: bool = False
+    # ``defers_loading_hits``: its loaded prompt blocks [lo, hi), marked in its instance's
+    # ``loading`` until they are in HBM's cache ((0, 0): none)
+    loading: tuple[int, int] = (0, 0)
 
 
 class HbmPool:
@@ -325,6 +328,9 @@ class Instance:
         self.ended_at = -np.inf
         self.polled_at = -np.inf
         self.polled_before = -np.inf
+        # ``defers_loading_hits``: block id -> running requests loading it whose loaded
+        # blocks are not yet in HBM's cache (vLLM's ``_blocks_being_loaded``)
+        self.loading: Counter[int] = Counter()
 
     def held_slots(self) -> int:
         return sum(len(r.held_slots) for r in self.held)
@@ -420,6 +426,10 @@ class ReferenceReplay:
             )
         self.grows = self.cfg.scheduler != RESERVE  # blocks allocated as requests grow, preemption
         self.v0 = self.cfg.scheduler == VLLM_V0  # prompts whole, in iterations without decodes
+        # a waiting request whose lower-tier hits another request is loading is skipped
+        # (``admit`` sets ``deferred``: the admission loop moves on to the next request)
+        self.defers = self.cfg.defers_loading_hits
+        self.deferred = False
         # disaggregated: instances [0, n_pf) prefill, the rest decode
         self.n_pf = self.cfg.n_prefill
         # the router's instances
@@ -588,6 +598,10 @@ class ReferenceReplay:
             # vLLM V1's allocate_slots: the blocks of the tokens this step computes
             if self.lower is not None:
                 src = self.lower.lookup(k, req.blocks, h, cap)
+                if self.defers and any(inst.loading[b] for b in req.blocks[h : h + len(src)]):
+                    # vLLM's OffloadingConnector: its hits are being loaded, it waits
+                    self.deferred = True
+                    return False
                 loaded = self.lower.choose(k, now, src, h, self.B)
             kv0 = (h + loaded) * self.B
             step = req.target - kv0 if self.v0 else min(req.target - kv0, budget)
@@ -614,6 +628,9 @@ class ReferenceReplay:
                     done_tokens,
                 )  # fmt: skip
                 req.polled = self.cfg.polls_loads
+                if self.defers:
+                    req.loading = (h, h + loaded)
+                    inst.loading.update(req.blocks[h : h + loaded])
                 if req.preemptions == 0:  # the first admission's (the prompt's)
                     self.load_s[req.idx] = req.ready - issue
                     for t in src[:loaded]:
@@ -795,6 +812,7 @@ class ReferenceReplay:
         inst.running.remove(req)
         inst.pool.release(req.slots)
         req.slots = []
+        self.unmark_loading(inst, req)  # (loaded, not yet run: given back uncached)
         req.preemptions += 1
         req.preempted_tokens += req.kv
         self.preempted_out[req.idx] = req.preemptions
@@ -803,6 +821,16 @@ class ReferenceReplay:
         req.kv = req.registered = req.computed_from = 0
         req.handed = req.pd_first  # its KV had not arrived: it is pulled again
         inst.waiting.appendleft(req)
+
+    @staticmethod
+    def unmark_loading(inst: Instance, req: Request) -> None:
+        """``req`` no longer loads its marked blocks (``defers_loading_hits``)."""
+        lo, hi = req.loading
+        for b in req.blocks[lo:hi]:
+            inst.loading[b] -= 1
+            if inst.loading[b] == 0:
+                del inst.loading[b]
+        req.loading = (0, 0)
 
     def stalled(self, inst: Instance, req: Request, k: int, t: float) -> None:
         """``req`` preempted itself on instance ``k`` with no other request running there
@@ -999,23 +1027,28 @@ class ReferenceReplay:
                 sched.append((req, q))
                 budget -= q
                 x += 1
+            w = 0  # the first waiting request not yet tried (those before it wait on)
             while (
                 prefills is not False
                 and not blocked
                 and not preempted
                 and budget > 0
-                and inst.waiting
+                and w < len(inst.waiting)
                 and len(inst.running) < self.cfg.max_seqs
             ):  # (vLLM V1 admits nobody in a step that preempted)
-                req = inst.waiting[0]
+                req = inst.waiting[w]
                 if (req.handed_at if req.handed else req.arrival) > seen:
                     break  # (async scheduling) queued after this step was scheduled
                 # (polls_loads: a load starts when its step is decided, on the worker that
                 # launches it)
                 issue = seen if polls else t
+                self.deferred = False
                 if not self.admit(inst, k, req, t, budget, bool(sched), issue, keep):
-                    break
-                inst.waiting.popleft()
+                    if not self.deferred:
+                        break
+                    w += 1  # another request loads its hits: it waits, the next is tried
+                    continue
+                del inst.waiting[w]
                 inst.running.append(req)
                 if req.ready > t or req.polled:
                     continue  # (a polled load's end is reported with a later step's output)
@@ -1174,6 +1207,7 @@ class ReferenceReplay:
                     if j >= req.computed_from:
                         computed.append(req.blocks[j])
                 req.registered = max(req.registered, full)
+                self.unmark_loading(inst, req)  # its loaded blocks are in the cache now
                 if self.swa and req.kv - q < req.target:  # a prefill chunk
                     nb = len(req.blocks)
                     lo = max(min(self.swa_skipped(req.kv - q), nb), req.computed_from)

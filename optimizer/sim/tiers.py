@@ -101,6 +101,10 @@ class TierConfig:
     # bool (T,): a finished request's full blocks of generated tokens are copied into the tier
     # (the connector's ``store_generated``); None: into no tier
     store_generated: np.ndarray | None = None
+    # a request whose lower-tier hits another request of its instance is loading waits for
+    # that load (any tier's connector's ``defer_loading_hits``; docs/model.md, "Hits another
+    # request is loading")
+    defer_loading_hits: bool = False
 
     @property
     def stores_generated(self) -> bool:
@@ -237,6 +241,7 @@ class _TierColumns:
         self.layerwise: list[bool] = []
         self.blocks_step: list[bool] = []
         self.gen_step: list[bool] = []
+        self.defer: list[bool] = []
         self.stream_bw = np.full((T, n_instances), math.inf)
         self.stage_bw = np.full((T, n_instances), math.inf)
         self.port = np.full((T, n_instances), -1, dtype=np.int64)
@@ -306,6 +311,8 @@ class _TierColumns:
         self.blocks_step.append(bool(store))
         gen = tp.store_generated if tp.store_generated is not None else d["store_generated"]
         self.gen_step.append(bool(gen))
+        defer = tp.defer_loading_hits
+        self.defer.append(bool(d["defer_loading_hits"] if defer is None else defer))
         self.via_host[t] = bool(d["via_host"])
         self.staging[t] = int(d["staging"])
         n_instances = len(at.gpu0)
@@ -466,6 +473,7 @@ def build_tiers(
         block_bytes=block_bytes,
         tier_gb=cols.tier_gb,
         store_generated=np.array(cols.gen_step, dtype=np.bool_),
+        defer_loading_hits=any(cols.defer),
     )
 
 
