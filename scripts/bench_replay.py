@@ -466,6 +466,23 @@ def bench_against(args: argparse.Namespace) -> None:
             None,
         )
     )
+    # vLLM's OffloadingConnector to host DRAM (from 96acaad it defers a request whose hits
+    # another request is loading: the metrics differ from a version before)
+    cases.append(
+        (
+            "h100-node, 8 instances, prefix_affinity, DRAM 500 GB (vllm-offloading)",
+            "h100-node",
+            {
+                "write_policy": "write_through",
+                "serving": {"routing": "prefix_affinity"},
+                "tiers": [
+                    {"name": "hbm"},
+                    {"name": "dram", "capacity_gb": 500.0, "connector": "vllm-offloading"},
+                ],
+            },
+            None,
+        )
+    )
     # disaggregated pools (the metrics differ from a version with another P/D model)
     for n_pf in (4, 6):
         cases.append(
