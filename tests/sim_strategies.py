@@ -430,6 +430,7 @@ def tiered_configs(draw: st.DrawFn, block_tokens: int) -> SimConfig:
             tiers=draw(tier_configs(cfg.n_instances, block_tokens)),
             prefix_caching=draw(st.booleans()),
             concurrency=draw(st.sampled_from([0, 0, 1, 3])),
+            caches_loads_at_admission=draw(st.booleans()),
         ),
     )
 

@@ -51,7 +51,7 @@ def trace() -> BlockedTrace:
     )
 
 
-def config(defer: bool | None):
+def config(defer: bool | None, load_caching: str = "first_step"):
     """One H100 instance with HBM for about two and a half prompts and a DRAM tier behind
     vLLM's OffloadingConnector (``defer`` overrides its ``defer_loading_hits``)."""
     model = load_model("Qwen3-8B")
@@ -63,6 +63,7 @@ def config(defer: bool | None):
         block_tokens=B,
         serving=ServingPolicy(instances=1, tp=1),
         tiers=(TierPolicy(capacity_gb=hbm_gb), dram),
+        load_caching=load_caching,
     )
     hw = load_hardware("h100-node")
     hw = replace(hw, topology=replace(hw.topology, hosts=1, gpus_per_host=1))
@@ -110,6 +111,28 @@ def test_engines_agree_on_the_burst(defer: bool | None) -> None:
     np.testing.assert_array_equal(ref.loaded_blocks, fast.loaded_blocks)
 
 
+@pytest.mark.parametrize("engine", ["reference", "numba"])
+def test_cached_at_admission_the_burst_hits_the_prefix_while_it_arrives(engine: str) -> None:
+    """SGLang's radix tree: the loader's blocks are in HBM's cache at once; the others hit them
+    in the same step and wait for their arrival, loading nothing."""
+    cfg = config(False, "at_admission")
+    assert cfg.shares_loading_hits and not cfg.defers_loading_hits
+    raw = simulate_raw(trace(), cfg, engine=engine, check_invariants=engine == "reference")
+    hits, loaded = burst_rows(raw)
+    assert loaded.sum() == PREFIX
+    assert sorted(hits.tolist()) == [0] + [PREFIX] * (BURST - 1)
+    # none is served before the load it hit has ended (the loader's load time after its send)
+    first = raw.first_token_s[-BURST:]
+    sent = raw.arrival_s[-BURST:]
+    loader = int(np.flatnonzero(hits == 0)[0])
+    arrived = sent[loader] + raw.load_s[-BURST:][loader]
+    assert np.all(first > arrived)
+    deferred = simulate_raw(trace(), config(None), engine=engine)
+    # sharing at admission serves the burst sooner than deferring the others until the loader's
+    # first step ends (the loader's own step carries their chunks too)
+    assert first.max() < deferred.first_token_s[-BURST:].max()
+
+
 def test_only_vllm_v1_with_prefix_caching_defers() -> None:
     """vLLM keeps no set of blocks being loaded without prefix caching; another scheduler has
     no such connector."""
@@ -129,10 +152,11 @@ def test_only_vllm_v1_with_prefix_caching_defers() -> None:
     async_scheduling=st.booleans(),
     load_report=st.sampled_from(["step_output", "at_once"]),
     spread=st.sampled_from([0.0, 1e-3]),
+    load_caching=st.sampled_from(["first_step", "at_admission"]),
 )
 def test_engines_agree_on_bursts_sharing_a_loaded_prefix(
     prefix, fillers, burst, hbm_prompts, outputs, instances, async_scheduling, load_report,
-    spread,
+    spread, load_caching,
 ) -> None:  # fmt: skip
     """Drawn bursts of requests extending a prefix that only the DRAM tier holds, on one or
     two instances, arrivals at one instant or a millisecond apart: identical per-request
@@ -160,6 +184,7 @@ def test_engines_agree_on_bursts_sharing_a_loaded_prefix(
         serving=ServingPolicy(instances=instances, tp=1, async_scheduling=async_scheduling),
         tiers=(TierPolicy(capacity_gb=hbm_gb / 1e9), dram),
         load_report=load_report,
+        load_caching=load_caching,
     )
     hw = load_hardware("h100-node")
     hw = replace(hw, topology=replace(hw.topology, hosts=1, gpus_per_host=instances))

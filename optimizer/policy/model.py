@@ -52,6 +52,7 @@ HIERARCHIES = ("inclusive", "exclusive")
 LOAD_RULES = LOAD_REGISTRY.names
 LOAD_WAITS = ("request", "batch")
 LOAD_REPORTS = ("step_output", "at_once")
+LOAD_CACHINGS = ("first_step", "at_admission")
 KV_LAYOUTS = ("per_layer", "contiguous")
 WEIGHT_DTYPES = ("bf16", "fp8")
 STEP_TIMES = ("auto", "measured", "roofline")  # kvtier.sim.steptime backends
@@ -529,6 +530,17 @@ class Policy:
         "when the scheduler sees a finished lower-tier load: with the output of the first step "
         "launched after it (vLLM's KV connector), or at once",
         choices=LOAD_REPORTS,
+    )
+    # When the blocks a request loads from a lower tier enter HBM's prefix cache: at the end of
+    # its first step (vLLM caches them when the load has ended, one step earlier at most), or
+    # at its admission, so that a request matching them while they arrive hits them in HBM and
+    # waits for their arrival instead of loading them again (SGLang's radix tree takes the
+    # pages of a load-back at once; docs/model.md, "Hits another request is loading").
+    load_caching: str = setting(
+        "first_step",
+        "when loaded blocks enter HBM's prefix cache: after the loader's first step, or at its "
+        "admission (a request that matches them waits for them)",
+        choices=LOAD_CACHINGS,
     )
     kv_layout: str = setting(
         "per_layer",

@@ -121,6 +121,10 @@ class SimConfig:
     # "prefill_first"); off: every step mixes them, as vLLM V1 does. Not on a disaggregated
     # deployment's decode instances, nor under vllm_v0 (which never mixes them)
     prefill_first: bool = False
+    # a request's loaded blocks enter HBM's prefix cache at its admission, and one that hits
+    # them before they have arrived waits for them (policy ``load_caching = "at_admission"``,
+    # SGLang's radix tree; off: at the end of the loader's first step)
+    caches_loads_at_admission: bool = False
 
     def timing_params(self) -> np.ndarray:
         """The packed step-time array both simulators read (layout: :mod:`kvtier.sim.timing`),
@@ -173,6 +177,14 @@ class SimConfig:
             and self.scheduler == VLLM_V1
             and self.prefix_caching
         )
+
+    @property
+    def shares_loading_hits(self) -> bool:
+        """A request's loaded blocks enter HBM's prefix cache at its admission and a request
+        hitting them before they have arrived waits for them (``caches_loads_at_admission``
+        with lower tiers and prefix caching; both engines read this; docs/model.md, "Hits
+        another request is loading")."""
+        return self.tiers is not None and self.prefix_caching and self.caches_loads_at_admission
 
     @property
     def two_pools(self) -> bool:
@@ -343,6 +355,11 @@ def build_config(hardware: Hardware, model: ModelProfile, policy: Policy) -> Sim
         **_sliding_groups(model, serving.scheduler),
         async_scheduling=serving.async_scheduling,
         prefill_first=serving.batching == "prefill_first",
+        caches_loads_at_admission=(
+            bool(policy.lower_tiers)
+            and serving.prefix_caching
+            and policy.load_caching == "at_admission"
+        ),
         polls_loads=(
             bool(policy.lower_tiers)
             and serving.scheduler == "vllm_v1"

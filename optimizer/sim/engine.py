@@ -345,6 +345,7 @@ def kernel_inputs(
         bool(cfg.polls_loads),
         bool(cfg.prefill_first),
         bool(cfg.defers_loading_hits),
+        bool(cfg.shares_loading_hits),
     )
     out = Outputs(
         first_token=np.full(n, np.nan),
@@ -670,6 +671,7 @@ def replay_bytes(
     n_slots = inst * int(cfg.instance_capacity().max())
     maps = 2 if cfg.prefix_caching and cfg.swa_window > 0 and cfg.swa_blocks > 0 else 1
     maps += 1 if cfg.defers_loading_hits else 0  # the blocks being loaded, counted alike
+    maps += 2 if cfg.shares_loading_hits else 0  # their arrival times (8 bytes each)
     total = 4 * inst * n_shared * maps + 24 * n_slots + 4 * (inst + 1) * ring_len
     total += 4 * n_refs * (2 if cfg.n_prefill > 0 else 1)  # slots (and held prefill slots)
     tiers = cfg.tiers
@@ -723,6 +725,9 @@ def _hbm_pools(
         stamps=SCRATCH.borrow("stamps", (n_slots,), np.int64, kept),
         rings=SCRATCH.borrow("free_rings", ((cfg.n_instances + 1) * ring_len,), np.int32, kept),
         slots=SCRATCH.borrow("slots", (n_refs,), np.int32, kept),
+        # new for each replay, zero pages touched only where a load marks a block
+        loading=np.zeros(cfg.n_instances * n_shared if cfg.defers_loading_hits else 1, np.int32),
+        loading_until=np.zeros(cfg.n_instances * n_shared if cfg.shares_loading_hits else 1),
     )
 
 

@@ -83,7 +83,12 @@ from kvtier.sim.nb_hbm import (
     hbm_touch_nb,
     u64,
 )
-from kvtier.sim.nb_loading import loading_hit_nb, mark_loading_nb, unmark_loading_nb
+from kvtier.sim.nb_loading import (
+    loading_hit_nb,
+    mark_loading_nb,
+    share_loads_nb,
+    unmark_loading_nb,
+)
 from kvtier.sim.nb_state import (
     C_DEFERRED,
     C_EXTRAP,
@@ -404,7 +409,7 @@ def end_iteration_nb(sim: Sim, k: int, now: float) -> None:
                 )  # fmt: skip
                 registered[i] = full
             if rs.loading_hi[i] > 0:  # its loaded blocks are in the cache now
-                unmark_loading_nb(ist.loading, base, rq.shared, boff[i], rs, i)
+                unmark_loading_nb(pool, prm, base, rq.shared, boff[i], rs, i)
             if prm.swa_blocks > 0 and kv[i] - sched_q[k, idx] < target[i]:  # a prefill chunk
                 lo = swa_skipped_nb(prm, kv[i] - sched_q[k, idx])
                 if lo > nb:
@@ -637,7 +642,7 @@ def admit_nb(
         if tp.n_tiers > 0:
             n_src = lookup_nb(ts, tp, k, block_ids, boff[i], h, hcap, src)
             if prm.defers_loading_hits and loading_hit_nb(
-                ist.loading, base, shared, boff[i] + h, n_src
+                pool.loading, base, shared, boff[i] + h, n_src
             ):
                 ints[C_DEFERRED] = 1  # another request is loading its hits: skipped
                 return False
@@ -676,7 +681,7 @@ def admit_nb(
             )  # fmt: skip
             rs.polled[i] = prm.polls_loads
             if prm.defers_loading_hits:
-                mark_loading_nb(ist.loading, base, shared, boff[i] + h, loaded, 1)
+                mark_loading_nb(pool.loading, base, shared, boff[i] + h, loaded, 1)
                 rs.loading_lo[i] = h
                 rs.loading_hi[i] = h + loaded
             if out.preemptions[i] == 0:  # the first admission's (the prompt's)
@@ -711,6 +716,8 @@ def admit_nb(
     kv[i] = (h + loaded) * B
     registered[i] = h
     computed_from[i] = h + loaded
+    if prm.shares_loading_hits:
+        share_loads_nb(sim, k, i, h, loaded)
     if out.preemptions[i] == 0:  # the first admission's hits (the prompt's)
         hit_blocks[i] = h
     return True
@@ -990,7 +997,7 @@ def preempt_nb(
     )  # fmt: skip
     rs.held[i] = 0
     if rs.loading_hi[i] > 0:  # (loaded, not yet run: its blocks are given back uncached)
-        unmark_loading_nb(ist.loading, k * prm.n_shared, rq.shared, rq.block_offsets[i], rs, i)
+        unmark_loading_nb(pool, prm, k * prm.n_shared, rq.shared, rq.block_offsets[i], rs, i)
     out.preemptions[i] += 1
     out.preempted_tokens[i] += rs.kv[i]
     rs.target[i] = rq.input_tokens[i] + rs.generated[i]
@@ -1784,7 +1791,6 @@ def new_state(
     )
     n_pdw = n_inst * prm.pd_workers
     ix_list = np.zeros((5, 2 * n_inst), dtype=np.int64)
-    n_marks = n_inst * prm.n_shared if prm.defers_loading_hits else 1
     ix_list[IX_HEAD] = -1
     ix_list[IX_TAIL] = -1
     ist = InstanceState(
@@ -1823,7 +1829,6 @@ def new_state(
         ix_last=np.full(2 * prm.ix_nodes, -1, dtype=np.int32),
         ix_log=np.empty((2, 2 * prm.ix_log), dtype=np.int32),
         ix_list=ix_list,
-        loading=np.zeros(n_marks, dtype=np.int32),
     )
     max_nb = 0
     max_out = 0

@@ -1,4 +1,5 @@
-"""Blocks being loaded from a lower tier, per instance: the numba engine's marks.
+"""Blocks being loaded from a lower tier, per instance: the numba engine's marks, and what a
+request that hits them does.
 
 vLLM's OffloadingConnector keeps, in its scheduler, the set of blocks whose loads into HBM are
 in flight (``_blocks_being_loaded``, added by vLLM PR #29087; in the 0.15.1 to 0.34.0 wheels,
@@ -13,6 +14,13 @@ requests that loaded the block and have not yet put it into HBM's cache; a block
 request only (shared id -1) is never another request's hit and is not marked. The reference
 keeps the same counts in a ``Counter`` per instance (:meth:`kvtier.sim.reference.
 ReferenceReplay.admit`).
+
+SGLang's radix tree takes the pages of a load-back at once (``init_load_back`` assigns the
+node's device indices before the batch runs; the next request of the same batch matches them
+in ``init_next_round_input``, sglang 0.5.23 ``managers/scheduler.py`` and
+``mem_cache/unified_radix_cache.py``): with ``Params.shares_loading_hits`` a request's loaded
+blocks enter HBM's cache at its admission, and a request that hits them before they have
+arrived waits for their arrival (``HbmPools.loading_until``), loading nothing again.
 """
 
 from __future__ import annotations
@@ -21,8 +29,8 @@ import numpy as np
 from numba import njit
 
 import kvtier.jitcache  # noqa: F401  (drops kernels compiled against older sources)
-from kvtier.sim.nb_hbm import u64
-from kvtier.sim.nb_state import RequestState
+from kvtier.sim.nb_hbm import Run, hbm_register_nb, u64
+from kvtier.sim.nb_state import INNER, ZERO, HbmPools, Params, RequestState, Sim
 
 
 @njit(cache=True, nogil=True, inline="always")
@@ -50,10 +58,52 @@ def mark_loading_nb(
 
 @njit(cache=True, nogil=True, inline="always")
 def unmark_loading_nb(
-    loading: np.ndarray, base: int, shared: np.ndarray, bo: int, rs: RequestState, i: int
-) -> None:
-    """Request ``i`` (prompt references from ``bo``) no longer loads its marked blocks: they
-    are in HBM's cache (its first step ended) or given back (preempted)."""
+    pool: HbmPools, prm: Params, base: int, shared: np.ndarray, bo: int, rs: RequestState,
+    i: int,
+) -> None:  # fmt: skip
+    """Request ``i`` (prompt references from ``bo``) no longer loads its marked blocks: its
+    first step ended (they are in HBM's cache) or it was preempted."""
     lo = rs.loading_lo[i]
-    mark_loading_nb(loading, base, shared, bo + lo, rs.loading_hi[i] - lo, -1)
+    hi = rs.loading_hi[i]
+    if prm.defers_loading_hits:
+        mark_loading_nb(pool.loading, base, shared, bo + lo, hi - lo, -1)
+    if prm.shares_loading_hits:
+        until = pool.loading_until
+        for j in range(bo + lo, bo + hi):
+            m = shared[u64(j)]
+            if m >= 0:
+                until[u64(base + m)] = 0.0
     rs.loading_hi[i] = 0
+
+
+@njit(cache=True, nogil=True, _nrt=False, **INNER)
+def share_loads_nb(sim: Sim, k: int, i: int, h: int, loaded: int) -> None:
+    """Request ``i``, just admitted on instance ``k`` with ``h`` HBM hits and ``loaded`` blocks
+    loading (``Params.shares_loading_hits``): a hit on a block still arriving makes it wait for
+    that block (its ``ready``); its own loaded blocks enter HBM's cache now, marked until its
+    first step ends with when they arrive (the reference's ``ReferenceReplay.share_loads``)."""
+    rq = sim.rq
+    rs = sim.rs
+    until = sim.pool.loading_until
+    shared = rq.shared
+    bo = rq.block_offsets[i]
+    base = k * sim.prm.n_shared
+    wait = 0.0  # (a time no later than now: no wait)
+    for j in range(bo, bo + h):
+        m = shared[u64(j)]
+        if m >= 0 and until[u64(base + m)] > wait:
+            wait = until[u64(base + m)]
+    if loaded > 0:
+        hbm_register_nb(
+            sim.pool, rq, base, bo, Run(rs.slot_off[i], h, h + loaded), sim.buf.wbuf, ZERO,
+            h + loaded,
+        )  # fmt: skip
+        for j in range(bo + h, bo + h + loaded):
+            m = shared[u64(j)]
+            if m >= 0:
+                until[u64(base + m)] = rs.ready[i]
+        rs.registered[i] = h + loaded
+        rs.loading_lo[i] = h
+        rs.loading_hi[i] = h + loaded
+    if wait > rs.ready[i]:
+        rs.ready[i] = wait

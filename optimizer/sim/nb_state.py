@@ -131,6 +131,9 @@ class Params(NamedTuple):
     # a waiting request whose lower-tier hits another request of its instance is loading is
     # skipped until that load is in HBM (SimConfig.defers_loading_hits)
     defers_loading_hits: bool
+    # a request's loaded blocks enter HBM's cache at its admission; one hitting them before they
+    # have arrived waits for them (SimConfig.shares_loading_hits)
+    shares_loading_hits: bool
 
 
 class HbmPools(NamedTuple):
@@ -144,6 +147,12 @@ class HbmPools(NamedTuple):
     stamps: np.ndarray  # i8 (n_instances * capacity,): admission stamps (distinct hit slots)
     rings: np.ndarray  # i4 ((n_instances + 1) * ring_len,): free rings, then a scratch ring
     slots: np.ndarray  # i4 (sum of total_blocks,): each request's slots, in order
+    # per instance and shared block (k * n_shared + shared id), new and zero for each replay
+    # (pages zeroed on first touch; one entry when off): Params.defers_loading_hits, the
+    # running requests loading it whose first step has not ended; Params.shares_loading_hits,
+    # when its load ends, until its loader's first step ends (0: none under way)
+    loading: np.ndarray  # i4
+    loading_until: np.ndarray  # f8
 
 
 class Outputs(NamedTuple):
@@ -197,8 +206,9 @@ class RequestState(NamedTuple):
     pd_first: np.ndarray  # bool: handed over, first token not yet seen (``seen_first_nb``)
     # its lower-tier load's end reaches the scheduler with a step's output (Params.polls_loads)
     polled: np.ndarray  # bool
-    # Params.defers_loading_hits: prompt blocks [loading_lo, loading_hi) it loads are marked
-    # in InstanceState.loading until they are in its instance's HBM cache (hi 0: none)
+    # Params.defers_loading_hits or shares_loading_hits: prompt blocks [loading_lo, loading_hi)
+    # it loads are marked in HbmPools.loading (loading_until) until its first step ends
+    # (hi 0: none)
     loading_lo: np.ndarray  # i8
     loading_hi: np.ndarray  # i8
 
@@ -272,10 +282,6 @@ class InstanceState(NamedTuple):
     ix_last: np.ndarray  # i4 (2 * ix_nodes,)
     ix_log: np.ndarray  # i4 (2, 2 * ix_log)
     ix_list: np.ndarray  # i8 (5, 2 * n_instances)
-    # Params.defers_loading_hits: per instance and shared block (k * n_shared + shared id),
-    # the running requests loading it whose loaded blocks are not yet in HBM's cache (one
-    # entry when off)
-    loading: np.ndarray  # i4
 
 
 class Buffers(NamedTuple):

@@ -32,7 +32,11 @@ tokens are emitted then. A request still
 loading takes no tokens. With ``load_wait = "batch"`` (``cfg.tiers.batch_waits``) no request
 does: while any running request is loading, after admission, the instance starts no iteration
 and wakes when the last of them is ready (LMCache up to 0.3.x retrieves before the forward
-pass, so every decode of the batch waits).
+pass, so every decode of the batch waits). A load's blocks are marked until the loader's first
+step ends: with ``cfg.defers_loading_hits`` (vLLM's OffloadingConnector) a waiting request
+whose lower-tier hits include one is skipped in the queue; with ``cfg.shares_loading_hits``
+(SGLang's radix tree) the blocks are cached at the loader's admission and a request that hits
+them waits for their arrival (docs/model.md, "Hits another request is loading").
 
 Load generator. Open loop (``cfg.concurrency`` 0): each request arrives at its trace time.
 Closed loop (``concurrency`` N, as ``vllm bench serve --max-concurrency`` and GuideLLM's
@@ -331,6 +335,9 @@ class Instance:
         # ``defers_loading_hits``: block id -> running requests loading it whose loaded
         # blocks are not yet in HBM's cache (vLLM's ``_blocks_being_loaded``)
         self.loading: Counter[int] = Counter()
+        # ``shares_loading_hits``: block id -> when the load of a block cached at its loader's
+        # admission ends, until the loader's first step ends
+        self.loading_until: dict[int, float] = {}
 
     def held_slots(self) -> int:
         return sum(len(r.held_slots) for r in self.held)
@@ -430,6 +437,9 @@ class ReferenceReplay:
         # (``admit`` sets ``deferred``: the admission loop moves on to the next request)
         self.defers = self.cfg.defers_loading_hits
         self.deferred = False
+        # a request's loaded blocks enter HBM's cache at its admission; one that hits them
+        # before they have arrived waits for them (``share_loads``)
+        self.shares = self.cfg.shares_loading_hits
         # disaggregated: instances [0, n_pf) prefill, the rest decode
         self.n_pf = self.cfg.n_prefill
         # the router's instances
@@ -646,6 +656,8 @@ class ReferenceReplay:
         req.kv = (h + loaded) * self.B
         req.registered = h
         req.computed_from = h + loaded
+        if self.shares:
+            self.share_loads(inst, req, h, loaded)
         if req.preemptions == 0:  # hits and loads of its first admission (the prompt's)
             self.hits_out[req.idx] = h
         return True
@@ -822,15 +834,32 @@ class ReferenceReplay:
         req.handed = req.pd_first  # its KV had not arrived: it is pulled again
         inst.waiting.appendleft(req)
 
-    @staticmethod
-    def unmark_loading(inst: Instance, req: Request) -> None:
-        """``req`` no longer loads its marked blocks (``defers_loading_hits``)."""
+    def unmark_loading(self, inst: Instance, req: Request) -> None:
+        """``req`` no longer loads its marked blocks: its first step ended (they are in HBM's
+        cache) or it was preempted (``defers_loading_hits``, ``shares_loading_hits``)."""
         lo, hi = req.loading
         for b in req.blocks[lo:hi]:
-            inst.loading[b] -= 1
-            if inst.loading[b] == 0:
-                del inst.loading[b]
+            if self.defers:
+                inst.loading[b] -= 1
+                if inst.loading[b] == 0:
+                    del inst.loading[b]
+            if self.shares:
+                inst.loading_until.pop(b, None)
         req.loading = (0, 0)
+
+    def share_loads(self, inst: Instance, req: Request, h: int, loaded: int) -> None:
+        """``req`` was just admitted with ``h`` HBM hits and ``loaded`` blocks loading
+        (``shares_loading_hits``, SGLang's radix tree): a hit on a block still arriving makes
+        it wait for that block; its own loaded blocks enter HBM's cache now, marked with when
+        they arrive until its first step ends (``kvtier.sim.nb_loading.share_loads_nb``)."""
+        wait = max((inst.loading_until.get(b, -np.inf) for b in req.blocks[:h]), default=-np.inf)
+        if loaded:
+            for j in range(h, h + loaded):
+                inst.pool.register(req.slots[j], req.blocks[j])
+                inst.loading_until[req.blocks[j]] = req.ready
+            req.registered = h + loaded
+            req.loading = (h, h + loaded)
+        req.ready = max(req.ready, wait)
 
     def stalled(self, inst: Instance, req: Request, k: int, t: float) -> None:
         """``req`` preempted itself on instance ``k`` with no other request running there
