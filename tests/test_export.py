@@ -751,3 +751,37 @@ def test_a_load_report_the_target_engine_does_not_have_is_not_runnable_as_simula
     assert flagged(p, "vllm") and not flagged(replace(p, load_report="step_output"), "vllm")
     assert capabilities("sglang").allowed()["load_report"] == ("at_once",)
     assert capabilities("vllm").allowed()["load_report"] == ("step_output",)
+
+
+def test_load_caching_and_deferral_the_target_engine_does_not_have_are_not_runnable() -> None:
+    """SGLang's radix tree caches a load-back's pages at once (``at_admission``), vLLM when it
+    sees the load end (``first_step`` in the model); whether a request waits for another's
+    load of its hits is a connector's own behaviour: a policy that sets either otherwise is
+    named inexpressible, and ``optimize --target`` pins ``load_caching`` to the target's."""
+    from dataclasses import replace
+
+    from kvtier.export import export
+    from kvtier.export.capabilities import capabilities
+    from kvtier.hardware import load_hardware, load_model
+    from kvtier.policy.presets import load_preset
+
+    def flagged(policy, target: str, key: str) -> bool:  # noqa: ANN001
+        hw, model = load_hardware(policy.hardware), load_model(policy.model)
+        notes = export(policy, target, hw, model).notes
+        return any(key in str(n) and n.kind == "inexpressible" for n in notes)
+
+    sg = load_preset("sglang-hicache")
+    assert sg.load_caching == "at_admission" and not flagged(sg, "sglang", "load_caching")
+    assert flagged(replace(sg, load_caching="first_step"), "sglang", "load_caching")
+    assert capabilities("sglang").allowed()["load_caching"] == ("at_admission",)
+    assert capabilities("vllm").allowed()["load_caching"] == ("first_step",)
+    vl = load_preset("lmcache-cpu-disk")
+    assert not flagged(vl, "vllm", "load_caching")
+    assert flagged(replace(vl, load_caching="at_admission"), "vllm", "load_caching")
+    tiers = tuple(
+        replace(t, connector="vllm-offloading", defer_loading_hits=False) if t.name != "hbm" else t
+        for t in vl.tiers
+    )
+    assert flagged(replace(vl, tiers=tiers), "vllm", "defer_loading_hits")
+    same = tuple(replace(t, defer_loading_hits=True) if t.name != "hbm" else t for t in tiers)
+    assert not flagged(replace(vl, tiers=same), "vllm", "defer_loading_hits")

@@ -60,14 +60,15 @@ def test_targets_that_run_a_disaggregated_winner() -> None:
     # dynamo-disagg's NIXL pull is what vLLM's (NixlConnector beside LMCache in a
     # MultiConnector), SGLang's and Dynamo's launch lines select; the LMCache target exports
     # no P/D backend; its host tier's loads are read with a later step's output, as vLLM's
-    # engine reads them, which SGLang's (loading within the step) does not do
+    # engine reads them, which SGLang's (loading within the step, the pages cached at once)
+    # does not do
     from kvtier.policy.model import policy_to_dict
     from kvtier.search.run import runnable_targets
 
     p = load_preset("dynamo-disagg")
     hw, mdl = load_hardware(p.hardware), load_model(p.model)
     assert runnable_targets(policy_to_dict(p), hw, mdl) == ["vllm", "dynamo"]
-    as_sglang = replace(p, load_report="at_once")
+    as_sglang = replace(p, load_report="at_once", load_caching="at_admission")
     assert "sglang" in runnable_targets(policy_to_dict(as_sglang), hw, mdl)
     # HBM only: vLLM's NixlConnector is the modelled path; its launch line runs the winner
     hbm = replace(p, tiers=p.tiers[:1])

@@ -73,6 +73,10 @@ class Capabilities:
     # when its scheduler sees a lower-tier load end (``load_report``): vLLM's engine reads it
     # with a later step's output (docs/model.md, "When the scheduler sees a load end")
     load_reports: tuple[str, ...] = ("step_output",)
+    # when a request's loaded blocks enter HBM's prefix cache (``load_caching``): vLLM caches
+    # them when it sees the load end, one step before the model's ``first_step`` at most;
+    # SGLang's radix tree at once (docs/model.md, "Hits another request is loading")
+    load_cachings: tuple[str, ...] = ("first_step",)
     need: tuple[str, ...] = ()  # tiers it cannot run without
     requires: Mapping[str, tuple[tuple[str, Value], ...]] = field(default_factory=dict)
 
@@ -97,6 +101,7 @@ class Capabilities:
             HIERARCHIES,
             KV_DTYPES,
             KV_LAYOUTS,
+            LOAD_CACHINGS,
             LOAD_REPORTS,
             LOAD_RULES,
             ROUTERS,
@@ -112,6 +117,7 @@ class Capabilities:
         domains: list[tuple[str, tuple[Value, ...], tuple[Value, ...]]] = [
             ("load_rule", self.load_rules, LOAD_RULES),
             ("load_report", self.load_reports, LOAD_REPORTS),
+            ("load_caching", self.load_cachings, LOAD_CACHINGS),
             ("hierarchy", self.hierarchies, HIERARCHIES),
             ("write_policy", self.write_policies, WRITE_POLICIES),
             ("kv_layout", self.kv_layouts, KV_LAYOUTS),
@@ -175,6 +181,28 @@ def capability_notes(deploy: Deployment, caps: Capabilities) -> list[Note]:
                 f"sees a finished lower-tier load {_LOAD_REPORT_WORDS[caps.load_reports[0]]}."
             )
         )
+    if p.lower_tiers and p.load_caching not in caps.load_cachings:
+        notes.append(
+            inexpressible(
+                f"load_caching = {p.load_caching} cannot be expressed: {caps.target}'s engine "
+                f"caches loaded blocks as load_caching = {caps.load_cachings[0]} models."
+            )
+        )
+    from kvtier.policy.registries import CONNECTORS
+
+    for tier in p.lower_tiers:
+        if tier.defer_loading_hits is None:
+            continue
+        own = CONNECTORS.get(tier.connector).defaults["defer_loading_hits"]
+        if tier.defer_loading_hits != own:
+            notes.append(
+                inexpressible(
+                    f"tiers.{tier.name}.defer_loading_hits = "
+                    f"{str(tier.defer_loading_hits).lower()} cannot be expressed: whether a "
+                    f"request waits for another's load of its hits is the {tier.connector} "
+                    "connector's own behaviour, with no setting in any release."
+                )
+            )
     if p.serving.scheduler not in caps.schedulers:
         notes.append(
             inexpressible(

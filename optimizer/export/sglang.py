@@ -102,6 +102,8 @@ CAPABILITIES = Capabilities(
     selective_k=(SELECTIVE_THRESHOLD,),
     # host pages are loaded within the step that schedules the request (docs/model.md)
     load_reports=("at_once",),
+    # the radix tree takes a load-back's pages at once ([SGLang-0.5.23], docs/sources.md)
+    load_cachings=("at_admission",),
     # one L3 backend beside a host pool: Mooncake, or the file backend
     requires={
         "tiers.rdma.enabled": (("tiers.dram.enabled", True),),
