@@ -84,8 +84,8 @@ from kvtier.sim.nb_hbm import (
     u64,
 )
 from kvtier.sim.nb_loading import (
+    issued_nb,
     loading_hit_nb,
-    mark_loading_nb,
     share_loads_nb,
     unmark_loading_nb,
 )
@@ -681,9 +681,7 @@ def admit_nb(
             )  # fmt: skip
             rs.polled[i] = prm.polls_loads
             if prm.defers_loading_hits:
-                mark_loading_nb(pool.loading, base, shared, boff[i] + h, loaded, 1)
-                rs.loading_lo[i] = h
-                rs.loading_hi[i] = h + loaded
+                issued_nb(pool, rs, i, base, shared, boff[i], h, h + loaded)
             if out.preemptions[i] == 0:  # the first admission's (the prompt's)
                 load_s[i] = ready[i] - issue
                 for t in range(tp.n_tiers):  # load_nb counted the loaded blocks per tier

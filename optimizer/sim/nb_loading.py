@@ -57,6 +57,18 @@ def mark_loading_nb(
 
 
 @njit(cache=True, nogil=True, inline="always")
+def issued_nb(
+    pool: HbmPools, rs: RequestState, i: int, base: int, shared: np.ndarray, bo: int, lo: int,
+    hi: int,
+) -> None:  # fmt: skip
+    """Request ``i`` (prompt references from ``bo``) issued the load of its blocks ``lo:hi``:
+    they are marked until its first step ends (``Params.defers_loading_hits``)."""
+    mark_loading_nb(pool.loading, base, shared, bo + lo, hi - lo, 1)
+    rs.loading_lo[i] = lo
+    rs.loading_hi[i] = hi
+
+
+@njit(cache=True, nogil=True, inline="always")
 def unmark_loading_nb(
     pool: HbmPools, prm: Params, base: int, shared: np.ndarray, bo: int, rs: RequestState,
     i: int,
