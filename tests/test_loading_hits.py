@@ -31,23 +31,30 @@ BURST = 5  # requests extending the prefix, at one instant
 GAP_S = 1.0e4  # each phase starts long after the last has finished
 
 
-def trace() -> BlockedTrace:
-    """The prefix alone, then the fillers, then the burst (each with one block of its own)."""
-    prefix = list(range(PREFIX))
-    nxt = PREFIX
-    prompts, times = [prefix + [nxt]], [0.0]
+def trace(
+    prefix: int = PREFIX,
+    fillers: int = FILLERS,
+    burst: int = BURST,
+    outputs: int = 4,
+    spread: float = 0.0,
+) -> BlockedTrace:
+    """The prefix alone, then the fillers, then the burst (each with one block of its own,
+    ``spread`` seconds apart)."""
+    base = list(range(prefix))
+    nxt = prefix
+    prompts, times = [base + [nxt]], [0.0]
     nxt += 1
-    for _ in range(FILLERS):
-        prompts.append(list(range(nxt, nxt + PREFIX + 1)))
+    for _ in range(fillers):
+        prompts.append(list(range(nxt, nxt + prefix + 1)))
         times.append(GAP_S)
-        nxt += PREFIX + 1
-    for _ in range(BURST):
-        prompts.append(prefix + [nxt])
-        times.append(2 * GAP_S)
+        nxt += prefix + 1
+    for j in range(burst):
+        prompts.append(base + [nxt])
+        times.append(2 * GAP_S + j * spread)
         nxt += 1
     n = len(prompts)
     return BlockedTrace.from_lists(
-        times, [(PREFIX + 1) * B + 1] * n, [4] * n, prompts, B, n_blocks=nxt
+        times, [(prefix + 1) * B + 1] * n, [outputs] * n, prompts, B, n_blocks=nxt
     )
 
 
@@ -161,21 +168,7 @@ def test_engines_agree_on_bursts_sharing_a_loaded_prefix(
     """Drawn bursts of requests extending a prefix that only the DRAM tier holds, on one or
     two instances, arrivals at one instant or a millisecond apart: identical per-request
     results from both engines, with the model's invariants checked at every step."""
-    base = list(range(prefix))
-    nxt = prefix
-    prompts, times = [base + [nxt]], [0.0]
-    nxt += 1
-    for _ in range(fillers):
-        prompts.append(list(range(nxt, nxt + prefix + 1)))
-        times.append(GAP_S)
-        nxt += prefix + 1
-    for j in range(burst):
-        prompts.append(base + [nxt])
-        times.append(2 * GAP_S + j * spread)
-        nxt += 1
-    n = len(prompts)
-    tr = BlockedTrace.from_lists(times, [(prefix + 1) * B + 1] * n, [outputs] * n, prompts, B,
-                                 n_blocks=nxt)  # fmt: skip
+    tr = trace(prefix, fillers, burst, outputs, spread)
     model = load_model("Qwen3-8B")
     hbm_gb = hbm_prompts * (prefix + 1 + outputs // B + 1) * B * model.kv_bytes_per_token("bf16")
     dram = TierPolicy(name="dram", capacity_gb=50.0, connector="vllm-offloading")
