@@ -1440,8 +1440,9 @@ def schedule_admissions_nb(
 ) -> Scheduled:
     """Waiting requests of instance ``k`` are admitted in FCFS order while the budget, the
     running-request limit and HBM allow, up to the first queued after the step was scheduled
-    (``seen``); each that is ready takes a prefill chunk (a decode instance's handed-over
-    request: its first decode step)."""
+    (``seen``); one whose lower-tier hits another request is loading is skipped and stays in
+    its place (``Params.defers_loading_hits``). Each that is ready takes a prefill chunk (a
+    decode instance's handed-over request: its first decode step)."""
     rs = sim.rs
     ist = sim.ist
     prm = sim.prm

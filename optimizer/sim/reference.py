@@ -1008,7 +1008,8 @@ class ReferenceReplay:
         self, inst: Instance, k: int, t: float, seen: float, loads_seen: float
     ) -> tuple[list[tuple[Request, int]], bool]:
         """``vllm_v1`` and ``reserve``: the requests instance ``k``'s next iteration takes and
-        whether it preempted. Batching ``mixed``: one pass, running requests then admissions,
+        whether it preempted. Batching ``mixed``: one pass, running requests then admissions
+        (FCFS; one whose lower-tier hits another request is loading is skipped, ``defers``),
         decodes and prefill chunks together (vLLM V1). ``prefill_first`` (SGLang without
         --enable-mixed-chunk): a pass of prefill work (running requests still prefilling, then
         admissions) and, only if it takes nothing and admits nobody, a pass of decodes."""
