@@ -90,9 +90,10 @@ def test_the_burst_loads_the_prefix_once_and_then_hits_it(engine: str) -> None:
     hits, loaded = burst_rows(raw)
     assert loaded.sum() == PREFIX  # one load of the prefix
     assert sorted(hits.tolist()) == [0] + [PREFIX] * (BURST - 1)  # the rest hit it in HBM
-    # a deferred request is sent at once and served after the load it waited for
-    ttft = (raw.first_token_s - raw.arrival_s)[-BURST:]
-    assert np.all(ttft[hits == PREFIX] > ttft[hits == 0].min())
+    # a deferred request is admitted in the step that promotes the loader (vLLM caches the
+    # loaded blocks then): served with it, not before
+    first = raw.first_token_s[-BURST:]
+    assert np.all(first[hits == PREFIX] >= first[hits == 0].min())
 
 
 @pytest.mark.parametrize("engine", ["reference", "numba"])
@@ -135,9 +136,9 @@ def test_cached_at_admission_the_burst_hits_the_prefix_while_it_arrives(engine: 
     arrived = sent[loader] + raw.load_s[-BURST:][loader]
     assert np.all(first > arrived)
     deferred = simulate_raw(trace(), config(None), engine=engine)
-    # sharing at admission serves the burst sooner than deferring the others until the loader's
-    # first step ends (the loader's own step carries their chunks too)
-    assert first.max() < deferred.first_token_s[-BURST:].max()
+    # the others run in the loader's first step either way: at its admission (SGLang) or at
+    # its promotion (vLLM's deferral)
+    assert first.max() <= deferred.first_token_s[-BURST:].max()
 
 
 def test_only_vllm_v1_with_prefix_caching_defers() -> None:

@@ -86,6 +86,7 @@ from kvtier.sim.nb_hbm import (
 from kvtier.sim.nb_loading import (
     issued_nb,
     loading_hit_nb,
+    promoted_nb,
     share_loads_nb,
     unmark_loading_nb,
 )
@@ -1407,6 +1408,8 @@ def schedule_running_nb(
             room = rs.held[i] * prm.block_tokens - kv[i]
             if cascade and kv[i] >= target[i] and room < steps_left:
                 steps_left = room
+        if rs.loading_hi[i] > 0 and prm.defers_loading_hits:
+            promoted_nb(sim, k, i)  # (vLLM caches its loaded blocks as it promotes it)
         ist.sched_pos[k, m] = pos
         ist.sched_q[k, m] = q
         budget -= q

@@ -10,8 +10,9 @@ load is done the blocks are in HBM's prefix cache and it hits them there. docs/m
 another request is loading".
 
 The marks count, per instance and shared block (``k * n_shared + shared id``), the running
-requests that loaded the block and have not yet put it into HBM's cache; a block read by one
-request only (shared id -1) is never another request's hit and is not marked. The reference
+requests that loaded the block and have not yet put it into HBM's cache (as vLLM does when it
+promotes the loader, :func:`promoted_nb`); a block read by one request only (shared id -1) is
+never another request's hit and is not marked. The reference
 keeps the same counts in a ``Counter`` per instance (:meth:`kvtier.sim.reference.
 ReferenceReplay.admit`).
 
@@ -62,7 +63,7 @@ def issued_nb(
     hi: int,
 ) -> None:  # fmt: skip
     """Request ``i`` (prompt references from ``bo``) issued the load of its blocks ``lo:hi``:
-    they are marked until its first step ends (``Params.defers_loading_hits``)."""
+    they are marked until its promotion (``Params.defers_loading_hits``)."""
     mark_loading_nb(pool.loading, base, shared, bo + lo, hi - lo, 1)
     rs.loading_lo[i] = lo
     rs.loading_hi[i] = hi
@@ -73,8 +74,9 @@ def unmark_loading_nb(
     pool: HbmPools, prm: Params, base: int, shared: np.ndarray, bo: int, rs: RequestState,
     i: int,
 ) -> None:  # fmt: skip
-    """Request ``i`` (prompt references from ``bo``) no longer loads its marked blocks: its
-    first step ended (they are in HBM's cache) or it was preempted."""
+    """Request ``i`` (prompt references from ``bo``) no longer loads its marked blocks: they
+    are in HBM's cache (its promotion, or under ``shares_loading_hits`` its first step ended)
+    or it was preempted."""
     lo = rs.loading_lo[i]
     hi = rs.loading_hi[i]
     if prm.defers_loading_hits:
@@ -86,6 +88,26 @@ def unmark_loading_nb(
             if m >= 0:
                 until[u64(base + m)] = 0.0
     rs.loading_hi[i] = 0
+
+
+@njit(cache=True, nogil=True, _nrt=False, **INNER)
+def promoted_nb(sim: Sim, k: int, i: int) -> None:
+    """Request ``i``'s load on instance ``k`` has ended and the scheduler takes it into a step
+    for the first time since (``Params.defers_loading_hits``): vLLM promotes it and caches its
+    loaded blocks then (``_update_waiting_for_remote_kv``: ``cache_blocks``), before it tries
+    the waiting requests, so its marks end and a deferred request hits them in this step (the
+    reference's ``ReferenceReplay.promote``)."""
+    rq = sim.rq
+    rs = sim.rs
+    bo = rq.block_offsets[i]
+    base = k * sim.prm.n_shared
+    hi = rs.computed_from[i]
+    hbm_register_nb(
+        sim.pool, rq, base, bo, Run(rs.slot_off[i], rs.registered[i], hi), sim.buf.wbuf, ZERO,
+        hi,
+    )  # fmt: skip
+    rs.registered[i] = hi
+    unmark_loading_nb(sim.pool, sim.prm, base, rq.shared, bo, rs, i)
 
 
 @njit(cache=True, nogil=True, _nrt=False, **INNER)

@@ -149,7 +149,7 @@ class HbmPools(NamedTuple):
     slots: np.ndarray  # i4 (sum of total_blocks,): each request's slots, in order
     # per instance and shared block (k * n_shared + shared id), new and zero for each replay
     # (pages zeroed on first touch; one entry when off): Params.defers_loading_hits, the
-    # running requests loading it whose first step has not ended; Params.shares_loading_hits,
+    # running requests loading it not yet promoted (nb_loading.promoted_nb); shares_loading_hits,
     # when its load ends, until its loader's first step ends (0: none under way)
     loading: np.ndarray  # i4
     loading_until: np.ndarray  # f8
@@ -207,8 +207,8 @@ class RequestState(NamedTuple):
     # its lower-tier load's end reaches the scheduler with a step's output (Params.polls_loads)
     polled: np.ndarray  # bool
     # Params.defers_loading_hits or shares_loading_hits: prompt blocks [loading_lo, loading_hi)
-    # it loads are marked in HbmPools.loading (loading_until) until its first step ends
-    # (hi 0: none)
+    # it loads are marked in HbmPools.loading (loading_until) until its promotion (the end
+    # of its first step; hi 0: none)
     loading_lo: np.ndarray  # i8
     loading_hi: np.ndarray  # i8
 

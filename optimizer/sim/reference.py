@@ -835,8 +835,9 @@ class ReferenceReplay:
         inst.waiting.appendleft(req)
 
     def unmark_loading(self, inst: Instance, req: Request) -> None:
-        """``req`` no longer loads its marked blocks: its first step ended (they are in HBM's
-        cache) or it was preempted (``defers_loading_hits``, ``shares_loading_hits``)."""
+        """``req`` no longer loads its marked blocks: they are in HBM's cache (its promotion
+        under ``defers_loading_hits``, its first step's end under ``shares_loading_hits``) or
+        it was preempted."""
         lo, hi = req.loading
         for b in req.blocks[lo:hi]:
             if self.defers:
@@ -846,6 +847,17 @@ class ReferenceReplay:
             if self.shares:
                 inst.loading_until.pop(b, None)
         req.loading = (0, 0)
+
+    def promote(self, inst: Instance, req: Request) -> None:
+        """``req``'s load has ended and it is taken into a step for the first time since
+        (``defers_loading_hits``): vLLM promotes it and caches its loaded blocks then
+        (``_update_waiting_for_remote_kv``), before it tries the waiting requests, so its marks
+        end and a deferred request hits them in this step (``kvtier.sim.nb_loading.
+        promoted_nb``)."""
+        for j in range(req.registered, req.computed_from):
+            inst.pool.register(req.slots[j], req.blocks[j])
+        req.registered = req.computed_from
+        self.unmark_loading(inst, req)
 
     def share_loads(self, inst: Instance, req: Request, h: int, loaded: int) -> None:
         """``req`` was just admitted with ``h`` HBM hits and ``loaded`` blocks loading
@@ -1054,6 +1066,8 @@ class ReferenceReplay:
                     preempted = preempted or made_room
                     if not ok:
                         break
+                if self.defers and req.loading[1]:
+                    self.promote(inst, req)  # (vLLM caches its loaded blocks as it promotes it)
                 sched.append((req, q))
                 budget -= q
                 x += 1
