@@ -389,6 +389,7 @@ def end_iteration_nb(sim: Sim, k: int, now: float) -> None:
     busy_until = ist.busy_until
     target = rs.target
     fe = prm.timing[T_FRONTEND]  # a token is seen the front-end cost after its step
+    marks = prm.defers_loading_hits or prm.shares_loading_hits
     if saving[k]:
         # the step's blocking stores have finished: its tokens are emitted now
         saving[k] = False
@@ -409,7 +410,7 @@ def end_iteration_nb(sim: Sim, k: int, now: float) -> None:
                     w_from,
                 )  # fmt: skip
                 registered[i] = full
-            if rs.loading_hi[i] > 0:  # its loaded blocks are in the cache now
+            if marks and rs.loading_hi[i] > 0:  # its loaded blocks are in the cache now
                 unmark_loading_nb(pool, prm, base, rq.shared, boff[i], rs, i)
             if prm.swa_blocks > 0 and kv[i] - sched_q[k, idx] < target[i]:  # a prefill chunk
                 lo = swa_skipped_nb(prm, kv[i] - sched_q[k, idx])
@@ -1408,7 +1409,7 @@ def schedule_running_nb(
             room = rs.held[i] * prm.block_tokens - kv[i]
             if cascade and kv[i] >= target[i] and room < steps_left:
                 steps_left = room
-        if rs.loading_hi[i] > 0 and prm.defers_loading_hits:
+        if prm.defers_loading_hits and rs.loading_hi[i] > 0:
             promoted_nb(sim, k, i)  # (vLLM caches its loaded blocks as it promotes it)
         ist.sched_pos[k, m] = pos
         ist.sched_q[k, m] = q
