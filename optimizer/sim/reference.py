@@ -32,11 +32,12 @@ tokens are emitted then. A request still
 loading takes no tokens. With ``load_wait = "batch"`` (``cfg.tiers.batch_waits``) no request
 does: while any running request is loading, after admission, the instance starts no iteration
 and wakes when the last of them is ready (LMCache up to 0.3.x retrieves before the forward
-pass, so every decode of the batch waits). A load's blocks are marked until the loader's first
-step ends: with ``cfg.defers_loading_hits`` (vLLM's OffloadingConnector) a waiting request
-whose lower-tier hits include one is skipped in the queue; with ``cfg.shares_loading_hits``
-(SGLang's radix tree) the blocks are cached at the loader's admission and a request that hits
-them waits for their arrival (docs/model.md, "Hits another request is loading").
+pass, so every decode of the batch waits). With ``cfg.defers_loading_hits`` (vLLM's
+OffloadingConnector) a load's blocks are marked until the loader is promoted (first taken into a
+step after its load; its blocks are cached then) and a waiting request whose lower-tier hits
+include one is skipped in the queue; with ``cfg.shares_loading_hits`` (SGLang's radix tree)
+the blocks are cached at the loader's admission, marked until its first step ends, and a request
+that hits them waits for their arrival (docs/model.md, "Hits another request is loading").
 
 Load generator. Open loop (``cfg.concurrency`` 0): each request arrives at its trace time.
 Closed loop (``concurrency`` N, as ``vllm bench serve --max-concurrency`` and GuideLLM's
@@ -167,8 +168,8 @@ class Request:
     pd_first: bool = False  # handed over, its first token not yet seen (at its KV's arrival)
     # its lower-tier load's end reaches the scheduler with a step's output (``polls_loads``)
     polled: bool = False
-    # ``defers_loading_hits``: its loaded prompt blocks [lo, hi), marked in its instance's
-    # ``loading`` until they are in HBM's cache ((0, 0): none)
+    # ``defers_loading_hits`` or ``shares_loading_hits``: its loaded prompt blocks [lo, hi),
+    # marked in its instance's ``loading`` (``loading_until``) ((0, 0): none)
     loading: tuple[int, int] = (0, 0)
 
 
