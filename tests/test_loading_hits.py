@@ -149,18 +149,18 @@ def test_only_vllm_v1_with_prefix_caching_defers() -> None:
     assert not replace(cfg, scheduler=0).defers_loading_hits
 
 
-@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
     prefix=st.integers(2, 40),
-    fillers=st.integers(0, 4),
+    fillers=st.integers(0, 7),
     burst=st.integers(2, 8),
-    hbm_prompts=st.sampled_from([1.5, 2.5, 6.0]),
+    hbm_prompts=st.sampled_from([1.5, 2.5, 2.5, 6.0]),
     outputs=st.integers(1, 40),
     instances=st.integers(1, 2),
     async_scheduling=st.booleans(),
     load_report=st.sampled_from(["step_output", "at_once"]),
     spread=st.sampled_from([0.0, 1e-3]),
-    load_caching=st.sampled_from(["first_step", "at_admission"]),
+    load_caching=st.sampled_from(["first_step", "first_step", "at_admission"]),
 )
 def test_engines_agree_on_bursts_sharing_a_loaded_prefix(
     prefix, fillers, burst, hbm_prompts, outputs, instances, async_scheduling, load_report,
