@@ -164,6 +164,8 @@ def capability_notes(deploy: Deployment, caps: Capabilities) -> list[Note]:
     """Notes every target shares, read from its capabilities: a scheduler it cannot run, a
     pool the simulation shares that it splits into private caches, and the releases it is
     written for and needs."""
+    from kvtier.policy.registries import CONNECTORS
+
     p = deploy.policy
     notes: list[Note] = []
     missing = [t for t in caps.need if not deploy.has(t)]
@@ -188,8 +190,6 @@ def capability_notes(deploy: Deployment, caps: Capabilities) -> list[Note]:
                 f"caches loaded blocks as load_caching = {caps.load_cachings[0]} models."
             )
         )
-    from kvtier.policy.registries import CONNECTORS
-
     for tier in p.lower_tiers:
         if tier.defer_loading_hits is None:
             continue

@@ -123,7 +123,8 @@ class SimConfig:
     prefill_first: bool = False
     # a request's loaded blocks enter HBM's prefix cache at its admission, and one that hits
     # them before they have arrived waits for them (policy ``load_caching = "at_admission"``,
-    # SGLang's radix tree; off: at the end of the loader's first step)
+    # SGLang's radix tree; off: at the end of the loader's first step); in effect with lower
+    # tiers and prefix caching (``shares_loading_hits``)
     caches_loads_at_admission: bool = False
 
     def timing_params(self) -> np.ndarray:
@@ -355,11 +356,7 @@ def build_config(hardware: Hardware, model: ModelProfile, policy: Policy) -> Sim
         **_sliding_groups(model, serving.scheduler),
         async_scheduling=serving.async_scheduling,
         prefill_first=serving.batching == "prefill_first",
-        caches_loads_at_admission=(
-            bool(policy.lower_tiers)
-            and serving.prefix_caching
-            and policy.load_caching == "at_admission"
-        ),
+        caches_loads_at_admission=policy.load_caching == "at_admission",
         polls_loads=(
             bool(policy.lower_tiers)
             and serving.scheduler == "vllm_v1"

@@ -58,6 +58,18 @@ def mark_loading_nb(
 
 
 @njit(cache=True, nogil=True, inline="always")
+def set_until_nb(
+    until: np.ndarray, base: int, shared: np.ndarray, start: int, n: int, t: float
+) -> None:
+    """Set when the load of the ``n`` blocks from reference ``start`` ends to ``t`` (0: none
+    under way)."""
+    for j in range(start, start + n):
+        m = shared[u64(j)]
+        if m >= 0:
+            until[u64(base + m)] = t
+
+
+@njit(cache=True, nogil=True, inline="always")
 def issued_nb(
     pool: HbmPools, rs: RequestState, i: int, base: int, shared: np.ndarray, bo: int, lo: int,
     hi: int,
@@ -82,11 +94,7 @@ def unmark_loading_nb(
     if prm.defers_loading_hits:
         mark_loading_nb(pool.loading, base, shared, bo + lo, hi - lo, -1)
     if prm.shares_loading_hits:
-        until = pool.loading_until
-        for j in range(bo + lo, bo + hi):
-            m = shared[u64(j)]
-            if m >= 0:
-                until[u64(base + m)] = 0.0
+        set_until_nb(pool.loading_until, base, shared, bo + lo, hi - lo, 0.0)
     rs.loading_hi[i] = 0
 
 
@@ -132,10 +140,7 @@ def share_loads_nb(sim: Sim, k: int, i: int, h: int, loaded: int) -> None:
             sim.pool, rq, base, bo, Run(rs.slot_off[i], h, h + loaded), sim.buf.wbuf, ZERO,
             h + loaded,
         )  # fmt: skip
-        for j in range(bo + h, bo + h + loaded):
-            m = shared[u64(j)]
-            if m >= 0:
-                until[u64(base + m)] = rs.ready[i]
+        set_until_nb(until, base, shared, bo + h, loaded, rs.ready[i])
         rs.registered[i] = h + loaded
         rs.loading_lo[i] = h
         rs.loading_hi[i] = h + loaded
