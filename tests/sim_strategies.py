@@ -265,8 +265,9 @@ def tier_configs(draw: st.DrawFn, n_instances: int, block_tokens: int) -> TierCo
     """Every lower tier on (or a random subset), tiny pools, slow links: evictions, cascades
     and queueing on every link and worker happen within a few requests. Each tier's connector
     is drawn at random: operation unit, serial or pipelined with a depth, workers per GPU or
-    per host, per-operation cost, stream and staging rates, layer-wise overlap; links may be
-    full duplex, shared by a switch, or a host's DRAM bus."""
+    per host, per-operation cost, stream and staging rates, layer-wise overlap, whether a load
+    fills the tiers above; links may be full duplex, shared by a switch, or a host's DRAM
+    bus."""
     names = ["dram", "cxl", "rdma", "ssd"]
     if draw(st.booleans()):
         names = [x for x in names if draw(st.booleans())] or ["cxl"]
@@ -387,6 +388,7 @@ def tier_configs(draw: st.DrawFn, n_instances: int, block_tokens: int) -> TierCo
         store_blocks=np.array([draw(st.booleans()) for _ in names], dtype=np.bool_),
         store_generated=np.array([draw(st.booleans()) for _ in names], dtype=np.bool_),
         defer_loading_hits=draw(st.booleans()),
+        load_fills_upper=np.array([draw(st.booleans()) for _ in names], dtype=np.bool_),
         w0=w0,
         nw=nw,
         n_workers=n_workers,

@@ -119,6 +119,7 @@ def test_decode_hits_are_the_pull_connectors() -> None:
         "nixl": True,
         "beluga-cxl": True,
         "lmcache-pd": False,
+        "sglang-hicache-file": True,
     }
 
 

@@ -188,7 +188,10 @@ LOAD_RULES = Registry(
 # whether a request whose lower-tier hits another request of its engine is loading waits,
 # skipped in the queue, until that load is in HBM instead of loading them again
 # (``defer_loading_hits``: vLLM's OffloadingConnector from PR #29087, in 0.15.1 to 0.34.0, not
-# in 0.11.0; docs/model.md, "Hits another request is loading"), whether the data passes
+# in 0.11.0; docs/model.md, "Hits another request is loading"), whether a block loaded from the
+# tier is also kept in the tiers above it that the instance reaches (``load_fills_upper``:
+# SGLang HiCache's storage back ends prefetch into the engine's host pool and insert the pages
+# into its radix tree; docs/model.md, "Loads that fill the tiers above"), whether the data passes
 # through host memory
 # and so the PCIe switch's uplink (``via_host``), whether the staging buffer is on the
 # GPU's own socket (``numa_aware``), and, as the P/D connector (``serving.pd_connector``),
@@ -207,7 +210,8 @@ LOAD_RULES = Registry(
     NIXL,
     BELUGA_CXL,
     LMCACHE_PD,
-) = range(8)
+    SGLANG_HICACHE_FILE,
+) = range(9)
 UNIT_CHUNK, UNIT_FRAGMENT, UNIT_TRANSFER = 0, 1, 2
 UNITS = ("chunk", "fragment", "transfer")
 
@@ -226,6 +230,7 @@ def _path(**kw: object) -> dict[str, object]:
         "store_blocks": False,
         "store_generated": False,
         "defer_loading_hits": False,
+        "load_fills_upper": False,
         "via_host": True,
         "numa_aware": True,
         "pd_layerwise": False,
@@ -309,6 +314,19 @@ CONNECTORS = Registry(
             # NIXL's operations ([LMCache-PD]: the sender writes by NIXL), and no decode-side
             # trim: the sender skips only chunks already in the receiver's PD buffer
             _path(order="pipelined", depth=32, rpc_us=2.57, pd_decode_hit=False),
+        ),
+        Entry(
+            "sglang-hicache-file",
+            SGLANG_HICACHE_FILE,
+            "SGLang HiCache's file back end: one file per page, read one after another by "
+            "each rank's prefetch thread into a zeroed bounce page, copied into the host "
+            "pool, whose radix tree then holds the page",
+            # [SGLang-0.5.23] mem_cache/hicache_storage.py HiCacheFile.get (open, readinto
+            # per page file), managers/cache_controller.py _generic_page_get (a
+            # torch.zeros bounce page per file, set_from_flat_data_page into the pool): the
+            # fill and the copy are its two staging passes; the per-file cost is the
+            # hardware profile's (not published for any file system)
+            _path(unit="chunk", staging=2, load_fills_upper=True),
         ),
     ],
 )

@@ -827,6 +827,11 @@ def _tier_state(
             else np.zeros(tiers.n_tiers, dtype=np.bool_)
         ),
         gen_base=gen_base if gen_base is not None else np.zeros(0, dtype=np.int64),
+        load_fills_upper=(
+            tiers.load_fills_upper
+            if tiers.load_fills_upper is not None
+            else np.zeros(tiers.n_tiers, dtype=np.bool_)
+        ),
     )
     return ts, tp, LinkState.zeros(tiers.n_links, tiers.n_tiers, tiers.n_workers)
 
@@ -913,6 +918,9 @@ def _check_tiers(c: TierConfig, n_instances: int) -> None:
     gen = c.store_generated
     if gen is not None and (len(gen) != T or gen.dtype != np.bool_):
         raise ValueError("store_generated must be one bool per tier")
+    fills = c.load_fills_upper
+    if fills is not None and (len(fills) != T or fills.dtype != np.bool_):
+        raise ValueError("load_fills_upper must be one bool per tier")
     if len(c.unit) != T or not np.all(np.isin(c.unit, (0, 1, 2))) or len(c.layerwise) != T:
         raise ValueError("unit must be a known operation unit per tier")
     if T and (c.w0.min() < 0 or np.max(c.w0 + c.nw[:, None]) > c.n_workers):

@@ -166,6 +166,7 @@ class TierParams(NamedTuple):
     # i8 (n_requests + 1,): request i's generated blocks have ids gen_base[i] .. gen_base[i+1]
     # - 1 (kvtier.sim.tiers.generated_bases); empty: no tier stores them
     gen_base: np.ndarray
+    load_fills_upper: np.ndarray  # bool (T,): a block loaded from the tier fills those above
 
     @classmethod
     def empty(cls, n_instances: int) -> TierParams:
@@ -177,7 +178,7 @@ class TierParams(NamedTuple):
         return cls(
             0, b1, i8, np.zeros((0, n_instances), dtype=np.int64), f8, f8, f8, f2, f2, i8, i8, i8,
             b1, b1, i2, i8, f8, f8, i8, i3, f2, i3, f2, 0, 0, False, False, 1, False, 0, False,
-            1, 1, 1, 0.0, b1, i8,
+            1, 1, 1, 0.0, b1, i8, b1,
         )  # fmt: skip
 
 
@@ -346,13 +347,16 @@ def load_nb(ts, tp, lk, k, now, refs, buf, pf):  # noqa: ANN001, ANN201
     for t in range(tp.n_tiers):
         counts[t] = 0
     for j in range(refs.j1 - refs.j0 - 1, -1, -1):
-        p = pool_nb(tp, src[j], k)
+        t = src[j]
+        p = pool_nb(tp, t, k)
         b = block_ids[o + j]
         if excl:
             drop_nb(ts, p, b)
         else:
             touch_nb(ts, p, b)
-        counts[src[j]] += 1
+        if tp.load_fills_upper[t]:
+            fill_upper_nb(ts, tp, lk, k, now, t, b)
+        counts[t] += 1
     compute = prefill_seconds_nb(pf.q, pf.ctx, pf.timing)
     ready = now
     for t in range(tp.n_tiers):
@@ -367,6 +371,16 @@ def load_nb(ts, tp, lk, k, now, refs, buf, pf):  # noqa: ANN001, ANN201
         if fin > ready:
             ready = fin
     return ready
+
+
+@njit(cache=True, nogil=True, _nrt=False)
+def fill_upper_nb(ts, tp, lk, k, now, t, b):  # noqa: ANN001, ANN201
+    """Block ``b``, loaded from tier ``t``, becomes resident in every tier above ``t`` that
+    instance ``k`` reaches and that lacks it (the reference's ``fill_upper``)."""
+    for u in range(t):
+        p = pool_nb(tp, u, k)
+        if not has_nb(ts, p, b) and not fault_down_nb(ts, p, b):
+            insert_nb(ts, tp, lk, k, now, u, b)
 
 
 @njit(cache=True, nogil=True, _nrt=False, inline="always")

@@ -195,12 +195,15 @@ class LowerTiers:
         """Move the blocks ``blocks[start:start+len(src)]`` up; returns when the request may
         start its prefill (``q`` tokens left to compute after ``ctx``)."""
         c = self.cfg
+        fills = c.load_fills_upper
         for j in range(len(src) - 1, -1, -1):
-            pool = self.pool(src[j], inst)
+            t, b = src[j], blocks[start + j]
             if c.exclusive:
-                pool.remove(blocks[start + j])
+                self.pool(t, inst).remove(b)
             else:
-                pool.access(blocks[start + j])
+                self.pool(t, inst).access(b)
+            if fills is not None and fills[t]:
+                self.fill_upper(inst, now, t, b)
         compute = float(prefill_seconds(q, ctx, self.timing_of(inst)))
         ready = now
         for t in range(c.n_tiers):
@@ -215,6 +218,14 @@ class LowerTiers:
             if fin > ready:
                 ready = fin
         return ready
+
+    def fill_upper(self, inst: int, now: float, t: int, b: int) -> None:
+        """Block ``b``, loaded from tier ``t``, becomes resident in every tier above ``t`` that
+        ``inst`` reaches and that lacks it (SGLang's storage prefetch lands in the host pool and
+        its radix tree takes the pages); the copy is the connector's staging, already timed."""
+        for u in range(t):
+            if not self.pool(u, inst).contains(b) and not self.down(u, inst, b):
+                self.insert(inst, now, u, b)
 
     # ---- writes down -------------------------------------------------------------------------
     def sighted(self, inst: int, now: float, blocks: list[int], hbm_hits: int) -> None:

@@ -105,6 +105,10 @@ class TierConfig:
     # that load (any tier's connector's ``defer_loading_hits``; docs/model.md, "Hits another
     # request is loading")
     defer_loading_hits: bool = False
+    # bool (T,): a block loaded from the tier is also made resident in every tier above it
+    # that the instance reaches (the connector's ``load_fills_upper``: SGLang HiCache's storage
+    # prefetch lands in the host pool); None: in no tier
+    load_fills_upper: np.ndarray | None = None
 
     @property
     def stores_generated(self) -> bool:
@@ -242,6 +246,7 @@ class _TierColumns:
         self.blocks_step: list[bool] = []
         self.gen_step: list[bool] = []
         self.defer: list[bool] = []
+        self.fills: list[bool] = []
         self.stream_bw = np.full((T, n_instances), math.inf)
         self.stage_bw = np.full((T, n_instances), math.inf)
         self.port = np.full((T, n_instances), -1, dtype=np.int64)
@@ -313,6 +318,7 @@ class _TierColumns:
         self.gen_step.append(bool(gen))
         defer = tp.defer_loading_hits
         self.defer.append(bool(d["defer_loading_hits"] if defer is None else defer))
+        self.fills.append(bool(d["load_fills_upper"]))
         self.via_host[t] = bool(d["via_host"])
         self.staging[t] = int(d["staging"])
         n_instances = len(at.gpu0)
@@ -474,6 +480,7 @@ def build_tiers(
         tier_gb=cols.tier_gb,
         store_generated=np.array(cols.gen_step, dtype=np.bool_),
         defer_loading_hits=any(cols.defer),
+        load_fills_upper=np.array(cols.fills, dtype=np.bool_),
     )
 
 
