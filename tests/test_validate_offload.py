@@ -35,7 +35,7 @@ def test_catalogue_runs_are_each_sourced_and_declared_first() -> None:
         # counted again, and the file says why in place of its figures
         assert r.measured["baseline"] or r.measured["tiered"]
         for side in ("baseline", "tiered"):
-            assert r.measured[side] or f"# [measured.{side}]: " in text
+            assert r.measured[side] or f"# no measured.{side} figures: " in text
         first = next(ln for ln in text.splitlines() if ln and not ln.startswith("#"))
         assert first.startswith("role")  # declared before anything else
 
