@@ -48,6 +48,7 @@ KERNEL_MODULES = (
     "sim/nb.py",
     "sim/nb_hbm.py",
     "sim/nb_loading.py",
+    "sim/nb_prefetch.py",
     "sim/nb_tbt.py",
     "sim/nb_tiers.py",
     "sim/load_rules/always_load.py",

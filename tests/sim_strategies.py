@@ -266,8 +266,8 @@ def tier_configs(draw: st.DrawFn, n_instances: int, block_tokens: int) -> TierCo
     and queueing on every link and worker happen within a few requests. Each tier's connector
     is drawn at random: operation unit, serial or pipelined with a depth, workers per GPU or
     per host, per-operation cost, stream and staging rates, layer-wise overlap, whether a load
-    fills the tiers above; links may be full duplex, shared by a switch, or a host's DRAM
-    bus."""
+    fills the tiers above, whether a request's hits are prefetched at its arrival; links may
+    be full duplex, shared by a switch, or a host's DRAM bus."""
     names = ["dram", "cxl", "rdma", "ssd"]
     if draw(st.booleans()):
         names = [x for x in names if draw(st.booleans())] or ["cxl"]
@@ -389,6 +389,7 @@ def tier_configs(draw: st.DrawFn, n_instances: int, block_tokens: int) -> TierCo
         store_generated=np.array([draw(st.booleans()) for _ in names], dtype=np.bool_),
         defer_loading_hits=draw(st.booleans()),
         load_fills_upper=np.array([draw(st.booleans()) for _ in names], dtype=np.bool_),
+        prefetch_at_arrival=np.array([draw(st.booleans()) for _ in names], dtype=np.bool_),
         w0=w0,
         nw=nw,
         n_workers=n_workers,
@@ -433,6 +434,8 @@ def tiered_configs(draw: st.DrawFn, block_tokens: int) -> SimConfig:
             prefix_caching=draw(st.booleans()),
             concurrency=draw(st.sampled_from([0, 0, 1, 3])),
             caches_loads_at_admission=draw(st.booleans()),
+            # short enough that the small drawn prompts' prefetches happen
+            prefetch_min_tokens=draw(st.sampled_from([1, 2, 4])) * block_tokens,
         ),
     )
 

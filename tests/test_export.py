@@ -436,6 +436,13 @@ def test_sglang_storage_backends() -> None:
     assert f["--hicache-storage-backend"] == "file"
     assert "SGLANG_HICACHE_FILE_BACKEND_STORAGE_DIR" in env
     assert "no dram tier" in notes_text(result)
+    # the default connector loads at admission: no SGLang policy does, said so
+    assert "--hicache-storage-prefetch-policy" not in f
+    assert "loading at the request's admission" in notes_text(result)
+    ssd = TierPolicy(name="ssd", connector="sglang-hicache-file")
+    _, f, result = sglang_command(policy(TierPolicy(name="dram"), ssd))
+    assert f["--hicache-storage-prefetch-policy"] == "wait_complete"
+    assert "loading at the request's admission" not in notes_text(result)
 
 
 # --- Dynamo -------------------------------------------------------------------------------

@@ -50,7 +50,9 @@ def trace() -> BlockedTrace:
 
 def config(file_connector: str):
     """Two H100 engines on one host, HBM for about two and a half prompts each, a host pool
-    per engine and one shared file tier behind ``file_connector``, written through."""
+    per engine and one shared file tier behind ``file_connector``, written through; the file
+    tier's prefetch at arrival off, so its blocks are loaded at admission (the prefetch:
+    tests/test_prefetch_at_arrival.py)."""
     model = load_model("Qwen3-8B")
     hbm_gb = 2.5 * (PREFIX + 1) * B * model.kv_bytes_per_token("bf16") / 1e9
     policy = Policy(
@@ -65,7 +67,9 @@ def config(file_connector: str):
     )
     hw = load_hardware("a3-highgpu-4g-lustre")
     hw = replace(hw, topology=replace(hw.topology, hosts=1, gpus_per_host=2))
-    return build_config(hw, model, policy)
+    cfg = build_config(hw, model, policy)
+    off = np.zeros(cfg.tiers.n_tiers, dtype=np.bool_)
+    return replace(cfg, tiers=replace(cfg.tiers, prefetch_at_arrival=off))
 
 
 @pytest.mark.parametrize("engine", ["reference", "numba"])

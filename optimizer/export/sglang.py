@@ -40,7 +40,9 @@ the host pools in ``mem_cache/memory_pool_host.py`` and ``hiradix_cache.py``):
   cap from ``SGLANG_HICACHE_FILE_BACKEND_MAX_SIZE`` (``mem_cache/storage/file/
   lru_file_evictor.py`` at 16739a6: parsed by ``human_readable_int``, so plain bytes or
   ``"200G"``; unset or ``"0"`` means unbounded; a non-MLA rank owns and evicts its own files,
-  so the cap is per tensor-parallel rank) <- the ``ssd`` tier per rank, in bytes.
+  so the cap is per tensor-parallel rank) <- the ``ssd`` tier per rank, in bytes;
+  ``--hicache-storage-prefetch-policy wait_complete`` <- the ``ssd`` tier's connector
+  ``sglang-hicache-file`` (its prefetch at arrival, the request held until it ends).
 * ``--port`` (default 30000) per instance; ``CUDA_VISIBLE_DEVICES`` selects its GPUs.
 """
 
@@ -67,6 +69,7 @@ from kvtier.export.pd import sglang_args as sglang_pd_args
 from kvtier.export.releases import release
 from kvtier.hardware.types import GB
 from kvtier.policy.model import ROUTERS
+from kvtier.policy.registries import CONNECTORS
 
 FILE = "sglang-serve.sh"
 KV_DTYPES = {"bf16": "bf16", "fp8": "fp8_e4m3"}
@@ -192,6 +195,7 @@ def _storage(deploy: Deployment, args: list[str], env: dict[str, str], notes: li
             )
     elif deploy.has("ssd"):
         args += ["--hicache-storage-backend", "file"]
+        _prefetch_policy(deploy, args, notes)
         if FILE_CAP not in release("sglang").env:
             notes.append(
                 inexpressible(
@@ -214,6 +218,24 @@ def _storage(deploy: Deployment, args: list[str], env: dict[str, str], notes: li
         notes.append(
             inexpressible("The cxl tier is not exported: SGLang HiCache has no CXL backend.")
         )
+
+
+def _prefetch_policy(deploy: Deployment, args: list[str], notes: list[str]) -> None:
+    """The file tier's prefetch as replayed: a connector that prefetches at arrival
+    (``sglang-hicache-file``) holds the request until its prefetch ends, SGLang's
+    ``wait_complete``; another loads at admission, which no SGLang policy does."""
+    tier = deploy.policy.tier("ssd")
+    if tier is not None and CONNECTORS.get(tier.connector).defaults["prefetch_at_arrival"]:
+        args += ["--hicache-storage-prefetch-policy", "wait_complete"]
+        return
+    notes.append(
+        approximate(
+            f"The ssd tier was replayed behind the {tier.connector if tier else 'direct'} "
+            "connector, loading at the request's admission; SGLang prefetches storage hits "
+            "when a request arrives (--hicache-storage-prefetch-policy, best_effort by "
+            "default): replay with connector sglang-hicache-file to model it."
+        )
+    )
 
 
 def _backend(args: list[str]) -> str | None:

@@ -191,7 +191,11 @@ LOAD_RULES = Registry(
 # in 0.11.0; docs/model.md, "Hits another request is loading"), whether a block loaded from the
 # tier is also kept in the tiers above it that the instance reaches (``load_fills_upper``:
 # SGLang HiCache's storage back ends prefetch into the engine's host pool and insert the pages
-# into its radix tree; docs/model.md, "Loads that fill the tiers above"), whether the data passes
+# into its radix tree; docs/model.md, "Loads that fill the tiers above"), whether a request's
+# hits in the tier are read into the tiers above when it arrives, the request waiting in its
+# queue, holding no HBM, until they are there (``prefetch_at_arrival``: SGLang HiCache's storage
+# prefetch under ``--hicache-storage-prefetch-policy wait_complete``; docs/model.md, "Storage
+# prefetch at arrival"), whether the data passes
 # through host memory
 # and so the PCIe switch's uplink (``via_host``), whether the staging buffer is on the
 # GPU's own socket (``numa_aware``), and, as the P/D connector (``serving.pd_connector``),
@@ -231,6 +235,7 @@ def _path(**kw: object) -> dict[str, object]:
         "store_generated": False,
         "defer_loading_hits": False,
         "load_fills_upper": False,
+        "prefetch_at_arrival": False,
         "via_host": True,
         "numa_aware": True,
         "pd_layerwise": False,
@@ -325,8 +330,11 @@ CONNECTORS = Registry(
             # per page file), managers/cache_controller.py _generic_page_get (a
             # torch.zeros bounce page per file, set_from_flat_data_page into the pool): the
             # fill and the copy are its two staging passes; the per-file cost is the
-            # hardware profile's (not published for any file system)
-            _path(unit="chunk", staging=2, load_fills_upper=True),
+            # hardware profile's (not published for any file system); the prefetch starts at the
+            # request's arrival and wait_complete holds the request until it ends
+            # (managers/scheduler.py handle_generate_request, _prefetch_kvcache,
+            # check_prefetch_progress)
+            _path(unit="chunk", staging=2, load_fills_upper=True, prefetch_at_arrival=True),
         ),
     ],
 )

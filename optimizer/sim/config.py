@@ -25,6 +25,9 @@ from kvtier.sim.tiers import TierConfig, build_tiers
 from kvtier.sim.timing import T_FRONTEND, T_FRONTEND_TOKEN
 
 ROUTER_CODES = ROUTERS.codes  # {name: code}, from the router registry
+# SGLang's storage prefetch threshold in tokens (managers/cache_controller.py, the
+# prefetch_threshold default; docs/sources.md [SGLang-0.5.23])
+PREFETCH_MIN_TOKENS = 256
 
 
 @dataclass(frozen=True)
@@ -126,6 +129,8 @@ class SimConfig:
     # SGLang's radix tree; off: at the end of the loader's first step); in effect with lower
     # tiers and prefix caching (``shares_loading_hits``)
     caches_loads_at_admission: bool = False
+    # the fewest tokens a storage prefetch at arrival reads (``prefetches_at_arrival``)
+    prefetch_min_tokens: int = PREFETCH_MIN_TOKENS
 
     def timing_params(self) -> np.ndarray:
         """The packed step-time array both simulators read (layout: :mod:`kvtier.sim.timing`),
@@ -178,6 +183,27 @@ class SimConfig:
             and self.scheduler == VLLM_V1
             and self.prefix_caching
         )
+
+    @property
+    def prefetches_at_arrival(self) -> bool:
+        """A request's hits in a tier whose connector prefetches are read into the tiers above
+        it at the request's arrival, and the request waits in its queue, holding no HBM, until
+        they are there (SGLang HiCache's storage prefetch with ``wait_complete``, under
+        ``vllm_v1`` with prefix caching, the radix cache it extends; both engines read this;
+        docs/model.md, "Storage prefetch at arrival")."""
+        return (
+            self.tiers is not None
+            and self.tiers.prefetches
+            and self.scheduler == VLLM_V1
+            and self.prefix_caching
+        )
+
+    @property
+    def prefetch_min_blocks(self) -> int:
+        """The fewest blocks a prefetch reads: ``prefetch_min_tokens`` (SGLang's
+        ``prefetch_threshold``, 256 tokens) or a page if longer (``managers/cache_controller.py``:
+        ``max(prefetch_threshold, page_size)``; the radix cache declines a shorter one)."""
+        return -(-max(self.prefetch_min_tokens, self.block_tokens) // self.block_tokens)
 
     @property
     def shares_loading_hits(self) -> bool:

@@ -346,6 +346,8 @@ def kernel_inputs(
         bool(cfg.prefill_first),
         bool(cfg.defers_loading_hits),
         bool(cfg.shares_loading_hits),
+        bool(cfg.prefetches_at_arrival),
+        int(cfg.prefetch_min_blocks),
     )
     out = Outputs(
         first_token=np.full(n, np.nan),
@@ -832,6 +834,11 @@ def _tier_state(
             if tiers.load_fills_upper is not None
             else np.zeros(tiers.n_tiers, dtype=np.bool_)
         ),
+        prefetch_at_arrival=(
+            tiers.prefetch_at_arrival
+            if tiers.prefetch_at_arrival is not None
+            else np.zeros(tiers.n_tiers, dtype=np.bool_)
+        ),
     )
     return ts, tp, LinkState.zeros(tiers.n_links, tiers.n_tiers, tiers.n_workers)
 
@@ -918,9 +925,10 @@ def _check_tiers(c: TierConfig, n_instances: int) -> None:
     gen = c.store_generated
     if gen is not None and (len(gen) != T or gen.dtype != np.bool_):
         raise ValueError("store_generated must be one bool per tier")
-    fills = c.load_fills_upper
-    if fills is not None and (len(fills) != T or fills.dtype != np.bool_):
-        raise ValueError("load_fills_upper must be one bool per tier")
+    for name in ("load_fills_upper", "prefetch_at_arrival"):
+        per_tier = getattr(c, name)
+        if per_tier is not None and (len(per_tier) != T or per_tier.dtype != np.bool_):
+            raise ValueError(f"{name} must be one bool per tier")
     if len(c.unit) != T or not np.all(np.isin(c.unit, (0, 1, 2))) or len(c.layerwise) != T:
         raise ValueError("unit must be a known operation unit per tier")
     if T and (c.w0.min() < 0 or np.max(c.w0 + c.nw[:, None]) > c.n_workers):

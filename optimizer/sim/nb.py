@@ -90,6 +90,7 @@ from kvtier.sim.nb_loading import (
     share_loads_nb,
     unmark_loading_nb,
 )
+from kvtier.sim.nb_prefetch import gated_until_nb, prefetch_nb, prefetched_nb
 from kvtier.sim.nb_state import (
     C_DEFERRED,
     C_EXTRAP,
@@ -569,6 +570,8 @@ def arrive_nb(sim: Sim, i: int) -> None:
     q_tail[k] = i
     q_len[k] += 1
     ist.wake[k] = rq.arrival[i]  # its scheduler sees the new request now
+    if prm.prefetches_at_arrival:
+        prefetch_nb(sim, k, i, rq.arrival[i])
 
 
 @njit(cache=True, nogil=True, _nrt=False, **INNER)
@@ -1464,6 +1467,12 @@ def schedule_admissions_nb(
     while budget > 0 and i >= 0 and n_running[k] < prm.max_seqs:
         if (rs.handed_at[i] if rs.handed[i] else sim.rq.arrival[i]) > seen:
             break  # (async scheduling) queued after this step was scheduled
+        if rs.pf_ready[i] > seen:
+            prev = i  # its storage prefetch is in flight: it waits, the next one is tried
+            i = rs.next_waiting[i]
+            continue
+        if rs.pf_n[i] > 0:
+            prefetched_nb(sim, k, i, now)
         issue = seen if prm.polls_loads else now
         ints[C_DEFERRED] = 0
         if not admit_nb(sim, k, i, now, budget, m > 0, issue, keep):
@@ -1643,7 +1652,16 @@ def start_iteration_nb(sim: Sim, k: int, now: float, t_next: float) -> None:
     if m == 0:
         # no step in flight: the next one is decided when it starts (the reference's rule:
         # a load that ended after this attempt's decision, by now, runs in it, at once)
-        wake[k] = max(idle_until_nb(rs, ist, k, now, preempted), now)
+        w = idle_until_nb(rs, ist, k, now, preempted)
+        if prm.prefetches_at_arrival:
+            # waiting requests whose prefetch is in flight: when the first ends (every one
+            # waiting so, and nothing else to wait for: only then)
+            gate, all_gated = gated_until_nb(rs, ist, k, seen)
+            if all_gated and not preempted and n_running[k] == 0 and ist.held_head[k] < 0:
+                w = np.inf
+            if gate < w:
+                w = gate
+        wake[k] = max(w, now)
         ist.runs_on_at[k] = -np.inf
         ist.polls[POLL_ENDED, k] = -np.inf  # (polls_loads: the next attempt polls at once)
         return
@@ -1789,6 +1807,10 @@ def new_state(
         np.zeros(n, dtype=np.float64),
         np.zeros(n, dtype=np.bool_),
         np.zeros(n, dtype=np.bool_),
+        np.zeros(n, dtype=np.int64),
+        np.zeros(n, dtype=np.int64),
+        np.full(n, -np.inf),
+        np.zeros(n, dtype=np.int64),
         np.zeros(n, dtype=np.int64),
         np.zeros(n, dtype=np.int64),
     )

@@ -134,6 +134,11 @@ class Params(NamedTuple):
     # a request's loaded blocks enter HBM's cache at its admission; one hitting them before they
     # have arrived waits for them (SimConfig.shares_loading_hits)
     shares_loading_hits: bool
+    # a request's hits in a prefetching tier are read into the tiers above at its arrival; it
+    # waits in its queue until they are there (SimConfig.prefetches_at_arrival), if at least
+    # prefetch_min_blocks of them
+    prefetches_at_arrival: bool
+    prefetch_min_blocks: int
 
 
 class HbmPools(NamedTuple):
@@ -211,6 +216,13 @@ class RequestState(NamedTuple):
     # of its first step; hi 0: none)
     loading_lo: np.ndarray  # i8
     loading_hi: np.ndarray  # i8
+    # Params.prefetches_at_arrival: prompt blocks [pf_lo, pf_lo + pf_n) of tier pf_tier are
+    # read into the tiers above at its arrival (pf_n 0: none); it waits in its queue until
+    # pf_ready (-inf: never waits)
+    pf_ready: np.ndarray  # f8
+    pf_tier: np.ndarray  # i8
+    pf_lo: np.ndarray  # i8
+    pf_n: np.ndarray  # i8
 
 
 # rows of InstanceState.polls (Params.polls_loads)

@@ -167,6 +167,7 @@ class TierParams(NamedTuple):
     # - 1 (kvtier.sim.tiers.generated_bases); empty: no tier stores them
     gen_base: np.ndarray
     load_fills_upper: np.ndarray  # bool (T,): a block loaded from the tier fills those above
+    prefetch_at_arrival: np.ndarray  # bool (T,): hits in the tier are read up at arrival
 
     @classmethod
     def empty(cls, n_instances: int) -> TierParams:
@@ -178,7 +179,7 @@ class TierParams(NamedTuple):
         return cls(
             0, b1, i8, np.zeros((0, n_instances), dtype=np.int64), f8, f8, f8, f2, f2, i8, i8, i8,
             b1, b1, i2, i8, f8, f8, i8, i3, f2, i3, f2, 0, 0, False, False, 1, False, 0, False,
-            1, 1, 1, 0.0, b1, i8, b1,
+            1, 1, 1, 0.0, b1, i8, b1, b1,
         )  # fmt: skip
 
 
@@ -371,6 +372,21 @@ def load_nb(ts, tp, lk, k, now, refs, buf, pf):  # noqa: ANN001, ANN201
         if fin > ready:
             ready = fin
     return ready
+
+
+@njit(cache=True, nogil=True, _nrt=False)
+def prefetch_blocks_nb(ts, tp, lk, k, now, t, refs):  # noqa: ANN001, ANN201
+    """Read the blocks ``refs`` (:class:`Refs`) of tier ``t`` toward the tiers above (SGLang's
+    storage prefetch into the host pool), touched tail first, one transfer through the tier's
+    connector; returns when they have arrived (the reference's ``LowerTiers.prefetch``)."""
+    p = pool_nb(tp, t, k)
+    n = refs.j1 - refs.j0
+    for j in range(refs.j1 - 1, refs.j0 - 1, -1):
+        touch_nb(ts, p, refs.ids[refs.bo + j])
+    fin = gpu_transfer_nb(tp, lk, k, t, now, n, False)
+    lk.tier_hits[t] += n
+    lk.bytes_read[t] += n * tp.block_bytes
+    return fin
 
 
 @njit(cache=True, nogil=True, _nrt=False)

@@ -171,6 +171,11 @@ class Request:
     # ``defers_loading_hits`` or ``shares_loading_hits``: its loaded prompt blocks [lo, hi),
     # marked in its instance's ``loading`` (``loading_until``) ((0, 0): none)
     loading: tuple[int, int] = (0, 0)
+    # ``prefetches_at_arrival``: its prompt blocks [lo, lo + n) of tier ``t`` are read into the
+    # tiers above at its arrival, (t, lo, n) ((0, 0, 0): none), and it waits in its queue until
+    # ``prefetch_ready``
+    prefetch: tuple[int, int, int] = (0, 0, 0)
+    prefetch_ready: float = -np.inf
 
 
 class HbmPool:
@@ -441,6 +446,9 @@ class ReferenceReplay:
         # a request's loaded blocks enter HBM's cache at its admission; one that hits them
         # before they have arrived waits for them (``share_loads``)
         self.shares = self.cfg.shares_loading_hits
+        # a request's hits in a prefetching tier are read into the tiers above at its arrival;
+        # it waits in its queue until they are there (``prefetch``)
+        self.prefetches = self.cfg.prefetches_at_arrival
         # disaggregated: instances [0, n_pf) prefill, the rest decode
         self.n_pf = self.cfg.n_prefill
         # the router's instances
@@ -577,6 +585,37 @@ class ReferenceReplay:
         self.instances[k].waiting.append(req)
         self.instances[k].wake = t  # its scheduler sees the new request now
         self.instances[k].active_blocks += -(-req.input_tokens // self.B)
+        if self.prefetches:
+            self.prefetch(self.instances[k], k, req, t)
+
+    def prefetch(self, inst: Instance, k: int, req: Request, t: float) -> None:
+        """SGLang's storage prefetch (``_prefetch_kvcache`` at arrival): past the prefix HBM
+        and the tiers above hold, the run of blocks a prefetching tier holds is read into the
+        tiers above now, if it is at least ``prefetch_min_blocks`` long; the request waits in
+        its queue until it has arrived (``wait_complete``)."""
+        cap = min((req.target - 1) // self.B, len(req.blocks))
+        h = inst.pool.lookup(req.blocks, cap)
+        src = self.lower.lookup(k, req.blocks, h, cap)
+        pf = self.cfg.tiers.prefetch_at_arrival
+        j = next((x for x, tier in enumerate(src) if pf[tier]), -1)
+        if j < 0:
+            return
+        tier = src[j]
+        n = 1
+        while j + n < len(src) and src[j + n] == tier:
+            n += 1
+        if n < self.cfg.prefetch_min_blocks:
+            return
+        req.prefetch = (tier, h + j, n)
+        req.prefetch_ready = self.lower.prefetch(k, t, tier, req.blocks[h + j : h + j + n])
+
+    def prefetched(self, k: int, req: Request, t: float) -> None:
+        """``req``'s prefetch has ended and the scheduler reaches it: the blocks it read enter
+        the tiers above their source (SGLang inserts them into the host radix tree)."""
+        tier, lo, n = req.prefetch
+        req.prefetch = (0, 0, 0)
+        for b in req.blocks[lo : lo + n]:
+            self.lower.fill_upper(k, t, tier, b)
 
     def admit(
         self,
@@ -1084,6 +1123,11 @@ class ReferenceReplay:
                 req = inst.waiting[w]
                 if (req.handed_at if req.handed else req.arrival) > seen:
                     break  # (async scheduling) queued after this step was scheduled
+                if req.prefetch_ready > seen:
+                    w += 1  # its storage prefetch is in flight: it waits, the next is tried
+                    continue
+                if req.prefetch[2]:
+                    self.prefetched(k, req, t)
                 # (polls_loads: a load starts when its step is decided, on the worker that
                 # launches it)
                 issue = seen if polls else t
@@ -1146,8 +1190,13 @@ class ReferenceReplay:
             # once after a step that ran nothing)
             w = min((r.ready for r in inst.running), default=np.inf)
             w = min([w] + [r.release_at for r in inst.held])
-            if preempted or (not inst.running and not inst.held):
+            # waiting requests whose prefetch is in flight: when the first ends (every one
+            # waiting so, and nothing else to wait for: only then)
+            gated = [r.prefetch_ready for r in inst.waiting if r.prefetch_ready > seen]
+            all_gated = bool(gated) and len(gated) == len(inst.waiting)
+            if preempted or (not inst.running and not inst.held and not all_gated):
                 w = t
+            w = min([w, *gated])
             # no step in flight: the next one is decided when it starts (async scheduling: a
             # load that ended after this attempt's decision, by now, runs in it, at once)
             inst.wake = max(w, t)

@@ -219,6 +219,18 @@ class LowerTiers:
                 ready = fin
         return ready
 
+    def prefetch(self, inst: int, now: float, t: int, blocks: list[int]) -> float:
+        """Read ``blocks`` of tier ``t`` toward the tiers above (SGLang's storage prefetch into
+        the host pool), touched tail first, one transfer through the tier's connector; returns
+        when they have arrived. They enter the tiers above when the request is next tried
+        (``ReferenceReplay.prefetched``)."""
+        for b in reversed(blocks):
+            self.pool(t, inst).access(b)
+        fin = self.gpu_transfer(inst, now, t, len(blocks), False)
+        self.hits[t] += len(blocks)
+        self.bytes_read[t] += len(blocks) * self.cfg.block_bytes
+        return fin
+
     def fill_upper(self, inst: int, now: float, t: int, b: int) -> None:
         """Block ``b``, loaded from tier ``t``, becomes resident in every tier above ``t`` that
         ``inst`` reaches and that lacks it (SGLang's storage prefetch lands in the host pool and

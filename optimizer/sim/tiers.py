@@ -109,6 +109,15 @@ class TierConfig:
     # that the instance reaches (the connector's ``load_fills_upper``: SGLang HiCache's storage
     # prefetch lands in the host pool); None: in no tier
     load_fills_upper: np.ndarray | None = None
+    # bool (T,): a request's hits in the tier are read into the tiers above it when the request
+    # arrives, and it waits in its queue until they are there (the connector's
+    # ``prefetch_at_arrival``: SGLang HiCache's storage prefetch, wait_complete); None: none
+    prefetch_at_arrival: np.ndarray | None = None
+
+    @property
+    def prefetches(self) -> bool:
+        """Does any tier prefetch at arrival?"""
+        return self.prefetch_at_arrival is not None and bool(np.any(self.prefetch_at_arrival))
 
     @property
     def stores_generated(self) -> bool:
@@ -247,6 +256,7 @@ class _TierColumns:
         self.gen_step: list[bool] = []
         self.defer: list[bool] = []
         self.fills: list[bool] = []
+        self.prefetch: list[bool] = []
         self.stream_bw = np.full((T, n_instances), math.inf)
         self.stage_bw = np.full((T, n_instances), math.inf)
         self.port = np.full((T, n_instances), -1, dtype=np.int64)
@@ -319,6 +329,7 @@ class _TierColumns:
         defer = tp.defer_loading_hits
         self.defer.append(bool(d["defer_loading_hits"] if defer is None else defer))
         self.fills.append(bool(d["load_fills_upper"]))
+        self.prefetch.append(bool(d["prefetch_at_arrival"]))
         self.via_host[t] = bool(d["via_host"])
         self.staging[t] = int(d["staging"])
         n_instances = len(at.gpu0)
@@ -481,6 +492,7 @@ def build_tiers(
         store_generated=np.array(cols.gen_step, dtype=np.bool_),
         defer_loading_hits=any(cols.defer),
         load_fills_upper=np.array(cols.fills, dtype=np.bool_),
+        prefetch_at_arrival=np.array(cols.prefetch, dtype=np.bool_),
     )
 
 
