@@ -173,3 +173,25 @@ def test_engines_agree_on_drawn_prefetches(
         "tier_hit_blocks", "tier_bytes_read", "tier_bytes_written", "link_busy_s",
     ):  # fmt: skip
         np.testing.assert_array_equal(getattr(ref, field), getattr(fast, field), err_msg=field)
+
+
+def test_the_first_lower_tier_has_nothing_above_to_prefetch_into() -> None:
+    """The file back end's connector on the only lower tier: its hits load at admission, once
+    (no prefetch reads them first)."""
+    model = load_model("Qwen3-8B")
+    policy = Policy(
+        block_tokens=B,
+        serving=ServingPolicy(instances=2, tp=1, routing="round_robin"),
+        tiers=(
+            TierPolicy(capacity_gb=20.0),
+            TierPolicy(name="ssd", capacity_gb=200.0, connector="sglang-hicache-file"),
+        ),
+    )
+    hw = load_hardware("a3-highgpu-4g-lustre")
+    cfg = build_config(
+        replace(hw, topology=replace(hw.topology, hosts=1, gpus_per_host=2)), model, policy
+    )
+    assert cfg.prefetches_at_arrival
+    for engine in ("reference", "numba"):
+        raw = simulate_raw(trace(64), cfg, engine=engine, check_invariants=engine == "reference")
+        assert raw.loaded_blocks[1, 0] == 64 and raw.tier_hit_blocks[0] == 64

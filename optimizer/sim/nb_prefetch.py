@@ -46,7 +46,8 @@ def prefetch_nb(sim: Sim, k: int, i: int, now: float) -> None:
     src = buf.src
     n_src = lookup_nb(sim.ts, tp, k, rq.block_ids, boff[i], h, cap, src)
     j = 0
-    while j < n_src and not tp.prefetch_at_arrival[src[j]]:
+    # (the first lower tier has none above it to read into: it never prefetches)
+    while j < n_src and not (src[j] > 0 and tp.prefetch_at_arrival[src[j]]):
         j += 1
     if j == n_src:
         return

@@ -597,7 +597,8 @@ class ReferenceReplay:
         h = inst.pool.lookup(req.blocks, cap)
         src = self.lower.lookup(k, req.blocks, h, cap)
         pf = self.cfg.tiers.prefetch_at_arrival
-        j = next((x for x, tier in enumerate(src) if pf[tier]), -1)
+        # (the first lower tier has none above it to read into: it never prefetches)
+        j = next((x for x, tier in enumerate(src) if tier > 0 and pf[tier]), -1)
         if j < 0:
             return
         tier = src[j]
