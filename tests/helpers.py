@@ -121,3 +121,14 @@ def replay_both(trace, cfg, *, fast=None, **options):  # noqa: ANN001, ANN003, A
         assert str(fast_err.value) == str(err)
         return None
     return ref, fast()
+
+
+REQUEST_FIELDS = ("first_token_s", "finish_s", "hit_blocks", "loaded_blocks", "preemptions")
+
+
+def assert_fields_equal(a, b, fields=REQUEST_FIELDS) -> None:  # noqa: ANN001
+    """Two replays' results (RawResult) agree exactly on ``fields`` (per request by default)."""
+    import numpy as np
+
+    for name in fields:
+        np.testing.assert_array_equal(getattr(a, name), getattr(b, name), err_msg=name)
