@@ -535,11 +535,15 @@ class Policy:
     # its first step (vLLM caches them when the load has ended, one step earlier at most), or
     # at its admission, so that a request matching them while they arrive hits them in HBM and
     # waits for their arrival instead of loading them again (SGLang's radix tree takes the
-    # pages of a load-back at once; docs/model.md, "Hits another request is loading").
+    # pages of a load-back at once; docs/model.md, "Hits another request is loading"); the
+    # same tree keeps one access time for a page's HBM and host copies, so at_admission also
+    # makes a request's HBM hits refresh their host copies (docs/model.md, "One access time for
+    # HBM and the host tier").
     load_caching: str = setting(
         "first_step",
         "when loaded blocks enter HBM's prefix cache: after the loader's first step, or at its "
-        "admission (a request that matches them waits for them)",
+        "admission (a request that matches them waits for them; SGLang's tree, whose HBM hits "
+        "also refresh their host copies)",
         choices=LOAD_CACHINGS,
     )
     kv_layout: str = setting(

@@ -185,6 +185,15 @@ class SimConfig:
         )
 
     @property
+    def refreshes_host_on_hbm_hit(self) -> bool:
+        """A request's HBM hits make their copies in the first lower tier recent too: SGLang's
+        radix tree keeps one node, with one access time, for a page's device and host copies
+        (``load_caching = "at_admission"``, the policy's SGLang tree; under ``vllm_v1`` with
+        prefix caching; both engines read this; docs/model.md, "One access time for HBM and the
+        host tier")."""
+        return self.shares_loading_hits and self.scheduler == VLLM_V1
+
+    @property
     def prefetches_at_arrival(self) -> bool:
         """A request's hits in a tier whose connector prefetches are read into the tiers above
         it at the request's arrival, and the request waits in its queue, holding no HBM, until

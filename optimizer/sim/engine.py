@@ -348,6 +348,7 @@ def kernel_inputs(
         bool(cfg.shares_loading_hits),
         bool(cfg.prefetches_at_arrival),
         int(cfg.prefetch_min_blocks),
+        bool(cfg.refreshes_host_on_hbm_hit),
     )
     out = Outputs(
         first_token=np.full(n, np.nan),

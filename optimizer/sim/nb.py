@@ -140,6 +140,7 @@ from kvtier.sim.nb_tiers import (
     load_nb,
     lookup_nb,
     ops_of_nb,
+    refresh_nb,
     sighted_nb,
 )
 from kvtier.sim.slo import certainly_missed
@@ -1475,12 +1476,16 @@ def schedule_admissions_nb(
             prefetched_nb(sim, k, i, now)
         issue = seen if prm.polls_loads else now
         ints[C_DEFERRED] = 0
+        handed = rs.handed[i]
         if not admit_nb(sim, k, i, now, budget, m > 0, issue, keep):
             if ints[C_DEFERRED] == 0:
                 break
             prev = i  # another request loads its hits: it waits, the next one is tried
             i = rs.next_waiting[i]
             continue
+        if prm.refreshes_host and not handed:
+            refs = Refs(sim.rq.block_ids, sim.rq.block_offsets[i], ZERO, rs.registered[i])
+            refresh_nb(sim.ts, sim.tp, k, refs)
         nxt = rs.next_waiting[i]
         if prev < 0:
             q_head[k] = nxt

@@ -139,6 +139,9 @@ class Params(NamedTuple):
     # prefetch_min_blocks of them
     prefetches_at_arrival: bool
     prefetch_min_blocks: int
+    # a request's HBM hits refresh their copies in the first lower tier
+    # (SimConfig.refreshes_host_on_hbm_hit)
+    refreshes_host: bool
 
 
 class HbmPools(NamedTuple):

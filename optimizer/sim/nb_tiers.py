@@ -390,6 +390,17 @@ def prefetch_blocks_nb(ts, tp, lk, k, now, t, refs):  # noqa: ANN001, ANN201
 
 
 @njit(cache=True, nogil=True, _nrt=False)
+def refresh_nb(ts, tp, k, refs):  # noqa: ANN001, ANN201
+    """The copies of the HBM hits ``refs`` (:class:`Refs`) in the first lower tier are
+    touched, tail first (the reference's ``LowerTiers.refresh``)."""
+    p = pool_nb(tp, 0, k)
+    for j in range(refs.j1 - 1, refs.j0 - 1, -1):
+        b = refs.ids[refs.bo + j]
+        if has_nb(ts, p, b) and not fault_down_nb(ts, p, b):
+            touch_nb(ts, p, b)
+
+
+@njit(cache=True, nogil=True, _nrt=False)
 def fill_upper_nb(ts, tp, lk, k, now, t, b):  # noqa: ANN001, ANN201
     """Block ``b``, loaded from tier ``t``, becomes resident in every tier above ``t`` that
     instance ``k`` reaches and that lacks it (the reference's ``fill_upper``)."""

@@ -449,6 +449,8 @@ class ReferenceReplay:
         # a request's hits in a prefetching tier are read into the tiers above at its arrival;
         # it waits in its queue until they are there (``prefetch``)
         self.prefetches = self.cfg.prefetches_at_arrival
+        # a request's HBM hits refresh their copies in the first lower tier (``refresh``)
+        self.refreshes = self.cfg.refreshes_host_on_hbm_hit
         # disaggregated: instances [0, n_pf) prefill, the rest decode
         self.n_pf = self.cfg.n_prefill
         # the router's instances
@@ -1133,11 +1135,14 @@ class ReferenceReplay:
                 # launches it)
                 issue = seen if polls else t
                 self.deferred = False
+                handed = req.handed
                 if not self.admit(inst, k, req, t, budget, bool(sched), issue, keep):
                     if not self.deferred:
                         break
                     w += 1  # another request loads its hits: it waits, the next is tried
                     continue
+                if self.refreshes and not handed:
+                    self.lower.refresh(k, req.blocks, req.registered)
                 del inst.waiting[w]
                 inst.running.append(req)
                 if req.ready > t or req.polled:

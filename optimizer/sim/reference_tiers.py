@@ -231,6 +231,14 @@ class LowerTiers:
         self.bytes_read[t] += len(blocks) * self.cfg.block_bytes
         return fin
 
+    def refresh(self, inst: int, blocks: list[int], h: int) -> None:
+        """The copies of the HBM hits ``blocks[:h]`` in the first lower tier are touched, tail
+        first (SGLang's radix node: one access time for its device and host copies)."""
+        pool = self.pool(0, inst)
+        for b in reversed(blocks[:h]):
+            if pool.contains(b) and not self.down(0, inst, b):
+                pool.access(b)
+
     def fill_upper(self, inst: int, now: float, t: int, b: int) -> None:
         """Block ``b``, loaded from tier ``t``, becomes resident in every tier above ``t`` that
         ``inst`` reaches and that lacks it (SGLang's storage prefetch lands in the host pool and
