@@ -224,13 +224,13 @@ def _prefetch_policy(deploy: Deployment, args: list[str], notes: list[str]) -> N
     """The file tier's prefetch as replayed: a connector that prefetches at arrival
     (``sglang-hicache-file``) holds the request until its prefetch ends, SGLang's
     ``wait_complete``; another loads at admission, which no SGLang policy does."""
-    tier = deploy.policy.tier("ssd")
-    if tier is not None and CONNECTORS.get(tier.connector).defaults["prefetch_at_arrival"]:
+    connector = deploy.policy.tier("ssd").connector  # (called with an ssd tier)
+    if CONNECTORS.get(connector).defaults["prefetch_at_arrival"]:
         args += ["--hicache-storage-prefetch-policy", "wait_complete"]
         return
     notes.append(
         approximate(
-            f"The ssd tier was replayed behind the {tier.connector if tier else 'direct'} "
+            f"The ssd tier was replayed behind the {connector} "
             "connector, loading at the request's admission; SGLang prefetches storage hits "
             "when a request arrives (--hicache-storage-prefetch-policy, best_effort by "
             "default): replay with connector sglang-hicache-file to model it."
