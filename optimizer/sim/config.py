@@ -28,6 +28,14 @@ ROUTER_CODES = ROUTERS.codes  # {name: code}, from the router registry
 # SGLang's storage prefetch threshold in tokens (managers/cache_controller.py, the
 # prefetch_threshold default; docs/sources.md [SGLang-0.5.23])
 PREFETCH_MIN_TOKENS = 256
+# SGLang's retries of a declined or missed storage prefetch: scheduling passes before one is
+# re-issued and re-issues per request (--hicache-storage-prefetch-retry-poll-interval and
+# -max-attempts, arg_groups/fields/memory.py defaults; docs/sources.md [SGLang-0.5.23])
+PREFETCH_RETRY_PASSES = 8
+PREFETCH_RETRY_ATTEMPTS = 8
+# the share of its host pool an engine's storage prefetches in flight may reserve
+# (managers/cache_controller.py: prefetch_capacity_limit = int(0.5 * logical_size))
+PREFETCH_HOST_SHARE = 0.5
 
 
 @dataclass(frozen=True)
@@ -131,6 +139,9 @@ class SimConfig:
     caches_loads_at_admission: bool = False
     # the fewest tokens a storage prefetch at arrival reads (``prefetches_at_arrival``)
     prefetch_min_tokens: int = PREFETCH_MIN_TOKENS
+    # a declined or missed prefetch's retries: passes before one is re-issued, re-issues
+    prefetch_retry_passes: int = PREFETCH_RETRY_PASSES
+    prefetch_retry_attempts: int = PREFETCH_RETRY_ATTEMPTS
 
     def timing_params(self) -> np.ndarray:
         """The packed step-time array both simulators read (layout: :mod:`kvtier.sim.timing`),
@@ -208,10 +219,35 @@ class SimConfig:
         )
 
     @property
+    def tiers_read_at_arrival(self) -> np.ndarray:
+        """bool per lower tier: those only a storage prefetch at arrival reads, where one runs
+        (``prefetches_at_arrival``); an admission's lookup stops at them (SGLang matches the
+        device and host trees; storage pages reach the host pool through a prefetch alone).
+        The first lower tier has none above it to read into, so it is never one."""
+        if self.tiers is None:
+            return np.zeros(0, dtype=np.bool_)
+        out = np.zeros(self.tiers.n_tiers, dtype=np.bool_)
+        if self.prefetches_at_arrival:
+            out[1:] = self.tiers.prefetch_at_arrival[1:]
+        return out
+
+    @property
+    def prefetch_limit_tokens(self) -> int:
+        """The tokens an instance's storage prefetches in flight may reserve before another is
+        declined: half its first lower tier (SGLang's ``prefetch_capacity_limit``, half the host
+        pool; ``prefetch_tokens_occupied`` counts each prefetch's whole prompt left past the
+        host match, from its issue until the scheduler takes its result)."""
+        if self.tiers is None or self.tiers.n_tiers == 0:
+            return 0
+        cap = int(self.tiers.capacity_blocks[0]) * self.block_tokens
+        return int(PREFETCH_HOST_SHARE * cap)
+
+    @property
     def prefetch_min_blocks(self) -> int:
-        """The fewest blocks a prefetch reads: ``prefetch_min_tokens`` (SGLang's
-        ``prefetch_threshold``, 256 tokens) or a page if longer (``managers/cache_controller.py``:
-        ``max(prefetch_threshold, page_size)``; the radix cache declines a shorter one)."""
+        """The fewest blocks of prompt past the host match a prefetch is issued for:
+        ``prefetch_min_tokens`` (SGLang's ``prefetch_threshold``, 256 tokens) or a page if
+        longer (``managers/cache_controller.py``: ``max(prefetch_threshold, page_size)``; the
+        radix cache's ``prefetch_from_storage`` declines a shorter key)."""
         return -(-max(self.prefetch_min_tokens, self.block_tokens) // self.block_tokens)
 
     @property

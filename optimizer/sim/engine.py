@@ -272,22 +272,12 @@ def kernel_inputs(
     slo_on = slo is not None
     thr = slo.thresholds() if slo is not None else np.full(5, np.inf)
     lim = slo.limits(n) if slo is not None else np.ones(4, dtype=np.int64)
-    costs = None
-    gen_base = None  # the generated blocks' ids, when a tier's connector stores them
-    n_ids = n_blocks
-    if cfg.tiers is not None and cfg.tiers.stores_generated:
-        gen_base = _generated_bases(trace, cfg.block_tokens, n_blocks)
-        n_ids = int(gen_base[-1])
-    if cfg.tiers is not None and "gdsf" in cfg.tiers.evictions:
-        costs = recompute_costs(
-            trace.block_offsets, trace.block_ids, n_blocks, cfg.block_tokens, *tparams[:3]
-        )
-        if gen_base is not None:
-            costs = generated_costs(
-                costs, gen_base, trace.input_tokens, cfg.block_tokens, *tparams[:3]
-            )
+    costs, gen_base, n_ids = _block_ids_and_costs(trace, cfg, n_blocks, tparams)
     kept: dict[str, np.ndarray] = {}
     ts, tp, lk = _tier_state(cfg.tiers, n_ids, cfg.n_instances, costs, kept, gen_base)
+    if cfg.tiers is not None:
+        # (the tiers a storage prefetch at arrival alone reads, where one runs)
+        tp = tp._replace(prefetch_at_arrival=cfg.tiers_read_at_arrival)
     if cfg.faults:
         ts = ts._replace(**_fault_rows(cfg, n_ids, ts))
     pd_params = _pd_params(cfg, n_refs)
@@ -348,6 +338,9 @@ def kernel_inputs(
         bool(cfg.shares_loading_hits),
         bool(cfg.prefetches_at_arrival),
         int(cfg.prefetch_min_blocks),
+        int(cfg.prefetch_limit_tokens),
+        int(cfg.prefetch_retry_passes),
+        int(cfg.prefetch_retry_attempts),
         bool(cfg.refreshes_host_on_hbm_hit),
     )
     out = Outputs(
@@ -372,6 +365,28 @@ def kernel_inputs(
         n_refs * (2 if cfg.n_prefill > 0 else 1), kept,
     )  # fmt: skip
     return KernelInputs(requests, params, pools, ts, tp, lk, out, kept)
+
+
+def _block_ids_and_costs(
+    trace: BlockedTrace, cfg: SimConfig, n_blocks: int, tparams: np.ndarray
+) -> tuple[np.ndarray | None, np.ndarray | None, int]:
+    """The lower tiers' GDSF recompute costs per block id (None: no tier uses GDSF), the
+    generated blocks' id bases (None: no tier's connector stores them) and the ids in all."""
+    costs = None
+    gen_base = None
+    n_ids = n_blocks
+    if cfg.tiers is not None and cfg.tiers.stores_generated:
+        gen_base = _generated_bases(trace, cfg.block_tokens, n_blocks)
+        n_ids = int(gen_base[-1])
+    if cfg.tiers is not None and "gdsf" in cfg.tiers.evictions:
+        costs = recompute_costs(
+            trace.block_offsets, trace.block_ids, n_blocks, cfg.block_tokens, *tparams[:3]
+        )
+        if gen_base is not None:
+            costs = generated_costs(
+                costs, gen_base, trace.input_tokens, cfg.block_tokens, *tparams[:3]
+            )
+    return costs, gen_base, n_ids
 
 
 def _generated_bases(trace: BlockedTrace, block_tokens: int, n_blocks: int) -> np.ndarray:

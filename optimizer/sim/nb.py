@@ -90,7 +90,12 @@ from kvtier.sim.nb_loading import (
     share_loads_nb,
     unmark_loading_nb,
 )
-from kvtier.sim.nb_prefetch import gated_until_nb, prefetch_nb, prefetched_nb
+from kvtier.sim.nb_prefetch import (
+    gated_until_nb,
+    prefetch_nb,
+    prefetched_nb,
+    retry_prefetches_nb,
+)
 from kvtier.sim.nb_state import (
     C_DEFERRED,
     C_EXTRAP,
@@ -112,6 +117,8 @@ from kvtier.sim.nb_state import (
     PASS_DECODE,
     PASS_PREFILL,
     PASS_PREFILL_YIELDS,
+    PF_HELD,
+    PF_PASSES,
     POLL_AT,
     POLL_BEFORE,
     POLL_ENDED,
@@ -479,7 +486,7 @@ def end_iteration_nb(sim: Sim, k: int, now: float) -> None:
         n_running[k] = w
     # a request runs on: its next step was scheduled while this one ran (async scheduling)
     ist.runs_on_at[k] = now if n_sched[k] > n_done else -np.inf
-    ist.polls[POLL_ENDED, k] = now
+    ist.marks[POLL_ENDED, k] = now
     n_sched[k] = 0
     seg_steps[k] = 0
     busy[k] = False
@@ -1497,6 +1504,7 @@ def schedule_admissions_nb(
         pos = n_running[k]
         ist.running[k, pos] = i
         n_running[k] += 1
+        rs.pf_retry[i] = -1  # (SGLang cancels an admitted request's retry)
         steps_left = 0
         if ready[i] > now or rs.polled[i]:
             # (a polled load's end is reported with a later step's output)
@@ -1580,7 +1588,7 @@ def loads_seen_nb(ist: InstanceState, prm: Params, k: int, now: float) -> float:
     which lower-tier loads have ended (polls_loads; the reference's ``loads_seen``): with no
     step in flight, now; after a step that has just ended, when that step was decided (its
     worker's poll), or scheduling ahead, when the step before it was."""
-    polls = ist.polls
+    polls = ist.marks
     if polls[POLL_ENDED, k] != now:
         return now
     if prm.async_sched and ist.runs_on_at[k] == now:
@@ -1603,6 +1611,8 @@ def start_iteration_nb(sim: Sim, k: int, now: float, t_next: float) -> None:
     ints = sim.ty.ints
     if k < prm.n_prefill and ist.held_head[k] >= 0:
         release_held_nb(k, now, rs, ist, sim.pool, prm)
+    if prm.prefetches_at_arrival:
+        retry_prefetches_nb(sim, k, now)
     grows = prm.scheduler == VLLM_V1
     cascade = tp.n_tiers > 0 and (tp.cascade or tp.exclusive)
     v0 = prm.scheduler == VLLM_V0
@@ -1668,12 +1678,12 @@ def start_iteration_nb(sim: Sim, k: int, now: float, t_next: float) -> None:
                 w = gate
         wake[k] = max(w, now)
         ist.runs_on_at[k] = -np.inf
-        ist.polls[POLL_ENDED, k] = -np.inf  # (polls_loads: the next attempt polls at once)
+        ist.marks[POLL_ENDED, k] = -np.inf  # (polls_loads: the next attempt polls at once)
         return
     wake[k] = np.inf
     if prm.polls_loads:
         # this step's worker polls for finished loads when it is launched (decided)
-        polls = ist.polls
+        polls = ist.marks
         polls[POLL_BEFORE, k] = polls[POLL_AT, k] if polls[POLL_ENDED, k] == now else seen
         polls[POLL_AT, k] = seen
     tokens, attn, kv_read, n_dec, dec_kv, pf_ns, pf_ext = sums
@@ -1818,9 +1828,14 @@ def new_state(
         np.zeros(n, dtype=np.int64),
         np.zeros(n, dtype=np.int64),
         np.zeros(n, dtype=np.int64),
+        np.full(n, -1, dtype=np.int64),
+        np.zeros(n, dtype=np.int64),
     )
     n_pdw = n_inst * prm.pd_workers
     ix_list = np.zeros((5, 2 * n_inst), dtype=np.int64)
+    marks = np.full((5, n_inst), -np.inf)
+    marks[PF_HELD] = 0.0
+    marks[PF_PASSES] = 0.0
     ix_list[IX_HEAD] = -1
     ix_list[IX_TAIL] = -1
     ist = InstanceState(
@@ -1855,7 +1870,7 @@ def new_state(
         saving=np.zeros(n_inst, dtype=np.bool_),
         iter_start=np.full(n_inst, -np.inf),
         runs_on_at=np.full(n_inst, -np.inf),
-        polls=np.full((3, n_inst), -np.inf),
+        marks=marks,
         ix_last=np.full(2 * prm.ix_nodes, -1, dtype=np.int32),
         ix_log=np.empty((2, 2 * prm.ix_log), dtype=np.int32),
         ix_list=ix_list,

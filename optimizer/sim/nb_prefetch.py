@@ -7,9 +7,12 @@ device and host trees and the rest is looked up in the storage back end), reads 
 the host pool on a background thread, and under ``--hicache-storage-prefetch-policy
 wait_complete`` skips the request when forming a batch until the prefetch has ended
 (``check_prefetch_progress``); the pages then become host-resident nodes of the radix tree and
-the request loads them from host memory like any host hit. A prefetch shorter than
-``prefetch_threshold`` (256 tokens) is declined. docs/model.md, "Storage prefetch at arrival";
-the reference is :meth:`kvtier.sim.reference.ReferenceReplay.prefetch`.
+the request loads them from host memory like any host hit. A prefetch of a prompt left
+shorter than ``prefetch_threshold`` (256 tokens) is declined; one is declined too while the
+engine's prefetches in flight reserve half its host pool (``prefetch_capacity_limit``), and a
+declined or missed one is re-issued by later scheduling passes (``StoragePrefetchRetries``).
+docs/model.md, "Storage prefetch at arrival"; the reference is
+:meth:`kvtier.sim.reference.ReferenceReplay.prefetch`.
 """
 
 from __future__ import annotations
@@ -19,62 +22,102 @@ from numba import njit
 
 import kvtier.jitcache  # noqa: F401  (drops kernels compiled against older sources)
 from kvtier.sim.nb_hbm import hbm_lookup_nb
-from kvtier.sim.nb_state import INNER, InstanceState, RequestState, Sim
-from kvtier.sim.nb_tiers import Refs, fill_upper_nb, lookup_nb, prefetch_blocks_nb
+from kvtier.sim.nb_state import INNER, PF_HELD, PF_PASSES, InstanceState, RequestState, Sim
+from kvtier.sim.nb_tiers import (
+    Refs,
+    fill_upper_nb,
+    lookup_nb,
+    prefetch_blocks_nb,
+    storage_run_nb,
+)
+
+
+@njit(cache=True, nogil=True, inline="always")
+def prompt_cap_nb(sim: Sim, i: int) -> int:
+    """The prompt blocks request ``i`` may find cached: those before its last token."""
+    nb = sim.rq.block_offsets[i + 1] - sim.rq.block_offsets[i]
+    cap = (sim.rs.target[i] - 1) // sim.prm.block_tokens
+    return min(nb, cap)
 
 
 @njit(cache=True, nogil=True, _nrt=False, **INNER)
 def prefetch_nb(sim: Sim, k: int, i: int, now: float) -> None:
-    """Request ``i``, just routed to instance ``k`` at ``now``: past the prefix HBM and the
-    tiers above hold, the run of blocks a prefetching tier holds is read into the tiers above,
-    if it is at least ``Params.prefetch_min_blocks`` long; ``i`` waits until it has arrived."""
+    """Request ``i``, on instance ``k`` at ``now`` (its arrival, or a retry): past the prefix
+    HBM and the tiers admission reaches hold, the run of blocks a prefetching tier holds is
+    read into the tiers above, and ``i`` waits until it has arrived. Declined when under
+    ``Params.prefetch_min_blocks`` of prompt are left; when ``k``'s prefetches in flight hold
+    ``prefetch_limit_tokens``, or the tier holds none of it, a retry is armed."""
     rq = sim.rq
     rs = sim.rs
     prm = sim.prm
-    tp = sim.tp
-    buf = sim.buf
-    boff = rq.block_offsets
-    B = prm.block_tokens
-    nb = boff[i + 1] - boff[i]
-    cap = (rs.target[i] - 1) // B
-    if nb < cap:
-        cap = nb
-    h = hbm_lookup_nb(
-        sim.pool.slot_of, k * prm.n_shared, rq.shared, boff[i], cap, buf.found, prm.swa_off,
+    bo = rq.block_offsets[i]
+    cap = prompt_cap_nb(sim, i)
+    lo = hbm_lookup_nb(
+        sim.pool.slot_of, k * prm.n_shared, rq.shared, bo, cap, sim.buf.found, prm.swa_off,
         prm.swa_need,
     )  # fmt: skip
-    src = buf.src
-    n_src = lookup_nb(sim.ts, tp, k, rq.block_ids, boff[i], h, cap, src)
-    j = 0
-    # (the first lower tier has none above it to read into: it never prefetches)
-    while j < n_src and not (src[j] > 0 and tp.prefetch_at_arrival[src[j]]):
-        j += 1
-    if j == n_src:
+    lo += lookup_nb(sim.ts, sim.tp, k, rq.block_ids, bo, lo, cap, sim.buf.src)
+    if cap - lo < prm.prefetch_min_blocks:
+        return  # (no lookup was issued: no retry)
+    marks = sim.ist.marks
+    if marks[PF_HELD, k] * prm.block_tokens >= prm.prefetch_limit_tokens:
+        rs.pf_retry[i] = 0  # (declined, rate limited)
         return
-    t = src[j]
-    n = 1
-    while j + n < n_src and src[j + n] == t:
-        n += 1
-    if n < prm.prefetch_min_blocks:
+    t, n = storage_run_nb(sim.ts, sim.tp, k, rq.block_ids, bo, lo, cap)
+    if n == 0:
+        rs.pf_retry[i] = 0  # (a miss: a backup may still be committing)
         return
+    marks[PF_HELD, k] += cap - lo  # (the whole prompt left is reserved)
     rs.pf_tier[i] = t
-    rs.pf_lo[i] = h + j
+    rs.pf_lo[i] = lo
     rs.pf_n[i] = n
-    refs = Refs(rq.block_ids, boff[i], h + j, h + j + n)
-    rs.pf_ready[i] = prefetch_blocks_nb(sim.ts, tp, sim.lk, k, now, t, refs)
+    refs = Refs(rq.block_ids, bo, lo, lo + n)
+    rs.pf_ready[i] = prefetch_blocks_nb(sim.ts, sim.tp, sim.lk, k, now, t, refs)
 
 
 @njit(cache=True, nogil=True, _nrt=False, **INNER)
 def prefetched_nb(sim: Sim, k: int, i: int, now: float) -> None:
     """Request ``i``'s prefetch has ended and the scheduler reaches it: the blocks it read enter
-    the tiers above their source (SGLang inserts them into the host radix tree)."""
+    the tiers above their source (SGLang inserts them into the host radix tree) and its
+    reservation is released."""
     rs = sim.rs
     bo = sim.rq.block_offsets[i]
     lo = rs.pf_lo[i]
     n = rs.pf_n[i]
     rs.pf_n[i] = 0
+    sim.ist.marks[PF_HELD, k] -= prompt_cap_nb(sim, i) - lo
     for j in range(lo, lo + n):
         fill_upper_nb(sim.ts, sim.tp, sim.lk, k, now, rs.pf_tier[i], sim.rq.block_ids[bo + j])
+
+
+@njit(cache=True, nogil=True, _nrt=False, **INNER)
+def retry_prefetches_nb(sim: Sim, k: int, now: float) -> None:
+    """A scheduling pass of instance ``k`` re-issues the prefetches whose retry is due, in
+    queue order (SGLang's ``StoragePrefetchRetries.pop_ready``): the queue's head drops its
+    retry; a retry is due ``Params.prefetch_retry_passes`` passes after the first that sees
+    it, and a request makes at most ``prefetch_retry_attempts`` re-issues (the reference's
+    ``retry_prefetches``)."""
+    rs = sim.rs
+    prm = sim.prm
+    marks = sim.ist.marks
+    marks[PF_PASSES, k] += 1.0
+    passes = np.int64(marks[PF_PASSES, k])
+    i = sim.ist.q_head[k]
+    if i >= 0:
+        rs.pf_retry[i] = -1
+    while i >= 0:
+        nxt = rs.next_waiting[i]  # (a re-issue leaves the queue as it is)
+        if rs.pf_retry[i] >= 0:
+            if rs.pf_tries[i] >= prm.prefetch_retry_attempts or prm.prefetch_retry_passes <= 0:
+                rs.pf_retry[i] = -1
+            else:
+                if rs.pf_retry[i] == 0:
+                    rs.pf_retry[i] = passes + prm.prefetch_retry_passes
+                if rs.pf_retry[i] <= passes:
+                    rs.pf_retry[i] = -1
+                    rs.pf_tries[i] += 1
+                    prefetch_nb(sim, k, i, now)
+        i = nxt
 
 
 @njit(cache=True, nogil=True, inline="always")

@@ -136,9 +136,14 @@ class Params(NamedTuple):
     shares_loading_hits: bool
     # a request's hits in a prefetching tier are read into the tiers above at its arrival; it
     # waits in its queue until they are there (SimConfig.prefetches_at_arrival), if at least
-    # prefetch_min_blocks of them
+    # prefetch_min_blocks of prompt are left past the host match; declined while the
+    # instance's prefetches in flight hold prefetch_limit_tokens; a declined or missed one is
+    # re-issued prefetch_retry_passes passes later, at most prefetch_retry_attempts times
     prefetches_at_arrival: bool
     prefetch_min_blocks: int
+    prefetch_limit_tokens: int
+    prefetch_retry_passes: int
+    prefetch_retry_attempts: int
     # a request's HBM hits refresh their copies in the first lower tier
     # (SimConfig.refreshes_host_on_hbm_hit)
     refreshes_host: bool
@@ -226,10 +231,15 @@ class RequestState(NamedTuple):
     pf_tier: np.ndarray  # i8
     pf_lo: np.ndarray  # i8
     pf_n: np.ndarray  # i8
+    # a declined or missed prefetch's retry: the pass it is re-issued at (0: armed, not yet
+    # set; -1: none), and the re-issues it has made (SGLang's StoragePrefetchRetries)
+    pf_retry: np.ndarray  # i8
+    pf_tries: np.ndarray  # i8
 
 
-# rows of InstanceState.polls (Params.polls_loads)
-POLL_ENDED, POLL_AT, POLL_BEFORE = 0, 1, 2
+# rows of InstanceState.marks: Params.polls_loads's times, then Params.prefetches_at_arrival's
+# reserved blocks and counted scheduling passes
+POLL_ENDED, POLL_AT, POLL_BEFORE, PF_HELD, PF_PASSES = 0, 1, 2, 3, 4
 # the running requests a scheduling pass takes (Params.prefill_first): all, only those still
 # prefilling, only those decoding, or only those prefilling while others decode (a chunk
 # that finds no free block then ends the pass without preempting)
@@ -284,10 +294,13 @@ class InstanceState(NamedTuple):
     # an iteration ended with a request running on past it (-inf: never)
     iter_start: np.ndarray  # f8 (n_instances,)
     runs_on_at: np.ndarray  # f8 (n_instances,)
-    # Params.polls_loads: per instance, when its last iteration ended (-inf: none in flight,
-    # the engine polls at once) and when the last two iterations started were decided (their
-    # workers' polls for finished loads); rows POLL_ENDED, POLL_AT, POLL_BEFORE
-    polls: np.ndarray  # f8 (3, n_instances)
+    # what an instance's scheduling passes leave for later ones. Params.polls_loads: when its
+    # last iteration ended (-inf: none in flight, the engine polls at once) and when the last
+    # two iterations started were decided (their workers' polls for finished loads), rows
+    # POLL_ENDED, POLL_AT, POLL_BEFORE; Params.prefetches_at_arrival: the prompt blocks its
+    # storage prefetches in flight reserve (PF_HELD) and the passes counted for their
+    # retries (PF_PASSES), both whole numbers
+    marks: np.ndarray  # f8 (5, n_instances)
     # llmd_epp's approximate indexes (kvtier.sim.routers.epp_index): per producer p, an
     # append-only log of its touches (entry p * ix_log + e: the node touched, -1 for a block
     # read once; the next touch of the same list) and each node's latest touch (-1: not

@@ -282,23 +282,43 @@ def gpu_transfer_nb(tp, lk, k, t, now, cnt, write):  # noqa: ANN001, ANN201
     )
 
 
+@njit(cache=True, nogil=True, _nrt=False, inline="always")
+def holder_nb(ts, tp, k, b):  # noqa: ANN001, ANN201
+    """The first tier holding block ``b`` that instance ``k`` reaches (-1: none)."""
+    for t in range(tp.n_tiers):
+        p = pool_nb(tp, t, k)
+        if has_nb(ts, p, b) and not fault_down_nb(ts, p, b):
+            return t
+    return -1
+
+
 @njit(cache=True, nogil=True, _nrt=False, **INNER)
 def lookup_nb(ts, tp, k, block_ids, bo, start, cap, src):  # noqa: ANN001, ANN201
-    """Source tier of blocks ``start..`` (into ``src``) until one is found nowhere; the count."""
+    """Source tier of blocks ``start..`` (into ``src``) until one is found nowhere or first
+    found in a tier only a prefetch at arrival reads (``TierParams.prefetch_at_arrival``:
+    SGLang's admission matches the device and host trees alone); the count."""
     n = 0
     for j in range(start, cap):
-        b = block_ids[bo + j]
-        found = -1
-        for t in range(tp.n_tiers):
-            p = pool_nb(tp, t, k)
-            if has_nb(ts, p, b) and not fault_down_nb(ts, p, b):
-                found = t
-                break
-        if found < 0:
+        found = holder_nb(ts, tp, k, block_ids[bo + j])
+        if found < 0 or tp.prefetch_at_arrival[found]:
             break
         src[n] = found
         n += 1
     return n
+
+
+@njit(cache=True, nogil=True, _nrt=False, **INNER)
+def storage_run_nb(ts, tp, k, block_ids, bo, start, cap):  # noqa: ANN001, ANN201
+    """The tier read only at arrival that holds block ``start`` first, and the run of blocks
+    from there whose first holder it is ((0, 0): none; the reference's
+    ``LowerTiers.storage_run``)."""
+    t = holder_nb(ts, tp, k, block_ids[bo + start]) if start < cap else -1
+    if t < 0 or not tp.prefetch_at_arrival[t]:
+        return ZERO, ZERO
+    n = 1
+    while start + n < cap and holder_nb(ts, tp, k, block_ids[bo + start + n]) == t:
+        n += 1
+    return np.int64(t), np.int64(n)
 
 
 @njit(cache=True, nogil=True, _nrt=False, **INNER)

@@ -176,6 +176,11 @@ class Request:
     # ``prefetch_ready``
     prefetch: tuple[int, int, int] = (0, 0, 0)
     prefetch_ready: float = -np.inf
+    # a prefetch declined by its instance's in-flight limit or finding nothing arms a retry:
+    # the scheduling pass it is re-issued at (0: armed, its pass not yet set; -1: none), and
+    # the re-issues it has made (SGLang's ``StoragePrefetchRetries``)
+    prefetch_retry: int = -1
+    prefetch_tries: int = 0
 
 
 class HbmPool:
@@ -344,6 +349,11 @@ class Instance:
         # ``shares_loading_hits``: block id -> when the load of a block cached at its loader's
         # admission ends, until the loader's first step ends
         self.loading_until: dict[int, float] = {}
+        # ``prefetches_at_arrival``: prompt blocks the storage prefetches in flight have
+        # reserved (SGLang's ``prefetch_tokens_occupied``, in blocks), and the scheduling passes
+        # counted for their retries
+        self.prefetch_held = 0
+        self.passes = 0
 
     def held_slots(self) -> int:
         return sum(len(r.held_slots) for r in self.held)
@@ -415,28 +425,7 @@ class ReferenceReplay:
         self.lower = None
         self.gen_base = None  # ids of the generated blocks a connector stores (generated_bases)
         if self.cfg.tiers is not None:
-            compute = (float(tp[0]), float(tp[1]), float(tp[2]))
-            costs = recompute_costs(
-                trace.block_offsets, trace.block_ids, trace.n_blocks, self.B, *compute
-            )  # GDSF's cost per block
-            n_ids = trace.n_blocks
-            if self.cfg.tiers.stores_generated:
-                self.gen_base = generated_bases(
-                    trace.input_tokens, trace.output_tokens, self.B, trace.n_blocks
-                )
-                n_ids = int(self.gen_base[-1])
-                costs = generated_costs(costs, self.gen_base, trace.input_tokens, self.B, *compute)
-            faults = None
-            if self.cfg.faults:
-                fi, ft, lost = fault_arrays(self.cfg.faults, self.cfg.tiers, n_ids)
-                faults = RefFaults(fi, ft, lost, n_ids, len(self.cfg.faults))
-            self.lower = LowerTiers(
-                self.cfg.tiers,
-                n_ids,
-                self.timing_of if self.cfg.two_pools else tp,
-                costs,
-                faults,
-            )
+            self.lower = self.lower_tiers(trace, tp)
         self.grows = self.cfg.scheduler != RESERVE  # blocks allocated as requests grow, preemption
         self.v0 = self.cfg.scheduler == VLLM_V0  # prompts whole, in iterations without decodes
         # a waiting request whose lower-tier hits another request is loading is skipped
@@ -515,6 +504,31 @@ class ReferenceReplay:
         self.last_token = [0.0] * self.n if self.track else []
         self.tbt_out = np.full(self.n, np.nan) if self.track else None
 
+    def lower_tiers(self, trace: BlockedTrace, tp: np.ndarray) -> LowerTiers:
+        """The tiers below HBM: GDSF's recompute cost per block id, the ids of the generated
+        blocks a connector stores (``gen_base``), the failed devices, and the tiers an
+        admission's lookup stops at (those only a storage prefetch at arrival reads)."""
+        compute = (float(tp[0]), float(tp[1]), float(tp[2]))
+        costs = recompute_costs(
+            trace.block_offsets, trace.block_ids, trace.n_blocks, self.B, *compute
+        )  # GDSF's cost per block
+        n_ids = trace.n_blocks
+        if self.cfg.tiers.stores_generated:
+            self.gen_base = generated_bases(
+                trace.input_tokens, trace.output_tokens, self.B, trace.n_blocks
+            )
+            n_ids = int(self.gen_base[-1])
+            costs = generated_costs(costs, self.gen_base, trace.input_tokens, self.B, *compute)
+        faults = None
+        if self.cfg.faults:
+            fi, ft, lost = fault_arrays(self.cfg.faults, self.cfg.tiers, n_ids)
+            faults = RefFaults(fi, ft, lost, n_ids, len(self.cfg.faults))
+        lower = LowerTiers(
+            self.cfg.tiers, n_ids, self.timing_of if self.cfg.two_pools else tp, costs, faults
+        )
+        lower.read_at_arrival = self.cfg.tiers_read_at_arrival
+        return lower
+
     def token(self, req: Request, t: float) -> None:
         """``req`` emitted a token after its first in the iteration ending at ``t``: its
         interval joins the request's longest ones (a min-heap of ``tail_k`` values)."""
@@ -591,34 +605,63 @@ class ReferenceReplay:
             self.prefetch(self.instances[k], k, req, t)
 
     def prefetch(self, inst: Instance, k: int, req: Request, t: float) -> None:
-        """SGLang's storage prefetch (``_prefetch_kvcache`` at arrival): past the prefix HBM
-        and the tiers above hold, the run of blocks a prefetching tier holds is read into the
-        tiers above now, if it is at least ``prefetch_min_blocks`` long; the request waits in
-        its queue until it has arrived (``wait_complete``)."""
+        """SGLang's storage prefetch (``_prefetch_kvcache``, at arrival and at a retry): past
+        the prefix HBM and the tiers admission reaches hold, the run of blocks a prefetching
+        tier holds is read into the tiers above now, and the request waits in its queue until
+        it has arrived (``wait_complete``). Declined when the prompt left is under
+        ``prefetch_min_blocks``; when the instance's prefetches in flight already hold
+        ``prefetch_limit_tokens``, or the tier holds none of it, a retry is armed."""
         cap = min((req.target - 1) // self.B, len(req.blocks))
-        h = inst.pool.lookup(req.blocks, cap)
-        src = self.lower.lookup(k, req.blocks, h, cap)
-        pf = self.cfg.tiers.prefetch_at_arrival
-        # (the first lower tier has none above it to read into: it never prefetches)
-        j = next((x for x, tier in enumerate(src) if tier > 0 and pf[tier]), -1)
-        if j < 0:
+        lo = inst.pool.lookup(req.blocks, cap)
+        lo += len(self.lower.lookup(k, req.blocks, lo, cap))
+        if cap - lo < self.cfg.prefetch_min_blocks:
+            return  # (no lookup was issued: no retry)
+        if inst.prefetch_held * self.B >= self.cfg.prefetch_limit_tokens:
+            req.prefetch_retry = 0  # (declined, rate limited)
             return
-        tier = src[j]
-        n = 1
-        while j + n < len(src) and src[j + n] == tier:
-            n += 1
-        if n < self.cfg.prefetch_min_blocks:
+        tier, n = self.lower.storage_run(k, req.blocks, lo, cap)
+        if n == 0:
+            req.prefetch_retry = 0  # (a miss: a backup may still be committing)
             return
-        req.prefetch = (tier, h + j, n)
-        req.prefetch_ready = self.lower.prefetch(k, t, tier, req.blocks[h + j : h + j + n])
+        inst.prefetch_held += cap - lo  # (the whole prompt left is reserved)
+        req.prefetch = (tier, lo, n)
+        req.prefetch_ready = self.lower.prefetch(k, t, tier, req.blocks[lo : lo + n])
 
-    def prefetched(self, k: int, req: Request, t: float) -> None:
+    def prefetched(self, inst: Instance, k: int, req: Request, t: float) -> None:
         """``req``'s prefetch has ended and the scheduler reaches it: the blocks it read enter
-        the tiers above their source (SGLang inserts them into the host radix tree)."""
+        the tiers above their source (SGLang inserts them into the host radix tree) and its
+        reservation is released."""
         tier, lo, n = req.prefetch
         req.prefetch = (0, 0, 0)
+        inst.prefetch_held -= min((req.target - 1) // self.B, len(req.blocks)) - lo
         for b in req.blocks[lo : lo + n]:
             self.lower.fill_upper(k, t, tier, b)
+
+    def retry_prefetches(self, inst: Instance, k: int, t: float) -> None:
+        """A scheduling pass re-issues the prefetches whose retry is due, in queue order
+        (SGLang's ``StoragePrefetchRetries.pop_ready``): the queue's head drops its retry (it
+        is admitted with what the device and host hold); a retry is due
+        ``prefetch_retry_passes`` passes after the first that sees it, and a request makes at
+        most ``prefetch_retry_attempts`` re-issues."""
+        inst.passes += 1
+        if inst.waiting:
+            inst.waiting[0].prefetch_retry = -1
+        for req in list(inst.waiting):
+            if req.prefetch_retry < 0:
+                continue
+            if req.prefetch_tries >= self.cfg.prefetch_retry_attempts:
+                req.prefetch_retry = -1
+                continue
+            if self.cfg.prefetch_retry_passes <= 0:
+                req.prefetch_retry = -1
+                continue
+            if req.prefetch_retry == 0:
+                req.prefetch_retry = inst.passes + self.cfg.prefetch_retry_passes
+            if req.prefetch_retry > inst.passes:
+                continue
+            req.prefetch_retry = -1
+            req.prefetch_tries += 1
+            self.prefetch(inst, k, req, t)
 
     def admit(
         self,
@@ -1130,7 +1173,7 @@ class ReferenceReplay:
                     w += 1  # its storage prefetch is in flight: it waits, the next is tried
                     continue
                 if req.prefetch[2]:
-                    self.prefetched(k, req, t)
+                    self.prefetched(inst, k, req, t)
                 # (polls_loads: a load starts when its step is decided, on the worker that
                 # launches it)
                 issue = seen if polls else t
@@ -1145,6 +1188,7 @@ class ReferenceReplay:
                     self.lower.refresh(k, req.blocks, req.registered)
                 del inst.waiting[w]
                 inst.running.append(req)
+                req.prefetch_retry = -1  # (SGLang cancels an admitted request's retry)
                 if req.ready > t or req.polled:
                     continue  # (a polled load's end is reported with a later step's output)
                 # a prefill chunk (a decode instance's handed-over request: its first decode
@@ -1165,6 +1209,8 @@ class ReferenceReplay:
         still loading take no tokens. With nothing to run (every running request is loading)
         it stays idle until one is ready."""
         self.release_held(inst, t)
+        if self.prefetches:
+            self.retry_prefetches(inst, k, t)
         seen = self.scheduled_at(inst, t)
         polls = self.cfg.polls_loads
         loads_seen = self.loads_seen(inst, t) if polls else seen

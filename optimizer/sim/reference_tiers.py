@@ -75,6 +75,9 @@ class LowerTiers:
         self.bytes_read = np.zeros(cfg.n_tiers)
         self.bytes_written = np.zeros(cfg.n_tiers)
         self.sightings = np.zeros(max(n_blocks, 1), dtype=np.int64)
+        # tiers only a storage prefetch at arrival reads (SimConfig.tiers_read_at_arrival): an
+        # admission's lookup stops at them (set by the replay)
+        self.read_at_arrival = np.zeros(cfg.n_tiers, dtype=np.bool_)
         self.cascade = cfg.cascade or cfg.exclusive
         # the write policy's and the load rule's modules (their reference steps)
         self.writes = WRITE_POLICIES.by_code(cfg.write_policy).load()
@@ -131,23 +134,39 @@ class LowerTiers:
         return ops_of(self.cfg.unit[t], blocks, self.cfg.fragments, self.cfg.coalesce)
 
     # ---- lookup and loads --------------------------------------------------------------------
+    def holder(self, inst: int, b: int) -> int:
+        """The first tier holding block ``b`` that ``inst`` reaches (-1: none)."""
+        return next(
+            (
+                t
+                for t in range(self.cfg.n_tiers)
+                if self.pool(t, inst).contains(b) and not self.down(t, inst, b)
+            ),
+            -1,
+        )
+
     def lookup(self, inst: int, blocks: list[int], start: int, cap: int) -> list[int]:
-        """Source tier of each block after the HBM prefix, up to the first block found nowhere."""
+        """Source tier of each block after the HBM prefix, up to the first block found nowhere
+        or first found in a tier only a prefetch at arrival reads (SGLang's admission matches
+        the device and host trees; storage is reached by the prefetch alone)."""
         src: list[int] = []
         for j in range(start, cap):
-            b = blocks[j]
-            found = next(
-                (
-                    t
-                    for t in range(self.cfg.n_tiers)
-                    if self.pool(t, inst).contains(b) and not self.down(t, inst, b)
-                ),
-                -1,
-            )
-            if found < 0:
+            found = self.holder(inst, blocks[j])
+            if found < 0 or self.read_at_arrival[found]:
                 break
             src.append(found)
         return src
+
+    def storage_run(self, inst: int, blocks: list[int], start: int, cap: int) -> tuple[int, int]:
+        """The tier read only at arrival that holds ``blocks[start]`` first, and the run of
+        blocks from there whose first holder it is ((0, 0): none)."""
+        t = self.holder(inst, blocks[start]) if start < cap else -1
+        if t < 0 or not self.read_at_arrival[t]:
+            return 0, 0
+        n = 1
+        while start + n < cap and self.holder(inst, blocks[start + n]) == t:
+            n += 1
+        return t, n
 
     def timing_of(self, inst: int) -> np.ndarray:
         """The packed step-time array of instance ``inst``."""
