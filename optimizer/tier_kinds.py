@@ -19,6 +19,9 @@ A tier kind is data: an entry here (its name, lookup order, help and traits) and
 * ``gpu_link``: each GPU reaches the kind over a link of its own, not over its PCIe link
   to the host (NVLink-C2C to Grace memory, a CXL memory device on the GPU's own port): a
   profile offering it gives that link's rate (``gpu_link_gbps``);
+* ``implicit``: nothing deploys it but the tier behind it: a file system client's page cache
+  comes with the file tier's mount (an exporter that places the file tier places it, saying
+  so; its size is the client's);
 * ``power``: the kind's power where a profile's ``[tiers.NAME]`` table does not give it,
   ``(w_per_gb, pj_per_bit, host_w, pool_w)`` (:mod:`kvtier.sim.energy`; sources in
   docs/sources.md [Power-2026]); None: a profile offering the kind must give all four.
@@ -45,6 +48,7 @@ def tier_kind(
     interleave: bool = False,
     pd_ports: bool = False,
     gpu_link: bool = False,
+    implicit: bool = False,
     power: tuple[float, float, float, float] | None = None,
 ) -> Entry:
     """A tier kind's entry (see the module docstring for the traits)."""
@@ -55,6 +59,7 @@ def tier_kind(
         "interleave": interleave,
         "pd_ports": pd_ports,
         "gpu_link": gpu_link,
+        "implicit": implicit,
         "power": power,
     }
     return Entry(name, code, help, traits=traits)
@@ -134,8 +139,18 @@ TIER_KINDS = Registry(
             power=None,
         ),
         tier_kind(
-            "ssd",
+            "pagecache",
             8,
+            "the page cache of a file system's client on each host, in front of the file tier "
+            "(a Lustre or NFS client keeps the files it reads and writes in host DRAM), one pool "
+            "per host, read through the file tier's connector",
+            per_host=True,
+            implicit=True,
+            power=(0.1, 20.0, 0.0, 0.0),
+        ),
+        tier_kind(
+            "ssd",
+            9,
             "local NVMe SSD, one pool per host",
             per_host=True,
             wear=True,

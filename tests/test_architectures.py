@@ -37,7 +37,8 @@ def _policy(*tiers: str):
 
 def test_lookup_order_puts_the_fastest_path_first() -> None:
     assert TIER_KINDS.names == (
-        "c2c", "dram", "gpu_cxl", "cxl", "photonic", "rdma", "memfabric", "memserver", "ssd"
+        "c2c", "dram", "gpu_cxl", "cxl", "photonic", "rdma", "memfabric", "memserver",
+        "pagecache", "ssd",
     )  # fmt: skip
     assert [trait(k, "gpu_link") for k in NEW_KINDS] == [True, True, True, False, False]
     assert trait("c2c", "per_host") and not trait("photonic", "per_host")

@@ -217,18 +217,20 @@ def drawn_trace(groups: int, prefix: int, per_group: int, spread: float):
     load_report=st.sampled_from(["step_output", "at_once"]),
     retry_passes=st.sampled_from([0, 1, 8]),
     retry_attempts=st.sampled_from([1, 8]),
+    page_cache_prompts=st.sampled_from([0.0, 0.5, 4.0]),
 )
 # re-issued prefetches, some of them read (found by instrumenting the reference; the drawn
 # examples rarely queue a declined request behind another long enough)
-@example(4, 8, 5, 2, 0.0, 1.5, 0.5, 1, False, "step_output", 1, 8)
-@example(4, 8, 5, 2, 1e-3, 1.5, 0.5, 1, True, "at_once", 1, 8)
+@example(4, 8, 5, 2, 0.0, 1.5, 0.5, 1, False, "step_output", 1, 8, 0.0)
+@example(4, 8, 5, 2, 1e-3, 1.5, 0.5, 1, True, "at_once", 1, 8, 0.5)
 def test_engines_agree_on_drawn_prefetches(
     groups, prefix, per_group, instances, spread, hbm_prompts, dram_prompts, min_blocks,
-    async_scheduling, load_report, retry_passes, retry_attempts,
+    async_scheduling, load_report, retry_passes, retry_attempts, page_cache_prompts,
 ) -> None:  # fmt: skip
     """Drawn groups sharing prefixes over two or three engines whose host pools hold a few
     prompts or many (their in-flight share, half, declining prefetches or not), a shared file
-    tier behind SGLang's file back end, drawn retries: identical per-request results and tier
+    tier behind SGLang's file back end, with a page cache of half a prompt, four or none in
+    front of it, drawn retries: identical per-request results and tier
     counts from both engines, the model's invariants checked at every step."""
     tr = drawn_trace(groups, prefix, per_group, spread)
     model = load_model("Qwen3-8B")
@@ -242,6 +244,17 @@ def test_engines_agree_on_drawn_prefetches(
         tiers=(
             TierPolicy(capacity_gb=hbm_prompts * prompt_gb),
             TierPolicy(name="dram", capacity_gb=dram_prompts * prompt_gb * instances),
+            *(
+                (
+                    TierPolicy(
+                        name="pagecache",
+                        capacity_gb=page_cache_prompts * prompt_gb,
+                        connector="sglang-hicache-file",
+                    ),
+                )
+                if page_cache_prompts
+                else ()
+            ),
             TierPolicy(name="ssd", capacity_gb=200.0, connector="sglang-hicache-file"),
         ),
         load_report=load_report,

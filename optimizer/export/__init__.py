@@ -64,18 +64,39 @@ def _unplaced_tiers(
 ) -> list[Note]:
     """An inexpressible note for each lower tier the target cannot place (its capabilities'
     ``tiers``) that no inexpressible note of the exporter names already: a tier kind is never
-    left out of an export silently."""
-    from kvtier.export.common import INEXPRESSIBLE, inexpressible
+    left out of an export silently. An implicit kind (a file system's page cache) is placed
+    with the tier behind it (the next in lookup order) and the exporter says so."""
+    from kvtier.export.common import INEXPRESSIBLE, inexpressible, info
+    from kvtier.hardware.types import LOWER_TIERS
+    from kvtier.tier_kinds import trait
+
+    def behind(name: str) -> str:
+        i = LOWER_TIERS.index(name)
+        return LOWER_TIERS[i + 1] if i + 1 < len(LOWER_TIERS) else ""
 
     said = " ".join(n for n in notes if n.kind == INEXPRESSIBLE)
-    return [
-        inexpressible(
-            f"The {t.name} tier is not exported: {target} places only "
-            f"{', '.join(placed) or 'no tier'} below HBM; its blocks would be recomputed."
-        )
-        for t in policy.lower_tiers
-        if t.name not in placed and f" {t.name} " not in f" {said} "
-    ]
+    every = " ".join(notes)
+    listed = {t.name for t in policy.lower_tiers}
+    out = []
+    for t in policy.lower_tiers:
+        if t.name in placed:
+            continue
+        if trait(t.name, "implicit") and behind(t.name) in placed and behind(t.name) in listed:
+            if f" {t.name} " not in f" {every} ":
+                out.append(
+                    info(
+                        f"The {t.name} tier comes with the {behind(t.name)} tier's mount: "
+                        f"{target} sets nothing for it; its size is the host's own."
+                    )
+                )
+        elif f" {t.name} " not in f" {said} ":
+            out.append(
+                inexpressible(
+                    f"The {t.name} tier is not exported: {target} places only "
+                    f"{', '.join(placed) or 'no tier'} below HBM; its blocks would be recomputed."
+                )
+            )
+    return out
 
 
 __all__ = ["EXPORTERS", "TARGETS", "Deployment", "ExportResult", "Note", "deployment", "export"]

@@ -157,6 +157,16 @@ def _host_pool(deploy: Deployment, args: list[str], notes: list[str]) -> None:
 
 def _storage(deploy: Deployment, args: list[str], env: dict[str, str], notes: list[str]) -> None:
     """One L3 backend: Mooncake for an rdma tier, else the file backend for an ssd tier."""
+    if deploy.has("pagecache") and deploy.has("ssd") and not deploy.has("rdma"):
+        notes.append(
+            info(
+                "The pagecache tier is the file system client's own page cache in front of the "
+                "file back end's directory: SGLang sets nothing for it, the mount does. Its "
+                f"size was simulated as {deploy.pool_bytes['pagecache'] / GB:.0f} GB per host; a "
+                "Lustre client caches up to half the host's RAM unless llite.*.max_cached_mb "
+                "says otherwise, and a pod's memory limit counts the pages it caches."
+            )
+        )
     if deploy.has("rdma"):
         args += ["--hicache-storage-backend", "mooncake"]
         segment = int(deploy.pool_bytes["rdma"] / deploy.tier_ranks)

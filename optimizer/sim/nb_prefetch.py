@@ -43,7 +43,7 @@ def prompt_cap_nb(sim: Sim, i: int) -> int:
 @njit(cache=True, nogil=True, _nrt=False, **INNER)
 def prefetch_nb(sim: Sim, k: int, i: int, now: float) -> None:
     """Request ``i``, on instance ``k`` at ``now`` (its arrival, or a retry): past the prefix
-    HBM and the tiers admission reaches hold, the run of blocks a prefetching tier holds is
+    HBM and the tiers admission reaches hold, the run of blocks the prefetching tiers hold is
     read into the tiers above, and ``i`` waits until it has arrived. Declined when under
     ``Params.prefetch_min_blocks`` of prompt are left; when ``k``'s prefetches in flight hold
     ``prefetch_limit_tokens``, or the tier holds none of it, a retry is armed."""
@@ -63,23 +63,24 @@ def prefetch_nb(sim: Sim, k: int, i: int, now: float) -> None:
     if marks[PF_HELD, k] * prm.block_tokens >= prm.prefetch_limit_tokens:
         rs.pf_retry[i] = 0  # (declined, rate limited)
         return
-    t, n = storage_run_nb(sim.ts, sim.tp, k, rq.block_ids, bo, lo, cap)
+    n = storage_run_nb(sim.ts, sim.tp, k, rq.block_ids, bo, lo, cap)
     if n == 0:
         rs.pf_retry[i] = 0  # (a miss: a backup may still be committing)
         return
     marks[PF_HELD, k] += cap - lo  # (the whole prompt left is reserved)
-    rs.pf_tier[i] = t
+    refs = Refs(rq.block_ids, bo, lo, lo + n)
+    ready, deepest = prefetch_blocks_nb(sim.ts, sim.tp, sim.lk, k, now, refs)
+    rs.pf_ready[i] = ready
+    rs.pf_tier[i] = deepest
     rs.pf_lo[i] = lo
     rs.pf_n[i] = n
-    refs = Refs(rq.block_ids, bo, lo, lo + n)
-    rs.pf_ready[i] = prefetch_blocks_nb(sim.ts, sim.tp, sim.lk, k, now, t, refs)
 
 
 @njit(cache=True, nogil=True, _nrt=False, **INNER)
 def prefetched_nb(sim: Sim, k: int, i: int, now: float) -> None:
     """Request ``i``'s prefetch has ended and the scheduler reaches it: the blocks it read enter
-    the tiers above their source (SGLang inserts them into the host radix tree) and its
-    reservation is released."""
+    the tiers above their sources (SGLang inserts them into the host radix tree; each fills the
+    tiers above the deepest read that lack it) and its reservation is released."""
     rs = sim.rs
     bo = sim.rq.block_offsets[i]
     lo = rs.pf_lo[i]

@@ -224,8 +224,9 @@ class RequestState(NamedTuple):
     # of its first step; hi 0: none)
     loading_lo: np.ndarray  # i8
     loading_hi: np.ndarray  # i8
-    # Params.prefetches_at_arrival: prompt blocks [pf_lo, pf_lo + pf_n) of tier pf_tier are
-    # read into the tiers above at its arrival (pf_n 0: none); it waits in its queue until
+    # Params.prefetches_at_arrival: prompt blocks [pf_lo, pf_lo + pf_n), the deepest read from
+    # tier pf_tier, are read into the tiers above at its arrival (pf_n 0: none); it waits in its
+    # queue until
     # pf_ready (-inf: never waits)
     pf_ready: np.ndarray  # f8
     pf_tier: np.ndarray  # i8

@@ -309,16 +309,15 @@ def lookup_nb(ts, tp, k, block_ids, bo, start, cap, src):  # noqa: ANN001, ANN20
 
 @njit(cache=True, nogil=True, _nrt=False, **INNER)
 def storage_run_nb(ts, tp, k, block_ids, bo, start, cap):  # noqa: ANN001, ANN201
-    """The tier read only at arrival that holds block ``start`` first, and the run of blocks
-    from there whose first holder it is ((0, 0): none; the reference's
-    ``LowerTiers.storage_run``)."""
-    t = holder_nb(ts, tp, k, block_ids[bo + start]) if start < cap else -1
-    if t < 0 or not tp.prefetch_at_arrival[t]:
-        return ZERO, ZERO
-    n = 1
-    while start + n < cap and holder_nb(ts, tp, k, block_ids[bo + start + n]) == t:
+    """The run of blocks from ``start`` each first held by a tier only a prefetch at arrival
+    reads (0: none; the reference's ``LowerTiers.storage_run``)."""
+    n = 0
+    while start + n < cap:
+        t = holder_nb(ts, tp, k, block_ids[bo + start + n])
+        if t < 0 or not tp.prefetch_at_arrival[t]:
+            break
         n += 1
-    return np.int64(t), np.int64(n)
+    return np.int64(n)
 
 
 @njit(cache=True, nogil=True, _nrt=False, **INNER)
@@ -395,18 +394,29 @@ def load_nb(ts, tp, lk, k, now, refs, buf, pf):  # noqa: ANN001, ANN201
 
 
 @njit(cache=True, nogil=True, _nrt=False)
-def prefetch_blocks_nb(ts, tp, lk, k, now, t, refs):  # noqa: ANN001, ANN201
-    """Read the blocks ``refs`` (:class:`Refs`) of tier ``t`` toward the tiers above (SGLang's
-    storage prefetch into the host pool), touched tail first, one transfer through the tier's
-    connector; returns when they have arrived (the reference's ``LowerTiers.prefetch``)."""
-    p = pool_nb(tp, t, k)
-    n = refs.j1 - refs.j0
-    for j in range(refs.j1 - 1, refs.j0 - 1, -1):
-        touch_nb(ts, p, refs.ids[refs.bo + j])
-    fin = gpu_transfer_nb(tp, lk, k, t, now, n, False)
-    lk.tier_hits[t] += n
-    lk.bytes_read[t] += n * tp.block_bytes
-    return fin
+def prefetch_blocks_nb(ts, tp, lk, k, now, refs):  # noqa: ANN001, ANN201
+    """Read the blocks ``refs`` (:class:`Refs`) toward the tiers above (SGLang's storage
+    prefetch into the host pool), each from the first tier holding it: per tier, in lookup
+    order, touched tail first and read in one transfer through its connector, each after the
+    one before; returns when they have arrived and the deepest tier read (the reference's
+    ``LowerTiers.prefetch``)."""
+    fin = now
+    deepest = ZERO
+    for t in range(tp.n_tiers):
+        p = pool_nb(tp, t, k)
+        n = 0
+        for j in range(refs.j1 - 1, refs.j0 - 1, -1):
+            b = refs.ids[refs.bo + j]
+            if holder_nb(ts, tp, k, b) == t:
+                touch_nb(ts, p, b)
+                n += 1
+        if n == 0:
+            continue
+        fin = gpu_transfer_nb(tp, lk, k, t, fin, np.int64(n), False)
+        lk.tier_hits[t] += n
+        lk.bytes_read[t] += n * tp.block_bytes
+        deepest = np.int64(t)
+    return fin, deepest
 
 
 @njit(cache=True, nogil=True, _nrt=False)

@@ -171,9 +171,9 @@ class Request:
     # ``defers_loading_hits`` or ``shares_loading_hits``: its loaded prompt blocks [lo, hi),
     # marked in its instance's ``loading`` (``loading_until``) ((0, 0): none)
     loading: tuple[int, int] = (0, 0)
-    # ``prefetches_at_arrival``: its prompt blocks [lo, lo + n) of tier ``t`` are read into the
-    # tiers above at its arrival, (t, lo, n) ((0, 0, 0): none), and it waits in its queue until
-    # ``prefetch_ready``
+    # ``prefetches_at_arrival``: its prompt blocks [lo, lo + n), the deepest read from tier
+    # ``t``, are read into the tiers above at its arrival, (t, lo, n) ((0, 0, 0): none), and it
+    # waits in its queue until ``prefetch_ready``
     prefetch: tuple[int, int, int] = (0, 0, 0)
     prefetch_ready: float = -np.inf
     # a prefetch declined by its instance's in-flight limit or finding nothing arms a retry:
@@ -606,8 +606,8 @@ class ReferenceReplay:
 
     def prefetch(self, inst: Instance, k: int, req: Request, t: float) -> None:
         """SGLang's storage prefetch (``_prefetch_kvcache``, at arrival and at a retry): past
-        the prefix HBM and the tiers admission reaches hold, the run of blocks a prefetching
-        tier holds is read into the tiers above now, and the request waits in its queue until
+        the prefix HBM and the tiers admission reaches hold, the run of blocks the prefetching
+        tiers hold is read into the tiers above now, and the request waits in its queue until
         it has arrived (``wait_complete``). Declined when the prompt left is under
         ``prefetch_min_blocks``; when the instance's prefetches in flight already hold
         ``prefetch_limit_tokens``, or the tier holds none of it, a retry is armed."""
@@ -619,18 +619,18 @@ class ReferenceReplay:
         if inst.prefetch_held * self.B >= self.cfg.prefetch_limit_tokens:
             req.prefetch_retry = 0  # (declined, rate limited)
             return
-        tier, n = self.lower.storage_run(k, req.blocks, lo, cap)
+        n = self.lower.storage_run(k, req.blocks, lo, cap)
         if n == 0:
             req.prefetch_retry = 0  # (a miss: a backup may still be committing)
             return
         inst.prefetch_held += cap - lo  # (the whole prompt left is reserved)
+        req.prefetch_ready, tier = self.lower.prefetch(k, t, req.blocks[lo : lo + n])
         req.prefetch = (tier, lo, n)
-        req.prefetch_ready = self.lower.prefetch(k, t, tier, req.blocks[lo : lo + n])
 
     def prefetched(self, inst: Instance, k: int, req: Request, t: float) -> None:
         """``req``'s prefetch has ended and the scheduler reaches it: the blocks it read enter
-        the tiers above their source (SGLang inserts them into the host radix tree) and its
-        reservation is released."""
+        the tiers above their sources (SGLang inserts them into the host radix tree; each
+        fills the tiers above the deepest read that lack it) and its reservation is released."""
         tier, lo, n = req.prefetch
         req.prefetch = (0, 0, 0)
         inst.prefetch_held -= min((req.target - 1) // self.B, len(req.blocks)) - lo

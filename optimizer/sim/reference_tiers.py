@@ -157,16 +157,16 @@ class LowerTiers:
             src.append(found)
         return src
 
-    def storage_run(self, inst: int, blocks: list[int], start: int, cap: int) -> tuple[int, int]:
-        """The tier read only at arrival that holds ``blocks[start]`` first, and the run of
-        blocks from there whose first holder it is ((0, 0): none)."""
-        t = self.holder(inst, blocks[start]) if start < cap else -1
-        if t < 0 or not self.read_at_arrival[t]:
-            return 0, 0
-        n = 1
-        while start + n < cap and self.holder(inst, blocks[start + n]) == t:
+    def storage_run(self, inst: int, blocks: list[int], start: int, cap: int) -> int:
+        """The run of blocks from ``start`` each first held by a tier only a prefetch at arrival
+        reads (0: none)."""
+        n = 0
+        while start + n < cap:
+            t = self.holder(inst, blocks[start + n])
+            if t < 0 or not self.read_at_arrival[t]:
+                break
             n += 1
-        return t, n
+        return n
 
     def timing_of(self, inst: int) -> np.ndarray:
         """The packed step-time array of instance ``inst``."""
@@ -238,17 +238,27 @@ class LowerTiers:
                 ready = fin
         return ready
 
-    def prefetch(self, inst: int, now: float, t: int, blocks: list[int]) -> float:
-        """Read ``blocks`` of tier ``t`` toward the tiers above (SGLang's storage prefetch into
-        the host pool), touched tail first, one transfer through the tier's connector; returns
-        when they have arrived. They enter the tiers above when the request is next tried
-        (``ReferenceReplay.prefetched``)."""
-        for b in reversed(blocks):
-            self.pool(t, inst).access(b)
-        fin = self.gpu_transfer(inst, now, t, len(blocks), False)
-        self.hits[t] += len(blocks)
-        self.bytes_read[t] += len(blocks) * self.cfg.block_bytes
-        return fin
+    def prefetch(self, inst: int, now: float, blocks: list[int]) -> tuple[float, int]:
+        """Read ``blocks`` toward the tiers above (SGLang's storage prefetch into the host pool),
+        each from the first tier holding it: per tier, in lookup order, its blocks touched tail
+        first and read in one transfer through its connector, each transfer after the one
+        before (one prefetch thread per rank reads the pages in turn). Returns when they have
+        arrived and the deepest tier read; they enter the tiers above when the request is next
+        tried (``ReferenceReplay.prefetched``)."""
+        src = [self.holder(inst, b) for b in blocks]
+        fin = now
+        deepest = 0
+        for t in range(self.cfg.n_tiers):
+            mine = [b for b, s in zip(blocks, src, strict=True) if s == t]
+            if not mine:
+                continue
+            for b in reversed(mine):
+                self.pool(t, inst).access(b)
+            fin = self.gpu_transfer(inst, fin, t, len(mine), False)
+            self.hits[t] += len(mine)
+            self.bytes_read[t] += len(mine) * self.cfg.block_bytes
+            deepest = t
+        return fin, deepest
 
     def refresh(self, inst: int, blocks: list[int], h: int) -> None:
         """The copies of the HBM hits ``blocks[:h]`` in the first lower tier are touched, tail
