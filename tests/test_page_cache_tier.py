@@ -43,12 +43,21 @@ def trace(engine: int) -> BlockedTrace:
     return BlockedTrace.from_lists(times, inputs, [4] * len(prompts), prompts, B, n_blocks=x + 5)
 
 
-def config(page_cache_blocks: int):  # noqa: ANN201 - a SimConfig
+def config(page_cache_blocks: int | None):  # noqa: ANN201 - a SimConfig
     """Two hosts of two H100 engines, a host pool per engine, a page cache per host holding
-    ``page_cache_blocks`` blocks, one shared file tier, both behind SGLang's file back end,
-    written through."""
+    ``page_cache_blocks`` blocks (None: no page cache), one shared file tier, both behind
+    SGLang's file back end, written through."""
     model = load_model("Qwen3-8B")
     block_gb = B * model.kv_bytes_per_token("bf16") / 1e9
+    cache = ()
+    if page_cache_blocks is not None:
+        cache = (
+            TierPolicy(
+                name="pagecache",
+                capacity_gb=(page_cache_blocks + 0.5) * block_gb,
+                connector="sglang-hicache-file",
+            ),
+        )
     policy = Policy(
         block_tokens=B,
         write_policy="write_through",
@@ -56,19 +65,16 @@ def config(page_cache_blocks: int):  # noqa: ANN201 - a SimConfig
         tiers=(
             TierPolicy(capacity_gb=20.0),
             TierPolicy(name="dram", capacity_gb=100.0),
-            TierPolicy(
-                name="pagecache",
-                capacity_gb=(page_cache_blocks + 0.5) * block_gb,
-                connector="sglang-hicache-file",
-            ),
+            *cache,
             TierPolicy(name="ssd", capacity_gb=200.0, connector="sglang-hicache-file"),
         ),
     )
     hw = load_hardware("a3-highgpu-4g-lustre")
     hw = replace(hw, topology=replace(hw.topology, hosts=2, gpus_per_host=2))
     cfg = build_config(hw, model, policy)
-    assert cfg.tiers_read_at_arrival.tolist() == [False, True, True]
-    assert int(cfg.tiers.capacity_blocks[PAGECACHE]) == page_cache_blocks
+    if page_cache_blocks is not None:
+        assert cfg.tiers_read_at_arrival.tolist() == [False, True, True]
+        assert int(cfg.tiers.capacity_blocks[PAGECACHE]) == page_cache_blocks
     return cfg
 
 
@@ -106,20 +112,7 @@ def test_a_prefix_half_in_the_page_cache_reads_both_tiers_one_after_the_other() 
 
 
 def test_without_the_page_cache_the_writing_host_reads_the_file_tier() -> None:
-    model = load_model("Qwen3-8B")
-    policy = Policy(
-        block_tokens=B,
-        write_policy="write_through",
-        serving=ServingPolicy(instances=4, tp=1, routing="round_robin"),
-        tiers=(
-            TierPolicy(capacity_gb=20.0),
-            TierPolicy(name="dram", capacity_gb=100.0),
-            TierPolicy(name="ssd", capacity_gb=200.0, connector="sglang-hicache-file"),
-        ),
-    )
-    hw = load_hardware("a3-highgpu-4g-lustre")
-    hw = replace(hw, topology=replace(hw.topology, hosts=2, gpus_per_host=2))
-    pair = replay_both(trace(1), build_config(hw, model, policy), check_invariants=True)
+    pair = replay_both(trace(1), config(None), check_invariants=True)
     assert pair is not None
     assert pair[0].tier_hit_blocks.tolist() == [PREFIX, PREFIX]
     assert_fields_equal(*pair, (*REQUEST_FIELDS, "tier_hit_blocks"))
