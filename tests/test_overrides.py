@@ -108,9 +108,9 @@ def test_every_declared_field_is_a_key() -> None:
     assert {"tiers.ssd.enabled", "tiers.hbm.capacity_gb", "tiers.cxl.interleave"} <= set(keys)
     assert {"tiers.dram.per_engine", "tiers.ssd.per_engine", "tiers.c2c.per_engine"} <= set(keys)
     # enabled, eviction and seven connector keys per lower tier, capacity per tier, interleave,
-    # per_engine for the three per-host kinds (c2c, dram, ssd)
+    # per_engine for the four per-host kinds (c2c, dram, pagecache, ssd)
     n = len(LOWER_TIERS)
-    assert len([k for k in keys if k.startswith("tiers.")]) == n * (2 + 7) + (n + 1) + 1 + 3
+    assert len([k for k in keys if k.startswith("tiers.")]) == n * (2 + 7) + (n + 1) + 1 + 4
     assert "tiers.dram.defer_loading_hits" in keys
 
 
@@ -235,4 +235,4 @@ def test_per_engine_on_a_shared_tier_in_a_policy_file_is_one_line(tmp_path) -> N
     policy.write_text('[[tiers]]\nname = "hbm"\n[[tiers]]\nname = "cxl"\nper_engine = true\n')
     result = invoke("replay", "--trace", str(REPO / "traces" / "sample-chat.parquet"),
                     "--policy", str(policy), "--hardware", "beluga-testbed")  # fmt: skip
-    assert_one_line_error(result, str(policy), "tiers[1].per_engine", "c2c, dram, ssd")
+    assert_one_line_error(result, str(policy), "tiers[1].per_engine", "c2c, dram, pagecache, ssd")
