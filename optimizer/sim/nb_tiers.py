@@ -167,7 +167,8 @@ class TierParams(NamedTuple):
     # - 1 (kvtier.sim.tiers.generated_bases); empty: no tier stores them
     gen_base: np.ndarray
     load_fills_upper: np.ndarray  # bool (T,): a block loaded from the tier fills those above
-    prefetch_at_arrival: np.ndarray  # bool (T,): hits in the tier are read up at arrival
+    # bool (T,): tiers only a storage prefetch at arrival reads (SimConfig.tiers_read_at_arrival)
+    prefetch_at_arrival: np.ndarray
 
     @classmethod
     def empty(cls, n_instances: int) -> TierParams:
