@@ -295,3 +295,56 @@ def test_the_first_lower_tier_has_nothing_above_to_prefetch_into() -> None:
     for engine in ("reference", "numba"):
         raw = simulate_raw(trace(64), cfg, engine=engine, check_invariants=engine == "reference")
         assert raw.loaded_blocks[1, 0] == 64 and raw.tier_hit_blocks[0] == 64
+
+
+def hit_loss_replay(attempts: int, engine: str):  # noqa: ANN201 - a RawResult
+    """One engine running one request at a time, HBM of 100 blocks, a host pool of 70 and the
+    file tier: a 64-block prefix computed (request 0), then a long answer running (1), an
+    unrelated 80-block prompt (2) and an extension of the prefix (3) waiting behind it. At its
+    arrival the extension finds the prefix in HBM and the host pool (nothing to prefetch); the
+    80-block prompt, admitted first, evicts most of it from HBM and, written through, all of it
+    from the host pool."""
+    model = load_model("Qwen3-8B")
+    block_gb = B * model.kv_bytes_per_token("bf16") / 1e9
+    policy = Policy(
+        block_tokens=B,
+        write_policy="write_through",
+        serving=ServingPolicy(instances=1, tp=1, routing="round_robin", max_num_seqs=1),
+        tiers=(
+            TierPolicy(capacity_gb=100.5 * block_gb),
+            TierPolicy(name="dram", capacity_gb=70.5 * block_gb),
+            TierPolicy(name="ssd", capacity_gb=200.0, connector="sglang-hicache-file"),
+        ),
+    )
+    hw = load_hardware("a3-highgpu-4g-lustre")
+    hw = replace(hw, topology=replace(hw.topology, hosts=1, gpus_per_host=1))
+    cfg = replace(build_config(hw, model, policy), prefetch_retry_attempts=attempts)
+    base = list(range(64))
+    prompts = [base + [64], [65], list(range(66, 146)), base + [146]]
+    times = [0.0, GAP_S, GAP_S + 0.01, GAP_S + 0.02]
+    outputs = [4, 200, 4, 4]
+    tr = BlockedTrace.from_lists(
+        times, [len(p) * B + 1 for p in prompts], outputs, prompts, B, n_blocks=147
+    )
+    return simulate_raw(tr, cfg, engine=engine, check_invariants=engine == "reference")
+
+
+@pytest.mark.parametrize("engine", ["reference", "numba"])
+def test_a_prefix_evicted_while_waiting_is_looked_up_in_storage_again(engine: str) -> None:
+    """SGLang's ``_prefetch_after_device_hit_loss``: at admission the extension's prefix in
+    HBM and the host pool is shorter than at its arrival, so its storage lookup is issued again
+    and it waits for that prefetch: its prefix comes back from the file tier through the host
+    pool. With no re-issue left it is admitted with what HBM holds and computes the rest."""
+    again = hit_loss_replay(8, engine)
+    assert again.tier_hit_blocks[SSD] > 0
+    assert again.loaded_blocks[3, DRAM] == again.tier_hit_blocks[SSD]
+    assert again.hit_blocks[3] + again.loaded_blocks[3, DRAM] == 64
+    spent = hit_loss_replay(0, engine)
+    assert spent.tier_hit_blocks[SSD] == 0 and spent.loaded_blocks[3].tolist() == [0, 0]
+    assert spent.hit_blocks[3] < 64
+
+
+def test_engines_agree_on_a_prefix_evicted_while_waiting() -> None:
+    for attempts in (0, 8):
+        ref, fast = (hit_loss_replay(attempts, e) for e in ("reference", "numba"))
+        assert_fields_equal(ref, fast, (*REQUEST_FIELDS, "tier_hit_blocks", "tier_bytes_read"))

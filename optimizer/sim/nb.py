@@ -92,6 +92,7 @@ from kvtier.sim.nb_loading import (
 )
 from kvtier.sim.nb_prefetch import (
     gated_until_nb,
+    hit_lost_nb,
     prefetch_nb,
     prefetched_nb,
     retry_prefetches_nb,
@@ -1481,6 +1482,10 @@ def schedule_admissions_nb(
             continue
         if rs.pf_n[i] > 0:
             prefetched_nb(sim, k, i, now)
+        if prm.prefetches_at_arrival and rs.pf_match[i] > 0 and hit_lost_nb(sim, k, i, now):
+            prev = i  # its prefix shrank while it waited: looked up in storage again
+            i = rs.next_waiting[i]
+            continue
         issue = seen if prm.polls_loads else now
         ints[C_DEFERRED] = 0
         handed = rs.handed[i]
@@ -1829,6 +1834,7 @@ def new_state(
         np.zeros(n, dtype=np.int64),
         np.zeros(n, dtype=np.int64),
         np.full(n, -1, dtype=np.int64),
+        np.zeros(n, dtype=np.int64),
         np.zeros(n, dtype=np.int64),
     )
     n_pdw = n_inst * prm.pd_workers

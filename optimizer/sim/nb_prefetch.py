@@ -10,8 +10,10 @@ wait_complete`` skips the request when forming a batch until the prefetch has en
 the request loads them from host memory like any host hit. A prefetch of a prompt left
 shorter than ``prefetch_threshold`` (256 tokens) is declined; one is declined too while the
 engine's prefetches in flight reserve half its host pool (``prefetch_capacity_limit``), and a
-declined or missed one is re-issued by later scheduling passes (``StoragePrefetchRetries``).
-docs/model.md, "Storage prefetch at arrival"; the reference is
+declined or missed one is re-issued by later scheduling passes (``StoragePrefetchRetries``),
+and so is one whose prefix in HBM and the host pool shrank while it waited
+(``_prefetch_after_device_hit_loss``). docs/model.md, "Storage prefetch at arrival"; the
+reference is
 :meth:`kvtier.sim.reference.ReferenceReplay.prefetch`.
 """
 
@@ -41,6 +43,38 @@ def prompt_cap_nb(sim: Sim, i: int) -> int:
 
 
 @njit(cache=True, nogil=True, _nrt=False, **INNER)
+def reachable_nb(sim: Sim, k: int, i: int, cap: int) -> int:
+    """The prompt blocks of request ``i`` HBM and then the tiers admission reaches hold on
+    instance ``k``, at most ``cap`` (the reference's ``reachable``)."""
+    rq = sim.rq
+    prm = sim.prm
+    bo = rq.block_offsets[i]
+    h = hbm_lookup_nb(
+        sim.pool.slot_of, k * prm.n_shared, rq.shared, bo, cap, sim.buf.found, prm.swa_off,
+        prm.swa_need,
+    )  # fmt: skip
+    return h + lookup_nb(sim.ts, sim.tp, k, rq.block_ids, bo, h, cap, sim.buf.src)
+
+
+@njit(cache=True, nogil=True, _nrt=False, **INNER)
+def hit_lost_nb(sim: Sim, k: int, i: int, now: float) -> bool:
+    """Did request ``i``'s prefix in HBM and the host tier shrink since its last prefetch
+    lookup? Then, within its attempts, the storage lookup is issued again and ``i`` skipped
+    this pass (SGLang's ``_prefetch_after_device_hit_loss``); past them the shorter match is
+    admitted (the reference's ``hit_lost``)."""
+    rs = sim.rs
+    held = reachable_nb(sim, k, i, prompt_cap_nb(sim, i))
+    if held >= rs.pf_match[i]:
+        return False
+    if rs.pf_tries[i] >= sim.prm.prefetch_retry_attempts:
+        rs.pf_match[i] = held
+        return False
+    rs.pf_tries[i] += 1
+    prefetch_nb(sim, k, i, now)
+    return True
+
+
+@njit(cache=True, nogil=True, _nrt=False, **INNER)
 def prefetch_nb(sim: Sim, k: int, i: int, now: float) -> None:
     """Request ``i``, on instance ``k`` at ``now`` (its arrival, or a retry): past the prefix
     HBM and the tiers admission reaches hold, the run of blocks the prefetching tiers hold is
@@ -52,11 +86,8 @@ def prefetch_nb(sim: Sim, k: int, i: int, now: float) -> None:
     prm = sim.prm
     bo = rq.block_offsets[i]
     cap = prompt_cap_nb(sim, i)
-    lo = hbm_lookup_nb(
-        sim.pool.slot_of, k * prm.n_shared, rq.shared, bo, cap, sim.buf.found, prm.swa_off,
-        prm.swa_need,
-    )  # fmt: skip
-    lo += lookup_nb(sim.ts, sim.tp, k, rq.block_ids, bo, lo, cap, sim.buf.src)
+    lo = reachable_nb(sim, k, i, cap)
+    rs.pf_match[i] = lo
     if cap - lo < prm.prefetch_min_blocks:
         return  # (no lookup was issued: no retry)
     marks = sim.ist.marks

@@ -236,6 +236,9 @@ class RequestState(NamedTuple):
     # set; -1: none), and the re-issues it has made (SGLang's StoragePrefetchRetries)
     pf_retry: np.ndarray  # i8
     pf_tries: np.ndarray  # i8
+    # the prompt blocks HBM and the tiers admission reaches held at its last prefetch lookup
+    # (SGLang's storage_prefetch_last_match_len; 0: none)
+    pf_match: np.ndarray  # i8
 
 
 # rows of InstanceState.marks: Params.polls_loads's times, then Params.prefetches_at_arrival's

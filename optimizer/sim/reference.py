@@ -181,6 +181,9 @@ class Request:
     # the re-issues it has made (SGLang's ``StoragePrefetchRetries``)
     prefetch_retry: int = -1
     prefetch_tries: int = 0
+    # the prompt blocks HBM and the tiers admission reaches held at its last prefetch lookup
+    # (SGLang's ``storage_prefetch_last_match_len``; 0: none)
+    prefetch_match: int = 0
 
 
 class HbmPool:
@@ -612,8 +615,8 @@ class ReferenceReplay:
         ``prefetch_min_blocks``; when the instance's prefetches in flight already hold
         ``prefetch_limit_tokens``, or the tier holds none of it, a retry is armed."""
         cap = min((req.target - 1) // self.B, len(req.blocks))
-        lo = inst.pool.lookup(req.blocks, cap)
-        lo += len(self.lower.lookup(k, req.blocks, lo, cap))
+        lo = self.reachable(inst, k, req, cap)
+        req.prefetch_match = lo
         if cap - lo < self.cfg.prefetch_min_blocks:
             return  # (no lookup was issued: no retry)
         if inst.prefetch_held * self.B >= self.cfg.prefetch_limit_tokens:
@@ -626,6 +629,27 @@ class ReferenceReplay:
         inst.prefetch_held += cap - lo  # (the whole prompt left is reserved)
         req.prefetch_ready, tier = self.lower.prefetch(k, t, req.blocks[lo : lo + n])
         req.prefetch = (tier, lo, n)
+
+    def reachable(self, inst: Instance, k: int, req: Request, cap: int) -> int:
+        """The prompt blocks HBM and then the tiers admission reaches hold, at most ``cap``."""
+        h = inst.pool.lookup(req.blocks, cap)
+        return h + len(self.lower.lookup(k, req.blocks, h, cap))
+
+    def hit_lost(self, inst: Instance, k: int, req: Request, t: float) -> bool:
+        """Did ``req``'s prefix in HBM and the host tier shrink since its last prefetch lookup
+        (evicted while it waited)? Then, within its attempts, the storage lookup is issued
+        again and the request skipped this pass (SGLang's ``_prefetch_after_device_hit_loss``);
+        past them the shorter match is admitted."""
+        cap = min((req.target - 1) // self.B, len(req.blocks))
+        now_held = self.reachable(inst, k, req, cap)
+        if now_held >= req.prefetch_match:
+            return False
+        if req.prefetch_tries >= self.cfg.prefetch_retry_attempts:
+            req.prefetch_match = now_held
+            return False
+        req.prefetch_tries += 1
+        self.prefetch(inst, k, req, t)
+        return True
 
     def prefetched(self, inst: Instance, k: int, req: Request, t: float) -> None:
         """``req``'s prefetch has ended and the scheduler reaches it: the blocks it read enter
@@ -1174,6 +1198,9 @@ class ReferenceReplay:
                     continue
                 if req.prefetch[2]:
                     self.prefetched(inst, k, req, t)
+                if self.prefetches and req.prefetch_match and self.hit_lost(inst, k, req, t):
+                    w += 1  # its prefix shrank while it waited: looked up in storage again
+                    continue
                 # (polls_loads: a load starts when its step is decided, on the worker that
                 # launches it)
                 issue = seen if polls else t
