@@ -223,6 +223,9 @@ def drawn_trace(groups: int, prefix: int, per_group: int, spread: float):
 # examples rarely queue a declined request behind another long enough)
 @example(4, 8, 5, 2, 0.0, 1.5, 0.5, 1, False, "step_output", 1, 8, 0.0)
 @example(4, 8, 5, 2, 1e-3, 1.5, 0.5, 1, True, "at_once", 1, 8, 0.5)
+# prefixes evicted while their requests wait, looked up in storage again (10 and 6 times)
+@example(4, 24, 5, 2, 0.0, 1.5, 0.5, 1, False, "step_output", 8, 8, 0.0)
+@example(3, 16, 5, 2, 0.0, 1.5, 1.5, 4, True, "at_once", 1, 8, 4.0)
 def test_engines_agree_on_drawn_prefetches(
     groups, prefix, per_group, instances, spread, hbm_prompts, dram_prompts, min_blocks,
     async_scheduling, load_report, retry_passes, retry_attempts, page_cache_prompts,
