@@ -94,13 +94,14 @@ def prefetch_nb(sim: Sim, k: int, i: int, now: float) -> None:
     if marks[PF_HELD, k] * prm.block_tokens >= prm.prefetch_limit_tokens:
         rs.pf_retry[i] = 0  # (declined, rate limited)
         return
-    n = storage_run_nb(sim.ts, sim.tp, k, rq.block_ids, bo, lo, cap)
+    src = sim.buf.src
+    n = storage_run_nb(sim.ts, sim.tp, k, rq.block_ids, bo, lo, cap, src)
     if n == 0:
         rs.pf_retry[i] = 0  # (a miss: a backup may still be committing)
         return
     marks[PF_HELD, k] += cap - lo  # (the whole prompt left is reserved)
     refs = Refs(rq.block_ids, bo, lo, lo + n)
-    ready, deepest = prefetch_blocks_nb(sim.ts, sim.tp, sim.lk, k, now, refs)
+    ready, deepest = prefetch_blocks_nb(sim.ts, sim.tp, sim.lk, k, now, refs, src)
     rs.pf_ready[i] = ready
     rs.pf_tier[i] = deepest
     rs.pf_lo[i] = lo

@@ -309,14 +309,16 @@ def lookup_nb(ts, tp, k, block_ids, bo, start, cap, src):  # noqa: ANN001, ANN20
 
 
 @njit(cache=True, nogil=True, _nrt=False, **INNER)
-def storage_run_nb(ts, tp, k, block_ids, bo, start, cap):  # noqa: ANN001, ANN201
+def storage_run_nb(ts, tp, k, block_ids, bo, start, cap, src):  # noqa: ANN001, ANN201
     """The run of blocks from ``start`` each first held by a tier only a prefetch at arrival
-    reads (0: none; the reference's ``LowerTiers.storage_run``)."""
+    reads, their tiers into ``src``; its length (0: none; the reference's
+    ``LowerTiers.storage_run``)."""
     n = 0
     while start + n < cap:
         t = holder_nb(ts, tp, k, block_ids[bo + start + n])
         if t < 0 or not tp.prefetch_at_arrival[t]:
             break
+        src[n] = t
         n += 1
     return np.int64(n)
 
@@ -395,21 +397,20 @@ def load_nb(ts, tp, lk, k, now, refs, buf, pf):  # noqa: ANN001, ANN201
 
 
 @njit(cache=True, nogil=True, _nrt=False)
-def prefetch_blocks_nb(ts, tp, lk, k, now, refs):  # noqa: ANN001, ANN201
+def prefetch_blocks_nb(ts, tp, lk, k, now, refs, src):  # noqa: ANN001, ANN201
     """Read the blocks ``refs`` (:class:`Refs`) toward the tiers above (SGLang's storage
-    prefetch into the host pool), each from the first tier holding it: per tier, in lookup
-    order, touched tail first and read in one transfer through its connector, each after the
-    one before; returns when they have arrived and the deepest tier read (the reference's
-    ``LowerTiers.prefetch``)."""
+    prefetch into the host pool), each from its tier in ``src`` (``storage_run_nb``'s): per
+    tier, in lookup order, touched tail first and read in one transfer through its connector,
+    each after the one before; returns when they have arrived and the deepest tier read (the
+    reference's ``LowerTiers.prefetch``)."""
     fin = now
     deepest = ZERO
     for t in range(tp.n_tiers):
         p = pool_nb(tp, t, k)
         n = 0
         for j in range(refs.j1 - 1, refs.j0 - 1, -1):
-            b = refs.ids[refs.bo + j]
-            if holder_nb(ts, tp, k, b) == t:
-                touch_nb(ts, p, b)
+            if src[j - refs.j0] == t:
+                touch_nb(ts, p, refs.ids[refs.bo + j])
                 n += 1
         if n == 0:
             continue

@@ -614,7 +614,7 @@ class ReferenceReplay:
         it has arrived (``wait_complete``). Declined when the prompt left is under
         ``prefetch_min_blocks``; when the instance's prefetches in flight already hold
         ``prefetch_limit_tokens``, or the tier holds none of it, a retry is armed."""
-        cap = min((req.target - 1) // self.B, len(req.blocks))
+        cap = self.prompt_cap(req)
         lo = self.reachable(inst, k, req, cap)
         req.prefetch_match = lo
         if cap - lo < self.cfg.prefetch_min_blocks:
@@ -622,13 +622,18 @@ class ReferenceReplay:
         if inst.prefetch_held * self.B >= self.cfg.prefetch_limit_tokens:
             req.prefetch_retry = 0  # (declined, rate limited)
             return
-        n = self.lower.storage_run(k, req.blocks, lo, cap)
+        src = self.lower.storage_run(k, req.blocks, lo, cap)
+        n = len(src)
         if n == 0:
             req.prefetch_retry = 0  # (a miss: a backup may still be committing)
             return
         inst.prefetch_held += cap - lo  # (the whole prompt left is reserved)
-        req.prefetch_ready, tier = self.lower.prefetch(k, t, req.blocks[lo : lo + n])
+        req.prefetch_ready, tier = self.lower.prefetch(k, t, req.blocks[lo : lo + n], src)
         req.prefetch = (tier, lo, n)
+
+    def prompt_cap(self, req: Request) -> int:
+        """The prompt blocks ``req`` may find cached: those before its last token."""
+        return min((req.target - 1) // self.B, len(req.blocks))
 
     def reachable(self, inst: Instance, k: int, req: Request, cap: int) -> int:
         """The prompt blocks HBM and then the tiers admission reaches hold, at most ``cap``."""
@@ -640,8 +645,7 @@ class ReferenceReplay:
         (evicted while it waited)? Then, within its attempts, the storage lookup is issued
         again and the request skipped this pass (SGLang's ``_prefetch_after_device_hit_loss``);
         past them the shorter match is admitted."""
-        cap = min((req.target - 1) // self.B, len(req.blocks))
-        now_held = self.reachable(inst, k, req, cap)
+        now_held = self.reachable(inst, k, req, self.prompt_cap(req))
         if now_held >= req.prefetch_match:
             return False
         if req.prefetch_tries >= self.cfg.prefetch_retry_attempts:
@@ -657,7 +661,7 @@ class ReferenceReplay:
         fills the tiers above the deepest read that lack it) and its reservation is released."""
         tier, lo, n = req.prefetch
         req.prefetch = (0, 0, 0)
-        inst.prefetch_held -= min((req.target - 1) // self.B, len(req.blocks)) - lo
+        inst.prefetch_held -= self.prompt_cap(req) - lo
         for b in req.blocks[lo : lo + n]:
             self.lower.fill_upper(k, t, tier, b)
 
@@ -710,7 +714,7 @@ class ReferenceReplay:
         issue = now if issue is None else issue
         if req.handed:
             return self.admit_handed(inst, k, req, now)
-        cap = min((req.target - 1) // self.B, len(req.blocks))
+        cap = self.prompt_cap(req)
         h = pool.lookup(req.blocks, cap) if self.prefix else 0
         src: list[int] = []
         loaded = 0

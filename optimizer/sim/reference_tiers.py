@@ -157,16 +157,16 @@ class LowerTiers:
             src.append(found)
         return src
 
-    def storage_run(self, inst: int, blocks: list[int], start: int, cap: int) -> int:
-        """The run of blocks from ``start`` each first held by a tier only a prefetch at arrival
-        reads (0: none)."""
-        n = 0
-        while start + n < cap:
-            t = self.holder(inst, blocks[start + n])
+    def storage_run(self, inst: int, blocks: list[int], start: int, cap: int) -> list[int]:
+        """The tier of each block of the run from ``start`` each first held by a tier only a
+        prefetch at arrival reads (empty: none)."""
+        src: list[int] = []
+        for b in blocks[start:cap]:
+            t = self.holder(inst, b)
             if t < 0 or not self.read_at_arrival[t]:
                 break
-            n += 1
-        return n
+            src.append(t)
+        return src
 
     def timing_of(self, inst: int) -> np.ndarray:
         """The packed step-time array of instance ``inst``."""
@@ -238,14 +238,15 @@ class LowerTiers:
                 ready = fin
         return ready
 
-    def prefetch(self, inst: int, now: float, blocks: list[int]) -> tuple[float, int]:
+    def prefetch(
+        self, inst: int, now: float, blocks: list[int], src: list[int]
+    ) -> tuple[float, int]:
         """Read ``blocks`` toward the tiers above (SGLang's storage prefetch into the host pool),
-        each from the first tier holding it: per tier, in lookup order, its blocks touched tail
-        first and read in one transfer through its connector, each transfer after the one
-        before (one prefetch thread per rank reads the pages in turn). Returns when they have
-        arrived and the deepest tier read; they enter the tiers above when the request is next
-        tried (``ReferenceReplay.prefetched``)."""
-        src = [self.holder(inst, b) for b in blocks]
+        each from its tier in ``src`` (``storage_run``'s): per tier, in lookup order, its
+        blocks touched tail first and read in one transfer through its connector, each transfer
+        after the one before (one prefetch thread per rank reads the pages in turn). Returns
+        when they have arrived and the deepest tier read; they enter the tiers above when the
+        request is next tried (``ReferenceReplay.prefetched``)."""
         fin = now
         deepest = 0
         for t in range(self.cfg.n_tiers):
