@@ -82,20 +82,28 @@ def both(engine: int, page_cache_blocks: int):  # noqa: ANN201 - the reference's
     pair = replay_both(trace(engine), config(page_cache_blocks), check_invariants=True)
     assert pair is not None
     ref, fast = pair
-    tiers = ("tier_hit_blocks", "tier_bytes_read", "tier_bytes_written", "link_busy_s")
+    tiers = (
+        "tier_hit_blocks",
+        "tier_prefetched_blocks",
+        "tier_bytes_read",
+        "tier_bytes_written",
+        "link_busy_s",
+    )
     assert_fields_equal(ref, fast, (*REQUEST_FIELDS, *tiers))
     return ref
 
 
 def test_an_engine_on_the_writing_host_reads_the_page_cache_not_the_file_tier() -> None:
     raw = both(engine=1, page_cache_blocks=1000)
-    assert raw.tier_hit_blocks.tolist() == [PREFIX, PREFIX, 0]  # (then its host pool, loaded)
+    assert raw.tier_prefetched_blocks.tolist() == [0, PREFIX, 0]
+    assert raw.tier_hit_blocks.tolist() == [PREFIX, 0, 0]  # (then loaded from its host pool)
     assert raw.loaded_blocks[1, DRAM] == PREFIX
 
 
 def test_an_engine_on_another_host_reads_the_file_tier() -> None:
     raw = both(engine=2, page_cache_blocks=1000)
-    assert raw.tier_hit_blocks.tolist() == [PREFIX, 0, PREFIX]
+    assert raw.tier_prefetched_blocks.tolist() == [0, 0, PREFIX]
+    assert raw.tier_hit_blocks.tolist() == [PREFIX, 0, 0]
     assert raw.loaded_blocks[2, DRAM] == PREFIX
 
 
@@ -105,7 +113,7 @@ def test_a_prefix_half_in_the_page_cache_reads_both_tiers_one_after_the_other() 
     and the rest from the cache, and the request waits for both; with the whole prefix in the
     cache it is served sooner."""
     half = both(engine=1, page_cache_blocks=PREFIX // 2)
-    assert half.tier_hit_blocks.tolist() == [PREFIX, 31, 33]
+    assert half.tier_prefetched_blocks.tolist() == [0, 31, 33]
     assert half.loaded_blocks[1, DRAM] == PREFIX
     whole = both(engine=1, page_cache_blocks=1000)
     assert whole.first_token_s[1] < half.first_token_s[1]
@@ -114,8 +122,9 @@ def test_a_prefix_half_in_the_page_cache_reads_both_tiers_one_after_the_other() 
 def test_without_the_page_cache_the_writing_host_reads_the_file_tier() -> None:
     pair = replay_both(trace(1), config(None), check_invariants=True)
     assert pair is not None
-    assert pair[0].tier_hit_blocks.tolist() == [PREFIX, PREFIX]
-    assert_fields_equal(*pair, (*REQUEST_FIELDS, "tier_hit_blocks"))
+    assert pair[0].tier_prefetched_blocks.tolist() == [0, PREFIX]
+    assert pair[0].tier_hit_blocks.tolist() == [PREFIX, 0]
+    assert_fields_equal(*pair, (*REQUEST_FIELDS, "tier_hit_blocks", "tier_prefetched_blocks"))
 
 
 def exported(target: str, with_file_tier: bool):  # noqa: ANN201 - an ExportResult

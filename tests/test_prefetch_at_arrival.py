@@ -83,10 +83,12 @@ def replay(prefix: int, prefetch: bool, engine: str):  # noqa: ANN201 - a RawRes
 @pytest.mark.parametrize("engine", ["reference", "numba"])
 def test_the_file_tier_is_read_at_arrival_into_the_host_pool(engine: str) -> None:
     raw = replay(64, True, engine)
-    assert raw.tier_hit_blocks[SSD] == 64  # the prefetch read the prefix once
+    assert raw.tier_hit_blocks[SSD] == 0 and raw.tier_hit_blocks[DRAM] == 64
+    assert raw.tier_prefetched_blocks.tolist() == [0, 64]  # (a prefetch's read, not a load)
     assert raw.loaded_blocks[1, DRAM] == 64 and raw.loaded_blocks[1, SSD] == 0
     off = replay(64, False, engine)
     assert off.loaded_blocks[1, SSD] == 64 and off.loaded_blocks[1, DRAM] == 0
+    assert off.tier_prefetched_blocks.tolist() == [0, 0]
     # the one-block prompt behind it on engine 1 is not held up by the prefetch in flight
     assert raw.first_token_s[3] < raw.first_token_s[1]
 
@@ -96,7 +98,7 @@ def test_a_prefetch_under_256_tokens_is_declined_and_its_blocks_computed(engine:
     """SGLang's admission matches the device and host trees only: storage pages reach the host
     pool through a prefetch, so a declined one's blocks are computed, not loaded."""
     raw = replay(8, True, engine)  # 128 tokens
-    assert raw.tier_hit_blocks[SSD] == 0
+    assert raw.tier_prefetched_blocks[SSD] == 0
     assert raw.loaded_blocks[1, SSD] == 0 and raw.loaded_blocks[1, DRAM] == 0
     off = replay(8, False, engine)  # (without the prefetch, the file tier loads at admission)
     assert off.loaded_blocks[1, SSD] == 8
@@ -106,7 +108,9 @@ def test_a_prefetch_under_256_tokens_is_declined_and_its_blocks_computed(engine:
 def test_engines_agree(prefix: int, prefetch: bool) -> None:
     ref = replay(prefix, prefetch, "reference")
     fast = replay(prefix, prefetch, "numba")
-    assert_fields_equal(ref, fast, (*REQUEST_FIELDS, "tier_hit_blocks", "tier_bytes_read"))
+    assert_fields_equal(
+        ref, fast, (*REQUEST_FIELDS, "tier_hit_blocks", "tier_prefetched_blocks", "tier_bytes_read")
+    )
 
 
 def group_trace(prefix: int, long_output: int = 0) -> BlockedTrace:
@@ -133,14 +137,14 @@ def test_a_prefetch_past_the_in_flight_limit_is_declined_and_computed(engine: st
     reserved blocks pass half of it and the second is declined: it computes the prefix."""
     tr = group_trace(64)
     big = simulate_raw(tr, config(True), engine=engine, check_invariants=True)
-    assert big.tier_hit_blocks[SSD] == 128
+    assert big.tier_prefetched_blocks[SSD] == 128
     # (the first loads the pages from the host pool; the second, admitted after it, hits them
     # in HBM)
     assert big.loaded_blocks[1, DRAM] == 64 and big.hit_blocks[3] == 64
     small_cfg = config(True, dram_gb=0.5)
     assert small_cfg.prefetch_limit_tokens // B < 65 < small_cfg.tiers.capacity_blocks[0]
     small = simulate_raw(tr, small_cfg, engine=engine, check_invariants=True)
-    assert small.tier_hit_blocks[SSD] == 64
+    assert small.tier_prefetched_blocks[SSD] == 64
     # the second, held by nothing, is admitted first and computes the prefix; the first, its
     # prefetch ended, then finds the prefix in HBM
     assert small.loaded_blocks[3].tolist() == [0, 0] and small.hit_blocks[3] == 0
@@ -180,7 +184,9 @@ def test_a_declined_prefetch_is_retried_every_few_passes_up_to_its_attempts(
     ref, fast = pair
     assert issued.count(5) == calls and issued.count(3) == 1
     assert ref.loaded_blocks[3, DRAM] == 64 and ref.loaded_blocks[5].tolist() == [0, 0]
-    assert_fields_equal(ref, fast, (*REQUEST_FIELDS, "tier_hit_blocks", "tier_bytes_read"))
+    assert_fields_equal(
+        ref, fast, (*REQUEST_FIELDS, "tier_hit_blocks", "tier_prefetched_blocks", "tier_bytes_read")
+    )
 
 
 def drawn_trace(groups: int, prefix: int, per_group: int, spread: float):
@@ -274,8 +280,19 @@ def test_engines_agree_on_drawn_prefetches(
     pair = replay_both(tr, cfg, check_invariants=True)
     if pair is None:  # both stopped at the same stall
         return
-    tiers = ("tier_hit_blocks", "tier_bytes_read", "tier_bytes_written", "link_busy_s")
+    tiers = (
+        "tier_hit_blocks",
+        "tier_prefetched_blocks",
+        "tier_bytes_read",
+        "tier_bytes_written",
+        "link_busy_s",
+    )
     assert_fields_equal(*pair, (*REQUEST_FIELDS, *tiers))
+    ref = pair[0]
+    if not ref.preemptions.any():  # a tier's hits are the requests' loads, not prefetches
+        np.testing.assert_array_equal(ref.loaded_blocks.sum(axis=0), ref.tier_hit_blocks)
+    read = ref.tier_hit_blocks + ref.tier_prefetched_blocks  # (cascades read blocks too)
+    assert np.all(read * cfg.tiers.block_bytes <= ref.tier_bytes_read * (1 + 1e-12))
 
 
 def test_the_first_lower_tier_has_nothing_above_to_prefetch_into() -> None:
@@ -339,15 +356,19 @@ def test_a_prefix_evicted_while_waiting_is_looked_up_in_storage_again(engine: st
     and it waits for that prefetch: its prefix comes back from the file tier through the host
     pool. With no re-issue left it is admitted with what HBM holds and computes the rest."""
     again = hit_loss_replay(8, engine)
-    assert again.tier_hit_blocks[SSD] > 0
-    assert again.loaded_blocks[3, DRAM] == again.tier_hit_blocks[SSD]
+    assert again.tier_prefetched_blocks[SSD] > 0
+    assert again.loaded_blocks[3, DRAM] == again.tier_prefetched_blocks[SSD]
     assert again.hit_blocks[3] + again.loaded_blocks[3, DRAM] == 64
     spent = hit_loss_replay(0, engine)
-    assert spent.tier_hit_blocks[SSD] == 0 and spent.loaded_blocks[3].tolist() == [0, 0]
+    assert spent.tier_prefetched_blocks[SSD] == 0 and spent.loaded_blocks[3].tolist() == [0, 0]
     assert spent.hit_blocks[3] < 64
 
 
 def test_engines_agree_on_a_prefix_evicted_while_waiting() -> None:
     for attempts in (0, 8):
         ref, fast = (hit_loss_replay(attempts, e) for e in ("reference", "numba"))
-        assert_fields_equal(ref, fast, (*REQUEST_FIELDS, "tier_hit_blocks", "tier_bytes_read"))
+        assert_fields_equal(
+            ref,
+            fast,
+            (*REQUEST_FIELDS, "tier_hit_blocks", "tier_prefetched_blocks", "tier_bytes_read"),
+        )

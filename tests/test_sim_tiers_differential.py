@@ -34,6 +34,7 @@ def cases(draw: st.DrawFn):
 def assert_same_tiers(a, b, trace, cfg) -> None:
     assert_same(a, b, trace, cfg.tiers.names if cfg.tiers is not None else ())
     np.testing.assert_array_equal(a.tier_hit_blocks, b.tier_hit_blocks)
+    np.testing.assert_array_equal(a.tier_prefetched_blocks, b.tier_prefetched_blocks)
     np.testing.assert_array_equal(a.tier_bytes_read, b.tier_bytes_read)
     np.testing.assert_array_equal(a.tier_bytes_written, b.tier_bytes_written)
     np.testing.assert_array_equal(a.link_busy_s, b.link_busy_s)
@@ -60,8 +61,9 @@ def test_engines_agree_with_tiers(case) -> None:
     assert np.array_equal(served, ref.instance >= 0)
     assert np.all(ref.first_token_s[served] >= ref.arrival_s[served] + ref.load_s[served])
     assert np.all(ref.arrival_s >= trace.arrival_s)  # a closed loop only delays a send
-    # per request: the blocks loaded from each tier sum to the tiers' hit counts, and the
-    # prompt is found in HBM, loaded from the tiers or recomputed
+    # per request: the blocks loaded from each tier sum to the tiers' hit counts (a storage
+    # prefetch's reads are not hits: its blocks count where a request then loads them from),
+    # and the prompt is found in HBM, loaded from the tiers or recomputed
     names = cfg.tiers.names if cfg.tiers is not None else ()
     # (a preempted request's loads on its return count in the tiers, not in its row)
     loaded_total = ref.loaded_blocks.sum(axis=0)

@@ -967,6 +967,7 @@ def _tier_result(tiers: TierConfig | None, lk: LinkState, load_s: np.ndarray) ->
         return {}
     return {
         "tier_hit_blocks": lk.tier_hits,
+        "tier_prefetched_blocks": lk.prefetched,
         "tier_bytes_read": lk.bytes_read,
         "tier_bytes_written": lk.bytes_written,
         "link_busy_s": lk.busy,

@@ -191,7 +191,8 @@ class LinkState(NamedTuple):
     free: np.ndarray  # f8 (2 L,): when each link is next free, reads then writes
     busy: np.ndarray  # f8 (L,): seconds each link was occupied
     moved: np.ndarray  # f8 (L,): bytes each link carried
-    tier_hits: np.ndarray  # i8 (T,): blocks loaded from each tier
+    tier_hits: np.ndarray  # i8 (T,): blocks loaded from each tier into HBM
+    prefetched: np.ndarray  # i8 (T,): blocks storage prefetches read from each tier
     bytes_read: np.ndarray  # f8 (T,): loads and cascades out of each tier
     bytes_written: np.ndarray  # f8 (T,): copies into each tier
     wfree: np.ndarray  # f8 (2 W,): when each connector worker is next free, load then store
@@ -203,8 +204,8 @@ class LinkState(NamedTuple):
         f = np.zeros
         w = 2 * max(n_workers, 1)  # load workers, then store workers
         return cls(
-            f(2 * n_links), f(n_links), f(n_links), f(n_tiers, np.int64), f(n_tiers),
-            f(n_tiers), f(w), f(w), f((n_tiers, 4)),
+            f(2 * n_links), f(n_links), f(n_links), f(n_tiers, np.int64), f(n_tiers, np.int64),
+            f(n_tiers), f(n_tiers), f(w), f(w), f((n_tiers, 4)),
         )  # fmt: skip
 
 
@@ -415,7 +416,7 @@ def prefetch_blocks_nb(ts, tp, lk, k, now, refs, src):  # noqa: ANN001, ANN201
         if n == 0:
             continue
         fin = gpu_transfer_nb(tp, lk, k, t, fin, np.int64(n), False)
-        lk.tier_hits[t] += n
+        lk.prefetched[t] += n
         lk.bytes_read[t] += n * tp.block_bytes
         deepest = np.int64(t)
     return fin, deepest

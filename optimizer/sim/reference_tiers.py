@@ -72,6 +72,7 @@ class LowerTiers:
         self.wbusy = np.zeros(2 * max(cfg.n_workers, 1))
         self.stage = np.zeros((cfg.n_tiers, 4))
         self.hits = np.zeros(cfg.n_tiers, dtype=np.int64)
+        self.prefetched = np.zeros(cfg.n_tiers, dtype=np.int64)
         self.bytes_read = np.zeros(cfg.n_tiers)
         self.bytes_written = np.zeros(cfg.n_tiers)
         self.sightings = np.zeros(max(n_blocks, 1), dtype=np.int64)
@@ -256,7 +257,7 @@ class LowerTiers:
             for b in reversed(mine):
                 self.pool(t, inst).access(b)
             fin = self.gpu_transfer(inst, fin, t, len(mine), False)
-            self.hits[t] += len(mine)
+            self.prefetched[t] += len(mine)
             self.bytes_read[t] += len(mine) * self.cfg.block_bytes
             deepest = t
         return fin, deepest
@@ -388,6 +389,7 @@ class LowerTiers:
         """The lower-tier fields of :class:`kvtier.sim.result.RawResult`."""
         return {
             "tier_hit_blocks": self.hits.copy(),
+            "tier_prefetched_blocks": self.prefetched.copy(),
             "tier_bytes_read": self.bytes_read.copy(),
             "tier_bytes_written": self.bytes_written.copy(),
             "link_busy_s": self.busy.copy(),

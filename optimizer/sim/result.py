@@ -40,7 +40,11 @@ class RawResult:
     early_stopped: bool
     end_s: float  # simulated time at which the run ended
     # Lower tiers (empty without them): per tier in TierConfig order, per link, per request.
+    # blocks loaded from each tier into HBM
     tier_hit_blocks: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
+    # blocks storage prefetches read from each tier into the tiers above (SGLang's prefetch at
+    # arrival; they count as hits of the tier a request then loads them from)
+    tier_prefetched_blocks: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
     tier_bytes_read: np.ndarray = field(default_factory=lambda: np.zeros(0))
     tier_bytes_written: np.ndarray = field(default_factory=lambda: np.zeros(0))
     link_busy_s: np.ndarray = field(default_factory=lambda: np.zeros(0))
