@@ -93,6 +93,27 @@ def test_the_file_tier_is_read_at_arrival_into_the_host_pool(engine: str) -> Non
     assert raw.first_token_s[3] < raw.first_token_s[1]
 
 
+def test_the_tier_table_shows_what_prefetches_read_from_the_file_tier() -> None:
+    """The file tier's row: nothing loaded into HBM from it, its prefix read by the prefetch
+    (64 blocks); the host pool's row: the prefix loaded from it."""
+    from rich.console import Console
+
+    from kvtier.report.tiers import tier_table
+    from kvtier.sim.tier_stats import tier_stats
+
+    cfg = config(True)
+    tr = trace(64)
+    raw = simulate_raw(tr, cfg, engine="numba")
+    dram, ssd = tier_stats(cfg.tiers, raw, tr.arrival_s, load_hardware("a3-highgpu-4g-lustre"))
+    block_gb = cfg.tiers.block_bytes / 1e9
+    assert ssd.loaded_gb == 0 and ssd.prefetched_gb == pytest.approx(64 * block_gb)
+    assert dram.loaded_gb == pytest.approx(64 * block_gb) and dram.prefetched_gb == 0
+    console = Console(width=250, record=True)
+    console.print(tier_table([dram, ssd]))
+    (row,) = [line for line in console.export_text().splitlines() if "sglang-hicache-file" in line]
+    assert f"0.0 (+ {64 * block_gb:,.1f} prefetched)" in row
+
+
 @pytest.mark.parametrize("engine", ["reference", "numba"])
 def test_a_prefetch_under_256_tokens_is_declined_and_its_blocks_computed(engine: str) -> None:
     """SGLang's admission matches the device and host trees only: storage pages reach the host

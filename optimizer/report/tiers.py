@@ -16,7 +16,8 @@ def _pct(x: float) -> str:
 
 
 def tier_table(stats: tuple[TierStats, ...] | list[TierStats]) -> Table:
-    """One row per lower tier: connector, what it moved, how fast a GPU loaded from it, how
+    """One row per lower tier: connector, what it moved (loaded into HBM, read by storage
+    prefetches into the tiers above, written), how fast a GPU loaded from it, how
     much of TTFT waited for it, where its connector's workers spent their time, its busiest
     link and, for SSDs, drive writes per day against the rating."""
     table = Table(title="lower tiers", title_justify="left")
@@ -47,10 +48,13 @@ def tier_table(stats: tuple[TierStats, ...] | list[TierStats]) -> Table:
             versus = f"{s.load_s_idle:.3g} / {s.recompute_s:.3g}"
             if s.net_loss:
                 versus = f"[bold red]{versus} net loss[/]"
+        moved = f"{s.loaded_gb:,.1f}"
+        if s.prefetched_gb > 0:
+            moved += f" (+ {s.prefetched_gb:,.1f} prefetched)"
         table.add_row(
             s.tier,
             s.connector,
-            f"{s.loaded_gb:,.1f} / {s.written_gb:,.1f}",
+            f"{moved} / {s.written_gb:,.1f}",
             gbps,
             _pct(s.ttft_share),
             stages,

@@ -44,7 +44,7 @@ class TierStats:
 
     tier: str
     connector: str
-    loaded_gb: float
+    loaded_gb: float  # loaded from the tier into HBM
     written_gb: float
     load_gbps_per_gpu: float  # NaN when nothing was loaded
     ttft_share: float  # share of all TTFT spent waiting for this tier's loads
@@ -57,6 +57,9 @@ class TierStats:
     judged_blocks: float = math.nan  # the load the verdict below is taken on (blocks)
     load_s_idle: float = math.nan  # seconds to load them through the connector, idle path
     recompute_s: float = math.nan  # seconds the instance computes their tokens from scratch
+    # read from the tier by storage prefetches into the tiers above (SGLang's prefetch at
+    # arrival): those blocks reach HBM as loads of the tier they were prefetched into
+    prefetched_gb: float = 0.0
 
     @property
     def net_loss(self) -> bool:
@@ -138,6 +141,9 @@ def tier_stats(
         from_t = raw.loaded_blocks[:, t] > 0
         wait = float(load[from_t].sum())
         delivered = float(raw.loaded_blocks[:, t].sum()) * tiers.block_bytes
+        prefetched = 0.0
+        if len(raw.tier_prefetched_blocks):
+            prefetched = float(raw.tier_prefetched_blocks[t]) * tiers.block_bytes
         # the connector's load and store workers (each direction has its own)
         workers = 2 * int(tiers.nw[t]) * len({int(w) for w in tiers.w0[t]})
         have = span * workers
@@ -180,6 +186,7 @@ def tier_stats(
                 judged_blocks=judged,
                 load_s_idle=load_idle,
                 recompute_s=recompute,
+                prefetched_gb=prefetched / 1e9,
             )
         )
     return rows
