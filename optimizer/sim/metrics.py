@@ -69,7 +69,7 @@ class Metrics:
     # Tiers below HBM (empty without them), keyed by tier name or link name.
     tier_hit_blocks: dict[str, int] = field(default_factory=dict)  # blocks loaded from each
     tier_hit_tokens: dict[str, int] = field(default_factory=dict)
-    tier_bytes_read: dict[str, float] = field(default_factory=dict)  # loads and cascades out
+    tier_bytes_read: dict[str, float] = field(default_factory=dict)  # loads, prefetches, cascades
     tier_bytes_written: dict[str, float] = field(default_factory=dict)  # copies in
     link_utilisation: dict[str, float] = field(default_factory=dict)  # busy seconds / duration
     load_share_of_ttft: float = 0.0  # summed load time / summed TTFT of served requests

@@ -193,7 +193,7 @@ class LinkState(NamedTuple):
     moved: np.ndarray  # f8 (L,): bytes each link carried
     tier_hits: np.ndarray  # i8 (T,): blocks loaded from each tier into HBM
     prefetched: np.ndarray  # i8 (T,): blocks storage prefetches read from each tier
-    bytes_read: np.ndarray  # f8 (T,): loads and cascades out of each tier
+    bytes_read: np.ndarray  # f8 (T,): loads, prefetches and cascades out of each tier
     bytes_written: np.ndarray  # f8 (T,): copies into each tier
     wfree: np.ndarray  # f8 (2 W,): when each connector worker is next free, load then store
     wbusy: np.ndarray  # f8 (2 W,): seconds each worker was busy
