@@ -124,6 +124,14 @@ def replay_both(trace, cfg, *, fast=None, **options):  # noqa: ANN001, ANN003, A
 
 
 REQUEST_FIELDS = ("first_token_s", "finish_s", "hit_blocks", "loaded_blocks", "preemptions")
+# the lower tiers' counters: loads into HBM, storage prefetches' reads, bytes, link time
+TIER_FIELDS = (
+    "tier_hit_blocks",
+    "tier_prefetched_blocks",
+    "tier_bytes_read",
+    "tier_bytes_written",
+    "link_busy_s",
+)
 
 
 def assert_fields_equal(a, b, fields=REQUEST_FIELDS) -> None:  # noqa: ANN001

@@ -17,7 +17,7 @@ from kvtier.hardware.types import LOWER_TIERS
 from kvtier.policy.model import Policy, ServingPolicy, TierPolicy
 from kvtier.sim.config import build_config
 from kvtier.trace.blocked import BlockedTrace
-from tests.helpers import REQUEST_FIELDS, assert_fields_equal, replay_both
+from tests.helpers import REQUEST_FIELDS, TIER_FIELDS, assert_fields_equal, replay_both
 
 B = 16
 PREFIX = 64
@@ -82,14 +82,7 @@ def both(engine: int, page_cache_blocks: int):  # noqa: ANN201 - the reference's
     pair = replay_both(trace(engine), config(page_cache_blocks), check_invariants=True)
     assert pair is not None
     ref, fast = pair
-    tiers = (
-        "tier_hit_blocks",
-        "tier_prefetched_blocks",
-        "tier_bytes_read",
-        "tier_bytes_written",
-        "link_busy_s",
-    )
-    assert_fields_equal(ref, fast, (*REQUEST_FIELDS, *tiers))
+    assert_fields_equal(ref, fast, (*REQUEST_FIELDS, *TIER_FIELDS))
     return ref
 
 

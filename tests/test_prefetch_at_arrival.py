@@ -23,7 +23,7 @@ from kvtier.policy.model import Policy, ServingPolicy, TierPolicy
 from kvtier.sim import simulate_raw
 from kvtier.sim.config import build_config
 from kvtier.trace.blocked import BlockedTrace
-from tests.helpers import REQUEST_FIELDS, assert_fields_equal, replay_both
+from tests.helpers import REQUEST_FIELDS, TIER_FIELDS, assert_fields_equal, replay_both
 
 B = 16
 GAP_S = 1.0e4
@@ -301,14 +301,7 @@ def test_engines_agree_on_drawn_prefetches(
     pair = replay_both(tr, cfg, check_invariants=True)
     if pair is None:  # both stopped at the same stall
         return
-    tiers = (
-        "tier_hit_blocks",
-        "tier_prefetched_blocks",
-        "tier_bytes_read",
-        "tier_bytes_written",
-        "link_busy_s",
-    )
-    assert_fields_equal(*pair, (*REQUEST_FIELDS, *tiers))
+    assert_fields_equal(*pair, (*REQUEST_FIELDS, *TIER_FIELDS))
     ref = pair[0]
     if not ref.preemptions.any():  # a tier's hits are the requests' loads, not prefetches
         np.testing.assert_array_equal(ref.loaded_blocks.sum(axis=0), ref.tier_hit_blocks)
