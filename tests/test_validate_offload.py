@@ -239,6 +239,21 @@ def test_reported_figures_have_a_mape_and_no_target() -> None:
     assert offload_json(res)["mape"]["e2e_mean_s"] == pytest.approx(0.6)
 
 
+def test_the_summary_says_which_way_the_errors_lean() -> None:
+    """A MAPE alone hides whether the errors cancel; the summary counts the checks below and
+    above the measured figure, in text and JSON."""
+    from kvtier.report.offload_validation import offload_json, to_text
+
+    res = _result({"ttft_mean_s": -0.3, "throughput": 0.2, "e2e_mean_s": -0.1})
+    assert res.lean("ttft_mean_s") == (1, 0) and res.lean("throughput") == (0, 1)
+    text = to_text(res)
+    assert "(target <= 15 %: missed); 1 below the measured, 0 above" in text
+    assert "(no target); 1 below the measured, 0 above" in text
+    assert offload_json(res)["lean"]["throughput"] == {"below": 0, "above": 1}
+    assert res.lean("ttft_p90_s") == (0, 0)  # no check: nothing said
+    assert "TTFT P90 s" not in text
+
+
 def test_harness_output_count_is_checked_and_changes_no_replay(tmp_path: Path) -> None:
     """``harness_output_tokens``: one count per side, at least the server's, only with a
     throughput in tokens; it scales what the model reports, never what it replays."""

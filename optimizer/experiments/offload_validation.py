@@ -195,6 +195,12 @@ class OffloadValidation:
         errs = [abs(c.error) for c in self.checks(metric) if c.error is not None]
         return float(np.mean(errs)) if errs else None
 
+    def lean(self, metric: str) -> tuple[int, int]:
+        """How many checks of ``metric`` the model puts below and above the measured figure: a
+        MAPE hides whether its errors cancel or all point one way (an optimistic model)."""
+        errs = [c.error for c in self.checks(metric) if c.error is not None]
+        return sum(e < 0 for e in errs), sum(e > 0 for e in errs)
+
     def missed(self) -> list[Miss]:
         out = []
         for metric, target in TARGETS.items():

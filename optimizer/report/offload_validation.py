@@ -65,6 +65,12 @@ def _percent(value: float, target: float) -> str:
     return f"{text} %"
 
 
+def _lean(result: OffloadValidation, metric: str) -> str:
+    """``; N below the measured, M above`` (empty without checks)."""
+    below, above = result.lean(metric)
+    return f"; {below} below the measured, {above} above" if below or above else ""
+
+
 def _summary(result: OffloadValidation) -> list[str]:
     lines = []
     for metric, target in TARGETS.items():
@@ -74,7 +80,7 @@ def _summary(result: OffloadValidation) -> list[str]:
         met = m is not None and m <= target
         lines.append(
             f"{LABELS[metric]} MAPE over {n} checks: {got} (target <= {100 * target:.0f} %: "
-            f"{'met' if met else 'missed'})"
+            f"{'met' if met else 'missed'}){_lean(result, metric)}"
         )
     any_hits = False
     for metric in HIT_METRICS:
@@ -93,7 +99,10 @@ def _summary(result: OffloadValidation) -> list[str]:
         m = result.mape(metric)
         if m is not None:
             n = len(result.checks(metric))
-            lines.append(f"{LABELS[metric]} MAPE over {n} checks: {100 * m:.1f} % (no target)")
+            lines.append(
+                f"{LABELS[metric]} MAPE over {n} checks: {100 * m:.1f} % (no target)"
+                f"{_lean(result, metric)}"
+            )
     return lines
 
 
@@ -145,6 +154,10 @@ def offload_json(result: OffloadValidation) -> dict[str, Any]:
             for r in result.runs
         ],
         "mape": {m: result.mape(m) for m in (*TARGETS, *REPORTED)},
+        "lean": {
+            m: dict(zip(("below", "above"), result.lean(m), strict=True))
+            for m in (*TARGETS, *REPORTED)
+        },
         "targets": {**TARGETS, "hit_ratio_points": HIT_POINTS},
         "missed": [
             {"metric": m.metric, "value": m.value, "target": m.target, "runs": list(m.runs)}
