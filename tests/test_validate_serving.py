@@ -85,6 +85,24 @@ def test_mape_ignores_calibration_and_a_miss_is_named(result: sv.ServingValidati
     assert [(m.backend, m.mape) for m in missed] == [("measured", pytest.approx(1.0))]
 
 
+def test_the_summary_says_which_way_the_errors_lean(result: sv.ServingValidation) -> None:
+    """Checks below and above the published figure are counted per backend and group, in text
+    and JSON; a calibration row and a backend that could not run count in neither."""
+    from kvtier.report.serving_validation import serving_json, to_text
+
+    low, high, even = result.checks()[:3]
+    rows = [
+        replace(low, model={"measured": 0.5 * low.figure.published, "roofline": None}),
+        replace(high, model={"measured": 2.0 * high.figure.published, "roofline": None}),
+        replace(even, model={"measured": even.figure.published, "roofline": None}),
+        *[r for r in result.rows if r.figure.role == "calibration"],
+    ]
+    small = sv.ServingValidation(rows, result.frontend_s, result.frontend_token_s)
+    assert small.lean("measured") == (1, 1) and small.lean("roofline") == (0, 0)
+    assert "over 3 checks (target <= 10 %); 1 below the published figure, 1 above" in to_text(small)
+    assert serving_json(small)["lean"]["measured"] == {"below": 1, "above": 1}
+
+
 def test_cli_json_markdown_and_missed_target(tmp_path: Path, monkeypatch) -> None:  # noqa: ANN001
     md = tmp_path / "serving.md"
     ok = CliRunner().invoke(main, ["validate", "serving", "--json", "--markdown", str(md)])

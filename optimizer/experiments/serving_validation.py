@@ -161,6 +161,13 @@ class ServingValidation:
         errs = [abs(r.ratio(backend) - 1.0) for r in rows if r.ratio(backend) is not None]
         return float(np.mean(errs)) if errs else None
 
+    def lean(self, backend: str, group: str | None = None) -> tuple[int, int]:
+        """How many checks (of one group, or all) ``backend`` puts below and above the
+        published figure: a MAPE hides whether its errors cancel or all point one way."""
+        rows = [r for r in self.checks() if group is None or group_of(r.figure) == group]
+        ratios = [x for x in (r.ratio(backend) for r in rows) if x is not None]
+        return sum(x < 1.0 for x in ratios), sum(x > 1.0 for x in ratios)
+
     def group_sizes(self) -> dict[str, int]:
         """How many checks each group holds (groups without one left out)."""
         out = {g: sum(group_of(r.figure) == g for r in self.checks()) for g in GROUPS}

@@ -48,11 +48,17 @@ def _mape_lines(result: ServingValidation) -> list[str]:
     for b in BACKENDS:
         target = TARGETS[b]
         goal = f" (target <= {100 * target:.0f} %)" if target is not None else " (no target)"
-        lines.append(f"MAPE {b}: {_pct(result.mape(b))} over {n} checks{goal}")
+        below, above = result.lean(b)
+        lines.append(
+            f"MAPE {b}: {_pct(result.mape(b))} over {n} checks{goal}; "
+            f"{below} below the published figure, {above} above"
+        )
         lines.append(
             "  of which "
             + "; ".join(
-                f"{g} {_pct(result.mape(b, g))} ({k})" for g, k in result.group_sizes().items()
+                f"{g} {_pct(result.mape(b, g))} ({k}: {'/'.join(map(str, result.lean(b, g)))} "
+                "below/above)"
+                for g, k in result.group_sizes().items()
             )
         )
     fe = ", ".join(f"{k} {v * 1e3:.2f} ms" for k, v in sorted(result.frontend_s.items()))
@@ -107,6 +113,7 @@ def serving_json(result: ServingValidation) -> dict[str, Any]:
         "mape_by_group": {
             b: {g: result.mape(b, g) for g in result.group_sizes()} for b in BACKENDS
         },
+        "lean": {b: dict(zip(("below", "above"), result.lean(b), strict=True)) for b in BACKENDS},
         "targets": TARGETS,
         "frontend_s": result.frontend_s,
         "frontend_token_s": result.frontend_token_s,
