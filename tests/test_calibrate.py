@@ -245,9 +245,11 @@ def test_cli_writes_a_profile(setup: dict, tmp_path: Path) -> None:
     out = tmp_path / "prof" / "mine.toml"
     check = ["--check-metrics", str(held_metrics), "--check-trace", str(held_trace)]
     res = invoke("calibrate", "--metrics", str(metrics), "--trace", str(trace), "--out",
-                 str(out), "--sample", "200", "--max-replays", "30", "--json", *check)  # fmt: skip
+                 str(out), "--sample", "200", "--max-replays", "30", "--json",
+                 "--backend", "roofline", *check)  # fmt: skip
     assert res.code == 0, res.stderr
     data = json.loads(res.stdout)
+    assert data["backend"] == "roofline" and set(data["params"]) == set(TRUTH)
     assert data["replays"] <= 31 and data["error_after"] < data["error_before"]
     assert data["check_error_after"] < data["check_error_before"]
     assert data["scrape"]["requests"] == 400 and data["scrape"]["offload_load_gbps"] is None
@@ -276,8 +278,18 @@ def test_cli_bad_input(setup: dict, tmp_path: Path) -> None:
     res = invoke("calibrate", "--metrics", str(good), "--trace", str(held), "--out", out)
     assert_one_line_error(res, "--trace", "tokens but the /metrics counts", "vllm:prompt_tokens")
     res = invoke("calibrate", "--metrics", str(good), "--trace", str(trace), "--out", out,
-                 "--fit", "mfu,tiers.dram.op_overhead_us")  # fmt: skip
+                 "--fit", "mfu,tiers.dram.op_overhead_us", "--backend", "roofline")  # fmt: skip
     assert_one_line_error(res, "--fit", "policy (--set) has no tier 'dram'", "valid: step_")
+    # the default backend here is the measured tables', which read no mfu
+    res = invoke("calibrate", "--metrics", str(good), "--trace", str(trace), "--out", out,
+                 "--fit", "mfu")  # fmt: skip
+    assert_one_line_error(res, "--fit", "mfu sets the roofline", "valid: measured_memory_scale")
+    res = invoke("calibrate", "--metrics", str(good), "--trace", str(trace), "--out", out,
+                 "--backend", "roofline", "--fit", "measured_memory_scale")  # fmt: skip
+    assert_one_line_error(res, "--fit", "sets the measured step-time backend", "valid: step_")
+    res = invoke("calibrate", "--metrics", str(good), "--trace", str(trace), "--out", out,
+                 "--backend", "measured", "--hardware", "h20-node")  # fmt: skip
+    assert_one_line_error(res, "--backend", "no measured step-time data")
     res = invoke("calibrate", "--metrics", str(good), "--trace", str(trace), "--out", out,
                  "--fit", "speed")  # fmt: skip
     assert_one_line_error(res, "--fit", "unknown parameter 'speed'")
@@ -343,3 +355,74 @@ def test_recovers_a_tier_stream_rate(tmp_path: Path) -> None:
     with pytest.raises(InputError, match="sets its own per-operation cost"):
         lm = Policy(tiers=(TierPolicy(), TierPolicy(name="dram", connector="vllm-offloading")))
         fit_params(["tiers.dram.op_overhead_us"], hw, lm)
+
+
+MEASURED_TRUTH = {"measured_memory_scale": 1.15, "measured_compute_scale": 1.3}
+
+
+@pytest.fixture(scope="module")
+def measured_setup(setup: dict) -> dict:
+    """The same requests served by a cluster whose steps run 1.15x the measured tables' on
+    memory-bound work and 1.3x on compute-bound work."""
+    from kvtier.experiments.calibrate import backend_policy, replay_times
+
+    hw, model = setup["hw"], setup["model"]
+    truth = replace(hw, efficiency=replace(hw.efficiency, **MEASURED_TRUTH))
+    policy = backend_policy(Policy(), "measured")
+    out = {}
+    for half in ("fit", "held"):
+        t = replay_times(setup[half], truth, model, policy)
+        out[half] = metrics_text(t.ttft_s, t.itl_s, t.output_tokens, prompt_tokens=t.input_tokens,
+                                 hit_tokens=t.hit_tokens)  # fmt: skip
+    return out
+
+
+def test_recovers_the_measured_tables_cluster_factors(setup: dict, measured_setup: dict) -> None:
+    from kvtier.experiments.calibrate import calibrate, evaluate, mean_abs_error
+
+    cal = calibrate(setup["fit"], setup["hw"], setup["model"], Policy(),
+                    parse_metrics(measured_setup["fit"]), backend="measured")  # fmt: skip
+    assert cal.backend == "measured" and [p.name for p in cal.params] == list(MEASURED_TRUTH)
+    for name, want in MEASURED_TRUTH.items():
+        assert cal.before[name] == 1.0
+        assert cal.after[name] == pytest.approx(want, rel=0.05), (name, cal.after)
+    assert cal.error_after < 0.02 < cal.error_before
+    held = parse_metrics(measured_setup["held"])
+    kw = {"backend": "measured"}
+    before = mean_abs_error(
+        evaluate(setup["held"], setup["hw"], setup["model"], Policy(), held, **kw)
+    )
+    after = mean_abs_error(
+        evaluate(setup["held"], cal.hardware, setup["model"], Policy(), held, **kw)
+    )
+    assert after < 0.25 * before, (before, after)
+
+
+def test_cli_fits_the_measured_tables_by_default(
+    setup: dict, measured_setup: dict, tmp_path: Path
+) -> None:
+    import json
+
+    metrics = tmp_path / "metrics.txt"
+    metrics.write_text(measured_setup["fit"])
+    trace = tmp_path / "trace.parquet"
+    write_trace(setup["fit"], trace)
+    out = tmp_path / "mine.toml"
+    res = invoke("calibrate", "--metrics", str(metrics), "--trace", str(trace), "--out",
+                 str(out), "--sample", "200", "--max-replays", "30", "--json")  # fmt: skip
+    assert res.code == 0, res.stderr
+    data = json.loads(res.stdout)
+    assert data["backend"] == "measured" and set(data["params"]) == set(MEASURED_TRUTH)
+    assert data["error_after"] < data["error_before"]
+    text = out.read_text()
+    assert "Fitted for the measured step-time backend" in text
+    eff = load_hardware(str(out)).efficiency
+    assert eff.measured_memory_scale == pytest.approx(
+        data["params"]["measured_memory_scale"]["after"], rel=1e-5
+    )
+    again = str(tmp_path / "again.toml")
+    res = invoke("calibrate", "--metrics", str(metrics), "--trace", str(trace), "--out", again,
+                 "--sample", "200", "--max-replays", "30")  # fmt: skip
+    assert res.code == 0, res.stderr
+    assert "calibrated the measured step-time backend" in res.stdout
+    assert "replay it with --hardware and the measured tables" in res.stdout

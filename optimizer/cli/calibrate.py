@@ -44,11 +44,20 @@ from kvtier.errors import InputError
 @click.option("--preset", default=None, help="... or as a built-in preset (kvtier replay's).")
 @set_option
 @click.option(
-    "--fit",
-    default="step_overhead_s,mfu,mbu",
+    "--backend",
+    type=click.Choice(["auto", "roofline", "measured"]),
+    default="auto",
     show_default=True,
-    help="Comma-separated parameters to fit: step_overhead_s, mfu, mbu, decode_mfu, "
-    "tiers.NAME.op_overhead_us, tiers.NAME.port_read_gbps.",
+    help="Step-time backend to fit: auto is the one the policy's replays use (the measured "
+    "tables where they cover the GPU, model and framework, else the roofline).",
+)
+@click.option(
+    "--fit",
+    default=None,
+    help="Comma-separated parameters to fit. Roofline: step_overhead_s, mfu, mbu, decode_mfu "
+    "[default: step_overhead_s,mfu,mbu]; measured: measured_memory_scale, "
+    "measured_compute_scale [default: both]; either: tiers.NAME.op_overhead_us, "
+    "tiers.NAME.port_read_gbps.",
 )
 @click.option(
     "--sample",
@@ -75,7 +84,8 @@ def calibrate_cmd(
     policy_path: str | None,
     preset: str | None,
     sets: tuple[str, ...],
-    fit: str,
+    backend: str,
+    fit: str | None,
     sample: int,
     max_replays: int,
     check_metrics: str | None,
@@ -83,7 +93,8 @@ def calibrate_cmd(
     out_path: str,
     as_json: bool,
 ) -> None:
-    """Fit per-step CPU cost, efficiencies and connector costs to a vLLM server's /metrics."""
+    """Fit the step-time model (the roofline's per-step cost and efficiencies, or the measured
+    tables' cluster factors) and connector costs to a vLLM server's /metrics."""
     from kvtier.files import atomic_write, check_output
 
     check_output(out_path, option="--out")
@@ -96,6 +107,7 @@ def calibrate_cmd(
         evaluate,
         mean_abs_error,
         profile_toml,
+        resolve_backend,
     )
     from kvtier.hardware import load_hardware, load_model
     from kvtier.hardware.loader import resolve
@@ -124,7 +136,7 @@ def calibrate_cmd(
         policy = apply_overrides(policy, overrides, "--set")
     hw_name = hardware_name(hardware, policy)
     hw = load_hardware(hw_name)
-    names = [n.strip() for n in fit.split(",") if n.strip()]
+    names = None if fit is None else [n.strip() for n in fit.split(",") if n.strip()]
     held = None
     if check_metrics is not None and check_trace is not None:
         held = (read_metrics(check_metrics), read_trace(check_trace))
@@ -133,6 +145,7 @@ def calibrate_cmd(
         except InputError as err:
             raise InputError(err.message, option="--check-trace") from None
     mdl = load_model(model_name(model, policy))
+    backend = resolve_backend(backend, hw, mdl, policy)
     cal = calibrate(
         trace,
         hw,
@@ -142,6 +155,7 @@ def calibrate_cmd(
         fit=names,
         sample=sample,
         max_replays=max_replays,
+        backend=backend,
     )
     text = profile_toml(cal, resolve("hardware", hw_name), Path(out_path).stem,
                         f"{Path(metrics_path).name} and {Path(trace_path).name}")  # fmt: skip
@@ -149,7 +163,7 @@ def calibrate_cmd(
     check: dict[str, float] = {}
     if held is not None:
         for key, hw_at in (("before", hw), ("after", cal.hardware)):
-            errs = evaluate(held[1], hw_at, mdl, policy, held[0], sample=sample)
+            errs = evaluate(held[1], hw_at, mdl, policy, held[0], sample=sample, backend=backend)
             check[key] = mean_abs_error(errs)
     scrape = _scrape_json(metrics)
     if as_json:
@@ -208,6 +222,7 @@ def _scrape_text(s: dict[str, Any]) -> str:
 def _to_json(cal: Any, out_path: str) -> dict[str, Any]:
     return {
         "profile": out_path,
+        "backend": cal.backend,
         "params": {
             p.name: {"before": cal.before[p.name], "after": cal.after[p.name]} for p in cal.params
         },  # fmt: skip
@@ -222,7 +237,10 @@ def _to_json(cal: Any, out_path: str) -> dict[str, Any]:
 
 
 def _to_text(cal: Any, out_path: str) -> str:
-    lines = [f"calibrated on {cal.sample:,} of {cal.requests:,} requests, {cal.replays} replays"]
+    lines = [
+        f"calibrated the {cal.backend} step-time backend on {cal.sample:,} of {cal.requests:,} "
+        f"requests, {cal.replays} replays"
+    ]
     for p in cal.params:
         lines.append(f"  {p.name:<28} {cal.before[p.name]:>10.4g} -> {cal.after[p.name]:<10.4g}")
     lines.append(f"  {'statistic':<28} {'before':>10}    {'after':<10}")
@@ -231,8 +249,9 @@ def _to_text(cal: Any, out_path: str) -> str:
         unit = " pts" if key == "hit ratio" else ""
         scale = 100.0
         lines.append(f"  {key:<28} {before * scale:>+9.1f}%{unit}   {after * scale:+.1f}%{unit}")
+    how = "--set serving.step_time=roofline" if cal.backend == "roofline" else "the measured tables"
     lines.append(
         f"mean abs. error {cal.error_before:.1%} -> {cal.error_after:.1%}; wrote {out_path} "
-        "(replay it with --hardware and --set serving.step_time=roofline)"
+        f"(replay it with --hardware and {how})"
     )
     return "\n".join(lines)

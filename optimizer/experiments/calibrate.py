@@ -1,9 +1,10 @@
 """``kvtier calibrate``: fit a hardware profile's free parameters to a vLLM server's ``/metrics``.
 
 The server's scrape (:mod:`kvtier.trace.vllm_metrics`) and the trace of the requests it served
-(``kvtier trace import`` of its request log) go in; the trace is replayed with the roofline
-step-time backend for candidate parameters, the replay's per-request latencies are binned
-into vLLM's own histogram buckets, and the statistics the scrape holds are compared:
+(``kvtier trace import`` of its request log) go in; the trace is replayed on one step-time
+backend (``--backend``: by default the one the policy's own replays use) for candidate
+parameters, the replay's per-request latencies are binned into vLLM's own histogram buckets,
+and the statistics the scrape holds are compared:
 
 - the means (exact: a histogram's ``_sum`` over its ``_count``) and the p50, p90 and p99
   interpolated from the buckets as Prometheus's ``histogram_quantile`` does, of the time to
@@ -17,10 +18,13 @@ into vLLM's own histogram buckets, and the statistics the scrape holds are compa
 Both sides go through the same buckets and the same interpolation, so at the parameters the
 server really has the error is only what the model cannot reproduce. The fit minimises the sum
 of squared relative errors of the latency statistics with bounded Nelder-Mead
-(``scipy.optimize.minimize``) over the logarithms of the parameters: the per-step CPU cost
-(``step_overhead_s``), the prefill and decode efficiencies (``mfu``, ``mbu``, optionally
-``decode_mfu``) and, for a tier the policy uses, its connector's per-operation cost and stream
-rate (``tiers.NAME.op_overhead_us``, ``tiers.NAME.port_read_gbps``). A replay holds at most
+(``scipy.optimize.minimize``) over the logarithms of the parameters: on the roofline, the
+per-step CPU cost (``step_overhead_s``) and the prefill and decode efficiencies (``mfu``,
+``mbu``, optionally ``decode_mfu``); on the measured tables, the cluster's factors on their
+memory-bound and compute-bound work (``measured_memory_scale``, ``measured_compute_scale``,
+:mod:`kvtier.sim.steptime.calibrated`); on either, for a tier the policy uses, its connector's
+per-operation cost and stream rate (``tiers.NAME.op_overhead_us``,
+``tiers.NAME.port_read_gbps``). A replay holds at most
 ``sample`` requests (the trace's first ones), so one fit takes a few hundred short replays.
 """
 
@@ -46,7 +50,15 @@ from kvtier.trace.vllm_metrics import (
     bucketize,
 )
 
-DEFAULT_FIT = ("step_overhead_s", "mfu", "mbu")
+BACKENDS = ("roofline", "measured")
+# what each step-time backend's fit frees by default: the roofline's efficiencies and per-step
+# cost, the measured tables' two cluster factors (the measured backend reads neither mfu, mbu
+# nor the profile's step_overhead_s)
+DEFAULT_FITS = {
+    "roofline": ("step_overhead_s", "mfu", "mbu"),
+    "measured": ("measured_memory_scale", "measured_compute_scale"),
+}
+DEFAULT_FIT = DEFAULT_FITS["roofline"]
 DEFAULT_SAMPLE = 400  # requests per replay
 DEFAULT_MAX_REPLAYS = 300
 QUANTILES = (0.5, 0.9, 0.99)
@@ -87,13 +99,19 @@ class Param:
 
 
 _EFF_FIELD = {"mfu": "mfu", "mbu": "mbu", "decode_mfu": "decode_mfu",
-              "step_overhead_s": "step_overhead_s"}  # fmt: skip
+              "step_overhead_s": "step_overhead_s",
+              "measured_memory_scale": "measured_memory_scale",
+              "measured_compute_scale": "measured_compute_scale"}  # fmt: skip
 _TIER_FIELD = {"op_overhead_us": "op_overhead_s", "port_read_gbps": "port_read_bw"}
 _EFFICIENCY_PARAMS = {
     "step_overhead_s": (1e-5, 0.2, 1.0, "scheduler CPU seconds per iteration"),
     "mfu": (0.02, 1.0, 1.0, "prefill share of peak FLOPs"),
     "mbu": (0.02, 1.0, 1.0, "decode share of peak HBM bandwidth"),
     "decode_mfu": (0.02, 1.0, 1.0, "decode share of peak FLOPs"),
+}
+_MEASURED_PARAMS = {
+    "measured_memory_scale": (0.25, 4.0, 1.0, "memory-bound work over the measured tables'"),
+    "measured_compute_scale": (0.25, 4.0, 1.0, "compute-bound work over the measured tables'"),
 }
 _TIER_PARAMS = {
     "op_overhead_us": (0.1, 1e6, 1e-6, "connector seconds per transfer operation"),
@@ -102,23 +120,39 @@ _TIER_PARAMS = {
 
 
 def fit_params(
-    names: Sequence[str], hardware: Hardware, policy: Policy | None = None
+    names: Sequence[str],
+    hardware: Hardware,
+    policy: Policy | None = None,
+    backend: str = "roofline",
 ) -> list[Param]:
-    """The parameters ``names`` (``--fit``) on ``hardware``; an error names a bad one. A tier's
-    parameters need the tier in ``policy`` and, for the per-operation cost, a connector that
-    takes it from the profile (one whose own ``rpc_us`` is unset, as ``direct``)."""
+    """The parameters ``names`` (``--fit``) on ``hardware`` for the step-time ``backend``; an
+    error names a bad one. A tier's parameters need the tier in ``policy`` and, for the
+    per-operation cost, a connector that takes it from the profile (one whose own ``rpc_us`` is
+    unset, as ``direct``)."""
     from kvtier.policy.registries import CONNECTORS
 
     policy = Policy() if policy is None else policy
+    backend_params, other_params = (
+        (_EFFICIENCY_PARAMS, _MEASURED_PARAMS)
+        if backend == "roofline"
+        else (_MEASURED_PARAMS, _EFFICIENCY_PARAMS)
+    )
     used = {t.name: t for t in policy.lower_tiers}
     tier_names = [f"tiers.{t}.{k}" for t in hardware.tiers if t in used for k in _TIER_PARAMS]
-    valid = ", ".join([*_EFFICIENCY_PARAMS, *tier_names])
+    valid = ", ".join([*backend_params, *tier_names])
     out: list[Param] = []
     for name in names:
-        if name in _EFFICIENCY_PARAMS:
-            lo, hi, scale, text = _EFFICIENCY_PARAMS[name]
+        if name in backend_params:
+            lo, hi, scale, text = backend_params[name]
             out.append(Param(name, "efficiency", name, lo, hi, scale, text))
             continue
+        if name in other_params:
+            raise InputError(
+                f"{name} sets the {'measured' if backend == 'roofline' else 'roofline'} "
+                f"step-time backend, and this fit replays the {backend} one (--backend; "
+                f"valid: {valid})",
+                option="--fit",
+            )
         parts = name.split(".")
         if len(parts) == 3 and parts[0] == "tiers" and parts[2] in _TIER_PARAMS:
             tier = parts[1]
@@ -267,6 +301,7 @@ class Calibration:
     replays: int
     sample: int  # requests per replay
     requests: int  # requests in the trace
+    backend: str = "roofline"  # the step-time backend replayed
 
     @property
     def error_before(self) -> float:
@@ -317,13 +352,36 @@ def head(trace: Trace, n: int) -> Trace:
     )
 
 
-def roofline_policy(policy: Policy) -> Policy:
-    """``policy`` on the roofline backend: the one whose step time the fitted efficiencies set."""
+def backend_policy(policy: Policy, backend: str) -> Policy:
+    """``policy`` on the step-time ``backend`` whose parameters the fit sets."""
     from kvtier.policy.overrides import apply_overrides
 
-    if policy.serving.step_time == "roofline":
+    if backend not in BACKENDS:
+        raise InputError(
+            f"unknown step-time backend {backend!r} (choices: auto, {', '.join(BACKENDS)})",
+            option="--backend",
+        )
+    if policy.serving.step_time == backend:
         return policy
-    return apply_overrides(policy, {"serving.step_time": "roofline"}, "calibrate")
+    return apply_overrides(policy, {"serving.step_time": backend}, "calibrate")
+
+
+def roofline_policy(policy: Policy) -> Policy:
+    """``policy`` on the roofline backend: the one whose step time the efficiencies set."""
+    return backend_policy(policy, "roofline")
+
+
+def resolve_backend(choice: str, hardware: Hardware, model: ModelProfile, policy: Policy) -> str:
+    """The backend a fit replays: ``auto`` is the one the policy's own replays use (the
+    measured tables where they cover the scenario); ``measured`` must be covered."""
+    from kvtier.sim.config import build_config
+
+    if choice == "auto":
+        return build_config(hardware, model, policy).step_backend
+    try:
+        return build_config(hardware, model, backend_policy(policy, choice)).step_backend
+    except InputError as err:
+        raise InputError(err.message, option="--backend") from None
 
 
 def evaluate(
@@ -334,9 +392,10 @@ def evaluate(
     metrics: ServingMetrics,
     *,
     sample: int = DEFAULT_SAMPLE,
+    backend: str = "roofline",
 ) -> dict[str, float]:
     """The errors of ``hardware`` against ``metrics`` (a held-back scrape, or the fitted one)."""
-    t = replay_times(head(trace, sample), hardware, model, roofline_policy(policy))
+    t = replay_times(head(trace, sample), hardware, model, backend_policy(policy, backend))
     sim = replay_metrics(t.ttft_s, t.itl_s, t.output_tokens, t.hit_ratio,
                          with_tpot=metrics.tpot is not None)  # fmt: skip
     return errors(stats_of(sim), stats_of(metrics))
@@ -349,21 +408,23 @@ def calibrate(
     policy: Policy,
     metrics: ServingMetrics,
     *,
-    fit: Sequence[str] = DEFAULT_FIT,
+    fit: Sequence[str] | None = None,
     sample: int = DEFAULT_SAMPLE,
     max_replays: int = DEFAULT_MAX_REPLAYS,
     progress: Callable[[int, float], None] | None = None,
+    backend: str = "roofline",
 ) -> Calibration:
-    """Fit ``fit`` (parameter names) so a replay of ``trace`` reproduces ``metrics``."""
+    """Fit ``fit`` (parameter names; the ``backend``'s defaults when None) so a replay of
+    ``trace`` on the step-time ``backend`` reproduces ``metrics``."""
     from scipy.optimize import minimize
 
     if sample < 1:
         raise InputError(f"must be >= 1, got {sample}", option="--sample")
     if max_replays < 1:
         raise InputError(f"must be >= 1, got {max_replays}", option="--max-replays")
-    params = fit_params(fit, hardware, policy)
+    policy = backend_policy(policy, backend)
+    params = fit_params(DEFAULT_FITS[backend] if fit is None else fit, hardware, policy, backend)
     check_match(trace, metrics)
-    policy = roofline_policy(policy)
     target = stats_of(metrics)
     short = head(trace, sample)
     with_tpot = metrics.tpot is not None
@@ -428,10 +489,18 @@ def calibrate(
         replays=count,
         sample=short.n_requests,
         requests=trace.n_requests,
+        backend=backend,
     )
 
 
 # -- the profile written ---------------------------------------------------------------------
+
+
+# how to replay a profile fitted on each backend
+REPLAY_WITH = {
+    "roofline": "replay with --set serving.step_time=roofline",
+    "measured": "replay with the measured tables (serving.step_time auto or measured)",
+}
 
 
 def profile_toml(cal: Calibration, base_path: str | Path, name: str, note: str = "") -> str:
@@ -458,7 +527,7 @@ def profile_toml(cal: Calibration, base_path: str | Path, name: str, note: str =
             table.setdefault("port_write_gbps", float(f"{write:.6g}"))
     lines = [
         f"# Calibrated by kvtier calibrate from {base.name}: {note}".rstrip(": "),
-        "# Fitted for the roofline step-time backend: replay with --set serving.step_time=roofline",
+        f"# Fitted for the {cal.backend} step-time backend: {REPLAY_WITH[cal.backend]}",
     ]
     for p in cal.params:
         lines.append(f"# {p.name}: {cal.before[p.name]:.6g} -> {cal.after[p.name]:.6g} ({p.help})")

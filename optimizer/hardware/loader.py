@@ -236,6 +236,10 @@ def load_hardware(name_or_path: str | Path) -> Hardware:
         mbu=eff.number("mbu", positive=True, at_most=1.0),
         step_overhead_s=eff.number("step_overhead_s", nonneg=True),
         decode_mfu=eff.number("decode_mfu", 0.0, nonneg=True, at_most=1.0),
+        measured_memory_scale=eff.number("measured_memory_scale", 1.0, positive=True, at_most=10.0),
+        measured_compute_scale=eff.number(
+            "measured_compute_scale", 1.0, positive=True, at_most=10.0
+        ),
     )
     eff.done()
     gmu, reserve = 0.9, 0.0

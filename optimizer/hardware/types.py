@@ -168,6 +168,12 @@ class Efficiency:
     mbu: float  # share of peak HBM bandwidth reached (memory-bound work)
     step_overhead_s: float  # fixed seconds per scheduler iteration
     decode_mfu: float = 0.0  # compute share reached by decode batches (0: as mfu)
+    # the measured backend's tables against this cluster's step times, fitted by ``kvtier
+    # calibrate --backend measured`` (1: the tables as they are; docs/calibrate.md): the
+    # memory-bound work (decode attention, the weight reads of small batches) and the
+    # compute-bound work (long prefills) of a step, each scaled by its own factor
+    measured_memory_scale: float = 1.0
+    measured_compute_scale: float = 1.0
 
 
 # The memory tiers below HBM a hardware profile may offer, in the order a request looks them up

@@ -15,6 +15,7 @@ import numpy as np
 from kvtier.errors import InputError
 from kvtier.hardware.types import Hardware, ModelProfile
 from kvtier.policy.model import Policy
+from kvtier.sim.steptime.calibrated import at_cluster_scale
 from kvtier.sim.steptime.frontend import frontend_s, frontend_token_s
 from kvtier.sim.steptime.measured import (
     AIC_SYSTEMS,
@@ -184,14 +185,22 @@ def step_timing(
     # the tables' short bursts ran at full clocks; a serving engine's compute-bound kernels run
     # at the board's power limit (docs/model.md, "Compute at the power limit")
     gpu = hardware.gpu
+    ridge = functools.partial(
+        ridge_tokens, _peak(hardware, model), model.weight_dtype_bytes, gpu.hbm_bw
+    )
     gemm_scale, attn_scale = scale_for(gpu, weight), scale_for(gpu, policy.kv_dtype)
     if gemm_scale > 1.0 or attn_scale > 1.0:
-        ridge = ridge_tokens(_peak(hardware, model), model.weight_dtype_bytes, gpu.hbm_bw)
-        tables = at_power_limit(tables, gemm_scale, attn_scale, ridge)
+        tables = at_power_limit(tables, gemm_scale, attn_scale, ridge())
         provenance += (
             f", compute-bound GEMMs x{gemm_scale:g} and prefill attention x{attn_scale:g} at the"
             " power limit"
         )
+    # a profile calibrated on its own cluster (kvtier calibrate --backend measured)
+    eff = hardware.efficiency
+    memory, compute = eff.measured_memory_scale, eff.measured_compute_scale
+    if memory != 1.0 or compute != 1.0:
+        tables = at_cluster_scale(tables, memory, compute, ridge())
+        provenance += f", calibrated x{memory:g} memory-bound and x{compute:g} compute-bound work"
     # a GPU read from a sibling's tables pays its own, slower NVLink on every batch token
     extra = nvlink_extra_s_per_token(hardware, model)
     if extra > 0:
