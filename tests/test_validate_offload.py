@@ -347,6 +347,23 @@ def test_command_on_one_run_prints_its_table_and_exit_code_follows_the_targets()
         assert word in text.stdout
 
 
+def test_a_sensitivity_study_sets_the_profile_factors_the_validation_leaves_alone() -> None:
+    """``efficiency`` (scripts/step_time_sensitivity.py) scales the replay's step times and is
+    part of the replay's cache key; without it the figures are the profile's."""
+    from kvtier.experiments.offload_validation import _replay_key, model_figures
+
+    run = load_run(OFFLOAD_DIR / "vllm-offloading-blog-llama8b-h100-100k.toml")
+    base = model_figures(run)
+    slow = model_figures(run, {"measured_compute_scale": 1.2, "measured_memory_scale": 1.2})
+    assert model_figures(run) == base
+    # a 100K-token prefill is compute-bound: about 1.2x, less the unscaled front end
+    ratio = slow["baseline"]["ttft_mean_s"] / base["baseline"]["ttft_mean_s"]
+    assert 1.15 < ratio < 1.2
+    eff = {"measured_memory_scale": 1.1}
+    assert _replay_key(run, "tiered") != _replay_key(run, "tiered", eff)
+    assert _replay_key(run, "tiered", {}) == _replay_key(run, "tiered")
+
+
 @pytest.mark.slow
 def test_full_catalogue_replays() -> None:
     res = CliRunner().invoke(main, ["validate", "offload", "--json"])

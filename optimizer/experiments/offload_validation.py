@@ -67,6 +67,7 @@ The targets over the checks (docs/validation-offload.md): TTFT MAPE <= 15 %, thr
 from __future__ import annotations
 
 import tomllib
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -523,14 +524,14 @@ def _external_hit_ratio(trace: Any, raw: Any) -> float:
 _REPLAYS: dict[str, Any] = {}  # a sweep's replay per deployment, shared by its stages' runs
 
 
-def _replay_key(run: OffloadRun, side: str) -> str:
+def _replay_key(run: OffloadRun, side: str, efficiency: Mapping[str, float] | None = None) -> str:
     """What a replay depends on: the conditions (but which stage is measured, and notes), the
-    side's deployment."""
+    side's deployment, the efficiency fields set over the profile's."""
     import json
 
     report_only = ("measured_stage", "notes", "harness_output_tokens")
     cond = {k: v for k, v in run.conditions.items() if k not in report_only}
-    return json.dumps([cond, run.deploy[side]], sort_keys=True)
+    return json.dumps([cond, run.deploy[side], dict(efficiency or {})], sort_keys=True)
 
 
 def _check_drained(run: OffloadRun, side: str, rep: Any) -> None:
@@ -546,19 +547,25 @@ def _check_drained(run: OffloadRun, side: str, rep: Any) -> None:
             )
 
 
-def model_figures(run: OffloadRun) -> dict[str, dict[str, float]]:
-    """The model's figures of both sides (a ``rounds`` run: one replay, its two rounds)."""
+def model_figures(
+    run: OffloadRun, efficiency: Mapping[str, float] | None = None
+) -> dict[str, dict[str, float]]:
+    """The model's figures of both sides (a ``rounds`` run: one replay, its two rounds).
+    ``efficiency`` sets fields of the hardware profile's ``[efficiency]`` over the run's (a
+    sensitivity study, ``scripts/step_time_sensitivity.py``; the validation sets none)."""
     from kvtier.hardware import load_model
     from kvtier.scenario import Scenario
 
     c = run.conditions
     hw, model = _hardware(run), load_model(c["model"])
+    if efficiency:
+        hw = replace(hw, efficiency=replace(hw.efficiency, **efficiency))
     trace = build_trace(run)
     closed = int(c.get("concurrency", 0)) if c["load"] == "concurrency" else 0
     out: dict[str, dict[str, float]] = {}
     sides = ("tiered",) if c["workload"] == "rounds" else SIDES
     for side in sides:
-        key = _replay_key(run, side)
+        key = _replay_key(run, side, efficiency)
         rep = _REPLAYS.get(key)
         if rep is None:
             policy = _policy(run, side)
@@ -586,8 +593,11 @@ def model_figures(run: OffloadRun) -> dict[str, dict[str, float]]:
     return out
 
 
-def run_offload(runs: list[OffloadRun] | None = None) -> OffloadValidation:
-    """Replay every run, both sides, and set each measured figure beside the model's."""
+def run_offload(
+    runs: list[OffloadRun] | None = None, efficiency: Mapping[str, float] | None = None
+) -> OffloadValidation:
+    """Replay every run, both sides, and set each measured figure beside the model's
+    (``efficiency``: :func:`model_figures`'s)."""
     runs = load_catalogue() if runs is None else runs
     if not runs:
         raise InputError(f"no offload runs in {OFFLOAD_DIR}")
@@ -595,7 +605,7 @@ def run_offload(runs: list[OffloadRun] | None = None) -> OffloadValidation:
     notes: dict[str, str] = {}
     for run in runs:
         try:
-            model = model_figures(run)
+            model = model_figures(run, efficiency)
             notes[run.name] = ""
         except InputError as err:
             model, notes[run.name] = {}, err.message
