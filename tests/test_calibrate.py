@@ -426,3 +426,70 @@ def test_cli_fits_the_measured_tables_by_default(
     assert res.code == 0, res.stderr
     assert "calibrated the measured step-time backend" in res.stdout
     assert "replay it with --hardware and the measured tables" in res.stdout
+
+
+def test_the_offloading_connectors_load_rate_is_a_statistic_of_the_fit(tmp_path: Path) -> None:
+    """A scrape with vLLM's offload counters (bytes over the seconds its load jobs ran, summed
+    over ranks): the replay counts its loads the same way, so at the true stream rate the two
+    agree exactly, and the fit recovers the rate from them and the latencies together."""
+    from kvtier.experiments.calibrate import (
+        OFFLOAD_RATE,
+        backend_policy,
+        calibrate,
+        evaluate,
+        fit_params,
+        replay_times,
+    )
+    from kvtier.policy.model import TierPolicy
+
+    rng = np.random.default_rng(5)
+    lens = rng.integers(2000, 16000, 60)
+    order = [*range(60), *rng.permutation(60)]
+    inp = lens[order]
+    per = -(-inp // 16)
+    hashes = [
+        np.arange(p, dtype=np.uint64) + np.uint64(10**7 * (d + 1))
+        for d, p in zip(order, per, strict=True)
+    ]
+    trace = Trace.from_arrays(arrival_s=np.arange(120) * 0.3, input_tokens=inp,
+                              output_tokens=rng.integers(16, 64, 120),
+                              hash_offsets=np.concatenate([[0], np.cumsum(per)]),
+                              hashes=np.concatenate(hashes), block_tokens=16)  # fmt: skip
+    policy = backend_policy(
+        Policy(tiers=(TierPolicy(capacity_gb=4.0),
+                      TierPolicy(name="dram", capacity_gb=200.0, per_engine=False))),
+        "roofline",
+    )  # fmt: skip
+    hw, model = load_hardware("h100-node"), load_model("llama-3.1-8b")
+    rate, op = fit_params(["tiers.dram.port_read_gbps", "tiers.dram.op_overhead_us"], hw, policy)
+    truth = rate.set(op.set(hw, 1.0), 12.0)
+    t = replay_times(trace, truth, model, policy)
+    assert t.offload is not None and t.offload.sizes.size == int(np.sum(t.offload.sizes > 0))
+    loaded = t.offload.bytes
+    assert loaded > 0 and t.offload.sizes.sum() == pytest.approx(loaded)
+    # the stream's busy seconds: no faster than the link, slower by the per-operation costs
+    assert 0 < t.offload.rate <= 12e9 * 1.0001
+    text = metrics_text(t.ttft_s, t.itl_s, t.output_tokens, prompt_tokens=t.input_tokens,
+                        hit_tokens=t.hit_tokens, offload_load_bytes=t.offload.bytes,
+                        offload_load_time_s=t.offload.time_s,
+                        offload_load_sizes=t.offload.sizes)  # fmt: skip
+    scrape = parse_metrics(text)
+    assert scrape.offload_load_rate == pytest.approx(t.offload.rate, rel=1e-12)
+    assert scrape.offload_load_ops == t.offload.sizes.size
+    at_truth = evaluate(trace, truth, model, policy, scrape)
+    assert at_truth[OFFLOAD_RATE] == pytest.approx(0.0, abs=1e-12)
+    start = rate.set(op.set(hw, 1.0), 40.0)
+    off = evaluate(trace, start, model, policy, scrape)
+    assert off[OFFLOAD_RATE] > 1.0  # a 40 GB/s stream moves the bytes in under a third the time
+    cal = calibrate(trace, start, model, policy, scrape, fit=["tiers.dram.port_read_gbps"],
+                    max_replays=150)  # fmt: skip
+    assert cal.after["tiers.dram.port_read_gbps"] == pytest.approx(12.0, rel=0.02)
+    assert abs(cal.errors_after[OFFLOAD_RATE]) < 0.01 < abs(cal.errors_before[OFFLOAD_RATE])
+    # the served deployment must have the tier the scrape's loads came from
+    metrics = tmp_path / "metrics.txt"
+    metrics.write_text(text)
+    trace_path = tmp_path / "trace.parquet"
+    write_trace(trace, trace_path)
+    res = invoke("calibrate", "--metrics", str(metrics), "--trace", str(trace_path), "--out",
+                 str(tmp_path / "out.toml"), "--backend", "roofline")  # fmt: skip
+    assert_one_line_error(res, "--policy", "kv_offload_load_bytes", "no tier below HBM")

@@ -238,6 +238,30 @@ def test_replay_concurrency_option_and_tier_table(tmp_path) -> None:  # noqa: AN
     assert bad.exit_code == 2 and "--concurrency" in bad.output
 
 
+@pytest.mark.parametrize("connector", ["vllm-offloading", "lmcache-mooncake"])
+def test_load_busy_seconds_are_the_loads_transfer_time_without_queueing(connector: str) -> None:
+    """One request loads alone on an idle path: the tier's load workers were busy for its
+    transfer, its wait less the path's latency (what vLLM's kv_offload_load_time sums); the
+    first request's write counts on the store workers, not here. (A layer-wise connector,
+    ``mooncake-te``, lets the prefill start before the last layer arrives, so its wait is
+    shorter than its transfer.)"""
+    from kvtier.sim.tier_stats import tier_stats
+
+    B = 16
+    hw = two_gpus(load_hardware("beluga-testbed"))
+    raw = replay_pair(connector, B, hw)
+    policy = Policy(
+        block_tokens=B,
+        serving=ServingPolicy(instances=2, routing="round_robin"),
+        tiers=(TierPolicy(), TierPolicy(name="rdma", capacity_gb=100.0, connector=connector)),
+    )
+    cfg = build_config(hw, load_model("Qwen3-32B"), policy)
+    (row,) = tier_stats(cfg.tiers, raw, same_prompt_twice(B).arrival_s, hw)
+    lat = float(cfg.tiers.lat_s[0])
+    assert row.load_busy_s == pytest.approx(float(raw.load_s[1]) - lat, rel=1e-9)
+    assert raw.worker_busy_s.sum() > row.load_busy_s  # the store of the first request
+
+
 def test_ssd_wear_is_reported_flagged_and_charged() -> None:
     """Write-through to NVMe on a busy 8-GPU host writes far more than 1 DWPD."""
     from kvtier.policy.presets import load_preset

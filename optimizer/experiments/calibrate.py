@@ -62,6 +62,8 @@ DEFAULT_FIT = DEFAULT_FITS["roofline"]
 DEFAULT_SAMPLE = 400  # requests per replay
 DEFAULT_MAX_REPLAYS = 300
 QUANTILES = (0.5, 0.9, 0.99)
+# the OffloadingConnector's loads, bytes over the seconds its load jobs ran (exact: two counters)
+OFFLOAD_RATE = "offload load rate"
 # the means are exact (a histogram's sum over its count) and smooth in the parameters; the
 # quantiles are interpolated inside buckets and move in steps: the means weigh this much more
 MEAN_WEIGHT = 10.0
@@ -207,6 +209,8 @@ def stats_of(m: ServingMetrics) -> Stats:
         add("TPOT", m.tpot)
     else:
         add("ITL", m.itl)
+    if m.offload_load_rate is not None:
+        values[OFFLOAD_RATE] = m.offload_load_rate
     # a scrape whose prefix-cache queries exceed its prompt tokens counted a lookup per
     # scheduling retry (vLLM before PR #48860): its ratio is not a per-request hit ratio
     return Stats(values, None if m.hit_ratio_counts_retries else m.hit_ratio)
@@ -219,9 +223,11 @@ def replay_metrics(
     hit_ratio: float,
     *,
     with_tpot: bool = True,
+    offload: OffloadLoads | None = None,
 ) -> ServingMetrics:
     """A replay's per-request latencies binned as vLLM bins them (the per-token histogram
-    counts a request's mean interval once per output token after the first)."""
+    counts a request's mean interval once per output token after the first), and its lower
+    tiers' loads as vLLM's OffloadingConnector counts them (``offload``)."""
     done = np.isfinite(ttft_s)
     steps = np.where(done & np.isfinite(itl_s), np.maximum(output_tokens - 1, 0), 0)
     with_tokens = steps > 0
@@ -231,12 +237,34 @@ def replay_metrics(
         prefix_queries=1.0,
         prefix_hits=hit_ratio,
         tpot=bucketize(itl_s[with_tokens], ITL_BUCKETS) if with_tpot else None,
+        offload_load_bytes=None if offload is None else offload.bytes,
+        offload_load_time_s=None if offload is None else offload.time_s,
+        offload_load_ops=None if offload is None else float(offload.sizes.size),
     )
 
 
 @dataclass(frozen=True)
+class OffloadLoads:
+    """A replay's loads from its lower tiers into HBM as vLLM's OffloadingConnector counts
+    them (``vllm:kv_offload_load_bytes``, ``_load_time``, ``_load_size``; vLLM 0.34.0
+    ``v1/kv_offload/cpu/gpu_worker.py``, ``offloading/common.py``): each tensor-parallel
+    rank's worker times each load job between CUDA events on its own stream, and the
+    scheduler sums the ranks' bytes and seconds. The replay's instance moves its ranks'
+    shares at once, so its transfer seconds count once per rank."""
+
+    bytes: float
+    time_s: float
+    sizes: np.ndarray  # bytes of each rank's load job (one per loading request and rank)
+
+    @property
+    def rate(self) -> float | None:
+        return self.bytes / self.time_s if self.time_s > 0 else None
+
+
+@dataclass(frozen=True)
 class RequestTimes:
-    """One replay's per-request latencies (NaN: not reached) and its prefix-cache hit ratio."""
+    """One replay's per-request latencies (NaN: not reached), its prefix-cache hit ratio and
+    its loads from lower tiers (None: the policy has none)."""
 
     ttft_s: np.ndarray
     itl_s: np.ndarray
@@ -244,6 +272,7 @@ class RequestTimes:
     input_tokens: np.ndarray
     hit_ratio: float
     hit_tokens: np.ndarray
+    offload: OffloadLoads | None = None
 
 
 def replay_times(
@@ -261,9 +290,26 @@ def replay_times(
     with np.errstate(invalid="ignore", divide="ignore"):
         itl = np.where(out > 1, (raw.finish_s - raw.first_token_s) / np.maximum(out - 1, 1), np.nan)
     hit_tokens = np.minimum(raw.hit_blocks * trace.block_tokens, inp)
-    return RequestTimes(
-        ttft, itl, out, inp, float(rep.metrics.hit_ratio_tokens.get("hbm", 0.0)), hit_tokens
-    )
+    offload = None
+    tiers = rep.config.tiers
+    if tiers is not None and rep.tiers:
+        ranks = int(rep.config.instance_gpus[0]) if rep.config.instance_gpus else 1
+        per_request = raw.loaded_blocks.sum(axis=1).astype(np.float64) * tiers.block_bytes
+        jobs = per_request[per_request > 0] / ranks
+        offload = OffloadLoads(
+            bytes=float(per_request.sum()),
+            time_s=ranks * sum(t.load_busy_s for t in rep.tiers),
+            sizes=np.repeat(jobs, ranks),
+        )
+    hbm_ratio = float(rep.metrics.hit_ratio_tokens.get("hbm", 0.0))
+    return RequestTimes(ttft, itl, out, inp, hbm_ratio, hit_tokens, offload)
+
+
+def exact(key: str) -> bool:
+    """A statistic the scrape holds exactly (a mean from a histogram's sum and count, the
+    offload rate from two counters), which the fit weighs :data:`MEAN_WEIGHT` times an
+    interpolated quantile."""
+    return key.endswith("mean") or key == OFFLOAD_RATE
 
 
 def errors(model: Stats, target: Stats) -> dict[str, float]:
@@ -279,7 +325,7 @@ def errors(model: Stats, target: Stats) -> dict[str, float]:
 
 
 def mean_abs_error(errs: Mapping[str, float]) -> float:
-    """The mean absolute relative error over the latency statistics (the hit ratio apart)."""
+    """The mean absolute relative error over the statistics compared (the hit ratio apart)."""
     vals = [abs(v) for k, v in errs.items() if k != "hit ratio"]
     return float(np.mean(vals)) if vals else float("nan")
 
@@ -335,6 +381,18 @@ def check_match(trace: Trace, metrics: ServingMetrics) -> None:
                 f"requests that server served",
                 option="--trace",
             )
+
+
+def check_offload(metrics: ServingMetrics, policy: Policy) -> None:
+    """A scrape whose OffloadingConnector loaded bytes needs the tier they came from in the
+    served deployment: its load rate is a statistic of the fit."""
+    if metrics.offload_load_rate is not None and not policy.lower_tiers:
+        raise InputError(
+            f"the /metrics shows {metrics.offload_load_bytes / 1e9:,.3g} GB loaded by the KV "
+            "offloading connector (vllm:kv_offload_load_bytes) but the served deployment has no "
+            "tier below HBM; give it (--policy, --preset, or --set tiers.dram.capacity_gb=...)",
+            option="--policy",
+        )
 
 
 def head(trace: Trace, n: int) -> Trace:
@@ -397,7 +455,7 @@ def evaluate(
     """The errors of ``hardware`` against ``metrics`` (a held-back scrape, or the fitted one)."""
     t = replay_times(head(trace, sample), hardware, model, backend_policy(policy, backend))
     sim = replay_metrics(t.ttft_s, t.itl_s, t.output_tokens, t.hit_ratio,
-                         with_tpot=metrics.tpot is not None)  # fmt: skip
+                         with_tpot=metrics.tpot is not None, offload=t.offload)  # fmt: skip
     return errors(stats_of(sim), stats_of(metrics))
 
 
@@ -425,6 +483,7 @@ def calibrate(
     policy = backend_policy(policy, backend)
     params = fit_params(DEFAULT_FITS[backend] if fit is None else fit, hardware, policy, backend)
     check_match(trace, metrics)
+    check_offload(metrics, policy)
     target = stats_of(metrics)
     short = head(trace, sample)
     with_tpot = metrics.tpot is not None
@@ -444,12 +503,13 @@ def calibrate(
         nonlocal count
         count += 1
         t = replay_times(short, hw, model, policy)
-        sim = replay_metrics(t.ttft_s, t.itl_s, t.output_tokens, t.hit_ratio, with_tpot=with_tpot)
+        sim = replay_metrics(t.ttft_s, t.itl_s, t.output_tokens, t.hit_ratio,
+                             with_tpot=with_tpot, offload=t.offload)  # fmt: skip
         return errors(stats_of(sim), target)
 
     def objective(x: np.ndarray) -> float:
         e = errs_at(hardware_at(x))
-        vals = np.array([v * (MEAN_WEIGHT if k.endswith("mean") else 1.0)
+        vals = np.array([v * (MEAN_WEIGHT if exact(k) else 1.0)
                          for k, v in e.items() if k != "hit ratio"])  # fmt: skip
         loss = float(np.sum(np.minimum(vals**2, 1e6)))
         if progress is not None:

@@ -60,6 +60,11 @@ class TierStats:
     # read from the tier by storage prefetches into the tiers above (SGLang's prefetch at
     # arrival): those blocks reach HBM as loads of the tier they were prefetched into
     prefetched_gb: float = 0.0
+    # seconds the tier's load workers spent on transfers, summed over the workers: each
+    # transfer's span from its start to its last byte, queueing before it excluded (vLLM's
+    # OffloadingConnector times each load job between CUDA events on its own stream and sums
+    # them in vllm:kv_offload_load_time)
+    load_busy_s: float = 0.0
 
     @property
     def net_loss(self) -> bool:
@@ -144,8 +149,14 @@ def tier_stats(
         prefetched = 0.0
         if len(raw.tier_prefetched_blocks):
             prefetched = float(raw.tier_prefetched_blocks[t]) * tiers.block_bytes
-        # the connector's load and store workers (each direction has its own)
-        workers = 2 * int(tiers.nw[t]) * len({int(w) for w in tiers.w0[t]})
+        # the connector's load and store workers (each direction has its own; the load
+        # workers are the first half of the replay's worker array)
+        pools = sorted({int(w) for w in tiers.w0[t]})
+        workers = 2 * int(tiers.nw[t]) * len(pools)
+        load_busy = 0.0
+        if len(raw.worker_busy_s):
+            idx = [w + j for w in pools for j in range(int(tiers.nw[t]))]
+            load_busy = float(raw.worker_busy_s[idx].sum())
         have = span * workers
         stage = raw.stage_s[t] if len(raw.stage_s) > t else np.zeros(len(STAGES))
         share = {
@@ -187,6 +198,7 @@ def tier_stats(
                 load_s_idle=load_idle,
                 recompute_s=recompute,
                 prefetched_gb=prefetched / 1e9,
+                load_busy_s=load_busy,
             )
         )
     return rows

@@ -309,12 +309,16 @@ def metrics_text(
     prompt_tokens: np.ndarray,
     hit_tokens: np.ndarray,
     model_name: str = "model",
+    offload_load_bytes: float | None = None,
+    offload_load_time_s: float | None = None,
+    offload_load_sizes: np.ndarray | None = None,
 ) -> str:
     """The ``/metrics`` text a vLLM 0.34 server would show after serving these requests.
 
     Per request: time to first token, mean inter-token interval (counted once per output
     token after the first in the per-token histogram, once in the per-request one), output
-    and prompt lengths, and prompt tokens found in the prefix cache. Written by
+    and prompt lengths, and prompt tokens found in the prefix cache; with the OffloadingConnector
+    (``offload_*``), its load counters and the histogram of its load jobs' sizes. Written by
     ``prometheus_client`` with vLLM's names, help strings, labels and buckets; only the
     metrics :func:`parse_metrics` reads are written (a server shows many more)."""
     from prometheus_client import CollectorRegistry, generate_latest
@@ -355,6 +359,13 @@ def metrics_text(
         counter(GENERATION_TOKENS, float(np.sum(out[done]))),
         counter(REQUEST_SUCCESS, float(np.sum(done)), {"finished_reason": "length"}),
     ]
+    if offload_load_bytes is not None and offload_load_time_s is not None:
+        sizes = np.zeros(0) if offload_load_sizes is None else np.asarray(offload_load_sizes)
+        families += [
+            counter(OFFLOAD_LOAD_BYTES, offload_load_bytes),
+            counter(OFFLOAD_LOAD_TIME, offload_load_time_s),
+            hist(OFFLOAD_LOAD_SIZE, bucketize(sizes.astype(np.float64), TRANSFER_SIZE_BUCKETS)),
+        ]
 
     class _Collector:
         def collect(self) -> list[object]:
