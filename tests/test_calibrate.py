@@ -11,7 +11,7 @@ import pytest
 
 from kvtier.errors import InputError
 from kvtier.hardware import load_hardware, load_model
-from kvtier.policy.model import Policy
+from kvtier.policy.model import Policy, TierPolicy
 from kvtier.trace.format import Trace
 from kvtier.trace.io import write_trace
 from kvtier.trace.vllm_metrics import (
@@ -302,21 +302,15 @@ def test_cli_bad_input(setup: dict, tmp_path: Path) -> None:
     assert not Path(out).exists()
 
 
-def test_recovers_a_tier_stream_rate(tmp_path: Path) -> None:
-    """Long documents sent twice, the HBM prefix cache too small to keep them: the second
-    round loads them from host DRAM through the direct connector, and its TTFT carries the
-    stream rate. (The per-operation cost is held at its true value: with a fixed number of
-    operations per block it trades off exactly against the rate; docs/calibrate.md.)"""
-    from kvtier.experiments.calibrate import (
-        calibrate,
-        fit_params,
-        profile_toml,
-        replay_times,
-        roofline_policy,
-    )
-    from kvtier.policy.model import TierPolicy
+def _documents_twice(gap_s: float, seed: int):  # noqa: ANN202
+    """60 documents of 2k-16k tokens sent twice, ``gap_s`` apart, a 4 GB HBM prefix cache too
+    small to keep them and one host DRAM pool the engines share (``per_engine = false``: every
+    repeat finds its blocks), through the ``direct`` connector at 12 GB/s and 1 us per
+    operation. Returns the trace, the (roofline) policy, the stock hardware, the model, the
+    rate and per-operation parameters, and the true replay's times."""
+    from kvtier.experiments.calibrate import fit_params, replay_times, roofline_policy
 
-    rng = np.random.default_rng(3)
+    rng = np.random.default_rng(seed)
     lens = rng.integers(2000, 16000, 60)
     order = [*range(60), *rng.permutation(60)]
     inp = lens[order]
@@ -325,19 +319,28 @@ def test_recovers_a_tier_stream_rate(tmp_path: Path) -> None:
         np.arange(p, dtype=np.uint64) + np.uint64(10**7 * (d + 1))
         for d, p in zip(order, per, strict=True)
     ]
-    trace = Trace.from_arrays(arrival_s=np.arange(120) * 1.5, input_tokens=inp,
+    trace = Trace.from_arrays(arrival_s=np.arange(120) * gap_s, input_tokens=inp,
                               output_tokens=rng.integers(16, 64, 120),
                               hash_offsets=np.concatenate([[0], np.cumsum(per)]),
                               hashes=np.concatenate(hashes), block_tokens=16)  # fmt: skip
     policy = roofline_policy(
-        # one host pool the engines share (per_engine = false): every repeat finds its blocks
         Policy(tiers=(TierPolicy(capacity_gb=4.0),
                       TierPolicy(name="dram", capacity_gb=200.0, per_engine=False)))
     )  # fmt: skip
     hw, model = load_hardware("h100-node"), load_model("llama-3.1-8b")
     rate, op = fit_params(["tiers.dram.port_read_gbps", "tiers.dram.op_overhead_us"], hw, policy)
     truth = rate.set(op.set(hw, 1.0), 12.0)
-    t = replay_times(trace, truth, model, policy)
+    return trace, policy, hw, model, rate, op, replay_times(trace, truth, model, policy)
+
+
+def test_recovers_a_tier_stream_rate(tmp_path: Path) -> None:
+    """Long documents sent twice, the HBM prefix cache too small to keep them: the second
+    round loads them from host DRAM through the direct connector, and its TTFT carries the
+    stream rate. (The per-operation cost is held at its true value: with a fixed number of
+    operations per block it trades off exactly against the rate; docs/calibrate.md.)"""
+    from kvtier.experiments.calibrate import calibrate, fit_params, profile_toml
+
+    trace, policy, hw, model, rate, op, t = _documents_twice(1.5, 3)
     assert t.hit_ratio < 0.05  # the hits come from DRAM, not HBM
     text = metrics_text(t.ttft_s, t.itl_s, t.output_tokens, prompt_tokens=t.input_tokens,
                         hit_tokens=t.hit_tokens)  # fmt: skip
@@ -432,38 +435,10 @@ def test_the_offloading_connectors_load_rate_is_a_statistic_of_the_fit(tmp_path:
     """A scrape with vLLM's offload counters (bytes over the seconds its load jobs ran, summed
     over ranks): the replay counts its loads the same way, so at the true stream rate the two
     agree exactly, and the fit recovers the rate from them and the latencies together."""
-    from kvtier.experiments.calibrate import (
-        OFFLOAD_RATE,
-        backend_policy,
-        calibrate,
-        evaluate,
-        fit_params,
-        replay_times,
-    )
-    from kvtier.policy.model import TierPolicy
+    from kvtier.experiments.calibrate import OFFLOAD_RATE, calibrate, evaluate
 
-    rng = np.random.default_rng(5)
-    lens = rng.integers(2000, 16000, 60)
-    order = [*range(60), *rng.permutation(60)]
-    inp = lens[order]
-    per = -(-inp // 16)
-    hashes = [
-        np.arange(p, dtype=np.uint64) + np.uint64(10**7 * (d + 1))
-        for d, p in zip(order, per, strict=True)
-    ]
-    trace = Trace.from_arrays(arrival_s=np.arange(120) * 0.3, input_tokens=inp,
-                              output_tokens=rng.integers(16, 64, 120),
-                              hash_offsets=np.concatenate([[0], np.cumsum(per)]),
-                              hashes=np.concatenate(hashes), block_tokens=16)  # fmt: skip
-    policy = backend_policy(
-        Policy(tiers=(TierPolicy(capacity_gb=4.0),
-                      TierPolicy(name="dram", capacity_gb=200.0, per_engine=False))),
-        "roofline",
-    )  # fmt: skip
-    hw, model = load_hardware("h100-node"), load_model("llama-3.1-8b")
-    rate, op = fit_params(["tiers.dram.port_read_gbps", "tiers.dram.op_overhead_us"], hw, policy)
+    trace, policy, hw, model, rate, op, t = _documents_twice(0.3, 5)
     truth = rate.set(op.set(hw, 1.0), 12.0)
-    t = replay_times(trace, truth, model, policy)
     assert t.offload is not None and t.offload.sizes.size == int(np.sum(t.offload.sizes > 0))
     loaded = t.offload.bytes
     assert loaded > 0 and t.offload.sizes.sum() == pytest.approx(loaded)
