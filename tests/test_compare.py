@@ -152,3 +152,69 @@ def test_track_tbt_records_tbt_in_the_table_and_json(trace_path) -> None:
     replayed = json.loads(alone.stdout)
     assert row["metrics"]["tbt_p99_s"] == replayed["tbt_p99_s"] is not None
     assert row["metrics"]["tbt_p50_s"] == replayed["tbt_p50_s"]
+
+
+def test_a_step_time_margin_replays_each_row_slower_and_faster(trace_path, tmp_path) -> None:
+    """Each row also at every step 0.9x and 1.1x as long: the slower replay is the replay on a
+    profile calibrated to 1.1x (the measured tables' two factors), TTFT moves with it, and the
+    report says whether the cheapest holds."""
+    args = ("compare", "--trace", str(trace_path), "--preset", "vllm-hbm", "--preset",
+            "lmcache-cpu-disk", "--hardware", "h100-node", "--model", "llama-3.1-8b",
+            "--slo", "ttft_p99=5", "--step-time-margin", "0.1")  # fmt: skip
+    r = invoke(*args, "--json")
+    assert r.code == 0, r.stderr
+    rows = json.loads(r.stdout)["policies"]
+    for row in rows:
+        margin = row["step_time_margin"]
+        assert margin["margin"] == 0.1
+        fast, base, slow = margin["faster"], row["metrics"], margin["slower"]
+        assert fast["ttft_mean_s"] < base["ttft_mean_s"] < slow["ttft_mean_s"]
+    from kvtier.hardware import load_hardware
+
+    src = Path(str(load_hardware("h100-node").source)).read_text()
+    factors = "[efficiency]\nmeasured_memory_scale = 1.1\nmeasured_compute_scale = 1.1"
+    (tmp_path / "slow.toml").write_text(src.replace("[efficiency]", factors))
+    alone = invoke("replay", "--trace", str(trace_path), "--preset", "vllm-hbm", "--hardware",
+                   str(tmp_path / "slow.toml"), "--model", "llama-3.1-8b", "--json")  # fmt: skip
+    assert alone.code == 0, alone.stderr
+    replayed = json.loads(alone.stdout)
+    slow = rows[0]["step_time_margin"]["slower"]
+    assert "calibrated x1.1 memory-bound" in slow["step_time_source"]
+    for key in ("ttft_mean_s", "ttft_p99_s", "tpot_p99_s", "cost_per_mtok", "n_served"):
+        assert slow[key] == pytest.approx(replayed[key], rel=1e-12), key
+    text = invoke(*args)
+    assert text.code == 0, text.stderr
+    assert "step time 0.9x / as modelled / 1.1x" in text.stdout
+    assert "cheapest meeting the SLO" in text.stdout
+    # without the option, no margin replays
+    plain = json.loads(invoke("compare", "--trace", str(trace_path), "--preset", "vllm-hbm",
+                              "--json").stdout)  # fmt: skip
+    assert plain["policies"][0]["step_time_margin"] is None
+    bad = invoke("compare", "--trace", str(trace_path), "--preset", "vllm-hbm",
+                 "--step-time-margin", "0.7")  # fmt: skip
+    assert_one_line_error(bad, "--step-time-margin", "between 0 and 0.5")
+
+
+def test_the_report_says_when_the_cheapest_changes_within_the_margin() -> None:
+    from types import SimpleNamespace
+
+    from kvtier.experiments.compare import Compared
+    from kvtier.report.compare import margin_lines
+
+    def m(cost: float, met: bool) -> SimpleNamespace:
+        return SimpleNamespace(cost_per_mtok=cost, n_served=10, slo_met=met, ttft_p99_s=1.0,
+                               slo_attainment=1.0 if met else 0.5)  # fmt: skip
+
+    rows = [
+        Compared("a", "h", "m", 16, metrics=m(1.0, True), faster=m(0.9, True),
+                 slower=m(1.1, False), step_margin=0.1),
+        Compared("b", "h", "m", 16, metrics=m(1.2, True), faster=m(1.1, True),
+                 slower=m(1.3, True), step_margin=0.1),
+    ]  # fmt: skip
+    lines = margin_lines(rows)
+    assert lines[0].startswith("step time 0.9x / as modelled / 1.1x")
+    assert "a: TTFT p99 1.000 / 1.000 / 1.000 s" in lines[1] and "SLO met / met / 50%" in lines[1]
+    assert "cheapest per token: a at 0.9x, as modelled and at 1.1x" in lines
+    changed = next(ln for ln in lines if "meeting the SLO changes" in ln)
+    assert "a at 0.9x, a as modelled, b at 1.1x" in changed
+    assert margin_lines([Compared("a", "h", "m", 16, metrics=m(1.0, True))]) == []

@@ -111,3 +111,28 @@ def test_profile_keys_are_checked(tmp_path: Path, key: str, value: float, why: s
     bad.write_text(text.replace("[efficiency]", f"[efficiency]\n{key} = {value}"))
     with pytest.raises(InputError, match=f"key 'efficiency.{key}': {why}"):
         load_hardware(str(bad))
+
+
+@pytest.mark.parametrize("step_time", ["measured", "roofline"])
+def test_a_step_scale_makes_every_step_that_much_longer(step_time: str) -> None:
+    """At tp 1 (no all-reduce term), on either backend: a decode step and a long prefill
+    each take exactly 1.1x as long; the roofline's per-step cost is part of the step."""
+    from kvtier.sim.steptime.calibrated import with_step_scale
+
+    model = load_model("llama-3.1-8b")
+    policy = replace(Policy(), serving=replace(ServingPolicy(), step_time=step_time))
+    hw = load_hardware("h100-node")
+    base = build_config(hw, model, policy)
+    slow = build_config(with_step_scale(hw, 1.1), model, policy)
+    assert base.step_backend == slow.step_backend == step_time
+
+    def steps(tp: np.ndarray | None, cfg) -> tuple[float, float]:  # noqa: ANN001
+        p = cfg.timing_params()
+        decode = T.step_time(8, 0, 0, 8, 8 * 4096, 0, p)
+        prefill = T.step_time(8192, 8192 * 8192, 8192, 0, 0, T.prefill_attn_ns(8192, 0, p), p)
+        return decode, prefill
+
+    for a, b in zip(steps(None, base), steps(None, slow), strict=True):
+        assert b == pytest.approx(1.1 * a, rel=1e-9)
+    with pytest.raises(ValueError):
+        with_step_scale(hw, 0.0)

@@ -392,6 +392,15 @@ def _print_metrics(path: str, scenario: Any, m: Any, pd_row: tuple[str, str] | N
     help="Record token intervals: a TBT p99 column (each request's mean of its longest 10% "
     "intervals) and tbt_p50_s / tbt_p99_s in --json [always with an SLO bounding tbt_p99].",
 )
+@click.option(
+    "--step-time-margin",
+    "step_margin",
+    type=float,
+    default=0.0,
+    show_default=True,
+    help="Also replay every policy with each engine step this share slower and faster (e.g. "
+    "0.1: 1.1x and 0.9x as long) and say whether the cheapest and the SLO verdicts hold.",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print the comparison as one JSON object.")
 def compare_cmd(
     trace_path: str,
@@ -406,6 +415,7 @@ def compare_cmd(
     prices: str | None,
     as_json: bool,
     track_tbt: bool = False,
+    step_margin: float = 0.0,
 ) -> None:
     """Replay several policies on one trace and show their cost and latency side by side.
 
@@ -443,6 +453,7 @@ def compare_cmd(
         overrides=_overrides(sets),
         prices=prices,
         track_tbt=track_tbt,
+        step_margin=step_margin,
     )
     if as_json:
         _echo_json(comparison_json(rows))

@@ -44,6 +44,30 @@ class Compared:
     tiers: tuple = ()  # per lower tier: what the replay shows (kvtier.sim.tier_stats)
     # on a sampled trace: which way its hit ratios are biased (kvtier.deploy.sample.sample_bias)
     sample_bias: str | None = None
+    # with a step-time margin m: the metrics with every step (1 - m) and (1 + m) times as long
+    faster: Metrics | None = None
+    slower: Metrics | None = None
+    step_margin: float = 0.0
+
+
+MAX_STEP_MARGIN = 0.5
+
+
+def check_step_margin(margin: float) -> None:
+    """A margin is a share of the step time, in [0, 0.5]."""
+    if not (0.0 <= margin <= MAX_STEP_MARGIN):
+        raise InputError(
+            f"must be between 0 and {MAX_STEP_MARGIN:g} (a share of the step time), got {margin:g}",
+            option="--step-time-margin",
+        )
+
+
+def _at_step_scale(scenario: Scenario, policy: Policy, factor: float, track_tbt: bool) -> Metrics:
+    """``policy``'s metrics on ``scenario``'s trace with every step ``factor`` times as long."""
+    from kvtier.sim.steptime.calibrated import with_step_scale
+
+    moved = replace(scenario, hardware=with_step_scale(scenario.hardware, factor))
+    return moved.replay(policy, track_tbt=track_tbt).metrics
 
 
 def load_compared(kind: str, name: str, overrides: Mapping[str, Any] | None = None) -> Policy:
@@ -71,6 +95,7 @@ def compare_policies(
     overrides: Mapping[str, Any] | None = None,
     prices: str | None = None,
     track_tbt: bool = False,
+    step_margin: float = 0.0,
 ) -> list[Compared]:
     """Replay each ``(kind, name)`` (kind ``preset`` or ``policy`` file) on the trace.
 
@@ -81,11 +106,16 @@ def compare_policies(
     scenario shares one cache of the trace's block mappings. ``prices`` (a ``--prices`` file)
     prices every row's hardware, so the rows stay on one basis. ``track_tbt`` records token
     intervals in every replay (TBT p50 / p99), as a row whose SLO bounds ``tbt_p99_s`` does.
+    ``step_margin`` ``m`` > 0 replays every row twice more, with each engine step ``1 - m`` and
+    ``1 + m`` times as long (:func:`kvtier.sim.steptime.calibrated.with_step_scale`): a verdict
+    that changes within the margin turns on step-time accuracy the model cannot promise
+    (docs/validation-offload.md, "How much a step-time gap explains").
     """
     from kvtier.experiments.whatif import tier_variants
     from kvtier.trace.io import read_trace
 
     check_rate_scale(rate_scale)  # once for every row, before the trace is read
+    check_step_margin(step_margin)
     from kvtier.hardware.prices import apply_prices, load_prices
 
     user_prices = load_prices(prices) if prices is not None else None  # a bad file stops here
@@ -124,6 +154,12 @@ def compare_policies(
             try:
                 replayed = scenario.replay(pol, track_tbt=track_tbt)
                 row.metrics, row.tiers = replayed.metrics, tuple(replayed.tiers)
+                if step_margin > 0:
+                    row.step_margin = step_margin
+                    row.faster, row.slower = (
+                        _at_step_scale(scenario, pol, f, track_tbt)
+                        for f in (1.0 - step_margin, 1.0 + step_margin)
+                    )
             except InputError as err:
                 if kind == "policy" and variant_of is None:
                     raise err.with_path(name) from None

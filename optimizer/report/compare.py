@@ -109,6 +109,8 @@ def print_comparison(trace_path: str, rows: list[Compared], console: Console) ->
     weighting = [r.metrics.extra.get("latency_weighting") for r in rows if r.metrics is not None]
     for line in dict.fromkeys(w for w in weighting if w):
         console.print(f"note: {escape(line)}")
+    for line in margin_lines(rows):
+        console.print(line)
     priced = [r for r in rows if r.metrics is not None and r.metrics.n_served > 0]
     if len(priced) > 1:
         cheapest = min(priced, key=lambda r: r.metrics.cost_per_mtok)  # type: ignore[union-attr]
@@ -117,6 +119,60 @@ def print_comparison(trace_path: str, rows: list[Compared], console: Console) ->
         if len(metered) > 1:
             frugal = max(metered, key=lambda r: r.metrics.tokens_per_joule)  # type: ignore[union-attr]
             console.print(f"most tokens per joule: [bold]{frugal.label}[/]")
+
+
+def _cheapest(rows: list[Compared], at: str, met_only: bool) -> str | None:
+    """The label of the cheapest row per token at step time ``at`` (``faster``, ``metrics``,
+    ``slower``), among the rows meeting the SLO when ``met_only`` (None: no such row)."""
+    best: tuple[float, str] | None = None
+    for r in rows:
+        m = getattr(r, at)
+        if m is None or m.n_served == 0 or (met_only and not m.slo_met):
+            continue
+        if best is None or m.cost_per_mtok < best[0]:
+            best = (m.cost_per_mtok, r.label)
+    return None if best is None else best[1]
+
+
+def margin_lines(rows: list[Compared]) -> list[str]:
+    """With a step-time margin: each row's TTFT p99, cost per token and SLO at every step
+    ``1 - m``, ``1`` and ``1 + m`` times as long, and whether the cheapest row (and the
+    cheapest meeting the SLO) stays the same across them."""
+    ran = [r for r in rows if r.slower is not None and r.faster is not None and r.metrics]
+    if not ran:
+        return []
+    m = ran[0].step_margin
+    lo, hi = f"{1 - m:g}x", f"{1 + m:g}x"
+    out = [f"step time {lo} / as modelled / {hi} (every engine step; --step-time-margin {m:g}):"]
+    with_slo = any(r.metrics.slo_met is not None for r in ran)  # type: ignore[union-attr]
+    for r in ran:
+        ms = (r.faster, r.metrics, r.slower)
+        ttft = " / ".join(f"{x.ttft_p99_s:.3f}" for x in ms)  # type: ignore[union-attr]
+        cost = " / ".join(f"{x.cost_per_mtok:.4f}" for x in ms)  # type: ignore[union-attr]
+        line = f"  {escape(r.label)}: TTFT p99 {ttft} s, $/1M tok {cost}"
+        if with_slo:
+            line += ", SLO " + " / ".join(
+                "met" if x.slo_met else f"{x.slo_attainment:.0%}"  # type: ignore[union-attr]
+                for x in ms
+            )
+        out.append(line)
+    if len(ran) > 1:
+        checks = [("cheapest per token", False)] + (
+            [("cheapest meeting the SLO", True)] if with_slo else []
+        )
+        for what, met_only in checks:
+            picks = [_cheapest(ran, at, met_only) for at in ("faster", "metrics", "slower")]
+            names = [p or "none" for p in picks]
+            if len(set(picks)) == 1:
+                out.append(f"{what}: {escape(names[1])} at {lo}, as modelled and at {hi}")
+            else:
+                out.append(
+                    f"[yellow]{what} changes within the margin:[/] {escape(names[0])} at {lo}, "
+                    f"{escape(names[1])} as modelled, {escape(names[2])} at {hi}: the verdict "
+                    "turns on step-time accuracy; calibrate on your own cluster "
+                    "(kvtier calibrate, docs/calibrate.md)"
+                )
+    return out
 
 
 def comparison_json(rows: list[Compared]) -> dict[str, Any]:
@@ -134,6 +190,13 @@ def comparison_json(rows: list[Compared]) -> dict[str, Any]:
                 "metrics": r.metrics.to_dict() if r.metrics is not None else None,
                 "tiers": tier_json(r.tiers) if r.tiers else None,
                 "sample_bias": r.sample_bias,
+                "step_time_margin": None
+                if r.slower is None or r.faster is None
+                else {
+                    "margin": r.step_margin,
+                    "faster": r.faster.to_dict(),
+                    "slower": r.slower.to_dict(),
+                },
             }
             for r in rows
         ]

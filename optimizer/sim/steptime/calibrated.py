@@ -22,9 +22,11 @@ about the compute factor. Both are 1 unless a profile sets them; no built-in pro
 from __future__ import annotations
 
 import dataclasses
+import math
 
 import numpy as np
 
+from kvtier.hardware.types import Hardware
 from kvtier.sim.steptime.measured import MeasuredTables
 
 
@@ -56,3 +58,25 @@ def at_cluster_scale(
         pf_floor=tables.pf_floor * memory_scale,
         decode_attn=tables.decode_attn * memory_scale,
     )
+
+
+def with_step_scale(hardware: Hardware, factor: float) -> Hardware:
+    """``hardware`` with its engine steps ``factor`` times as long: the measured tables' two
+    factors times ``factor`` (every step exactly so), the roofline's efficiencies over it and
+    its per-step cost times it (its all-reduce terms, set by the interconnect, stay). The front
+    end's per-request and per-token costs are not steps and stay. ``kvtier compare
+    --step-time-margin`` replays each policy so, to show whether a verdict holds when the
+    cluster's steps run a little slower or faster than the model's."""
+    if not (math.isfinite(factor) and factor > 0):
+        raise ValueError("the step-time factor must be positive")
+    eff = hardware.efficiency
+    scaled = dataclasses.replace(
+        eff,
+        measured_memory_scale=eff.measured_memory_scale * factor,
+        measured_compute_scale=eff.measured_compute_scale * factor,
+        mfu=eff.mfu / factor,
+        mbu=eff.mbu / factor,
+        decode_mfu=eff.decode_mfu / factor,
+        step_overhead_s=eff.step_overhead_s * factor,
+    )
+    return dataclasses.replace(hardware, efficiency=scaled)
