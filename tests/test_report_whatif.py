@@ -84,6 +84,42 @@ def test_each_row_is_a_full_replay_of_its_variant(evaluator_and_policy) -> None:
     assert bigger is not None and bigger.metrics.cost_per_hour > found.metrics.cost_per_hour
 
 
+def test_step_rows_replay_the_policy_on_slower_and_faster_steps(evaluator_and_policy) -> None:
+    """With a margin, two more rows: the policy as found on hardware whose every step is 0.8x
+    and 1.2x as long, each the replay on that hardware (the measured tables' factors)."""
+    from dataclasses import replace
+
+    from kvtier.experiments.whatif import step_label
+
+    evaluator, policy = evaluator_and_policy
+    rows = run_what_if(policy, evaluator, step_margin=0.2)
+    labels = [r.label for r in rows]
+    assert (
+        labels[-2:]
+        == [step_label(0.8), step_label(1.2)]
+        == [
+            "every step 0.8x as long",
+            "every step 1.2x as long",
+        ]
+    )
+    assert len(rows) == len(tier_variants(policy, evaluator.hardware)) + 2
+    found = rows[0].evaluation
+    fast, slow = rows[-2].evaluation, rows[-1].evaluation
+    assert found is not None and fast is not None and slow is not None
+    assert fast.metrics.ttft_mean_s < found.metrics.ttft_mean_s < slow.metrics.ttft_mean_s
+    hw = evaluator.hardware
+    eff = replace(hw.efficiency, measured_memory_scale=1.2, measured_compute_scale=1.2)
+    expected = simulate(
+        block_trace(evaluator.trace, policy.block_tokens),
+        replace(hw, efficiency=eff),
+        evaluator.model,
+        policy,
+        slo=evaluator.slo,
+    )
+    assert slow.metrics.same_as(expected)
+    assert rows[-1].cost_change is not None  # against the policy as found
+
+
 @pytest.fixture(scope="module")
 def study_dir(tmp_path_factory) -> Path:
     root = tmp_path_factory.mktemp("whatif")
@@ -127,6 +163,13 @@ def test_what_if_starts_from_the_best_trial_as_the_study_measured_it(study_dir) 
 
     shown = report(study_dir, "--what-if")
     assert shown.code == 0 and "architecture what-if" in shown.stdout
+    margin = report(study_dir, "--what-if", "--step-time-margin", "0.1", "--json")
+    assert margin.code == 0, margin.stderr
+    names = [v["variant"] for v in json.loads(margin.stdout)["what_if"]["variants"]]
+    assert names[-2:] == ["every step 0.9x as long", "every step 1.1x as long"]
+    assert_one_line_error(report(study_dir, "--step-time-margin", "0.1"), "--what-if")
+    bad = report(study_dir, "--what-if", "--step-time-margin", "2")
+    assert_one_line_error(bad, "--step-time-margin", "between 0 and 0.5")
 
 
 def test_a_moved_trace_is_found_with_trace_and_checked(study_dir, tmp_path) -> None:
@@ -190,3 +233,28 @@ def test_capacity_mode_shows_the_load_each_variant_reached() -> None:
     (table,) = _what_if_sections(wi)
     column = table.headers.index("load x")
     assert [row[column] for row in table.rows] == ["1", "2.5"]
+
+
+def test_step_rows_are_no_alternative_and_an_slo_they_break_is_flagged() -> None:
+    """The step-time rows are the same policy on another cluster, not a cheaper choice; when
+    one misses the SLO the policy found meets, the report says the verdict turns on it."""
+    from kvtier.report.study import _what_if_sections
+
+    def step(factor: float, cost: float, change: float, feasible: bool) -> dict:
+        return {**_variant(f"every step {factor:g}x as long", cost, change, feasible),
+                "step_factor": factor}  # fmt: skip
+
+    base = [_variant("as found", 1.0, 0.0, True), _variant("without ssd", 1.1, 0.1, True)]
+    steps = [step(0.9, 0.97, -0.03, True), step(1.1, 1.03, 0.03, True)]
+    held = {"trial": 1, "trial_meets_slo": True, "load": "trace", "variants": [*base, *steps]}
+    sections = _what_if_sections(held)
+    titles = [s.title for s in sections]
+    assert not any(t.startswith("cheaper and still within") for t in titles)
+    line = next(s for s in sections if s.title.startswith("the policy found, every engine step"))
+    assert "0.9x as long: SLO met, cost -3.0%; 1.1x as long: SLO met, cost +3.0%" in line.title
+    assert not line.alert
+    broken = {**held, "variants": [*base, step(0.9, 0.97, -0.03, True),
+                                   step(1.1, 1.03, 0.03, False)]}  # fmt: skip
+    line = next(s for s in _what_if_sections(broken) if s.title.startswith("the policy found"))
+    assert line.alert and "1.1x as long: SLO missed" in line.title
+    assert "turns on step-time accuracy" in line.title

@@ -244,6 +244,15 @@ def optimize_main(**kwargs: Any) -> None:
     "and with each tier the hardware offers that it leaves out.",
 )
 @click.option(
+    "--step-time-margin",
+    "step_margin",
+    type=float,
+    default=0.0,
+    show_default=True,
+    help="With --what-if: also evaluate the best policy with every engine step this share "
+    "faster and slower (e.g. 0.1: 0.9x and 1.1x as long).",
+)
+@click.option(
     "--trace",
     "trace_path",
     default=None,
@@ -258,6 +267,7 @@ def report_cmd(
     plot_path: str | None,
     html_path: str | None,
     what_if: bool,
+    step_margin: float,
     trace_path: str | None,
     as_json: bool,
 ) -> None:
@@ -277,6 +287,11 @@ def report_cmd(
     from kvtier.search.study import RUNS_DIR, check_study_name
 
     check_study_name(study_name)
+    from kvtier.experiments.compare import check_step_margin
+
+    check_step_margin(step_margin)
+    if step_margin > 0 and not what_if:
+        raise InputError("needs --what-if (its rows are what-if rows)", option="--step-time-margin")
     guard_outputs(
         {"--plot": plot_path, "--html": html_path},
         {"--trace": trace_path},
@@ -297,7 +312,9 @@ def report_cmd(
             def progress(k: int, n: int, label: str) -> None:
                 status.update(f"architecture what-if: {k + 1}/{n} {label}")
 
-            found = what_if_for_study(study, trace_path=trace_path, on_variant=progress)
+            found = what_if_for_study(
+                study, trace_path=trace_path, on_variant=progress, step_margin=step_margin
+            )
         rep["what_if"] = study_what_if_json(found)
     elif trace_path is not None and html_path is None:
         raise InputError("--trace is only read with --what-if or --html", option="--trace")

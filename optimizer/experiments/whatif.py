@@ -8,7 +8,11 @@ study's trace, hardware, model, SLO and load mode, and evaluates:
 * the policy as found;
 * without each of its lower tiers, and with none of them (HBM only);
 * each lower tier at half and at twice its capacity;
-* with each tier the hardware offers that the policy leaves out (its profile capacity, LRU).
+* with each tier the hardware offers that the policy leaves out (its profile capacity, LRU);
+* with a step-time margin ``m`` (``kvtier report --what-if --step-time-margin``), the policy as
+  found with every engine step ``1 - m`` and ``1 + m`` times as long
+  (:func:`kvtier.sim.steptime.calibrated.with_step_scale`): whether the winner's cost and SLO
+  hold when the cluster's steps are a little faster or slower than the model's.
 
 Every variant is evaluated as the study evaluated its trials, but replayed to the end (no early
 stop), so cost per token, latency and hits compare like with like. Capacities above the
@@ -49,6 +53,8 @@ class WhatIfRow:
     evaluation: Evaluation | None = None
     error: str | None = None
     cost_change: float | None = None
+    # the policy as found on steps this many times as long (None: a tier variant)
+    step_factor: float | None = None
 
 
 @dataclass(frozen=True)
@@ -107,26 +113,52 @@ def _cost_change(ev: Evaluation, base: Evaluation | None) -> float | None:
     return ev.cost_per_mtok / base.cost_per_mtok - 1.0
 
 
+def step_label(factor: float) -> str:
+    """The label of the row with every engine step ``factor`` times as long."""
+    return f"every step {factor:g}x as long"
+
+
+def _at_step_scale(evaluator: Evaluator, factor: float) -> Evaluator:
+    """``evaluator`` on the same trace, load and SLO, its hardware's steps ``factor`` times as
+    long."""
+    from kvtier.sim.steptime.calibrated import with_step_scale
+
+    hardware = with_step_scale(evaluator.hardware, factor)
+    return Evaluator(
+        replace(evaluator.scenario, hardware=hardware),
+        max_rate_scale=evaluator.max_rate_scale,
+        bisect_steps=evaluator.bisect_steps,
+        objective=evaluator.objective,
+    )
+
+
 def run_what_if(
     policy: Policy,
     evaluator: Evaluator,
     *,
     on_variant: Callable[[int, int, str], None] | None = None,
+    step_margin: float = 0.0,
 ) -> list[WhatIfRow]:
-    """Evaluate every variant of ``policy`` with ``evaluator`` (replayed to the end).
+    """Evaluate every variant of ``policy`` with ``evaluator`` (replayed to the end), and with
+    ``step_margin`` > 0 the policy on steps ``1 -/+ step_margin`` times as long.
 
     A variant the hardware cannot run (a tier too small to hold one block) becomes a row with
     its reason; ``on_variant(k, n, label)`` is called before each one, for progress.
     """
-    variants = tier_variants(policy, evaluator.hardware)
+    variants: list[tuple[str, Policy, Evaluator, float | None]] = [
+        (v.label, v.policy, evaluator, None) for v in tier_variants(policy, evaluator.hardware)
+    ]
+    if step_margin > 0:
+        for f in (1.0 - step_margin, 1.0 + step_margin):
+            variants.append((step_label(f), policy, _at_step_scale(evaluator, f), f))
     rows: list[WhatIfRow] = []
-    for k, v in enumerate(variants):
+    for k, (label, pol, ev, factor) in enumerate(variants):
         if on_variant is not None:
-            on_variant(k, len(variants), v.label)
+            on_variant(k, len(variants), label)
         try:
-            rows.append(WhatIfRow(v.label, evaluator.evaluate_policy(v.policy, full=True)))
+            rows.append(WhatIfRow(label, ev.evaluate_policy(pol, full=True), step_factor=factor))
         except InputError as err:
-            rows.append(WhatIfRow(v.label, error=err.message))
+            rows.append(WhatIfRow(label, error=err.message, step_factor=factor))
     base = rows[0].evaluation if rows else None
     return [
         replace(r, cost_change=_cost_change(r.evaluation, base)) if r.evaluation else r
@@ -167,6 +199,7 @@ def what_if_for_study(
     *,
     trace_path: str | None = None,
     on_variant: Callable[[int, int, str], None] | None = None,
+    step_margin: float = 0.0,
 ) -> StudyWhatIf:
     """The what-if of a study's best policy (or, when none meets the SLO, the closest trial's).
 
@@ -181,6 +214,6 @@ def what_if_for_study(
     if stored is not None:  # the winner as optimize refined and wrote it
         policy = policy_from_dict(stored.policy, f"refined trial {best.number}")
     evaluator = Evaluator(setup.scenario(policy, trace_path=path))
-    rows = run_what_if(policy, evaluator, on_variant=on_variant)
+    rows = run_what_if(policy, evaluator, on_variant=on_variant, step_margin=step_margin)
     refined = stored is not None
     return StudyWhatIf(best.number, best.feasible, path, evaluator.load, rows, refined)

@@ -346,7 +346,12 @@ def _what_if_sections(wi: dict[str, Any]) -> list[Section]:
             left=(0, len(headers) - 1),
         )
     ]
-    others = [v for v in wi["variants"][1:] if v.get("error") is None and v["feasible"]]
+    others = [
+        v
+        for v in wi["variants"][1:]
+        if v.get("error") is None and v["feasible"] and v.get("step_factor") is None
+    ]
+    out += _step_sections(wi)
     if wi["trial_meets_slo"]:
         better = [v for v in others if v["cost_change"] is not None and v["cost_change"] < 0]
         if better:
@@ -355,6 +360,33 @@ def _what_if_sections(wi: dict[str, Any]) -> list[Section]:
     elif others:
         out.append(Section(f"within the SLO: {', '.join(v['variant'] for v in others)}"))
     return out
+
+
+def _step_sections(wi: dict[str, Any]) -> list[Section]:
+    """With ``--step-time-margin``: whether the policy found meets the SLO on slower and faster
+    steps, and what it then costs (not an alternative to buy: the same policy, another cluster)."""
+    steps = [v for v in wi["variants"] if v.get("step_factor") is not None]
+    if not steps:
+        return []
+    parts = []
+    for v in steps:
+        if v.get("error") is not None:
+            parts.append(f"{v['step_factor']:g}x as long: {v['error']}")
+        else:
+            slo = "SLO met" if v["feasible"] else "SLO missed"
+            cost = fmt_cell("{:+.1%}", v["cost_change"])
+            parts.append(f"{v['step_factor']:g}x as long: {slo}, cost {cost}")
+    held = all(v.get("error") is None and v["feasible"] for v in steps)
+    text = "the policy found, every engine step " + "; ".join(parts)
+    if held or not wi["trial_meets_slo"]:
+        return [Section(text)]
+    return [
+        Section(
+            text + ": its SLO verdict turns on step-time accuracy; calibrate the step times on "
+            "your own cluster (kvtier calibrate, docs/calibrate.md)",
+            alert=True,
+        )
+    ]
 
 
 def print_study_report(rep: dict[str, Any], console: Console) -> None:

@@ -18,7 +18,7 @@ def what_if_json(rows: list[WhatIfRow]) -> list[dict[str, Any]]:
     for r in rows:
         ev = r.evaluation
         if ev is None:
-            out.append({"variant": r.label, "error": r.error})
+            out.append({"variant": r.label, "error": r.error, "step_factor": r.step_factor})
             continue
         m = ev.metrics
         out.append(
@@ -34,6 +34,7 @@ def what_if_json(rows: list[WhatIfRow]) -> list[dict[str, Any]]:
                 "rate_scale": ev.rate_scale,
                 "feasible": ev.feasible,
                 "slo_attainment": m.slo_attainment,
+                "step_factor": r.step_factor,
             }
         )
     return out
