@@ -133,6 +133,20 @@ set_option = click.option(
 )
 
 
+def step_margin_option(what: str) -> Callable[[Any], Any]:
+    """``--step-time-margin M``: ``what`` is also evaluated with every engine step ``1 - M``
+    and ``1 + M`` times as long (``kvtier.sim.steptime.calibrated.with_step_scale``)."""
+    return click.option(
+        "--step-time-margin",
+        "step_margin",
+        type=float,
+        default=0.0,
+        show_default=True,
+        help=f"Also evaluate {what} with every engine step this share faster and slower (e.g. "
+        "0.1: 0.9x and 1.1x as long) and say whether the verdict holds.",
+    )
+
+
 def _overrides(sets: tuple[str, ...]) -> dict[str, Any]:
     """``--set KEY=VALUE`` texts parsed and checked against the policy's fields."""
     if not sets:

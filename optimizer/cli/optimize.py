@@ -11,7 +11,7 @@ import click
 from rich.console import Console
 
 from kvtier import __version__
-from kvtier.cli.common import KvtierCommand, _console, _echo_json
+from kvtier.cli.common import KvtierCommand, _console, _echo_json, step_margin_option
 from kvtier.errors import InputError
 from kvtier.search.request import OptimizeRequest, cli_fields
 
@@ -243,15 +243,7 @@ def optimize_main(**kwargs: Any) -> None:
     help="Also replay the best policy without each lower tier, with each halved and doubled, "
     "and with each tier the hardware offers that it leaves out.",
 )
-@click.option(
-    "--step-time-margin",
-    "step_margin",
-    type=float,
-    default=0.0,
-    show_default=True,
-    help="With --what-if: also evaluate the best policy with every engine step this share "
-    "faster and slower (e.g. 0.1: 0.9x and 1.1x as long).",
-)
+@step_margin_option("the best policy, with --what-if,")
 @click.option(
     "--trace",
     "trace_path",

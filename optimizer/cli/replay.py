@@ -14,6 +14,7 @@ from kvtier.cli.common import (
     _overrides,
     policy_profile_options,
     set_option,
+    step_margin_option,
     trace_option,
 )
 from kvtier.report.energy import energy_cell
@@ -392,15 +393,7 @@ def _print_metrics(path: str, scenario: Any, m: Any, pd_row: tuple[str, str] | N
     help="Record token intervals: a TBT p99 column (each request's mean of its longest 10% "
     "intervals) and tbt_p50_s / tbt_p99_s in --json [always with an SLO bounding tbt_p99].",
 )
-@click.option(
-    "--step-time-margin",
-    "step_margin",
-    type=float,
-    default=0.0,
-    show_default=True,
-    help="Also replay every policy with each engine step this share slower and faster (e.g. "
-    "0.1: 1.1x and 0.9x as long) and say whether the cheapest and the SLO verdicts hold.",
-)
+@step_margin_option("every policy (the cheapest and each SLO verdict)")
 @click.option("--json", "as_json", is_flag=True, help="Print the comparison as one JSON object.")
 def compare_cmd(
     trace_path: str,
