@@ -258,3 +258,30 @@ def test_step_rows_are_no_alternative_and_an_slo_they_break_is_flagged() -> None
     line = next(s for s in _what_if_sections(broken) if s.title.startswith("the policy found"))
     assert line.alert and "1.1x as long: SLO missed" in line.title
     assert "turns on step-time accuracy" in line.title
+
+
+def test_optimize_checks_its_winner_on_slower_and_faster_steps(study_dir, tmp_path) -> None:
+    """``optimize --step-time-margin``: the winner on every step 0.9x and 1.1x as long, the
+    same evaluations as ``report --what-if``'s step rows; a bad margin stops before the
+    search."""
+    args = ["optimize", "--trace", str(study_dir / "chat.parquet"), "--trials", "5", "--slo",
+            "ttft_p99=5", "--storage", f"sqlite:///{tmp_path / 'm.db'}", "--study", "m",
+            "--no-presets", "--out", str(tmp_path / "m.toml")]  # fmt: skip
+    r = invoke(*args, "--step-time-margin", "0.1", "--json")
+    assert r.code == 0, r.stderr
+    rows = json.loads(r.stdout)["step_time_margin"]
+    assert [row["factor"] for row in rows] == [0.9, 1.1]
+    wi = invoke("report", "--study", "m", "--storage", f"sqlite:///{tmp_path / 'm.db'}",
+                "--what-if", "--step-time-margin", "0.1", "--json")  # fmt: skip
+    assert wi.code == 0, wi.stderr
+    steps = [v for v in json.loads(wi.stdout)["what_if"]["variants"] if v["step_factor"]]
+    for row, v in zip(rows, steps, strict=True):
+        assert row["cost_per_mtok"] == v["cost_per_mtok"] and row["feasible"] == v["feasible"]
+        assert row["ttft_p99_s"] == v["ttft_p99_s"]
+    text = invoke(*args, "--step-time-margin", "0.1")  # the finished study, reported again
+    assert "The winner with every engine step 0.9x" in text.stdout
+    assert json.loads(invoke(*args, "--json").stdout)["step_time_margin"] == []
+    bad = invoke(*args[:-2], "--out", str(tmp_path / "n.toml"), "--study", "n",
+                 "--step-time-margin", "0.9")  # fmt: skip
+    assert_one_line_error(bad, "--step-time-margin", "between 0 and 0.5")
+    assert not (tmp_path / "n.toml").exists()

@@ -279,7 +279,7 @@ def report_cmd(
     from kvtier.search.study import RUNS_DIR, check_study_name
 
     check_study_name(study_name)
-    from kvtier.experiments.compare import check_step_margin
+    from kvtier.sim.steptime.calibrated import check_step_margin
 
     check_step_margin(step_margin)
     if step_margin > 0 and not what_if:

@@ -25,6 +25,7 @@ from kvtier.scenario import (
     hardware_name,
     model_name,
 )
+from kvtier.sim.steptime.calibrated import check_step_margin
 
 if TYPE_CHECKING:
     from kvtier.sim.metrics import Metrics
@@ -48,18 +49,6 @@ class Compared:
     faster: Metrics | None = None
     slower: Metrics | None = None
     step_margin: float = 0.0
-
-
-MAX_STEP_MARGIN = 0.5
-
-
-def check_step_margin(margin: float) -> None:
-    """A margin is a share of the step time, in [0, 0.5]."""
-    if not (0.0 <= margin <= MAX_STEP_MARGIN):
-        raise InputError(
-            f"must be between 0 and {MAX_STEP_MARGIN:g} (a share of the step time), got {margin:g}",
-            option="--step-time-margin",
-        )
 
 
 def _at_step_scale(scenario: Scenario, policy: Policy, factor: float, track_tbt: bool) -> Metrics:

@@ -118,7 +118,7 @@ def step_label(factor: float) -> str:
     return f"every step {factor:g}x as long"
 
 
-def _at_step_scale(evaluator: Evaluator, factor: float) -> Evaluator:
+def step_evaluator(evaluator: Evaluator, factor: float) -> Evaluator:
     """``evaluator`` on the same trace, load and SLO, its hardware's steps ``factor`` times as
     long."""
     from kvtier.sim.steptime.calibrated import with_step_scale
@@ -150,7 +150,7 @@ def run_what_if(
     ]
     if step_margin > 0:
         for f in (1.0 - step_margin, 1.0 + step_margin):
-            variants.append((step_label(f), policy, _at_step_scale(evaluator, f), f))
+            variants.append((step_label(f), policy, step_evaluator(evaluator, f), f))
     rows: list[WhatIfRow] = []
     for k, (label, pol, ev, factor) in enumerate(variants):
         if on_variant is not None:

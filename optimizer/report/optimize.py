@@ -404,12 +404,35 @@ def print_result(result: Any, console: Console) -> None:
             + "."
         )
         _print_per_target(result, console)
+    for line in step_margin_lines(getattr(result, "step_margin", None) or []):
+        console.print(line)
     if result.policy_path is not None:
         trace = result.extra.get("trace", "TRACE")
         console.print(
             f"policy written to [bold]{result.policy_path}[/]; reproduce with "
             f"kvtier replay --policy {result.policy_path} --trace {trace}"
         )
+
+
+def step_margin_lines(rows: list[dict[str, Any]]) -> list[str]:
+    """The winner on slower and faster steps (``--step-time-margin``): its SLO and cost at
+    each, in red when it misses the SLO at one (the verdict then turns on step time)."""
+    if not rows:
+        return []
+    parts = []
+    for r in rows:
+        slo = "meets the SLO" if r["feasible"] else f"misses the SLO ({r['slo_attainment']:.0%})"
+        parts.append(
+            f"{r['factor']:g}x: {slo}, ${r['cost_per_mtok']:.4f} per 1M tokens, TTFT p99 "
+            f"{r['ttft_p99_s']:.3f} s"
+        )
+    text = "The winner with every engine step " + "; ".join(parts)
+    if all(r["feasible"] for r in rows):
+        return [text + "."]
+    return [
+        f"[red]{escape(text)}[/]: its SLO verdict turns on step-time accuracy; calibrate the "
+        "step times on your own cluster (kvtier calibrate, docs/calibrate.md)."
+    ]
 
 
 def _print_per_target(result: Any, console: Console) -> None:
@@ -482,4 +505,5 @@ def result_json(result: Any) -> dict[str, Any]:
         "refined": result.refined.to_attrs() if getattr(result, "refined", None) else None,
         "winner_params": dict(getattr(result, "winner_params", {}) or {}),
         "per_target": [asdict(r) for r in getattr(result, "per_target", []) or []],
+        "step_time_margin": list(getattr(result, "step_margin", []) or []),
     }

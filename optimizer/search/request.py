@@ -230,6 +230,15 @@ class OptimizeRequest:
         kind="int",
         minimum=1,
     )
+    step_margin: float = option(
+        0.0,
+        "--step-time-margin",
+        help="Also evaluate the winner with every engine step this share faster and slower "
+        "(e.g. 0.1: 0.9x and 1.1x as long) and say whether it meets the SLO there.",
+        kind="float",
+        minimum=0,
+        show_default=True,
+    )
     prices: str | None = option(
         None,
         "--prices",

@@ -130,6 +130,9 @@ class OptimizeResult:
     hbm_only: Choice | None = None
     bound: Any = None  # kvtier.search.bound.SLOBound: what the SLO asks against what is possible
     runnable_by: list[str] = field(default_factory=list)  # targets that export the winner as is
+    # --step-time-margin: the winner on every engine step (1 -/+ margin)x as long, per factor:
+    # {factor, cost_per_mtok, ttft_p99_s, feasible, slo_attainment}
+    step_margin: list[dict[str, Any]] = field(default_factory=list)
     target: str | None = None
     reached: list[TrialSummary] = field(default_factory=list)  # cost vs TTFT p99, all trials
     # on a sampled trace: which way the winner's and the presets' hit ratios are biased
@@ -442,7 +445,9 @@ def run_request(request: OptimizeRequest) -> OptimizeResult:
     file."""
     started = time.perf_counter()
     from kvtier.sim import compile_ahead
+    from kvtier.sim.steptime.calibrated import check_step_margin
 
+    check_step_margin(request.step_margin)  # before the search, not after it
     compile_ahead.start()  # before the trace is read: the kernels' compile starts now
     fitted = fit_space(request)
     opened = open_study_stage(request, fitted)
@@ -452,9 +457,11 @@ def run_request(request: OptimizeRequest) -> OptimizeResult:
     swept = sweep_tiers(request, fitted, opened, searched)
     refined = refine_stage(request, fitted, opened, swept)
     targeted = targets_stage(request, fitted, swept, refined, opened.name)
-    return write_result(
+    result = write_result(
         request, fitted, opened, searched, swept, refined, targeted, baselines, warmed, started
     )
+    result.step_margin = margin_stage(request, fitted, swept, refined)
+    return result
 
 
 @dataclass
@@ -849,6 +856,35 @@ def refine_stage(
     if refined is not None:
         opened.study.set_user_attr(REFINE_ATTR, refined.to_attrs())
     return refined
+
+
+def margin_stage(
+    request: OptimizeRequest, fitted: Fitted, swept: Swept, refined: Refined | None
+) -> list[dict[str, Any]]:
+    """With ``--step-time-margin m``: the winner (as refined, when it was) evaluated as the
+    trials were, on every engine step ``1 - m`` and ``1 + m`` times as long
+    (:func:`kvtier.sim.steptime.calibrated.with_step_scale`): whether it still meets the SLO
+    when the cluster's steps run a little faster or slower than the model's."""
+    from kvtier.experiments.whatif import step_evaluator
+
+    best = swept.best
+    if request.step_margin <= 0 or best is None:
+        return []
+    raw = refined.policy if refined is not None else best.policy
+    policy = policy_from_dict(raw, f"trial {best.number}")
+    out = []
+    for factor in (1.0 - request.step_margin, 1.0 + request.step_margin):
+        ev = step_evaluator(fitted.evaluator, factor).evaluate_policy(policy, full=True)
+        out.append(
+            {
+                "factor": factor,
+                "cost_per_mtok": ev.cost_per_mtok,
+                "ttft_p99_s": ev.metrics.ttft_p99_s,
+                "feasible": ev.feasible,
+                "slo_attainment": ev.metrics.slo_attainment,
+            }
+        )
+    return out
 
 
 def _with_refined(

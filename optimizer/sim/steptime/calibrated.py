@@ -26,6 +26,7 @@ import math
 
 import numpy as np
 
+from kvtier.errors import InputError
 from kvtier.hardware.types import Hardware
 from kvtier.sim.steptime.measured import MeasuredTables
 
@@ -80,3 +81,15 @@ def with_step_scale(hardware: Hardware, factor: float) -> Hardware:
         step_overhead_s=eff.step_overhead_s * factor,
     )
     return dataclasses.replace(hardware, efficiency=scaled)
+
+
+MAX_STEP_MARGIN = 0.5  # a --step-time-margin: a share of the step time
+
+
+def check_step_margin(margin: float) -> None:
+    """A step-time margin is a share of the step time, in [0, :data:`MAX_STEP_MARGIN`]."""
+    if not (math.isfinite(margin) and 0.0 <= margin <= MAX_STEP_MARGIN):
+        raise InputError(
+            f"must be between 0 and {MAX_STEP_MARGIN:g} (a share of the step time), got {margin:g}",
+            option="--step-time-margin",
+        )
