@@ -17,15 +17,15 @@ and the statistics the scrape holds are compared:
 
 Both sides go through the same buckets and the same interpolation, so at the parameters the
 server really has the error is only what the model cannot reproduce. The fit minimises the sum
-of squared relative errors of the latency statistics with bounded Nelder-Mead
-(``scipy.optimize.minimize``) over the logarithms of the parameters: on the roofline, the
-per-step CPU cost (``step_overhead_s``) and the prefill and decode efficiencies (``mfu``,
-``mbu``, optionally ``decode_mfu``); on the measured tables, the cluster's factors on their
-memory-bound and compute-bound work (``measured_memory_scale``, ``measured_compute_scale``,
-:mod:`kvtier.sim.steptime.calibrated`); on either, for a tier the policy uses, its connector's
-per-operation cost and stream rate (``tiers.NAME.op_overhead_us``,
-``tiers.NAME.port_read_gbps``). A replay holds at most
-``sample`` requests (the trace's first ones), so one fit takes a few hundred short replays.
+of squared relative errors of the latency statistics (and of the offload load rate, where the
+scrape has it) with bounded Nelder-Mead (``scipy.optimize.minimize``) over the logarithms of
+the parameters: on the roofline, the per-step CPU cost (``step_overhead_s``) and the prefill
+and decode efficiencies (``mfu``, ``mbu``, optionally ``decode_mfu``); on the measured tables,
+the cluster's factors on their memory-bound and compute-bound work (``measured_memory_scale``,
+``measured_compute_scale``, :mod:`kvtier.sim.steptime.calibrated`); on either, for a tier the
+policy uses, its connector's per-operation cost and stream rate (``tiers.NAME.op_overhead_us``,
+``tiers.NAME.port_read_gbps``). A replay holds at most ``sample`` requests (the trace's first
+ones), so one fit takes a few hundred short replays.
 """
 
 from __future__ import annotations
@@ -189,7 +189,7 @@ def fit_params(
 class Stats:
     """The statistics of one scrape (or one replay binned as a scrape) the fit compares."""
 
-    values: dict[str, float]  # latency statistics, seconds
+    values: dict[str, float]  # latency statistics (seconds) and the offload load rate (B/s)
     hit_ratio: float | None  # None: the scrape's counters count retried lookups, not requests
 
 
@@ -592,7 +592,7 @@ def profile_toml(cal: Calibration, base_path: str | Path, name: str, note: str =
     for p in cal.params:
         lines.append(f"# {p.name}: {cal.before[p.name]:.6g} -> {cal.after[p.name]:.6g} ({p.help})")
     lines.append(
-        f"# mean abs. error of the latency statistics: {cal.error_before:.1%} before, "
+        f"# mean abs. error of the statistics compared: {cal.error_before:.1%} before, "
         f"{cal.error_after:.1%} after ({cal.replays} replays of {cal.sample} requests)"
     )
     return "\n".join(lines) + "\n" + tomli_w.dumps(data)
