@@ -118,20 +118,6 @@ def step_label(factor: float) -> str:
     return f"every step {factor:g}x as long"
 
 
-def step_evaluator(evaluator: Evaluator, factor: float) -> Evaluator:
-    """``evaluator`` on the same trace, load and SLO, its hardware's steps ``factor`` times as
-    long."""
-    from kvtier.sim.steptime.calibrated import with_step_scale
-
-    hardware = with_step_scale(evaluator.hardware, factor)
-    return Evaluator(
-        replace(evaluator.scenario, hardware=hardware),
-        max_rate_scale=evaluator.max_rate_scale,
-        bisect_steps=evaluator.bisect_steps,
-        objective=evaluator.objective,
-    )
-
-
 def run_what_if(
     policy: Policy,
     evaluator: Evaluator,
@@ -150,7 +136,7 @@ def run_what_if(
     ]
     if step_margin > 0:
         for f in (1.0 - step_margin, 1.0 + step_margin):
-            variants.append((step_label(f), policy, step_evaluator(evaluator, f), f))
+            variants.append((step_label(f), policy, evaluator.at_step_scale(f), f))
     rows: list[WhatIfRow] = []
     for k, (label, pol, ev, factor) in enumerate(variants):
         if on_variant is not None:

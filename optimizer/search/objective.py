@@ -134,6 +134,19 @@ class Evaluator:
     def rate_scale(self) -> float:
         return self.scenario.rate_scale
 
+    def at_step_scale(self, factor: float) -> Evaluator:
+        """This evaluator on the same trace, load and SLO, its hardware's engine steps
+        ``factor`` times as long (:func:`kvtier.sim.steptime.calibrated.with_step_scale`):
+        the step-time margin of ``optimize``, ``report --what-if`` and ``compare``."""
+        from kvtier.sim.steptime.calibrated import with_step_scale
+
+        return Evaluator(
+            replace(self.scenario, hardware=with_step_scale(self.hardware, factor)),
+            max_rate_scale=self.max_rate_scale,
+            bisect_steps=self.bisect_steps,
+            objective=self.objective,
+        )
+
     def replay(self, policy: Policy, rate_scale: float, *, stop_early: bool = True) -> Metrics:
         """``policy`` replayed at ``rate_scale``, judged by the evaluator's SLO."""
         return self.scenario.replay(policy, rate_scale=rate_scale, stop_early=stop_early).metrics

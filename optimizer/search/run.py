@@ -865,8 +865,6 @@ def margin_stage(
     trials were, on every engine step ``1 - m`` and ``1 + m`` times as long
     (:func:`kvtier.sim.steptime.calibrated.with_step_scale`): whether it still meets the SLO
     when the cluster's steps run a little faster or slower than the model's."""
-    from kvtier.experiments.whatif import step_evaluator
-
     best = swept.best
     if request.step_margin <= 0 or best is None:
         return []
@@ -874,7 +872,7 @@ def margin_stage(
     policy = policy_from_dict(raw, f"trial {best.number}")
     out = []
     for factor in (1.0 - request.step_margin, 1.0 + request.step_margin):
-        ev = step_evaluator(fitted.evaluator, factor).evaluate_policy(policy, full=True)
+        ev = fitted.evaluator.at_step_scale(factor).evaluate_policy(policy, full=True)
         out.append(
             {
                 "factor": factor,
