@@ -311,6 +311,14 @@ class Scenario:
         """The same trace, profiles and load under another base policy (mappings shared)."""
         return replace(self, policy=policy)
 
+    def at_step_scale(self, factor: float) -> Scenario:
+        """The same trace, load and policy on hardware whose engine steps take ``factor``
+        times as long (:func:`kvtier.sim.steptime.calibrated.with_step_scale`; mappings
+        shared): the step-time margin of ``optimize``, ``report --what-if`` and ``compare``."""
+        from kvtier.sim.steptime.calibrated import with_step_scale
+
+        return replace(self, hardware=with_step_scale(self.hardware, factor))
+
     def slo_for(self, policy: Policy) -> SLO | None:
         """The SLO a replay of ``policy`` is judged by: the scenario's, else the policy's."""
         return self.slo if self.slo is not None else policy.slo

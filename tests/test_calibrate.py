@@ -183,9 +183,9 @@ def _trace(n: int, seed: int) -> Trace:
 
 
 def _generated(trace: Trace, hardware, model) -> str:  # noqa: ANN001
-    from kvtier.experiments.calibrate import replay_times, roofline_policy
+    from kvtier.experiments.calibrate import backend_policy, replay_times
 
-    t = replay_times(trace, hardware, model, roofline_policy(Policy()))
+    t = replay_times(trace, hardware, model, backend_policy(Policy(), "roofline"))
     return metrics_text(t.ttft_s, t.itl_s, t.output_tokens, prompt_tokens=t.input_tokens,
                         hit_tokens=t.hit_tokens)  # fmt: skip
 
@@ -308,7 +308,7 @@ def _documents_twice(gap_s: float, seed: int):  # noqa: ANN202
     repeat finds its blocks), through the ``direct`` connector at 12 GB/s and 1 us per
     operation. Returns the trace, the (roofline) policy, the stock hardware, the model, the
     rate and per-operation parameters, and the true replay's times."""
-    from kvtier.experiments.calibrate import fit_params, replay_times, roofline_policy
+    from kvtier.experiments.calibrate import backend_policy, fit_params, replay_times
 
     rng = np.random.default_rng(seed)
     lens = rng.integers(2000, 16000, 60)
@@ -323,9 +323,10 @@ def _documents_twice(gap_s: float, seed: int):  # noqa: ANN202
                               output_tokens=rng.integers(16, 64, 120),
                               hash_offsets=np.concatenate([[0], np.cumsum(per)]),
                               hashes=np.concatenate(hashes), block_tokens=16)  # fmt: skip
-    policy = roofline_policy(
+    policy = backend_policy(
         Policy(tiers=(TierPolicy(capacity_gb=4.0),
-                      TierPolicy(name="dram", capacity_gb=200.0, per_engine=False)))
+                      TierPolicy(name="dram", capacity_gb=200.0, per_engine=False))),
+        "roofline",
     )  # fmt: skip
     hw, model = load_hardware("h100-node"), load_model("llama-3.1-8b")
     rate, op = fit_params(["tiers.dram.port_read_gbps", "tiers.dram.op_overhead_us"], hw, policy)

@@ -424,11 +424,6 @@ def backend_policy(policy: Policy, backend: str) -> Policy:
     return apply_overrides(policy, {"serving.step_time": backend}, "calibrate")
 
 
-def roofline_policy(policy: Policy) -> Policy:
-    """``policy`` on the roofline backend: the one whose step time the efficiencies set."""
-    return backend_policy(policy, "roofline")
-
-
 def resolve_backend(choice: str, hardware: Hardware, model: ModelProfile, policy: Policy) -> str:
     """The backend a fit replays: ``auto`` is the one the policy's own replays use (the
     measured tables where they cover the scenario); ``measured`` must be covered."""

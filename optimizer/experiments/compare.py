@@ -51,14 +51,6 @@ class Compared:
     step_margin: float = 0.0
 
 
-def _at_step_scale(scenario: Scenario, policy: Policy, factor: float, track_tbt: bool) -> Metrics:
-    """``policy``'s metrics on ``scenario``'s trace with every step ``factor`` times as long."""
-    from kvtier.sim.steptime.calibrated import with_step_scale
-
-    moved = replace(scenario, hardware=with_step_scale(scenario.hardware, factor))
-    return moved.replay(policy, track_tbt=track_tbt).metrics
-
-
 def load_compared(kind: str, name: str, overrides: Mapping[str, Any] | None = None) -> Policy:
     """A ``preset`` or ``policy`` file by name, with ``overrides`` (``--set``) applied."""
     from kvtier.policy.presets import load_preset
@@ -146,7 +138,7 @@ def compare_policies(
                 if step_margin > 0:
                     row.step_margin = step_margin
                     row.faster, row.slower = (
-                        _at_step_scale(scenario, pol, f, track_tbt)
+                        scenario.at_step_scale(f).replay(pol, track_tbt=track_tbt).metrics
                         for f in (1.0 - step_margin, 1.0 + step_margin)
                     )
             except InputError as err:

@@ -12,7 +12,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from kvtier.report.energy import TOK_PER_J
-from kvtier.report.optimize import fmt_cell
+from kvtier.report.optimize import STEP_TIME_HINT, fmt_cell
 
 if TYPE_CHECKING:
     from kvtier.experiments.compare import Compared
@@ -169,8 +169,7 @@ def margin_lines(rows: list[Compared]) -> list[str]:
                 out.append(
                     f"[yellow]{what} changes within the margin:[/] {escape(names[0])} at {lo}, "
                     f"{escape(names[1])} as modelled, {escape(names[2])} at {hi}: the verdict "
-                    "turns on step-time accuracy; calibrate on your own cluster "
-                    "(kvtier calibrate, docs/calibrate.md)"
+                    f"{STEP_TIME_HINT}"
                 )
     return out
 

@@ -414,6 +414,13 @@ def print_result(result: Any, console: Console) -> None:
         )
 
 
+# what the step-margin reports (optimize, compare, report --what-if) say when a verdict changes
+STEP_TIME_HINT = (
+    "turns on step-time accuracy; calibrate the step times on your own cluster "
+    "(kvtier calibrate, docs/calibrate.md)"
+)
+
+
 def step_margin_lines(rows: list[dict[str, Any]]) -> list[str]:
     """The winner on slower and faster steps (``--step-time-margin``): its SLO and cost at
     each, in red when it misses the SLO at one (the verdict then turns on step time)."""
@@ -429,10 +436,7 @@ def step_margin_lines(rows: list[dict[str, Any]]) -> list[str]:
     text = "The winner with every engine step " + "; ".join(parts)
     if all(r["feasible"] for r in rows):
         return [text + "."]
-    return [
-        f"[red]{escape(text)}[/]: its SLO verdict turns on step-time accuracy; calibrate the "
-        "step times on your own cluster (kvtier calibrate, docs/calibrate.md)."
-    ]
+    return [f"[red]{escape(text)}[/]: its SLO verdict {STEP_TIME_HINT}."]
 
 
 def _print_per_target(result: Any, console: Console) -> None:

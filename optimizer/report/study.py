@@ -26,7 +26,7 @@ from rich.table import Table
 from kvtier.errors import InputError
 from kvtier.files import atomic_write
 from kvtier.plotting import pyplot
-from kvtier.report.optimize import fmt_cell
+from kvtier.report.optimize import STEP_TIME_HINT, fmt_cell
 from kvtier.search.objective import objective_metric
 from kvtier.search.setup import SHA256_ATTR
 from kvtier.search.study import (
@@ -382,8 +382,7 @@ def _step_sections(wi: dict[str, Any]) -> list[Section]:
         return [Section(text)]
     return [
         Section(
-            text + ": its SLO verdict turns on step-time accuracy; calibrate the step times on "
-            "your own cluster (kvtier calibrate, docs/calibrate.md)",
+            f"{text}: its SLO verdict {STEP_TIME_HINT}",
             alert=True,
         )
     ]

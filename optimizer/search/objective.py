@@ -136,12 +136,9 @@ class Evaluator:
 
     def at_step_scale(self, factor: float) -> Evaluator:
         """This evaluator on the same trace, load and SLO, its hardware's engine steps
-        ``factor`` times as long (:func:`kvtier.sim.steptime.calibrated.with_step_scale`):
-        the step-time margin of ``optimize``, ``report --what-if`` and ``compare``."""
-        from kvtier.sim.steptime.calibrated import with_step_scale
-
+        ``factor`` times as long (:meth:`kvtier.scenario.Scenario.at_step_scale`)."""
         return Evaluator(
-            replace(self.scenario, hardware=with_step_scale(self.hardware, factor)),
+            self.scenario.at_step_scale(factor),
             max_rate_scale=self.max_rate_scale,
             bisect_steps=self.bisect_steps,
             objective=self.objective,

@@ -155,7 +155,7 @@ def tier_stats(
         workers = 2 * int(tiers.nw[t]) * len(pools)
         load_busy = 0.0
         if len(raw.worker_busy_s):
-            idx = [w + j for w in pools for j in range(int(tiers.nw[t]))]
+            idx = np.add.outer(np.asarray(pools), np.arange(int(tiers.nw[t]))).ravel()
             load_busy = float(raw.worker_busy_s[idx].sum())
         have = span * workers
         stage = raw.stage_s[t] if len(raw.stage_s) > t else np.zeros(len(STAGES))
