@@ -190,6 +190,8 @@ def _sim_config(draw: st.DrawFn, block_tokens: int) -> SimConfig:
                 ]
             )
         ),
+        # prompt text at the EPP's own 4 bytes a token, or denser (entries of fewer tokens)
+        epp_bytes_per_token=draw(st.sampled_from([4.0, 4.0, 7.0, 9.5])),
         scheduler=draw(st.integers(0, 2)),  # reserve, vllm_v1, vllm_v0
         watermark_blocks=draw(st.sampled_from([0, 0, 1])),
         flops_per_token=draw(st.sampled_from([1.0, 3.0])),

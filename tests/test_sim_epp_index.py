@@ -87,6 +87,45 @@ def test_the_index_remembers_a_prefix_the_cache_evicted(engine) -> None:
     assert raw.hit_blocks.tolist() == [0, 0, 0, 0]
 
 
+@pytest.mark.parametrize("engine", ENGINES)
+def test_denser_prompt_text_fills_the_index_sooner(engine) -> None:
+    # Eight entries of 16 "tokens" per index: at the EPP's own 4 bytes a token they hold 8
+    # blocks, A's and D's four each, so the second A still scores on instance 0 and hits
+    # there. At 8 bytes a token an entry is 64 bytes, 8 prompt tokens: the indexes hold 4
+    # blocks, D's push A's out, and the second A is cold for the EPP (instance 1, recompute).
+    room = {
+        "epp_gpu_index_entries": 8,
+        "epp_gpu_index_entry_tokens": 16,
+        "epp_cpu_index_entries": 8,
+        "epp_cpu_index_entry_tokens": 16,
+    }
+    t = four_documents()
+    raw = simulate_raw(t, epp_cfg("index", **room), engine=engine)
+    assert raw.instance.tolist() == [0, 1, 0, 0]
+    assert raw.hit_blocks.tolist() == [0, 0, 0, 4]
+    dense = epp_cfg("index", epp_prompt_bytes_per_token=8.0, **room)
+    assert dense.epp_bytes_per_token == 8.0
+    raw = simulate_raw(t, dense, engine=engine)
+    assert raw.instance.tolist() == [0, 1, 0, 1]
+    assert raw.hit_blocks.tolist() == [0, 0, 0, 0]
+
+
+def test_the_entries_of_text_denser_than_four_bytes_a_token() -> None:
+    # gpt-oss's random-token prompts, 7 bytes a token: a GPU entry of 128 "tokens" is 512
+    # bytes, 73.1 tokens, kept as one 128-token block with the capacity scaled by 4/7 (1,392
+    # entries hold 795 blocks); the CPU producer's 41,000 entries of 64 "tokens", 11,714
+    # blocks; the 131,072-token cap hashes 74,898 tokens, 585 blocks
+    g = index_geometry((0, 0, 41000, 64, 131072), np.array([1392]), 128, 7.0)
+    assert g.step.tolist() == [1, 1]
+    assert g.caps.tolist() == [[795], [11714]]
+    assert g.max_entries.tolist() == [585, 585]
+    # at 4 bytes a token nothing changes (the next test's figures)
+    assert index_geometry((0, 0, 41000, 64, 131072), np.array([1392]), 128, 4.0).caps.tolist() == [
+        [1392],
+        [20500],
+    ]
+
+
 def test_the_producers_entries_in_blocks() -> None:
     # 16-token blocks: the GPU entry (autoTune, max(16, 64) tokens) is 4 blocks, its capacity
     # the instance's HBM block count in entries (4 times the HBM's tokens); the CPU entry of 64

@@ -232,6 +232,19 @@ class ServingPolicy:
         131072,
         "llmd_epp index: leading prompt tokens the producers hash (maxPrefixTokensToMatch)",
     )
+    # The producers hash the request's text, not its tokens: entries of blockSizeTokens x 4
+    # bytes of the prompt (averageCharactersPerToken = 4; llm-d-inference-scheduler
+    # approximateprefix getKVCacheBlocksFromRawBytes, gateway-api-inference-extension's
+    # hashPrompt alike), so with b bytes of text per token an entry of t "tokens" covers
+    # t x 4 / b of the prompt's tokens. 4 (the default) makes the entries whole tokens;
+    # random-token benchmark prompts are denser (inference-perf's shared-prefix prompts: 6.4
+    # bytes a token for Qwen3 and Llama 3, 7.0 for gpt-oss; docs/sources.md [EPP-text-blocks]).
+    epp_prompt_bytes_per_token: float = setting(
+        4.0,
+        "llmd_epp index: UTF-8 bytes of prompt text per token (the EPP hashes text at 4 bytes "
+        "a token; 4 makes its entries whole tokens)",
+        maximum=64.0,
+    )
 
     # vLLM's --enable-prefix-caching / --no-enable-prefix-caching: off, HBM keeps no prefix
     # across requests and every hit comes through a connector (LMCache deployments often run so).

@@ -71,6 +71,9 @@ class SimConfig:
     # HBM blocks; tokens per GPU entry, 0: max(block_tokens, 64); CPU entries; tokens per CPU
     # entry; leading prompt tokens hashed) (kvtier.sim.routers.epp_index)
     epp_index: tuple[int, ...] = ()
+    # llmd_epp index: UTF-8 bytes of the prompts' text per token; the EPP cuts text into entries
+    # of 4 bytes a token, so 4 makes an entry whole tokens (kvtier.sim.routers.epp_index)
+    epp_bytes_per_token: float = 4.0
     scheduler: int = 0  # SCHEDULERS code: 0 reserve at admission, 1 vLLM V1 (grow, preempt)
     watermark_blocks: int = 0  # vllm_v1: free blocks an admission leaves when others run
     # prefill/decode disaggregation: instances [0, n_prefill) prefill, the rest decode (0:
@@ -413,6 +416,7 @@ def build_config(hardware: Hardware, model: ModelProfile, policy: Policy) -> Sim
             if serving.epp_prefix_source == "index"
             else ()
         ),
+        epp_bytes_per_token=float(serving.epp_prompt_bytes_per_token),
         scheduler=SCHEDULERS.codes[serving.scheduler],
         n_prefill=n_pf,
         pd=pd,

@@ -615,7 +615,10 @@ def _epp_index(
             f"epp_index: CPU entries, tokens per CPU entry and hashed tokens must be >= 1, "
             f"got {cfg.epp_index}"
         )
-    g = index_geometry(cfg.epp_index, caps, cfg.block_tokens)
+    bpt = cfg.epp_bytes_per_token
+    if not (isinstance(bpt, float) and 0.0 < bpt <= 64.0):
+        raise InputError(f"epp_bytes_per_token must be a float in (0, 64], got {bpt!r}")
+    g = index_geometry(cfg.epp_index, caps, cfg.block_tokens, bpt)
     # each request is routed once and adds its hashed entries: the logs' length
     koff, keys, n_keys = index_keys(
         g, shared, n_shared, trace.block_offsets, trace.input_tokens, cfg.block_tokens

@@ -586,7 +586,9 @@ class ReferenceReplay:
         if self.cfg.router != ROUTERS.codes["llmd_epp"] or not self.cfg.epp_index:
             return None
         caps = np.array([inst.pool.capacity for inst in self.instances], dtype=np.int64)
-        return EppIndex(index_geometry(self.cfg.epp_index, caps, self.B))
+        return EppIndex(
+            index_geometry(self.cfg.epp_index, caps, self.B, self.cfg.epp_bytes_per_token)
+        )
 
     def arrive(self, req: Request, t: float) -> None:
         """``req`` arrives at ``t``: rejected if it can never fit, else routed to a waiting

@@ -10,7 +10,9 @@ evicts the oldest once the LRU is full). A server's match is the number of block
 the leading run that some server holds (``matchLongestPrefix``), its score that count over the
 prompt's blocks. So a server that took a group's prompt keeps scoring 1 for it until its LRU
 has turned over, whatever vLLM evicted since; and a server whose cache still holds a prefix the
-index dropped scores 0.
+index dropped scores 0. The producers hash the prompt's text, not its tokens: an entry of ``t``
+tokens is ``4 t`` bytes of text, so prompts denser than 4 bytes a token (random-token benchmark
+prompts: 6.4-7.0) fill an LRU with more entries per prompt token than its size suggests.
 
 The tiered-prefix-cache guide runs two producers: the GPU one with ``autoTune`` (entries: vLLM's
 block count, ``num_gpu_blocks``; entry: vLLM's block size, at least 64 tokens), the CPU one with
@@ -58,6 +60,11 @@ from kvtier.sim.nb_state import (
 
 GPU = 0  # producer rows of the capacities and counts
 CPU = 1
+# bytes of prompt text the EPP counts as one token: it hashes text, not tokens, in blocks of
+# blockSizeTokens x averageCharactersPerToken (4) bytes (llm-d-inference-scheduler
+# approximateprefix getKVCacheBlocksFromRawBytes; gateway-api-inference-extension's hashPrompt,
+# cacheBlockSizeChars; docs/sources.md [EPP-text-blocks])
+EPP_BYTES_PER_TOKEN = 4.0
 
 
 class IndexGeometry(NamedTuple):
@@ -70,25 +77,40 @@ class IndexGeometry(NamedTuple):
 
 
 def index_geometry(
-    epp_index: tuple[int, ...], capacities: np.ndarray, block_tokens: int
+    epp_index: tuple[int, ...],
+    capacities: np.ndarray,
+    block_tokens: int,
+    bytes_per_token: float = EPP_BYTES_PER_TOKEN,
 ) -> IndexGeometry:
     """The producers' entries from ``SimConfig.epp_index`` and the instances' HBM blocks (the
-    GPU producer's autoTune reads vLLM's block count and size). An entry of ``t`` tokens is
-    ``t / block_tokens`` blocks when that divides (the entry's key is its last block, whose
-    chained id names the whole prefix through it, as the EPP's chained hash does); otherwise
-    one block, the capacity converted at ``t / block_tokens`` blocks per entry."""
+    GPU producer's autoTune reads vLLM's block count and size). The EPP cuts the prompt's text
+    into entries of ``t x 4`` bytes for ``t`` "tokens" (:data:`EPP_BYTES_PER_TOKEN`), so with
+    ``bytes_per_token`` bytes of text per prompt token an entry covers
+    ``t' = t x 4 / bytes_per_token`` tokens, and the ``maxPrefixTokensToMatch`` cap as many
+    times fewer. An entry of ``t'`` tokens is ``t' / block_tokens`` blocks when that is whole
+    (the entry's key is its last block, whose chained id names the whole prefix through it, as
+    the EPP's chained hash does); otherwise one block, the capacity converted at
+    ``t' / block_tokens`` blocks per entry."""
     gpu_entries, gpu_tokens, cpu_entries, cpu_tokens, max_tokens = epp_index
     gpu_tokens = epp_gpu_entry_tokens(gpu_tokens, block_tokens)
+    exact = bytes_per_token == EPP_BYTES_PER_TOKEN  # entries are whole prompt tokens
+    scale = EPP_BYTES_PER_TOKEN / bytes_per_token
     step = np.ones(2, dtype=np.int64)
     caps = np.empty((2, len(capacities)), dtype=np.int64)
     for p, tokens in ((GPU, gpu_tokens), (CPU, cpu_tokens)):
-        whole = tokens % block_tokens == 0
+        whole = exact and tokens % block_tokens == 0
         if whole:
             step[p] = tokens // block_tokens
         for k, blocks in enumerate(capacities):
             entries = cpu_entries if p == CPU else gpu_entries or int(blocks)
-            caps[p, k] = max(1, entries if whole else entries * tokens // block_tokens)
-    max_entries = np.array([max_tokens // (int(r) * block_tokens) for r in step], dtype=np.int64)
+            if whole:
+                caps[p, k] = max(1, entries)
+            elif exact:
+                caps[p, k] = max(1, entries * tokens // block_tokens)
+            else:
+                caps[p, k] = max(1, int(entries * tokens * scale // block_tokens))
+    hashed = max_tokens if exact else int(max_tokens * scale)
+    max_entries = np.array([hashed // (int(r) * block_tokens) for r in step], dtype=np.int64)
     return IndexGeometry(step, caps, max_entries)
 
 
