@@ -33,6 +33,16 @@ def epp_cfg(source: str, **serving: object):
     )
 
 
+def indexes_of(entries: int) -> dict[str, int]:
+    """Both producers with ``entries`` entries of 16 tokens per server."""
+    return {
+        "epp_gpu_index_entries": entries,
+        "epp_gpu_index_entry_tokens": 16,
+        "epp_cpu_index_entries": entries,
+        "epp_cpu_index_entry_tokens": 16,
+    }
+
+
 def four_documents() -> BlockedTrace:
     """Documents A, C, D (four blocks each, 65 tokens), one request every 5 s, each finished
     before the next; then A again."""
@@ -50,14 +60,8 @@ def test_the_index_forgets_a_prefix_its_lru_turned_over(engine) -> None:
     # instance 0's indexes: the second A is cold for the EPP and goes to the least recent
     # cold pick, instance 1, and recomputes; reading the caches, it finds A in instance 0's
     # HBM (pools far larger than four documents) and loads its 4 blocks there.
-    small = {
-        "epp_gpu_index_entries": 4,
-        "epp_gpu_index_entry_tokens": 16,
-        "epp_cpu_index_entries": 4,
-        "epp_cpu_index_entry_tokens": 16,
-    }
     t = four_documents()
-    raw = simulate_raw(t, epp_cfg("index", **small), engine=engine)
+    raw = simulate_raw(t, epp_cfg("index", **indexes_of(4)), engine=engine)
     assert raw.instance.tolist() == [0, 1, 0, 1]
     assert raw.hit_blocks.tolist() == [0, 0, 0, 0]
     raw = simulate_raw(t, epp_cfg("cache"), engine=engine)
@@ -93,17 +97,11 @@ def test_denser_prompt_text_fills_the_index_sooner(engine) -> None:
     # blocks, A's and D's four each, so the second A still scores on instance 0 and hits
     # there. At 8 bytes a token an entry is 64 bytes, 8 prompt tokens: the indexes hold 4
     # blocks, D's push A's out, and the second A is cold for the EPP (instance 1, recompute).
-    room = {
-        "epp_gpu_index_entries": 8,
-        "epp_gpu_index_entry_tokens": 16,
-        "epp_cpu_index_entries": 8,
-        "epp_cpu_index_entry_tokens": 16,
-    }
     t = four_documents()
-    raw = simulate_raw(t, epp_cfg("index", **room), engine=engine)
+    raw = simulate_raw(t, epp_cfg("index", **indexes_of(8)), engine=engine)
     assert raw.instance.tolist() == [0, 1, 0, 0]
     assert raw.hit_blocks.tolist() == [0, 0, 0, 4]
-    dense = epp_cfg("index", epp_prompt_bytes_per_token=8.0, **room)
+    dense = epp_cfg("index", epp_prompt_bytes_per_token=8.0, **indexes_of(8))
     assert dense.epp_bytes_per_token == 8.0
     raw = simulate_raw(t, dense, engine=engine)
     assert raw.instance.tolist() == [0, 1, 0, 1]
