@@ -1,6 +1,8 @@
 """SGLang's radix tree keeps one node, with one access time, for a page's device and host
-copies: a request's HBM hits make their host copies recent too (``load_caching =
-"at_admission"``; docs/model.md, "One access time for HBM and the host tier").
+copies, and vLLM's OffloadingConnector touches the prompt's blocks it holds at each look-up: a
+request's HBM hits make their host copies recent too (``load_caching = "at_admission"``, or a
+connector with ``touches_prompt``; docs/model.md, "One access time for HBM and the host
+tier").
 
 One engine whose host pool holds three and a half prompts: a prefix, computed, then a filler,
 then a request hitting the prefix in HBM; then a filler of two prompts' size, which pushes the
@@ -41,7 +43,7 @@ def trace() -> BlockedTrace:
     return BlockedTrace.from_lists(times, inputs, [4] * n, prompts, B, n_blocks=nxt + 3)
 
 
-def config(load_caching: str):
+def config(load_caching: str, connector: str = "direct"):
     model = load_model("Qwen3-8B")
     prompt_gb = (P + 1) * B * model.kv_bytes_per_token("bf16") / 1e9
     policy = Policy(
@@ -50,7 +52,7 @@ def config(load_caching: str):
         serving=ServingPolicy(instances=1, tp=1),
         tiers=(
             TierPolicy(capacity_gb=2.5 * prompt_gb),
-            TierPolicy(name="dram", capacity_gb=3.5 * prompt_gb),
+            TierPolicy(name="dram", capacity_gb=3.5 * prompt_gb, connector=connector),
         ),
         load_caching=load_caching,
     )
@@ -72,8 +74,26 @@ def test_a_hit_in_hbm_keeps_the_host_copy(engine: str) -> None:
     assert found_kept == P and found_lost < P
 
 
-@pytest.mark.parametrize("load_caching", ["at_admission", "first_step"])
-def test_engines_agree(load_caching: str) -> None:
-    pair = replay_both(trace(), config(load_caching), check_invariants=True)
+@pytest.mark.parametrize("engine", ["reference", "numba"])
+def test_vllms_offloading_connector_touches_the_prompt_it_holds(engine: str) -> None:
+    # vLLM's OffloadingConnector touches every block of the prompt it holds when it looks a
+    # request up (0.11.0-0.22.0 ``manager.touch``): its HBM hits keep their CPU copies recent
+    # although its loads are cached after their first step (``first_step``)
+    on = config("first_step", connector="vllm-offloading")
+    assert on.refreshes_host_on_hbm_hit and not on.shares_loading_hits
+    kept = simulate_raw(trace(), on, engine=engine, check_invariants=engine == "reference")
+    assert kept.hit_blocks[2] == P
+    assert kept.hit_blocks[-1] + kept.loaded_blocks[-1, 0] == P
+    # without prefix caching there is no HBM hit to refresh with
+    off = replace(on, prefix_caching=False)
+    assert not off.refreshes_host_on_hbm_hit
+
+
+@pytest.mark.parametrize(
+    ("load_caching", "connector"),
+    [("at_admission", "direct"), ("first_step", "direct"), ("first_step", "vllm-offloading")],
+)
+def test_engines_agree(load_caching: str, connector: str) -> None:
+    pair = replay_both(trace(), config(load_caching, connector), check_invariants=True)
     assert pair is not None
     assert_fields_equal(*pair, (*REQUEST_FIELDS, "tier_hit_blocks", "tier_bytes_read"))

@@ -195,7 +195,11 @@ LOAD_RULES = Registry(
 # hits in the tier are read into the tiers above when it arrives, the request waiting in its
 # queue, holding no HBM, until they are there (``prefetch_at_arrival``: SGLang HiCache's storage
 # prefetch under ``--hicache-storage-prefetch-policy wait_complete``; docs/model.md, "Storage
-# prefetch at arrival"), whether the data passes
+# prefetch at arrival"), whether a request's prompt blocks already in the tier become recent
+# in its LRU when the request is admitted, HBM hits included (``touches_prompt``: vLLM's
+# OffloadingConnector touches every block of the prompt it holds at each look-up, 0.11.0 to
+# 0.22.0, and 0.34.0 ranks a request's blocks when it finishes; docs/model.md, "One access time
+# for HBM and the host tier"), whether the data passes
 # through host memory
 # and so the PCIe switch's uplink (``via_host``), whether the staging buffer is on the
 # GPU's own socket (``numa_aware``), and, as the P/D connector (``serving.pd_connector``),
@@ -236,6 +240,7 @@ def _path(**kw: object) -> dict[str, object]:
         "defer_loading_hits": False,
         "load_fills_upper": False,
         "prefetch_at_arrival": False,
+        "touches_prompt": False,
         "via_host": True,
         "numa_aware": True,
         "pd_layerwise": False,
@@ -297,7 +302,7 @@ CONNECTORS = Registry(
             "vllm-offloading",
             VLLM_OFFLOADING,
             "vLLM's OffloadingConnector: one DMA per fragment, its cost set by fragment count",
-            _path(rpc_us=7.0, defer_loading_hits=True),
+            _path(rpc_us=7.0, defer_loading_hits=True, touches_prompt=True),
         ),
         Entry(
             "nixl",

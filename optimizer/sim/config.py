@@ -202,10 +202,12 @@ class SimConfig:
     def refreshes_host_on_hbm_hit(self) -> bool:
         """A request's HBM hits make their copies in the first lower tier recent too: SGLang's
         radix tree keeps one node, with one access time, for a page's device and host copies
-        (``load_caching = "at_admission"``, the policy's SGLang tree; under ``vllm_v1`` with
-        prefix caching; both engines read this; docs/model.md, "One access time for HBM and the
-        host tier")."""
-        return self.shares_loading_hits and self.scheduler == VLLM_V1
+        (``load_caching = "at_admission"``, the policy's SGLang tree), and vLLM's
+        OffloadingConnector touches every prompt block it holds when it looks the request up
+        (its connector's ``touches_prompt``); under ``vllm_v1`` with prefix caching; both
+        engines read this; docs/model.md, "One access time for HBM and the host tier")."""
+        touches = self.tiers is not None and self.prefix_caching and self.tiers.touches_prompt
+        return (self.shares_loading_hits or touches) and self.scheduler == VLLM_V1
 
     @property
     def prefetches_at_arrival(self) -> bool:

@@ -105,6 +105,10 @@ class TierConfig:
     # that load (any tier's connector's ``defer_loading_hits``; docs/model.md, "Hits another
     # request is loading")
     defer_loading_hits: bool = False
+    # a request's HBM hits make their copies in the first lower tier recent at its admission
+    # (that tier's connector's ``touches_prompt``: vLLM's OffloadingConnector; docs/model.md,
+    # "One access time for HBM and the host tier")
+    touches_prompt: bool = False
     # bool (T,): a block loaded from the tier is also made resident in every tier above it
     # that the instance reaches (the connector's ``load_fills_upper``: SGLang HiCache's storage
     # prefetch lands in the host pool); None: in no tier
@@ -256,6 +260,7 @@ class _TierColumns:
         self.gen_step: list[bool] = []
         self.defer: list[bool] = []
         self.fills: list[bool] = []
+        self.touch: list[bool] = []
         self.prefetch: list[bool] = []
         self.stream_bw = np.full((T, n_instances), math.inf)
         self.stage_bw = np.full((T, n_instances), math.inf)
@@ -329,6 +334,7 @@ class _TierColumns:
         defer = tp.defer_loading_hits
         self.defer.append(bool(d["defer_loading_hits"] if defer is None else defer))
         self.fills.append(bool(d["load_fills_upper"]))
+        self.touch.append(bool(d["touches_prompt"]))
         self.prefetch.append(bool(d["prefetch_at_arrival"]))
         self.via_host[t] = bool(d["via_host"])
         self.staging[t] = int(d["staging"])
@@ -491,6 +497,7 @@ def build_tiers(
         tier_gb=cols.tier_gb,
         store_generated=np.array(cols.gen_step, dtype=np.bool_),
         defer_loading_hits=any(cols.defer),
+        touches_prompt=cols.touch[0],
         load_fills_upper=np.array(cols.fills, dtype=np.bool_),
         prefetch_at_arrival=np.array(cols.prefetch, dtype=np.bool_),
     )
