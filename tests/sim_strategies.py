@@ -391,6 +391,7 @@ def tier_configs(draw: st.DrawFn, n_instances: int, block_tokens: int) -> TierCo
         store_generated=np.array([draw(st.booleans()) for _ in names], dtype=np.bool_),
         defer_loading_hits=draw(st.booleans()),
         touches_prompt=draw(st.booleans()),
+        group_entries=draw(st.booleans()),
         load_fills_upper=np.array([draw(st.booleans()) for _ in names], dtype=np.bool_),
         prefetch_at_arrival=np.array([draw(st.booleans()) for _ in names], dtype=np.bool_),
         w0=w0,

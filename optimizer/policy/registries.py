@@ -199,7 +199,12 @@ LOAD_RULES = Registry(
 # in its LRU when the request is admitted, HBM hits included (``touches_prompt``: vLLM's
 # OffloadingConnector touches every block of the prompt it holds at each look-up, 0.11.0 to
 # 0.22.0, and 0.34.0 ranks a request's blocks when it finishes; docs/model.md, "One access time
-# for HBM and the host tier"), whether the data passes
+# for HBM and the host tier"), whether each attention group's copy of a block is an entry of
+# its own, a sliding-window group's copies made recent only in the window before a hit's end
+# (``group_entries``: vLLM's OffloadingConnector under the hybrid KV cache manager keys its
+# CPU blocks by block hash and group and touches a sliding-window group's from the hit's last
+# window on, 0.22.0; 0.34.0 ranks the window it loads; docs/model.md, "Sliding-window copies
+# in the lower tiers"), whether the data passes
 # through host memory
 # and so the PCIe switch's uplink (``via_host``), whether the staging buffer is on the
 # GPU's own socket (``numa_aware``), and, as the P/D connector (``serving.pd_connector``),
@@ -241,6 +246,7 @@ def _path(**kw: object) -> dict[str, object]:
         "load_fills_upper": False,
         "prefetch_at_arrival": False,
         "touches_prompt": False,
+        "group_entries": False,
         "via_host": True,
         "numa_aware": True,
         "pd_layerwise": False,
@@ -302,7 +308,7 @@ CONNECTORS = Registry(
             "vllm-offloading",
             VLLM_OFFLOADING,
             "vLLM's OffloadingConnector: one DMA per fragment, its cost set by fragment count",
-            _path(rpc_us=7.0, defer_loading_hits=True, touches_prompt=True),
+            _path(rpc_us=7.0, defer_loading_hits=True, touches_prompt=True, group_entries=True),
         ),
         Entry(
             "nixl",

@@ -210,6 +210,28 @@ class SimConfig:
         return (self.shares_loading_hits or touches) and self.scheduler == VLLM_V1
 
     @property
+    def tier_window(self) -> tuple[int, int]:
+        """The lower tiers' sliding-window copies: ``(copies, blocks)``, ``copies`` entries of a
+        block's size per block (one per sliding-window group, ``swa_blocks``) beside its
+        full-attention entry, and the ``blocks`` before a hit's end whose copies a hit needs
+        (vLLM's ``cdiv(sliding_window, block_size)``); ``(0, 0)``: none. vLLM's
+        OffloadingConnector under the hybrid KV cache manager (its connector's
+        ``group_entries``; ``vllm_v1`` with prefix caching and sliding-window layers) keys
+        its CPU blocks by block and group, looks a sliding-window group up from the hit's end
+        and touches its copies only there (offloading/scheduler.py ``_lookup``,
+        ``_sliding_window_lookup``, ``_touch``, 0.22.0); both engines read this;
+        docs/model.md, "Sliding-window copies in the lower tiers"."""
+        if (
+            self.tiers is None
+            or not self.tiers.group_entries
+            or not self.prefix_caching
+            or self.swa_blocks <= 0
+            or self.swa_window <= 0
+        ):
+            return (0, 0)
+        return (int(self.swa_blocks), -(-int(self.swa_window) // int(self.block_tokens)))
+
+    @property
     def prefetches_at_arrival(self) -> bool:
         """A request's hits in a tier whose connector prefetches are read into the tiers above
         it at the request's arrival, and the request waits in its queue, holding no HBM, until

@@ -65,6 +65,7 @@ from kvtier.sim.tiers import (
     generated_bases,
     generated_costs,
     recompute_costs,
+    window_id_space,
 )
 from kvtier.sim.timing import T_FRONTEND, T_FRONTEND_TOKEN
 from kvtier.trace.blocked import BlockedTrace
@@ -273,11 +274,17 @@ def kernel_inputs(
     thr = slo.thresholds() if slo is not None else np.full(5, np.inf)
     lim = slo.limits(n) if slo is not None else np.ones(4, dtype=np.int64)
     costs, gen_base, n_ids = _block_ids_and_costs(trace, cfg, n_blocks, tparams)
+    # the sliding-window copies' ids follow every prompt and generated id
+    copies, win_need = cfg.tier_window
+    win_off = n_ids
+    costs, n_ids = window_id_space(costs, n_ids, copies)
     kept: dict[str, np.ndarray] = {}
     ts, tp, lk = _tier_state(cfg.tiers, n_ids, cfg.n_instances, costs, kept, gen_base)
     if cfg.tiers is not None:
         # (the tiers a storage prefetch at arrival alone reads, where one runs)
         tp = tp._replace(prefetch_at_arrival=cfg.tiers_read_at_arrival)
+        if copies:
+            tp = tp._replace(win_off=win_off, win_copies=copies, win_need=win_need)
     if cfg.faults:
         ts = ts._replace(**_fault_rows(cfg, n_ids, ts))
     pd_params = _pd_params(cfg, n_refs)

@@ -150,6 +150,7 @@ from kvtier.sim.nb_tiers import (
     ops_of_nb,
     refresh_nb,
     sighted_nb,
+    window_end_nb,
 )
 from kvtier.sim.slo import certainly_missed
 from kvtier.sim.steptime.jit import (
@@ -584,6 +585,18 @@ def arrive_nb(sim: Sim, i: int) -> None:
 
 
 @njit(cache=True, nogil=True, _nrt=False, **INNER)
+def chosen_run_nb(sim, k, now, n_src, h, timing, bo):  # noqa: ANN001, ANN201
+    """How many of the ``n_src`` blocks found below HBM (from ``h`` on) to load: the load
+    rule's choice, cut back, when it stops short of the run, to where the sliding-window
+    copies allow (the reference's ``LowerTiers.chosen_run``)."""
+    loaded = choose_nb(sim, k, now, n_src, h, timing)
+    if sim.tp.win_copies > 0 and 0 < loaded < n_src:
+        end = window_end_nb(sim.ts, sim.tp, k, sim.rq.block_ids, bo, h, h + loaded)
+        loaded = end - h
+    return loaded
+
+
+@njit(cache=True, nogil=True, _nrt=False, **INNER)
 def admit_nb(
     sim: Sim, k: int, i: int, now: float, budget: int, others: bool, issue: float, keep: int
 ) -> bool:
@@ -660,7 +673,7 @@ def admit_nb(
             ):
                 ints[C_DEFERRED] = 1  # another request is loading its hits: skipped
                 return False
-            loaded = choose_nb(sim, k, now, n_src, h, timing)
+            loaded = chosen_run_nb(sim, k, now, n_src, h, timing, boff[i])
         kv0 = (h + loaded) * B
         q0 = target[i] - kv0
         if q0 > budget and not v0:
@@ -686,7 +699,7 @@ def admit_nb(
     if tp.n_tiers > 0:
         if not grows:
             n_src = lookup_nb(ts, tp, k, block_ids, boff[i], h, hcap, src)
-            loaded = choose_nb(sim, k, now, n_src, h, timing)
+            loaded = chosen_run_nb(sim, k, now, n_src, h, timing, boff[i])
         if loaded > 0:
             done_tokens = (h + loaded) * B
             ready[i] = load_nb(
@@ -1497,7 +1510,7 @@ def schedule_admissions_nb(
             continue
         if prm.refreshes_host and not handed:
             refs = Refs(sim.rq.block_ids, sim.rq.block_offsets[i], ZERO, rs.registered[i])
-            refresh_nb(sim.ts, sim.tp, k, refs)
+            refresh_nb(sim.ts, sim.tp, k, refs, rs.computed_from[i])
         nxt = rs.next_waiting[i]
         if prev < 0:
             q_head[k] = nxt
@@ -1895,7 +1908,7 @@ def new_state(
     buf = Buffers(
         np.empty(max_nb + 1, dtype=np.int32),
         np.empty(max_nb + 1, dtype=np.int32),
-        np.zeros(tp.n_tiers + 1, dtype=np.int64),
+        np.zeros(2 * tp.n_tiers + 1, dtype=np.int64),
         np.empty(max_nb + 1, dtype=np.int32),
         np.empty(cap + 1, dtype=np.int32),
         np.empty(prm.token_budget // prm.block_tokens + max_seqs + 2, dtype=np.int32),

@@ -321,7 +321,8 @@ class Buffers(NamedTuple):
 
     found: np.ndarray  # i4 (longest prompt + 1,): the HBM slots of a request's prefix
     src: np.ndarray  # i4: source tier of each block found below HBM
-    counts: np.ndarray  # i8 (n_tiers + 1,): blocks per tier
+    # i8 (2 n_tiers + 1,): blocks per tier, then sliding-window copies per tier (load_nb)
+    counts: np.ndarray
     hitbuf: np.ndarray  # i4: HBM hits reaching their k-th sighting
     evbuf: np.ndarray  # i4 (capacity + 1,): blocks one admission evicted from HBM
     wbuf: np.ndarray  # i4: blocks one iteration computed

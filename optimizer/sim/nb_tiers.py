@@ -169,6 +169,11 @@ class TierParams(NamedTuple):
     load_fills_upper: np.ndarray  # bool (T,): a block loaded from the tier fills those above
     # bool (T,): tiers only a storage prefetch at arrival reads (SimConfig.tiers_read_at_arrival)
     prefetch_at_arrival: np.ndarray
+    # sliding-window copies (SimConfig.tier_window): copy c of block b is id b + c * win_off,
+    # c = 1 .. win_copies (0: none); a hit needs those of its last win_need blocks
+    win_off: int = 0
+    win_copies: int = 0
+    win_need: int = 0
 
     @classmethod
     def empty(cls, n_instances: int) -> TierParams:
@@ -294,11 +299,38 @@ def holder_nb(ts, tp, k, b):  # noqa: ANN001, ANN201
     return -1
 
 
+@njit(cache=True, nogil=True, _nrt=False, inline="always")
+def window_held_nb(ts, tp, k, b):  # noqa: ANN001, ANN201
+    """Does a tier admission reads hold every sliding-window copy of block ``b``? (the
+    reference's ``LowerTiers.window_held``)"""
+    for c in range(1, tp.win_copies + 1):
+        t = holder_nb(ts, tp, k, b + c * tp.win_off)
+        if t < 0 or tp.prefetch_at_arrival[t]:
+            return False
+    return True
+
+
+@njit(cache=True, nogil=True, _nrt=False, **INNER)
+def window_end_nb(ts, tp, k, block_ids, bo, start, end):  # noqa: ANN001, ANN201
+    """The end of a hit on blocks ``start:end`` its sliding-window copies allow (vLLM's
+    ``_sliding_window_lookup``; the reference's ``LowerTiers.window_end``)."""
+    run = ZERO
+    for j in range(end - 1, start - 1, -1):
+        if window_held_nb(ts, tp, k, np.int64(block_ids[bo + j])):
+            run += 1
+            if run == tp.win_need:
+                return np.int64(j + run)
+        else:
+            run = ZERO
+    return np.int64(start + run)
+
+
 @njit(cache=True, nogil=True, _nrt=False, **INNER)
 def lookup_nb(ts, tp, k, block_ids, bo, start, cap, src):  # noqa: ANN001, ANN201
     """Source tier of blocks ``start..`` (into ``src``) until one is found nowhere or first
     found in a tier only a prefetch at arrival reads (``TierParams.prefetch_at_arrival``:
-    SGLang's admission matches the device and host trees alone); the count."""
+    SGLang's admission matches the device and host trees alone); the count, cut back to where
+    the sliding-window copies allow (``window_end_nb``)."""
     n = 0
     for j in range(start, cap):
         found = holder_nb(ts, tp, k, block_ids[bo + j])
@@ -306,6 +338,8 @@ def lookup_nb(ts, tp, k, block_ids, bo, start, cap, src):  # noqa: ANN001, ANN20
             break
         src[n] = found
         n += 1
+    if tp.win_copies > 0 and n > 0:
+        n = window_end_nb(ts, tp, k, block_ids, bo, start, start + n) - start
     return n
 
 
@@ -368,8 +402,27 @@ def load_nb(ts, tp, lk, k, now, refs, buf, pf):  # noqa: ANN001, ANN201
     counts = buf.counts
     block_ids = refs.ids
     o = refs.bo + refs.j0
-    for t in range(tp.n_tiers):
+    T = tp.n_tiers
+    for t in range(T):
         counts[t] = 0
+        counts[T + t] = 0
+    # the sliding-window copies of the run's last win_need blocks (counts[T + t]), tail first,
+    # each from the first tier holding it, before the run
+    n_run = refs.j1 - refs.j0
+    lo = n_run - tp.win_need if n_run > tp.win_need else 0
+    if tp.win_copies > 0:
+        for j in range(n_run - 1, lo - 1, -1):
+            for c in range(1, tp.win_copies + 1):
+                w = block_ids[o + j] + c * tp.win_off
+                t = holder_nb(ts, tp, k, w)
+                if t < 0:
+                    continue
+                p = pool_nb(tp, t, k)
+                if excl:
+                    drop_nb(ts, p, w)
+                else:
+                    touch_nb(ts, p, w)
+                counts[T + t] += 1
     for j in range(refs.j1 - refs.j0 - 1, -1, -1):
         t = src[j]
         p = pool_nb(tp, t, k)
@@ -384,13 +437,13 @@ def load_nb(ts, tp, lk, k, now, refs, buf, pf):  # noqa: ANN001, ANN201
     compute = prefill_seconds_nb(pf.q, pf.ctx, pf.timing)
     ready = now
     for t in range(tp.n_tiers):
-        cnt = counts[t]
+        cnt = counts[t] + counts[T + t]
         if cnt == 0:
             continue
         fin = gpu_transfer_nb(tp, lk, k, t, now, cnt, False)
         if tp.layerwise[t]:
             fin = layerwise_ready_nb(now, fin, tp.layers, compute)
-        lk.tier_hits[t] += cnt
+        lk.tier_hits[t] += counts[t]
         lk.bytes_read[t] += cnt * tp.block_bytes
         if fin > ready:
             ready = fin
@@ -423,10 +476,19 @@ def prefetch_blocks_nb(ts, tp, lk, k, now, refs, src):  # noqa: ANN001, ANN201
 
 
 @njit(cache=True, nogil=True, _nrt=False)
-def refresh_nb(ts, tp, k, refs):  # noqa: ANN001, ANN201
+def refresh_nb(ts, tp, k, refs, end):  # noqa: ANN001, ANN201
     """The copies of the HBM hits ``refs`` (:class:`Refs`) in the first lower tier are
-    touched, tail first (the reference's ``LowerTiers.refresh``)."""
+    touched, tail first, after the sliding-window copies of those of the hit's last
+    ``win_need`` blocks (it ends at ``end``) HBM holds (the reference's
+    ``LowerTiers.refresh``)."""
     p = pool_nb(tp, 0, k)
+    lo = end - tp.win_need if end > tp.win_need else 0
+    if tp.win_copies > 0:
+        for j in range(refs.j1 - 1, lo - 1, -1):
+            for c in range(1, tp.win_copies + 1):
+                w = refs.ids[refs.bo + j] + c * tp.win_off
+                if has_nb(ts, p, w) and not fault_down_nb(ts, p, w):
+                    touch_nb(ts, p, w)
     for j in range(refs.j1 - 1, refs.j0 - 1, -1):
         b = refs.ids[refs.bo + j]
         if has_nb(ts, p, b) and not fault_down_nb(ts, p, b):
@@ -493,6 +555,13 @@ def copy_into_nb(ts, tp, lk, k, now, t, buf, nbuf):  # noqa: ANN001, ANN201
     transfer; returns when it ends (``now`` if nothing was copied)."""
     p = pool_nb(tp, t, k)
     cnt = ZERO  # (a literal 0 would compile ops_of a second time)
+    # each block's sliding-window copies, then the blocks (vLLM stores the groups in that order)
+    for x in range(nbuf):
+        for c in range(1, tp.win_copies + 1):
+            w = buf[x] + c * tp.win_off
+            if not has_nb(ts, p, w) and not fault_down_nb(ts, p, w):
+                insert_nb(ts, tp, lk, k, now, t, w)
+                cnt += 1
     for x in range(nbuf):
         b = buf[x]
         if not has_nb(ts, p, b) and not fault_down_nb(ts, p, b):

@@ -124,7 +124,7 @@ from kvtier.sim.routers import RouteView
 from kvtier.sim.routers.epp_index import EppIndex, index_geometry
 from kvtier.sim.routing import kv_route_weights
 from kvtier.sim.slo import SloCheck
-from kvtier.sim.tiers import generated_bases, generated_costs, recompute_costs
+from kvtier.sim.tiers import generated_bases, generated_costs, recompute_costs, window_id_space
 from kvtier.sim.timing import (
     T_FRONTEND,
     T_FRONTEND_TOKEN,
@@ -522,6 +522,9 @@ class ReferenceReplay:
             )
             n_ids = int(self.gen_base[-1])
             costs = generated_costs(costs, self.gen_base, trace.input_tokens, self.B, *compute)
+        copies, need = self.cfg.tier_window
+        win_off = max(n_ids, 1)
+        costs, n_ids = window_id_space(costs, n_ids, copies)
         faults = None
         if self.cfg.faults:
             fi, ft, lost = fault_arrays(self.cfg.faults, self.cfg.tiers, n_ids)
@@ -530,6 +533,8 @@ class ReferenceReplay:
             self.cfg.tiers, n_ids, self.timing_of if self.cfg.two_pools else tp, costs, faults
         )
         lower.read_at_arrival = self.cfg.tiers_read_at_arrival
+        if copies:
+            lower.win_off, lower.win_copies, lower.win_need = win_off, copies, need
         return lower
 
     def token(self, req: Request, t: float) -> None:
@@ -728,7 +733,7 @@ class ReferenceReplay:
                     # vLLM's OffloadingConnector: its hits are being loaded, it waits
                     self.deferred = True
                     return False
-                loaded = self.lower.choose(k, now, src, h, self.B)
+                loaded = self.lower.chosen_run(k, now, req.blocks, src, h, self.B)
             kv0 = (h + loaded) * self.B
             step = req.target - kv0 if self.v0 else min(req.target - kv0, budget)
             need = -(-(kv0 + step) // self.B) - h
@@ -746,7 +751,7 @@ class ReferenceReplay:
         if self.lower is not None:
             if not self.grows:
                 src = self.lower.lookup(k, req.blocks, h, cap)
-                loaded = self.lower.choose(k, now, src, h, self.B)
+                loaded = self.lower.chosen_run(k, now, req.blocks, src, h, self.B)
             if loaded:
                 done_tokens = (h + loaded) * self.B
                 req.ready = self.lower.load(
@@ -1218,7 +1223,7 @@ class ReferenceReplay:
                     w += 1  # another request loads its hits: it waits, the next is tried
                     continue
                 if self.refreshes and not handed:
-                    self.lower.refresh(k, req.blocks, req.registered)
+                    self.lower.refresh(k, req.blocks, req.registered, req.computed_from)
                 del inst.waiting[w]
                 inst.running.append(req)
                 req.prefetch_retry = -1  # (SGLang cancels an admitted request's retry)

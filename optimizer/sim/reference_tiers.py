@@ -21,6 +21,13 @@ formulas of :mod:`kvtier.sim.transfer`. The rules (docs/model.md, "Tiers below H
   a block into the first lower tier when HBM evicts it. Under ``write_back`` or ``exclusive`` a
   block a lower tier evicts is copied into the next tier (cascade). A block already resident in
   the target is not copied. Copies occupy links but delay no request directly.
+- Sliding-window copies (``SimConfig.tier_window``, vLLM's OffloadingConnector under the
+  hybrid KV cache manager): every block written down brings its ``copies`` window copies (ids
+  ``b + c * win_off``), written before it; a lookup's run is cut back to the last block whose
+  ``need`` blocks before it (or those from the run's start) have every copy held, scanning
+  from the run's end; a load moves the copies of the run's last ``need`` blocks with it,
+  touched before the run; a refresh touches those of the hit's last ``need`` blocks HBM holds
+  before the HBM hits. No other copy is ever touched, so a prefix's other copies age out.
 """
 
 from __future__ import annotations
@@ -83,6 +90,11 @@ class LowerTiers:
         # the write policy's and the load rule's modules (their reference steps)
         self.writes = WRITE_POLICIES.by_code(cfg.write_policy).load()
         self.load_rule = LOAD_RULES.by_code(cfg.load_rule).load()
+        # sliding-window copies (SimConfig.tier_window, set by the replay): copy c of block b
+        # is id b + c * win_off, c = 1 .. win_copies; a hit needs those of its last win_need
+        self.win_off = 0
+        self.win_copies = 0
+        self.win_need = 0
 
     # ---- wiring ------------------------------------------------------------------------------
     def pool(self, t: int, inst: int) -> RefTier:
@@ -149,14 +161,44 @@ class LowerTiers:
     def lookup(self, inst: int, blocks: list[int], start: int, cap: int) -> list[int]:
         """Source tier of each block after the HBM prefix, up to the first block found nowhere
         or first found in a tier only a prefetch at arrival reads (SGLang's admission matches
-        the device and host trees; storage is reached by the prefetch alone)."""
+        the device and host trees; storage is reached by the prefetch alone); with
+        sliding-window copies, cut back to where they allow (``window_end``)."""
         src: list[int] = []
         for j in range(start, cap):
             found = self.holder(inst, blocks[j])
             if found < 0 or self.read_at_arrival[found]:
                 break
             src.append(found)
+        if self.win_copies and src:
+            src = src[: self.window_end(inst, blocks, start, start + len(src)) - start]
         return src
+
+    def window_ids(self, b: int) -> list[int]:
+        """The ids of block ``b``'s sliding-window copies."""
+        return [b + c * self.win_off for c in range(1, self.win_copies + 1)]
+
+    def window_held(self, inst: int, b: int) -> bool:
+        """Does a tier admission reads hold every sliding-window copy of block ``b``?"""
+        for w in self.window_ids(b):
+            t = self.holder(inst, w)
+            if t < 0 or self.read_at_arrival[t]:
+                return False
+        return True
+
+    def window_end(self, inst: int, blocks: list[int], start: int, end: int) -> int:
+        """The end of a hit on ``blocks[start:end]`` its sliding-window copies allow: from the
+        end back, the first block that ends ``win_need`` blocks whose copies are all held, or,
+        reaching ``start``, the run of such blocks from ``start`` (vLLM's
+        ``_sliding_window_lookup``; ``start``: no hit)."""
+        run = 0
+        for j in range(end - 1, start - 1, -1):
+            if self.window_held(inst, blocks[j]):
+                run += 1
+                if run == self.win_need:
+                    return j + run
+            else:
+                run = 0
+        return start + run
 
     def storage_run(self, inst: int, blocks: list[int], start: int, cap: int) -> list[int]:
         """The tier of each block of the run from ``start`` each first held by a tier only a
@@ -176,6 +218,17 @@ class LowerTiers:
     def choose(self, inst: int, now: float, src: list[int], hbm_hits: int, B: int) -> int:
         """How many of the found blocks to load (the load rule's step)."""
         return self.load_rule.choose(self, inst, now, src, hbm_hits, B)
+
+    def chosen_run(
+        self, inst: int, now: float, blocks: list[int], src: list[int], hbm_hits: int, B: int
+    ) -> int:
+        """How many of the found blocks ``src`` (from ``hbm_hits`` on) to load: the load
+        rule's choice, cut back, when it stops short of the run, to where the sliding-window
+        copies allow (``window_end``)."""
+        n = self.choose(inst, now, src, hbm_hits, B)
+        if self.win_copies and 0 < n < len(src):
+            n = self.window_end(inst, blocks, hbm_hits, hbm_hits + n) - hbm_hits
+        return n
 
     def load_cost(self, inst: int, now: float, counts: list[int], q: int, ctx: int) -> float:
         """Estimated seconds until a request loading ``counts[t]`` blocks from each tier and
@@ -216,6 +269,20 @@ class LowerTiers:
         start its prefill (``q`` tokens left to compute after ``ctx``)."""
         c = self.cfg
         fills = c.load_fills_upper
+        # the sliding-window copies of the run's last win_need blocks, tail first, each from
+        # the first tier holding it, before the run (vLLM touches the sliding-window group first)
+        extra = [0] * c.n_tiers
+        end = start + len(src)
+        for j in range(end - 1, max(start, end - self.win_need) - 1, -1):
+            for w in self.window_ids(blocks[j]):
+                t = self.holder(inst, w)
+                if t < 0:
+                    continue
+                if c.exclusive:
+                    self.pool(t, inst).remove(w)
+                else:
+                    self.pool(t, inst).access(w)
+                extra[t] += 1
         for j in range(len(src) - 1, -1, -1):
             t, b = src[j], blocks[start + j]
             if c.exclusive:
@@ -227,13 +294,14 @@ class LowerTiers:
         compute = float(prefill_seconds(q, ctx, self.timing_of(inst)))
         ready = now
         for t in range(c.n_tiers):
-            cnt = src.count(t)
+            hits = src.count(t)
+            cnt = hits + extra[t]
             if cnt == 0:
                 continue
             fin = self.gpu_transfer(inst, now, t, cnt, False)
             if c.layerwise[t]:
                 fin = layerwise_ready(now, fin, c.layers, compute)
-            self.hits[t] += cnt
+            self.hits[t] += hits
             self.bytes_read[t] += cnt * c.block_bytes
             if fin > ready:
                 ready = fin
@@ -262,10 +330,16 @@ class LowerTiers:
             deepest = t
         return fin, deepest
 
-    def refresh(self, inst: int, blocks: list[int], h: int) -> None:
+    def refresh(self, inst: int, blocks: list[int], h: int, end: int) -> None:
         """The copies of the HBM hits ``blocks[:h]`` in the first lower tier are touched, tail
-        first (SGLang's radix node: one access time for its device and host copies)."""
+        first (SGLang's radix node: one access time for its device and host copies; vLLM's
+        OffloadingConnector touches the prompt's blocks it holds), after the sliding-window
+        copies of those of the hit's last ``win_need`` blocks (it ends at ``end``) HBM holds."""
         pool = self.pool(0, inst)
+        for j in range(h - 1, max(0, end - self.win_need) - 1, -1):
+            for w in self.window_ids(blocks[j]):
+                if pool.contains(w) and not self.down(0, inst, w):
+                    pool.access(w)
         for b in reversed(blocks[:h]):
             if pool.contains(b) and not self.down(0, inst, b):
                 pool.access(b)
@@ -329,6 +403,13 @@ class LowerTiers:
                 continue
             pool = self.pool(t, inst)
             cnt = 0
+            # each block's sliding-window copies, then the blocks (vLLM stores the groups in
+            # that order)
+            for b in blocks:
+                for w in self.window_ids(b):
+                    if not pool.contains(w) and not self.down(t, inst, w):
+                        self.insert(inst, now, t, w)
+                        cnt += 1
             for b in blocks:
                 if not pool.contains(b) and not self.down(t, inst, b):
                     self.insert(inst, now, t, b)

@@ -109,6 +109,12 @@ class TierConfig:
     # (that tier's connector's ``touches_prompt``: vLLM's OffloadingConnector; docs/model.md,
     # "One access time for HBM and the host tier")
     touches_prompt: bool = False
+    # each attention group's copy of a block is an entry of its own in the lower tiers, and a
+    # sliding-window group's copies are made recent only in the window before a hit's end
+    # (the first tier's connector's ``group_entries``: vLLM's OffloadingConnector under the
+    # hybrid KV cache manager; SimConfig.tier_window says when it applies; docs/model.md,
+    # "Sliding-window copies in the lower tiers")
+    group_entries: bool = False
     # bool (T,): a block loaded from the tier is also made resident in every tier above it
     # that the instance reaches (the connector's ``load_fills_upper``: SGLang HiCache's storage
     # prefetch lands in the host pool); None: in no tier
@@ -261,6 +267,7 @@ class _TierColumns:
         self.defer: list[bool] = []
         self.fills: list[bool] = []
         self.touch: list[bool] = []
+        self.groups: list[bool] = []
         self.prefetch: list[bool] = []
         self.stream_bw = np.full((T, n_instances), math.inf)
         self.stage_bw = np.full((T, n_instances), math.inf)
@@ -335,6 +342,7 @@ class _TierColumns:
         self.defer.append(bool(d["defer_loading_hits"] if defer is None else defer))
         self.fills.append(bool(d["load_fills_upper"]))
         self.touch.append(bool(d["touches_prompt"]))
+        self.groups.append(bool(d["group_entries"]))
         self.prefetch.append(bool(d["prefetch_at_arrival"]))
         self.via_host[t] = bool(d["via_host"])
         self.staging[t] = int(d["staging"])
@@ -498,6 +506,7 @@ def build_tiers(
         store_generated=np.array(cols.gen_step, dtype=np.bool_),
         defer_loading_hits=any(cols.defer),
         touches_prompt=cols.touch[0],
+        group_entries=cols.groups[0],
         load_fills_upper=np.array(cols.fills, dtype=np.bool_),
         prefetch_at_arrival=np.array(cols.prefetch, dtype=np.bool_),
     )
@@ -554,6 +563,30 @@ def generated_bases(
     np.cumsum(counts, out=base[1:])
     base[1:] += base[0]
     return base
+
+
+def window_id_space(
+    costs: np.ndarray | None, n_ids: int, copies: int
+) -> tuple[np.ndarray | None, int]:
+    """The lower tiers' ids with each block's sliding-window copies as entries of their own
+    (``SimConfig.tier_window``): copy ``c`` (1 to ``copies``) of block ``b`` is id
+    ``b + c * n_ids``, after every prompt and generated id. A copy's GDSF cost is its block's.
+    Returns the costs over the whole id space (None stays None) and its size; ``copies`` 0:
+    unchanged. Both engines take the same."""
+    n_ids = max(int(n_ids), 1)
+    if copies <= 0:
+        return costs, n_ids
+    total = n_ids * (1 + int(copies))
+    if total >= 1 << 31:
+        raise InputError(
+            f"{total:,} block ids with their sliding-window copies are too many; use a larger "
+            "block size"
+        )
+    if costs is None:
+        return None, total
+    full = np.ones(n_ids, dtype=np.float64)
+    full[: min(len(costs), n_ids)] = costs[:n_ids]
+    return np.tile(full, 1 + int(copies)), total
 
 
 def generated_costs(
