@@ -33,7 +33,7 @@ from kvtier.sim.reference_tiers import LowerTiers
 from kvtier.trace.blocked import BlockedTrace
 from tests.helpers import REQUEST_FIELDS, assert_fields_equal, replay_both
 from tests.sim_strategies import blocked_traces, tiered_configs
-from tests.test_sim_tiers_differential import assert_same_tiers
+from tests.test_sim_tiers_differential import tiered_engines_agree
 
 B = 64
 P = 8  # blocks of the prefix
@@ -161,8 +161,4 @@ def windowed_cases(draw: st.DrawFn):
 @settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(windowed_cases())
 def test_engines_agree_on_generated_traces(case) -> None:
-    trace, cfg = case
-    pair = replay_both(trace, cfg, check_invariants=True)
-    if pair is None:  # both stopped at the same stall
-        return
-    assert_same_tiers(*pair, trace, cfg)
+    tiered_engines_agree(*case)
