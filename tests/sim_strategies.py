@@ -194,6 +194,8 @@ def _sim_config(draw: st.DrawFn, block_tokens: int) -> SimConfig:
         epp_bytes_per_token=draw(st.sampled_from([4.0, 4.0, 7.0, 9.5])),
         scheduler=draw(st.integers(0, 2)),  # reserve, vllm_v1, vllm_v0
         watermark_blocks=draw(st.sampled_from([0, 0, 1])),
+        # vLLM's scheduler_reserve_full_isl (vllm_v1's alone)
+        reserve_full_prompt=draw(st.booleans()),
         flops_per_token=draw(st.sampled_from([1.0, 3.0])),
         attn_coef=draw(st.sampled_from([0.0, 0.01, 0.5])),
         compute_rate=1000.0,

@@ -112,13 +112,27 @@ class ServingPolicy:
         "whenever any can run, else decodes (prefill_first)",
         choices=("mixed", "prefill_first"),
     )
-    # vllm_v1: vLLM's KVCacheManager watermark (0.01 of the pool): a waiting or preempted
-    # request is admitted only if this share of the blocks stays free, when others run.
-    watermark: float = setting(
-        0.01,
-        "vllm_v1: share of HBM blocks an admission leaves free while other requests run",
+    # A waiting or preempted request is admitted only if this share of the blocks stays free,
+    # when others run: vLLM v0's block manager (watermark 0.01); vLLM V1 has none in 0.11.0 to
+    # 0.22.0 and 0.34.0's scheduler_config.watermark defaults to 0.0 (docs/sources.md
+    # [vLLM-v1-admission]). Unset: the scheduler's own (0.01 under vllm_v0, else 0), and 0.01
+    # with TensorRT-LLM's step times (the stand-in kvtier kept for its capacity scheduler).
+    watermark: float | None = setting(
+        None,
+        "share of HBM blocks an admission leaves free while other requests run (unset: 0.01 "
+        "under vllm_v0 or framework trtllm, else 0)",
+        kind="float",
         nonneg=True,
         maximum=1.0,
+    )
+    # vllm_v1: a waiting or preempted request is admitted only when the blocks its whole
+    # sequence needs, less its prefix hits, are free, not only its first chunk's (vLLM's
+    # scheduler_reserve_full_isl, on by default in 0.19.1, 0.22.0 and 0.34.0, absent from
+    # 0.11.0; docs/sources.md [vLLM-v1-admission]; docs/model.md, "Memory accounting").
+    reserve_full_prompt: bool = setting(
+        True,
+        "vllm_v1: admit a waiting or preempted request only when its whole sequence's blocks, "
+        "less its hits, are free (vLLM's scheduler_reserve_full_isl)",
     )
     # Prefill/decode disaggregation (docs/model.md, "Prefill/decode disaggregation"): this many
     # of the instances only prefill, the rest only decode; a prompt's KV moves to a decode

@@ -76,6 +76,9 @@ class SimConfig:
     epp_bytes_per_token: float = 4.0
     scheduler: int = 0  # SCHEDULERS code: 0 reserve at admission, 1 vLLM V1 (grow, preempt)
     watermark_blocks: int = 0  # vllm_v1: free blocks an admission leaves when others run
+    # vllm_v1: a waiting or preempted request is admitted only when the blocks of its whole
+    # sequence, less its hits, are free (vLLM's scheduler_reserve_full_isl; both engines)
+    reserve_full_prompt: bool = False
     # prefill/decode disaggregation: instances [0, n_prefill) prefill, the rest decode (0:
     # aggregated); a prompt's KV moves to a decode instance through the P/D connector over the
     # links of ``pd`` (kvtier.sim.pd; None when aggregated)
@@ -390,6 +393,13 @@ def build_config(hardware: Hardware, model: ModelProfile, policy: Policy) -> Sim
         # pool's links, each decode GPU pulling its share (docs/model.md)
         pd, tiers = build_pd(hardware, model, policy, n_inst, tiers, layout)
     last = pools[-1]
+    watermark = serving.watermark
+    if watermark is None:
+        # the scheduler's own ([vLLM-v1-admission]): vLLM v0's block manager keeps 1 %, V1 none;
+        # TensorRT-LLM's step times keep the 1 % that stands in for its capacity scheduler
+        # (whose own rule is not modelled under vllm_v1)
+        v0 = serving.scheduler == "vllm_v0"
+        watermark = 0.01 if v0 or serving.framework == "trtllm" else 0.0
     return SimConfig(
         n_instances=n_inst,
         capacity_blocks=first.blocks,
@@ -444,9 +454,10 @@ def build_config(hardware: Hardware, model: ModelProfile, policy: Policy) -> Sim
         scheduler=SCHEDULERS.codes[serving.scheduler],
         n_prefill=n_pf,
         pd=pd,
-        watermark_blocks=int(serving.watermark * first.blocks),
+        watermark_blocks=int(watermark * first.blocks),
         decode_capacity_blocks=last.blocks if two else None,
-        decode_watermark_blocks=int(serving.watermark * last.blocks) if two else None,
+        decode_watermark_blocks=int(watermark * last.blocks) if two else None,
+        reserve_full_prompt=bool(serving.reserve_full_prompt),
         decode_timing=last.timing if two else None,
         gpus=layout.gpus,
         instance_gpus=layout.tps,

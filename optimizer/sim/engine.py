@@ -349,6 +349,7 @@ def kernel_inputs(
         int(cfg.prefetch_retry_passes),
         int(cfg.prefetch_retry_attempts),
         bool(cfg.refreshes_host_on_hbm_hit),
+        bool(cfg.reserve_full_prompt),
     )
     out = Outputs(
         first_token=np.full(n, np.nan),

@@ -682,8 +682,15 @@ def admit_nb(
         if others or (v0 and ist.n_running[k] > 0):
             reserve = prm.watermarks[k]
         reserve += keep
+        gate = need
+        if prm.reserves_full and not v0:
+            # vLLM's scheduler_reserve_full_isl: its whole sequence's blocks must be free
+            full = (target[i] + B - 1) // B - h
+            if full > gate:
+                gate = full
     else:
         need = total_blocks[i] - h
+        gate = need
     ints[C_STAMP] += 1
     stamp = ints[C_STAMP]
     pinned_free = 0  # distinct hit slots now in the free ring
@@ -692,7 +699,7 @@ def admit_nb(
         if sl[u64(4 * s + REF)] == 0 and stamps[u64(s)] != stamp:
             stamps[u64(s)] = stamp
             pinned_free += 1
-    if need + reserve > free_len[k] - pinned_free:
+    if gate + reserve > free_len[k] - pinned_free:
         return False
     ready[i] = now
     rs.polled[i] = False

@@ -147,6 +147,8 @@ class Params(NamedTuple):
     # a request's HBM hits refresh their copies in the first lower tier
     # (SimConfig.refreshes_host_on_hbm_hit)
     refreshes_host: bool
+    # vllm_v1: admission needs the whole sequence's blocks free (SimConfig.reserve_full_prompt)
+    reserves_full: bool
 
 
 class HbmPools(NamedTuple):

@@ -443,6 +443,7 @@ class ReferenceReplay:
         self.prefetches = self.cfg.prefetches_at_arrival
         # a request's HBM hits refresh their copies in the first lower tier (``refresh``)
         self.refreshes = self.cfg.refreshes_host_on_hbm_hit
+        self.reserves_full = self.cfg.reserve_full_prompt
         # disaggregated: instances [0, n_pf) prefill, the rest decode
         self.n_pf = self.cfg.n_prefill
         # the router's instances
@@ -741,10 +742,14 @@ class ReferenceReplay:
             # when the instance runs nothing, where vLLM would drop a prompt that cannot fit)
             reserve = self.marks[k] if busy or (self.v0 and inst.running) else 0
             reserve += keep
+            gate = need
+            if self.reserves_full and not self.v0:
+                # vLLM's scheduler_reserve_full_isl: its whole sequence's blocks must be free
+                gate = max(need, -(-req.target // self.B) - h)
         else:
-            need = req.total_blocks - h
+            need = gate = req.total_blocks - h
             reserve = 0
-        if not pool.can_admit(req.blocks, h, need + reserve):
+        if not pool.can_admit(req.blocks, h, gate + reserve):
             return False
         req.ready = now
         req.polled = False
