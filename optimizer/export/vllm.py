@@ -14,6 +14,9 @@ releases' lists (``kvtier/export/releases``). Flags, read in the 0.34.0 wheel
 * ``--async-scheduling`` / ``--no-async-scheduling`` <- ``serving.async_scheduling``, always
   stated: 0.31.0 and 0.34.0 schedule one step ahead unless told not to (``config/vllm.py``:
   ``async_scheduling`` ``None`` becomes ``True``), so a policy simulated without it must say so.
+* ``--scheduler-reserve-full-isl`` / ``--no-scheduler-reserve-full-isl`` <-
+  ``serving.reserve_full_prompt``, always stated (``config/scheduler.py``, on by default);
+  ``--watermark`` <- ``serving.watermark`` when one is set (unset: none, vLLM's default).
 * ``--kv-cache-dtype`` (``CacheDType``: ``auto``, ``fp8``, ..., ``int4_per_token_head``, ...):
   ``bf16`` -> ``auto`` (the model's own dtype; ``bfloat16`` is documented as valid only for
   models that default to fp8), ``fp8`` -> ``fp8``, ``int4`` -> ``int4_per_token_head``.
@@ -124,7 +127,13 @@ def vllm_args(
         str(deploy.tp),
         # vLLM schedules one step ahead by default: the replay's choice, stated either way
         "--async-scheduling" if p.serving.async_scheduling else "--no-async-scheduling",
+        # admission on the whole prompt (vLLM's default) or on its first chunk, as replayed
+        "--scheduler-reserve-full-isl"
+        if p.serving.reserve_full_prompt
+        else "--no-scheduler-reserve-full-isl",
     ]
+    if p.serving.watermark:  # a stated watermark (vLLM's default, and kvtier's, is none)
+        args += ["--watermark", f"{p.serving.watermark:g}"]
     if p.serving.weight_dtype == "fp8":
         args += ["--quantization", "fp8"]
         notes.append(
