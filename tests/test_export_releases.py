@@ -233,6 +233,7 @@ class Proc:
     shared: dict[str, bool] = field(default_factory=dict)  # one pool shared by processes
     unit: dict[str, float] = field(default_factory=dict)  # rounding step of each size
     ahead: bool | None = None  # the engine schedules one step ahead (async / overlap)
+    full: bool | None = None  # vLLM admits a prompt only when all of it fits (None: not vLLM)
 
 
 def nixl_role(cfg: dict | None) -> str:
@@ -275,6 +276,14 @@ def vllm_ahead(call: Call) -> bool:
     return on
 
 
+def vllm_full(call: Call) -> bool:
+    """vLLM's whole-prompt admission gate, stated either way (on by default in 0.31 and 0.34)."""
+    on = "--scheduler-reserve-full-isl" in call.argv
+    off = "--no-scheduler-reserve-full-isl" in call.argv
+    assert on != off, "the export states the admission gate exactly once"
+    return on
+
+
 def read_vllm(result: ExportResult, calls: list[Call]) -> list[Proc]:
     lm = yaml.safe_load(result.files["lmcache.yaml"]) if "lmcache.yaml" in result.files else {}
     procs = []
@@ -290,6 +299,7 @@ def read_vllm(result: ExportResult, calls: list[Call]) -> list[Proc]:
             tp,
         )
         proc.ahead = vllm_ahead(call)
+        proc.full = vllm_full(call)
         if cfg is not None and "LMCacheConnectorV1" in connector_names(cfg):
             proc.tiers, proc.unit = lmcache_tiers(lm, tp)
             proc.shared = {t: t == "rdma" for t in proc.tiers}
@@ -344,6 +354,7 @@ def read_dynamo(result: ExportResult, calls: list[Call]) -> list[Proc]:
         hbm = int(call.flag("--kv-cache-memory-bytes")) * tp
         proc = Proc(host_of(call), gpus(call), tp, role, hbm, tp)
         proc.ahead = vllm_ahead(call)
+        proc.full = vllm_full(call)
         if cfg is not None and "DynamoConnector" in connector_names(cfg):
             for var, tier in (("DYN_KVBM_CPU_CACHE_GB", "dram"), ("DYN_KVBM_DISK_CACHE_GB", "ssd")):
                 if var in call.env:
@@ -384,6 +395,9 @@ def check_round_trip(target: str, result: ExportResult, deploy: Deployment, proc
     assert [e for e, _ in placed] == [g for g, _ in got]
     # every engine schedules as the replay did (one step ahead, or in step)
     assert {p.ahead for p in procs} == {deploy.policy.serving.async_scheduling}
+    # and every vLLM engine admits as the replay did (whole prompt, or first chunk)
+    fulls = {p.full for p in procs} - {None}
+    assert fulls <= {deploy.policy.serving.reserve_full_prompt}
     users = set(deploy.tier_users)
     for (_, k), (_, proc) in zip(placed, got, strict=True):
         # HBM KV bytes per process: what the simulator gives the instance
@@ -608,3 +622,16 @@ def test_the_file_backend_cap_is_written_only_for_a_release_that_reads_it(monkey
     assert "--hicache-storage-backend file" in script  # the tier is still the file backend
     assert "SGLANG_HICACHE_FILE_BACKEND_STORAGE_DIR" in script
     assert any("grows without bound" in n for n in result.of_kind("inexpressible"))
+
+
+@pytest.mark.parametrize("full", [True, False])
+@pytest.mark.parametrize("target", ["vllm", "dynamo"])
+def test_vllm_engines_admit_as_the_replay_did(target, full, tmp_path) -> None:
+    """A policy replayed with vLLM's whole-prompt admission deploys engines told to use it (the
+    releases' default); one replayed admitting on the first chunk deploys engines told not to."""
+    policy = load_preset("lmcache-cpu-disk")
+    policy = replace(policy, serving=replace(policy.serving, reserve_full_prompt=full))
+    result, deploy = exported(policy, target)
+    procs = read_back(target, result, run_everywhere(result, deploy, tmp_path), deploy)
+    assert procs and all(p.full is full for p in procs)
+    check_round_trip(target, result, deploy, procs)
