@@ -51,8 +51,11 @@ def test_each_pool_has_its_tp_capacity_and_step_times() -> None:
     rows = cfg.pool_timings()
     np.testing.assert_array_equal(rows[0], tp2.timing_params())
     np.testing.assert_array_equal(rows[1], tp1.timing_params())
-    assert cfg.watermark_blocks == int(0.01 * tp2.capacity_blocks)
-    assert cfg.decode_watermark_blocks == int(0.01 * tp1.capacity_blocks)
+    # a stated watermark is a share of each pool's own blocks (vLLM V1 keeps none by default)
+    assert cfg.watermark_blocks == 0 and cfg.decode_watermark_blocks == 0
+    marked = split(instances=3, watermark=0.01)
+    assert marked.watermark_blocks == int(0.01 * tp2.capacity_blocks)
+    assert marked.decode_watermark_blocks == int(0.01 * tp1.capacity_blocks)
     assert "prefill tp=2" in cfg.step_provenance and "decode tp=1" in cfg.step_provenance
 
 

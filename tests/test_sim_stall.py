@@ -20,10 +20,12 @@ def stalled_case(link_bw: float):  # noqa: ANN201
     """One prefill and one decode instance of 4 blocks each, a 16-token budget, one request
     at a time, no prefix caching; request 0 (32 tokens, 2 blocks) is handed over and its
     blocks stay held on the prefill instance until its KV is pulled over links of
-    ``link_bw`` bytes/s; request 1 (48 tokens, 3 blocks) then finds 2 free blocks."""
+    ``link_bw`` bytes/s; request 1 (48 tokens, 3 blocks) then finds 2 free blocks. Admission
+    on the first chunk (vLLM without ``scheduler_reserve_full_isl``, 0.11.0): with the gate,
+    request 1 would wait for request 0's blocks instead of admitting and stalling."""
     cfg = replace(
         config(2, 1), capacity_blocks=4, token_budget=B, max_seqs=1, prefix_caching=False,
-        watermark_blocks=0,
+        watermark_blocks=0, reserve_full_prompt=False,
     )  # fmt: skip
     trace = BlockedTrace.from_lists([0.0, 0.0], [2 * B, 3 * B], [2, 2], [[], []], B)
     return trace, slow_links(cfg, link_bw)

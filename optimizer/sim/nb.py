@@ -584,6 +584,18 @@ def arrive_nb(sim: Sim, i: int) -> None:
         prefetch_nb(sim, k, i, rq.arrival[i])
 
 
+@njit(cache=True, nogil=True, _nrt=False, inline="always")
+def admission_gate_nb(prm, tokens, B, h, need, v0):  # noqa: ANN001, ANN201
+    """The fresh blocks a vllm_v1 admission checks for: its first chunk's ``need``, or under
+    vLLM's scheduler_reserve_full_isl (``Params.reserves_full``) those of its whole sequence
+    of ``tokens`` less its ``h`` hits when more (the reference's ``admit``)."""
+    if prm.reserves_full and not v0:
+        full = (tokens + B - 1) // B - h
+        if full > need:
+            return full
+    return need
+
+
 @njit(cache=True, nogil=True, _nrt=False, **INNER)
 def chosen_run_nb(sim, k, now, n_src, h, timing, bo):  # noqa: ANN001, ANN201
     """How many of the ``n_src`` blocks found below HBM (from ``h`` on) to load: the load
@@ -682,15 +694,9 @@ def admit_nb(
         if others or (v0 and ist.n_running[k] > 0):
             reserve = prm.watermarks[k]
         reserve += keep
-        gate = need
-        if prm.reserves_full and not v0:
-            # vLLM's scheduler_reserve_full_isl: its whole sequence's blocks must be free
-            full = (target[i] + B - 1) // B - h
-            if full > gate:
-                gate = full
+        gate = admission_gate_nb(prm, target[i], B, h, need, v0)
     else:
-        need = total_blocks[i] - h
-        gate = need
+        need = gate = total_blocks[i] - h
     ints[C_STAMP] += 1
     stamp = ints[C_STAMP]
     pinned_free = 0  # distinct hit slots now in the free ring
