@@ -439,17 +439,24 @@ def test_the_export_deploys_what_was_simulated(name, target, tmp_path) -> None:
     check_round_trip(target, result, deploy, procs)
 
 
+def deployed_with(target: str, tmp_path, **serving) -> list[Proc]:  # noqa: ANN001
+    """The processes of ``lmcache-cpu-disk`` with ``serving`` fields set, exported to
+    ``target``, run everywhere and read back, the round trip checked."""
+    policy = load_preset("lmcache-cpu-disk")
+    policy = replace(policy, serving=replace(policy.serving, **serving))
+    result, deploy = exported(policy, target)
+    procs = read_back(target, result, run_everywhere(result, deploy, tmp_path), deploy)
+    check_round_trip(target, result, deploy, procs)
+    return procs
+
+
 @pytest.mark.parametrize("ahead", [True, False])
 @pytest.mark.parametrize("target", ["vllm", "sglang", "dynamo"])
 def test_the_engines_schedule_as_the_replay_did(target, ahead, tmp_path) -> None:
     """A policy that schedules one step ahead deploys engines that do (vLLM's default,
     SGLang's overlap scheduler); one that schedules in step deploys engines told not to."""
-    policy = load_preset("lmcache-cpu-disk")
-    policy = replace(policy, serving=replace(policy.serving, async_scheduling=ahead))
-    result, deploy = exported(policy, target)
-    procs = read_back(target, result, run_everywhere(result, deploy, tmp_path), deploy)
+    procs = deployed_with(target, tmp_path, async_scheduling=ahead)
     assert procs and all(p.ahead is ahead for p in procs)
-    check_round_trip(target, result, deploy, procs)
 
 
 @pytest.mark.parametrize("name", PRESETS)
@@ -629,9 +636,5 @@ def test_the_file_backend_cap_is_written_only_for_a_release_that_reads_it(monkey
 def test_vllm_engines_admit_as_the_replay_did(target, full, tmp_path) -> None:
     """A policy replayed with vLLM's whole-prompt admission deploys engines told to use it (the
     releases' default); one replayed admitting on the first chunk deploys engines told not to."""
-    policy = load_preset("lmcache-cpu-disk")
-    policy = replace(policy, serving=replace(policy.serving, reserve_full_prompt=full))
-    result, deploy = exported(policy, target)
-    procs = read_back(target, result, run_everywhere(result, deploy, tmp_path), deploy)
+    procs = deployed_with(target, tmp_path, reserve_full_prompt=full)
     assert procs and all(p.full is full for p in procs)
-    check_round_trip(target, result, deploy, procs)

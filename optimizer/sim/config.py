@@ -17,7 +17,7 @@ from kvtier.deploy.layout import plan_layout, pool_tp_choices
 from kvtier.errors import InputError
 from kvtier.files import check_allocation
 from kvtier.hardware.types import GB, GPUProfile, Hardware, ModelProfile
-from kvtier.policy.model import Policy
+from kvtier.policy.model import Policy, ServingPolicy
 from kvtier.policy.registries import ROUTERS, SCHEDULERS, VLLM_V1
 from kvtier.sim.pd import PdConfig, build_pd
 from kvtier.sim.steptime.backend import step_timing
@@ -393,13 +393,7 @@ def build_config(hardware: Hardware, model: ModelProfile, policy: Policy) -> Sim
         # pool's links, each decode GPU pulling its share (docs/model.md)
         pd, tiers = build_pd(hardware, model, policy, n_inst, tiers, layout)
     last = pools[-1]
-    watermark = serving.watermark
-    if watermark is None:
-        # the scheduler's own ([vLLM-v1-admission]): vLLM v0's block manager keeps 1 %, V1 none;
-        # TensorRT-LLM's step times keep the 1 % that stands in for its capacity scheduler
-        # (whose own rule is not modelled under vllm_v1)
-        v0 = serving.scheduler == "vllm_v0"
-        watermark = 0.01 if v0 or serving.framework == "trtllm" else 0.0
+    watermark = admission_watermark(serving)
     return SimConfig(
         n_instances=n_inst,
         capacity_blocks=first.blocks,
@@ -474,6 +468,16 @@ def build_config(hardware: Hardware, model: ModelProfile, policy: Policy) -> Sim
             and policy.load_report == "step_output"
         ),
     )
+
+
+def admission_watermark(serving: ServingPolicy) -> float:
+    """The share of HBM blocks an admission leaves free: the policy's, or unset the
+    scheduler's own ([vLLM-v1-admission]): vLLM v0's block manager keeps 1 %, vLLM V1 none;
+    with TensorRT-LLM's step times, the 1 % that stands in for its capacity scheduler (whose
+    own rule is not modelled under ``vllm_v1``)."""
+    if serving.watermark is not None:
+        return float(serving.watermark)
+    return 0.01 if serving.scheduler == "vllm_v0" or serving.framework == "trtllm" else 0.0
 
 
 def _sliding_groups(model: ModelProfile, scheduler: str) -> dict[str, int]:

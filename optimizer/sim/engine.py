@@ -276,8 +276,7 @@ def kernel_inputs(
     costs, gen_base, n_ids = _block_ids_and_costs(trace, cfg, n_blocks, tparams)
     # the sliding-window copies' ids follow every prompt and generated id
     copies, win_need = cfg.tier_window
-    win_off = n_ids
-    costs, n_ids = window_id_space(costs, n_ids, copies)
+    costs, n_ids, win_off = window_id_space(costs, n_ids, copies)
     kept: dict[str, np.ndarray] = {}
     ts, tp, lk = _tier_state(cfg.tiers, n_ids, cfg.n_instances, costs, kept, gen_base)
     if cfg.tiers is not None:

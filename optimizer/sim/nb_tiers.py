@@ -556,12 +556,13 @@ def copy_into_nb(ts, tp, lk, k, now, t, buf, nbuf):  # noqa: ANN001, ANN201
     p = pool_nb(tp, t, k)
     cnt = ZERO  # (a literal 0 would compile ops_of a second time)
     # each block's sliding-window copies, then the blocks (vLLM stores the groups in that order)
-    for x in range(nbuf):
-        for c in range(1, tp.win_copies + 1):
-            w = buf[x] + c * tp.win_off
-            if not has_nb(ts, p, w) and not fault_down_nb(ts, p, w):
-                insert_nb(ts, tp, lk, k, now, t, w)
-                cnt += 1
+    if tp.win_copies > 0:
+        for x in range(nbuf):
+            for c in range(1, tp.win_copies + 1):
+                w = buf[x] + c * tp.win_off
+                if not has_nb(ts, p, w) and not fault_down_nb(ts, p, w):
+                    insert_nb(ts, tp, lk, k, now, t, w)
+                    cnt += 1
     for x in range(nbuf):
         b = buf[x]
         if not has_nb(ts, p, b) and not fault_down_nb(ts, p, b):

@@ -524,8 +524,7 @@ class ReferenceReplay:
             n_ids = int(self.gen_base[-1])
             costs = generated_costs(costs, self.gen_base, trace.input_tokens, self.B, *compute)
         copies, need = self.cfg.tier_window
-        win_off = max(n_ids, 1)
-        costs, n_ids = window_id_space(costs, n_ids, copies)
+        costs, n_ids, win_off = window_id_space(costs, n_ids, copies)
         faults = None
         if self.cfg.faults:
             fi, ft, lost = fault_arrays(self.cfg.faults, self.cfg.tiers, n_ids)

@@ -405,7 +405,7 @@ class LowerTiers:
             cnt = 0
             # each block's sliding-window copies, then the blocks (vLLM stores the groups in
             # that order)
-            for b in blocks:
+            for b in blocks if self.win_copies else ():
                 for w in self.window_ids(b):
                     if not pool.contains(w) and not self.down(t, inst, w):
                         self.insert(inst, now, t, w)

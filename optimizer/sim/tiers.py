@@ -567,26 +567,27 @@ def generated_bases(
 
 def window_id_space(
     costs: np.ndarray | None, n_ids: int, copies: int
-) -> tuple[np.ndarray | None, int]:
+) -> tuple[np.ndarray | None, int, int]:
     """The lower tiers' ids with each block's sliding-window copies as entries of their own
     (``SimConfig.tier_window``): copy ``c`` (1 to ``copies``) of block ``b`` is id
-    ``b + c * n_ids``, after every prompt and generated id. A copy's GDSF cost is its block's.
-    Returns the costs over the whole id space (None stays None) and its size; ``copies`` 0:
-    unchanged. Both engines take the same."""
-    n_ids = max(int(n_ids), 1)
+    ``b + c * offset``, ``offset`` being the ids of every prompt and generated block (at least
+    one). A copy's GDSF cost is its block's. Returns the costs over the whole id space (None
+    stays None), its size and the offset; ``copies`` 0: the costs unchanged. Both engines
+    take the same."""
+    offset = max(int(n_ids), 1)
     if copies <= 0:
-        return costs, n_ids
-    total = n_ids * (1 + int(copies))
+        return costs, offset, offset
+    total = offset * (1 + int(copies))
     if total >= 1 << 31:
         raise InputError(
             f"{total:,} block ids with their sliding-window copies are too many; use a larger "
             "block size"
         )
     if costs is None:
-        return None, total
-    full = np.ones(n_ids, dtype=np.float64)
-    full[: min(len(costs), n_ids)] = costs[:n_ids]
-    return np.tile(full, 1 + int(copies)), total
+        return None, total, offset
+    full = np.ones(offset, dtype=np.float64)
+    full[: min(len(costs), offset)] = costs[:offset]
+    return np.tile(full, 1 + int(copies)), total, offset
 
 
 def generated_costs(
