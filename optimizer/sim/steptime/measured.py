@@ -25,7 +25,6 @@ from __future__ import annotations
 import hashlib
 import io
 import json
-import logging
 import os
 import time
 from dataclasses import asdict, dataclass
@@ -34,30 +33,15 @@ from pathlib import Path
 import numpy as np
 
 from kvtier.errors import InputError
+from kvtier.hardware.aic import (  # noqa: F401 - re-exported for the step-time backend
+    AIC_SYSTEMS,
+    AIC_VERSION_PIN,
+    NVLINK_SIBLING,
+    aic_version,
+    quiet_aic,
+)
 
-# the aiconfigurator-core release the tables were built and checked with (pyproject pins it)
-AIC_VERSION_PIN = "0.12.0"
 GRID_VERSION = 1  # bump when the grids or the query rules change: old cache entries are unused
-
-# kvtier GPU profile name -> aiconfigurator system name
-AIC_SYSTEMS: dict[str, str] = {
-    "H100-SXM": "h100_sxm",
-    "H200": "h200_sxm",
-    "B200": "b200_sxm",
-    "L40S": "l40s",
-    "A100-SXM": "a100_sxm",
-}
-# GPUs aiconfigurator-core has no system for, read from a sibling's tables whose NVLink is
-# faster: GPU name -> (the sibling's GPU name, its built-in profile). The tables' all-reduce ran
-# at the sibling's NVLink; the step time adds the difference per batch token
-# (backend.nvlink_extra_s_per_token; docs/model.md, "The measured backend"). A800: A100
-# compute and HBM, NVLink cut to 400 GB/s ([NVIDIA-A800]); H800: the same of the H100
-# ([NVIDIA-H800]).
-NVLINK_SIBLING: dict[str, tuple[str, str]] = {
-    "A800-SXM": ("A100-SXM", "a100-sxm"),
-    "H800-SXM": ("H100-SXM", "h100-sxm"),
-}
-AIC_SYSTEMS.update({gpu: AIC_SYSTEMS[name] for gpu, (name, _) in NVLINK_SIBLING.items()})
 FRAMEWORKS = ("vllm", "sglang", "trtllm")
 # the database's measured ranges (systems/data/*/attention/*: context attention isl to 16,384;
 # generation attention batch to 2,048 and kv position to 131,071)
@@ -129,25 +113,6 @@ def cache_dir() -> Path:
     return Path(base) / "kvtier"
 
 
-def _aic_version() -> str:
-    from importlib.metadata import PackageNotFoundError, version
-
-    try:
-        return version("aiconfigurator-core")
-    except PackageNotFoundError:
-        raise InputError(
-            "the measured step-time backend needs aiconfigurator-core "
-            f"(pip install aiconfigurator-core=={AIC_VERSION_PIN}); or pass --set "
-            "serving.step_time=roofline"
-        ) from None
-
-
-def _quiet_aic() -> None:
-    # aiconfigurator logs a line per fallback table it loads; keep a replay's output clean
-    for name in ("aiconfigurator_core", "aiconfigurator"):
-        logging.getLogger(name).setLevel(logging.ERROR)
-
-
 def measured_key(
     model_id: str, gpu_name: str, framework: str, version: str, tp: int, weight: str, kv: str
 ) -> MeasuredKey:
@@ -164,8 +129,8 @@ def measured_key(
             f"unknown serving framework {framework!r} (choices: {', '.join(FRAMEWORKS)})",
             option="serving.framework",
         )
-    pkg = _aic_version()
-    _quiet_aic()
+    pkg = aic_version()
+    quiet_aic()
     from aiconfigurator_core.sdk import perf_database
 
     try:
@@ -190,7 +155,7 @@ def _quant(dtype: str) -> str | None:
 
 def build_tables(key: MeasuredKey) -> MeasuredTables:
     """Query aiconfigurator-core on the grids (about 800 queries after a 2-3 s compile)."""
-    _quiet_aic()
+    quiet_aic()
     from aiconfigurator_core.sdk.engine import EngineHandle
 
     t0 = time.perf_counter()
