@@ -75,8 +75,17 @@ def test_h100_node_numbers() -> None:
     assert hw.gpu.peak_flops == 989e12
     assert hw.topology.max_instances == 8
     model = load_model("llama-3.1-8b")  # names are case-insensitive
-    # 80 GB * 0.9 - 2 GB reserve - 8.03e9 * 2 B of weights
-    assert hw.kv_capacity_bytes(model) == pytest.approx(72e9 - 2e9 - 16.06e9)
+    # the 79.22 GiB the CUDA runtime reports * 0.9 - 2 GB reserve - 8.03e9 * 2 B of weights
+    visible = 79.22 * 2**30
+    assert hw.gpu.engine_hbm_bytes == pytest.approx(visible)
+    assert hw.kv_capacity_bytes(model) == pytest.approx(0.9 * visible - 2e9 - 16.06e9)
+    # TensorRT-LLM: 0.9 of what weights and reserve leave free
+    trt = hw.kv_capacity_bytes(model, framework="trtllm")
+    assert trt == pytest.approx(0.9 * (visible - 2e9 - 16.06e9))
+    # two GPUs: each holds half the weights and its own reserve
+    assert hw.kv_capacity_bytes(model, 2, non_kv_bytes=3e9) == pytest.approx(
+        2 * (0.9 * visible - 3e9) - 16.06e9
+    )
     assert hw.cost_per_hour(8) == pytest.approx(8 * 1.63)
 
 

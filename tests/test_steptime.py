@@ -9,6 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from kvtier.deploy.kv_budget import kv_budget
 from kvtier.errors import InputError
 from kvtier.hardware.loader import load_hardware, load_model
 from kvtier.policy.model import Policy, ServingPolicy
@@ -194,14 +195,17 @@ def test_backend_choice_and_missing_data() -> None:
 
 
 def test_measured_tp2_fp8_70b() -> None:
-    """Llama-3.1-70B at tp=2 needs FP8 weights on 80 GB GPUs (BF16 leaves no KV room); at tp=4
-    FP8 prefill is faster than BF16 in the measured tables."""
+    """Llama-3.1-70B at tp=2 on 80 GB GPUs wants FP8 weights (BF16 leaves a few thousand tokens
+    of KV room, none at tp=1); at tp=4 FP8 prefill is faster than BF16 in the measured
+    tables."""
     hw, model = load_hardware("h100-node"), load_model("llama-3.1-70b")
     fp8 = build_config(hw, model, _policy(tp=2, weight_dtype="fp8"))
     assert fp8.step_backend == "measured" and fp8.n_instances == 4
     assert "tp=2, weights fp8" in fp8.step_provenance
+    bf16 = build_config(hw, model, _policy(tp=2, weight_dtype="bf16"))
+    assert bf16.capacity_blocks * bf16.block_tokens < 10_000 < fp8.capacity_blocks
     with pytest.raises(InputError, match="no room for KV"):
-        build_config(hw, model, _policy(tp=2, weight_dtype="bf16"))
+        build_config(hw, model, _policy(tp=1, weight_dtype="bf16"))
 
     def prefill(cfg) -> float:  # noqa: ANN001
         tp = cfg.timing
@@ -271,8 +275,10 @@ def test_kv_replication_under_tp() -> None:
     llama = load_model("llama-3.1-8b")
     assert llama.kv_replication(4) == 1 and llama.kv_replication(8) == 1
     assert replace(llama, kv_heads=2).kv_replication(8) == 4
-    cfg = build_config(hw, ds, _policy(tp=8, step_time="roofline"))
-    per_gpu = hw.gpu.hbm_bytes * hw.gpu_memory_utilization - hw.activation_reserve_bytes
+    policy = _policy(tp=8, step_time="roofline")
+    cfg = build_config(hw, ds, policy)
+    rest = kv_budget(hw, ds, policy, 8).non_kv_per_gpu  # docs/model.md, "The KV budget"
+    per_gpu = hw.gpu.engine_hbm_bytes * hw.gpu_memory_utilization - rest
     free = 8 * per_gpu - ds.weight_bytes
     block = Policy().kv_bytes_per_block(ds)
     assert cfg.capacity_blocks == int(free // (block * 8))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import replace
+from types import SimpleNamespace
 
 import pytest
 
@@ -88,3 +89,22 @@ def test_the_sentence_counts_one_gpu_in_the_singular() -> None:
         "Tiering (ssd 1,260 GB) meets the SLO with 1 fewer GPU (4 instead of 5) and costs 14% "
         "less per token than HBM alone ($0.0218 vs $0.0253 per 1M tokens)."
     )
+
+
+def test_the_tiering_sentence_names_a_preset_that_beat_the_search_of_its_kind() -> None:
+    """A preset of either kind meeting the SLO for less than the search's policy of that kind
+    is named, and "HBM alone" is then the searched policy, so the sentence never contradicts
+    the presets' rows."""
+    tiered = SimpleNamespace(cost_per_mtok=0.0255, gpus=5, tiers={"dram": 94.1})
+    hbm = SimpleNamespace(cost_per_mtok=0.0354, gpus=7, tiers={})
+    presets = [("vllm-hbm", 0.0253, False), ("mooncake-rdma", 0.0261, True)]
+    text = tiering_sentence(tiered, hbm, presets)
+    assert "than the searched HBM-only policy" in text and "HBM alone" not in text
+    assert "The preset vllm-hbm (HBM only) met it for less, $0.0253" in text
+    assert "1% less than the best tiered policy found" in text
+    assert "mooncake-rdma" not in text  # dearer than the search's tiered policy
+    cheap_tier = [("lmcache-cpu", 0.0200, True)]
+    text = tiering_sentence(tiered, hbm, cheap_tier)
+    assert "than HBM alone" in text
+    assert "The preset lmcache-cpu (tiered) met it for less, $0.0200" in text
+    assert "44% less than the best HBM-only policy found" in text

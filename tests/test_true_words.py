@@ -15,6 +15,7 @@ from kvtier.search.run import (
     baseline_policies,
     check_pinned_size,
     effective_params,
+    kv_room,
     model_tp,
     optimize,
 )
@@ -66,16 +67,20 @@ def test_presets_run_at_a_tensor_parallel_size_that_holds_the_model() -> None:
     presets = baseline_policies(base, hw, big)
     ran = {n: p for n, p in presets.items() if isinstance(p, Policy)}
     assert ran, presets
+    plain = baseline_policies(Policy(hardware="h100-node"))
     for name, policy in ran.items():
         sizes = [policy.serving.tp or hw.topology.tp]
         sizes += [t for t in (policy.serving.prefill_tp, policy.serving.decode_tp) if t]
-        for tp in sizes:
-            assert hw.kv_capacity_bytes(big, tp) > 0, (name, tp)
-        assert policy.serving.tp == model_tp(hw, big, hw.topology.tp), name
+        for tp in sizes:  # room for KV as the preset's engine sizes it
+            assert kv_room(hw, big, tp, policy) > 0, (name, tp)
+        # a preset whose own size holds the model keeps it, else it runs at the smallest that does
+        own = plain[name].serving.tp or hw.topology.tp
+        held = kv_room(hw, big, own, policy) > 0
+        ran_at = policy.serving.tp or hw.topology.tp
+        assert ran_at == (own if held else model_tp(hw, big, own, policy)), name
     # a model that fits keeps each preset's own size
     small = load_model("Llama-3.1-8B")
     kept = baseline_policies(Policy(hardware="h100-node"), hw, small)
-    plain = baseline_policies(Policy(hardware="h100-node"))
     for name, policy in kept.items():
         if isinstance(policy, Policy):
             assert policy.serving == plain[name].serving, name
@@ -259,8 +264,10 @@ def test_a_70b_optimize_compares_the_presets_at_a_tp_that_holds_it(chat_trace, t
     ran = [b for b in result.baselines if b.evaluation is not None]
     left = {b.name: b.error for b in result.baselines if b.evaluation is None}
     assert ran, left
-    for b in ran:
-        assert (b.evaluation.policy.serving.tp or 1) >= 4, b.name
+    hw, big = load_hardware("h100-node"), load_model("Llama-3.1-70B")
+    for b in ran:  # every preset at a size whose GPUs leave its weights room for KV
+        policy = b.evaluation.policy
+        assert kv_room(hw, big, policy.serving.tp or 1, policy) > 0, b.name
     for name, why in left.items():  # left out for a reason of its own, not the model's size
         assert "does not fit" not in why and "weights" not in why, (name, why)
         assert "has no [tiers." in why or "leaves no decode instance" in why, (name, why)

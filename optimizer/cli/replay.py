@@ -297,6 +297,8 @@ def _print_metrics(path: str, scenario: Any, m: Any, pd_row: tuple[str, str] | N
         if m.extrapolated_share > 0:
             source += f"; {m.extrapolated_share:.1%} of iterations extrapolated past the data"
         table.add_row("step time", source)
+    if m.hbm_kv_source:
+        table.add_row("HBM for KV", m.hbm_kv_source)
     table.add_row(
         "TTFT mean / p50 / p90", f"{m.ttft_mean_s:.3f} / {m.ttft_p50_s:.3f} / {m.ttft_p90_s:.3f} s"
     )

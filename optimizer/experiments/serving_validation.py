@@ -81,12 +81,13 @@ RESIDUALS = (
     "alone would widen; TensorRT-LLM's scheduler, as read, treats a new request as the model "
     "does (next step, beside the decodes, one token budget), and NIM 1.8.0's engine options "
     "are not published",
-    "TTFT at the knee and past it (5,000 tokens: 1.46x at 100 clients, 0.91-1.03x at "
-    "150-250; 500 tokens: 0.07x at 200): queueing for KV space; NIM's engine holds between "
-    "400k and 500k tokens of reservations (every knee of its sweeps), the model's pool "
-    "about as much, so where a level sits close to that bound (550k at 5,000 tokens and 100 "
-    "clients, 500k at 500 tokens and 200) the queue's length is decided by the exact bound; "
-    "the engine's KV budget is not published",
+    "TTFT at the knee and past it (5,000 tokens: 0.83x at 100 clients, 0.85-0.89x at "
+    "150-250; 500 tokens: 0.44x at 200): queueing for KV space under TensorRT-LLM's "
+    "GUARANTEED_NO_EVICT (each admitted request reserves its prompt and whole answer); the "
+    "model's engine holds 492k tokens (TensorRT-LLM's 0.9 of the memory left free, less "
+    "aiconfigurator-core's estimate of what is not KV), and where a level's reservations sit "
+    "close to that (550k at 5,000 tokens and 100 clients, 500k at 500 tokens and 200) the "
+    "queue's length is decided by the exact bound; NIM 1.8.0's KV budget is not published",
 )
 
 

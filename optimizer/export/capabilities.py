@@ -203,10 +203,10 @@ def capability_notes(deploy: Deployment, caps: Capabilities) -> list[Note]:
                     "connector's own behaviour, with no setting in any release."
                 )
             )
-    if p.serving.scheduler not in caps.schedulers:
+    if p.serving.engine_scheduler not in caps.schedulers:
         notes.append(
             inexpressible(
-                f"serving.scheduler = {p.serving.scheduler} cannot be expressed: "
+                f"serving.scheduler = {p.serving.engine_scheduler} cannot be expressed: "
                 f"{caps.target} allocates KV blocks as {', '.join(caps.schedulers)}."
             )
         )

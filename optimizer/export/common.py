@@ -210,6 +210,7 @@ def deployment(policy: Policy, hardware: Hardware, model: ModelProfile) -> Deplo
     """Place ``policy`` on ``hardware``; impossible placements raise :class:`InputError`,
     with the same checks (and messages) as the simulator."""
     from kvtier.deploy.apply import apply_deployment
+    from kvtier.deploy.kv_budget import kv_budget
     from kvtier.deploy.layout import plan_layout
 
     hardware, model = apply_deployment(hardware, model, policy)  # serving.tp, weight_dtype
@@ -218,10 +219,10 @@ def deployment(policy: Policy, hardware: Hardware, model: ModelProfile) -> Deplo
     hosts_of = Counter(layout.host_of(k) for k in range(n))
     hbm = policy.tiers[0]
 
-    def hbm_kv(tp: int) -> float:
+    def hbm_kv(tp: int) -> float:  # as the simulator sizes it (kvtier.sim.config._pool)
         if hbm.capacity_gb is not None:
             return hbm.capacity_gb * GB
-        return hardware.kv_capacity_bytes(model, tp)
+        return kv_budget(hardware, model, policy, tp).kv_bytes
 
     hbm_bytes = hbm_kv(layout.prefill_tp)
     pools: dict[str, float] = {}

@@ -317,7 +317,7 @@ def export_sglang(deploy: Deployment) -> ExportResult:
             )
         )
     # the device pool in tokens, as kvtier simulated it (an explicit hbm capacity, else the
-    # hardware profile's share of HBM minus weights and activations)
+    # engine's KV budget: kvtier.deploy.kv_budget)
     tokens = int(deploy.hbm_kv_bytes // deploy.kv_bytes_per_token)
     args += ["--max-total-tokens", str(tokens)]
     if p.tiers[0].capacity_gb is None:

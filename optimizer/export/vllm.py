@@ -151,8 +151,9 @@ def vllm_args(
             info(
                 "HBM KV capacity is fixed with --kv-cache-memory-bytes at what kvtier models "
                 f"({deploy.hbm_kv_bytes / 1e9:.1f} GB per instance: the hardware profile's "
-                f"{deploy.hardware.gpu_memory_utilization:g} share of HBM minus weights and "
-                f"activations); vLLM {caps.version} would otherwise size it from the memory it "
+                f"{deploy.hardware.gpu_memory_utilization:g} share of the HBM the CUDA runtime "
+                'reports, less the weights, activations and runtime, docs/model.md "The KV '
+                f'budget"); vLLM {caps.version} would otherwise size it from the memory it '
                 "measures, which differs."
             )
         )

@@ -17,6 +17,7 @@ from kvtier.errors import InputError
 from kvtier.hardware.prices import MAX_PRICE
 from kvtier.hardware.types import (
     GB,
+    GIB,
     LOWER_TIERS,
     MLA,
     Efficiency,
@@ -156,6 +157,7 @@ def load_gpu(name_or_path: str | Path, *, base: Path | None = None) -> GPUProfil
     gpu = GPUProfile(
         name=t.string("name"),
         hbm_bytes=t.number("hbm_gb", positive=True) * GB,
+        hbm_visible_bytes=t.number("hbm_visible_gib", 0.0, nonneg=True) * GIB,
         hbm_bw=t.number("hbm_bw_gbps", positive=True) * GB,
         peak_flops=t.number("bf16_tflops", positive=True) * 1e12,
         pcie_bw=t.number("pcie_gbps", positive=True) * GB,
@@ -177,6 +179,11 @@ def load_gpu(name_or_path: str | Path, *, base: Path | None = None) -> GPUProfil
             raise t.error(key, f"must be >= 1, got {getattr(gpu, key):g}")
     if (gpu.hbf_bytes > 0) != (gpu.hbf_bw > 0):
         raise InputError("keys 'hbf_gb' and 'hbf_bw_gbps': give both or neither", path=str(path))
+    if gpu.hbm_visible_bytes > gpu.hbm_bytes * 1.1:
+        raise t.error(
+            "hbm_visible_gib",
+            f"{gpu.hbm_visible_bytes / GIB:g} GiB is more than the GPU's {gpu.hbm_bytes / GB:g} GB",
+        )
     if gpu.idle_w > gpu.tdp_w:
         raise InputError(
             f"key 'idle_w': {gpu.idle_w:g} W is more than tdp_w ({gpu.tdp_w:g} W)", path=str(path)
@@ -242,10 +249,13 @@ def load_hardware(name_or_path: str | Path) -> Hardware:
         ),
     )
     eff.done()
-    gmu, reserve = 0.9, 0.0
+    gmu, reserve, free_fraction = 0.9, 0.0, Hardware.free_gpu_memory_fraction
     if mem is not None:
         gmu = mem.number("gpu_memory_utilization", 0.9, positive=True, at_most=1.0)
         reserve = mem.number("activation_reserve_gb", 0.0, nonneg=True) * GB
+        free_fraction = mem.number(
+            "free_gpu_memory_fraction", free_fraction, positive=True, at_most=1.0
+        )
         mem.done()
     host_fixed = 0.0
     power = Power()
@@ -285,6 +295,7 @@ def load_hardware(name_or_path: str | Path) -> Hardware:
         efficiency=efficiency,
         gpu_memory_utilization=gmu,
         activation_reserve_bytes=reserve,
+        free_gpu_memory_fraction=free_fraction,
         host_fixed_per_hour=host_fixed,
         source=str(path),
         tiers=tiers,

@@ -14,6 +14,7 @@ from kvtier.tier_kinds import TIER_KINDS
 from kvtier.tier_kinds import trait as tier_trait
 
 GB = 1e9  # profiles give decimal gigabytes, as GPU data sheets do
+GIB = float(2**30)  # what the CUDA runtime and the engines' logs count in
 
 KV_DTYPE_BYTES: dict[str, float] = {"bf16": 2.0, "fp16": 2.0, "fp8": 1.0, "int4": 0.5}
 
@@ -131,6 +132,16 @@ class GPUProfile:
     # 1: not known, no change)
     sustained_compute_scale: float = 1.0
     sustained_compute_scale_fp8: float = 1.0
+    # the memory the CUDA runtime reports (``torch.cuda.mem_get_info``'s total), which a serving
+    # engine sizes its KV budget from: below the data sheet's figure (an H100's "80 GB" is
+    # 79.22 GiB to vLLM); 0: not measured, the data sheet's ``hbm_bytes`` stands in
+    hbm_visible_bytes: float = 0.0
+
+    @property
+    def engine_hbm_bytes(self) -> float:
+        """The HBM a serving engine sizes its KV budget from: the runtime's figure where it
+        was measured, else the data sheet's."""
+        return self.hbm_visible_bytes or self.hbm_bytes
 
 
 @dataclass(frozen=True)
@@ -279,6 +290,10 @@ class Hardware:
     # the deployment keeps the weights in the GPUs' HBF (serving.weights_in_hbf): they take
     # no HBM and are read at the HBF's rate (kvtier.deploy.apply)
     weights_in_hbf: bool = False
+    # TensorRT-LLM's share of the memory left free after the weights and the rest for its KV
+    # cache (KvCacheConfig.free_gpu_memory_fraction, default 0.9: docs/sources.md
+    # [TRT-LLM-kv-budget]); vLLM and SGLang take gpu_memory_utilization of the whole instead
+    free_gpu_memory_fraction: float = 0.9
 
     def gpu_of(self, k: int, n_prefill: int) -> GPUProfile:
         """The GPU type of instance ``k`` when the first ``n_prefill`` instances prefill."""
@@ -286,17 +301,38 @@ class Hardware:
             return self.prefill_gpu
         return self.gpu
 
-    def kv_capacity_bytes(self, model: ModelProfile, tp: int | None = None) -> float:
-        """HBM bytes left for KV blocks in one instance (``tp`` GPUs, default the topology's):
-        HBM - weights - reserve (the weights nothing when they are in HBF).
+    def kv_capacity_bytes(
+        self,
+        model: ModelProfile,
+        tp: int | None = None,
+        *,
+        framework: str = "vllm",
+        non_kv_bytes: float | None = None,
+    ) -> float:
+        """HBM bytes left for KV blocks in one instance (``tp`` GPUs, default the topology's),
+        each GPU's budget as ``framework`` sizes it from the memory the CUDA runtime reports
+        (:attr:`GPUProfile.engine_hbm_bytes`; docs/model.md, "The KV budget"):
 
-        The weights are split evenly over the instance's GPUs, as tensor parallelism does.
+        - vLLM and SGLang: ``gpu_memory_utilization`` of that memory, less the weights and the
+          rest that is not KV (vLLM's ``determine_available_memory``);
+        - TensorRT-LLM: ``free_gpu_memory_fraction`` of what the weights and the rest leave
+          free (its ``KvCacheConfig``).
+
+        ``non_kv_bytes``: per GPU, what the engine holds besides the weights and KV
+        (activations, runtime, communication buffers; :mod:`kvtier.deploy.kv_budget` reads it
+        from aiconfigurator-core's memory model), default the profile's
+        ``activation_reserve_bytes``. Weights split evenly over the GPUs, as tensor
+        parallelism does; none in HBM when they are in HBF.
         """
         tp = self.topology.tp if tp is None else tp
-        per_gpu = self.gpu.hbm_bytes * self.gpu_memory_utilization - self.activation_reserve_bytes
-        if self.weights_in_hbf:  # the weights sit in the HBF beside each GPU
-            return tp * per_gpu
-        return tp * per_gpu - model.weight_bytes
+        reserve = self.activation_reserve_bytes if non_kv_bytes is None else non_kv_bytes
+        weights = 0.0 if self.weights_in_hbf else model.weight_bytes / tp
+        hbm = self.gpu.engine_hbm_bytes
+        if framework == "trtllm":
+            per_gpu = self.free_gpu_memory_fraction * (hbm - weights - reserve)
+        else:
+            per_gpu = hbm * self.gpu_memory_utilization - weights - reserve
+        return tp * per_gpu
 
     def cost_per_hour(
         self,

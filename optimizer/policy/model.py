@@ -87,10 +87,14 @@ class ServingPolicy:
 
     # How HBM blocks are given out (kvtier.policy.registries.SCHEDULERS): vLLM V1's
     # allocate-as-you-grow with preemption (vllm/v1/core/sched/scheduler.py, kv_cache_manager.py),
-    # or the whole footprint at admission (TensorRT-LLM's GUARANTEED_NO_EVICT).
-    scheduler: str = setting(
-        "vllm_v1",
-        "how blocks are allocated: as requests grow, or reserved at admission",
+    # vLLM v0's, or the whole footprint at admission (TensorRT-LLM's GUARANTEED_NO_EVICT, its
+    # default capacity scheduler: docs/sources.md [TRT-LLM-capacity]). Unset: the framework's
+    # own (:attr:`engine_scheduler`).
+    scheduler: str | None = setting(
+        None,
+        "how blocks are allocated: as requests grow, or reserved at admission (unset: the "
+        "framework's own, reserve under trtllm, else vllm_v1)",
+        kind="str",
         choices=SCHEDULER_REGISTRY.names,
     )
     # vLLM's async scheduling (on by default in 0.19.1 and 0.24.0, off in 0.11.0;
@@ -115,12 +119,11 @@ class ServingPolicy:
     # A waiting or preempted request is admitted only if this share of the blocks stays free,
     # when others run: vLLM v0's block manager (watermark 0.01); vLLM V1 has none in 0.11.0 to
     # 0.22.0 and 0.34.0's scheduler_config.watermark defaults to 0.0 (docs/sources.md
-    # [vLLM-v1-admission]). Unset: the scheduler's own (0.01 under vllm_v0, else 0), and 0.01
-    # with TensorRT-LLM's step times (the stand-in kvtier kept for its capacity scheduler).
+    # [vLLM-v1-admission]). Unset: the scheduler's own (0.01 under vllm_v0, else 0).
     watermark: float | None = setting(
         None,
         "share of HBM blocks an admission leaves free while other requests run (unset: 0.01 "
-        "under vllm_v0 or framework trtllm, else 0)",
+        "under vllm_v0, else 0)",
         kind="float",
         nonneg=True,
         maximum=1.0,
@@ -340,6 +343,15 @@ class ServingPolicy:
 
     def __post_init__(self) -> None:
         check_settings(self)
+
+    @property
+    def engine_scheduler(self) -> str:
+        """The scheduler the instances run: ``scheduler`` when set, else the framework's own
+        (TensorRT-LLM's default capacity scheduler reserves a request's whole footprint at
+        admission, ``reserve``; vLLM V1's grows and preempts, ``vllm_v1``)."""
+        if self.scheduler is not None:
+            return self.scheduler
+        return "reserve" if self.framework == "trtllm" else "vllm_v1"
 
 
 def prefill_count(serving: ServingPolicy, instances: int) -> int:
@@ -641,16 +653,16 @@ def policy_from_dict(data: dict[str, Any], source: str = "<policy>") -> Policy:
         st.done()
         if (conflict := split_conflict(serving)) is not None:
             raise t.error("serving.prefill_share", conflict)
-        if serving.batching == "prefill_first" and serving.scheduler == "vllm_v0":
+        if serving.batching == "prefill_first" and serving.engine_scheduler == "vllm_v0":
             raise t.error(
                 "serving.batching",
                 "prefill_first applies to schedulers 'vllm_v1' and 'reserve'; 'vllm_v0' "
                 "already runs prompts in steps without decodes",
             )
-        if serving.async_scheduling and serving.scheduler != "vllm_v1":
+        if serving.async_scheduling and serving.engine_scheduler != "vllm_v1":
             raise t.error(
                 "serving.async_scheduling",
-                f"applies to scheduler 'vllm_v1' only, not {serving.scheduler!r}",
+                f"applies to scheduler 'vllm_v1' only, not {serving.engine_scheduler!r}",
             )
         if serving.async_scheduling and serving.cpu_overhead_s > 0:
             # the replay adds cpu_overhead_s to every step, as an engine that schedules in

@@ -169,11 +169,12 @@ def tiering_sentence(
         )
     saving = 1 - tiered.cost_per_mtok / hbm.cost_per_mtok
     gpus = hbm.gpus - tiered.gpus
+    beaten = _presets_below(presets, tiered.cost_per_mtok, hbm.cost_per_mtok)
     if saving <= 0 and gpus <= 0:
         return (
             f"Tiering does not pay here: the best HBM-only policy costs "
             f"${hbm.cost_per_mtok:.4f} per 1M tokens on {_n_gpus(hbm.gpus)}, the best tiered "
-            f"one ${tiered.cost_per_mtok:.4f} on {_n_gpus(tiered.gpus)}."
+            f"one ${tiered.cost_per_mtok:.4f} on {_n_gpus(tiered.gpus)}.{beaten}"
         )
     fewer = (
         f"{gpus} fewer {'GPU' if gpus == 1 else 'GPUs'} ({tiered.gpus} instead of {hbm.gpus})"
@@ -181,11 +182,35 @@ def tiering_sentence(
         else (f"the same {_n_gpus(tiered.gpus)}" if gpus == 0 else f"{_n_gpus(-gpus)} more")
     )
     word = "less" if saving >= 0 else "more"
+    flat_below = any(not p[2] and p[1] < hbm.cost_per_mtok for p in presets)
+    reference = "the searched HBM-only policy" if flat_below else "HBM alone"
     return (
         f"Tiering ({_gb(tiered.tiers)}) meets the SLO with {fewer} and costs "
-        f"{abs(saving):.0%} {word} per token than HBM alone "
-        f"(${tiered.cost_per_mtok:.4f} vs ${hbm.cost_per_mtok:.4f} per 1M tokens)."
+        f"{abs(saving):.0%} {word} per token than {reference} "
+        f"(${tiered.cost_per_mtok:.4f} vs ${hbm.cost_per_mtok:.4f} per 1M tokens).{beaten}"
     )
+
+
+def _presets_below(presets: list[tuple[str, float, bool]], tiered: float, hbm: float) -> str:
+    """A sentence naming the cheapest preset of each kind that met the SLO for less than the
+    search's policy of that kind, and how it compares with the other kind, so the tiering
+    sentence never contradicts the presets' rows; empty when none did."""
+    out = ""
+    for kind, mine, other, label in (
+        (False, hbm, tiered, "HBM only"),
+        (True, tiered, hbm, "tiered"),
+    ):
+        below = [p for p in presets if p[2] == kind and p[1] < mine]
+        if not below:
+            continue
+        name, cost, _ = min(below, key=lambda p: p[1])
+        versus = "less" if cost < other else "more"
+        out += (
+            f" The preset {name} ({label}) met it for less, "
+            f"${cost:.4f} per 1M tokens, {abs(1 - cost / other):.0%} {versus} than the best "
+            f"{'tiered' if not kind else 'HBM-only'} policy found."
+        )
+    return out
 
 
 def _print_reached(result: Any, console: Console) -> None:

@@ -211,7 +211,7 @@ def baseline_policies(
             preset = load_preset(name)
             serving = replace(preset.serving, instances=None)
             if hw is not None and mdl is not None:
-                serving = _serving_that_fits(serving, hw, mdl)
+                serving = _serving_that_fits(replace(preset, serving=serving), hw, mdl)
             out[name] = replace(
                 preset, hardware=base.hardware, model=base.model, slo=base.slo, serving=serving
             )
@@ -220,22 +220,36 @@ def baseline_policies(
     return out
 
 
-def model_tp(hw: Any, mdl: Any, tp: int) -> int | None:
-    """``tp``, or when ``tp`` GPUs cannot hold ``mdl``'s weights with room for KV the smallest
-    size that can and that the hardware can place (:func:`kvtier.deploy.layout.pool_tp_choices`);
-    None when none can."""
+def kv_room(hw: Any, mdl: Any, tp: int, policy: Policy | None = None) -> float:
+    """KV bytes an instance of ``tp`` GPUs of ``hw`` leaves beside ``mdl``'s weights, as the
+    engine of ``policy`` (default: the default policy) sizes its budget at the policy's weight
+    type (:func:`kvtier.deploy.kv_budget.kv_budget`, what the simulator then gives it)."""
+    from kvtier.deploy.apply import apply_deployment
+    from kvtier.deploy.kv_budget import kv_budget
+
+    policy = Policy() if policy is None else policy
+    hw, mdl = apply_deployment(hw, mdl, replace(policy, serving=replace(policy.serving, tp=None)))
+    return kv_budget(hw, mdl, policy, tp).kv_bytes
+
+
+def model_tp(hw: Any, mdl: Any, tp: int, policy: Policy | None = None) -> int | None:
+    """``tp``, or when ``tp`` GPUs cannot hold ``mdl``'s weights with room for KV
+    (:func:`kv_room` under ``policy``) the smallest size that can and that the hardware can
+    place (:func:`kvtier.deploy.layout.pool_tp_choices`); None when none can."""
     from kvtier.deploy.layout import pool_tp_choices
 
-    if hw.kv_capacity_bytes(mdl, tp) > 0:
+    if kv_room(hw, mdl, tp, policy) > 0:
         return tp
     sizes = [t for t in pool_tp_choices(hw.topology) if t > tp]
-    return next((t for t in sizes if hw.kv_capacity_bytes(mdl, t) > 0), None)
+    return next((t for t in sizes if kv_room(hw, mdl, t, policy) > 0), None)
 
 
-def _serving_that_fits(serving: Any, hw: Any, mdl: Any) -> Any:
-    """``serving`` at the tensor-parallel sizes ``mdl`` needs on ``hw`` (:func:`model_tp`)."""
+def _serving_that_fits(policy: Policy, hw: Any, mdl: Any) -> Any:
+    """``policy``'s serving at the tensor-parallel sizes ``mdl`` needs on ``hw`` under it
+    (:func:`model_tp`)."""
+    serving = policy.serving
     tp = serving.tp or hw.topology.tp
-    fits = model_tp(hw, mdl, tp)
+    fits = model_tp(hw, mdl, tp, policy)
     if fits is None:
         raise InputError(
             f"{mdl.name} does not fit on any tensor-parallel size of {hw.name} "
@@ -246,7 +260,7 @@ def _serving_that_fits(serving: Any, hw: Any, mdl: Any) -> Any:
         changes["tp"] = fits
     for key in ("prefill_tp", "decode_tp"):
         pool = getattr(serving, key)
-        if pool is not None and (size := model_tp(hw, mdl, pool)) != pool:
+        if pool is not None and (size := model_tp(hw, mdl, pool, policy)) != pool:
             if size is None:
                 raise InputError(f"{mdl.name} does not fit on serving.{key} = {pool} GPUs")
             changes[key] = size
@@ -263,7 +277,7 @@ def pool_tp_sizes(hardware: Any, model: Any = None) -> tuple[int, ...]:
     topo = hardware.topology
     sizes = [t for t in pool_tp_choices(topo) if 2 * t <= topo.gpus]
     if model is not None:
-        sizes = [t for t in sizes if hardware.kv_capacity_bytes(model, t) > 0]
+        sizes = [t for t in sizes if kv_room(hardware, model, t) > 0]
     return tuple(sizes)
 
 
@@ -1106,6 +1120,8 @@ def _provenance(
         "params": best_trial.user_attrs.get("params", {}),
         # the step-time backend and the package / data versions behind the metrics
         "step_time": best.metrics.get("step_time_source", ""),
+        # where the instances' HBM for KV came from (kvtier.deploy.kv_budget)
+        "hbm_kv": best.metrics.get("hbm_kv_source", ""),
         "prices": str(prices) if prices else "the profiles' (owned, all-in)",
         # what the refine changed from the trial (kvtier.search.refine); empty: nothing
         "refined": list(refined.changes) if refined is not None else [],

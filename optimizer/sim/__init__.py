@@ -162,6 +162,7 @@ def replay_metrics(
         metrics,
         step_time=cfg.step_backend,
         step_time_source=cfg.step_provenance,
+        hbm_kv_source=cfg.hbm_provenance,
         extrapolated_share=raw.extrapolated_iterations / max(raw.n_iterations, 1),
         gpus=cfg.gpus,
         **energy_fields(energy),

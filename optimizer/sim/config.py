@@ -13,6 +13,7 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 
 from kvtier.deploy.apply import apply_deployment, check_hbf
+from kvtier.deploy.kv_budget import kv_budget
 from kvtier.deploy.layout import plan_layout, pool_tp_choices
 from kvtier.errors import InputError
 from kvtier.files import check_allocation
@@ -104,6 +105,9 @@ class SimConfig:
     timing: np.ndarray | None = field(default=None, compare=False, repr=False)
     step_backend: str = "roofline"
     step_provenance: str = ""
+    # where each pool's HBM for KV came from: the policy's capacity_gb, or the engine's budget
+    # and what it took besides the weights (kvtier.deploy.kv_budget)
+    hbm_provenance: str = ""
     # seconds per request outside the engine (HTTP, tokenization, detokenization), added to
     # the first-token and finish times a client sees (kvtier.sim.steptime.frontend)
     frontend_s: float = 0.0
@@ -360,6 +364,9 @@ def build_config(hardware: Hardware, model: ModelProfile, policy: Policy) -> Sim
         pools.append(_pool(hardware, model, policy, layout.decode_tp, float(kvb), keys[1]))
     first = pools[0]
     timing, backend, provenance = first.timing, first.backend, first.provenance
+    hbm_source = first.hbm_source
+    if two and pools[1].hbm_source != hbm_source:
+        hbm_source = f"prefill: {hbm_source}; decode: {pools[1].hbm_source}"
     if two:
         pf_name = f"{prefill_hw.gpu.name} " if hetero else ""
         dc_name = f"{hardware.gpu.name} " if hetero else ""
@@ -421,6 +428,7 @@ def build_config(hardware: Hardware, model: ModelProfile, policy: Policy) -> Sim
         timing=timing,
         step_backend=backend,
         step_provenance=provenance,
+        hbm_provenance=hbm_source,
         frontend_s=float(timing[T_FRONTEND]),
         frontend_token_s=float(timing[T_FRONTEND_TOKEN]),
         prefix_caching=serving.prefix_caching,
@@ -445,7 +453,7 @@ def build_config(hardware: Hardware, model: ModelProfile, policy: Policy) -> Sim
             else ()
         ),
         epp_bytes_per_token=float(serving.epp_prompt_bytes_per_token),
-        scheduler=SCHEDULERS.codes[serving.scheduler],
+        scheduler=SCHEDULERS.codes[serving.engine_scheduler],
         n_prefill=n_pf,
         pd=pd,
         watermark_blocks=int(watermark * first.blocks),
@@ -457,13 +465,13 @@ def build_config(hardware: Hardware, model: ModelProfile, policy: Policy) -> Sim
         instance_gpus=layout.tps,
         hosts=layout.hosts,
         prefill_gpu=hardware.prefill_gpu,
-        **_sliding_groups(model, serving.scheduler),
+        **_sliding_groups(model, serving.engine_scheduler),
         async_scheduling=serving.async_scheduling,
         prefill_first=serving.batching == "prefill_first",
         caches_loads_at_admission=policy.load_caching == "at_admission",
         polls_loads=(
             bool(policy.lower_tiers)
-            and serving.scheduler == "vllm_v1"
+            and serving.engine_scheduler == "vllm_v1"
             and policy.load_wait == "request"
             and policy.load_report == "step_output"
         ),
@@ -472,12 +480,12 @@ def build_config(hardware: Hardware, model: ModelProfile, policy: Policy) -> Sim
 
 def admission_watermark(serving: ServingPolicy) -> float:
     """The share of HBM blocks an admission leaves free: the policy's, or unset the
-    scheduler's own ([vLLM-v1-admission]): vLLM v0's block manager keeps 1 %, vLLM V1 none;
-    with TensorRT-LLM's step times, the 1 % that stands in for its capacity scheduler (whose
-    own rule is not modelled under ``vllm_v1``)."""
+    scheduler's own ([vLLM-v1-admission]): vLLM v0's block manager keeps 1 %, vLLM V1 none,
+    TensorRT-LLM's capacity scheduler none (it reserves every admitted request's whole
+    footprint instead, ``reserve``)."""
     if serving.watermark is not None:
         return float(serving.watermark)
-    return 0.01 if serving.scheduler == "vllm_v0" or serving.framework == "trtllm" else 0.0
+    return 0.01 if serving.engine_scheduler == "vllm_v0" else 0.0
 
 
 def _sliding_groups(model: ModelProfile, scheduler: str) -> dict[str, int]:
@@ -530,6 +538,7 @@ class _Pool:
     timing: np.ndarray
     backend: str
     provenance: str
+    hbm_source: str  # where its KV budget came from (kvtier.deploy.kv_budget)
 
 
 def _pool(
@@ -550,8 +559,10 @@ def _pool(
     hbm_tier = policy.tiers[0]
     if hbm_tier.capacity_gb is not None:
         kv_bytes = hbm_tier.capacity_gb * GB
+        hbm_source = "tiers.hbm.capacity_gb"
     else:
-        kv_bytes = hardware.kv_capacity_bytes(model)
+        budget = kv_budget(hardware, model, policy, tp)
+        kv_bytes, hbm_source = budget.kv_bytes, budget.source
     replicated = block_bytes * model.kv_replication(tp)
     if kv_bytes < replicated:
         if hbm_tier.capacity_gb is not None:
@@ -564,7 +575,8 @@ def _pool(
         fits = [
             t
             for t in pool_tp_choices(topo)
-            if hardware.kv_capacity_bytes(model, t) >= block_bytes * model.kv_replication(t)
+            if kv_budget(hardware, model, policy, t).kv_bytes
+            >= block_bytes * model.kv_replication(t)
         ]
         raise InputError(
             f"model {model.name!r} leaves no room for KV blocks on {hardware.name!r}: "
@@ -573,4 +585,4 @@ def _pool(
             option=key,
         )
     timing, backend, provenance = step_timing(hardware, model, policy, kvb)
-    return _Pool(int(kv_bytes // replicated), timing, backend, provenance)
+    return _Pool(int(kv_bytes // replicated), timing, backend, provenance, hbm_source)

@@ -78,6 +78,8 @@ class Metrics:
     step_time: str = ""
     step_time_source: str = ""
     extrapolated_share: float = 0.0
+    # where the instances' HBM for KV came from (kvtier.deploy.kv_budget)
+    hbm_kv_source: str = ""
     # GPUs the instances use (pools of two tensor-parallel sizes count each pool's; 0: unknown)
     gpus: int = 0
     # scheduler = "vllm_v1": requests preempted (a request preempted twice counts twice) and
