@@ -465,9 +465,9 @@ def run_request(request: OptimizeRequest) -> OptimizeResult:
     compile_ahead.start()  # before the trace is read: the kernels' compile starts now
     fitted = fit_space(request)
     opened = open_study_stage(request, fitted)
-    warmed = warm_start(request, fitted, opened)
-    searched = search(request, fitted, opened)
     baselines = compare_baselines(request, fitted)
+    warmed = warm_start(request, fitted, opened, baselines)
+    searched = search(request, fitted, opened)
     swept = sweep_tiers(request, fitted, opened, searched)
     refined = refine_stage(request, fitted, opened, swept)
     targeted = targets_stage(request, fitted, swept, refined, opened.name)
@@ -613,12 +613,25 @@ def open_study_stage(request: OptimizeRequest, fitted: Fitted) -> Opened:
     return Opened(name, storage, study, digest)
 
 
-def warm_start(request: OptimizeRequest, fitted: Fitted, opened: Opened) -> int:
-    """Enqueue trials at the knees of the trace's miss-ratio curve in a new study; the number
-    enqueued."""
+def warm_start(
+    request: OptimizeRequest, fitted: Fitted, opened: Opened, baselines: list[Baseline]
+) -> int:
+    """Enqueue trials in a new study: each preset that met the SLO, as far as the space states
+    it, then the knees of the trace's miss-ratio curve (:mod:`kvtier.search.warmstart`); the
+    number enqueued."""
+    from kvtier.search.warmstart import preset_trials
+
     study, base, search_space = opened.study, fitted.base, fitted.space
     warmed = 0
     if request.warm_start and len(study.trials) == 0:
+        worked = [
+            b.evaluation.policy
+            for b in baselines
+            if b.evaluation is not None and b.evaluation.feasible
+        ]
+        for values in preset_trials(search_space, worked, fitted.hw.topology.tp):
+            study.enqueue_trial(values, skip_if_exists=True)
+            warmed += 1
         # The curve of the trace as the pinned fields map it (block size, tenant sharing).
         pinned: dict[str, Any] = dict(search_space.pinned)
         warm_policy = replace(
@@ -1015,8 +1028,9 @@ def targets_stage(
         per_target = best_per_target(swept.done, winner, hw, mdl, fraction)
         if request.refine and won_policy is not None:
             fixed = tuple(fitted.space.pinned)
-            per_target = refine_per_target(per_target, swept.done, fitted, fixed)
-            per_target = project_winner(per_target, won_policy, best.number, fitted, fixed)
+            cost = winner[0]
+            per_target = refine_per_target(per_target, swept.done, fitted, fixed, cost)
+            per_target = project_winner(per_target, won_policy, best.number, fitted, fixed, cost)
     return Targeted(won_policy, metrics, runnable, per_target)
 
 
@@ -1248,15 +1262,19 @@ def best_per_target(
 
 
 def refine_per_target(
-    rows: list[TargetBest], done: list[TrialSummary], fitted: Fitted, fixed: tuple[str, ...]
+    rows: list[TargetBest],
+    done: list[TrialSummary],
+    fitted: Fitted,
+    fixed: tuple[str, ...],
+    winner_cost: float,
 ) -> list[TargetBest]:
     """Each target's cheapest trial (not the winner) refined as the winner is
     (:func:`kvtier.search.refine.refine`, without curves), kept when the refined policy is
-    cheaper and the target still runs it as simulated."""
+    cheaper and the target still runs it as simulated; its extra cost against the
+    unrestricted winner's ``winner_cost``."""
     from kvtier.search.refine import refine
 
     by_trial = {s.number: s for s in done}
-    winner_cost = next((r.cost_per_mtok for r in rows if r.winner), None)
     fraction = fitted.trace.sample_fraction
     cache: dict[int, tuple[Any, list[str]]] = {}
     out = []
@@ -1301,7 +1319,10 @@ def project_to_target(policy: Policy, target: str, hw: Any) -> tuple[Policy, tup
     for key, values in rules.allowed().items():
         parts = key.split(".")
         owner: Any = policy.serving if parts[0] == "serving" else policy
-        if len(parts) <= 2 and getattr(owner, parts[-1], values[0]) not in values:
+        current = getattr(owner, parts[-1], values[0])
+        if key == "serving.scheduler":  # unset: the framework's own
+            current = policy.serving.engine_scheduler
+        if len(parts) <= 2 and current not in values:
             changes[key] = values[0]
     for tier in policy.lower_tiers:
         if tier.name not in rules.tiers or tier.name not in hw.tiers:
@@ -1320,13 +1341,14 @@ def project_winner(
     from_trial: int,
     fitted: Fitted,
     fixed: tuple[str, ...],
+    winner_cost: float,
 ) -> list[TargetBest]:
     """For each target that cannot run the winner: the winner projected onto what the target
     expresses (:func:`project_to_target`), replayed and refined; it replaces the target's row
-    when it meets the SLO, the target runs it, and it costs less than the row's policy."""
+    when it meets the SLO, the target runs it, and it costs less than the row's policy; its
+    extra cost against the unrestricted winner's ``winner_cost``."""
     from kvtier.search.refine import refine
 
-    winner_cost = next((r.cost_per_mtok for r in rows if r.winner), None)
     fraction = fitted.trace.sample_fraction
     cache: dict[str, tuple[Any, list[str]]] = {}
     out = []

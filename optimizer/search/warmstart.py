@@ -1,10 +1,17 @@
-"""Warm start: enqueue trials at the knees of the trace's LRU miss-ratio curve.
+"""Warm start: enqueue trials at the knees of the trace's LRU miss-ratio curve, and at the
+presets that met the SLO.
 
 A cache much smaller than a curve's knee wastes its hits; one much larger buys little. So the
 first trials try each tier capacity of the space at the capacities where the exact one-pass
 LRU curve (``kvtier.cache``) bends: the point farthest from the chord of the curve on a
 log-capacity axis (the "Kneedle" rule of Satopaa et al., 2011), and where the curve reaches
 90% and 99% of the hit ratio an unbounded cache gets.
+
+The shipped presets are replayed on the same trace before the search
+(:func:`kvtier.search.run.compare_baselines`); each that met the SLO is enqueued too, at its
+fewest instances and as far as the space can state it (:func:`preset_trials`), so the search
+starts from the known systems that work and its winner is not beaten by a point of the space
+it never tried.
 """
 
 from __future__ import annotations
@@ -127,3 +134,47 @@ def warm_start_trials(
             )
             trials.append(values)
     return trials
+
+
+def policy_value(policy: Policy, name: str) -> Any:
+    """The value a search parameter ``name`` (a dotted path, :mod:`kvtier.search.overlay`) has
+    in ``policy``; None where the policy leaves it unset or has no such tier."""
+    parts = name.split(".")
+    if parts[0] == "tiers" and len(parts) == 3:
+        tier = policy.tier(parts[1])
+        if parts[2] == "enabled":
+            return tier is not None
+        return None if tier is None else getattr(tier, parts[2], None)
+    if parts[0] == "serving" and len(parts) == 2:
+        if parts[1] == "prefill_share" and policy.serving.prefill_instances:
+            return None  # a fixed count of prefill instances is not a share of the instances
+        return getattr(policy.serving, parts[1], None)
+    return getattr(policy, name, None) if len(parts) == 1 else None
+
+
+def preset_trials(
+    space: SearchSpace, presets: list[Policy], default_tp: int
+) -> list[dict[str, Any]]:
+    """Parameter sets to enqueue, one per preset (each at the instances it ran on): every free
+    parameter whose condition holds takes the preset's value where the space's domain has it
+    (an unset ``serving.tp`` is the hardware's ``default_tp``); the sampler picks the rest."""
+    out: list[dict[str, Any]] = []
+    for policy in presets:
+        values: dict[str, Any] = dict(space.pinned)
+        for param in space.free():
+            if not param.active(values):
+                continue
+            value = policy_value(policy, param.name)
+            if value is None and param.name == "serving.tp":
+                value = default_tp
+            if value is None or (param.step is not None and param.choices is None):
+                continue  # unset, or a stepped range the value may not sit on
+            try:
+                param.check(value)
+            except ValueError:
+                continue
+            values[param.name] = value
+        chosen = {k: v for k, v in values.items() if k not in space.pinned}
+        if chosen and chosen not in out:
+            out.append(chosen)
+    return out
