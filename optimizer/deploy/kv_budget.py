@@ -24,11 +24,11 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import TYPE_CHECKING
 
+from kvtier.hardware.types import GIB
+
 if TYPE_CHECKING:
     from kvtier.hardware.types import Hardware, ModelProfile
     from kvtier.policy.model import Policy
-
-GIB = float(2**30)
 
 
 @dataclass(frozen=True)
