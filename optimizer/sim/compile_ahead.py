@@ -150,15 +150,8 @@ def plan() -> list[tuple[Any, Callable[[Sim], tuple]]]:
     from kvtier.sim import nb
     from kvtier.sim.fault_step import faults_advance_nb
     from kvtier.sim.nb_hbm import Run, hbm_cache_generated_nb, hbm_register_nb, hbm_release_nb
-    from kvtier.sim.nb_loading import promoted_nb
-    from kvtier.sim.nb_prefetch import (
-        hit_lost_nb,
-        prefetch_nb,
-        prefetched_nb,
-        retry_prefetches_nb,
-    )
     from kvtier.sim.nb_tbt import tbt_run_nb, tbt_tail_nb, tbt_token_nb
-    from kvtier.sim.nb_tiers import Refs, computed_nb, generated_nb, refresh_nb
+    from kvtier.sim.nb_tiers import computed_nb
     from kvtier.sim.routers.dispatch import route_nb
 
     f8 = np.zeros(1, dtype=np.float64)
@@ -169,19 +162,12 @@ def plan() -> list[tuple[Any, Callable[[Sim], tuple]]]:
         (nb.preempt_nb, lambda s: (0, 0, s.rq, s.rs, s.ist, s.pool, s.prm, s.out)),
         (nb.grow_nb, lambda s: (s, 0, 0, 0, 0.0)),
         (nb.release_held_nb, lambda s: (0, 0.0, s.rs, s.ist, s.pool, s.prm)),
-        (refresh_nb, lambda s: (s.ts, s.tp, 0, Refs(s.rq.block_ids, 0, 0, 0), 0)),
-        (hit_lost_nb, lambda s: (s, 0, 0, 0.0)),
-        (prefetched_nb, lambda s: (s, 0, 0, 0.0)),
-        (promoted_nb, lambda s: (s, 0, 0)),
-        (retry_prefetches_nb, lambda s: (s, 0, 0.0)),
-        (prefetch_nb, lambda s: (s, 0, 0, 0.0)),
         (route_nb, lambda s: (s, 0)),
         (nb.stop_early_nb, lambda s: (0.0, s.ist, s.prm, s.out, s.ty)),
         (hbm_release_nb, lambda s: (s.pool, i8, i8, i8, 0, 0, 0, 0)),
         (hbm_cache_generated_nb, lambda s: (s.pool.records, s.pool.slots, 0, 0)),
         (tbt_run_nb, lambda s: (0, f8, 0, f8, i8, i8, f8)),
         (tbt_tail_nb, lambda s: (0, f8, i8, i8)),
-        (generated_nb, lambda s: (s.ts, s.tp, s.lk, 0, 0.0, 0, 0, s.buf.gbuf)),
         (tbt_token_nb, lambda s: (0, 0.0, f8, i8, i8, f8)),
         (nb.hand_off_nb, lambda s: (s, 0, 0, 0.0)),
         (nb.seen_first_nb, lambda s: (0, s.rq, s.rs, s.prm, s.out, s.ty)),
