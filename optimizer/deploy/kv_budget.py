@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import TYPE_CHECKING
 
+from kvtier.hardware.aic import weight_type
 from kvtier.hardware.types import GIB
 
 if TYPE_CHECKING:
@@ -51,7 +52,7 @@ def kv_budget(hardware: Hardware, model: ModelProfile, policy: Policy, tp: int) 
         serving.framework,
         serving.framework_version,
         tp,
-        "fp8" if model.weight_dtype_bytes == 1.0 else "bf16",
+        weight_type(model),
         policy.kv_dtype,
         serving.max_num_batched_tokens,
         serving.max_num_seqs,
@@ -89,7 +90,7 @@ def aic_non_kv_bytes(
     """Per GPU, what aiconfigurator-core's memory model says an engine holds besides weights
     and KV (activations at ``max_num_tokens``, runtime, NCCL), with its provenance; None
     where the package does not cover the GPU, model, framework or version."""
-    from kvtier.hardware.aic import AIC_SYSTEMS, aic_version, quiet_aic
+    from kvtier.hardware.aic import AIC_SYSTEMS, aic_version, quant_mode, quiet_aic
 
     system = AIC_SYSTEMS.get(gpu_name)
     if system is None or not hf_id or kv_dtype not in ("bf16", "fp16", "fp8"):
@@ -103,7 +104,6 @@ def aic_non_kv_bytes(
         literal = perf_database.resolve_query_version(system, framework, version)
         if literal is None:
             return None
-        fp8 = "fp8"
         breakdown = KVCacheEstimator.from_request(
             hf_id,
             system,
@@ -113,8 +113,8 @@ def aic_non_kv_bytes(
             max_batch_size=int(max_num_seqs),
             tp_size=int(tp),
             moe_tp_size=int(tp),  # vLLM's default: experts sharded by tensor parallelism
-            gemm_quant_mode=fp8 if weight_dtype == fp8 else None,
-            kvcache_quant_mode=fp8 if kv_dtype == fp8 else None,
+            gemm_quant_mode=quant_mode(weight_dtype),
+            kvcache_quant_mode=quant_mode(kv_dtype),
         ).breakdown
     except Exception as err:  # noqa: BLE001 - the package raises many kinds for what it lacks
         logging.getLogger(__name__).debug("aiconfigurator-core memory model: %s", err)

@@ -9,8 +9,12 @@ what they share, below both.
 from __future__ import annotations
 
 import logging
+from typing import TYPE_CHECKING
 
 from kvtier.errors import InputError
+
+if TYPE_CHECKING:
+    from kvtier.hardware.types import ModelProfile
 
 # the aiconfigurator-core release the tables were built and checked with (pyproject pins it)
 AIC_VERSION_PIN = "0.12.0"
@@ -55,3 +59,25 @@ def quiet_aic() -> None:
     replay's output stays clean."""
     for name in ("aiconfigurator_core", "aiconfigurator"):
         logging.getLogger(name).setLevel(logging.ERROR)
+
+
+def fp8_weights(model: ModelProfile) -> bool:
+    """One-byte weights (FP8). Sub-byte checkpoints (gpt-oss's MXFP4 experts: 0.56 bytes per
+    parameter in all) are dequantised to BF16 inside the GEMM on GPUs without FP4 tensor
+    cores (vLLM's w4a16 MoE kernels on H100), so they run at the BF16 peak."""
+    return 0.75 < model.weight_dtype_bytes <= 1.0
+
+
+def weight_type(model: ModelProfile) -> str:
+    """The package's weight type for ``model`` as deployed: FP8, BF16, or for a sub-byte
+    checkpoint its own (native) quantisation, which the package reads from the model's config
+    (gpt-oss: MXFP4 experts, w4a16_mxfp4 MoE tables)."""
+    if fp8_weights(model):
+        return "fp8"
+    return "native" if model.weight_dtype_bytes < 1.0 else "bf16"
+
+
+def quant_mode(dtype: str) -> str | None:
+    """The package's quantisation mode for a kvtier element type: ``fp8``, else none (the
+    model's own)."""
+    return "fp8" if dtype == "fp8" else None

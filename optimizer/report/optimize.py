@@ -131,13 +131,22 @@ def feasible_presets(result: Any) -> list[tuple[str, float, bool]]:
     return found
 
 
+def _cheapest_preset(
+    presets: list[tuple[str, float, bool]], tiered: bool, below: float = float("inf")
+) -> tuple[str, float, bool] | None:
+    """The cheapest preset of that kind (with lower tiers or not) that met the SLO for less
+    than ``below``; None without one."""
+    kind = [p for p in presets if p[2] == tiered and p[1] < below]
+    return min(kind, key=lambda p: p[1]) if kind else None
+
+
 def _presets_that_did(presets: list[tuple[str, float, bool]], tiered: bool) -> str:
     """``, though the preset X (outside the searched space) did at $Y per 1M tokens`` for the
     cheapest feasible preset of that kind; empty without one."""
-    kind = [p for p in presets if p[2] == tiered]
-    if not kind:
+    found = _cheapest_preset(presets, tiered)
+    if found is None:
         return ""
-    name, cost, _ = min(kind, key=lambda p: p[1])
+    name, cost, _ = found
     return (
         f", though the preset {name} (outside the searched space) did at ${cost:.4f} per 1M tokens"
     )
@@ -182,7 +191,7 @@ def tiering_sentence(
         else (f"the same {_n_gpus(tiered.gpus)}" if gpus == 0 else f"{_n_gpus(-gpus)} more")
     )
     word = "less" if saving >= 0 else "more"
-    flat_below = any(not p[2] and p[1] < hbm.cost_per_mtok for p in presets)
+    flat_below = _cheapest_preset(presets, False, below=hbm.cost_per_mtok) is not None
     reference = "the searched HBM-only policy" if flat_below else "HBM alone"
     return (
         f"Tiering ({_gb(tiered.tiers)}) meets the SLO with {fewer} and costs "
@@ -200,10 +209,10 @@ def _presets_below(presets: list[tuple[str, float, bool]], tiered: float, hbm: f
         (False, hbm, tiered, "HBM only"),
         (True, tiered, hbm, "tiered"),
     ):
-        below = [p for p in presets if p[2] == kind and p[1] < mine]
-        if not below:
+        found = _cheapest_preset(presets, kind, below=mine)
+        if found is None:
             continue
-        name, cost, _ = min(below, key=lambda p: p[1])
+        name, cost, _ = found
         versus = "less" if cost < other else "more"
         out += (
             f" The preset {name} ({label}) met it for less, "

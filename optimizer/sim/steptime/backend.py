@@ -13,6 +13,7 @@ import functools
 import numpy as np
 
 from kvtier.errors import InputError
+from kvtier.hardware.aic import fp8_weights, weight_type
 from kvtier.hardware.types import Hardware, ModelProfile
 from kvtier.policy.model import Policy
 from kvtier.sim.steptime.calibrated import at_cluster_scale
@@ -29,13 +30,6 @@ from kvtier.sim.steptime.sustained import at_power_limit, ridge_tokens, scale_fo
 ACT_BYTES = 2.0  # BF16 activations: the all-reduce message is hidden * 2 bytes per token
 ALLREDUCES_PER_LAYER = 2  # after attention and after the MLP (Megatron-style TP)
 MOE_TABLE_MAX = 65536  # distinct-expert fraction tabulated to this many tokens (then ~1)
-
-
-def _fp8_weights(model: ModelProfile) -> bool:
-    """One-byte weights (FP8). Sub-byte checkpoints (gpt-oss's MXFP4 experts: 0.56 bytes per
-    parameter in all) are dequantised to BF16 inside the GEMM on GPUs without FP4 tensor
-    cores (vLLM's w4a16 MoE kernels on H100), so they run at the BF16 peak."""
-    return 0.75 < model.weight_dtype_bytes <= 1.0
 
 
 def allreduce_s_per_token(tp: int, model: ModelProfile, bw: float) -> float:
@@ -72,7 +66,7 @@ def nvlink_extra_s_per_token(hardware: Hardware, model: ModelProfile) -> float:
 
 def _peak(hardware: Hardware, model: ModelProfile) -> float:
     """FP8 weights run FP8 GEMMs where the GPU has them; others the BF16 peak."""
-    if _fp8_weights(model) and hardware.gpu.fp8_flops > 0:
+    if fp8_weights(model) and hardware.gpu.fp8_flops > 0:
         return hardware.gpu.fp8_flops
     return hardware.gpu.peak_flops
 
@@ -156,13 +150,6 @@ def step_timing(
         if choice == "measured":
             raise InputError(f"no measured step-time data for {why}", option="serving.step_time")
         return base, "roofline", f"roofline (kvtier; no measured data for {why})"
-    # the database's weight type: FP8, BF16, or for a sub-byte checkpoint its own (native)
-    # quantisation, which aiconfigurator-core reads from the model's config (gpt-oss: MXFP4
-    # experts, w4a16_mxfp4 MoE tables)
-    if _fp8_weights(model):
-        weight = "fp8"
-    else:
-        weight = "native" if model.weight_dtype_bytes < 1.0 else "bf16"
     try:
         key = measured_key(
             model.hf_id,
@@ -170,7 +157,7 @@ def step_timing(
             policy.serving.framework,
             policy.serving.framework_version,
             hardware.topology.tp,
-            weight,
+            weight_type(model),
             policy.kv_dtype,
         )
         tables = measured_tables(key)
@@ -188,7 +175,7 @@ def step_timing(
     ridge = functools.partial(
         ridge_tokens, _peak(hardware, model), model.weight_dtype_bytes, gpu.hbm_bw
     )
-    gemm_scale, attn_scale = scale_for(gpu, weight), scale_for(gpu, policy.kv_dtype)
+    gemm_scale, attn_scale = scale_for(gpu, key.weight_dtype), scale_for(gpu, policy.kv_dtype)
     if gemm_scale > 1.0 or attn_scale > 1.0:
         tables = at_power_limit(tables, gemm_scale, attn_scale, ridge())
         provenance += (

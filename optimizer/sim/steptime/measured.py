@@ -38,6 +38,7 @@ from kvtier.hardware.aic import (  # noqa: F401 - re-exported for the step-time 
     AIC_VERSION_PIN,
     NVLINK_SIBLING,
     aic_version,
+    quant_mode,
     quiet_aic,
 )
 
@@ -149,10 +150,6 @@ def measured_key(
     return MeasuredKey(model_id, system, framework, str(literal), tp, weight, kv, package=pkg)
 
 
-def _quant(dtype: str) -> str | None:
-    return "fp8" if dtype == "fp8" else None
-
-
 def build_tables(key: MeasuredKey) -> MeasuredTables:
     """Query aiconfigurator-core on the grids (about 800 queries after a 2-3 s compile)."""
     quiet_aic()
@@ -167,8 +164,8 @@ def build_tables(key: MeasuredKey) -> MeasuredTables:
             backend_version=key.version,
             tp_size=key.tp,
             moe_tp_size=key.tp,  # vLLM's default: experts sharded by tensor parallelism
-            gemm_quant_mode=_quant(key.weight_dtype),
-            kvcache_quant_mode=_quant(key.kv_dtype),
+            gemm_quant_mode=quant_mode(key.weight_dtype),
+            kvcache_quant_mode=quant_mode(key.kv_dtype),
         )
         step = h.mixed_step_breakdown
         tok = token_grid()
