@@ -57,6 +57,7 @@ KERNEL_MODULES = (
     "sim/routers/base_nb.py",
     "sim/routers/dispatch.py",
     "sim/routers/epp_index.py",
+    "sim/routers/epp_metrics.py",
     "sim/routers/kv_aware.py",
     "sim/routers/least_loaded.py",
     "sim/routers/llmd_epp.py",

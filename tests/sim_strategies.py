@@ -192,6 +192,9 @@ def _sim_config(draw: st.DrawFn, block_tokens: int) -> SimConfig:
         ),
         # prompt text at the EPP's own 4 bytes a token, or denser (entries of fewer tokens)
         epp_bytes_per_token=draw(st.sampled_from([4.0, 4.0, 7.0, 9.5])),
+        # llmd_epp reading the queue and KV use as last scraped: the exact state, or scrapes
+        # shorter or longer than the steps (longer: more steps than the ring keeps)
+        epp_metrics_interval_s=draw(st.sampled_from([0.0, 0.0, 0.003, 0.05, 0.7, 40.0])),
         scheduler=draw(st.integers(0, 2)),  # reserve, vllm_v1, vllm_v0
         watermark_blocks=draw(st.sampled_from([0, 0, 1])),
         # vLLM's scheduler_reserve_full_isl (vllm_v1's alone)

@@ -153,11 +153,18 @@ def test_ties_are_broken_alike_over_the_tied_instances() -> None:
         assert counts.min() > 0.85 * 6000 / n and counts.max() < 1.15 * 6000 / n
 
 
-def epp_cfg(instances: int = 2, **weights: float):
-    # the scorers reading the instances' caches, as these cases are derived (the EPP's own
-    # indexes: tests/test_sim_epp_index.py)
+def epp_cfg(instances: int = 2, metrics_interval: float = 0.0, **weights: float):
+    # the scorers reading the instances' caches and, unless ``metrics_interval`` is given,
+    # their exact queues and KV use, as these cases are derived (the EPP's own indexes:
+    # tests/test_sim_epp_index.py; its scraped metrics: tests/test_sim_epp_metrics.py)
     p = Policy()
-    serving = replace(p.serving, routing="llmd_epp", instances=instances, epp_prefix_source="cache")
+    serving = replace(
+        p.serving,
+        routing="llmd_epp",
+        instances=instances,
+        epp_prefix_source="cache",
+        epp_metrics_interval_s=metrics_interval,
+    )
     serving = replace(serving, **{f"epp_{k}_weight": v for k, v in weights.items()})
     return build_config(
         load_hardware("h100-node"), load_model("Llama-3.1-8B"), replace(p, serving=serving)

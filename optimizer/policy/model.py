@@ -262,6 +262,19 @@ class ServingPolicy:
         "a token; 4 makes its entries whole tokens)",
         maximum=64.0,
     )
+    # The queue and KV-utilisation scorers read each server's /metrics as the EPP last scraped
+    # it: every --refresh-metrics-interval (50 ms by default: gateway-api-inference-extension
+    # v1.0.2 pkg/epp/server/runserver.go, llm-d-router v0.10.0 options.go), and vLLM sets its
+    # gauges once a step, after it (Scheduler.make_stats in update_from_output, 0.19.1), so a
+    # request sent during a step is not yet counted. 0: the servers' exact state at each
+    # arrival. docs/model.md, "Routing".
+    epp_metrics_interval_s: float = setting(
+        0.05,
+        "llmd_epp: seconds between the EPP's scrapes of each server's queue and KV use, "
+        "which vLLM updates once a step (0: the exact state at each arrival)",
+        nonneg=True,
+        maximum=60.0,
+    )
 
     # vLLM's --enable-prefix-caching / --no-enable-prefix-caching: off, HBM keeps no prefix
     # across requests and every hit comes through a connector (LMCache deployments often run so).

@@ -75,6 +75,10 @@ class SimConfig:
     # llmd_epp index: UTF-8 bytes of the prompts' text per token; the EPP cuts text into entries
     # of 4 bytes a token, so 4 makes an entry whole tokens (kvtier.sim.routers.epp_index)
     epp_bytes_per_token: float = 4.0
+    # llmd_epp: the queue and KV-utilisation scorers read each instance's state as of the last
+    # step that ended at or before the EPP's last scrape, every this many seconds (0: the
+    # exact state at the arrival) (kvtier.sim.routers.epp_metrics)
+    epp_metrics_interval_s: float = 0.0
     scheduler: int = 0  # SCHEDULERS code: 0 reserve at admission, 1 vLLM V1 (grow, preempt)
     watermark_blocks: int = 0  # vllm_v1: free blocks an admission leaves when others run
     # vllm_v1: a waiting or preempted request is admitted only when the blocks of its whole
@@ -453,6 +457,7 @@ def build_config(hardware: Hardware, model: ModelProfile, policy: Policy) -> Sim
             else ()
         ),
         epp_bytes_per_token=float(serving.epp_prompt_bytes_per_token),
+        epp_metrics_interval_s=float(serving.epp_metrics_interval_s),
         scheduler=SCHEDULERS.codes[serving.engine_scheduler],
         n_prefill=n_pf,
         pd=pd,

@@ -25,6 +25,7 @@ from kvtier.errors import InputError, StallError
 from kvtier.files import check_allocation
 from kvtier.policy.registries import (
     KV_AWARE,
+    LLMD_EPP,
     LOAD_RULES,
     ROUTERS,
     SCHEDULERS,
@@ -349,6 +350,7 @@ def kernel_inputs(
         int(cfg.prefetch_retry_attempts),
         bool(cfg.refreshes_host_on_hbm_hit),
         bool(cfg.reserve_full_prompt),
+        _epp_metrics_interval(cfg),
     )
     out = Outputs(
         first_token=np.full(n, np.nan),
@@ -595,6 +597,16 @@ def _epp_weights(cfg: SimConfig) -> np.ndarray:
     if w.shape != (6,) or not np.all(np.isfinite(w) & (w >= 0)):
         raise InputError(f"epp_weights must be six finite numbers >= 0, got {cfg.epp_weights}")
     return w
+
+
+def _epp_metrics_interval(cfg: SimConfig) -> float:
+    """The EPP's scrape interval for llmd_epp (0 for other routers: nothing is recorded)."""
+    dt = float(cfg.epp_metrics_interval_s)
+    if not (np.isfinite(dt) and dt >= 0.0):
+        raise InputError(
+            f"epp_metrics_interval_s must be a finite number >= 0, got {cfg.epp_metrics_interval_s}"
+        )
+    return dt if cfg.router == LLMD_EPP else 0.0
 
 
 def _epp_index(

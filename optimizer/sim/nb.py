@@ -152,6 +152,8 @@ from kvtier.sim.nb_tiers import (
     sighted_nb,
     window_end_nb,
 )
+from kvtier.sim.routers.epp_metrics import WIDTH as EPP_MX_WIDTH
+from kvtier.sim.routers.epp_metrics import step_ended_nb, step_scheduled_nb
 from kvtier.sim.slo import certainly_missed
 from kvtier.sim.steptime.jit import (
     prefill_attn_ns_nb,
@@ -492,6 +494,8 @@ def end_iteration_nb(sim: Sim, k: int, now: float) -> None:
     n_sched[k] = 0
     seg_steps[k] = 0
     busy[k] = False
+    if prm.epp_mx_dt > 0.0:  # the step's statistics, as vLLM reports them (llmd_epp)
+        step_ended_nb(ist.epp_mx, k, now, ist.free_len[k])
     # with work left it schedules its next iteration now
     ist.wake[k] = now if n_running[k] > 0 or ist.q_len[k] > 0 else np.inf
 
@@ -1133,7 +1137,9 @@ def run_ahead_nb(
             bk_start[r] = bk_start[r - 1]
         bk_start[0] = 0
     s = 0
+    records = prm.epp_mx_dt > 0.0  # each step's statistics (llmd_epp), as step by step
     while s < steps_left - 1 and t + dt < t_next:
+        free_at_end = ist.free_len[k]  # (this step's blocks taken, not the next one's)
         if alloc:
             r = (s + 1) % B
             e = bk_start[r + 1] - bk_start[r]
@@ -1152,6 +1158,8 @@ def run_ahead_nb(
             ist.free_len[k] -= e
         busy_s[k] += dt
         t += dt
+        if records:
+            step_ended_nb(ist.epp_mx, k, t, free_at_end)
         if prm.track_tbt:  # every request of the batch emits a token at the step's end
             buf.tbt_seen[s] = t + prm.timing[T_FRONTEND]
         s += 1
@@ -1687,6 +1695,8 @@ def start_iteration_nb(sim: Sim, k: int, now: float, t_next: float) -> None:
         # the batch waits for every load (load_wait = batch): idle until the last one
         wake[k] = last_ready
         return
+    if prm.epp_mx_dt > 0.0:  # what this step leaves waiting (if it runs)
+        step_scheduled_nb(ist.epp_mx, k, ist.q_len[k])
     if load_end > now:
         # (vllm_v0) the step admitted lower-tier loads: busy until the last has ended, then
         # its prompts' remainder (the same vLLM step, not counted twice)
@@ -1870,6 +1880,7 @@ def new_state(
     marks[PF_PASSES] = 0.0
     ix_list[IX_HEAD] = -1
     ix_list[IX_TAIL] = -1
+    mx_rows = n_inst if prm.epp_mx_dt > 0.0 else 1  # (one row when nothing is recorded)
     ist = InstanceState(
         q_head=np.full(n_inst, -1, dtype=np.int64),
         q_tail=np.full(n_inst, -1, dtype=np.int64),
@@ -1906,6 +1917,7 @@ def new_state(
         ix_last=np.full(2 * prm.ix_nodes, -1, dtype=np.int32),
         ix_log=np.empty((2, 2 * prm.ix_log), dtype=np.int32),
         ix_list=ix_list,
+        epp_mx=np.zeros((mx_rows, EPP_MX_WIDTH), dtype=np.float64),
     )
     max_nb = 0
     max_out = 0

@@ -149,6 +149,9 @@ class Params(NamedTuple):
     refreshes_host: bool
     # vllm_v1: admission needs the whole sequence's blocks free (SimConfig.reserve_full_prompt)
     reserves_full: bool
+    # llmd_epp: seconds between the EPP's scrapes of the instances' queue and KV use (0: it
+    # reads their exact state; SimConfig.epp_metrics_interval_s, kvtier.sim.routers.epp_metrics)
+    epp_mx_dt: float
 
 
 class HbmPools(NamedTuple):
@@ -316,6 +319,10 @@ class InstanceState(NamedTuple):
     ix_last: np.ndarray  # i4 (2 * ix_nodes,)
     ix_log: np.ndarray  # i4 (2, 2 * ix_log)
     ix_list: np.ndarray  # i8 (5, 2 * n_instances)
+    # llmd_epp with Params.epp_mx_dt: each instance's last steps' metrics as vLLM reports
+    # them (kvtier.sim.routers.epp_metrics: steps recorded, the waiting count of the step in
+    # flight, then a ring of (end, waiting, free blocks))
+    epp_mx: np.ndarray  # f8 (n_instances, epp_metrics.WIDTH)
 
 
 class Buffers(NamedTuple):

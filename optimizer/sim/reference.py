@@ -114,7 +114,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from kvtier.errors import StallError
-from kvtier.policy.registries import RESERVE, ROUTERS, VLLM_V0
+from kvtier.policy.registries import LLMD_EPP, RESERVE, ROUTERS, VLLM_V0
 from kvtier.sim.config import SimConfig
 from kvtier.sim.fault_step import RefFaults
 from kvtier.sim.faults import fault_arrays
@@ -122,6 +122,7 @@ from kvtier.sim.reference_tiers import LowerTiers
 from kvtier.sim.result import RawResult, end_time, tbt_tail_counts
 from kvtier.sim.routers import RouteView
 from kvtier.sim.routers.epp_index import EppIndex, index_geometry
+from kvtier.sim.routers.epp_metrics import new_metrics, step_ended, step_scheduled
 from kvtier.sim.routing import kv_route_weights
 from kvtier.sim.slo import SloCheck
 from kvtier.sim.tiers import generated_bases, generated_costs, recompute_costs, window_id_space
@@ -479,6 +480,9 @@ class ReferenceReplay:
         )
         # the router: its module's reference step over the instances it reads
         self.router = ROUTERS.by_code(self.cfg.router).load()
+        # llmd_epp: each instance's last steps' metrics, as the EPP scrapes them
+        stale = self.cfg.router == LLMD_EPP and self.cfg.epp_metrics_interval_s > 0
+        self.epp_mx = new_metrics(self.cfg.n_instances) if stale else None
         self.routing = RouteView(
             self.instances,
             self.n_route,
@@ -488,6 +492,7 @@ class ReferenceReplay:
             kv_route_weights(self.cfg),
             cold_stamp=[0] * self.cfg.n_instances,
             epp_index=self._epp_index(),
+            epp_metrics=self.epp_mx,
         )
         self.nxt = 0
         self.in_flight = 0  # requests sent and not finished (closed loop)
@@ -1269,6 +1274,8 @@ class ReferenceReplay:
             if loading:
                 inst.wake = max(loading)
                 return
+        if self.epp_mx is not None:  # what this step leaves waiting (if it runs)
+            step_scheduled(self.epp_mx, k, len(inst.waiting))
         if load_end > t:
             # (vllm_v0) the step admitted lower-tier loads: the engine is inside it, busy until
             # the last has ended (no arrival starts another); its prompts then run their
@@ -1440,6 +1447,8 @@ class ReferenceReplay:
         inst.ended_at = t
         inst.scheduled = []
         inst.busy_until = None
+        if self.epp_mx is not None:  # the step's statistics, as vLLM reports them
+            step_ended(self.epp_mx, k, t, len(pool.free))
         # with work left it schedules its next iteration now
         inst.wake = t if inst.running or inst.waiting else np.inf
         if self.check_invariants:

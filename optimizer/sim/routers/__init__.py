@@ -44,6 +44,8 @@ class RouteView:
     turn: int = 0
     cold_stamp: list[int] = field(default_factory=list)
     epp_index: Any = None  # llmd_epp: the EPP's approximate indexes (routers.epp_index.EppIndex)
+    # llmd_epp: the instances' last steps' metrics (routers.epp_metrics; None: exact state)
+    epp_metrics: Any = None
 
     @property
     def routed(self) -> list[Any]:

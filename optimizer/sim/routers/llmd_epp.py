@@ -52,6 +52,7 @@ from kvtier.sim.routers.epp_index import (
     index_add_nb,
     index_match_nb,
 )
+from kvtier.sim.routers.epp_metrics import scraped_at, scraped_at_nb, seen, seen_nb
 
 if TYPE_CHECKING:
     from kvtier.sim.routers import RouteView
@@ -95,7 +96,18 @@ def route(view: RouteView, req: Any) -> int:
     n = len(insts)
     hbm: list[int] = []
     held: list[int] = []
-    q_min = q_max = len(insts[0].waiting)
+    mx = view.epp_metrics  # the queue and KV use the EPP last scraped, else the exact state
+    tick = scraped_at(req.arrival, view.cfg.epp_metrics_interval_s) if mx is not None else 0.0
+    waiting: list[int] = []
+    free: list[int] = []
+    for k, inst in enumerate(insts):
+        if mx is not None:
+            q, f = seen(mx, k, tick, inst.pool.capacity)
+        else:
+            q, f = len(inst.waiting), len(inst.pool.free)
+        waiting.append(q)
+        free.append(f)
+    q_min = q_max = waiting[0]
     a_max = 0
     cold = True
     index = view.epp_index
@@ -116,16 +128,16 @@ def route(view: RouteView, req: Any) -> int:
         held.append(c)
         if h > 0:
             cold = False
-        q = len(inst.waiting)
+        q = waiting[k]
         q_min = min(q_min, q)
         q_max = max(q_max, q)
         a_max = max(a_max, inst.load)
     best, best_score, ties = -1, -1.0, 0
     for k, inst in enumerate(insts):
-        q = len(inst.waiting)
+        q = waiting[k]
         qs = 1.0 if q_max == q_min else float(q_max - q) / float(q_max - q_min)
         cap_k = inst.pool.capacity
-        ks = 1.0 - float(cap_k - len(inst.pool.free)) / float(cap_k)
+        ks = 1.0 - float(cap_k - free[k]) / float(cap_k)
         ks = min(max(ks, 0.0), 1.0)
         den_g = nh[GPU] if index is not None else nb
         den_c = nh[CPU] if index is not None else nb
@@ -182,8 +194,11 @@ def route_nb(sim: Sim, i: int) -> int:
         nh_g = prm.ix_koff[0, i + 1] - prm.ix_koff[0, i]
         nh_c = prm.ix_koff[1, i + 1] - prm.ix_koff[1, i]
         index_match_nb(ist, prm, i, n)
-    q_min = ist.q_len[0]
-    q_max = ist.q_len[0]
+    # the queue and KV use the EPP last scraped (epp_metrics), else the exact state
+    stale = prm.epp_mx_dt > 0.0
+    tick = scraped_at_nb(rq.arrival[i], prm.epp_mx_dt) if stale else 0.0
+    q_min, _ = seen_nb(ist.epp_mx, 0, tick, prm.capacities[0]) if stale else (ist.q_len[0], 0)
+    q_max = q_min
     a_max = 0
     cold = True
     for kk in range(n):
@@ -198,11 +213,13 @@ def route_nb(sim: Sim, i: int) -> int:
         if h > 0:
             cold = False
         q = ist.q_len[kk]
+        if stale:
+            q, _ = seen_nb(ist.epp_mx, kk, tick, prm.capacities[kk])
         if q < q_min:
             q_min = q
         if q > q_max:
             q_max = q
-        a = q + ist.n_running[kk]
+        a = ist.q_len[kk] + ist.n_running[kk]  # (the EPP's own count of what it sent)
         if a > a_max:
             a_max = a
     never = 0
@@ -228,11 +245,14 @@ def route_nb(sim: Sim, i: int) -> int:
             if tp.n_tiers > 0:
                 c += lookup_nb(ts, tp, kk, rq.block_ids, boff[i], h, hcap, buf.src)
         q = ist.q_len[kk]
+        free = ist.free_len[kk]
+        if stale:
+            q, free = seen_nb(ist.epp_mx, kk, tick, prm.capacities[kk])
         qs = 1.0
         if q_max != q_min:
             qs = float(q_max - q) / float(q_max - q_min)
         cap_k = prm.capacities[kk]
-        ks = 1.0 - float(cap_k - ist.free_len[kk]) / float(cap_k)
+        ks = 1.0 - float(cap_k - free) / float(cap_k)
         ks = min(max(ks, 0.0), 1.0)
         gs = 0.0
         cs = 0.0
@@ -258,7 +278,7 @@ def route_nb(sim: Sim, i: int) -> int:
                         if stamps[j] > 0 and stamps[j] < stamps[kk]:
                             rank += 1
                 ls = 1.0 - float(rank) / float(n - 1)
-        a = q + ist.n_running[kk]
+        a = ist.q_len[kk] + ist.n_running[kk]
         as_ = 1.0
         if a != 0:
             as_ = float(a_max - a) / float(a_max)

@@ -1,0 +1,92 @@
+"""What llm-d's endpoint picker knows of a server's load: its metrics as last scraped.
+
+The EPP's queue and KV-utilisation scorers read a server's waiting requests and KV use from
+its ``/metrics``, which the EPP scrapes every ``--refresh-metrics-interval`` (50 ms by
+default; gateway-api-inference-extension v1.0.2 ``pkg/epp/server/runserver.go``,
+``pkg/epp/backend/metrics/pod_metrics.go``; llm-d-router v0.10.0 ``options.go``,
+``datalayer/collector.go``); the scorers never look at the data's age
+(``scorer/queuedepth/queue.go``: ``endpoint.GetMetrics().WaitingQueueSize``). vLLM sets those
+gauges once a step, after it: ``Scheduler.make_stats`` runs in ``update_from_output`` and
+counts the requests left waiting by the step's scheduling and the blocks in use after its
+finished requests were freed (0.19.1, ``v1/core/sched/scheduler.py``); a request that reaches
+the engine during a step waits in its input queue and is counted by neither. So a request
+the EPP sent a few hundred milliseconds ago, into a long prefill step, is invisible to it,
+and requests routed in that window may join the same server.
+
+Each instance keeps a ring of its last ``RING`` steps' metrics, one row of ``WIDTH`` floats:
+``[0]`` the steps recorded, ``[1]`` the waiting count of the step in flight (set when the step
+is scheduled), then per step ``(end, waiting, free blocks)``. At an arrival at ``t`` the EPP's
+last scrape was at ``floor(t / dt) * dt`` (every server's ticker taken in phase); it sees the
+last step that ended by then, the oldest kept if every kept one ended later, and an empty
+queue and pool if the instance has ended none (vLLM's gauges start at 0). Both engines call
+these functions (the numba engine's copies are compiled from them).
+
+Approximations: vLLM's async scheduling computes a step's statistics after the next step
+was scheduled, and its gauges reach the API server's ``/metrics`` a moment after the step;
+the scrape itself takes time. SGLang updates its gauges at each prefill batch and every
+``decode_log_interval`` (40) decode batches, later still; here every engine reports each step.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from numba import njit
+
+import kvtier.jitcache  # noqa: F401  (drops kernels compiled against older sources)
+from kvtier.sim.nb_state import INNER
+
+RING = 32  # steps kept per instance: 50 ms of steps down to about 1.6 ms each
+WIDTH = 2 + 3 * RING
+_COUNT, _WAITING = 0, 1
+
+
+def new_metrics(n_instances: int) -> np.ndarray:
+    """Every instance's empty ring."""
+    return np.zeros((n_instances, WIDTH), dtype=np.float64)
+
+
+def step_scheduled(mx: np.ndarray, k: int, waiting: int) -> None:
+    """Instance ``k`` scheduled a step, leaving ``waiting`` requests waiting."""
+    mx[k, _WAITING] = waiting
+
+
+def step_ended(mx: np.ndarray, k: int, t: float, free: int) -> None:
+    """Instance ``k``'s step ended at ``t`` with ``free`` HBM blocks free: vLLM's statistics
+    of that step (its waiting count as scheduled)."""
+    n = int(mx[k, _COUNT])
+    j = 2 + 3 * (n % RING)
+    mx[k, j] = t
+    mx[k, j + 1] = mx[k, _WAITING]
+    mx[k, j + 2] = free
+    mx[k, _COUNT] = n + 1
+
+
+def scraped_at(t: float, dt: float) -> float:
+    """When the EPP last scraped before an arrival at ``t`` (every ``dt`` seconds, > 0)."""
+    return math.floor(t / dt) * dt
+
+
+def seen(mx: np.ndarray, k: int, tick: float, capacity: int) -> tuple[int, int]:
+    """(waiting, free blocks) of instance ``k`` as the EPP scraped them at ``tick``."""
+    n = int(mx[k, _COUNT])
+    m = n if n < RING else RING
+    for back in range(m):
+        j = 2 + 3 * ((n - 1 - back) % RING)
+        if mx[k, j] <= tick:
+            return int(mx[k, j + 1]), int(mx[k, j + 2])
+    if n > RING:  # every kept step ended later: the oldest kept
+        j = 2 + 3 * (n % RING)
+        return int(mx[k, j + 1]), int(mx[k, j + 2])
+    return 0, capacity
+
+
+@njit(cache=True, nogil=True, inline="always")
+def scraped_at_nb(t: float, dt: float) -> float:
+    return np.floor(t / dt) * dt
+
+
+step_scheduled_nb = njit(cache=True, nogil=True, inline="always")(step_scheduled)
+step_ended_nb = njit(cache=True, nogil=True, inline="always")(step_ended)
+seen_nb = njit(cache=True, nogil=True, _nrt=False, **INNER)(seen)
