@@ -13,7 +13,9 @@ Measures, for Llama-3.1-8B on the ``h100-node`` profile (8 instances, B=16 by de
   each N in ``--tier-samples``.
 
 With ``--epp`` it instead times ``llmd_epp`` replays reading the endpoint picker's own prefix
-indexes against the same reading the instances' caches, side by side in rounds.
+indexes against the same reading the instances' caches, side by side in rounds; with
+``--epp-metrics``, ``llmd_epp`` whose load scorers read the metrics as last scraped against
+the same reading the exact state.
 
 With ``--tbt`` it instead times replays that track token intervals (``track_tbt``, the TBT
 tails) against the same replays without, side by side in rounds (the order alternating; the
@@ -178,7 +180,15 @@ def main() -> None:
         action="store_true",
         help="Only llmd_epp reading the EPP's prefix indexes against reading the caches.",
     )
+    ap.add_argument(
+        "--epp-metrics",
+        action="store_true",
+        help="Only llmd_epp reading the metrics as last scraped against the exact state.",
+    )
     args = ap.parse_args()
+    if args.epp_metrics:
+        bench_epp_metrics(args)
+        return
     if args.epp:
         bench_epp(args)
         return
@@ -379,6 +389,43 @@ def bench_epp(args: argparse.Namespace) -> None:
         f" s; ratio per round median {statistics.median(ratios):.3f} (range "
         f"{min(ratios):.3f}-{max(ratios):.3f}); mean TTFT {metrics['index'].ttft_mean_s:.3f} s "
         f"and {metrics['cache'].ttft_mean_s:.3f} s"
+    )
+
+
+def bench_epp_metrics(args: argparse.Namespace) -> None:
+    """``llmd_epp`` whose load scorers read each server's metrics as the EPP last scraped
+    them (``serving.epp_metrics_interval_s`` 0.05, the default) against the exact state (0),
+    side by side in one process."""
+    sys.path.insert(0, str(ROOT))
+    from kvtier.scenario import Scenario
+    from kvtier.sim import simulate
+
+    B = args.block_tokens
+    scenario = Scenario.from_files(str(args.trace), block_tokens=B)
+    tr, hw, model, policy = scenario.blocked(), scenario.hardware, scenario.model, scenario.policy
+    pols = {
+        dt: replace(
+            policy,
+            serving=replace(policy.serving, routing="llmd_epp", epp_metrics_interval_s=dt),
+        )
+        for dt in (0.05, 0.0)
+    }
+    metrics = {dt: simulate(tr, hw, model, p) for dt, p in pols.items()}  # compile, warm
+    times: dict[float, list[float]] = {dt: [] for dt in pols}
+    ratios = []
+    for r in range(args.rounds):
+        for dt in (0.05, 0.0) if r % 2 == 0 else (0.0, 0.05):
+            p = pols[dt]
+            fn = lambda p=p: simulate(tr, hw, model, p)  # noqa: E731
+            times[dt].append(statistics.median(timed(fn, args.runs, time.thread_time)))
+        ratios.append(times[0.05][-1] / times[0.0][-1])
+    print(
+        f"{args.trace.name}, B={B}, {scenario.hardware.name}, llmd_epp; {args.rounds} rounds, "
+        f"each the median of {args.runs} warm replays (thread CPU time): scraped every 50 ms "
+        f"{statistics.median(times[0.05]):.4f} s, exact state "
+        f"{statistics.median(times[0.0]):.4f} s; ratio per round median "
+        f"{statistics.median(ratios):.3f} (range {min(ratios):.3f}-{max(ratios):.3f}); mean "
+        f"TTFT {metrics[0.05].ttft_mean_s:.3f} s and {metrics[0.0].ttft_mean_s:.3f} s"
     )
 
 
