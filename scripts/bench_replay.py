@@ -357,9 +357,12 @@ class Version:
         return run, m
 
 
-def bench_epp(args: argparse.Namespace) -> None:
-    """``llmd_epp`` reading the endpoint picker's own prefix indexes against reading the
-    instances' caches (``serving.epp_prefix_source``), side by side in one process."""
+def llmd_epp_side_by_side(
+    args: argparse.Namespace, label: str, variants: dict[str, dict[str, object]]
+) -> None:
+    """Two ``llmd_epp`` variants (each name's ``serving`` settings) timed side by side in
+    one process, the order alternating from round to round; prints each one's median, the
+    ratio of the first to the second per round, and each one's mean TTFT."""
     sys.path.insert(0, str(ROOT))
     from kvtier.scenario import Scenario
     from kvtier.sim import simulate
@@ -368,64 +371,49 @@ def bench_epp(args: argparse.Namespace) -> None:
     scenario = Scenario.from_files(str(args.trace), block_tokens=B)
     tr, hw, model, policy = scenario.blocked(), scenario.hardware, scenario.model, scenario.policy
     pols = {
-        src: replace(
-            policy, serving=replace(policy.serving, routing="llmd_epp", epp_prefix_source=src)
-        )
-        for src in ("index", "cache")
+        name: replace(policy, serving=replace(policy.serving, routing="llmd_epp", **settings))
+        for name, settings in variants.items()
     }
-    metrics = {src: simulate(tr, hw, model, p) for src, p in pols.items()}  # compile, warm
-    times: dict[str, list[float]] = {src: [] for src in pols}
+    first, second = pols
+    metrics = {name: simulate(tr, hw, model, p) for name, p in pols.items()}  # compile, warm
+    times: dict[str, list[float]] = {name: [] for name in pols}
     ratios = []
     for r in range(args.rounds):
-        for src in ("index", "cache") if r % 2 == 0 else ("cache", "index"):
-            p = pols[src]
+        for name in (first, second) if r % 2 == 0 else (second, first):
+            p = pols[name]
             fn = lambda p=p: simulate(tr, hw, model, p)  # noqa: E731
-            times[src].append(statistics.median(timed(fn, args.runs, time.thread_time)))
-        ratios.append(times["index"][-1] / times["cache"][-1])
+            times[name].append(statistics.median(timed(fn, args.runs, time.thread_time)))
+        ratios.append(times[first][-1] / times[second][-1])
     print(
-        f"{args.trace.name}, B={B}, {scenario.hardware.name}, llmd_epp; {args.rounds} rounds, "
-        f"each the median of {args.runs} warm replays (thread CPU time): index "
-        f"{statistics.median(times['index']):.4f} s, cache {statistics.median(times['cache']):.4f}"
-        f" s; ratio per round median {statistics.median(ratios):.3f} (range "
-        f"{min(ratios):.3f}-{max(ratios):.3f}); mean TTFT {metrics['index'].ttft_mean_s:.3f} s "
-        f"and {metrics['cache'].ttft_mean_s:.3f} s"
+        f"{args.trace.name}, B={B}, {scenario.hardware.name}, llmd_epp, {label}; {args.rounds} "
+        f"rounds, each the median of {args.runs} warm replays (thread CPU time): {first} "
+        f"{statistics.median(times[first]):.4f} s, {second} "
+        f"{statistics.median(times[second]):.4f} s; ratio per round median "
+        f"{statistics.median(ratios):.3f} (range {min(ratios):.3f}-{max(ratios):.3f}); mean "
+        f"TTFT {metrics[first].ttft_mean_s:.3f} s and {metrics[second].ttft_mean_s:.3f} s"
+    )
+
+
+def bench_epp(args: argparse.Namespace) -> None:
+    """``llmd_epp`` reading the endpoint picker's own prefix indexes against reading the
+    instances' caches (``serving.epp_prefix_source``)."""
+    llmd_epp_side_by_side(
+        args,
+        "prefix source",
+        {"index": {"epp_prefix_source": "index"}, "cache": {"epp_prefix_source": "cache"}},
     )
 
 
 def bench_epp_metrics(args: argparse.Namespace) -> None:
     """``llmd_epp`` whose load scorers read each server's metrics as the EPP last scraped
-    them (``serving.epp_metrics_interval_s`` 0.05, the default) against the exact state (0),
-    side by side in one process."""
-    sys.path.insert(0, str(ROOT))
-    from kvtier.scenario import Scenario
-    from kvtier.sim import simulate
-
-    B = args.block_tokens
-    scenario = Scenario.from_files(str(args.trace), block_tokens=B)
-    tr, hw, model, policy = scenario.blocked(), scenario.hardware, scenario.model, scenario.policy
-    pols = {
-        dt: replace(
-            policy,
-            serving=replace(policy.serving, routing="llmd_epp", epp_metrics_interval_s=dt),
-        )
-        for dt in (0.05, 0.0)
-    }
-    metrics = {dt: simulate(tr, hw, model, p) for dt, p in pols.items()}  # compile, warm
-    times: dict[float, list[float]] = {dt: [] for dt in pols}
-    ratios = []
-    for r in range(args.rounds):
-        for dt in (0.05, 0.0) if r % 2 == 0 else (0.0, 0.05):
-            p = pols[dt]
-            fn = lambda p=p: simulate(tr, hw, model, p)  # noqa: E731
-            times[dt].append(statistics.median(timed(fn, args.runs, time.thread_time)))
-        ratios.append(times[0.05][-1] / times[0.0][-1])
-    print(
-        f"{args.trace.name}, B={B}, {scenario.hardware.name}, llmd_epp; {args.rounds} rounds, "
-        f"each the median of {args.runs} warm replays (thread CPU time): scraped every 50 ms "
-        f"{statistics.median(times[0.05]):.4f} s, exact state "
-        f"{statistics.median(times[0.0]):.4f} s; ratio per round median "
-        f"{statistics.median(ratios):.3f} (range {min(ratios):.3f}-{max(ratios):.3f}); mean "
-        f"TTFT {metrics[0.05].ttft_mean_s:.3f} s and {metrics[0.0].ttft_mean_s:.3f} s"
+    them (``serving.epp_metrics_interval_s`` 0.05, the default) against the exact state (0)."""
+    llmd_epp_side_by_side(
+        args,
+        "load metrics",
+        {
+            "scraped every 50 ms": {"epp_metrics_interval_s": 0.05},
+            "exact state": {"epp_metrics_interval_s": 0.0},
+        },
     )
 
 
