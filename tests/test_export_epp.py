@@ -101,6 +101,18 @@ def test_an_entry_below_the_epps_floor_is_said_to_differ() -> None:
     assert len(notes) == 1 and "4 times" in notes[0]
 
 
+def test_the_metrics_interval_is_said_where_the_file_cannot_carry_it() -> None:
+    # the default is the EPP's own 50 ms: nothing to say
+    result = export(epp_policy(), "vllm", H100, MODEL)
+    assert not [n for n in result.notes if "refresh-metrics-interval" in n]
+    slower = export(epp_policy(epp_metrics_interval_s=0.2), "vllm", H100, MODEL)
+    notes = [n for n in slower.notes if "refresh-metrics-interval" in n]
+    assert len(notes) == 1 and "--refresh-metrics-interval=200ms" in notes[0]
+    exact = export(epp_policy(epp_metrics_interval_s=0.0), "vllm", H100, MODEL)
+    notes = [n for n in exact.notes if "refresh-metrics-interval" in n]
+    assert len(notes) == 1 and notes[0].kind == APPROXIMATE
+
+
 def test_the_exact_cache_source_writes_no_epp_file_and_says_why() -> None:
     result = export(epp_policy(epp_prefix_source="cache"), "vllm", H100, MODEL)
     assert EPP_FILE not in result.files

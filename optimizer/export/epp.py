@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import yaml
 
-from kvtier.export.common import Deployment, Note, approximate, inexpressible
+from kvtier.export.common import Deployment, Note, approximate, inexpressible, info
 from kvtier.policy.model import EPP_MIN_ENTRY_TOKENS, epp_gpu_entry_tokens
 
 EPP_FILE = "epp-config.yaml"
@@ -49,6 +49,9 @@ PLUGIN_PARAMETERS: dict[str, frozenset[str]] = {
         {"requestTimeout", "idleThreshold", "maxBusyScore", "inFlightLoadProducerName"}
     ),
 }
+# the EPP's --refresh-metrics-interval default (pkg/epp/server/runserver.go), seconds: how
+# often it scrapes the load its queue and KV-utilisation scorers read
+EPP_REFRESH_METRICS_S = 0.05
 GPU_PRODUCER = "gpu-prefix-cache-producer"
 CPU_PRODUCER = "cpu-prefix-cache-producer"
 
@@ -121,6 +124,7 @@ def epp_config(deploy: Deployment) -> tuple[dict[str, object] | None, list[Note]
             plugin["parameters"] = {"prefixMatchInfoProducerName": producer}
         plugins.append(plugin)
         profile.append({"pluginRef": name, "weight": float(weight)})
+    notes.extend(_metrics_interval_notes(s.epp_metrics_interval_s))
     if s.epp_active_weight > 0:
         notes.append(
             approximate(
@@ -135,6 +139,29 @@ def epp_config(deploy: Deployment) -> tuple[dict[str, object] | None, list[Note]
         "schedulingProfiles": [{"name": "default", "plugins": profile}],
     }
     return config, notes
+
+
+def _metrics_interval_notes(interval_s: float) -> list[Note]:
+    """What the plugins file cannot carry: the scrape interval is a flag of the EPP's own."""
+    if interval_s == EPP_REFRESH_METRICS_S:
+        return []
+    if interval_s == 0:
+        return [
+            approximate(
+                "serving.epp_metrics_interval_s = 0 was simulated (the queue and KV-utilisation "
+                "scorers reading each server's exact state at each arrival); the EPP reads them "
+                "from the /metrics it scrapes every --refresh-metrics-interval (50 ms by "
+                "default), which vLLM updates once a step, so the deployed router sees the "
+                "load later than simulated."
+            )
+        ]
+    ms = round(interval_s * 1000.0, 3)
+    return [
+        info(
+            f"serving.epp_metrics_interval_s = {interval_s:g}: start the EPP with "
+            f"--refresh-metrics-interval={ms:g}ms (a flag of the EPP, not of this file)."
+        )
+    ]
 
 
 def epp_yaml(config: dict[str, object]) -> str:

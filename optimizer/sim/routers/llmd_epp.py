@@ -31,9 +31,11 @@ the instances' cached blocks. The ``max-score-picker`` breaks ties at random (it
 candidates before a stable sort by score: ``picker/maxscore/picker.go`` at v0.10.0, and
 gateway-api-inference-extension v1.0.1's ``max_score_picker.go``); here each tie is settled
 by a draw fixed by the request's index (:func:`tie_draw`), uniform over the tied instances,
-so a replay stays deterministic and both engines pick alike. Approximation (docs/model.md,
-"Routing"): the EPP reads the load from scraped metrics, here the instances' exact state at
-the arrival."""
+so a replay stays deterministic and both engines pick alike. The queue and KV-utilisation
+scorers read each instance's waiting requests and KV use as the EPP last scraped them
+(``SimConfig.epp_metrics_interval_s``, :mod:`kvtier.sim.routers.epp_metrics`), or with an
+interval of 0 the exact state at the arrival; the active-request scorer counts what the EPP
+itself sent, at once."""
 
 from __future__ import annotations
 
