@@ -195,6 +195,8 @@ def _sim_config(draw: st.DrawFn, block_tokens: int) -> SimConfig:
         # llmd_epp reading the queue and KV use as last scraped: the exact state, or scrapes
         # shorter or longer than the steps (longer: more steps than the ring keeps)
         epp_metrics_interval_s=draw(st.sampled_from([0.0, 0.0, 0.003, 0.05, 0.7, 40.0])),
+        # reported every decode step (vLLM) or every few (SGLang's decode_log_interval)
+        epp_metrics_decode_every=draw(st.sampled_from([1, 1, 2, 40])),
         scheduler=draw(st.integers(0, 2)),  # reserve, vllm_v1, vllm_v0
         watermark_blocks=draw(st.sampled_from([0, 0, 1])),
         # vLLM's scheduler_reserve_full_isl (vllm_v1's alone)

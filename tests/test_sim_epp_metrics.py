@@ -27,7 +27,7 @@ def test_an_instance_that_ended_no_step_looks_empty() -> None:
     mx = new_metrics(2)
     assert seen(mx, 0, 10.0, 500) == (0, 500)
     step_scheduled(mx, 1, 3)
-    step_ended(mx, 1, 0.4, 120)
+    step_ended(mx, 1, 0.4, 120, True, 1)
     assert seen(mx, 0, 10.0, 500) == (0, 500)
     assert seen(mx, 1, 0.35, 500) == (0, 500)  # its step ended after the scrape
     assert seen(mx, 1, 0.4, 500) == (3, 120)
@@ -37,7 +37,7 @@ def test_the_last_step_ended_by_the_scrape_is_seen() -> None:
     mx = new_metrics(1)
     for j in range(5):  # steps ending at 0.1, 0.2, ... with j waiting and 100 - j free
         step_scheduled(mx, 0, j)
-        step_ended(mx, 0, 0.1 * (j + 1), 100 - j)
+        step_ended(mx, 0, 0.1 * (j + 1), 100 - j, False, 1)
     assert seen(mx, 0, scraped_at(0.349, 0.05), 100) == (2, 98)  # scraped at 0.30
     assert seen(mx, 0, scraped_at(0.351, 0.05), 100) == (2, 98)  # 0.35: the step of 0.4 later
     assert seen(mx, 0, 9.0, 100) == (4, 96)
@@ -51,7 +51,7 @@ def test_the_ring_keeps_the_last_steps(n_steps: int, tick: float) -> None:
     ends = [0.01 * (j + 1) for j in range(n_steps)]
     for j, t in enumerate(ends):
         step_scheduled(mx, 0, j)
-        step_ended(mx, 0, t, 1000 - j)
+        step_ended(mx, 0, t, 1000 - j, j % 2 == 0, 1)
     kept = list(range(max(0, n_steps - RING), n_steps))
     by = [j for j in kept if ends[j] <= tick]
     if by:
@@ -61,6 +61,18 @@ def test_the_ring_keeps_the_last_steps(n_steps: int, tick: float) -> None:
     else:
         want = (0, 1000)
     assert seen(mx, 0, tick, 1000) == want
+
+
+def test_sglang_reports_a_decode_step_only_every_interval() -> None:
+    # SGLang's gauges: after each prefill batch and every decode_log_interval-th decode batch
+    # (here 3): steps ending at 1..9 s, prefill at 1 and 6, decodes otherwise (the 3rd and 6th
+    # decode steps end at 4 and 8 s)
+    mx = new_metrics(1)
+    for t in range(1, 10):
+        step_scheduled(mx, 0, t)
+        step_ended(mx, 0, float(t), 100 - t, t in (1, 6), 3)
+    seen_at = {t: seen(mx, 0, t + 0.5, 100)[0] for t in range(1, 10)}
+    assert seen_at == {1: 1, 2: 1, 3: 1, 4: 4, 5: 4, 6: 6, 7: 6, 8: 8, 9: 8}
 
 
 def burst() -> BlockedTrace:

@@ -26,6 +26,9 @@ from kvtier.sim.tiers import TierConfig, build_tiers
 from kvtier.sim.timing import T_FRONTEND, T_FRONTEND_TOKEN
 
 ROUTER_CODES = ROUTERS.codes  # {name: code}, from the router registry
+# SGLang reports its metrics after every this-many decode batches (decode_log_interval's
+# default, 0.5.13.post1 server_args.py; docs/sources.md [EPP-scraped-metrics])
+SGLANG_DECODE_LOG_INTERVAL = 40
 # SGLang's storage prefetch threshold in tokens (managers/cache_controller.py, the
 # prefetch_threshold default; docs/sources.md [SGLang-0.5.23])
 PREFETCH_MIN_TOKENS = 256
@@ -79,6 +82,9 @@ class SimConfig:
     # step that ended at or before the EPP's last scrape, every this many seconds (0: the
     # exact state at the arrival) (kvtier.sim.routers.epp_metrics)
     epp_metrics_interval_s: float = 0.0
+    # ... and the engine reports after every prefill step and every this-many decode steps
+    # (vLLM each step: 1; SGLang its decode_log_interval, 40) (kvtier.sim.routers.epp_metrics)
+    epp_metrics_decode_every: int = 1
     scheduler: int = 0  # SCHEDULERS code: 0 reserve at admission, 1 vLLM V1 (grow, preempt)
     watermark_blocks: int = 0  # vllm_v1: free blocks an admission leaves when others run
     # vllm_v1: a waiting or preempted request is admitted only when the blocks of its whole
@@ -458,6 +464,9 @@ def build_config(hardware: Hardware, model: ModelProfile, policy: Policy) -> Sim
         ),
         epp_bytes_per_token=float(serving.epp_prompt_bytes_per_token),
         epp_metrics_interval_s=float(serving.epp_metrics_interval_s),
+        epp_metrics_decode_every=(
+            SGLANG_DECODE_LOG_INTERVAL if serving.framework == "sglang" else 1
+        ),
         scheduler=SCHEDULERS.codes[serving.engine_scheduler],
         n_prefill=n_pf,
         pd=pd,

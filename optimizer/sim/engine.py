@@ -351,6 +351,7 @@ def kernel_inputs(
         bool(cfg.refreshes_host_on_hbm_hit),
         bool(cfg.reserve_full_prompt),
         _epp_metrics_interval(cfg),
+        _epp_metrics_every(cfg),
     )
     out = Outputs(
         first_token=np.full(n, np.nan),
@@ -607,6 +608,17 @@ def _epp_metrics_interval(cfg: SimConfig) -> float:
             f"epp_metrics_interval_s must be a finite number >= 0, got {cfg.epp_metrics_interval_s}"
         )
     return dt if cfg.router == LLMD_EPP else 0.0
+
+
+def _epp_metrics_every(cfg: SimConfig) -> int:
+    """How many decode steps an instance runs between two metrics reports (>= 1)."""
+    every = int(cfg.epp_metrics_decode_every)
+    if every < 1 or every != cfg.epp_metrics_decode_every:
+        raise InputError(
+            "epp_metrics_decode_every must be a whole number >= 1, got "
+            f"{cfg.epp_metrics_decode_every}"
+        )
+    return every
 
 
 def _epp_index(

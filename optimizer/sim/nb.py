@@ -443,12 +443,14 @@ def end_iteration_nb(sim: Sim, k: int, now: float) -> None:
                 busy_until[k] = saved
                 return
     n_done = 0
+    prefill_step = False
     for idx in range(n_sched[k]):
         pos = sched_pos[k, idx]
         i = running[k, pos]
         if rs.pd_first[i]:
             seen_first_nb(i, rq, rs, prm, out, ty)
         was_prefill = kv[i] - sched_q[k, idx] < target[i]
+        prefill_step = prefill_step or was_prefill
         done = False
         first = kv[i] == target[i] and generated[i] == 0
         if was_prefill and first and k < prm.n_prefill and output_tokens[i] > 1:
@@ -494,8 +496,8 @@ def end_iteration_nb(sim: Sim, k: int, now: float) -> None:
     n_sched[k] = 0
     seg_steps[k] = 0
     busy[k] = False
-    if prm.epp_mx_dt > 0.0:  # the step's statistics, as vLLM reports them (llmd_epp)
-        step_ended_nb(ist.epp_mx, k, now, ist.free_len[k])
+    if prm.epp_mx_dt > 0.0:  # the step's statistics, as the engine reports them (llmd_epp)
+        step_ended_nb(ist.epp_mx, k, now, ist.free_len[k], prefill_step, prm.epp_mx_every)
     # with work left it schedules its next iteration now
     ist.wake[k] = now if n_running[k] > 0 or ist.q_len[k] > 0 else np.inf
 
@@ -1158,8 +1160,8 @@ def run_ahead_nb(
             ist.free_len[k] -= e
         busy_s[k] += dt
         t += dt
-        if records:
-            step_ended_nb(ist.epp_mx, k, t, free_at_end)
+        if records:  # (a decode step)
+            step_ended_nb(ist.epp_mx, k, t, free_at_end, False, prm.epp_mx_every)
         if prm.track_tbt:  # every request of the batch emits a token at the step's end
             buf.tbt_seen[s] = t + prm.timing[T_FRONTEND]
         s += 1

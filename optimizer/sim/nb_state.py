@@ -152,6 +152,9 @@ class Params(NamedTuple):
     # llmd_epp: seconds between the EPP's scrapes of the instances' queue and KV use (0: it
     # reads their exact state; SimConfig.epp_metrics_interval_s, kvtier.sim.routers.epp_metrics)
     epp_mx_dt: float
+    # ... and the instances report every prefill step and every this-many decode steps
+    # (SimConfig.epp_metrics_decode_every)
+    epp_mx_every: int
 
 
 class HbmPools(NamedTuple):

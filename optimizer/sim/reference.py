@@ -1415,10 +1415,12 @@ class ReferenceReplay:
                     return
         done: list[Request] = []
         handed: list[Request] = []
+        prefill_step = False
         for req, q in inst.scheduled:
             if req.pd_first:
                 self.seen_first(req)
             if req.kv - q < req.target:  # it was a prefill
+                prefill_step = True
                 first_done = req.kv == req.target and req.generated == 0
                 if first_done and k < self.n_pf and req.output_tokens > 1:
                     self.hand_off(inst, k, req, t)
@@ -1447,8 +1449,9 @@ class ReferenceReplay:
         inst.ended_at = t
         inst.scheduled = []
         inst.busy_until = None
-        if self.epp_mx is not None:  # the step's statistics, as vLLM reports them
-            step_ended(self.epp_mx, k, t, len(pool.free))
+        if self.epp_mx is not None:  # the step's statistics, as the engine reports them
+            every = self.cfg.epp_metrics_decode_every
+            step_ended(self.epp_mx, k, t, len(pool.free), prefill_step, every)
         # with work left it schedules its next iteration now
         inst.wake = t if inst.running or inst.waiting else np.inf
         if self.check_invariants:
