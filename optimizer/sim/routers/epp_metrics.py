@@ -97,11 +97,7 @@ def seen(mx: np.ndarray, k: int, tick: float, capacity: int) -> tuple[int, int]:
     return 0, capacity
 
 
-@njit(cache=True, nogil=True, inline="always")
-def scraped_at_nb(t: float, dt: float) -> float:
-    return np.floor(t / dt) * dt
-
-
+scraped_at_nb = njit(cache=True, nogil=True, inline="always")(scraped_at)
 step_scheduled_nb = njit(cache=True, nogil=True, inline="always")(step_scheduled)
 step_ended_nb = njit(cache=True, nogil=True, inline="always")(step_ended)
 seen_nb = njit(cache=True, nogil=True, _nrt=False, **INNER)(seen)
