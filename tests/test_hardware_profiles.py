@@ -69,6 +69,24 @@ def test_every_builtin_profile_loads() -> None:
         assert hw.topology.max_instances >= 1
 
 
+def test_engines_size_kv_from_the_runtime_memory_where_it_was_measured() -> None:
+    """The CUDA runtime's total (docs/sources.md [GPU-runtime-memory]) is what vLLM, SGLang and
+    TensorRT-LLM size their KV budgets from: an A100 80GB's 80 GiB part reports 79.15 GiB, more
+    than its data sheet's 80 decimal GB; an H200's "141 GB" reports 139.80 GiB."""
+    model = load_model("llama-3.1-8b")
+    for name, gib in (("a100-node", 79.15), ("h200-node", 139.80), ("b200-node", 178.35)):
+        hw = load_hardware(name)
+        assert hw.gpu.engine_hbm_bytes == pytest.approx(gib * 2**30)
+        assert hw.kv_capacity_bytes(model) == pytest.approx(
+            hw.gpu_memory_utilization * gib * 2**30 - 2e9 - 16.06e9
+        )
+    a100 = load_hardware("a100-node").gpu
+    assert a100.engine_hbm_bytes > a100.hbm_bytes
+    # a GPU without a measured figure (Rubin, not shipping) keeps its data sheet's
+    rubin = load_gpu("rubin")
+    assert rubin.hbm_visible_bytes == 0 and rubin.engine_hbm_bytes == rubin.hbm_bytes
+
+
 def test_h100_node_numbers() -> None:
     hw = load_hardware("h100-node")
     assert hw.gpu.hbm_bytes == 80 * GB
