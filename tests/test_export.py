@@ -412,6 +412,23 @@ def test_sglang_explicit_hbm_is_tokens() -> None:
     assert "--enable-hierarchical-cache" not in f
 
 
+def test_sglang_pool_is_the_one_replayed_not_the_default_shares() -> None:
+    """SGLang sizes its pool as the smaller of --max-total-tokens and what its memory fraction
+    leaves; its default fraction is below the share kvtier's budget comes from, so the export
+    passes that share and the modelled pool decides."""
+    from kvtier.deploy.kv_budget import kv_budget
+
+    p = Policy(kv_dtype="fp8")
+    _, f, result = sglang_command(p)
+    assert f["--mem-fraction-static"] == f"{H100.gpu_memory_utilization:g}"
+    budget = kv_budget(H100, MODEL, p, 1).kv_bytes
+    assert f["--max-total-tokens"] == str(int(budget // MODEL.kv_bytes_per_token("fp8")))
+    assert "default share is smaller" in notes_text(result)
+    # the share's own pool (the share less the weights) holds the modelled one
+    share_pool = H100.gpu_memory_utilization * H100.gpu.engine_hbm_bytes - MODEL.weight_bytes
+    assert share_pool >= budget
+
+
 def test_sglang_selective_threshold_and_evictions() -> None:
     p = policy(
         TierPolicy(name="dram", eviction="s3fifo"),

@@ -23,7 +23,9 @@ the host pools in ``mem_cache/memory_pool_host.py`` and ``hiradix_cache.py``):
   it processes batch ``n``'s result (``managers/scheduler.py`` ``event_loop_overlap``), the
   one-step-ahead schedule ``async_scheduling`` replays.
 * ``--max-total-tokens`` (tokens in the device pool) <- the HBM KV bytes kvtier simulates per
-  instance (an explicit hbm ``capacity_gb``, else the hardware profile's share).
+  instance (an explicit hbm ``capacity_gb``, else the hardware profile's share);
+  ``--mem-fraction-static`` <- that share (``gpu_memory_utilization``), above SGLang's own
+  default, so that the pool SGLang sizes from it is not the smaller of the two.
 * ``--radix-eviction-policy`` (``lru``, ``lfu``, ``slru``, ``priority``, ``tlru``) <- ``lru``,
   the HBM tier's (one policy for the radix tree).
 * ``--enable-hierarchical-cache``; ``--hicache-size`` (integer GB: the host pool holds
@@ -320,12 +322,29 @@ def export_sglang(deploy: Deployment) -> ExportResult:
     # engine's KV budget: kvtier.deploy.kv_budget)
     tokens = int(deploy.hbm_kv_bytes // deploy.kv_bytes_per_token)
     args += ["--max-total-tokens", str(tokens)]
+    # SGLang's pool is the smaller of --max-total-tokens and what --mem-fraction-static leaves
+    # after the weights (model_runner_kv_cache_mixin.py). Its default fraction is below the
+    # share kvtier's budget is sized from (0.828 on an H100 at TP 2 with 8,192-token chunks:
+    # docs/sources.md [llm-d-sglang-hicache]) and would leave a smaller pool than the one
+    # replayed; at the budget's share the fraction's pool holds the budget's (which also sets
+    # the activations and runtime aside), so --max-total-tokens decides.
+    share = deploy.hardware.gpu_memory_utilization
+    args += ["--mem-fraction-static", f"{share:g}"]
     if p.tiers[0].capacity_gb is None:
         notes.append(
             info(
-                f"--max-total-tokens caps the device KV pool at what kvtier models "
-                f"({deploy.hbm_kv_bytes / GB:.1f} GB per instance); SGLang sizes it from "
-                "--mem-fraction-static and uses the smaller of the two."
+                f"--max-total-tokens sets the device KV pool kvtier models "
+                f"({deploy.hbm_kv_bytes / GB:.1f} GB per instance) and --mem-fraction-static "
+                f"the {share:g} share of HBM its budget is sized from: SGLang's own default "
+                "share is smaller and would cut the pool below it."
+            )
+        )
+    else:
+        notes.append(
+            info(
+                f"--max-total-tokens sets the device KV pool to the policy's "
+                f"{p.tiers[0].capacity_gb:g} GB; SGLang takes the smaller of it and what "
+                f"--mem-fraction-static {share:g} leaves after the weights."
             )
         )
     notes.append(
