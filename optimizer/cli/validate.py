@@ -125,6 +125,74 @@ def validate_serving(as_json: bool, markdown_path: str | None) -> None:
     )
 
 
+@validate.command("silicon")
+@click.option("--json", "as_json", is_flag=True, help="Print the result as one JSON object.")
+@click.option(
+    "--markdown",
+    "markdown_path",
+    default=None,
+    help="Also write the report and every run (docs/validation-silicon.md) to this file.",
+)
+@click.option(
+    "--framework",
+    type=click.Choice(["vllm", "sglang", "trtllm"]),
+    default=None,
+    help="Only this framework's runs.",
+)
+@click.option("--model", "model", default=None, help="Only this model profile's runs.")
+@click.option(
+    "--max-runs",
+    type=click.IntRange(min=1),
+    default=None,
+    help="Only the first N selected runs (in the sample's id order).",
+)
+def validate_silicon(
+    as_json: bool,
+    markdown_path: str | None,
+    framework: str | None,
+    model: str | None,
+    max_runs: int | None,
+) -> None:
+    """aiconfigurator-core's measured serving runs (vLLM, SGLang, TensorRT-LLM under load)
+    beside the model: TTFT and TPOT per run, the MAPE per framework and over all."""
+    import time
+
+    from kvtier.cli.progress import Ticker, duration, progress_seconds
+    from kvtier.errors import InputError
+    from kvtier.experiments.silicon_validation import load_manifest, load_runs, run_silicon
+    from kvtier.report.silicon_validation import silicon_json, to_markdown, to_text
+
+    _check_markdown(markdown_path)
+    runs = load_runs(load_manifest())
+    known = sorted({r.figure.conditions["model"] for r in runs})
+    if model is not None and model not in known:
+        raise InputError(f"unknown model {model!r} (valid: {', '.join(known)})", option="--model")
+    done = {"runs": 0, "of": 0}
+    start = time.monotonic()
+
+    def line() -> str:
+        elapsed = duration(time.monotonic() - start)
+        return f"{done['runs']}/{done['of'] or '?'} runs replayed, {elapsed} elapsed"
+
+    with Ticker("validate silicon", line, progress_seconds()):
+        result = run_silicon(
+            runs,
+            framework=framework,
+            model=model,
+            max_runs=max_runs,
+            progress=lambda n, total: done.update(runs=n, of=total),
+        )
+    _report_validation(
+        result,
+        as_json=as_json,
+        to_json=silicon_json,
+        to_text=to_text,
+        misses=result.missed(),
+        markdown_path=markdown_path,
+        to_markdown=to_markdown,
+    )
+
+
 @validate.command("pd")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as one JSON object.")
 @click.option(

@@ -155,9 +155,12 @@ def to_markdown(result: Validation) -> str:
         "calibration serves every cell; the residuals are reported as they are. It exits 1,",
         "naming the target, when a reproduction target is missed.",
         "",
-        "The other validations: serving step times (docs/validation-serving.md), prefill/decode",
-        "disaggregation (docs/validation-pd.md), and published, measured offload runs with and",
-        "without the tier (`kvtier validate offload`, docs/validation-offload.md).",
+        "The other validations: serving step times (docs/validation-serving.md), "
+        "aiconfigurator-core's",
+        "measured engine runs under load (`kvtier validate silicon`, docs/validation-silicon.md),",
+        "prefill/decode disaggregation (docs/validation-pd.md), and published, measured "
+        "offload runs",
+        "with and without the tier (`kvtier validate offload`, docs/validation-offload.md).",
         "",
         "## Scenario",
         "",
