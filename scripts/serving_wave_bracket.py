@@ -30,26 +30,7 @@ def loop_values(fig: sv.Figure, ramp_s: float | None) -> dict[str, float]:
     """The measured backend's mean TTFT and TPOT (ms) of ``fig`` in a closed loop whose first
     sends are ramped (``None``, the catalogue's) or spread over ``ramp_s`` seconds (0: all at
     once)."""
-    from kvtier.hardware import load_hardware, load_model
-    from kvtier.scenario import Scenario
-
-    c = fig.conditions
-    clients = int(c["concurrency"])
-    rep = Scenario(
-        sv._trace(fig),
-        load_hardware(c["hardware"]),
-        load_model(c["model"]),
-        sv._policy(fig, "measured"),
-        concurrency=clients,
-        ramp_s=ramp_s,
-    ).replay()
-    raw = rep.raw
-    window = sv.steady_window(raw.arrival_s, clients)
-    steps = np.maximum(rep.trace.output_tokens - 1, 1)
-    return {
-        "ttft_ms": float(np.mean((raw.first_token_s - raw.arrival_s)[window])) * 1e3,
-        "tpot_ms": float(np.mean(((raw.finish_s - raw.first_token_s) / steps)[window])) * 1e3,
-    }
+    return sv.latency_means(*sv.replay_figure(fig, "measured", ramp_s))
 
 
 def silicon(n: int) -> None:

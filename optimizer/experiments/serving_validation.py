@@ -315,32 +315,50 @@ def steady_window(sent_s: np.ndarray, concurrency: int) -> np.ndarray:
     return keep
 
 
-def model_value(fig: Figure, backend: str) -> tuple[float, str, float, float]:
-    """(the model's value of ``fig.metric``, the backend's provenance, front-end seconds per
-    request and per prompt token)."""
+def replay_figure(fig: Figure, backend: str, ramp_s: float | None = None) -> tuple[Any, Any]:
+    """``fig``'s load replayed with ``backend``, and the steady window its figures average over
+    (:func:`steady_window`). ``ramp_s``: the closed loop's first sends spread over that many
+    seconds (0: all at once); None, the catalogue's, over one request's lifetime
+    (:mod:`kvtier.sim.ramp`)."""
     from kvtier.hardware import load_hardware, load_model
     from kvtier.scenario import Scenario
 
     c = fig.conditions
     closed = int(c.get("concurrency", 0)) if c["mode"] == "closed" else 0
-    scenario = Scenario(
+    rep = Scenario(
         _trace(fig),
         load_hardware(c["hardware"]),
         load_model(c["model"]),
         _policy(fig, backend),
         concurrency=closed,
-        ramp_s=None,  # the first wave over one request's lifetime (kvtier.sim.ramp)
-    )
-    rep = scenario.replay()
-    raw, fe, fe_token = rep.raw, rep.config.frontend_s, rep.config.frontend_token_s
+        ramp_s=ramp_s,
+    ).replay()
     if rep.config.step_backend != backend:
         raise InputError(f"{fig.path}: ran {rep.config.step_backend}, not {backend}")
-    window = steady_window(raw.arrival_s, closed)
+    return rep, steady_window(rep.raw.arrival_s, closed)
+
+
+def latency_means(rep: Any, window: np.ndarray) -> dict[str, float]:
+    """Mean TTFT and TPOT (ms; TPOT: first token to last over the tokens after the first) of a
+    replay's requests in ``window``."""
+    raw = rep.raw
+    steps = np.maximum(rep.trace.output_tokens - 1, 1)
+    return {
+        "ttft_ms": float(np.mean((raw.first_token_s - raw.arrival_s)[window])) * 1e3,
+        "tpot_ms": float(np.mean(((raw.finish_s - raw.first_token_s) / steps)[window])) * 1e3,
+    }
+
+
+def model_value(fig: Figure, backend: str) -> tuple[float, str, float, float]:
+    """(the model's value of ``fig.metric``, the backend's provenance, front-end seconds per
+    request and per prompt token)."""
+    c = fig.conditions
+    rep, window = replay_figure(fig, backend)
+    raw, fe, fe_token = rep.raw, rep.config.frontend_s, rep.config.frontend_token_s
     if fig.metric == "ttft_ms":
-        value = float(np.mean((raw.first_token_s - raw.arrival_s)[window])) * 1e3
+        value = latency_means(rep, window)["ttft_ms"]
     elif fig.metric == "itl_ms":
-        steps = np.maximum(rep.trace.output_tokens - 1, 1)
-        value = float(np.mean(((raw.finish_s - raw.first_token_s) / steps)[window])) * 1e3
+        value = latency_means(rep, window)["tpot_ms"]
     else:  # offline: no HTTP front end, so its costs come off every finish
         makespan = float(np.max(raw.finish_s - fe_token * rep.trace.input_tokens)) - fe
         out = float(np.sum(rep.trace.output_tokens))

@@ -29,10 +29,9 @@ import numpy as np
 from kvtier.errors import InputError
 from kvtier.experiments.serving_validation import (
     Figure,
-    _policy,
-    _trace,
     check_keys,
-    steady_window,
+    latency_means,
+    replay_figure,
 )
 from kvtier.policy.presets import BUILTIN_DIR
 
@@ -53,27 +52,7 @@ _MANIFEST_KEYS = {
     "systems",
     "kv_dtype",
 }
-# the sample's columns a row is read from
-_COLUMNS = (
-    "id",
-    "silicon_data_source",
-    "backend",
-    "backend_version",
-    "model_path",
-    "system",
-    "precision",
-    "mode",
-    "isl",
-    "osl",
-    "batch_size",
-    "tp_size",
-    "pp_size",
-    "attention_dp_size",
-    "silicon_ttft_ms",
-    "silicon_tpot_ms",
-)
-
-
+# the sample's columns a row is read from: text, then numbers
 _TEXT_COLUMNS = (
     "id",
     "silicon_data_source",
@@ -83,6 +62,17 @@ _TEXT_COLUMNS = (
     "system",
     "precision",
     "mode",
+)
+_COLUMNS = (
+    *_TEXT_COLUMNS,
+    "isl",
+    "osl",
+    "batch_size",
+    "tp_size",
+    "pp_size",
+    "attention_dp_size",
+    "silicon_ttft_ms",
+    "silicon_tpot_ms",
 )
 
 
@@ -329,28 +319,7 @@ def _run(row: dict[str, Any], m: Manifest, path: Path, line: int) -> Run:
 def model_values(run: Run) -> dict[str, float]:
     """The model's mean TTFT and TPOT (ms) of ``run``, measured step-time backend, over the
     steady window (every request of a sequential run)."""
-    from kvtier.hardware import load_hardware, load_model
-    from kvtier.scenario import Scenario
-
-    fig = run.figure
-    c = fig.conditions
-    closed = int(c.get("concurrency", 0)) if c["mode"] == "closed" else 0
-    rep = Scenario(
-        _trace(fig),
-        load_hardware(c["hardware"]),
-        load_model(c["model"]),
-        _policy(fig, "measured"),
-        concurrency=closed,
-        ramp_s=None,  # the first wave over one request's lifetime (kvtier.sim.ramp)
-    ).replay()
-    if rep.config.step_backend != "measured":
-        raise InputError(f"no measured step times: {rep.config.step_provenance}")
-    raw = rep.raw
-    window = steady_window(raw.arrival_s, closed)
-    ttft = (raw.first_token_s - raw.arrival_s)[window]
-    steps = np.maximum(rep.trace.output_tokens - 1, 1)
-    tpot = ((raw.finish_s - raw.first_token_s) / steps)[window]
-    return {"ttft_ms": float(np.mean(ttft)) * 1e3, "tpot_ms": float(np.mean(tpot)) * 1e3}
+    return latency_means(*replay_figure(run.figure, "measured"))
 
 
 def run_silicon(
