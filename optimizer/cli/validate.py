@@ -17,6 +17,24 @@ def validate() -> None:
     """Reproduce published results with the model and compare (docs/validation.md)."""
 
 
+def report_options(written: str) -> Callable[[Any], Any]:
+    """Every ``kvtier validate`` command's ``--json`` and ``--markdown FILE`` (``written``: what
+    the file gets, for the help)."""
+
+    def decorate(command: Any) -> Any:
+        command = click.option(
+            "--markdown",
+            "markdown_path",
+            default=None,
+            help=f"Also write {written} to this file.",
+        )(command)
+        return click.option(
+            "--json", "as_json", is_flag=True, help="Print the result as one JSON object."
+        )(command)
+
+    return decorate
+
+
 def _report_validation(
     result: Any,
     *,
@@ -66,13 +84,7 @@ def _check_markdown(markdown_path: str | None) -> None:
 
 
 @validate.command("beluga")
-@click.option("--json", "as_json", is_flag=True, help="Print the result as one JSON object.")
-@click.option(
-    "--markdown",
-    "markdown_path",
-    default=None,
-    help="Also write the full report (docs/validation.md) to this file.",
-)
+@report_options("the full report (docs/validation.md)")
 def validate_beluga(as_json: bool, markdown_path: str | None) -> None:
     """The Beluga paper's LV-Eval comparison: MoonCake, Beluga, vLLM, paper beside model."""
     from kvtier.experiments.validation import run_beluga
@@ -96,13 +108,7 @@ def validate_beluga(as_json: bool, markdown_path: str | None) -> None:
 
 
 @validate.command("serving")
-@click.option("--json", "as_json", is_flag=True, help="Print the result as one JSON object.")
-@click.option(
-    "--markdown",
-    "markdown_path",
-    default=None,
-    help="Also write the table (docs/validation-serving.md) to this file.",
-)
+@report_options("the table (docs/validation-serving.md)")
 def validate_serving(as_json: bool, markdown_path: str | None) -> None:
     """Published serving figures (TTFT, ITL, offline throughput) beside both step-time
     backends: published / model / ratio and the MAPE per backend over the checks."""
@@ -126,13 +132,7 @@ def validate_serving(as_json: bool, markdown_path: str | None) -> None:
 
 
 @validate.command("silicon")
-@click.option("--json", "as_json", is_flag=True, help="Print the result as one JSON object.")
-@click.option(
-    "--markdown",
-    "markdown_path",
-    default=None,
-    help="Also write the report and every run (docs/validation-silicon.md) to this file.",
-)
+@report_options("the report and every run (docs/validation-silicon.md)")
 @click.option(
     "--framework",
     type=click.Choice(["vllm", "sglang", "trtllm"]),
@@ -194,13 +194,7 @@ def validate_silicon(
 
 
 @validate.command("pd")
-@click.option("--json", "as_json", is_flag=True, help="Print the result as one JSON object.")
-@click.option(
-    "--markdown",
-    "markdown_path",
-    default=None,
-    help="Also write the table (docs/validation-pd.md) to this file.",
-)
+@report_options("the table (docs/validation-pd.md)")
 def validate_pd(as_json: bool, markdown_path: str | None) -> None:
     """Published prefill/decode results (DistServe, Mooncake): goodput per GPU, disaggregated
     over aggregated, published beside the model's (the paper's model and GPU where kvtier
@@ -226,13 +220,7 @@ def validate_pd(as_json: bool, markdown_path: str | None) -> None:
 
 
 @validate.command("offload")
-@click.option("--json", "as_json", is_flag=True, help="Print the result as one JSON object.")
-@click.option(
-    "--markdown",
-    "markdown_path",
-    default=None,
-    help="Also write the table (docs/validation-offload.md) to this file.",
-)
+@report_options("the table (docs/validation-offload.md)")
 @click.option(
     "--run",
     "only",
@@ -280,13 +268,7 @@ def validate_offload(as_json: bool, markdown_path: str | None, only: tuple[str, 
 
 
 @validate.command("architectures")
-@click.option("--json", "as_json", is_flag=True, help="Print the result as one JSON object.")
-@click.option(
-    "--markdown",
-    "markdown_path",
-    default=None,
-    help="Also write the table (docs/validation.md, its architectures section) to this file.",
-)
+@report_options("the table (docs/validation-architectures.md)")
 def validate_architectures(as_json: bool, markdown_path: str | None) -> None:
     """Published memory-architecture ratios (the photonic pool's 405B throughput and latency,
     GH200 against x86 H100 multiturn TTFT), published beside the model's, each residual with
