@@ -58,7 +58,7 @@ def test_a_bad_manifest_or_row_is_a_one_line_error(tmp_path: Path) -> None:
     row = "r1,x,vllm,0.12.0,Qwen/Qwen3-32B,h100_sxm,,agg,1024,128,8,2,1,,-1.0,10.0\n"
     csv = tmp_path / "s.csv"
     csv.write_text(head + row)
-    with pytest.raises(InputError, match=r"s\.csv: row r1: silicon_ttft_ms"):
+    with pytest.raises(InputError, match=r"s\.csv: line 2 \(id r1\): silicon_ttft_ms"):
         si.load_runs(manifest, csv)
     csv.write_text(head.replace("silicon_tpot_ms", "tpot") + row)
     with pytest.raises(InputError, match="no column silicon_tpot_ms"):

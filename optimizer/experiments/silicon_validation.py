@@ -244,7 +244,8 @@ def load_runs(manifest: Manifest | None = None, path: Path | None = None) -> lis
         frame = frame.with_columns(pl.col(c).cast(pl.Int64))
     precision = pl.col("precision").fill_null("bf16")
     rows = (
-        frame.select(_COLUMNS)
+        frame.with_row_index("line", offset=2)  # the file's line, its header being line 1
+        .select(["line", *_COLUMNS])
         .with_columns(precision.alias("precision"))
         .filter(
             (pl.col("mode") == manifest.mode)
@@ -257,7 +258,7 @@ def load_runs(manifest: Manifest | None = None, path: Path | None = None) -> lis
         )
         .sort("id")
     )
-    return [_run(row, manifest, path, i + 2) for i, row in enumerate(rows.iter_rows(named=True))]
+    return [_run(row, manifest, path, int(row["line"])) for row in rows.iter_rows(named=True)]
 
 
 def _run(row: dict[str, Any], m: Manifest, path: Path, line: int) -> Run:
@@ -266,11 +267,15 @@ def _run(row: dict[str, Any], m: Manifest, path: Path, line: int) -> Run:
     for key in ("isl", "osl", "batch_size", "tp_size"):
         v = row[key]
         if not isinstance(v, int) or v < 1:
-            raise InputError(f"{path}: row {row['id']}: {key} {v!r} must be a positive integer")
+            raise InputError(
+                f"{path}: line {line} (id {row['id']}): {key} {v!r} must be a positive integer"
+            )
     for key in ("silicon_ttft_ms", "silicon_tpot_ms"):
         v = row[key]
         if not isinstance(v, float | int) or not np.isfinite(v) or v <= 0:
-            raise InputError(f"{path}: row {row['id']}: {key} {v!r} must be a positive number")
+            raise InputError(
+                f"{path}: line {line} (id {row['id']}): {key} {v!r} must be a positive number"
+            )
     c = int(row["batch_size"])
     fw, precision = str(row["backend"]), str(row["precision"])
     cond: dict[str, Any] = {
