@@ -77,7 +77,9 @@ def _ramp_seconds(text: str) -> float | None:
     show_default=True,
     help="Closed loop: spread the first N sends over this many seconds, as benchmark clients "
     "ramp up and de-synchronise (AIPerf --concurrency-ramp-duration); 'auto': one "
-    "request's mean lifetime under the loop's load (a pilot replay); 0: every first send at once.",
+    "request's mean lifetime under the loop's load (a pilot replay); 0: every first send at once. "
+    "Measured benchmarks of identical requests lie between the two (docs/validation-silicon.md): "
+    "read TTFT from both.",
 )
 @click.option(
     "--engine",
