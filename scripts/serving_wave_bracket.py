@@ -25,12 +25,14 @@ import numpy as np
 
 from kvtier.experiments import serving_validation as sv
 
+REPLAYS: dict = {}  # a load's TTFT and ITL figures share its replay (sv.replay_figure)
+
 
 def loop_values(fig: sv.Figure, ramp_s: float | None) -> dict[str, float]:
     """The measured backend's mean TTFT and TPOT (ms) of ``fig`` in a closed loop whose first
     sends are ramped (``None``, the catalogue's) or spread over ``ramp_s`` seconds (0: all at
     once)."""
-    return sv.latency_means(*sv.replay_figure(fig, "measured", ramp_s))
+    return sv.latency_means(*sv.replay_figure(fig, "measured", ramp_s, REPLAYS))
 
 
 def silicon(n: int) -> None:

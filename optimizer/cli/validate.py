@@ -133,12 +133,7 @@ def validate_serving(as_json: bool, markdown_path: str | None) -> None:
 
 @validate.command("silicon")
 @report_options("the report and every run (docs/validation-silicon.md)")
-@click.option(
-    "--framework",
-    type=click.Choice(["vllm", "sglang", "trtllm"]),
-    default=None,
-    help="Only this framework's runs.",
-)
+@click.option("--framework", default=None, help="Only this framework's runs.")
 @click.option("--model", "model", default=None, help="Only this model profile's runs.")
 @click.option(
     "--max-runs",
@@ -163,10 +158,13 @@ def validate_silicon(
     from kvtier.report.silicon_validation import silicon_json, to_markdown, to_text
 
     _check_markdown(markdown_path)
-    runs = load_runs(load_manifest())
-    known = sorted({r.figure.conditions["model"] for r in runs})
-    if model is not None and model not in known:
-        raise InputError(f"unknown model {model!r} (valid: {', '.join(known)})", option="--model")
+    manifest = load_manifest()
+    runs = load_runs(manifest)
+    for field, value in (("framework", framework), ("model", model)):
+        known = sorted({r.figure.conditions[field] for r in runs})
+        if value is not None and value not in known:
+            valid = ", ".join(known)
+            raise InputError(f"unknown {field} {value!r} (valid: {valid})", option=f"--{field}")
     done = {"runs": 0, "of": 0}
     start = time.monotonic()
 
@@ -177,6 +175,7 @@ def validate_silicon(
     with Ticker("validate silicon", line, progress_seconds()):
         result = run_silicon(
             runs,
+            manifest=manifest,
             framework=framework,
             model=model,
             max_runs=max_runs,

@@ -315,15 +315,26 @@ def steady_window(sent_s: np.ndarray, concurrency: int) -> np.ndarray:
     return keep
 
 
-def replay_figure(fig: Figure, backend: str, ramp_s: float | None = None) -> tuple[Any, Any]:
+def replay_figure(
+    fig: Figure,
+    backend: str,
+    ramp_s: float | None = None,
+    cache: dict[str, tuple[Any, Any]] | None = None,
+) -> tuple[Any, Any]:
     """``fig``'s load replayed with ``backend``, and the steady window its figures average over
     (:func:`steady_window`). ``ramp_s``: the closed loop's first sends spread over that many
     seconds (0: all at once); None, the catalogue's, over one request's lifetime
-    (:mod:`kvtier.sim.ramp`)."""
+    (:mod:`kvtier.sim.ramp`). ``cache``: replays by conditions, backend and ramp, so that the
+    TTFT and ITL figures of one load share one replay (the replay is deterministic)."""
+    import json
+
     from kvtier.hardware import load_hardware, load_model
     from kvtier.scenario import Scenario
 
     c = fig.conditions
+    key = json.dumps([c, backend, ramp_s], sort_keys=True)
+    if cache is not None and key in cache:
+        return cache[key]
     closed = int(c.get("concurrency", 0)) if c["mode"] == "closed" else 0
     rep = Scenario(
         _trace(fig),
@@ -335,7 +346,10 @@ def replay_figure(fig: Figure, backend: str, ramp_s: float | None = None) -> tup
     ).replay()
     if rep.config.step_backend != backend:
         raise InputError(f"{fig.path}: ran {rep.config.step_backend}, not {backend}")
-    return rep, steady_window(rep.raw.arrival_s, closed)
+    out = (rep, steady_window(rep.raw.arrival_s, closed))
+    if cache is not None:
+        cache[key] = out
+    return out
 
 
 def latency_means(rep: Any, window: np.ndarray) -> dict[str, float]:
@@ -349,11 +363,13 @@ def latency_means(rep: Any, window: np.ndarray) -> dict[str, float]:
     }
 
 
-def model_value(fig: Figure, backend: str) -> tuple[float, str, float, float]:
+def model_value(
+    fig: Figure, backend: str, cache: dict[str, tuple[Any, Any]] | None = None
+) -> tuple[float, str, float, float]:
     """(the model's value of ``fig.metric``, the backend's provenance, front-end seconds per
-    request and per prompt token)."""
+    request and per prompt token); ``cache``: :func:`replay_figure`'s."""
     c = fig.conditions
-    rep, window = replay_figure(fig, backend)
+    rep, window = replay_figure(fig, backend, cache=cache)
     raw, fe, fe_token = rep.raw, rep.config.frontend_s, rep.config.frontend_token_s
     if fig.metric == "ttft_ms":
         value = latency_means(rep, window)["ttft_ms"]
@@ -374,12 +390,13 @@ def run_serving(figures: list[Figure] | None = None) -> ServingValidation:
     rows: list[Row] = []
     fe_used: dict[str, float] = {}
     fe_token_used: dict[str, float] = {}
+    replays: dict[str, tuple[Any, Any]] = {}  # a load's TTFT and ITL figures share its replay
     for fig in figures:
         values: dict[str, float | None] = {}
         prov: dict[str, str] = {}
         for backend in BACKENDS:
             try:
-                values[backend], prov[backend], fe, fe_token = model_value(fig, backend)
+                values[backend], prov[backend], fe, fe_token = model_value(fig, backend, replays)
                 fe_used[fig.conditions["framework"]] = fe
                 if not fig.conditions.get("token_ids_io"):  # those send token ids: no such cost
                     fe_token_used[fig.conditions["framework"]] = fe_token

@@ -132,7 +132,8 @@ class SiliconValidation:
     def replayed(self) -> list[Result]:
         return [r for r in self.results if r.skipped is None]
 
-    def _ratios(self, metric: str, framework: str | None = None) -> list[float]:
+    def ratios(self, metric: str, framework: str | None = None) -> list[float]:
+        """Model / measured of ``metric`` over the replayed runs (of one framework, or all)."""
         out = []
         for r in self.replayed():
             if framework is None or r.run.figure.conditions["framework"] == framework:
@@ -141,16 +142,25 @@ class SiliconValidation:
                     out.append(x)
         return out
 
+    def groups(self) -> dict[tuple[str, str, str], SiliconValidation]:
+        """The replayed runs by (framework, model, hardware), each group a validation of its
+        own."""
+        out: dict[tuple[str, str, str], list[Result]] = {}
+        for r in self.replayed():
+            c = r.run.figure.conditions
+            out.setdefault((c["framework"], c["model"], c["hardware"]), []).append(r)
+        return {k: SiliconValidation(v, self.manifest) for k, v in sorted(out.items())}
+
     def mape(self, metric: str | None = None, framework: str | None = None) -> float | None:
         """MAPE (a fraction) over the checks of one metric, or of both, of one framework or
         all."""
         metrics = METRICS if metric is None else (metric,)
-        errs = [abs(x - 1.0) for m in metrics for x in self._ratios(m, framework)]
+        errs = [abs(x - 1.0) for m in metrics for x in self.ratios(m, framework)]
         return float(np.mean(errs)) if errs else None
 
     def lean(self, metric: str, framework: str | None = None) -> tuple[int, int]:
         """How many checks the model puts below and above the measured figure."""
-        ratios = self._ratios(metric, framework)
+        ratios = self.ratios(metric, framework)
         return sum(x < 1.0 for x in ratios), sum(x > 1.0 for x in ratios)
 
     def frameworks(self) -> list[str]:
@@ -330,6 +340,7 @@ def model_values(run: Run) -> dict[str, float]:
 def run_silicon(
     runs: list[Run] | None = None,
     *,
+    manifest: Manifest | None = None,
     framework: str | None = None,
     model: str | None = None,
     max_runs: int | None = None,
@@ -337,7 +348,7 @@ def run_silicon(
 ) -> SiliconValidation:
     """Replay the selected runs (``framework``, ``model``: only those; ``max_runs``: the first
     so many, in the sample's id order); ``progress(done, total)`` after each."""
-    manifest = load_manifest()
+    manifest = load_manifest() if manifest is None else manifest
     runs = load_runs(manifest) if runs is None else runs
     if framework is not None:
         runs = [r for r in runs if r.figure.conditions["framework"] == framework]

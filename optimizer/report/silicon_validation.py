@@ -3,10 +3,9 @@ TPOT over aiconfigurator-core's measured runs, and per run the measured and mode
 
 from __future__ import annotations
 
-from collections import defaultdict
 from typing import Any
 
-from kvtier.experiments.silicon_validation import METRICS, TARGET, Result, SiliconValidation
+from kvtier.experiments.silicon_validation import METRICS, TARGET, SiliconValidation
 
 LABEL = {"ttft_ms": "TTFT", "tpot_ms": "TPOT"}
 
@@ -15,25 +14,13 @@ def _pct(v: float | None) -> str:
     return "n/a" if v is None else f"{100 * v:.1f} %"
 
 
-def _groups(result: SiliconValidation) -> dict[tuple[str, str, str], list[Result]]:
-    """The replayed runs by (framework, model, hardware)."""
-    out: dict[tuple[str, str, str], list[Result]] = defaultdict(list)
-    for r in result.replayed():
-        c = r.run.figure.conditions
-        out[(c["framework"], c["model"], c["hardware"])].append(r)
-    return dict(sorted(out.items()))
-
-
-def _group_line(key: tuple[str, str, str], results: list[Result]) -> list[str]:
-    cells = [*key, str(len(results))]
+def _group_line(key: tuple[str, str, str], group: SiliconValidation) -> list[str]:
+    cells = [*key, str(len(group.replayed()))]
     for m in METRICS:
-        ratios = [x for x in (r.ratio(m) for r in results) if x is not None]
-        mape = sum(abs(x - 1.0) for x in ratios) / len(ratios) if ratios else None
-        below = sum(x < 1.0 for x in ratios)
-        lo = min(ratios) if ratios else None
-        hi = max(ratios) if ratios else None
-        span = "n/a" if lo is None else f"{lo:.2f}-{hi:.2f}x"
-        cells += [_pct(mape), f"{below}/{len(ratios) - below}", span]
+        ratios = group.ratios(m)
+        below, above = group.lean(m)
+        span = f"{min(ratios):.2f}-{max(ratios):.2f}x" if ratios else "n/a"
+        cells += [_pct(group.mape(m)), f"{below}/{above}", span]
     return cells
 
 
@@ -65,7 +52,7 @@ def summary_lines(result: SiliconValidation) -> list[str]:
 
 
 def to_text(result: SiliconValidation) -> str:
-    rows = [HEAD] + [_group_line(k, v) for k, v in _groups(result).items()]
+    rows = [HEAD] + [_group_line(k, v) for k, v in result.groups().items()]
     widths = [max(len(r[i]) for r in rows) for i in range(len(HEAD))]
     text = ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)) for r in rows]
     return "\n".join([*text, "", *summary_lines(result)])
@@ -74,7 +61,7 @@ def to_text(result: SiliconValidation) -> str:
 def to_markdown(result: SiliconValidation) -> str:
     """The per-group table, the summary, and every run (measured, model, ratio)."""
     lines = ["| " + " | ".join(HEAD) + " |", "|" + "---|" * len(HEAD)]
-    lines += ["| " + " | ".join(_group_line(k, v)) + " |" for k, v in _groups(result).items()]
+    lines += ["| " + " | ".join(_group_line(k, v)) + " |" for k, v in result.groups().items()]
     lines += ["", *(f"- {x}" for x in summary_lines(result)), ""]
     head = ["run", "conditions", "TTFT ms", "model", "ratio", "TPOT ms", "model", "ratio"]
     lines += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
