@@ -216,6 +216,8 @@ def _sim_config(draw: st.DrawFn, block_tokens: int) -> SimConfig:
         # sliding-window blocks cached in the pool (vLLM's hybrid manager), mostly off
         swa_window=draw(st.sampled_from([0, 0, 0, 1, 2, 5])),
         swa_blocks=draw(st.sampled_from([1, 2])),
+        # ... counted at an admission under reserve_full_prompt, capped or not
+        swa_admission_blocks=draw(st.sampled_from([0, 0, 1, 3])),
         # vLLM's async scheduling (vllm_v1's alone; the other schedulers ignore it)
         async_scheduling=draw(st.booleans()),
         # vLLM's KV connector: a load's end reported with a later step's output

@@ -248,6 +248,17 @@ def test_vllm_kv_dtype(dtype: str, flag: str) -> None:
     assert f"kv_dtype = {dtype}" in notes_text(result)
 
 
+def test_vllm_older_sliding_window_admission_is_a_note() -> None:
+    # no vLLM 0.34.0 flag sets the sliding-window group's admission cap: a policy replayed
+    # with an older release's rule says the deployment admits as 0.34.0 does
+    _, _, current = vllm_command(policy())
+    assert "swa_admission_cap" not in notes_text(current)
+    older = policy(serving=ServingPolicy(swa_admission_cap="one_batch"))
+    _, f, result = vllm_command(older)
+    assert "serving.swa_admission_cap = one_batch" in notes_text(result)
+    assert f["--scheduler-reserve-full-isl"] is True
+
+
 def test_vllm_explicit_hbm_is_bytes_per_gpu() -> None:
     p = Policy(tiers=(TierPolicy(capacity_gb=40.0),))
     _, f, _ = vllm_command(p, with_tp(H100, 4))

@@ -10,6 +10,7 @@ from dataclasses import replace
 import pytest
 
 from kvtier.hardware.loader import load_model
+from kvtier.policy.model import ServingPolicy
 from kvtier.sim import simulate_raw
 from kvtier.sim.config import _sliding_groups
 from kvtier.trace.blocked import BlockedTrace
@@ -88,9 +89,58 @@ def test_a_hit_needs_the_sliding_copy_of_its_last_block(engine: str) -> None:
 
 def test_groups_follow_vllm_grouping() -> None:
     oss = load_model("gpt-oss-120b")
-    assert _sliding_groups(oss, "vllm_v1") == {"swa_window": 128, "swa_blocks": 1}
-    assert _sliding_groups(oss, "reserve") == {}
+    v1 = ServingPolicy(scheduler="vllm_v1", max_num_batched_tokens=8192)
+    # 0.34.0's cap under async scheduling: two batches in flight, cdiv(127 + 16384, 128) + 1
+    assert _sliding_groups(oss, replace(v1, async_scheduling=True), 128) == {
+        "swa_window": 128, "swa_blocks": 1, "swa_admission_blocks": 130,
+    }  # fmt: skip
+    # 0.22.0's: the window and one batch, cdiv(127 + 8192, 128) + 1; 0.19.1's: none
+    one = _sliding_groups(oss, replace(v1, swa_admission_cap="one_batch"), 128)
+    assert one["swa_admission_blocks"] == 66
+    assert (
+        _sliding_groups(oss, replace(v1, swa_admission_cap="none"), 16)["swa_admission_blocks"] == 0
+    )
+    assert _sliding_groups(oss, replace(v1, scheduler="reserve"), 16) == {}
     # a 5:1 pattern (8 full, 40 sliding layers): groups of 8, five sliding groups per full one
     five = replace(oss, layers=48, sliding_window_layers=40)
-    assert _sliding_groups(five, "vllm_v1")["swa_blocks"] == 5
-    assert _sliding_groups(load_model("qwen3-32b"), "vllm_v1") == {}
+    assert _sliding_groups(five, v1, 16)["swa_blocks"] == 5
+    assert _sliding_groups(load_model("qwen3-32b"), v1, 16) == {}
+
+
+def decode_then_cold_prompt() -> BlockedTrace:
+    """One instance of two-token blocks: request 0 (t=0) a 12-token prompt and 20 tokens out;
+    request 1 (t=13, while request 0 decodes) a cold 12-token prompt of its own."""
+    return BlockedTrace.from_lists(
+        [0.0, 13.0],
+        [12, 12],
+        [20, 1],
+        [[A + x for x in range(6)], [Z + x for x in range(6)]],
+        2,
+    )
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_the_full_sequence_gate_counts_the_sliding_window_group(engine: str) -> None:
+    # 18 slots; at t=13 request 0 holds 7 (its prompt's 6 and its answer's first): 11 are
+    # free (the sliding copies behind its window sit cached in the free queue). Request 1
+    # needs 6 for its full-attention layers; vLLM's can_fit_full_sequence adds the
+    # sliding-window group's blocks from the window's start, 6 more for a cold prompt: 12 > 11,
+    # so it waits for request 0 to finish (about t=32), where without sliding-window layers it
+    # runs at once. Capped at 3 blocks (max_admission_blocks_per_request), 9 <= 11: at once.
+    extra = {"check_invariants": True} if engine == "reference" else {}
+    cfg = token_clock(
+        18, 2, prefix_caching=True, reserve_full_prompt=True, swa_window=2, swa_blocks=1
+    )
+    ttft = {}
+    for name, c in {
+        "none": replace(cfg, swa_window=0, swa_blocks=0),
+        "uncapped": cfg,
+        "capped": replace(cfg, swa_admission_blocks=3),
+        "first chunk": replace(cfg, reserve_full_prompt=False),
+    }.items():
+        raw = simulate_raw(decode_then_cold_prompt(), c, engine=engine, **extra)
+        ttft[name] = raw.first_token_s[1] - 13.0
+    assert ttft["none"] < 20.0
+    assert ttft["uncapped"] > ttft["none"] + 15.0
+    assert ttft["capped"] == pytest.approx(ttft["none"])
+    assert ttft["first chunk"] == pytest.approx(ttft["none"])

@@ -16,7 +16,9 @@ releases' lists (``kvtier/export/releases``). Flags, read in the 0.34.0 wheel
   ``async_scheduling`` ``None`` becomes ``True``), so a policy simulated without it must say so.
 * ``--scheduler-reserve-full-isl`` / ``--no-scheduler-reserve-full-isl`` <-
   ``serving.reserve_full_prompt``, always stated (``config/scheduler.py``, on by default);
-  ``--watermark`` <- ``serving.watermark`` when one is set (unset: none, vLLM's default).
+  ``--watermark`` <- ``serving.watermark`` when one is set (unset: none, vLLM's default);
+  ``serving.swa_admission_cap`` other than ``in_flight`` (an older release's admission for
+  sliding-window layers) has no flag and gets a note.
 * ``--kv-cache-dtype`` (``CacheDType``: ``auto``, ``fp8``, ..., ``int4_per_token_head``, ...):
   ``bf16`` -> ``auto`` (the model's own dtype; ``bfloat16`` is documented as valid only for
   models that default to fp8), ``fp8`` -> ``fp8``, ``int4`` -> ``int4_per_token_head``.
@@ -134,6 +136,16 @@ def vllm_args(
     ]
     if p.serving.watermark:  # a stated watermark (vLLM's default, and kvtier's, is none)
         args += ["--watermark", f"{p.serving.watermark:g}"]
+    if p.serving.swa_admission_cap != "in_flight" and p.serving.reserve_full_prompt:
+        # an older release's admission rule, simulated; 0.34.0 has only its own (no flag)
+        notes.append(
+            approximate(
+                f"serving.swa_admission_cap = {p.serving.swa_admission_cap} replays an older "
+                "vLLM's admission for sliding-window layers; vLLM 0.34.0 caps that group's "
+                "reserve at the tokens of every batch in flight (no flag sets it): a model "
+                "with sliding-window layers is admitted as 0.34.0 does, not as replayed."
+            )
+        )
     if p.serving.weight_dtype == "fp8":
         args += ["--quantization", "fp8"]
         notes.append(

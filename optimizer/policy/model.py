@@ -137,6 +137,18 @@ class ServingPolicy:
         "vllm_v1: admit a waiting or preempted request only when its whole sequence's blocks, "
         "less its hits, are free (vLLM's scheduler_reserve_full_isl)",
     )
+    # vllm_v1 with sliding-window layers: under reserve_full_prompt the sliding-window group's
+    # blocks count too, up to a cap on one request's reserve (kv_cache_interface.py
+    # SlidingWindowSpec.max_admission_blocks_per_request): 0.34.0 caps it at the window plus
+    # the tokens of every batch in flight (two under async scheduling, VllmConfig.
+    # max_in_flight_tokens), 0.22.0 at the window plus one batch, 0.19.1 not at all
+    # (docs/sources.md [vLLM-swa-admission]; docs/model.md, "Sliding-window blocks in the pool").
+    swa_admission_cap: str = setting(
+        "in_flight",
+        "vllm_v1, sliding-window layers: the cap on that group's admission reserve: the window "
+        "plus every batch in flight (vLLM 0.34.0), plus one batch (0.22.0), or none (0.19.1)",
+        choices=("in_flight", "one_batch", "none"),
+    )
     # Prefill/decode disaggregation (docs/model.md, "Prefill/decode disaggregation"): this many
     # of the instances only prefill, the rest only decode; a prompt's KV moves to a decode
     # instance through pd_connector (NIXL in Dynamo and vLLM, Mooncake's Transfer Engine).

@@ -136,6 +136,10 @@ class SimConfig:
     # per block of tokens (0 and 0: no sliding-window layers, or another engine)
     swa_window: int = 0
     swa_blocks: int = 0
+    # ... and under reserve_full_prompt an admission counts that group's blocks of the whole
+    # sequence from the window's start, at most this many (0: uncapped; vLLM's
+    # SlidingWindowSpec.max_admission_blocks_per_request)
+    swa_admission_blocks: int = 0
     # vllm_v1: the scheduler runs one step ahead of the GPU (vLLM's async scheduling, on by
     # default in 0.19.1 and 0.24.0, off in 0.11.0; docs/model.md, "Async scheduling"): a
     # request queued or a load finished during a step is scheduled for the step after next
@@ -479,7 +483,7 @@ def build_config(hardware: Hardware, model: ModelProfile, policy: Policy) -> Sim
         instance_gpus=layout.tps,
         hosts=layout.hosts,
         prefill_gpu=hardware.prefill_gpu,
-        **_sliding_groups(model, serving.engine_scheduler),
+        **_sliding_groups(model, serving, policy.block_tokens),
         async_scheduling=serving.async_scheduling,
         prefill_first=serving.batching == "prefill_first",
         caches_loads_at_admission=policy.load_caching == "at_admission",
@@ -502,15 +506,20 @@ def admission_watermark(serving: ServingPolicy) -> float:
     return 0.01 if serving.engine_scheduler == "vllm_v0" else 0.0
 
 
-def _sliding_groups(model: ModelProfile, scheduler: str) -> dict[str, int]:
+def _sliding_groups(
+    model: ModelProfile, serving: ServingPolicy, block_tokens: int
+) -> dict[str, int]:
     """vLLM V1's hybrid KV cache manager (v1/core/kv_cache_utils.py, 0.24.0,
     ``_get_kv_cache_groups_uniform_page_size``): the layers of each attention type split into
     groups of ``group_size`` layers (the smaller type's count, or the larger's when it is
     under 1.5 times the smaller), every group drawing blocks of ``group_size`` layers' pages
     from one shared pool. A block of tokens of the full-attention layers (what kvtier's HBM
     slot holds) is ``full / group_size`` pool blocks, its sliding-window copy ``sliding /
-    group_size``: ``swa_blocks`` is their ratio, rounded down (1 for gpt-oss's 18 and 18)."""
-    if model.sliding_window <= 0 or scheduler != "vllm_v1":
+    group_size``: ``swa_blocks`` is their ratio, rounded down (1 for gpt-oss's 18 and 18).
+    ``swa_admission_blocks`` caps that group's share of an admission's reserve at the blocks of
+    the window and the tokens in flight (``SlidingWindowSpec.max_admission_blocks_per_request``:
+    ``cdiv(window - 1 + tokens, block) + 1``; ``serving.swa_admission_cap``)."""
+    if model.sliding_window <= 0 or serving.engine_scheduler != "vllm_v1":
         return {}
     full, sliding = model.full_attention_layers, model.sliding_window_layers
     size = min(full, sliding)
@@ -518,7 +527,14 @@ def _sliding_groups(model: ModelProfile, scheduler: str) -> dict[str, int]:
         size = max(full, sliding)
     full_groups = -(-full // size)
     sliding_groups = -(-sliding // size)
-    return {"swa_window": model.sliding_window, "swa_blocks": sliding_groups // full_groups}
+    batches = {"none": 0, "one_batch": 1, "in_flight": 2 if serving.async_scheduling else 1}
+    in_flight = batches[serving.swa_admission_cap] * int(serving.max_num_batched_tokens)
+    cap = -(-(model.sliding_window - 1 + in_flight) // block_tokens) + 1 if in_flight else 0
+    return {
+        "swa_window": model.sliding_window,
+        "swa_blocks": sliding_groups // full_groups,
+        "swa_admission_blocks": cap,
+    }
 
 
 def _prefill_gpu(hardware: Hardware, name: str | None, n_prefill: int) -> Hardware:

@@ -350,6 +350,7 @@ def kernel_inputs(
         int(cfg.prefetch_retry_attempts),
         bool(cfg.refreshes_host_on_hbm_hit),
         bool(cfg.reserve_full_prompt),
+        int(cfg.swa_admission_blocks),
         _epp_metrics_interval(cfg),
         _epp_metrics_every(cfg),
     )

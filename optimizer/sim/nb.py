@@ -591,12 +591,24 @@ def arrive_nb(sim: Sim, i: int) -> None:
 
 
 @njit(cache=True, nogil=True, _nrt=False, inline="always")
-def admission_gate_nb(prm, tokens, B, h, need, v0):  # noqa: ANN001, ANN201
+def admission_gate_nb(prm, tokens, B, h, kv0, need, v0):  # noqa: ANN001, ANN201
     """The fresh blocks a vllm_v1 admission checks for: its first chunk's ``need``, or under
     vLLM's scheduler_reserve_full_isl (``Params.reserves_full``) those of its whole sequence
-    of ``tokens`` less its ``h`` hits when more (the reference's ``admit``)."""
+    of ``tokens`` less its ``h`` hits when more, the sliding-window group's included: its
+    blocks from the window's start after the ``kv0`` tokens hit or loaded, the sequence's
+    count capped at ``Params.swa_admission_blocks`` (the reference's ``admission_gate``)."""
     if prm.reserves_full and not v0:
-        full = (tokens + B - 1) // B - h
+        blocks = (tokens + B - 1) // B
+        full = blocks - h
+        if prm.swa_blocks > 0:
+            window = blocks
+            if 0 < prm.swa_admission_blocks < window:
+                window = prm.swa_admission_blocks
+            behind = (kv0 - prm.swa_window + 1) // B if kv0 >= prm.swa_window else 0
+            if behind < h:
+                behind = h
+            if window > behind:
+                full += prm.swa_blocks * (window - behind)
         if full > need:
             return full
     return need
@@ -700,7 +712,10 @@ def admit_nb(
         if others or (v0 and ist.n_running[k] > 0):
             reserve = prm.watermarks[k]
         reserve += keep
-        gate = admission_gate_nb(prm, target[i], B, h, need, v0)
+        gate = admission_gate_nb(prm, target[i], B, h, kv0, need, v0)
+        if prm.swa_blocks > 0 and gate > prm.capacities[k] - h:
+            # an idle instance admits any request it fits (vLLM sizes its pool so)
+            gate = max(need, prm.capacities[k] - h)
     else:
         need = gate = total_blocks[i] - h
     ints[C_STAMP] += 1

@@ -149,6 +149,8 @@ class Params(NamedTuple):
     refreshes_host: bool
     # vllm_v1: admission needs the whole sequence's blocks free (SimConfig.reserve_full_prompt)
     reserves_full: bool
+    # ... counting a sliding-window group's blocks up to this many (0: uncapped)
+    swa_admission_blocks: int
     # llmd_epp: seconds between the EPP's scrapes of the instances' queue and KV use (0: it
     # reads their exact state; SimConfig.epp_metrics_interval_s, kvtier.sim.routers.epp_metrics)
     epp_mx_dt: float

@@ -746,10 +746,7 @@ class ReferenceReplay:
             # when the instance runs nothing, where vLLM would drop a prompt that cannot fit)
             reserve = self.marks[k] if busy or (self.v0 and inst.running) else 0
             reserve += keep
-            gate = need
-            if self.reserves_full and not self.v0:
-                # vLLM's scheduler_reserve_full_isl: its whole sequence's blocks must be free
-                gate = max(need, -(-req.target // self.B) - h)
+            gate = self.admission_gate(req.target, h, kv0, need, pool.capacity)
         else:
             need = gate = req.total_blocks - h
             reserve = 0
@@ -919,6 +916,28 @@ class ReferenceReplay:
         if self.lower is not None:
             self.lower.hbm_evicted(k, now, evicted)
         return True
+
+    def admission_gate(self, tokens: int, h: int, kv0: int, need: int, capacity: int) -> int:
+        """The fresh blocks a vllm_v1 admission checks for: its first chunk's ``need``, or
+        under vLLM's scheduler_reserve_full_isl those of its whole sequence of ``tokens`` less
+        its ``h`` hits when more. vLLM's ``can_fit_full_sequence`` sums every KV cache group's
+        blocks: with sliding-window layers, that group's too, from the window's start after
+        the ``kv0`` tokens hit or loaded (``SlidingWindowManager.get_num_blocks_to_allocate``:
+        a cold prompt checks for twice its blocks, a full hit for its window's), never more than
+        an idle instance of ``capacity`` blocks has beside the hits: vLLM sizes its pool so that
+        one request of the longest length passes (a request kvtier routes fits the pool)."""
+        if not self.reserves_full or self.v0:
+            return need
+        blocks = -(-tokens // self.B)
+        full = blocks - h
+        if self.swa:
+            # vLLM caps the group's count of the sequence (max_admission_blocks_per_request)
+            # and compares it with block positions, as here
+            cap = self.cfg.swa_admission_blocks
+            window = min(blocks, cap) if cap > 0 else blocks
+            full += self.cfg.swa_blocks * max(window - max(self.swa_skipped(kv0), h), 0)
+            full = min(full, capacity - h)
+        return max(need, full)
 
     def swa_skipped(self, tokens: int) -> int:
         """Blocks of a sliding-window group behind the window once ``tokens`` tokens are
