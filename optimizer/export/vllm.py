@@ -18,7 +18,7 @@ releases' lists (``kvtier/export/releases``). Flags, read in the 0.34.0 wheel
   ``serving.reserve_full_prompt``, always stated (``config/scheduler.py``, on by default);
   ``--watermark`` <- ``serving.watermark`` when one is set (unset: none, vLLM's default);
   ``serving.swa_admission_cap`` other than ``in_flight`` (an older release's admission for
-  sliding-window layers) has no flag and gets a note.
+  sliding-window layers) has no flag; a model with such layers gets a note.
 * ``--kv-cache-dtype`` (``CacheDType``: ``auto``, ``fp8``, ..., ``int4_per_token_head``, ...):
   ``bf16`` -> ``auto`` (the model's own dtype; ``bfloat16`` is documented as valid only for
   models that default to fp8), ``fp8`` -> ``fp8``, ``int4`` -> ``int4_per_token_head``.
@@ -136,14 +136,15 @@ def vllm_args(
     ]
     if p.serving.watermark:  # a stated watermark (vLLM's default, and kvtier's, is none)
         args += ["--watermark", f"{p.serving.watermark:g}"]
-    if p.serving.swa_admission_cap != "in_flight" and p.serving.reserve_full_prompt:
+    swa_older = p.serving.swa_admission_cap != "in_flight" and p.serving.reserve_full_prompt
+    if swa_older and deploy.model.sliding_window > 0:
         # an older release's admission rule, simulated; 0.34.0 has only its own (no flag)
         notes.append(
             approximate(
                 f"serving.swa_admission_cap = {p.serving.swa_admission_cap} replays an older "
                 "vLLM's admission for sliding-window layers; vLLM 0.34.0 caps that group's "
-                "reserve at the tokens of every batch in flight (no flag sets it): a model "
-                "with sliding-window layers is admitted as 0.34.0 does, not as replayed."
+                "reserve at the tokens of every batch in flight (no flag sets it): the model's "
+                "requests are admitted as 0.34.0 admits them, not as replayed."
             )
         )
     if p.serving.weight_dtype == "fp8":
