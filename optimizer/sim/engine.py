@@ -225,6 +225,16 @@ def simulate_engine(
     )
 
 
+def _swa_params(cfg: SimConfig, n_shared: int) -> tuple[int, int, int, int, int]:
+    """vLLM's hybrid manager (``Params.swa_*``): the window, the pool blocks of a block's
+    sliding-window copies (0: none, or prefix caching off), the copies a hit needs, where
+    their map entries start, and the cap on that group's share of an admission's reserve."""
+    blocks = int(cfg.swa_blocks) if cfg.prefix_caching and cfg.swa_window > 0 else 0
+    need = max(1, -(-(int(cfg.swa_window) - 1) // cfg.block_tokens)) if blocks else 0
+    off = cfg.n_instances * n_shared if need else 0
+    return int(cfg.swa_window), blocks, need, off, int(cfg.swa_admission_blocks)
+
+
 def kernel_inputs(
     trace: BlockedTrace, cfg: SimConfig, *, slo: SloCheck | None = None
 ) -> KernelInputs:
@@ -303,9 +313,6 @@ def kernel_inputs(
         shared,
         tb,
     )
-    # vLLM's hybrid manager: sliding-window copies cached in the pool, and the ones a hit needs
-    swa_blocks = int(cfg.swa_blocks) if cfg.prefix_caching and cfg.swa_window > 0 else 0
-    swa_need = max(1, -(-(int(cfg.swa_window) - 1) // cfg.block_tokens)) if swa_blocks else 0
     params = Params(
         cfg.n_instances,
         cap,
@@ -333,10 +340,7 @@ def kernel_inputs(
         marks,
         bool(cfg.track_tbt),
         *pd_params,
-        int(cfg.swa_window),
-        swa_blocks,
-        swa_need,
-        cfg.n_instances * n_shared if swa_need else 0,
+        *_swa_params(cfg, n_shared),
         *epp_ix,
         cfg.schedules_ahead,
         bool(cfg.polls_loads),
@@ -350,7 +354,6 @@ def kernel_inputs(
         int(cfg.prefetch_retry_attempts),
         bool(cfg.refreshes_host_on_hbm_hit),
         bool(cfg.reserve_full_prompt),
-        int(cfg.swa_admission_blocks),
         _epp_metrics_interval(cfg),
         _epp_metrics_every(cfg),
     )
@@ -372,7 +375,7 @@ def kernel_inputs(
     )
     # disaggregated: a second slot region holds the prefill slots of handed-over requests
     pools = _hbm_pools(
-        cfg, cap, n_shared * (2 if swa_need else 1), ring_len,
+        cfg, cap, n_shared * (2 if params.swa_need else 1), ring_len,
         n_refs * (2 if cfg.n_prefill > 0 else 1), kept,
     )  # fmt: skip
     return KernelInputs(requests, params, pools, ts, tp, lk, out, kept)

@@ -591,12 +591,13 @@ def arrive_nb(sim: Sim, i: int) -> None:
 
 
 @njit(cache=True, nogil=True, _nrt=False, inline="always")
-def admission_gate_nb(prm, tokens, B, h, kv0, need, v0):  # noqa: ANN001, ANN201
+def admission_gate_nb(prm, tokens, B, h, kv0, need, v0, capacity):  # noqa: ANN001, ANN201
     """The fresh blocks a vllm_v1 admission checks for: its first chunk's ``need``, or under
     vLLM's scheduler_reserve_full_isl (``Params.reserves_full``) those of its whole sequence
     of ``tokens`` less its ``h`` hits when more, the sliding-window group's included: its
     blocks from the window's start after the ``kv0`` tokens hit or loaded, the sequence's
-    count capped at ``Params.swa_admission_blocks`` (the reference's ``admission_gate``)."""
+    count capped at ``Params.swa_admission_blocks``, and never more than an idle instance of
+    ``capacity`` blocks has beside the hits (the reference's ``admission_gate``)."""
     if prm.reserves_full and not v0:
         blocks = (tokens + B - 1) // B
         full = blocks - h
@@ -609,6 +610,8 @@ def admission_gate_nb(prm, tokens, B, h, kv0, need, v0):  # noqa: ANN001, ANN201
                 behind = h
             if window > behind:
                 full += prm.swa_blocks * (window - behind)
+            if full > capacity - h:
+                full = capacity - h  # vLLM sizes its pool so that one request passes
         if full > need:
             return full
     return need
@@ -712,10 +715,7 @@ def admit_nb(
         if others or (v0 and ist.n_running[k] > 0):
             reserve = prm.watermarks[k]
         reserve += keep
-        gate = admission_gate_nb(prm, target[i], B, h, kv0, need, v0)
-        if prm.swa_blocks > 0 and gate > prm.capacities[k] - h:
-            # an idle instance admits any request it fits (vLLM sizes its pool so)
-            gate = max(need, prm.capacities[k] - h)
+        gate = admission_gate_nb(prm, target[i], B, h, kv0, need, v0, prm.capacities[k])
     else:
         need = gate = total_blocks[i] - h
     ints[C_STAMP] += 1

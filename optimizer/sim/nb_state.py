@@ -109,6 +109,8 @@ class Params(NamedTuple):
     # instances' map of full blocks, ``n_instances * n_shared``)
     swa_need: int
     swa_off: int
+    # vllm_v1, reserves_full: that group's blocks an admission counts, at most (0: uncapped)
+    swa_admission_blocks: int
     # llmd_epp reading the EPP's approximate indexes (kvtier.sim.routers.epp_index; False:
     # the instances' caches): each producer's LRU capacity per instance in entries (GPU
     # then CPU), each request's entries (offsets into the keys) and every entry's key
@@ -149,8 +151,6 @@ class Params(NamedTuple):
     refreshes_host: bool
     # vllm_v1: admission needs the whole sequence's blocks free (SimConfig.reserve_full_prompt)
     reserves_full: bool
-    # ... counting a sliding-window group's blocks up to this many (0: uncapped)
-    swa_admission_blocks: int
     # llmd_epp: seconds between the EPP's scrapes of the instances' queue and KV use (0: it
     # reads their exact state; SimConfig.epp_metrics_interval_s, kvtier.sim.routers.epp_metrics)
     epp_mx_dt: float
