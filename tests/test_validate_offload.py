@@ -347,6 +347,40 @@ def test_command_on_one_run_prints_its_table_and_exit_code_follows_the_targets()
         assert word in text.stdout
 
 
+BLOG = "vllm-offloading-blog-llama8b-h100-100k"  # one 100K-token prompt, cold then from CPU
+
+
+def test_stages_say_where_each_rounds_prompt_tokens_came_from() -> None:
+    res = CliRunner().invoke(main, ["validate", "offload", "--run", BLOG, "--stages", "--json"])
+    data = json.loads(res.stdout)
+    cold, hit = data["stages"][BLOG]  # a rounds run: one replay, its two rounds
+    for row in (cold, hit):
+        assert row["side"] == "tiered" and row["requests"] == 1
+        shares = row["hbm_share"] + row["loaded_share"] + row["computed_share"]
+        assert shares == pytest.approx(1.0)
+    # GPU prefix caching off: the cold round computes its prompt, the second loads it from
+    # the CPU but for the last block, which vLLM always computes
+    assert cold["computed_share"] == pytest.approx(1.0) and cold["hbm_share"] == 0.0
+    assert 0.99 < hit["loaded_share"] < 1.0 and hit["hbm_share"] == 0.0
+    (run,) = data["runs"]
+    ttft = {c["side"]: c["model"] for c in run["cells"] if c["metric"] == "ttft_mean_s"}
+    assert (cold["ttft_mean_s"], hit["ttft_mean_s"]) == pytest.approx(
+        (ttft["baseline"], ttft["tiered"])
+    )
+    text = CliRunner().invoke(main, ["validate", "offload", "--run", BLOG, "--stages"])
+    assert "stages of each side's replay" in text.stdout and "computed" in text.stdout
+
+
+def test_a_target_with_nothing_to_check_in_a_selection_is_missed_and_says_so() -> None:
+    # the blog run publishes TTFT only: its throughput target has nothing to check, and a
+    # target is met only on checks
+    res = CliRunner().invoke(main, ["validate", "offload", "--run", BLOG])
+    assert res.exit_code == 1
+    assert "target missed: throughput: no check among these runs" in res.stderr
+    assert "nan" not in res.stderr
+    assert "throughput: no check among these runs (target <= 10 %: missed)" in res.stdout
+
+
 def test_a_sensitivity_study_sets_the_profile_factors_the_validation_leaves_alone() -> None:
     """``efficiency`` (scripts/step_time_sensitivity.py) scales the replay's step times and is
     part of the replay's cache key; without it the figures are the profile's."""

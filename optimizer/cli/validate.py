@@ -226,13 +226,32 @@ def validate_pd(as_json: bool, markdown_path: str | None) -> None:
     multiple=True,
     help="Replay only this run of the catalogue (a file name without .toml; repeatable).",
 )
-def validate_offload(as_json: bool, markdown_path: str | None, only: tuple[str, ...]) -> None:
+@click.option(
+    "--stages",
+    is_flag=True,
+    help="Also each side's replay stage by stage: latencies and the prompt tokens' shares hit "
+    "in HBM, loaded from a lower tier and computed (JSON: under 'stages').",
+)
+def validate_offload(
+    as_json: bool, markdown_path: str | None, only: tuple[str, ...], stages: bool
+) -> None:
     """Published, measured offload runs (vLLM's OffloadingConnector, LMCache CPU and disk,
     Mooncake Store, file-system back ends), with and without the tier: measured / model /
     error per run, TTFT and throughput MAPE and the hit ratio over the checks."""
     from kvtier.errors import InputError
-    from kvtier.experiments.offload_validation import HIT_METRICS, load_catalogue, run_offload
-    from kvtier.report.offload_validation import offload_json, to_markdown, to_text
+    from kvtier.experiments.offload_validation import (
+        HIT_METRICS,
+        load_catalogue,
+        run_offload,
+        stage_breakdown,
+    )
+    from kvtier.report.offload_validation import (
+        offload_json,
+        stages_json,
+        stages_text,
+        to_markdown,
+        to_text,
+    )
 
     _check_markdown(markdown_path)
     runs = load_catalogue()
@@ -246,15 +265,28 @@ def validate_offload(as_json: bool, markdown_path: str | None, only: tuple[str, 
             )
         runs = [r for r in runs if r.name in only]
     result = run_offload(runs)
+    report_json, report_text = offload_json, to_text
+    if stages:
+        ran = [r for r in runs if not result.notes.get(r.name)]
+        breakdowns = {r.name: stage_breakdown(r) for r in ran}
+
+        def report_json(res: Any) -> Any:
+            return {**offload_json(res), "stages": stages_json(breakdowns)}
+
+        def report_text(res: Any) -> str:
+            return to_text(res) + "\n" + stages_text(breakdowns)
+
     _report_validation(
         result,
         as_json=as_json,
-        to_json=offload_json,
-        to_text=to_text,
+        to_json=report_json,
+        to_text=report_text,
         misses=[
             (
                 f"{m.metric}: {', '.join(m.runs)} could not be replayed"
                 if m.metric == "ran"
+                else f"{m.metric}: no check among these runs"
+                if not result.checks(m.metric)
                 else f"{m.metric} {'worst' if m.metric in HIT_METRICS else 'MAPE'} "
                 f"{100 * m.value:.1f} {'points' if m.metric in HIT_METRICS else '%'} > "
                 f"{100 * m.target:.0f} (worst runs: {', '.join(m.runs)})"

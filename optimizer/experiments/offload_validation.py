@@ -521,7 +521,9 @@ def _external_hit_ratio(trace: Any, raw: Any) -> float:
     return loaded * trace.block_tokens / queried if queried > 0 else 0.0
 
 
-_REPLAYS: dict[str, Any] = {}  # a sweep's replay per deployment, shared by its stages' runs
+# each side's replay per deployment: a sweep's is shared by its stages' runs, and
+# stage_breakdown reads the replays validate offload made
+_REPLAYS: dict[str, Any] = {}
 
 
 def _replay_key(run: OffloadRun, side: str, efficiency: Mapping[str, float] | None = None) -> str:
@@ -572,7 +574,7 @@ def model_figures(
             rep = Scenario(trace, hw, model, policy).replay(concurrency=closed)
             if c["load"] == "poisson_stages":
                 _check_drained(run, side, rep)
-                _REPLAYS[key] = rep
+            _REPLAYS[key] = rep
         n = len(rep.trace.arrival_s)
         if c["load"] == "poisson_stages":
             sel = np.flatnonzero(stage_of(rep.trace) == int(c["measured_stage"]) - 1)
@@ -591,6 +593,74 @@ def model_figures(
             figs = _figures(rep.trace, rep.raw, rep.metrics, np.arange(n), run.unit, count)
             out[side] = figs
     return out
+
+
+@dataclass(frozen=True)
+class StageRow:
+    """One stage of one side's replay (a sweep's stage, a round, or a whole closed-loop run):
+    what decided its figures. The prompt tokens split into those hit in HBM, those loaded from
+    a lower tier and those computed; TPOT is first token to last over the tokens after the
+    first."""
+
+    side: str
+    stage: int  # 1-based
+    requests: int
+    ttft_mean_s: float
+    ttft_p50_s: float
+    e2e_mean_s: float
+    tpot_ms: float
+    hbm_share: float
+    loaded_share: float
+    computed_share: float
+    preemptions: int
+
+
+def stage_breakdown(run: OffloadRun) -> list[StageRow]:
+    """Per side and stage, the requests' latencies and where their prompt tokens came from,
+    read from the replays :func:`model_figures` made (replayed here if it has not run)."""
+    c = run.conditions
+    sides = ("tiered",) if c["workload"] == "rounds" else SIDES
+    if any(_replay_key(run, side) not in _REPLAYS for side in sides):
+        model_figures(run)
+    rows: list[StageRow] = []
+    for side in sides:
+        rep = _REPLAYS[_replay_key(run, side)]
+        trace, raw = rep.trace, rep.raw
+        if c["load"] == "poisson_stages":
+            stage = stage_of(trace)
+        elif c["workload"] == "rounds":  # the cold round, then the full-hit one
+            stage = (np.asarray(trace.arrival_s) >= ROUND_GAP_S).astype(np.int64)
+        else:
+            stage = np.zeros(len(trace.arrival_s), dtype=np.int64)
+        for s in range(int(stage.max()) + 1):
+            rows.append(_stage_row(side, s, trace, raw, np.flatnonzero(stage == s)))
+    return rows
+
+
+def _stage_row(side: str, s: int, trace: Any, raw: Any, sel: np.ndarray) -> StageRow:
+    arrival = raw.arrival_s if raw.arrival_s is not None else trace.arrival_s
+    first, finish = raw.first_token_s[sel], raw.finish_s[sel]
+    ttft = first - arrival[sel]
+    after_first = np.maximum(trace.output_tokens[sel] - 1, 1)
+    prompt = float(trace.input_tokens[sel].sum())
+    hbm = float(raw.hit_blocks[sel].sum()) * trace.block_tokens / prompt
+    loaded = 0.0
+    if raw.loaded_blocks.size:
+        loaded = float(raw.loaded_blocks[sel].sum()) * trace.block_tokens / prompt
+    preempted = raw.preemptions[sel].sum() if raw.preemptions is not None else 0
+    return StageRow(
+        side=side,
+        stage=s + 1,
+        requests=len(sel),
+        ttft_mean_s=float(np.nanmean(ttft)),
+        ttft_p50_s=float(np.nanmedian(ttft)),
+        e2e_mean_s=float(np.nanmean(finish - arrival[sel])),
+        tpot_ms=1e3 * float(np.nanmean((finish - first) / after_first)),
+        hbm_share=hbm,
+        loaded_share=loaded,
+        computed_share=1.0 - hbm - loaded,
+        preemptions=int(preempted),
+    )
 
 
 def run_offload(
