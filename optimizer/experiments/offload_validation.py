@@ -473,12 +473,23 @@ def _policy(run: OffloadRun, side: str) -> Any:
     return apply_overrides(policy, d["set"], f"{run.path} [{side}.set]")
 
 
+def _arrivals(trace: Any, raw: Any) -> np.ndarray:
+    """When each request was sent: the replay's (a closed loop's sends) or the trace's."""
+    return raw.arrival_s if raw.arrival_s is not None else trace.arrival_s
+
+
+def _prompt_blocks(raw: Any, sel: np.ndarray) -> tuple[int, int]:
+    """The blocks of the requests ``sel``'s prompts hit in HBM and loaded from a lower tier."""
+    loaded = int(raw.loaded_blocks[sel].sum()) if raw.loaded_blocks.size else 0
+    return int(raw.hit_blocks[sel].sum()), loaded
+
+
 def _figures(
     trace: Any, raw: Any, metrics: Any, sel: np.ndarray, unit: str, output_count: float = 1.0
 ) -> dict[str, float]:
     """Mean TTFT, throughput and hit ratio of the requests ``sel`` of one replay; output tokens
     counted ``output_count`` times each (:meth:`OffloadRun.output_count`)."""
-    arrival = raw.arrival_s if raw.arrival_s is not None else trace.arrival_s
+    arrival = _arrivals(trace, raw)
     first, finish = raw.first_token_s[sel], raw.finish_s[sel]
     served = ~np.isnan(finish)
     span = float(np.max(finish[served]) - np.min(arrival[sel])) if served.any() else np.nan
@@ -507,10 +518,8 @@ def _figures(
 def _hit_ratio(trace: Any, raw: Any, sel: np.ndarray) -> float:
     """Prompt tokens found in HBM or a lower tier over prompt tokens, for the requests
     ``sel``."""
-    hit = raw.hit_blocks[sel].sum()
-    if raw.loaded_blocks.size:
-        hit += raw.loaded_blocks[sel].sum()
-    return float(hit * trace.block_tokens) / float(trace.input_tokens[sel].sum())
+    hbm, loaded = _prompt_blocks(raw, sel)
+    return float((hbm + loaded) * trace.block_tokens) / float(trace.input_tokens[sel].sum())
 
 
 def _external_hit_ratio(trace: Any, raw: Any) -> float:
@@ -549,6 +558,18 @@ def _check_drained(run: OffloadRun, side: str, rep: Any) -> None:
             )
 
 
+def _stages(run: OffloadRun, trace: Any) -> np.ndarray:
+    """Each request's stage (0-based): a sweep's stages, a ``rounds`` run's cold round (0) and
+    its repeat (1), one stage for any other load."""
+    c = run.conditions
+    n = len(trace.arrival_s)
+    if c["load"] == "poisson_stages":
+        return stage_of(trace)
+    if c["workload"] == "rounds":
+        return (np.arange(n) >= n // 2).astype(np.int64)
+    return np.zeros(n, dtype=np.int64)
+
+
 def model_figures(
     run: OffloadRun, efficiency: Mapping[str, float] | None = None
 ) -> dict[str, dict[str, float]]:
@@ -577,14 +598,15 @@ def model_figures(
             _REPLAYS[key] = rep
         n = len(rep.trace.arrival_s)
         if c["load"] == "poisson_stages":
-            sel = np.flatnonzero(stage_of(rep.trace) == int(c["measured_stage"]) - 1)
+            sel = np.flatnonzero(_stages(run, rep.trace) == int(c["measured_stage"]) - 1)
             figs = _figures(rep.trace, rep.raw, None, sel, run.unit, run.output_count(side))
             figs["hit_ratio"] = _hit_ratio(rep.trace, rep.raw, sel)
             figs["sweep_external_hit_ratio"] = _external_hit_ratio(rep.trace, rep.raw)
             out[side] = figs
         elif c["workload"] == "rounds":
-            half = n // 2
-            for name, sel in (("baseline", np.arange(half)), ("tiered", np.arange(half, n))):
+            rounds = _stages(run, rep.trace)
+            for r, name in enumerate(("baseline", "tiered")):
+                sel = np.flatnonzero(rounds == r)
                 figs = _figures(rep.trace, rep.raw, None, sel, run.unit, run.output_count(name))
                 figs["hit_ratio"] = _hit_ratio(rep.trace, rep.raw, sel)
                 out[name] = figs
@@ -626,27 +648,21 @@ def stage_breakdown(run: OffloadRun) -> list[StageRow]:
     for side in sides:
         rep = _REPLAYS[_replay_key(run, side)]
         trace, raw = rep.trace, rep.raw
-        if c["load"] == "poisson_stages":
-            stage = stage_of(trace)
-        elif c["workload"] == "rounds":  # the cold round, then the full-hit one
-            stage = (np.asarray(trace.arrival_s) >= ROUND_GAP_S).astype(np.int64)
-        else:
-            stage = np.zeros(len(trace.arrival_s), dtype=np.int64)
+        stage = _stages(run, trace)
         for s in range(int(stage.max()) + 1):
             rows.append(_stage_row(side, s, trace, raw, np.flatnonzero(stage == s)))
     return rows
 
 
 def _stage_row(side: str, s: int, trace: Any, raw: Any, sel: np.ndarray) -> StageRow:
-    arrival = raw.arrival_s if raw.arrival_s is not None else trace.arrival_s
+    arrival = _arrivals(trace, raw)
     first, finish = raw.first_token_s[sel], raw.finish_s[sel]
     ttft = first - arrival[sel]
     after_first = np.maximum(trace.output_tokens[sel] - 1, 1)
     prompt = float(trace.input_tokens[sel].sum())
-    hbm = float(raw.hit_blocks[sel].sum()) * trace.block_tokens / prompt
-    loaded = 0.0
-    if raw.loaded_blocks.size:
-        loaded = float(raw.loaded_blocks[sel].sum()) * trace.block_tokens / prompt
+    hbm_blocks, loaded_blocks = _prompt_blocks(raw, sel)
+    hbm = hbm_blocks * trace.block_tokens / prompt
+    loaded = loaded_blocks * trace.block_tokens / prompt
     preempted = raw.preemptions[sel].sum() if raw.preemptions is not None else 0
     return StageRow(
         side=side,
