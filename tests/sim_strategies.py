@@ -338,6 +338,20 @@ def tier_configs(draw: st.DrawFn, n_instances: int, block_tokens: int) -> TierCo
         if name == "cxl" and draw(st.booleans()):
             b = draw(bw)
             pool_link[t] = add(b, b, draw(st.integers(0, 1)))
+    # device queues of non-interleaved pools: a few blocks a device, so transfers spread
+    # over the devices and queue on each
+    dev_blocks = np.zeros(T, dtype=np.int64)
+    devices = np.ones(T, dtype=np.int64)
+    dev_link0 = np.full(int(sum(pools)), -1, dtype=np.int64)
+    for t in range(T):
+        if draw(st.booleans()):
+            dev_blocks[t] = draw(st.sampled_from([1, 2, 5]))
+            devices[t] = draw(st.integers(2, 3))
+            b = draw(bw)
+            for p in range(int(pool_base[t]), int(pool_base[t]) + pools[t]):
+                dev_link0[p] = add(b, b, 0)
+                for _ in range(int(devices[t]) - 1):
+                    add(b, b, 0)
     staging = [draw(st.integers(0, 2)) for _ in names]
     via = [draw(st.booleans()) for _ in names]
     gpu_path = np.full((T, n_instances, MAX_PATH), -1, dtype=np.int64)
@@ -424,6 +438,9 @@ def tier_configs(draw: st.DrawFn, n_instances: int, block_tokens: int) -> TierCo
         layers=draw(st.sampled_from([1, 4])),
         block_bytes=float(block_tokens) * draw(st.sampled_from([0.01, 0.3])),
         tier_gb={name: 1.0 for name in names},
+        device_blocks=dev_blocks,
+        devices=devices,
+        device_link0=dev_link0,
     )
 
 

@@ -129,7 +129,7 @@ def test_path_transfer_serial_and_pipelined_by_formula() -> None:
         fin = path_transfer(
             0.0, 100.0, ops, 1.0, np.inf, np.inf, serial, depth, 0.5, np.inf,
             np.array([0, -1, -1, -1, -1]), np.ones(5), np.array([10.0]), np.array([1]), 0,
-            free, busy, moved, wfree, 0, 1, wbusy, stage,
+            free, busy, moved, wfree, 0, 1, wbusy, stage, -1,
         )  # fmt: skip
         return fin, free, wbusy
 

@@ -56,10 +56,10 @@ INTERLEAVE = "Beluga full-hit QPS, interleaved / not interleaved"
 def result(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict[str, Any], str]:
     md = tmp_path_factory.mktemp("validate") / "validation.md"
     out = CliRunner().invoke(main, ["validate", "beluga", "--json", "--markdown", str(md)])
-    # the interleaving gain is not reproduced: the command says so and exits 1
+    # the interleaving gain is not reproduced (the model loses more): it says so and exits 1
     assert out.exit_code == 1, out.output
     assert f"target missed: {INTERLEAVE}" in out.stderr
-    assert "not modelled" in out.stderr
+    assert "fills one device before the next" in out.stderr
     return json.loads(out.stdout), md.read_text()
 
 
@@ -86,6 +86,8 @@ def test_json_shape(result: tuple[dict[str, Any], str]) -> None:
     assert _cell(res, "mooncake", "first", "ttft_p99_s")["paper"] == 41.65
     assert _cell(res, "vllm", "full-hit", "ttft_mean_s")["paper"] == 18.23
     assert _cell(res, "vllm", "first", "qps")["paper"] is None
+    # the trace's blocks fill a few of the 32 devices of a non-interleaved pool, not one
+    assert 1 < res["devices_filled"] < 32
 
 
 def test_every_request_served(result: tuple[dict[str, Any], str]) -> None:
@@ -154,13 +156,14 @@ def test_acceptance_flags_follow_values(result: tuple[dict[str, Any], str]) -> N
 def test_interleaving_is_judged_against_the_papers_gain(
     result: tuple[dict[str, Any], str],
 ) -> None:
-    """1.33 reproduced within half to one and a half times the gain: a ratio near 1 misses."""
+    """1.33 reproduced within half to one and a half times the gain; the model's devices
+    queue, and its in-order placement loses more than the paper did (above 1.5)."""
     res, _ = result
     (a,) = [a for a in res["acceptance"] if a["ratio"] == INTERLEAVE]
     assert a["paper"] == pytest.approx(11.32 / 8.49)
     assert a["target"] == "[1.167, 1.5]"
     assert a["met"] == (1.167 <= a["model"] <= 1.5)
-    assert not a["met"] and "not modelled" in a["cause"]
+    assert not a["met"] and a["model"] > 1.5 and "one device before the next" in a["cause"]
 
 
 def test_text_output_carries_the_tpot_caveat() -> None:

@@ -160,6 +160,8 @@ class Validation:
     extra: list[Check]
     geometry: list[GeometryCheck]
     acceptance: list[Acceptance]
+    # devices of the CXL pool the trace's blocks fill when it does not interleave
+    devices_filled: int = 0
 
     def missed(self) -> list[Acceptance]:
         """The reproduction targets the model misses."""
@@ -333,17 +335,41 @@ def _accept(
     return Acceptance(name, paper, model, target, bool(ok), "" if ok else cause)
 
 
-# Why the model misses the interleaving gain (docs/validation.md): in the model, interleaving
-# only lifts the cap of one transfer at one device's bandwidth; the devices are not separate
-# queues, and a full-hit load is bound by the host's CXL adapters (and the GPU DMA per block)
-# well below that cap, so turning interleaving off changes almost nothing. The paper's gain
-# comes from hot devices: without interleaving, the blocks of concurrent requests crowd onto
-# the few devices that hold them, a contention the model does not represent.
-INTERLEAVE_CAUSE = (
-    "devices are not separate queues in the model: a non-interleaved pool only caps one "
-    "transfer at one device's bandwidth, above what the host's CXL adapters give a full-hit "
-    "load, so the hot-device contention behind the paper's gain is not modelled"
-)
+# Why the model misses the interleaving gain (docs/validation.md): without interleaving each
+# memory device is a queue of its own and the pool fills one device before the next in the
+# order blocks are first written (kvtier.sim.transfer.device_link). The full-hit pass replays
+# the first pass's requests in the same order, so the 16 clients' concurrent loads read the
+# blocks of requests written together, which sit on one or two of the few devices the trace
+# fills: the model loses more than the paper did. The paper states neither how its pool
+# places blocks without interleaving nor the order of its second run.
+def interleave_cause(devices_filled: int) -> str:
+    """Why the model misses the interleaving gain, with the devices the trace fills."""
+    return (
+        "each device is a queue and the model's non-interleaved pool fills one device before "
+        "the next in the order blocks are first written, so the full-hit pass, replayed in the "
+        "first pass's order, loads mostly from one or two of the "
+        f"{devices_filled} devices its blocks fill; the paper states neither its placement "
+        "without interleaving nor its second run's order"
+    )
+
+
+def devices_filled(
+    trace: Trace, hw: Hardware, model: ModelProfile, policy: Policy, blocks: BlockCache
+) -> int:
+    """Devices of ``policy``'s CXL pool, not interleaved, that the trace's blocks fill (one
+    device after the other in order of first appearance; 0 if the pool interleaves)."""
+    from kvtier.sim.config import build_config
+
+    tiers = build_config(hw, model, policy).tiers
+    if tiers is None or "cxl" not in tiers.names:
+        return 0
+    per_device = int(tiers.device_queues()[0][tiers.names.index("cxl")])
+    if per_device == 0:
+        return 0
+    n_blocks = Scenario(trace, hw, model, policy, blocks=blocks).blocked().n_blocks
+    return -(-n_blocks // per_device)
+
+
 # Why the paper's TPOTs are far above the model's (printed with the table, docs/validation.md)
 TPOT_CAUSE = (
     "TPOT not reproduced: in the paper decode steps stall behind other requests' loads and "
@@ -388,14 +414,9 @@ def run_beluga() -> Validation:
         blocks=blocks,
         concurrency=closed,
     )
-    no_int = run_passes(
-        trace,
-        hw,
-        model,
-        with_interleave(policies["beluga"], False),
-        blocks=blocks,
-        concurrency=closed,
-    )
+    not_interleaved = with_interleave(policies["beluga"], False)
+    no_int = run_passes(trace, hw, model, not_interleaved, blocks=blocks, concurrency=closed)
+    filled = devices_filled(trace, hw, model, not_interleaved, blocks)
     extra = [
         Check(
             f"MoonCake full-hit mean TTFT, {small_b}-token blocks (s)",
@@ -474,7 +495,7 @@ def run_beluga() -> Validation:
             # the paper's gain reproduced within half to one and a half times it
             round(1 + (paper_gain - 1) / 2, 3),
             round(1 + 1.5 * (paper_gain - 1), 3),
-            cause=INTERLEAVE_CAUSE,
+            cause=interleave_cause(filled),
         ),
     ]
     # absolute mean TTFT within 2x of the paper in every cell it gives
@@ -524,4 +545,4 @@ def run_beluga() -> Validation:
         concurrency=closed,
         cxl_op_overhead_us=hw.tiers["cxl"].op_overhead_s * 1e6,
     )
-    return Validation(summary, cells, details, extra, geometry_checks(), acceptance)
+    return Validation(summary, cells, details, extra, geometry_checks(), acceptance, filled)

@@ -893,8 +893,31 @@ def _tier_state(
             if tiers.prefetch_at_arrival is not None
             else np.zeros(tiers.n_tiers, dtype=np.bool_)
         ),
+        **_device_params(tiers),
     )
     return ts, tp, LinkState.zeros(tiers.n_links, tiers.n_tiers, tiers.n_workers)
+
+
+def _device_params(tiers: TierConfig) -> dict[str, np.ndarray]:
+    """The device queues of :class:`TierParams`, checked: every device link a transfer can
+    name lies among the links (``device_link0[p] + devices[t] - 1 < n_links``)."""
+    blocks, devs, link0 = tiers.device_queues()
+    blocks = np.ascontiguousarray(blocks, dtype=np.int64)
+    devs = np.ascontiguousarray(devs, dtype=np.int64)
+    link0 = np.ascontiguousarray(link0, dtype=np.int64)
+    if blocks.shape != (tiers.n_tiers,) or devs.shape != (tiers.n_tiers,):
+        raise ValueError("device_blocks and devices must have one entry per tier")
+    if link0.shape != (tiers.n_pools,):
+        raise ValueError("device_link0 must have one entry per pool")
+    for t in range(tiers.n_tiers):
+        if blocks[t] < 0 or devs[t] < 1:
+            raise ValueError(f"tier {t}: device_blocks must be >= 0 and devices >= 1")
+        if blocks[t] == 0:
+            continue
+        for p in range(int(tiers.pool_base[t]), int(tiers.pool_base[t] + tiers.pool_count[t])):
+            if link0[p] < 0 or link0[p] + devs[t] > tiers.n_links:
+                raise ValueError(f"tier {t} pool {p}: device links outside the links")
+    return {"dev_blocks": blocks, "devices": devs, "dev_link0": link0}
 
 
 def _block_rows(

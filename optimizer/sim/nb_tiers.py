@@ -46,6 +46,7 @@ from kvtier.sim.gen import WRITE_POLICY_FAMILY, twin
 from kvtier.sim.nb_state import DIRTY_SPAN, INNER, ONE, ZERO
 from kvtier.sim.steptime.jit import prefill_seconds_nb
 from kvtier.sim.transfer import (
+    device_link,
     layerwise_ready,
     ops_of,
     path_estimate,
@@ -56,6 +57,7 @@ transfer_nb = njit(cache=True, nogil=True, _nrt=False, **INNER)(path_transfer)
 estimate_nb = njit(cache=True, nogil=True, _nrt=False, **INNER)(path_estimate)
 ops_of_nb = njit(cache=True, nogil=True, **INNER)(ops_of)
 layerwise_ready_nb = njit(cache=True, nogil=True, **INNER)(layerwise_ready)
+device_link_nb = njit(cache=True, nogil=True, _nrt=False, **INNER)(device_link)
 # the write policies' dispatch (kvtier.sim.gen; plug-ins from outside the package extend it)
 chosen_nb = twin(WRITE_POLICY_FAMILY)
 
@@ -169,6 +171,11 @@ class TierParams(NamedTuple):
     load_fills_upper: np.ndarray  # bool (T,): a block loaded from the tier fills those above
     # bool (T,): tiers only a storage prefetch at arrival reads (SimConfig.tiers_read_at_arrival)
     prefetch_at_arrival: np.ndarray
+    # device queues of non-interleaved pools (TierConfig.device_queues): blocks a device
+    # holds (0: none), devices per pool, each pool's first device link (-1: none)
+    dev_blocks: np.ndarray  # i8 (T,)
+    devices: np.ndarray  # i8 (T,)
+    dev_link0: np.ndarray  # i8 (P,)
     # sliding-window copies (SimConfig.tier_window): copy c of block b is id b + c * win_off,
     # c = 1 .. win_copies (0: none); a hit needs those of its last win_need blocks
     win_off: int = 0
@@ -185,7 +192,7 @@ class TierParams(NamedTuple):
         return cls(
             0, b1, i8, np.zeros((0, n_instances), dtype=np.int64), f8, f8, f8, f2, f2, i8, i8, i8,
             b1, b1, i2, i8, f8, f8, i8, i3, f2, i3, f2, 0, 0, False, False, 1, False, 0, False,
-            1, 1, 1, 0.0, b1, i8, b1, b1,
+            1, 1, 1, 0.0, b1, i8, b1, b1, i8, i8, i8,
         )  # fmt: skip
 
 
@@ -259,9 +266,17 @@ def drop_nb(ts, p, b):  # noqa: ANN001, ANN201
 
 
 @njit(cache=True, nogil=True, _nrt=False, inline="always")
-def gpu_transfer_nb(tp, lk, k, t, now, cnt, write):  # noqa: ANN001, ANN201
+def device_nb(tp, t, k, b):  # noqa: ANN001, ANN201
+    """The device link of a transfer of tier ``t`` (the pool ``k`` reaches) whose first block
+    is ``b`` (-1: none; :func:`kvtier.sim.transfer.device_link`)."""
+    return device_link_nb(b, tp.dev_blocks[t], tp.devices[t], tp.dev_link0[pool_nb(tp, t, k)])
+
+
+@njit(cache=True, nogil=True, _nrt=False, inline="always")
+def gpu_transfer_nb(tp, lk, k, t, now, cnt, write, first):  # noqa: ANN001, ANN201
     """Move ``cnt`` blocks between instance ``k`` and tier ``t`` through its connector
-    (``write``: GPU to tier, on the write queues); returns when the transfer ends."""
+    (``write``: GPU to tier, on the write queues), the first of them block ``first`` (which
+    names the device queue of a non-interleaved pool); returns when the transfer ends."""
     return transfer_nb(
         now,
         cnt * tp.block_bytes,
@@ -286,6 +301,7 @@ def gpu_transfer_nb(tp, lk, k, t, now, cnt, write):  # noqa: ANN001, ANN201
         tp.nw[t],
         lk.wbusy,
         lk.stage[t],
+        device_nb(tp, t, k, first),
     )
 
 
@@ -440,7 +456,8 @@ def load_nb(ts, tp, lk, k, now, refs, buf, pf):  # noqa: ANN001, ANN201
         cnt = counts[t] + counts[T + t]
         if cnt == 0:
             continue
-        fin = gpu_transfer_nb(tp, lk, k, t, now, cnt, False)
+        # the run's first block names the device queue of every tier's transfer
+        fin = gpu_transfer_nb(tp, lk, k, t, now, cnt, False, block_ids[o])
         if tp.layerwise[t]:
             fin = layerwise_ready_nb(now, fin, tp.layers, compute)
         lk.tier_hits[t] += counts[t]
@@ -462,13 +479,15 @@ def prefetch_blocks_nb(ts, tp, lk, k, now, refs, src):  # noqa: ANN001, ANN201
     for t in range(tp.n_tiers):
         p = pool_nb(tp, t, k)
         n = 0
+        first = -1
         for j in range(refs.j1 - 1, refs.j0 - 1, -1):
             if src[j - refs.j0] == t:
-                touch_nb(ts, p, refs.ids[refs.bo + j])
+                first = refs.ids[refs.bo + j]
+                touch_nb(ts, p, first)
                 n += 1
         if n == 0:
             continue
-        fin = gpu_transfer_nb(tp, lk, k, t, fin, np.int64(n), False)
+        fin = gpu_transfer_nb(tp, lk, k, t, fin, np.int64(n), False, first)
         lk.prefetched[t] += n
         lk.bytes_read[t] += n * tp.block_bytes
         deepest = np.int64(t)
@@ -518,6 +537,10 @@ def insert_nb(ts, tp, lk, k, now, t, b):  # noqa: ANN001, ANN201
         if has_nb(ts, pn, victim) or fault_down_nb(ts, pn, victim):
             return
         cap = tp.cap_bw[t] if tp.cap_bw[t] < tp.cap_bw[nxt] else tp.cap_bw[nxt]
+        # the target's device queue, else the source's (LowerTiers.cascade_device)
+        dev = device_nb(tp, nxt, k, victim)
+        if dev < 0:
+            dev = device_nb(tp, t, k, victim)
         transfer_nb(
             now,
             tp.block_bytes,
@@ -542,6 +565,7 @@ def insert_nb(ts, tp, lk, k, now, t, b):  # noqa: ANN001, ANN201
             tp.nw[nxt],
             lk.wbusy,
             lk.stage[nxt],
+            dev,
         )
         lk.bytes_read[t] += tp.block_bytes
         lk.bytes_written[nxt] += tp.block_bytes
@@ -555,6 +579,7 @@ def copy_into_nb(ts, tp, lk, k, now, t, buf, nbuf):  # noqa: ANN001, ANN201
     transfer; returns when it ends (``now`` if nothing was copied)."""
     p = pool_nb(tp, t, k)
     cnt = ZERO  # (a literal 0 would compile ops_of a second time)
+    first = -1
     # each block's sliding-window copies, then the blocks (vLLM stores the groups in that order)
     if tp.win_copies > 0:
         for x in range(nbuf):
@@ -562,16 +587,20 @@ def copy_into_nb(ts, tp, lk, k, now, t, buf, nbuf):  # noqa: ANN001, ANN201
                 w = buf[x] + c * tp.win_off
                 if not has_nb(ts, p, w) and not fault_down_nb(ts, p, w):
                     insert_nb(ts, tp, lk, k, now, t, w)
+                    if cnt == 0:
+                        first = w
                     cnt += 1
     for x in range(nbuf):
         b = buf[x]
         if not has_nb(ts, p, b) and not fault_down_nb(ts, p, b):
             insert_nb(ts, tp, lk, k, now, t, b)
+            if cnt == 0:
+                first = b
             cnt += 1
     if cnt == 0:
         return now
     lk.bytes_written[t] += cnt * tp.block_bytes
-    return gpu_transfer_nb(tp, lk, k, t, now, cnt, True)
+    return gpu_transfer_nb(tp, lk, k, t, now, cnt, True, first)
 
 
 @njit(cache=True, nogil=True, _nrt=False, **INNER)

@@ -109,10 +109,14 @@ class LowerTiers:
         if self.faults is not None:
             self.faults.advance(self.pools, now)
 
-    def gpu_transfer(self, inst: int, now: float, t: int, cnt: int, write: bool) -> float:
+    def gpu_transfer(
+        self, inst: int, now: float, t: int, cnt: int, write: bool, first: int
+    ) -> float:
         """Move ``cnt`` blocks between ``inst`` and tier ``t`` through its connector (``write``:
-        GPU to tier, on the write queues); returns when the transfer ends."""
+        GPU to tier, on the write queues), the first of them block ``first`` (which names the
+        device queue of a non-interleaved pool); returns when the transfer ends."""
         c = self.cfg
+        dev = c.device_of(t, c.pool_of(t, inst), first)
         return path_transfer(
             now,
             cnt * c.block_bytes,
@@ -137,6 +141,7 @@ class LowerTiers:
             c.nw[t],
             self.wbusy,
             self.stage[t],
+            dev,
         )
 
     def store_workers(self) -> int:
@@ -298,7 +303,8 @@ class LowerTiers:
             cnt = hits + extra[t]
             if cnt == 0:
                 continue
-            fin = self.gpu_transfer(inst, now, t, cnt, False)
+            # the run's first block names the device queue of every tier's transfer
+            fin = self.gpu_transfer(inst, now, t, cnt, False, blocks[start])
             if c.layerwise[t]:
                 fin = layerwise_ready(now, fin, c.layers, compute)
             self.hits[t] += hits
@@ -324,7 +330,7 @@ class LowerTiers:
                 continue
             for b in reversed(mine):
                 self.pool(t, inst).access(b)
-            fin = self.gpu_transfer(inst, fin, t, len(mine), False)
+            fin = self.gpu_transfer(inst, fin, t, len(mine), False, mine[0])
             self.prefetched[t] += len(mine)
             self.bytes_read[t] += len(mine) * self.cfg.block_bytes
             deepest = t
@@ -403,19 +409,22 @@ class LowerTiers:
                 continue
             pool = self.pool(t, inst)
             cnt = 0
+            first = -1
             # each block's sliding-window copies, then the blocks (vLLM stores the groups in
             # that order)
             for b in blocks if self.win_copies else ():
                 for w in self.window_ids(b):
                     if not pool.contains(w) and not self.down(t, inst, w):
                         self.insert(inst, now, t, w)
+                        first = w if cnt == 0 else first
                         cnt += 1
             for b in blocks:
                 if not pool.contains(b) and not self.down(t, inst, b):
                     self.insert(inst, now, t, b)
+                    first = b if cnt == 0 else first
                     cnt += 1
             if cnt:
-                fin = self.gpu_transfer(inst, now, t, cnt, True)
+                fin = self.gpu_transfer(inst, now, t, cnt, True, first)
                 self.bytes_written[t] += cnt * c.block_bytes
                 if c.store_blocks[t] and fin > saved:
                     saved = fin
@@ -456,10 +465,18 @@ class LowerTiers:
                 c.nw[nxt],
                 self.wbusy,
                 self.stage[nxt],
+                self.cascade_device(inst, t, victim),
             )
             self.bytes_read[t] += c.block_bytes
             self.bytes_written[nxt] += c.block_bytes
             t, b = nxt, victim
+
+    def cascade_device(self, inst: int, t: int, b: int) -> int:
+        """The device queue a copy of ``b`` from tier ``t`` into ``t + 1`` crosses: the
+        target's, else the source's (-1: neither has device queues)."""
+        c = self.cfg
+        dev = c.device_of(t + 1, c.pool_of(t + 1, inst), b)
+        return dev if dev >= 0 else c.device_of(t, c.pool_of(t, inst), b)
 
     def check(self) -> None:
         """Capacity invariant of every pool (run after each event when checking)."""

@@ -40,6 +40,7 @@ from kvtier.policy.registries import (
     UNITS,
     WRITE_POLICIES,
 )
+from kvtier.sim.transfer import device_link
 from kvtier.tier_kinds import trait as tier_trait
 
 # Write-policy codes come from their registry (the kernels import the constants from there).
@@ -123,6 +124,30 @@ class TierConfig:
     # arrives, and it waits in its queue until they are there (the connector's
     # ``prefetch_at_arrival``: SGLang HiCache's storage prefetch, wait_complete); None: none
     prefetch_at_arrival: np.ndarray | None = None
+    # memory devices of a pool whose data is not interleaved over them (docs/model.md, "Host
+    # topology"): each a queue of its own (a link, ``device_link0[pool] + d``), the blocks
+    # ``device_blocks[t]`` a device holds, ``devices[t]`` of them; device_blocks 0 (or None):
+    # the tier's transfers cross no device queue
+    device_blocks: np.ndarray | None = None  # int64 (T,)
+    devices: np.ndarray | None = None  # int64 (T,)
+    device_link0: np.ndarray | None = None  # int64 (n_pools,), -1 where none
+
+    def device_queues(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """``(device_blocks, devices, device_link0)``, zeros / ones / -1 where unset."""
+        T = len(self.names)
+        blocks = self.device_blocks if self.device_blocks is not None else np.zeros(T, np.int64)
+        devs = self.devices if self.devices is not None else np.ones(T, np.int64)
+        link0 = (
+            self.device_link0 if self.device_link0 is not None
+            else np.full(self.n_pools, -1, np.int64)
+        )  # fmt: skip
+        return blocks, devs, link0
+
+    def device_of(self, t: int, pool: int, first: int) -> int:
+        """The device link of a transfer of tier ``t``'s ``pool`` starting at block ``first``
+        (:func:`kvtier.sim.transfer.device_link`; -1: none)."""
+        blocks, devs, link0 = self.device_queues()
+        return device_link(first, int(blocks[t]), int(devs[t]), int(link0[pool]))
 
     @property
     def prefetches(self) -> bool:
@@ -280,6 +305,9 @@ class _TierColumns:
         # instance, in place of its PCIe link and switch uplink; -1: over PCIe
         self.own_link = np.full((T, n_instances), -1, dtype=np.int64)
         self.staging = np.zeros(T, dtype=np.int64)
+        self.dev_blocks = np.zeros(T, dtype=np.int64)
+        self.devices = np.ones(T, dtype=np.int64)
+        self.dev_link0: list[int] = []  # per pool
         self.n_workers = 0
         self.n_pools = 0
         self.tier_gb: dict[str, float] = {}
@@ -319,7 +347,13 @@ class _TierColumns:
         self.tier_gb[tp.name] = cap_bytes / GB * (at.n_hosts if hw.per_host else 1)
         self.lat_s.append(hw.latency_s)
         interleave = hw.interleave if tp.interleave is None else tp.interleave
-        self.cap_bw.append(hw.device_bw if (hw.device_bw > 0 and not interleave) else math.inf)
+        queued = hw.device_bw > 0 and not interleave
+        self.cap_bw.append(hw.device_bw if queued else math.inf)
+        if queued and hw.devices > 1:
+            # the hardware's devices, each its share of the whole pool (the policy may use
+            # less of it: a non-interleaved allocator then fills the first devices)
+            self.dev_blocks[t] = max(int(hw.capacity_bytes / hw.devices // block_bytes), 1)
+            self.devices[t] = hw.devices
 
     def add_connector(
         self, t: int, tp: TierPolicy, hw: TierHardware, topo: Topology, at: _Placement,
@@ -401,6 +435,17 @@ class _TierColumns:
             for k in range(len(at.gpu0)):
                 bw = int(at.tps[k]) * hw.gpu_link_bw
                 self.own_link[t, k] = links.add(f"{tp.name}.gpu_link[{k}]", bw, bw)
+        for p in range(self.pool_count[t]):
+            first = -1
+            if self.dev_blocks[t] > 0:
+                # one queue per memory device, for reads and writes alike (its DRAM)
+                for d in range(int(self.devices[t])):
+                    label = f"{tp.name}.device[{d}]" if self.pool_count[t] == 1 else (
+                        f"{tp.name}.device[{p}.{d}]"
+                    )  # fmt: skip
+                    j = links.add(label, hw.device_bw, hw.device_bw, duplex=False)
+                    first = j if d == 0 else first
+            self.dev_link0.append(first)
 
     def paths(
         self, at: _Placement, host: _HostLinks
@@ -509,6 +554,9 @@ def build_tiers(
         group_entries=cols.groups[0],
         load_fills_upper=np.array(cols.fills, dtype=np.bool_),
         prefetch_at_arrival=np.array(cols.prefetch, dtype=np.bool_),
+        device_blocks=cols.dev_blocks,
+        devices=cols.devices,
+        device_link0=np.array(cols.dev_link0, dtype=np.int64),
     )
 
 

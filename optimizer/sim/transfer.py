@@ -39,6 +39,18 @@ def layerwise_ready(now: float, finish: float, layers: int, compute_s: float) ->
     return first if first > last else last
 
 
+def device_link(first: int, per_device: int, devices: int, link0: int) -> int:
+    """The device link a transfer from or to a non-interleaved pool crosses (``-1``: the pool
+    interleaves, ``per_device`` 0). A pool that does not interleave fills one device before
+    the next, so block ``first`` (the transfer's first block; ids are dense in order of first
+    appearance, the order blocks are first written) sits on device ``(first // per_device) %
+    devices``, ``per_device`` blocks a device; the transfer is taken to sit wholly there (a
+    request's blocks are consecutive ids and cross a device's end rarely)."""
+    if per_device <= 0:
+        return -1
+    return link0 + (first // per_device) % devices
+
+
 def path_transfer(
     now: float,
     nbytes: float,
@@ -63,6 +75,7 @@ def path_transfer(
     nw: int,
     wbusy: np.ndarray,
     stage: np.ndarray,
+    dev: int,
 ) -> float:
     """Run one transfer through a connector's stages; returns its finish time.
 
@@ -79,6 +92,10 @@ def path_transfer(
     direction (``off`` = number of links for writes, 0 for reads). ``stage`` (4,) adds the
     seconds of each stage: rpc, store stream, staging copies, links. Loads and stores use
     separate workers (the caller passes the store workers' ``w0``).
+
+    ``dev`` (``-1``: none) is one more link the transfer crosses: the memory device of a pool
+    whose data is not interleaved over its devices (:func:`device_link`), one queue for both
+    directions, occupied for ``nbytes / bw[dev]``.
     """
     wk = w0
     for j in range(w0 + 1, w0 + nw):
@@ -97,6 +114,11 @@ def path_transfer(
             eff = bw[link] / scale[j]
             if eff < slowest:
                 slowest = eff
+    if dev >= 0:
+        if free[dev] > start:
+            start = free[dev]
+        if bw[dev] < slowest:
+            slowest = bw[dev]
     b = nbytes / ops
     w = rpc_s + b / stream_bw + b / stage_bw
     c = b / slowest
@@ -107,6 +129,11 @@ def path_transfer(
         if c > per:
             per = c
         span = (w + c) + (ops - 1) * per
+    if dev >= 0:
+        occupied = nbytes / bw[dev]
+        free[dev] = start + occupied
+        busy[dev] += occupied
+        moved[dev] += nbytes
     for j in range(path.shape[0]):
         link = path[j]
         if link >= 0:
