@@ -438,6 +438,7 @@ def tier_configs(draw: st.DrawFn, n_instances: int, block_tokens: int) -> TierCo
         layers=draw(st.sampled_from([1, 4])),
         block_bytes=float(block_tokens) * draw(st.sampled_from([0.01, 0.3])),
         tier_gb={name: 1.0 for name in names},
+        visible_when_stored=np.array([draw(st.booleans()) for _ in names], dtype=np.bool_),
         device_blocks=dev_blocks,
         devices=devices,
         device_link0=dev_link0,

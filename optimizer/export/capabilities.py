@@ -190,6 +190,8 @@ def capability_notes(deploy: Deployment, caps: Capabilities) -> list[Note]:
                 f"caches loaded blocks as load_caching = {caps.load_cachings[0]} models."
             )
         )
+    # (``visible_when_stored`` states how a release's back end behaves, as a hardware profile
+    # states the machine: no release takes it as a setting, so there is nothing to export)
     for tier in p.lower_tiers:
         if tier.defer_loading_hits is None:
             continue

@@ -217,10 +217,10 @@ class TierHardware:
     ``rdma``. ``port_read_bw`` / ``port_write_bw`` are one host's access link to the tier
     (its CXL adapters together, its NICs together, its NVMe drives, its DRAM channels); every
     transfer also crosses the GPU's PCIe link. A pooled tier may add one link shared by all
-    hosts (``pool_bw``, 0 = none) and a per-transfer cap (``device_bw``, one memory device,
-    when data is not interleaved over the pool's ``devices``). ``op_overhead_s`` is paid per
-    transfer operation (one fragment, or ``coalesce`` fragments), ``latency_s`` once per
-    transfer. ``price_per_gb_hour`` prices the tier's capacity.
+    hosts (``pool_bw``, 0 = none) and, when data is not interleaved over the pool's
+    ``devices``, one queue per memory device at ``device_bw``, which also caps a transfer.
+    ``op_overhead_s`` is paid per transfer operation (one fragment, or ``coalesce``
+    fragments), ``latency_s`` once per transfer. ``price_per_gb_hour`` prices the tier's capacity.
     """
 
     name: str

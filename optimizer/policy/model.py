@@ -499,6 +499,11 @@ class TierPolicy:
         "(unset: the connector's)",
         kind="bool",
     )
+    visible_when_stored: bool | None = setting(
+        None,
+        "a look-up finds a copy in the tier only once its store has ended (unset: the connector's)",
+        kind="bool",
+    )
 
     def __post_init__(self) -> None:
         check_settings(self)

@@ -41,7 +41,7 @@ NOT_OVERRIDABLE = ("hardware", "model")
 # A lower tier's connector and the connector values a policy may override (TierPolicy).
 CONNECTOR_FIELDS = (
     "connector", "depth", "workers", "layerwise", "store_blocks", "store_generated",
-    "defer_loading_hits",
+    "defer_loading_hits", "visible_when_stored",
 )  # fmt: skip
 ENABLED = Setting("enabled", None, "list the tier (false: remove it)", "bool")
 # the per-host tier kinds, whose pool may be each engine's own (``per_engine``)

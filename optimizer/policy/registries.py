@@ -204,7 +204,12 @@ LOAD_RULES = Registry(
 # (``group_entries``: vLLM's OffloadingConnector under the hybrid KV cache manager keys its
 # CPU blocks by block hash and group and touches a sliding-window group's from the hit's last
 # window on, 0.22.0; 0.34.0 ranks the window it loads; docs/model.md, "Sliding-window copies
-# in the lower tiers"), whether the data passes
+# in the lower tiers"), whether a look-up finds a copy in the tier only once its store has
+# ended (``visible_when_stored``: vLLM 0.19.1's CPU manager stops at the first block not yet
+# ready, and llm-d's FS back end writes each file under a temporary name, renamed when written,
+# and looks files up by name; 0.22.0 to 0.34.0 defer the request instead, closer to a copy
+# visible at once, the default; docs/model.md, "A copy is found once stored"), whether the
+# data passes
 # through host memory
 # and so the PCIe switch's uplink (``via_host``), whether the staging buffer is on the
 # GPU's own socket (``numa_aware``), and, as the P/D connector (``serving.pd_connector``),
@@ -247,6 +252,7 @@ def _path(**kw: object) -> dict[str, object]:
         "prefetch_at_arrival": False,
         "touches_prompt": False,
         "group_entries": False,
+        "visible_when_stored": False,
         "via_host": True,
         "numa_aware": True,
         "pd_layerwise": False,

@@ -740,7 +740,8 @@ def replay_bytes(
             out = np.maximum(np.asarray(trace.output_tokens, dtype=np.int64) - 1, 0)
             inp = np.asarray(trace.input_tokens, dtype=np.int64)
             n_ids += int(np.maximum((inp + out) // B - inp // B, 0).sum())
-        total += tiers.n_pools * n_ids * 16
+        per_block = 24 if tiers.when_stored_flags().any() else 16  # (+ when each was stored)
+        total += tiers.n_pools * n_ids * per_block
     return int(total)
 
 
@@ -807,7 +808,7 @@ def _tier_state(
     if tiers is None:
         return TierPools.empty(), TierParams.empty(n_instances), LinkState.zeros(0, 0)
     _check_tiers(tiers, n_instances)
-    if tiers.n_pools * n_blocks * 16 > (1 << 40):
+    if tiers.n_pools * n_blocks * 24 > (1 << 40):
         raise InputError(f"{tiers.n_pools} lower-tier pools x {n_blocks:,} blocks is too large")
     specs = []  # (policy, capacity) per pool, pools in TierConfig order
     for t in range(tiers.n_tiers):
@@ -838,8 +839,19 @@ def _tier_state(
     heap = filled("heap", (P, heap_len), np.int32, 0)
     selective = tiers.counts_sightings
     sightings = filled("sightings", (n_blocks if selective else 1,), np.int64, 0)
+    when_stored = tiers.when_stored_flags()
+    if when_stored.shape != (tiers.n_tiers,):
+        raise ValueError("visible_when_stored must have one entry per tier")
+    # when each pool's copy of a block was stored: only a tier that shows copies once stored
+    # reads it (8 bytes per block and pool, zero: never written in this replay)
+    stored_at = (
+        filled("stored_at", (P, n_blocks), np.float64, 0.0)
+        if when_stored.any()
+        else np.zeros((0, 0), dtype=np.float64)
+    )
     ts = TierPools(
-        meta, fmeta, blk, prio, stamp, heap, hpos, cost, sightings, *no_faults(), dirty
+        meta, fmeta, blk, prio, stamp, heap, hpos, cost, sightings, *no_faults(), dirty,
+        stored_at,
     )  # fmt: skip
     tp = TierParams(
         n_tiers=tiers.n_tiers,
@@ -893,6 +905,7 @@ def _tier_state(
             if tiers.prefetch_at_arrival is not None
             else np.zeros(tiers.n_tiers, dtype=np.bool_)
         ),
+        when_stored=when_stored,
         **_device_params(tiers),
     )
     return ts, tp, LinkState.zeros(tiers.n_links, tiers.n_tiers, tiers.n_workers)

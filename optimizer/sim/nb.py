@@ -700,7 +700,7 @@ def admit_nb(
     if grows:
         # vLLM V1's allocate_slots: the blocks of the tokens this step computes
         if tp.n_tiers > 0:
-            n_src = lookup_nb(ts, tp, k, block_ids, boff[i], h, hcap, src)
+            n_src = lookup_nb(ts, tp, k, Refs(block_ids, boff[i], h, hcap), src, now)
             if prm.defers_loading_hits and loading_hit_nb(
                 pool.loading, base, shared, boff[i] + h, n_src
             ):
@@ -732,7 +732,7 @@ def admit_nb(
     rs.polled[i] = False
     if tp.n_tiers > 0:
         if not grows:
-            n_src = lookup_nb(ts, tp, k, block_ids, boff[i], h, hcap, src)
+            n_src = lookup_nb(ts, tp, k, Refs(block_ids, boff[i], h, hcap), src, now)
             loaded = chosen_run_nb(sim, k, now, n_src, h, timing, boff[i])
         if loaded > 0:
             done_tokens = (h + loaded) * B

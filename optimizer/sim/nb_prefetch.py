@@ -53,7 +53,7 @@ def reachable_nb(sim: Sim, k: int, i: int, cap: int) -> int:
         sim.pool.slot_of, k * prm.n_shared, rq.shared, bo, cap, sim.buf.found, prm.swa_off,
         prm.swa_need,
     )  # fmt: skip
-    return h + lookup_nb(sim.ts, sim.tp, k, rq.block_ids, bo, h, cap, sim.buf.src)
+    return h + lookup_nb(sim.ts, sim.tp, k, Refs(rq.block_ids, bo, h, cap), sim.buf.src, np.inf)
 
 
 @njit(cache=True, nogil=True, _nrt=False, **INNER)

@@ -110,6 +110,10 @@ class TierPools(NamedTuple):
     # its block has been inserted), so the next replay on these arrays resets the flagged
     # spans' rows instead of every row (kvtier.sim.engine, "blk_rows").
     dirty: np.ndarray
+    # f8 (P, n_blocks) when a tier shows copies once stored (TierParams.when_stored), else
+    # (0, 0): when each pool's copy of a block was stored (0: never written this replay; inf
+    # while the write that put it there is being timed)
+    stored_at: np.ndarray
 
     @classmethod
     def empty(cls) -> TierPools:
@@ -121,7 +125,7 @@ class TierPools(NamedTuple):
         blk = np.zeros((0, 0, 4), dtype=i4)
         return cls(
             z2, f2, blk, f2, z2, i2, i2, f2, np.zeros(0, dtype=i8), *no_faults(),
-            np.zeros((0, 0), dtype=np.uint8),
+            np.zeros((0, 0), dtype=np.uint8), f2,
         )  # fmt: skip
 
 
@@ -171,6 +175,8 @@ class TierParams(NamedTuple):
     load_fills_upper: np.ndarray  # bool (T,): a block loaded from the tier fills those above
     # bool (T,): tiers only a storage prefetch at arrival reads (SimConfig.tiers_read_at_arrival)
     prefetch_at_arrival: np.ndarray
+    # bool (T,): a look-up finds a copy there only once stored (TierConfig.visible_when_stored)
+    when_stored: np.ndarray
     # device queues of non-interleaved pools (TierConfig.device_queues): blocks a device
     # holds (0: none), devices per pool, each pool's first device link (-1: none)
     dev_blocks: np.ndarray  # i8 (T,)
@@ -192,7 +198,7 @@ class TierParams(NamedTuple):
         return cls(
             0, b1, i8, np.zeros((0, n_instances), dtype=np.int64), f8, f8, f8, f2, f2, i8, i8, i8,
             b1, b1, i2, i8, f8, f8, i8, i3, f2, i3, f2, 0, 0, False, False, 1, False, 0, False,
-            1, 1, 1, 0.0, b1, i8, b1, b1, i8, i8, i8,
+            1, 1, 1, 0.0, b1, i8, b1, b1, b1, i8, i8, i8,
         )  # fmt: skip
 
 
@@ -316,6 +322,20 @@ def holder_nb(ts, tp, k, b):  # noqa: ANN001, ANN201
 
 
 @njit(cache=True, nogil=True, _nrt=False, inline="always")
+def readable_holder_nb(ts, tp, k, b, now):  # noqa: ANN001, ANN201
+    """The first tier instance ``k`` reaches holding block ``b`` readable at ``now``: a tier
+    that shows copies once stored skips a copy still being stored (-1: none; the reference's
+    ``LowerTiers.readable_holder``)."""
+    for t in range(tp.n_tiers):
+        p = pool_nb(tp, t, k)
+        if not has_nb(ts, p, b) or fault_down_nb(ts, p, b):
+            continue
+        if not tp.when_stored[t] or ts.stored_at[p, b] <= now:
+            return t
+    return -1
+
+
+@njit(cache=True, nogil=True, _nrt=False, inline="always")
 def window_held_nb(ts, tp, k, b):  # noqa: ANN001, ANN201
     """Does a tier admission reads hold every sliding-window copy of block ``b``? (the
     reference's ``LowerTiers.window_held``)"""
@@ -342,14 +362,18 @@ def window_end_nb(ts, tp, k, block_ids, bo, start, end):  # noqa: ANN001, ANN201
 
 
 @njit(cache=True, nogil=True, _nrt=False, **INNER)
-def lookup_nb(ts, tp, k, block_ids, bo, start, cap, src):  # noqa: ANN001, ANN201
-    """Source tier of blocks ``start..`` (into ``src``) until one is found nowhere or first
-    found in a tier only a prefetch at arrival reads (``TierParams.prefetch_at_arrival``:
-    SGLang's admission matches the device and host trees alone); the count, cut back to where
-    the sliding-window copies allow (``window_end_nb``)."""
+def lookup_nb(ts, tp, k, refs, src, now):  # noqa: ANN001, ANN201
+    """Source tier of the blocks ``refs`` (:class:`Refs`, from ``refs.j0`` to at most
+    ``refs.j1``; into ``src``) until one is found nowhere (at ``now``:
+    a copy still being stored into a tier that shows copies once stored is not found; ``inf``,
+    the routers' view, finds it) or first found in a tier only a prefetch at arrival reads
+    (``TierParams.prefetch_at_arrival``: SGLang's admission matches the device and host trees
+    alone); the count, cut back to where the sliding-window copies allow
+    (``window_end_nb``)."""
+    block_ids, bo, start = refs.ids, refs.bo, refs.j0
     n = 0
-    for j in range(start, cap):
-        found = holder_nb(ts, tp, k, block_ids[bo + j])
+    for j in range(start, refs.j1):
+        found = readable_holder_nb(ts, tp, k, block_ids[bo + j], now)
         if found < 0 or tp.prefetch_at_arrival[found]:
             break
         src[n] = found
@@ -521,15 +545,20 @@ def fill_upper_nb(ts, tp, lk, k, now, t, b):  # noqa: ANN001, ANN201
     for u in range(t):
         p = pool_nb(tp, u, k)
         if not has_nb(ts, p, b) and not fault_down_nb(ts, p, b):
-            insert_nb(ts, tp, lk, k, now, u, b)
+            insert_nb(ts, tp, lk, k, now, u, b, now)
 
 
 @njit(cache=True, nogil=True, _nrt=False, inline="always")
-def insert_nb(ts, tp, lk, k, now, t, b):  # noqa: ANN001, ANN201
-    """Admit ``b`` into tier ``t``; victims cascade down under write-back or exclusive."""
+def insert_nb(ts, tp, lk, k, now, t, b, stored):  # noqa: ANN001, ANN201
+    """Admit ``b`` into tier ``t``, its copy stored at ``stored`` (``inf``: when the write's
+    transfer ends, set by ``stored_nb``); victims cascade down under write-back or exclusive,
+    each stored when its copy's transfer ends."""
     cascade = tp.cascade or tp.exclusive
     while True:
-        victim = touch_nb(ts, pool_nb(tp, t, k), b)
+        p = pool_nb(tp, t, k)
+        victim = touch_nb(ts, p, b)
+        if tp.when_stored[t]:
+            ts.stored_at[p, b] = stored
         if victim < 0 or not cascade or t + 1 >= tp.n_tiers:
             return
         nxt = t + 1
@@ -541,7 +570,7 @@ def insert_nb(ts, tp, lk, k, now, t, b):  # noqa: ANN001, ANN201
         dev = device_nb(tp, nxt, k, victim)
         if dev < 0:
             dev = device_nb(tp, t, k, victim)
-        transfer_nb(
+        stored = transfer_nb(
             now,
             tp.block_bytes,
             ops_of_nb(tp.unit[nxt], ONE, tp.fragments, tp.coalesce),
@@ -586,21 +615,35 @@ def copy_into_nb(ts, tp, lk, k, now, t, buf, nbuf):  # noqa: ANN001, ANN201
             for c in range(1, tp.win_copies + 1):
                 w = buf[x] + c * tp.win_off
                 if not has_nb(ts, p, w) and not fault_down_nb(ts, p, w):
-                    insert_nb(ts, tp, lk, k, now, t, w)
+                    insert_nb(ts, tp, lk, k, now, t, w, np.inf)
                     if cnt == 0:
                         first = w
                     cnt += 1
     for x in range(nbuf):
         b = buf[x]
         if not has_nb(ts, p, b) and not fault_down_nb(ts, p, b):
-            insert_nb(ts, tp, lk, k, now, t, b)
+            insert_nb(ts, tp, lk, k, now, t, b, np.inf)
             if cnt == 0:
                 first = b
             cnt += 1
     if cnt == 0:
         return now
     lk.bytes_written[t] += cnt * tp.block_bytes
-    return gpu_transfer_nb(tp, lk, k, t, now, cnt, True, first)
+    fin = gpu_transfer_nb(tp, lk, k, t, now, cnt, True, first)
+    if tp.when_stored[t]:
+        stored_nb(ts, tp, p, buf, nbuf, fin)
+    return fin
+
+
+@njit(cache=True, nogil=True, _nrt=False, inline="always")
+def stored_nb(ts, tp, p, buf, nbuf, fin):  # noqa: ANN001, ANN201
+    """The copies of ``buf[:nbuf]`` (and their sliding-window copies) a write put into pool
+    ``p`` (marked ``inf``) are stored at ``fin`` (the reference's ``LowerTiers.stored``)."""
+    for x in range(nbuf):
+        for c in range(tp.win_copies + 1):
+            w = buf[x] + c * tp.win_off
+            if ts.stored_at[p, w] == np.inf:
+                ts.stored_at[p, w] = fin
 
 
 @njit(cache=True, nogil=True, _nrt=False, **INNER)

@@ -733,7 +733,7 @@ class ReferenceReplay:
         if self.grows:
             # vLLM V1's allocate_slots: the blocks of the tokens this step computes
             if self.lower is not None:
-                src = self.lower.lookup(k, req.blocks, h, cap)
+                src = self.lower.lookup(k, req.blocks, h, cap, now)
                 if self.defers and any(inst.loading[b] for b in req.blocks[h : h + len(src)]):
                     # vLLM's OffloadingConnector: its hits are being loaded, it waits
                     self.deferred = True
@@ -756,7 +756,7 @@ class ReferenceReplay:
         req.polled = False
         if self.lower is not None:
             if not self.grows:
-                src = self.lower.lookup(k, req.blocks, h, cap)
+                src = self.lower.lookup(k, req.blocks, h, cap, now)
                 loaded = self.lower.chosen_run(k, now, req.blocks, src, h, self.B)
             if loaded:
                 done_tokens = (h + loaded) * self.B

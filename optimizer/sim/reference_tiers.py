@@ -95,6 +95,11 @@ class LowerTiers:
         self.win_off = 0
         self.win_copies = 0
         self.win_need = 0
+        # tiers whose copies a lookup finds only once their store has ended
+        # (TierConfig.visible_when_stored), and when each pool's copy of a block was stored
+        # (a block never written here reads 0: stored before the replay)
+        self.when_stored = cfg.when_stored_flags()
+        self.stored_at: list[dict[int, float]] = [{} for _ in self.pools]
 
     # ---- wiring ------------------------------------------------------------------------------
     def pool(self, t: int, inst: int) -> RefTier:
@@ -163,14 +168,30 @@ class LowerTiers:
             -1,
         )
 
-    def lookup(self, inst: int, blocks: list[int], start: int, cap: int) -> list[int]:
+    def readable_holder(self, inst: int, b: int, now: float) -> int:
+        """The first tier ``inst`` reaches holding block ``b`` readable at ``now``: a tier whose
+        copies are visible only once stored skips a copy still being stored (-1: none)."""
+        c = self.cfg
+        for t in range(c.n_tiers):
+            p = c.pool_of(t, inst)
+            if not self.pools[p].contains(b) or self.down(t, inst, b):
+                continue
+            if not self.when_stored[t] or self.stored_at[p].get(b, 0.0) <= now:
+                return t
+        return -1
+
+    def lookup(
+        self, inst: int, blocks: list[int], start: int, cap: int, now: float = np.inf
+    ) -> list[int]:
         """Source tier of each block after the HBM prefix, up to the first block found nowhere
-        or first found in a tier only a prefetch at arrival reads (SGLang's admission matches
-        the device and host trees; storage is reached by the prefetch alone); with
-        sliding-window copies, cut back to where they allow (``window_end``)."""
+        (at ``now``: a copy still being stored into a tier that shows copies once stored is not
+        found; ``inf``, the routers' view, finds it) or first found in a tier only a prefetch
+        at arrival reads (SGLang's admission matches the device and host trees; storage is
+        reached by the prefetch alone); with sliding-window copies, cut back to where they
+        allow (``window_end``)."""
         src: list[int] = []
         for j in range(start, cap):
-            found = self.holder(inst, blocks[j])
+            found = self.readable_holder(inst, blocks[j], now)
             if found < 0 or self.read_at_arrival[found]:
                 break
             src.append(found)
@@ -356,7 +377,7 @@ class LowerTiers:
         its radix tree takes the pages); the copy is the connector's staging, already timed."""
         for u in range(t):
             if not self.pool(u, inst).contains(b) and not self.down(u, inst, b):
-                self.insert(inst, now, u, b)
+                self.insert(inst, now, u, b, now)
 
     # ---- writes down -------------------------------------------------------------------------
     def sighted(self, inst: int, now: float, blocks: list[int], hbm_hits: int) -> None:
@@ -415,33 +436,49 @@ class LowerTiers:
             for b in blocks if self.win_copies else ():
                 for w in self.window_ids(b):
                     if not pool.contains(w) and not self.down(t, inst, w):
-                        self.insert(inst, now, t, w)
+                        self.insert(inst, now, t, w, np.inf)
                         first = w if cnt == 0 else first
                         cnt += 1
             for b in blocks:
                 if not pool.contains(b) and not self.down(t, inst, b):
-                    self.insert(inst, now, t, b)
+                    self.insert(inst, now, t, b, np.inf)
                     first = b if cnt == 0 else first
                     cnt += 1
             if cnt:
                 fin = self.gpu_transfer(inst, now, t, cnt, True, first)
+                self.stored(inst, t, blocks, fin)
                 self.bytes_written[t] += cnt * c.block_bytes
                 if c.store_blocks[t] and fin > saved:
                     saved = fin
         return saved
 
-    def insert(self, inst: int, now: float, t: int, b: int) -> None:
-        """Admit ``b`` into tier ``t``; a victim cascades down while the policy says so."""
+    def stored(self, inst: int, t: int, blocks: list[int], fin: float) -> None:
+        """The copies of ``blocks`` (and their sliding-window copies) this write put into tier
+        ``t`` (marked ``inf``) are stored at ``fin``."""
+        if not self.when_stored[t]:
+            return
+        at = self.stored_at[self.cfg.pool_of(t, inst)]
+        for b in blocks:
+            for x in (*self.window_ids(b), b) if self.win_copies else (b,):
+                if at.get(x, 0.0) == np.inf:
+                    at[x] = fin
+
+    def insert(self, inst: int, now: float, t: int, b: int, stored_at: float) -> None:
+        """Admit ``b`` into tier ``t``, its copy stored at ``stored_at`` (``inf``: when the
+        write's transfer ends, set by ``stored``); a victim cascades down while the policy says
+        so, stored when its copy's transfer ends."""
         c = self.cfg
         while True:
             _, victim = self.pool(t, inst).access(b)
+            if self.when_stored[t]:
+                self.stored_at[c.pool_of(t, inst)][b] = stored_at
             if victim < 0 or not self.cascade or t + 1 >= c.n_tiers:
                 return
             nxt = t + 1
             if self.pool(nxt, inst).contains(victim) or self.down(nxt, inst, victim):
                 return
             cap = c.cap_bw[t] if c.cap_bw[t] < c.cap_bw[nxt] else c.cap_bw[nxt]
-            path_transfer(
+            stored_at = path_transfer(
                 now,
                 c.block_bytes,
                 self.ops(nxt, 1),

@@ -131,6 +131,16 @@ class TierConfig:
     device_blocks: np.ndarray | None = None  # int64 (T,)
     devices: np.ndarray | None = None  # int64 (T,)
     device_link0: np.ndarray | None = None  # int64 (n_pools,), -1 where none
+    # bool (T,): a lookup finds a copy in the tier only once its store has ended (the
+    # connector's ``visible_when_stored``: vLLM 0.19.1's CPU manager, llm-d's FS back end;
+    # docs/model.md, "A copy is found once stored"); None: in no tier
+    visible_when_stored: np.ndarray | None = None
+
+    def when_stored_flags(self) -> np.ndarray:
+        """``visible_when_stored``, all False where unset."""
+        if self.visible_when_stored is None:
+            return np.zeros(len(self.names), dtype=np.bool_)
+        return np.asarray(self.visible_when_stored, dtype=np.bool_)
 
     def device_queues(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """``(device_blocks, devices, device_link0)``, zeros / ones / -1 where unset."""
@@ -294,6 +304,7 @@ class _TierColumns:
         self.touch: list[bool] = []
         self.groups: list[bool] = []
         self.prefetch: list[bool] = []
+        self.when_stored: list[bool] = []
         self.stream_bw = np.full((T, n_instances), math.inf)
         self.stage_bw = np.full((T, n_instances), math.inf)
         self.port = np.full((T, n_instances), -1, dtype=np.int64)
@@ -378,6 +389,8 @@ class _TierColumns:
         self.touch.append(bool(d["touches_prompt"]))
         self.groups.append(bool(d["group_entries"]))
         self.prefetch.append(bool(d["prefetch_at_arrival"]))
+        vws = tp.visible_when_stored
+        self.when_stored.append(bool(d["visible_when_stored"] if vws is None else vws))
         self.via_host[t] = bool(d["via_host"])
         self.staging[t] = int(d["staging"])
         n_instances = len(at.gpu0)
@@ -554,6 +567,7 @@ def build_tiers(
         group_entries=cols.groups[0],
         load_fills_upper=np.array(cols.fills, dtype=np.bool_),
         prefetch_at_arrival=np.array(cols.prefetch, dtype=np.bool_),
+        visible_when_stored=np.array(cols.when_stored, dtype=np.bool_),
         device_blocks=cols.dev_blocks,
         devices=cols.devices,
         device_link0=np.array(cols.dev_link0, dtype=np.int64),

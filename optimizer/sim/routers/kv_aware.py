@@ -14,7 +14,7 @@ from numba import njit
 import kvtier.jitcache  # noqa: F401  (drops kernels compiled against older sources)
 from kvtier.sim.nb_hbm import hbm_lookup_nb
 from kvtier.sim.nb_state import INNER, Sim
-from kvtier.sim.nb_tiers import lookup_nb
+from kvtier.sim.nb_tiers import Refs, lookup_nb
 from kvtier.sim.routers.base_nb import n_routed_nb
 
 if TYPE_CHECKING:
@@ -69,7 +69,7 @@ def route_nb(sim: Sim, i: int) -> int:
             )  # fmt: skip
         eff = float(h)
         if tp.n_tiers > 0:
-            n_src = lookup_nb(ts, tp, kk, rq.block_ids, boff[i], h, hcap, buf.src)
+            n_src = lookup_nb(ts, tp, kk, Refs(rq.block_ids, boff[i], h, hcap), buf.src, np.inf)
             for j in range(n_src):
                 eff += prm.route_w[buf.src[j], kk]
         cost = prm.kv_overlap_weight * (inp[i] / B - eff) + (ist.active_blocks[kk] + n_req - h)

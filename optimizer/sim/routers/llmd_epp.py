@@ -41,12 +41,13 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
 from numba import njit
 
 import kvtier.jitcache  # noqa: F401  (drops kernels compiled against older sources)
 from kvtier.sim.nb_hbm import hbm_lookup_nb
 from kvtier.sim.nb_state import INNER, IX_CNT, Sim
-from kvtier.sim.nb_tiers import lookup_nb
+from kvtier.sim.nb_tiers import Refs, lookup_nb
 from kvtier.sim.routers.base_nb import n_routed_nb
 from kvtier.sim.routers.epp_index import (
     CPU,
@@ -245,7 +246,7 @@ def route_nb(sim: Sim, i: int) -> int:
                 )  # fmt: skip
             c = h
             if tp.n_tiers > 0:
-                c += lookup_nb(ts, tp, kk, rq.block_ids, boff[i], h, hcap, buf.src)
+                c += lookup_nb(ts, tp, kk, Refs(rq.block_ids, boff[i], h, hcap), buf.src, np.inf)
         q = ist.q_len[kk]
         free = ist.free_len[kk]
         if stale:
