@@ -131,9 +131,9 @@ class TierConfig:
     device_blocks: np.ndarray | None = None  # int64 (T,)
     devices: np.ndarray | None = None  # int64 (T,)
     device_link0: np.ndarray | None = None  # int64 (n_pools,), -1 where none
-    # bool (T,): a lookup finds a copy in the tier only once its store has ended (the
-    # connector's ``visible_when_stored``: vLLM 0.19.1's CPU manager, llm-d's FS back end;
-    # docs/model.md, "A copy is found once stored"); None: in no tier
+    # bool (T,): a lookup finds a copy in the tier only once its store has ended (the tier's
+    # ``visible_when_stored``, else its connector's: vLLM 0.19.1's CPU manager, LMCache
+    # 0.5.6's disk back end; docs/model.md, "A copy is found once stored"); None: in no tier
     visible_when_stored: np.ndarray | None = None
 
     def when_stored_flags(self) -> np.ndarray:
