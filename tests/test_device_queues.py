@@ -24,33 +24,33 @@ B = 256
 BLOCKS = 64  # blocks a request's prompt names
 
 
-WFREE = np.zeros(3)  # three connector workers, so that none waits for a worker
-
-
-def _transfer(free: np.ndarray, busy: np.ndarray, dev: int, now: float = 0.0) -> float:
-    """100 bytes over one 100 B/s link (duplex) and, with ``dev`` >= 0, a 10 B/s device."""
-    moved = np.zeros(3)
+def _transfer(free: np.ndarray, wfree: np.ndarray, dev: int, write: bool = False) -> float:
+    """100 bytes at time 0 over one 100 B/s duplex link and, with ``dev`` >= 0, one of two
+    10 B/s devices (links 1 and 2, one queue each); three connector workers (``wfree``), so
+    that none waits for a worker."""
     return path_transfer(
-        now, 100.0, 1, 0.0, np.inf, np.inf, 0, 1, 0.0, np.inf,
+        0.0, 100.0, 1, 0.0, np.inf, np.inf, 0, 1, 0.0, np.inf,
         np.array([0, -1, -1, -1, -1]), np.ones(5), np.array([100.0, 10.0, 10.0]),
-        np.array([1, 0, 0]), 0, free, busy, moved, WFREE, 0, 3, np.zeros(3),
-        np.zeros(4), dev,
+        np.array([1, 0, 0]), 3 if write else 0, free, np.zeros(3), np.zeros(3), wfree, 0, 3,
+        np.zeros(3), np.zeros(4), dev,
     )  # fmt: skip
 
 
 def test_a_device_is_one_more_queue_on_the_path() -> None:
-    WFREE.fill(0.0)
-    free, busy = np.zeros(6), np.zeros(3)
-    assert _transfer(free, busy, -1) == 1.0  # the link alone: 100 B at 100 B/s
-    WFREE.fill(0.0)
-    free, busy = np.zeros(6), np.zeros(3)
-    assert _transfer(free, busy, 1) == 10.0  # the device's 10 B/s bounds it
-    assert free[1] == 10.0 and busy[1] == 10.0
-    # another device serves the next transfer once the shared link is free (at 1 s); the
-    # first device the one after, once it is free (at 10 s)
-    assert _transfer(free, busy, 2) == 11.0
-    assert _transfer(free, busy, 1) == 20.0
-    assert free[3] == 0.0  # one queue for both directions: no write queue was used
+    free, wfree = np.zeros(6), np.zeros(3)  # reads' queues, then writes'
+    assert _transfer(free, wfree, -1) == 1.0  # the link alone: 100 B at 100 B/s
+    free, wfree = np.zeros(6), np.zeros(3)
+    assert _transfer(free, wfree, 1) == 10.0  # the device's 10 B/s bounds it
+    assert free[1] == 10.0
+    # another device serves the next read once the shared link is free (at 1 s); the first
+    # device the one after, once it is free (at 10 s)
+    assert _transfer(free, wfree, 2) == 11.0
+    assert _transfer(free, wfree, 1) == 20.0
+    # a write has the duplex link's other queue to itself, but a device has one queue for
+    # both directions: it waits for the device's reads
+    assert _transfer(free, wfree, 1, write=True) == 30.0
+    # the link's read queue last served the third read (10-11 s), its write queue this write
+    assert free[0] == 11.0 and free[3] == 21.0
 
 
 @pytest.mark.parametrize(("first", "expected"), [(0, 7), (3, 7), (4, 8), (11, 9), (12, 7), (13, 7)])
