@@ -312,16 +312,6 @@ def gpu_transfer_nb(tp, lk, k, t, now, cnt, write, first):  # noqa: ANN001, ANN2
 
 
 @njit(cache=True, nogil=True, _nrt=False, inline="always")
-def holder_nb(ts, tp, k, b):  # noqa: ANN001, ANN201
-    """The first tier holding block ``b`` that instance ``k`` reaches (-1: none)."""
-    for t in range(tp.n_tiers):
-        p = pool_nb(tp, t, k)
-        if has_nb(ts, p, b) and not fault_down_nb(ts, p, b):
-            return t
-    return -1
-
-
-@njit(cache=True, nogil=True, _nrt=False, inline="always")
 def readable_holder_nb(ts, tp, k, b, now):  # noqa: ANN001, ANN201
     """The first tier instance ``k`` reaches holding block ``b`` readable at ``now``: a tier
     that shows copies once stored skips a copy still being stored (-1: none; the reference's
@@ -333,6 +323,12 @@ def readable_holder_nb(ts, tp, k, b, now):  # noqa: ANN001, ANN201
         if not tp.when_stored[t] or ts.stored_at[p, b] <= now:
             return t
     return -1
+
+
+@njit(cache=True, nogil=True, _nrt=False, inline="always")
+def holder_nb(ts, tp, k, b):  # noqa: ANN001, ANN201
+    """The first tier holding block ``b`` that instance ``k`` reaches (-1: none)."""
+    return readable_holder_nb(ts, tp, k, b, np.inf)
 
 
 @njit(cache=True, nogil=True, _nrt=False, inline="always")

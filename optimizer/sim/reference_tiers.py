@@ -159,14 +159,7 @@ class LowerTiers:
     # ---- lookup and loads --------------------------------------------------------------------
     def holder(self, inst: int, b: int) -> int:
         """The first tier holding block ``b`` that ``inst`` reaches (-1: none)."""
-        return next(
-            (
-                t
-                for t in range(self.cfg.n_tiers)
-                if self.pool(t, inst).contains(b) and not self.down(t, inst, b)
-            ),
-            -1,
-        )
+        return self.readable_holder(inst, b, np.inf)
 
     def readable_holder(self, inst: int, b: int, now: float) -> int:
         """The first tier ``inst`` reaches holding block ``b`` readable at ``now``: a tier whose
