@@ -50,13 +50,33 @@ def export(policy: Policy, target: str, hardware: Hardware, model: ModelProfile)
 
     exporter = EXPORTERS.get(target, option="--target").load()
     deploy = deployment(policy, hardware, model)
+    policy, inert = _without_inert(deploy)
+    if inert:
+        deploy = replace(deploy, policy=policy)
     result = exporter(deploy)
     caps = capabilities(target)
-    notes = [*result.notes, *capability_notes(deploy, caps)]
+    notes = [*result.notes, *capability_notes(deploy, caps), *inert]
     notes += _unplaced_tiers(policy, caps.tiers, caps.target, notes)
     # an exporter's own release names a further file's target (llm-d's EPP config)
     release = ", ".join(r for r in (target_release(target), result.release) if r)
     return replace(result, notes=notes, release=release)
+
+
+def _without_inert(deploy: Deployment) -> tuple[Policy, list[Note]]:
+    """The deployment's policy without the settings that took no effect in its replay
+    (:func:`kvtier.policy.model.inert_movement_keys`: no lower tier, no prefill-to-decode
+    hand-off), and a note naming them: they need no setting, and none is inexpressible."""
+    from kvtier.export.common import info
+    from kvtier.policy.model import inert_movement_keys, without_inert_movement
+
+    policy = deploy.policy
+    split = deploy.layout is not None and deploy.layout.n_prefill > 0
+    inert = inert_movement_keys(policy, split)
+    if not inert:
+        return policy, []
+    said = ", ".join(f"{k} = {getattr(policy, k)} ({why})" for k, why in inert.items())
+    note = info(f"Settings with no effect in the simulation, which need no setting: {said}.")
+    return without_inert_movement(policy, split), [note]
 
 
 def _unplaced_tiers(

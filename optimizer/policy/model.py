@@ -420,6 +420,74 @@ def without_inert_split(policy: Policy, instances: int) -> Policy:
     return replace(policy, serving=serving)
 
 
+# Settings of how KV moves below HBM: with no lower tier listed they act on nothing.
+LOWER_TIER_ONLY_KEYS = (
+    "write_policy",
+    "selective_k",
+    "hierarchy",
+    "load_rule",
+    "load_wait",
+    "load_report",
+    "load_caching",
+)
+# Settings of how a transfer is cut into operations: they act on lower-tier transfers and on
+# a split deployment's prefill-to-decode hand-off.
+TRANSFER_ONLY_KEYS = ("kv_layout", "coalesce")
+
+
+def movement_keys_without_effect(policy: Policy, split: bool) -> dict[str, str]:
+    """The settings of how KV moves that take no effect on ``policy`` whatever their values,
+    each with why: without a lower tier the write, hierarchy and load settings act on
+    nothing; without one and without a prefill-to-decode hand-off (``split``: the deployment
+    runs prefill instances), nor do the transfers' layout and coalescing; ``selective_k`` acts
+    only under ``write_through_selective`` (tests/test_inert_movement.py replays each change
+    to the same per-request times)."""
+    tiers = bool(policy.lower_tiers)
+    out: dict[str, str] = {}
+    if not tiers:
+        out.update(dict.fromkeys(LOWER_TIER_ONLY_KEYS, "no lower tier"))
+        if not split:
+            out.update(
+                dict.fromkeys(TRANSFER_ONLY_KEYS, "no lower tier, no prefill-to-decode hand-off")
+            )
+    elif policy.write_policy != "write_through_selective":
+        out["selective_k"] = "write_policy is not write_through_selective"
+    return out
+
+
+def inert_movement_keys(policy: Policy, split: bool) -> dict[str, str]:
+    """The settings ``policy`` sets away from their defaults that take no effect
+    (:func:`movement_keys_without_effect`), each with why. A search samples them whatever the
+    tiers, so a winner without lower tiers carries them; a report marks them, and its policy
+    file and an export carry the defaults instead (:func:`without_inert_movement`), as they
+    leave out a split's keys on one instance (:func:`inert_split_keys`)."""
+    defaults = Policy()
+    return {
+        key: why
+        for key, why in movement_keys_without_effect(policy, split).items()
+        if getattr(policy, key) != getattr(defaults, key)
+    }
+
+
+def ran_split(policy: Policy, ran: int) -> bool:
+    """Whether ``policy``'s replay on ``ran`` instances ran prefill instances (unknown ``ran``:
+    whether it asks for any)."""
+    serving = policy.serving
+    if ran:
+        return prefill_count(serving, ran) > 0
+    return bool(serving.prefill_instances) or serving.prefill_share > 0
+
+
+def without_inert_movement(policy: Policy, split: bool) -> Policy:
+    """``policy`` with the settings that take no effect (:func:`inert_movement_keys`) at their
+    defaults: the same replay, described without settings that do nothing."""
+    inert = inert_movement_keys(policy, split)
+    if not inert:
+        return policy
+    defaults = Policy()
+    return replace(policy, **{key: getattr(defaults, key) for key in inert})
+
+
 def split_conflict(serving: ServingPolicy) -> str | None:
     """Why ``serving`` states its prefill/decode split twice, or None.
 

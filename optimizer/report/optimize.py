@@ -29,13 +29,24 @@ ROWS = (
 TBT_ROW = ("TBT p99 s", "tbt_p99_s", "{:.4f}")
 
 
-def _inert_params(best: Any) -> tuple[str, ...]:
-    """The winner's split parameters that took no effect (its split left one instance
-    aggregated: kvtier.policy.model.inert_split_keys); the policy file leaves them out."""
-    from kvtier.policy.model import inert_split_keys, policy_from_dict
+def _inert_params(best: Any) -> dict[str, str]:
+    """The winner's sampled parameters that took no effect, each with why: split keys when its
+    split left one instance aggregated (kvtier.policy.model.inert_split_keys), settings of
+    lower tiers and transfers it has none of (movement_keys_without_effect); the policy file
+    leaves the split keys out and writes the others at their defaults."""
+    from kvtier.policy.model import (
+        inert_split_keys,
+        movement_keys_without_effect,
+        policy_from_dict,
+        ran_split,
+    )
 
     instances = int(best.metrics.get("instances", 0) or 0)
-    return inert_split_keys(policy_from_dict(best.policy, "<best>").serving, instances)
+    policy = policy_from_dict(best.policy, "<best>")
+    out = dict.fromkeys(inert_split_keys(policy.serving, instances), "aggregated")
+    idle = movement_keys_without_effect(policy, ran_split(policy, instances))
+    out.update({k: why for k, why in idle.items() if k in best.params})
+    return out
 
 
 def fmt_cell(fmt: str, value: Any) -> str:
@@ -389,8 +400,8 @@ def print_result(result: Any, console: Console) -> None:
     shown.update({k: best.params[k] for k in inert if k in best.params})  # marked below
     for k, v in sorted(shown.items()):
         text = f"{v:.4g}" if isinstance(v, float) else str(v)
-        if k in inert:  # a share of one instance: aggregated, the split's keys do nothing
-            text += " (no effect: aggregated)"
+        if k in inert:  # e.g. a share of one instance: aggregated, the split's keys do nothing
+            text += f" (no effect: {inert[k]})"
         params.add_row(k, text)
     if result.best.rate_scale != 1.0:
         params.add_row("load (rate scale)", f"{best.rate_scale:.3g}x the trace's arrival rate")

@@ -29,8 +29,11 @@ from kvtier.policy.model import (
     SLO,
     SLO_TERMS,
     Policy,
+    movement_keys_without_effect,
     policy_from_dict,
     policy_to_dict,
+    ran_split,
+    without_inert_movement,
     without_inert_split,
 )
 from kvtier.scenario import Scenario, hardware_name, model_name
@@ -820,9 +823,10 @@ def sweep_tiers(
 
 def as_ran(policy: Policy, metrics: dict[str, Any], fraction: float) -> Policy:
     """``policy`` as the deployment its replay ran: the instance count that ran (a count
-    beyond what ``serving.tp`` leaves room for runs as many as fit), and a split that left
-    one instance aggregated without its share and pool sizes, which would otherwise describe
-    (and export) a split never run."""
+    beyond what ``serving.tp`` leaves room for runs as many as fit), a split that left one
+    instance aggregated without its share and pool sizes, which would otherwise describe (and
+    export) a split never run, and without the settings of lower tiers and transfers it has
+    none of (:func:`kvtier.policy.model.inert_movement_keys`)."""
     ran = int(metrics.get("instances", 0) or 0)
     full = round(ran / fraction) if fraction else ran
     if ran and policy.serving.instances is not None and policy.serving.instances != full:
@@ -831,7 +835,7 @@ def as_ran(policy: Policy, metrics: dict[str, Any], fraction: float) -> Policy:
     if ran and policy.serving.instances is not None and policy.serving.instances != full:
         # a sample's replay ran ``ran`` of the deployment's ``full`` instances
         policy = replace(policy, serving=replace(policy.serving, instances=full))
-    return policy
+    return without_inert_movement(policy, split=ran_split(policy, ran))
 
 
 def effective_params(params: dict[str, Any], policy: Policy) -> dict[str, Any]:
@@ -1316,7 +1320,10 @@ def project_to_target(policy: Policy, target: str, hw: Any) -> tuple[Policy, tup
 
     rules = capabilities(target)
     changes: dict[str, Any] = {}
+    idle = movement_keys_without_effect(policy, ran_split(policy, policy.serving.instances or 0))
     for key, values in rules.allowed().items():
+        if key in idle:  # the target need not express what the policy leaves without effect
+            continue
         parts = key.split(".")
         owner: Any = policy.serving if parts[0] == "serving" else policy
         current = getattr(owner, parts[-1], values[0])
