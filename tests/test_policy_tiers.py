@@ -11,7 +11,12 @@ import pytest
 from kvtier.errors import InputError
 from kvtier.hardware import load_hardware
 from kvtier.policy.model import Policy, load_policy, policy_from_dict, policy_to_dict
-from kvtier.policy.presets import load_preset, preset_names
+from kvtier.policy.presets import (
+    PAST_RELEASE_PRESETS,
+    current_preset_names,
+    load_preset,
+    preset_names,
+)
 from tests.helpers import assert_one_line_error, invoke
 
 PRESETS = [
@@ -45,6 +50,24 @@ def test_every_preset_is_there_and_round_trips() -> None:
         assert policy_from_dict(policy_to_dict(policy), name) == policy
         text = (ROOT / "policies" / "presets" / f"{name}.toml").read_text()
         assert text.startswith(f"# {name}:")  # a line on what it models
+
+
+def test_past_release_presets_are_kept_for_their_scenario_only() -> None:
+    """The Beluga paper's software as it ran (names saying the release and the scenario) loads
+    by name and serves ``validate beluga``; a search and a comparison are set against the
+    current releases, and say why the others are left out."""
+    from kvtier.search.run import baseline_policies
+
+    assert set(PAST_RELEASE_PRESETS) == {n for n in PRESETS if n.endswith("-beluga")}
+    assert current_preset_names() == [n for n in PRESETS if n not in PAST_RELEASE_PRESETS]
+    scenario = (ROOT / "policies" / "presets" / "validation" / "beluga-lveval.toml").read_text()
+    baselines = baseline_policies(Policy(hardware="h100-node"))
+    for name in PAST_RELEASE_PRESETS:
+        load_preset(name)  # still loads by name
+        assert f'"{name}"' in scenario
+        left_out = baselines[name]
+        assert isinstance(left_out, InputError) and "validate beluga" in str(left_out)
+    assert all(isinstance(baselines[n], Policy) for n in ("vllm-hbm", "mooncake-rdma"))
 
 
 def test_vllm_presets_schedule_as_their_releases() -> None:

@@ -270,4 +270,5 @@ def test_a_70b_optimize_compares_the_presets_at_a_tp_that_holds_it(chat_trace, t
         assert kv_room(hw, big, policy.serving.tp or 1, policy) > 0, b.name
     for name, why in left.items():  # left out for a reason of its own, not the model's size
         assert "does not fit" not in why and "weights" not in why, (name, why)
-        assert "has no [tiers." in why or "leaves no decode instance" in why, (name, why)
+        reasons = ("has no [tiers.", "leaves no decode instance", "kept for validate beluga")
+        assert any(r in why for r in reasons), (name, why)

@@ -345,7 +345,8 @@ def _print_metrics(path: str, scenario: Any, m: Any, pd_row: tuple[str, str] | N
     "--preset",
     "presets",
     multiple=True,
-    help="A built-in preset to include (repeatable) [default: every preset, when no --policy].",
+    help="A built-in preset to include (repeatable) [default: every preset of a current "
+    "release, when no --policy].",
 )
 @click.option(
     "--policy",
@@ -420,13 +421,13 @@ def compare_cmd(
     block_tokens=64).
     """
     from kvtier.experiments.compare import compare_policies
-    from kvtier.policy.presets import preset_names
+    from kvtier.policy.presets import current_preset_names
     from kvtier.report.compare import comparison_json, print_comparison
     from kvtier.search.run import parse_slo
 
     chosen = [("preset", p) for p in presets] + [("policy", p) for p in policy_paths]
     if not chosen:
-        chosen = [("preset", p) for p in preset_names()]
+        chosen = [("preset", p) for p in current_preset_names()]
     if prices is None:
         from kvtier.scenario import recorded_prices
 

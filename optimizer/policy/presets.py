@@ -25,9 +25,27 @@ def _dirs() -> list[Path]:
     return [*extra, BUILTIN_DIR]
 
 
+# Presets of a past release, kept for the validation scenario that measured them (their names
+# say the release and the scenario): a preset named for a system models its current release,
+# so these are not among the known systems a search or a comparison is set against by default
+# (they still load by name: `kvtier replay --preset`, `validate beluga`).
+PAST_RELEASE_PRESETS = {
+    "lmcache-0.3-mooncake-beluga": "LMCache 0.3's Mooncake Store path as the Beluga paper ran "
+    "it, kept for validate beluga; mooncake-rdma is its current release",
+    "vllm-0.8.5-hbm-beluga": "vLLM 0.8.5 as the Beluga paper ran it, kept for validate beluga; "
+    "vllm-hbm is its current release",
+}
+
+
 def preset_names() -> list[str]:
     """Names of the built-in presets, sorted."""
     return sorted(p.stem for p in BUILTIN_DIR.glob("*.toml"))
+
+
+def current_preset_names() -> list[str]:
+    """The built-in presets of current releases (:data:`PAST_RELEASE_PRESETS` left out), sorted:
+    the known systems a search and a comparison are set against by default."""
+    return [name for name in preset_names() if name not in PAST_RELEASE_PRESETS]
 
 
 def available() -> dict[str, Path]:

@@ -198,7 +198,9 @@ def _finished(study: optuna.Study) -> int:
 def baseline_policies(
     base: Policy, hw: Any = None, mdl: Any = None
 ) -> dict[str, Policy | InputError]:
-    """What the best policy is compared with: every built-in preset, on the user's hardware.
+    """What the best policy is compared with: every built-in preset of a current release, on
+    the user's hardware (a past release's, kept for its validation scenario, is returned as the
+    reason it is left out: :data:`kvtier.policy.presets.PAST_RELEASE_PRESETS`).
 
     A preset keeps its policy (block size, tiers, write policy, ...) but runs on the hardware
     and model being optimized, at the same SLO, with all instances; its tier capacities are its
@@ -206,10 +208,13 @@ def baseline_policies(
     cannot hold the model's weights with room for KV runs at the smallest size that can
     (:func:`model_tp`). A preset that cannot run here is returned as the error saying why.
     """
-    from kvtier.policy.presets import load_preset, preset_names
+    from kvtier.policy.presets import PAST_RELEASE_PRESETS, load_preset, preset_names
 
     out: dict[str, Policy | InputError] = {}
     for name in preset_names():
+        if name in PAST_RELEASE_PRESETS:
+            out[name] = InputError(PAST_RELEASE_PRESETS[name])
+            continue
         try:
             preset = load_preset(name)
             serving = replace(preset.serving, instances=None)
