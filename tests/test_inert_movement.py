@@ -94,6 +94,17 @@ def test_a_split_hand_off_feels_the_transfer_settings() -> None:
         assert key not in inert_movement_keys(policy(True, **{key: CHANGED[key]}), True)
 
 
+def test_selective_k_outside_selective_write_through_replays_the_same() -> None:
+    """With a lower tier, ``selective_k`` acts only under ``write_through_selective``."""
+    dram = TierPolicy(name="dram", capacity_gb=1.0)
+    tiered = replace(policy(False), tiers=(policy(False).tiers[0], dram))
+    base = replay(tiered)
+    assert base.loaded_blocks.sum() > 0  # the lower tier serves hits: writes reached it
+    assert_fields_equal(base, replay(replace(tiered, selective_k=5)))
+    selective = replace(tiered, write_policy="write_through_selective")
+    assert "selective_k" not in inert_movement_keys(replace(selective, selective_k=5), False)
+
+
 def test_inert_keys_with_a_lower_tier_and_their_defaults() -> None:
     dram = TierPolicy(name="dram", capacity_gb=1.0)
     tiered = replace(policy(False, **CHANGED), tiers=(TierPolicy(), dram))
