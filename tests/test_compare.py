@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from kvtier.policy.presets import current_preset_names
+from kvtier.policy.presets import PAST_RELEASE_PRESETS, current_preset_names
 from kvtier.trace.io import write_trace
 from kvtier.trace.synth import synthesize
 from tests.helpers import assert_one_line_error, invoke
@@ -26,6 +26,18 @@ def test_every_current_preset_by_default_each_equal_to_its_replay(trace_path) ->
     rows = json.loads(r.stdout)["policies"]
     # a past release's preset, kept for its validation scenario, only when named
     assert [row["policy"] for row in rows] == current_preset_names()
+    assert set(json.loads(r.stdout)["left_out"]) == set(PAST_RELEASE_PRESETS)
+    shown = invoke("compare", "--trace", str(trace_path))
+    assert shown.code == 0, shown.stderr
+    assert "Not compared unless named with --preset: lmcache-0.3-mooncake-beluga" in " ".join(
+        shown.stdout.split()
+    )
+    named = invoke("compare", "--trace", str(trace_path), "--preset", "vllm-0.8.5-hbm-beluga",
+                   "--json")  # fmt: skip
+    assert named.code == 0, named.stderr
+    data = json.loads(named.stdout)
+    assert [row["policy"] for row in data["policies"]] == ["vllm-0.8.5-hbm-beluga"]
+    assert "left_out" not in data
     for row in rows[:3]:
         alone = invoke("replay", "--trace", str(trace_path), "--preset", row["policy"], "--json")
         assert alone.code == 0, alone.stderr

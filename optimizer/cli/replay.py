@@ -421,13 +421,15 @@ def compare_cmd(
     block_tokens=64).
     """
     from kvtier.experiments.compare import compare_policies
-    from kvtier.policy.presets import current_preset_names
+    from kvtier.policy.presets import PAST_RELEASE_PRESETS, current_preset_names
     from kvtier.report.compare import comparison_json, print_comparison
     from kvtier.search.run import parse_slo
 
     chosen = [("preset", p) for p in presets] + [("policy", p) for p in policy_paths]
+    left_out: dict[str, str] = {}
     if not chosen:
         chosen = [("preset", p) for p in current_preset_names()]
+        left_out = dict(PAST_RELEASE_PRESETS)
     if prices is None:
         from kvtier.scenario import recorded_prices
 
@@ -454,6 +456,15 @@ def compare_cmd(
         step_margin=step_margin,
     )
     if as_json:
-        _echo_json(comparison_json(rows))
+        data = comparison_json(rows)
+        if left_out:  # the default set's presets of past releases: named, never silently
+            data["left_out"] = left_out
+        _echo_json(data)
     else:
-        print_comparison(trace_path, rows, _console())
+        console = _console()
+        print_comparison(trace_path, rows, console)
+        if left_out:
+            from rich.markup import escape
+
+            said = "; ".join(f"{name} ({why})" for name, why in left_out.items())
+            console.print(escape(f"Not compared unless named with --preset: {said}."))
