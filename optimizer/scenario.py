@@ -196,7 +196,10 @@ class Scenario:
     time and the moment a slot frees (``kvtier replay --concurrency``; docs/model.md, "Load
     generator"); ``ramp_s`` spreads that loop's first wave of sends over so many seconds
     (:mod:`kvtier.sim.ramp`; None: one request's lifetime under the loop's own load,
-    :func:`kvtier.sim.ramp.auto_ramp_s`; 0: every first send at once). ``blocks`` may be
+    :func:`kvtier.sim.ramp.auto_ramp_s`; 0: every first send at once); ``round_size`` R > 0
+    puts that loop's requests in rounds of R behind a barrier (``kvtier replay
+    --round-barrier``: none of a round is sent before the rounds before it have finished, as
+    SGLang's multi-turn benchmark client runs). ``blocks`` may be
     passed to share one trace's block mappings between scenarios that differ in hardware or policy.
     """
 
@@ -211,6 +214,8 @@ class Scenario:
     blocks: BlockCache | None = field(default=None, repr=False, compare=False)
     concurrency: int = 0
     ramp_s: float | None = 0.0
+    # closed loop: rounds of so many requests in trace order behind a barrier (0: none)
+    round_size: int = 0
     # a sample's replay under a content-blind router restores the full cluster's routing
     # fan-out (kvtier.trace.fanout); off only to measure what that correction changes
     sample_fan_out: bool = True
@@ -225,6 +230,15 @@ class Scenario:
             raise InputError(
                 f"must be in [0, {MAX_CONCURRENCY:,}] (0: open loop), got {self.concurrency}",
                 option="--concurrency",
+            )
+        if not 0 <= self.round_size <= MAX_CONCURRENCY:
+            raise InputError(
+                f"must be in [0, {MAX_CONCURRENCY:,}] (0: no barrier), got {self.round_size}",
+                option="--round-barrier",
+            )
+        if self.round_size and not self.concurrency:
+            raise InputError(
+                "holds a closed loop's rounds: give --concurrency N too", option="--round-barrier"
             )
         if self.ramp_s is not None:
             r = float(self.ramp_s)
@@ -338,6 +352,7 @@ class Scenario:
         concurrency: int | None = None,
         track_tbt: bool = False,
         faults: tuple = (),
+        round_size: int | None = None,
     ) -> Replay:
         """Replay ``policy`` (the base policy by default) to its metrics.
 
@@ -346,8 +361,9 @@ class Scenario:
         ``stop_early`` the run ends once the SLO is certainly missed, except for a sample with
         prompt-length strata, whose SLO is judged on weighted latencies the engines' early
         stop does not count (:func:`kvtier.sim.simulate_raw` turns it off). ``concurrency``
-        overrides the scenario's closed loop (0: open loop); the metrics then count each
-        request from when it was sent. ``track_tbt`` records each request's token intervals
+        overrides the scenario's closed loop (0: open loop), ``round_size`` its round barrier
+        (0: none; only with a closed loop); the metrics then count each request from when it
+        was sent. ``track_tbt`` records each request's token intervals
         (``raw.tbt_tail_s``, ``metrics.tbt_p99_s``); an SLO with ``tbt_p99_s`` always does.
         ``faults`` (:class:`kvtier.sim.faults.Fault`) fail lower-tier devices during the
         replay (``raw.fault_lost_ids``; figures by :mod:`kvtier.sim.fault_metrics`).
@@ -381,8 +397,13 @@ class Scenario:
             policy_run = policy
         cfg = build_config(hardware, self.model, policy_run)
         closed = self.concurrency if concurrency is None else concurrency
+        rounds = self.round_size if round_size is None else round_size
+        if rounds and not closed:
+            raise InputError(
+                "holds a closed loop's rounds: give --concurrency N too", option="--round-barrier"
+            )
         if closed:
-            cfg = replace(cfg, concurrency=int(closed))
+            cfg = replace(cfg, concurrency=int(closed), round_size=int(rounds))
             ramp = self.ramp_s
             if ramp is None:
                 ramp = auto_ramp_s(trace, cfg, self.engine)

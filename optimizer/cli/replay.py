@@ -72,6 +72,17 @@ def _ramp_seconds(text: str) -> float | None:
     "before its trace time (vllm bench serve --max-concurrency); 0: open loop.",
 )
 @click.option(
+    "--round-barrier",
+    "round_barrier",
+    type=int,
+    default=0,
+    show_default=True,
+    metavar="N",
+    help="Closed loop: the trace's requests in rounds of N (in trace order), none of a round "
+    "sent before every request of the rounds before it has finished (SGLang "
+    "bench_multiturn.py --enable-round-barrier with N clients); 0: no barrier.",
+)
+@click.option(
     "--ramp",
     default="auto",
     show_default=True,
@@ -131,6 +142,7 @@ def replay_cmd(
     block_tokens: int | None,
     rate_scale: float | None,
     concurrency: int,
+    round_barrier: int,
     ramp: str,
     engine: str,
     prices: str | None,
@@ -197,8 +209,13 @@ def replay_cmd(
         serving = scenario.policy.serving
         given = {"serving.tp": serving.tp, "serving.instances": serving.instances}
         check_pinned_size(given, scenario.hardware, option="--set")
-    if concurrency:
-        scenario = replace(scenario, concurrency=concurrency, ramp_s=_ramp_seconds(ramp))
+    if concurrency or round_barrier:
+        scenario = replace(
+            scenario,
+            concurrency=concurrency,
+            ramp_s=_ramp_seconds(ramp),
+            round_size=round_barrier,
+        )
     bias = sample_bias(scenario.policy, scenario.hardware, scenario.trace.sample_fraction)
     if bias is not None:
         click.echo(f"warning: {bias}", err=True)

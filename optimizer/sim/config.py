@@ -66,6 +66,10 @@ class SimConfig:
     tiers: TierConfig | None = None  # tiers below HBM (None: HBM only)
     prefix_caching: bool = True  # serving.prefix_caching: HBM prefix hits across requests
     concurrency: int = 0  # closed-loop load generator: requests in flight (0: open loop)
+    # closed loop: the trace's requests in rounds of so many, none of a round sent before every
+    # request of the rounds before it has finished (SGLang bench_multiturn.py
+    # --enable-round-barrier; 0: no barrier)
+    round_size: int = 0
     kv_overlap_weight: float = 1.0  # kv_aware router: weight of prefill blocks (Dynamo's)
     # llmd_epp router: weights of the queue, KV utilisation, GPU prefix, CPU prefix,
     # no-hit-LRU and active-request scorers (llm-d's EPP; kvtier.sim.routers.llmd_epp)

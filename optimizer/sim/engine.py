@@ -302,6 +302,8 @@ def kernel_inputs(
         lk = LinkState.zeros(cfg.pd.n_links, 0, 0)  # the P/D transfer's links alone
     if cfg.concurrency < 0:
         raise ValueError("concurrency must be >= 0")
+    if cfg.round_size < 0 or (cfg.round_size and not cfg.concurrency):
+        raise ValueError("round_size must be >= 0, and only with a closed loop")
     # a closed loop writes each request's send time over its trace time
     arrival = np.array(trace.arrival_s, dtype=np.float64)  # a copy, always writable
     requests = Requests(
@@ -333,6 +335,7 @@ def kernel_inputs(
         lim,
         bool(cfg.prefix_caching),
         int(cfg.concurrency),
+        int(cfg.round_size),
         float(cfg.kv_overlap_weight),
         _route_weights(cfg),
         _epp_weights(cfg),

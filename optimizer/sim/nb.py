@@ -175,12 +175,17 @@ choose_nb = twin(LOAD_RULE_FAMILY)
 @njit(cache=True, nogil=True, inline="always")
 def next_arrival_nb(rq: Requests, nx: int, prm: Params, ty: Tally) -> float:
     """When request ``nx`` is sent: its trace time, or in a closed loop the later of that and
-    the moment a slot freed (never while every slot is taken)."""
+    the moment a slot freed (never while every slot is taken, nor, behind a round barrier,
+    while a request of an earlier round is unfinished: the ``nx`` sent less those in flight
+    are the finished, rejections included)."""
     if nx >= rq.arrival.shape[0]:
         return np.inf
     a = rq.arrival[nx]
     if prm.concurrency > 0:
-        if ty.ints[C_IN_FLIGHT] >= prm.concurrency:
+        in_flight = ty.ints[C_IN_FLIGHT]
+        if in_flight >= prm.concurrency:
+            return np.inf
+        if prm.round_size > 0 and nx - in_flight < (nx // prm.round_size) * prm.round_size:
             return np.inf
         gate = ty.ttft_sum[1]
         return a if a > gate else gate

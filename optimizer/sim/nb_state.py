@@ -67,6 +67,7 @@ class Params(NamedTuple):
     slo_limits: np.ndarray  # i8 (4,): over-limits for p99, p999 TTFT, p99 TPOT and p99 TBT
     prefix_caching: bool  # serving.prefix_caching (off: no HBM prefix hits)
     concurrency: int  # closed-loop load generator: requests in flight (0: open loop)
+    round_size: int  # closed loop: rounds of so many requests behind a barrier (0: none)
     kv_overlap_weight: float  # kv_aware router: weight of the prompt blocks left to prefill
     route_w: np.ndarray  # f8 (n_tiers, n_instances): kv_aware weight of a lower-tier hit
     epp_w: np.ndarray  # f8 (6,): llmd_epp weights (queue, KV use, GPU, CPU prefix, LRU, active)

@@ -44,7 +44,10 @@ Closed loop (``concurrency`` N, as ``vllm bench serve --max-concurrency`` and Gu
 concurrent mode): at most N requests are in flight; request ``i`` is sent at the later of its
 trace time and the moment a slot frees (the last finish, or a rejection, that brought the
 in-flight count below N), in trace order, and its TTFT counts from then. With every trace time
-0 this is N clients each sending its next request when the last one finishes.
+0 this is N clients each sending its next request when the last one finishes. A round barrier
+(``cfg.round_size`` R, SGLang's ``bench_multiturn.py --enable-round-barrier``) also holds
+request ``i`` until the first ``(i // R) * R`` requests have finished: rounds of R in trace
+order, the next round sent only once the last has been answered.
 
 Routing (at arrival). A request whose prompt plus output can never fit an instance's HBM
 (``total_blocks > capacity``; with pools of two tensor-parallel sizes, the smaller pool's
@@ -572,13 +575,17 @@ class ReferenceReplay:
             self.tracker.tbt(self.tbt_out[i])
 
     def next_arrival(self) -> float:
-        """When request ``nxt`` is sent (closed loop: once a slot is free)."""
+        """When request ``nxt`` is sent (closed loop: once a slot is free and, behind a round
+        barrier of ``cfg.round_size``, every request of the rounds before its own finished)."""
         if self.nxt >= self.n:
             return np.inf
         a = self.requests[self.nxt].arrival
         if self.cfg.concurrency > 0:
             if self.in_flight >= self.cfg.concurrency:
                 return np.inf
+            size = self.cfg.round_size
+            if size > 0 and self.nxt - self.in_flight < (self.nxt // size) * size:
+                return np.inf  # (the sent less those in flight: finished or rejected)
             return a if a > self.gate else self.gate
         return a
 
