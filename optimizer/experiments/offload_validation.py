@@ -23,11 +23,19 @@ Workloads (``conditions.workload``):
   requests the first prompts are sent again;
 - ``rounds``: ``requests`` distinct prompts of ``input_tokens`` sent at once, then the same
   prompts again once the first round has finished (a cold round, then a full-hit round: the
-  baseline figures are the first round's, the tiered figures the second's, one replay).
+  baseline figures are the first round's, the tiered figures the second's, one replay);
+- ``multiturn``: SGLang's ``benchmark/hicache/bench_multiturn.py``: ``clients``
+  conversations of ``rounds`` rounds, each round's prompt the conversation so far (every
+  earlier prompt and answer) plus ``request_tokens`` new tokens, ``output_tokens`` out; the
+  requests round-major, each round's clients in a seeded random order (its ready queue pops
+  at random). Its load is ``round_barrier``.
 
 Load (``conditions.load``): ``poisson`` at ``rate`` requests/s (seeded), ``concurrency`` (a
 closed loop of ``concurrency`` clients, ``kvtier replay --concurrency``), ``burst`` (all at
-t = 0), or ``poisson_stages``: inference-perf's multi-stage Poisson sweep as it runs it
+t = 0), ``round_barrier`` (a ``multiturn`` run's: at most ``concurrency`` requests in flight,
+no round's request sent before the last round's have all finished, ``kvtier replay
+--concurrency N --round-barrier clients``; the client's own pacing between sends is not
+modelled), or ``poisson_stages``: inference-perf's multi-stage Poisson sweep as it runs it
 (kubernetes-sigs/inference-perf ``loadgen/load_generator.py`` and ``load_timer.py``, read at
 main 2026-08-19): ``stages`` ``[rate, duration]`` one after the other against the same servers,
 each stage sending ``int(rate * duration)`` requests, drained before the next starts, with
@@ -39,7 +47,8 @@ earlier stages' prompts into a warm cache. The run's figures are those of stage
 replay of the sweep serves every run that measures another stage of it (cached per process).
 Throughput is ``throughput_unit``: ``tok/s`` (input plus output tokens over the run's
 span, as inference-perf's "overall throughput"), ``out tok/s`` (output tokens only over the
-same span, as llm-d's gpt-oss results tabulate it) or ``req/s``.
+same span, as llm-d's gpt-oss results tabulate it), ``in tok/s`` (prompt tokens only, as
+``bench_multiturn.py``'s "input token throughput") or ``req/s``.
 
 ``harness_output_tokens`` (``{baseline = n, tiered = n}``, optional): the output tokens per
 request the load generator *counted*, where that differs from what the server generated.
@@ -80,9 +89,9 @@ from kvtier.policy.presets import BUILTIN_DIR
 
 OFFLOAD_DIR = BUILTIN_DIR / "validation" / "offload"
 ROLES = ("check", "calibration")
-WORKLOADS = ("shared_prefix", "rounds")
-LOADS = ("poisson", "concurrency", "burst", "poisson_stages")
-UNITS = ("tok/s", "out tok/s", "req/s")
+WORKLOADS = ("shared_prefix", "rounds", "multiturn")
+LOADS = ("poisson", "concurrency", "burst", "poisson_stages", "round_barrier")
+UNITS = ("tok/s", "out tok/s", "in tok/s", "req/s")
 SIDES = ("baseline", "tiered")
 # figures compared without a target: the latency tail and the whole request's latency, which
 # show where the model's time goes wrong when the mean TTFT alone does not (the figures llm-d's
@@ -112,6 +121,9 @@ _CONDITIONS = {
     "system_tokens",
     "question_tokens",
     "input_tokens",
+    "clients",
+    "rounds",
+    "request_tokens",
     "output_tokens",
     "requests",
     "load",
@@ -273,6 +285,14 @@ def load_run(path: Path) -> OffloadRun:
             raise InputError(f"{path}: conditions.measured_stage must be a stage number (1-based)")
         if cond["workload"] != "shared_prefix":
             raise InputError(f"{path}: load poisson_stages needs workload shared_prefix")
+    elif cond["workload"] == "multiturn" or cond["load"] == "round_barrier":
+        if cond["workload"] != "multiturn" or cond["load"] != "round_barrier":
+            raise InputError(f"{path}: workload multiturn goes with load round_barrier, only")
+        required += ["clients", "rounds", "request_tokens", "concurrency"]
+        for key in ("clients", "rounds", "request_tokens", "concurrency"):
+            v = cond.get(key)
+            if key in cond and not (isinstance(v, int) and not isinstance(v, bool) and v >= 1):
+                raise InputError(f"{path}: conditions.{key} must be an integer >= 1, got {v!r}")
     else:
         required.append("requests")
     for key in required:
@@ -364,6 +384,33 @@ def _prompts(c: dict[str, Any]) -> list[np.ndarray]:
     return out
 
 
+def _conversations(c: dict[str, Any], rng: np.random.Generator) -> tuple[list[np.ndarray], Any]:
+    """A ``multiturn`` run's prompts (native block hashes) and lengths, round-major, each
+    round's clients in a seeded random order. Each conversation is one token stream whose
+    16-token blocks are its own; round ``r``'s prompt is its first ``(r + 1) * request_tokens +
+    r * output_tokens`` tokens (every answer is part of the history), a partial last block a
+    hash of that prompt alone."""
+    clients, rounds = int(c["clients"]), int(c["rounds"])
+    new, out = int(c["request_tokens"]), int(c["output_tokens"])
+    longest = rounds * new + (rounds - 1) * out
+    per_stream = -(-longest // NATIVE_BLOCK)
+    tail_id = 1 + clients * per_stream  # partial blocks: ids past every stream's
+    prompts: list[np.ndarray] = []
+    lengths: list[int] = []
+    for r in range(rounds):
+        length = (r + 1) * new + r * out
+        full, part = divmod(length, NATIVE_BLOCK)
+        for client in rng.permutation(clients):
+            base = 1 + int(client) * per_stream
+            blocks = np.arange(base, base + full, dtype=np.uint64)
+            if part:
+                blocks = np.append(blocks, np.uint64(tail_id))
+                tail_id += 1
+            prompts.append(blocks)
+            lengths.append(length)
+    return prompts, np.asarray(lengths, dtype=np.int64)
+
+
 def _poisson_stage(rng: np.random.Generator, rate: float, n: int) -> np.ndarray:
     """inference-perf's ``PoissonLoadTimer``: each second a Poisson(rate) count of requests,
     their exponential gaps scaled to fill that second (``ConstantLoadTimer`` over 1 s); the
@@ -409,10 +456,12 @@ def stage_of(trace: Any) -> np.ndarray:
 def build_trace(run: OffloadRun) -> Any:
     """The run's requests as a trace (arrivals of the open-loop or burst load; a closed loop's
     sends are the replay's)."""
-    from kvtier.trace.format import Trace
 
     c = run.conditions
     rng = np.random.default_rng(int(c.get("seed", 1)))
+    if c["workload"] == "multiturn":
+        blocks, input_tokens = _conversations(c, rng)
+        return _trace(run, np.zeros(len(blocks)), input_tokens, blocks)
     prompts = _prompts(c)
     if c["workload"] == "rounds":
         n = int(c["requests"])
@@ -434,7 +483,14 @@ def build_trace(run: OffloadRun) -> Any:
             else:
                 arrival = _concurrent_sends(rng, n)
         input_tokens = np.full(len(order), isl, dtype=np.int64)
-    blocks = [prompts[i] for i in order]
+    return _trace(run, arrival, input_tokens, [prompts[i] for i in order])
+
+
+def _trace(run: OffloadRun, arrival: Any, input_tokens: Any, blocks: list[np.ndarray]) -> Any:
+    """A trace of these requests (every one ``output_tokens`` out)."""
+    from kvtier.trace.format import Trace
+
+    c = run.conditions
     offsets = np.zeros(len(blocks) + 1, dtype=np.int64)
     offsets[1:] = np.cumsum([len(b) for b in blocks])
     return Trace.from_arrays(
@@ -497,6 +553,8 @@ def _figures(
         throughput = float(served.sum()) / span
     elif unit == "out tok/s":
         throughput = output_count * float(trace.output_tokens[sel][served].sum()) / span
+    elif unit == "in tok/s":
+        throughput = float(trace.input_tokens[sel][served].sum()) / span
     else:
         out_tokens = output_count * float(trace.output_tokens[sel][served].sum())
         throughput = (float(trace.input_tokens[sel][served].sum()) + out_tokens) / span
@@ -567,6 +625,8 @@ def _stages(run: OffloadRun, trace: Any) -> np.ndarray:
         return stage_of(trace)
     if c["workload"] == "rounds":
         return (np.arange(n) >= n // 2).astype(np.int64)
+    if c["workload"] == "multiturn":
+        return np.arange(n, dtype=np.int64) // int(c["clients"])
     return np.zeros(n, dtype=np.int64)
 
 
@@ -584,7 +644,8 @@ def model_figures(
     if efficiency:
         hw = replace(hw, efficiency=replace(hw.efficiency, **efficiency))
     trace = build_trace(run)
-    closed = int(c.get("concurrency", 0)) if c["load"] == "concurrency" else 0
+    closed = int(c.get("concurrency", 0)) if c["load"] in ("concurrency", "round_barrier") else 0
+    barrier = int(c["clients"]) if c["load"] == "round_barrier" else 0
     out: dict[str, dict[str, float]] = {}
     sides = ("tiered",) if c["workload"] == "rounds" else SIDES
     for side in sides:
@@ -592,7 +653,7 @@ def model_figures(
         rep = _REPLAYS.get(key)
         if rep is None:
             policy = _policy(run, side)
-            rep = Scenario(trace, hw, model, policy).replay(concurrency=closed)
+            rep = Scenario(trace, hw, model, policy).replay(concurrency=closed, round_size=barrier)
             if c["load"] == "poisson_stages":
                 _check_drained(run, side, rep)
             _REPLAYS[key] = rep

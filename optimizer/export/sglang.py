@@ -44,7 +44,8 @@ the host pools in ``mem_cache/memory_pool_host.py`` and ``hiradix_cache.py``):
   ``"200G"``; unset or ``"0"`` means unbounded; a non-MLA rank owns and evicts its own files,
   so the cap is per tensor-parallel rank) <- the ``ssd`` tier per rank, in bytes;
   ``--hicache-storage-prefetch-policy wait_complete`` <- the ``ssd`` tier's connector
-  ``sglang-hicache-file`` (its prefetch at arrival, the request held until it ends).
+  ``sglang-hicache-file``, or the ``rdma`` tier's ``sglang-hicache-mooncake`` (its prefetch at
+  arrival, the request held until it ends).
 * ``--port`` (default 30000) per instance; ``CUDA_VISIBLE_DEVICES`` selects its GPUs.
 """
 
@@ -198,6 +199,8 @@ def _storage(deploy: Deployment, args: list[str], env: dict[str, str], notes: li
                 "address and MOONCAKE_DEVICE are placeholders."
             )
         )
+        if CONNECTORS.get(deploy.policy.tier("rdma").connector).defaults["prefetch_at_arrival"]:
+            args += ["--hicache-storage-prefetch-policy", "wait_complete"]
         if deploy.has("ssd"):
             notes.append(
                 inexpressible(

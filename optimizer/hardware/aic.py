@@ -35,6 +35,8 @@ AIC_SYSTEMS: dict[str, str] = {
 # ([NVIDIA-H800]).
 NVLINK_SIBLING: dict[str, tuple[str, str]] = {
     "A800-SXM": ("A100-SXM", "a100-sxm"),
+    # (the 40 GB A100: the same NVLink, its HBM 1,555 GB/s against the tables' 2,039)
+    "A100-SXM-40GB": ("A100-SXM", "a100-sxm"),
     "H800-SXM": ("H100-SXM", "h100-sxm"),
 }
 AIC_SYSTEMS.update({gpu: AIC_SYSTEMS[name] for gpu, (name, _) in NVLINK_SIBLING.items()})

@@ -229,7 +229,8 @@ LOAD_RULES = Registry(
     BELUGA_CXL,
     LMCACHE_PD,
     SGLANG_HICACHE_FILE,
-) = range(9)
+    SGLANG_HICACHE_MOONCAKE,
+) = range(10)
 UNIT_CHUNK, UNIT_FRAGMENT, UNIT_TRANSFER = 0, 1, 2
 UNITS = ("chunk", "fragment", "transfer")
 
@@ -352,6 +353,27 @@ CONNECTORS = Registry(
             # (managers/scheduler.py handle_generate_request, _prefetch_kvcache,
             # check_prefetch_progress)
             _path(unit="chunk", staging=2, load_fills_upper=True, prefetch_at_arrival=True),
+        ),
+        Entry(
+            "sglang-hicache-mooncake",
+            SGLANG_HICACHE_MOONCAKE,
+            "SGLang HiCache's Mooncake back end under wait_complete: the storage prefetch at "
+            "the request's arrival reads the pages by Transfer Engine batches straight into "
+            "the host pool (page_first_direct), the request held until it ends",
+            # [SGLang-0.5.10] mem_cache/storage/mooncake_store/mooncake_store.py batch_get_v1
+            # (batch_get_into the host pool's own pages: no bounce copy), managers/
+            # cache_controller.py prefetch_thread_func; wait_complete holds the request
+            # (managers/scheduler.py check_prefetch_progress). Per-operation cost and
+            # pipelining: mooncake-te's (the Transfer Engine's), the stream at the rdma tier's
+            # ports; the pages then reach the GPU from the host pool (load_fills_upper)
+            _path(
+                order="pipelined",
+                depth=64,
+                rpc_us=7.87,
+                load_fills_upper=True,
+                prefetch_at_arrival=True,
+                pd_decode_hit=False,
+            ),
         ),
     ],
 )
