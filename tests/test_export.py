@@ -475,6 +475,13 @@ def test_sglang_storage_backends() -> None:
     _, f, result = sglang_command(policy(TierPolicy(name="dram"), ssd))
     assert f["--hicache-storage-prefetch-policy"] == "wait_complete"
     assert "loading at the request's admission" not in notes_text(result)
+    # Mooncake read by the prefetch at arrival (sglang-hicache-mooncake): wait_complete too
+    rdma = TierPolicy(name="rdma", capacity_gb=1000.0, connector="sglang-hicache-mooncake")
+    _, f, _ = sglang_command(policy(TierPolicy(name="dram"), rdma))
+    assert f["--hicache-storage-backend"] == "mooncake"
+    assert f["--hicache-storage-prefetch-policy"] == "wait_complete"
+    _, f, _ = sglang_command(policy(TierPolicy(name="dram"), TierPolicy(name="rdma")))
+    assert "--hicache-storage-prefetch-policy" not in f
 
 
 # --- Dynamo -------------------------------------------------------------------------------
