@@ -120,6 +120,7 @@ def test_decode_hits_are_the_pull_connectors() -> None:
         "beluga-cxl": True,
         "lmcache-pd": False,
         "sglang-hicache-file": True,
+        "sglang-hicache-mooncake": True,
     }
 
 

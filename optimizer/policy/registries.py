@@ -372,7 +372,6 @@ CONNECTORS = Registry(
                 rpc_us=7.87,
                 load_fills_upper=True,
                 prefetch_at_arrival=True,
-                pd_decode_hit=False,
             ),
         ),
     ],
