@@ -137,6 +137,10 @@ def test_replay_takes_the_barrier(tmp_path) -> None:
     assert held.exit_code == 0, held.output
     # the slots idle at the round's end: the run takes longer
     assert json.loads(held.output)["duration_s"] > json.loads(free.output)["duration_s"]
+    # the default ramp's pilot replays one request alone, open loop: no barrier to hold
+    auto = [a for a in base if a not in ("--ramp", "0")]
+    ramped = runner.invoke(main, [*auto, "--concurrency", "3", "--round-barrier", "4"])
+    assert ramped.exit_code == 0, ramped.output
     bad = runner.invoke(main, [*base, "--round-barrier", "4"])
     assert bad.exit_code == 2
     assert "--round-barrier" in bad.output and "--concurrency" in bad.output

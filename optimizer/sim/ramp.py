@@ -45,7 +45,8 @@ def alone_lifetime_s(trace: BlockedTrace, cfg: SimConfig, engine: str) -> float:
         return 0.0
     one = trace.head(1)
     one = one.with_arrivals(np.zeros(1))
-    raw = simulate_raw(one, replace(cfg, concurrency=0, track_tbt=False), engine=engine)
+    alone = replace(cfg, concurrency=0, round_size=0, track_tbt=False)  # (no loop to hold)
+    raw = simulate_raw(one, alone, engine=engine)
     life = float(raw.finish_s[0])
     return life if math.isfinite(life) and life > 0 else 0.0
 
