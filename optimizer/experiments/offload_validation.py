@@ -456,7 +456,6 @@ def stage_of(trace: Any) -> np.ndarray:
 def build_trace(run: OffloadRun) -> Any:
     """The run's requests as a trace (arrivals of the open-loop or burst load; a closed loop's
     sends are the replay's)."""
-
     c = run.conditions
     rng = np.random.default_rng(int(c.get("seed", 1)))
     if c["workload"] == "multiturn":
