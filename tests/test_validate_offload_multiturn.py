@@ -115,3 +115,39 @@ def test_the_replay_holds_each_round_until_the_last_finished(tmp_path: Path) -> 
     _REPLAYS.pop(_replay_key(run, "tiered"), None)
     span = float(np.nanmax(finish) - sent.min())
     assert figs["tiered"]["throughput"] == pytest.approx(trace.input_tokens.sum() / span)
+
+
+def test_the_mooncake_ssd_deployment_replays_the_same_on_both_engines(tmp_path: Path) -> None:
+    """A few conversations behind the round barrier on the + Mooncake + SSD side (storage
+    prefetch at arrival from two tiers into the host pool): identical per-request times and
+    loads from the reference engine and the numba one."""
+    from kvtier.experiments.offload_validation import _hardware, _policy
+    from kvtier.hardware import load_model
+    from kvtier.policy.overrides import apply_overrides
+    from kvtier.scenario import Scenario
+
+    src = (OFFLOAD_DIR / f"{HOST.replace('host', 'mooncake-ssd')}.toml").read_text()
+    path = tmp_path / "ssd.toml"
+    path.write_text(
+        src.replace("clients = 20", "clients = 4")
+        .replace("rounds = 9", "rounds = 3")
+        .replace("request_tokens = 4096", "request_tokens = 2048")
+    )
+    run = load_run(path)
+    trace, hw = build_trace(run), _hardware(run)
+    model = load_model(run.conditions["model"])
+    # HBM, host and Mooncake pools each under a round's pages, so the later rounds read the SSD
+    small = {f"tiers.{t}.capacity_gb": 1.0 for t in ("hbm", "dram", "rdma")}
+    policy = apply_overrides(_policy(run, "tiered"), small, "--set")
+    runs = {
+        engine: Scenario(trace, hw, model, policy, engine=engine).replay(
+            concurrency=4, round_size=4
+        )
+        for engine in ("numba", "reference")
+    }
+    fast, ref = runs["numba"].raw, runs["reference"].raw
+    np.testing.assert_array_equal(fast.first_token_s, ref.first_token_s)
+    np.testing.assert_array_equal(fast.finish_s, ref.finish_s)
+    np.testing.assert_array_equal(fast.loaded_blocks, ref.loaded_blocks)
+    read = runs["numba"].metrics.tier_bytes_read
+    assert read["ssd"] > 0 and read["rdma"] > 0  # both storage tiers were read
