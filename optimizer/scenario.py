@@ -183,6 +183,14 @@ class Replay:
     tiers: tuple[TierStats, ...] = ()  # per lower tier: loads, stages, wear (tier_stats)
 
 
+def _check_barrier(concurrency: int, round_size: int) -> None:
+    """A round barrier holds a closed loop's rounds: none without one."""
+    if round_size and not concurrency:
+        raise InputError(
+            "holds a closed loop's rounds: give --concurrency N too", option="--round-barrier"
+        )
+
+
 @dataclass(frozen=True, eq=False)  # compared by identity: a trace is too large to compare
 class Scenario:
     """A trace, the hardware and model that serve it, a base policy, an SLO and a load.
@@ -236,10 +244,7 @@ class Scenario:
                 f"must be in [0, {MAX_CONCURRENCY:,}] (0: no barrier), got {self.round_size}",
                 option="--round-barrier",
             )
-        if self.round_size and not self.concurrency:
-            raise InputError(
-                "holds a closed loop's rounds: give --concurrency N too", option="--round-barrier"
-            )
+        _check_barrier(self.concurrency, self.round_size)
         if self.ramp_s is not None:
             r = float(self.ramp_s)
             if not (math.isfinite(r) and r >= 0):
@@ -398,10 +403,7 @@ class Scenario:
         cfg = build_config(hardware, self.model, policy_run)
         closed = self.concurrency if concurrency is None else concurrency
         rounds = self.round_size if round_size is None else round_size
-        if rounds and not closed:
-            raise InputError(
-                "holds a closed loop's rounds: give --concurrency N too", option="--round-barrier"
-            )
+        _check_barrier(closed, rounds)
         if closed:
             cfg = replace(cfg, concurrency=int(closed), round_size=int(rounds))
             ramp = self.ramp_s

@@ -23,9 +23,9 @@ from kvtier.experiments.offload_validation import (
 HOST = "mooncake-ssd-offload-hicache-host-qwen3-8b-a100"
 
 
-def _small(tmp_path: Path, **conditions: object) -> Path:
-    """The host run with other conditions (a few conversations, short rounds)."""
-    src = (OFFLOAD_DIR / f"{HOST}.toml").read_text()
+def _small(tmp_path: Path, run: str = HOST, **conditions: object) -> Path:
+    """``run``'s file with other conditions (a few conversations, short rounds)."""
+    src = (OFFLOAD_DIR / f"{run}.toml").read_text()
     for key, value in conditions.items():
         lines = src.splitlines()
         i = next(k for k, ln in enumerate(lines) if ln.startswith(f"{key} = "))
@@ -126,14 +126,8 @@ def test_the_mooncake_ssd_deployment_replays_the_same_on_both_engines(tmp_path: 
     from kvtier.policy.overrides import apply_overrides
     from kvtier.scenario import Scenario
 
-    src = (OFFLOAD_DIR / f"{HOST.replace('host', 'mooncake-ssd')}.toml").read_text()
-    path = tmp_path / "ssd.toml"
-    path.write_text(
-        src.replace("clients = 20", "clients = 4")
-        .replace("rounds = 9", "rounds = 3")
-        .replace("request_tokens = 4096", "request_tokens = 2048")
-    )
-    run = load_run(path)
+    ssd = HOST.replace("host", "mooncake-ssd")
+    run = load_run(_small(tmp_path, ssd, clients=4, rounds=3, request_tokens=2048))
     trace, hw = build_trace(run), _hardware(run)
     model = load_model(run.conditions["model"])
     # HBM, host and Mooncake pools each under a round's pages, so the later rounds read the SSD

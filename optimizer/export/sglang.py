@@ -199,7 +199,7 @@ def _storage(deploy: Deployment, args: list[str], env: dict[str, str], notes: li
                 "address and MOONCAKE_DEVICE are placeholders."
             )
         )
-        if CONNECTORS.get(deploy.policy.tier("rdma").connector).defaults["prefetch_at_arrival"]:
+        if _prefetches_at_arrival(deploy, "rdma"):
             args += ["--hicache-storage-prefetch-policy", "wait_complete"]
         if deploy.has("ssd"):
             notes.append(
@@ -239,10 +239,10 @@ def _prefetch_policy(deploy: Deployment, args: list[str], notes: list[str]) -> N
     """The file tier's prefetch as replayed: a connector that prefetches at arrival
     (``sglang-hicache-file``) holds the request until its prefetch ends, SGLang's
     ``wait_complete``; another loads at admission, which no SGLang policy does."""
-    connector = deploy.policy.tier("ssd").connector  # (called with an ssd tier)
-    if CONNECTORS.get(connector).defaults["prefetch_at_arrival"]:
+    if _prefetches_at_arrival(deploy, "ssd"):  # (called with an ssd tier)
         args += ["--hicache-storage-prefetch-policy", "wait_complete"]
         return
+    connector = deploy.policy.tier("ssd").connector
     notes.append(
         approximate(
             f"The ssd tier was replayed behind the {connector} "
@@ -251,6 +251,12 @@ def _prefetch_policy(deploy: Deployment, args: list[str], notes: list[str]) -> N
             "default): replay with connector sglang-hicache-file to model it."
         )
     )
+
+
+def _prefetches_at_arrival(deploy: Deployment, tier: str) -> bool:
+    """Whether ``tier``'s connector reads its hits when a request arrives and holds the
+    request until they are in (SGLang's ``wait_complete``)."""
+    return bool(CONNECTORS.get(deploy.policy.tier(tier).connector).defaults["prefetch_at_arrival"])
 
 
 def _backend(args: list[str]) -> str | None:
