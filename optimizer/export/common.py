@@ -541,6 +541,14 @@ def shared_notes(deploy: Deployment, target: str) -> list[str]:
                 "and clients that send text pay the tokenization the simulation left out."
             )
         )
+    if p.serving.attention_backend != "default" and target != "SGLang":
+        notes.append(
+            approximate(
+                f"serving.attention_backend = {p.serving.attention_backend} is SGLang's "
+                f"--attention-backend; {target} runs its own attention kernels, whose prefill "
+                "the simulation timed slower."
+            )
+        )
     if p.serving.weights_in_hbf:
         notes.append(
             inexpressible(

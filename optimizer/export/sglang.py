@@ -18,6 +18,8 @@ the host pools in ``mem_cache/memory_pool_host.py`` and ``hiradix_cache.py``):
   ``bf16`` -> ``bf16``, ``fp8`` -> ``fp8_e4m3``; ``int4`` has no counterpart.
 * ``--chunked-prefill-size`` <- ``max_num_batched_tokens`` (prefill tokens per chunk);
   ``--max-running-requests`` <- ``max_num_seqs``.
+* ``--attention-backend`` <- ``serving.attention_backend`` when not ``default`` (SGLang
+  then picks its own kernels for the GPU, the ones the measured tables hold).
 * ``--disable-overlap-schedule`` unless ``serving.async_scheduling``: SGLang's overlap
   scheduler (on by default in 0.5.23, ``fields/schedule.py``) decides batch ``n + 1`` before
   it processes batch ``n``'s result (``managers/scheduler.py`` ``event_loop_overlap``), the
@@ -310,6 +312,8 @@ def export_sglang(deploy: Deployment) -> ExportResult:
     ]
     if not p.serving.async_scheduling:
         args.append("--disable-overlap-schedule")  # the replay's engine schedules in step
+    if p.serving.attention_backend != "default":
+        args += ["--attention-backend", p.serving.attention_backend]
     if p.serving.weight_dtype == "fp8":
         args += ["--quantization", "fp8"]
         notes.append(

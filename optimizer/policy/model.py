@@ -56,6 +56,7 @@ LOAD_CACHINGS = ("first_step", "at_admission")
 KV_LAYOUTS = ("per_layer", "contiguous")
 WEIGHT_DTYPES = ("bf16", "fp8")
 STEP_TIMES = ("auto", "measured", "roofline")  # kvtier.sim.steptime backends
+ATTENTION_BACKENDS = ("default", "triton")  # kvtier.sim.steptime.attention_backend
 FRAMEWORKS = ("vllm", "sglang", "trtllm")
 FRAMEWORK_VERSIONS = ("current", "previous", "next")  # aiconfigurator-core's version slots
 
@@ -353,6 +354,16 @@ class ServingPolicy:
         "current",
         "framework data version: the database's current, previous or next slot",
         choices=FRAMEWORK_VERSIONS,
+    )
+    # SGLang's --attention-backend: the measured tables hold the kernels SGLang picks on the GPU
+    # by default; triton scales their prefill attention by aiconfigurator-core's measured ratio
+    # of SGLang's Triton kernels to the default (kvtier.sim.steptime.attention_backend;
+    # docs/model.md, "Attention back end").
+    attention_backend: str = setting(
+        "default",
+        "sglang: attention kernels (default: the framework's own on the GPU, as measured; "
+        "triton: SGLang's Triton kernels)",
+        choices=ATTENTION_BACKENDS,
     )
     # The framework's own CPU time per scheduler iteration (scheduling, input preparation,
     # output processing, the API server sharing the process), which blocks the GPU in engines
@@ -761,6 +772,12 @@ def policy_from_dict(data: dict[str, Any], source: str = "<policy>") -> Policy:
             raise t.error(
                 "serving.async_scheduling",
                 f"applies to scheduler 'vllm_v1' only, not {serving.engine_scheduler!r}",
+            )
+        if serving.attention_backend != "default" and serving.framework != "sglang":
+            raise t.error(
+                "serving.attention_backend",
+                f"{serving.attention_backend!r} is SGLang's --attention-backend (framework "
+                f"'sglang'), not {serving.framework!r}'s; choices for it: default",
             )
         if serving.async_scheduling and serving.cpu_overhead_s > 0:
             # the replay adds cpu_overhead_s to every step, as an engine that schedules in

@@ -16,6 +16,7 @@ from kvtier.errors import InputError
 from kvtier.hardware.aic import fp8_weights, weight_type
 from kvtier.hardware.types import Hardware, ModelProfile
 from kvtier.policy.model import Policy
+from kvtier.sim.steptime.attention_backend import triton_ratio, with_triton_attention
 from kvtier.sim.steptime.calibrated import at_cluster_scale
 from kvtier.sim.steptime.frontend import frontend_s, frontend_token_s
 from kvtier.sim.steptime.measured import (
@@ -141,15 +142,21 @@ def step_timing(
     """(packed array, backend name, provenance) for a deployed hardware and model."""
     base = roofline_timing(hardware, model, policy, kvb)
     choice = policy.serving.step_time
+    # the roofline has no kernel choice: its attention runs at the GPU's efficiency either way
+    unmodelled = (
+        f"; serving.attention_backend {policy.serving.attention_backend} not modelled there"
+        if policy.serving.attention_backend != "default"
+        else ""
+    )
     if choice == "roofline":
-        return base, "roofline", "roofline (kvtier)"
+        return base, "roofline", f"roofline (kvtier{unmodelled})"
     why = _missing(hardware, model, policy)
     if why is None and hardware.weights_in_hbf:
         why = "weights in HBF (measured tables read them from HBM)"
     if why is not None:
         if choice == "measured":
             raise InputError(f"no measured step-time data for {why}", option="serving.step_time")
-        return base, "roofline", f"roofline (kvtier; no measured data for {why})"
+        return base, "roofline", f"roofline (kvtier; no measured data for {why}{unmodelled})"
     try:
         key = measured_key(
             model.hf_id,
@@ -169,6 +176,14 @@ def step_timing(
         f"measured (aiconfigurator-core {key.package}, {key.system} {key.framework} "
         f"{key.version}, tp={key.tp}, weights {key.weight_dtype}, kv {key.kv_dtype})"
     )
+    # SGLang's Triton kernels where the tables measured its default (docs/model.md,
+    # "Attention back end")
+    if policy.serving.attention_backend == "triton":
+        ratio = triton_ratio(
+            key.system, model.head_dim, policy.kv_dtype, model.attention_heads / model.kv_heads
+        )
+        tables = with_triton_attention(tables, ratio)
+        provenance += f", prefill attention x Triton's measured ratio ({ratio.source})"
     # the tables' short bursts ran at full clocks; a serving engine's compute-bound kernels run
     # at the board's power limit (docs/model.md, "Compute at the power limit")
     gpu = hardware.gpu
