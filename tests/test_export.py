@@ -477,9 +477,15 @@ def test_sglang_storage_backends() -> None:
     assert "loading at the request's admission" not in notes_text(result)
     # Mooncake read by the prefetch at arrival (sglang-hicache-mooncake): wait_complete too
     rdma = TierPolicy(name="rdma", capacity_gb=1000.0, connector="sglang-hicache-mooncake")
-    _, f, _ = sglang_command(policy(TierPolicy(name="dram"), rdma))
+    _, f, result = sglang_command(policy(TierPolicy(name="dram"), rdma))
     assert f["--hicache-storage-backend"] == "mooncake"
     assert f["--hicache-storage-prefetch-policy"] == "wait_complete"
+    assert "older SGLang" not in notes_text(result)
+    # an older release's prefetch rules, exported to the current release: said so
+    old = TierPolicy(name="rdma", capacity_gb=1000.0, connector="sglang-0.5.10-hicache-mooncake")
+    _, f, result = sglang_command(policy(TierPolicy(name="dram"), old))
+    assert f["--hicache-storage-prefetch-policy"] == "wait_complete"
+    assert "an older SGLang's storage prefetch" in notes_text(result)
     _, f, _ = sglang_command(policy(TierPolicy(name="dram"), TierPolicy(name="rdma")))
     assert "--hicache-storage-prefetch-policy" not in f
 

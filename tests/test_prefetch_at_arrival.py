@@ -18,6 +18,7 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
+from kvtier.errors import InputError
 from kvtier.hardware import load_hardware, load_model
 from kvtier.policy.model import Policy, ServingPolicy, TierPolicy
 from kvtier.sim import simulate_raw
@@ -173,7 +174,7 @@ def test_a_prefetch_past_the_in_flight_limit_is_declined_and_computed(engine: st
 
 
 @pytest.mark.parametrize(
-    ("passes", "attempts", "calls"), [(8, 8, 9), (8, 2, 3), (0, 8, 1), (1, 8, 9)]
+    ("passes", "attempts", "calls"), [(8, 8, 9), (8, 2, 3), (0, 8, 1), (1, 8, 9), (8, 0, 1)]
 )
 def test_a_declined_prefetch_is_retried_every_few_passes_up_to_its_attempts(
     monkeypatch: pytest.MonkeyPatch, passes: int, attempts: int, calls: int
@@ -243,7 +244,7 @@ def drawn_trace(groups: int, prefix: int, per_group: int, spread: float):
     async_scheduling=st.booleans(),
     load_report=st.sampled_from(["step_output", "at_once"]),
     retry_passes=st.sampled_from([0, 1, 8]),
-    retry_attempts=st.sampled_from([1, 8]),
+    retry_attempts=st.sampled_from([0, 1, 8]),
     page_cache_prompts=st.sampled_from([0.0, 0.5, 4.0]),
 )
 # re-issued prefetches, some of them read (found by instrumenting the reference; the drawn
@@ -386,3 +387,46 @@ def test_engines_agree_on_a_prefix_evicted_while_waiting() -> None:
             fast,
             (*REQUEST_FIELDS, "tier_hit_blocks", "tier_prefetched_blocks", "tier_bytes_read"),
         )
+
+
+def mooncake_config(*connectors: str):
+    """One A100-40GB engine, a host pool twice its device pool and a Mooncake pool (and an SSD
+    tier behind it when two connectors are given), each read by the storage prefetch."""
+    model = load_model("Qwen3-8B")
+    names = ("rdma", "ssd")
+    policy = Policy(
+        block_tokens=64,
+        write_policy="write_through",
+        serving=ServingPolicy(framework="sglang", tp=1, instances=1),
+        tiers=(
+            TierPolicy(capacity_gb=19.016),
+            TierPolicy(name="dram", capacity_gb=38.032),
+            *(
+                TierPolicy(name=name, capacity_gb=85.9, connector=c)
+                for name, c in zip(names, connectors, strict=False)
+            ),
+        ),
+    )
+    return build_config(load_hardware("dgx-a100-40gb-mooncake"), model, policy)
+
+
+def test_sglang_0510s_prefetch_rules_come_with_its_connector() -> None:
+    """SGLang 0.5.10 (the Mooncake SSD-offload runs' release) neither retries a declined
+    prefetch nor looks a lost prefix up again, and lets its prefetches in flight reserve 0.8
+    of the host pool past the device pool; the current release retries and reserves half."""
+    old = mooncake_config("sglang-0.5.10-hicache-mooncake")
+    new = mooncake_config("sglang-hicache-mooncake")
+    host = int(new.tiers.capacity_blocks[0]) * 64
+    assert (new.prefetch_retry_attempts, new.prefetch_limit_tokens) == (8, host // 2)
+    spare = int(old.tiers.capacity_blocks[0]) * 64 - old.capacity_blocks * 64
+    assert old.prefetch_retry_attempts == 0
+    assert old.prefetch_limit_tokens == int(0.8 * spare) < host // 2
+    plain = mooncake_config("mooncake-te")  # no prefetch at arrival: the defaults stand
+    assert (plain.prefetch_retry_attempts, plain.prefetch_reserve) == (8, "half_host")
+
+
+def test_two_releases_prefetch_rules_in_one_engine_are_refused() -> None:
+    with pytest.raises(InputError) as err:
+        mooncake_config("sglang-0.5.10-hicache-mooncake", "sglang-hicache-mooncake")
+    assert "tiers.rdma.connector" in err.value.message
+    assert err.value.option == "tiers.ssd.connector"

@@ -121,6 +121,7 @@ def test_decode_hits_are_the_pull_connectors() -> None:
         "lmcache-pd": False,
         "sglang-hicache-file": True,
         "sglang-hicache-mooncake": True,
+        "sglang-0.5.10-hicache-mooncake": True,
     }
 
 

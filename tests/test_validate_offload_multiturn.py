@@ -48,8 +48,9 @@ def test_the_three_runs_share_the_client_and_the_gpu_only_side() -> None:
         for r in runs
     }
     assert connectors[HOST] == {}
+    # SGLang 0.5.10's storage prefetch (the release of the runs' date)
     assert set(connectors[HOST.replace("host", "mooncake-ssd")].values()) == {
-        "sglang-hicache-mooncake"
+        "sglang-0.5.10-hicache-mooncake"
     }
 
 
@@ -130,8 +131,10 @@ def test_the_mooncake_ssd_deployment_replays_the_same_on_both_engines(tmp_path: 
     run = load_run(_small(tmp_path, ssd, clients=4, rounds=3, request_tokens=2048))
     trace, hw = build_trace(run), _hardware(run)
     model = load_model(run.conditions["model"])
-    # HBM, host and Mooncake pools each under a round's pages, so the later rounds read the SSD
-    small = {f"tiers.{t}.capacity_gb": 1.0 for t in ("hbm", "dram", "rdma")}
+    # HBM, host and Mooncake pools each under a round's pages, so the later rounds read the
+    # SSD too; the host pool twice HBM, as the run's, leaves SGLang 0.5.10's prefetches room
+    pools = (("hbm", 1.0), ("dram", 2.0), ("rdma", 1.5))
+    small = {f"tiers.{t}.capacity_gb": gb for t, gb in pools}
     policy = apply_overrides(_policy(run, "tiered"), small, "--set")
     runs = {
         engine: Scenario(trace, hw, model, policy, engine=engine).replay(

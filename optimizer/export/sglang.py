@@ -203,6 +203,17 @@ def _storage(deploy: Deployment, args: list[str], env: dict[str, str], notes: li
         )
         if _prefetches_at_arrival(deploy, "rdma"):
             args += ["--hicache-storage-prefetch-policy", "wait_complete"]
+        connector = deploy.policy.tier("rdma").connector
+        if not CONNECTORS.get(connector).defaults["prefetch_retries"]:
+            notes.append(
+                approximate(
+                    f"The rdma tier was replayed with {connector}, an older SGLang's storage "
+                    f"prefetch (no retries, 0.8 of the host pool past the device pool in "
+                    f"flight); SGLang {CAPABILITIES.version} retries a declined prefetch and "
+                    "reserves half the host pool: replay with sglang-hicache-mooncake to model "
+                    "the release exported."
+                )
+            )
         if deploy.has("ssd"):
             notes.append(
                 inexpressible(

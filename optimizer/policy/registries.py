@@ -195,8 +195,13 @@ LOAD_RULES = Registry(
 # hits in the tier are read into the tiers above when it arrives, the request waiting in its
 # queue, holding no HBM, until they are there (``prefetch_at_arrival``: SGLang HiCache's storage
 # prefetch under ``--hicache-storage-prefetch-policy wait_complete``; docs/model.md, "Storage
-# prefetch at arrival"), whether a request's prompt blocks already in the tier become recent
-# in its LRU when the request is admitted, HBM hits included (``touches_prompt``: vLLM's
+# prefetch at arrival"), whether a declined or missed prefetch is issued again by later
+# scheduling passes and a prefix lost while its request waited looked up again
+# (``prefetch_retries``: SGLang 0.5.23; not in 0.5.10) and how much of the host pool the
+# prefetches in flight may reserve (``prefetch_reserve``: ``half_host``, 0.5.23's half of it;
+# ``host_less_device``, 0.5.10's 0.8 of the host pool past the device pool), whether a
+# request's prompt blocks already in the tier become recent in its LRU when the request is
+# admitted, HBM hits included (``touches_prompt``: vLLM's
 # OffloadingConnector touches every block of the prompt it holds at each look-up, 0.11.0 to
 # 0.22.0, and 0.34.0 ranks a request's blocks when it finishes; docs/model.md, "One access time
 # for HBM and the host tier"), whether each attention group's copy of a block is an entry of
@@ -230,7 +235,8 @@ LOAD_RULES = Registry(
     LMCACHE_PD,
     SGLANG_HICACHE_FILE,
     SGLANG_HICACHE_MOONCAKE,
-) = range(10)
+    SGLANG_0510_HICACHE_MOONCAKE,
+) = range(11)
 UNIT_CHUNK, UNIT_FRAGMENT, UNIT_TRANSFER = 0, 1, 2
 UNITS = ("chunk", "fragment", "transfer")
 
@@ -251,6 +257,8 @@ def _path(**kw: object) -> dict[str, object]:
         "defer_loading_hits": False,
         "load_fills_upper": False,
         "prefetch_at_arrival": False,
+        "prefetch_retries": True,
+        "prefetch_reserve": "half_host",
         "touches_prompt": False,
         "group_entries": False,
         "visible_when_stored": False,
@@ -372,6 +380,26 @@ CONNECTORS = Registry(
                 rpc_us=7.87,
                 load_fills_upper=True,
                 prefetch_at_arrival=True,
+            ),
+        ),
+        Entry(
+            "sglang-0.5.10-hicache-mooncake",
+            SGLANG_0510_HICACHE_MOONCAKE,
+            "SGLang 0.5.10's HiCache Mooncake back end: as sglang-hicache-mooncake, but a "
+            "prefetch past the in-flight reserve (0.8 of the host pool past the device pool) "
+            "is not issued and never retried",
+            # [SGLang-0.5.10] mem_cache/hiradix_cache.py prefetch_from_storage (returns when
+            # prefetch_rate_limited(); no retry queue, no second lookup after a device-hit
+            # loss: neither is in the release), managers/cache_controller.py
+            # prefetch_capacity_limit = int(0.8 * (host size - device size))
+            _path(
+                order="pipelined",
+                depth=64,
+                rpc_us=7.87,
+                load_fills_upper=True,
+                prefetch_at_arrival=True,
+                prefetch_retries=False,
+                prefetch_reserve="host_less_device",
             ),
         ),
     ],

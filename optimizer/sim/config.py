@@ -9,6 +9,7 @@ jitted engine can branch on them; they come from the router registry
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
+from typing import Any
 
 import numpy as np
 
@@ -19,7 +20,7 @@ from kvtier.errors import InputError
 from kvtier.files import check_allocation
 from kvtier.hardware.types import GB, GPUProfile, Hardware, ModelProfile
 from kvtier.policy.model import Policy, ServingPolicy
-from kvtier.policy.registries import ROUTERS, SCHEDULERS, VLLM_V1
+from kvtier.policy.registries import CONNECTORS, ROUTERS, SCHEDULERS, VLLM_V1
 from kvtier.sim.pd import PdConfig, build_pd
 from kvtier.sim.steptime.backend import step_timing
 from kvtier.sim.tiers import TierConfig, build_tiers
@@ -40,6 +41,11 @@ PREFETCH_RETRY_ATTEMPTS = 8
 # the share of its host pool an engine's storage prefetches in flight may reserve
 # (managers/cache_controller.py: prefetch_capacity_limit = int(0.5 * logical_size))
 PREFETCH_HOST_SHARE = 0.5
+# SGLang 0.5.10's rule instead (a connector's ``prefetch_reserve = "host_less_device"``):
+# prefetch_capacity_limit = int(0.8 * (host pool size - device pool size)), both in tokens
+# (managers/cache_controller.py; docs/sources.md [SGLang-0.5.10])
+PREFETCH_SPARE_SHARE = 0.8
+PREFETCH_RESERVES = ("half_host", "host_less_device")
 
 
 @dataclass(frozen=True)
@@ -170,6 +176,8 @@ class SimConfig:
     # a declined or missed prefetch's retries: passes before one is re-issued, re-issues
     prefetch_retry_passes: int = PREFETCH_RETRY_PASSES
     prefetch_retry_attempts: int = PREFETCH_RETRY_ATTEMPTS
+    # how much the prefetches in flight may reserve (PREFETCH_RESERVES; prefetch_limit_tokens)
+    prefetch_reserve: str = "half_host"
 
     def timing_params(self) -> np.ndarray:
         """The packed step-time array both simulators read (layout: :mod:`kvtier.sim.timing`),
@@ -292,6 +300,9 @@ class SimConfig:
         if self.tiers is None or self.tiers.n_tiers == 0:
             return 0
         cap = int(self.tiers.capacity_blocks[0]) * self.block_tokens
+        if self.prefetch_reserve == "host_less_device":  # SGLang 0.5.10's rule
+            spare = cap - int(self.capacity_blocks) * self.block_tokens
+            return int(PREFETCH_SPARE_SHARE * max(spare, 0))
         return int(PREFETCH_HOST_SHARE * cap)
 
     @property
@@ -488,6 +499,7 @@ def build_config(hardware: Hardware, model: ModelProfile, policy: Policy) -> Sim
         hosts=layout.hosts,
         prefill_gpu=hardware.prefill_gpu,
         **_sliding_groups(model, serving, policy.block_tokens),
+        **_prefetch_rules(policy),
         async_scheduling=serving.async_scheduling,
         prefill_first=serving.batching == "prefill_first",
         caches_loads_at_admission=policy.load_caching == "at_admission",
@@ -498,6 +510,33 @@ def build_config(hardware: Hardware, model: ModelProfile, policy: Policy) -> Sim
             and policy.load_report == "step_output"
         ),
     )
+
+
+def _prefetch_rules(policy: Policy) -> dict[str, Any]:
+    """The storage prefetch's retries and in-flight reserve, as the connectors of the tiers
+    that prefetch at arrival model them (SGLang's release: 0.5.23 retries a declined or
+    missed prefetch and reserves half the host pool; 0.5.10 neither retries nor looks again,
+    and reserves 0.8 of the host pool past the device pool). Tiers whose connectors disagree
+    are one engine's storage back ends of two releases: refused."""
+    rules: dict[tuple[bool, str], str] = {}
+    for tp in policy.lower_tiers:
+        d = CONNECTORS.get(tp.connector, path=f"tiers.{tp.name}.connector").defaults
+        if d["prefetch_at_arrival"]:
+            rules.setdefault((bool(d["prefetch_retries"]), str(d["prefetch_reserve"])), tp.name)
+    if len(rules) > 1:
+        names = ", ".join(f"tiers.{name}.connector" for name in rules.values())
+        raise InputError(
+            f"{names} model the storage prefetch of different SGLang releases; give the tiers "
+            "one release's connectors",
+            option=f"tiers.{list(rules.values())[-1]}.connector",
+        )
+    if not rules:
+        return {}
+    (retries, reserve) = next(iter(rules))
+    return {
+        "prefetch_retry_attempts": PREFETCH_RETRY_ATTEMPTS if retries else 0,
+        "prefetch_reserve": reserve,
+    }
 
 
 def admission_watermark(serving: ServingPolicy) -> float:
