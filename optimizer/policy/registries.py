@@ -271,6 +271,16 @@ def _path(**kw: object) -> dict[str, object]:
     return base
 
 
+# SGLang HiCache's Mooncake back end, every release's: Transfer Engine batches (mooncake-te's
+# per-operation cost and pipelining) read at arrival into the host pool
+HICACHE_MOONCAKE_PATH: dict[str, object] = {
+    "order": "pipelined",
+    "depth": 64,
+    "rpc_us": 7.87,
+    "load_fills_upper": True,
+    "prefetch_at_arrival": True,
+}
+
 CONNECTORS = Registry(
     "connector",
     [
@@ -374,13 +384,7 @@ CONNECTORS = Registry(
             # (managers/scheduler.py check_prefetch_progress). Per-operation cost and
             # pipelining: mooncake-te's (the Transfer Engine's), the stream at the rdma tier's
             # ports; the pages then reach the GPU from the host pool (load_fills_upper)
-            _path(
-                order="pipelined",
-                depth=64,
-                rpc_us=7.87,
-                load_fills_upper=True,
-                prefetch_at_arrival=True,
-            ),
+            _path(**HICACHE_MOONCAKE_PATH),
         ),
         Entry(
             "sglang-0.5.10-hicache-mooncake",
@@ -393,11 +397,7 @@ CONNECTORS = Registry(
             # loss: neither is in the release), managers/cache_controller.py
             # prefetch_capacity_limit = int(0.8 * (host size - device size))
             _path(
-                order="pipelined",
-                depth=64,
-                rpc_us=7.87,
-                load_fills_upper=True,
-                prefetch_at_arrival=True,
+                **HICACHE_MOONCAKE_PATH,
                 prefetch_retries=False,
                 prefetch_reserve="host_less_device",
             ),
