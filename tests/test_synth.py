@@ -418,6 +418,53 @@ def test_fixed_turns_exclude_sessions() -> None:
         synthesize("chat", requests=20, sessions=4, turns_fixed=True)
 
 
+@settings(max_examples=25, deadline=None)
+@given(sessions=st.integers(1, 12), rounds=st.integers(1, 6), seed=st.integers(0, 1000))
+def test_round_major_conversations_take_their_turns_round_by_round(
+    sessions: int, rounds: int, seed: int
+) -> None:
+    """Request ``i`` is round ``i // sessions``: every conversation once a round, its prompt
+    the previous round's prompt and answer plus new text (each a prefix of the next), and a
+    round's conversations in a drawn order, so the trace replays behind ``--round-barrier``."""
+    t = synthesize(
+        "chat", requests=sessions * rounds, sessions=sessions, round_major=True, seed=seed
+    )
+    sess = t.table.column("session_id").to_numpy().reshape(rounds, sessions)
+    assert all(sorted(row) == list(range(sessions)) for row in sess)
+    offsets, hashes = t.hash_arrays()
+    inputs = t.input_tokens
+    g = t.block_tokens
+    last: dict[int, tuple[int, list[int]]] = {}
+    for i, s in enumerate(sess.ravel().tolist()):
+        blocks = hashes[offsets[i] : offsets[i] + int(inputs[i]) // g].tolist()
+        if s in last:
+            n, before = last[s]
+            assert inputs[i] > n and blocks[: len(before)] == before
+        last[s] = (int(inputs[i]), blocks)
+
+
+def test_round_major_needs_sessions_dividing_the_requests() -> None:
+    with pytest.raises(InputError, match="--round-major needs --sessions"):
+        synthesize("chat", requests=20, round_major=True)
+    with pytest.raises(InputError, match=r"--requests \(21\) a multiple of --sessions \(4\)"):
+        synthesize("chat", requests=21, sessions=4, round_major=True)
+    # a session's first turns differ in order round to round (drawn), the sessions do not
+    t = synthesize("chat", requests=40, sessions=20, round_major=True, seed=2)
+    rows = t.table.column("session_id").to_numpy().reshape(2, 20)
+    assert rows[0].tolist() == list(range(20)) and rows[1].tolist() != list(range(20))
+
+
+def test_round_major_trace_replays_behind_the_round_barrier(tmp_path: Path) -> None:
+    path = str(tmp_path / "rounds.parquet")
+    out = invoke(
+        "trace", "synth", "chat", "-o", path, "--requests", "24", "--sessions", "6",
+        "--round-major", "--json",
+    )  # fmt: skip
+    assert out.code == 0 and json.loads(out.stdout)["requests"] == 24
+    res = invoke("replay", "--trace", path, "--concurrency", "2", "--round-barrier", "6", "--json")
+    assert res.code == 0 and json.loads(res.stdout)["n_served"] == 24
+
+
 # -- command line ------------------------------------------------------------------------------
 
 

@@ -51,7 +51,15 @@ def build_chat(rng: np.random.Generator, n: int, rate: float, k: ChatKnobs) -> P
     """Conversations: each turn re-sends the history (previous prompt + answer) plus new text."""
     sys_ids, sys_lens = _system_prompts(rng, k.system_prompts, k.system_tokens, k.length_sigma)
     plan = plan_sessions(
-        rng, n, rate, k.sessions, k.turns_mean, k.turns_max, k.think_s, fixed=k.turns_fixed
+        rng,
+        n,
+        rate,
+        k.sessions,
+        k.turns_mean,
+        k.turns_max,
+        k.think_s,
+        fixed=k.turns_fixed,
+        round_major=k.round_major,
     )
     user = lengths(rng, k.user_tokens, k.length_sigma, plan.total)
     answer = lengths(rng, k.answer_tokens, k.length_sigma, plan.total)

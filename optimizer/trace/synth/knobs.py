@@ -43,6 +43,15 @@ class ChatKnobs:
             "fixed rounds per user) instead of a geometric number"
         ),
     )
+    round_major: bool = field(
+        default=False,
+        metadata=_help(
+            "with --sessions S: every conversation has --requests / S turns and the trace "
+            "takes them round by round (each round's turns in a random order), as a multi-turn "
+            "benchmark client with a round barrier sends them; replay with --concurrency N "
+            "--round-barrier S"
+        ),
+    )
     system_prompts: int = field(default=4, metadata=_help("number of distinct system prompts"))
     system_tokens: float = field(default=1000.0, metadata=_help("mean system prompt length"))
     user_tokens: float = field(default=200.0, metadata=_help("mean new user text per turn"))
@@ -200,6 +209,8 @@ def make_knobs(kind: str, values: dict[str, Any]) -> Any:
                 f"--sessions and {option_name(k)} exclude each other: with --sessions the "
                 "requests are split over the sessions"
             )
+    if given.get("round_major") and "sessions" not in given:
+        raise InputError("--round-major needs --sessions (the conversations of each round)")
     if kind == "rag":
         defaults = _RAG_LONG_DEFAULTS if given.get("long") else _RAG_DEFAULTS
         given = {**defaults, **given}
@@ -223,7 +234,7 @@ _INTEGER_KNOBS = (
 def _validate(knobs: Any) -> None:
     for f in dataclasses.fields(knobs):
         v = getattr(knobs, f.name)
-        if f.name in ("long", "doc_order", "turns_fixed") or v is None:
+        if f.name in ("long", "doc_order", "turns_fixed", "round_major") or v is None:
             continue
         if f.name == "length_sigma":
             _check(0 <= v <= 3, f.name, "between 0 and 3", v)

@@ -12,7 +12,10 @@ separated by gaps of mean ``gap_s``: a quarter of the mean as a floor (nobody an
 reading) plus an exponential. This gives every request an ideal time; requests are ordered by it
 and that order is laid onto the arrival times of the arrival process, which therefore stay
 exactly Poisson or gamma. With an explicit session count the requests are instead split over
-exactly that many sessions (shares from a flat Dirichlet), all starting inside the trace.
+exactly that many sessions (shares from a flat Dirichlet), all starting inside the trace; with
+``round_major`` too, each has the same number of turns and the trace takes them round by round,
+every session's turn ``r`` before any turn ``r + 1`` (a multi-turn benchmark client with a round
+barrier), each round's sessions in a random order.
 """
 
 from __future__ import annotations
@@ -67,12 +70,23 @@ def plan_sessions(
     gap_s: float,
     *,
     fixed: bool = False,
+    round_major: bool = False,
 ) -> SessionPlan:
     """Choose ``n`` turns of a session stream and their arrival order (see the module doc).
 
-    ``fixed``: every session has exactly ``most`` turns (no geometric draw).
+    ``fixed``: every session has exactly ``most`` turns (no geometric draw). ``round_major``
+    (with ``sessions``): every session has ``n / sessions`` turns, taken round by round, each
+    round's turns in a random order (a round-barrier client's order).
     """
     span = n / rate
+    if round_major:
+        if sessions is None or n % sessions:
+            raise InputError(
+                f"--round-major needs --requests ({n}) a multiple of --sessions ({sessions})"
+            )
+        sizes = np.full(sessions, n // sessions, dtype=np.int64)
+        sess, turn, _ = _ideal_times(rng, sizes, np.zeros(sessions), gap_s)
+        return SessionPlan(sizes, sess, turn, np.lexsort((rng.random(n), turn)))
     if sessions is not None:
         if sessions > n:
             raise InputError(f"--sessions {sessions} exceeds the number of requests ({n})")
