@@ -49,6 +49,8 @@ def test_each_waiting_trial_is_claimed_once(tmp_path) -> None:
     assert states == {optuna.trial.TrialState.RUNNING}
 
 
+# ask/tell on a heartbeat storage outside Study.optimize: Optuna says so, as expected here
+@pytest.mark.filterwarnings("ignore:Heartbeat of storage is supposed to be used:UserWarning")
 def test_claiming_a_finished_trial_is_refused_not_raised(tmp_path) -> None:
     storage = study_storage(f"sqlite:///{tmp_path / 'done.db'}")
     study = optuna.create_study(storage=storage, study_name="done")
