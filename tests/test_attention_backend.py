@@ -131,7 +131,7 @@ def test_triton_is_sglangs_option_only() -> None:
         policy_from_dict(
             {"format": "kvtier-policy/1", "serving": {"attention_backend": "triton"}}, "p.toml"
         )
-    assert "serving.attention_backend" in str(err.value) and "sglang" in str(err.value)
+    assert "serving.attention_backend" in str(err.value) and "SGLang" in str(err.value)
     with pytest.raises(InputError) as err:
         policy_from_dict(
             {

@@ -776,8 +776,8 @@ def policy_from_dict(data: dict[str, Any], source: str = "<policy>") -> Policy:
         if serving.attention_backend != "default" and serving.framework != "sglang":
             raise t.error(
                 "serving.attention_backend",
-                f"{serving.attention_backend!r} is SGLang's --attention-backend (framework "
-                f"'sglang'), not {serving.framework!r}'s; choices for it: default",
+                f"{serving.attention_backend!r} is SGLang's --attention-backend and "
+                f"serving.framework is {serving.framework!r} (choices with it: default)",
             )
         if serving.async_scheduling and serving.cpu_overhead_s > 0:
             # the replay adds cpu_overhead_s to every step, as an engine that schedules in
