@@ -35,6 +35,8 @@ from kvtier.errors import InputError
 from kvtier.sim.steptime.measured import MeasuredTables
 
 TRITON_LANE = "triton"
+COLUMNS = ("kernel_source", "batch_size", "isl", "num_heads", "num_key_value_heads", "head_dim")
+COLUMNS += ("attn_dtype", "kv_cache_dtype", "latency")
 # the lanes the Triton one is measured against (SGLang's defaults by GPU)
 DEFAULT_LANES = ("flashinfer", "fa3", "flash_attention", "trtllm_mha")
 
@@ -65,6 +67,8 @@ def _ratio_in(path: Path, head_dim: int, kv_dtype: str, q_per_kv: float) -> Atte
 
     kv = "fp8" if kv_dtype == "fp8" else "bfloat16"
     rows = pl.read_parquet(path)
+    if not set(COLUMNS) <= set(rows.columns):  # a table of another layout: not read
+        return None
     if "window_size" in rows.columns:  # full attention only (older tables measure no windows)
         rows = rows.filter(pl.col("window_size") == 0)
     rows = rows.filter(
