@@ -448,6 +448,8 @@ def test_round_major_needs_sessions_dividing_the_requests() -> None:
         synthesize("chat", requests=20, round_major=True)
     with pytest.raises(InputError, match=r"--requests \(21\) a multiple of --sessions \(4\)"):
         synthesize("chat", requests=21, sessions=4, round_major=True)
+    with pytest.raises(InputError, match="--think-s exclude each other"):
+        synthesize("chat", requests=20, sessions=4, round_major=True, think_s=5.0)
     # a session's first turns differ in order round to round (drawn), the sessions do not
     t = synthesize("chat", requests=40, sessions=20, round_major=True, seed=2)
     rows = t.table.column("session_id").to_numpy().reshape(2, 20)

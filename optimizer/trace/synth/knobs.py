@@ -211,6 +211,11 @@ def make_knobs(kind: str, values: dict[str, Any]) -> Any:
             )
     if given.get("round_major") and "sessions" not in given:
         raise InputError("--round-major needs --sessions (the conversations of each round)")
+    if given.get("round_major") and "think_s" in given:
+        raise InputError(
+            "--round-major and --think-s exclude each other: the rounds set the order, the "
+            "arrival process the times"
+        )
     if kind == "rag":
         defaults = _RAG_LONG_DEFAULTS if given.get("long") else _RAG_DEFAULTS
         given = {**defaults, **given}
