@@ -93,6 +93,8 @@ WORKLOADS = ("shared_prefix", "rounds", "multiturn")
 LOADS = ("poisson", "concurrency", "burst", "poisson_stages", "round_barrier")
 UNITS = ("tok/s", "out tok/s", "in tok/s", "req/s")
 SIDES = ("baseline", "tiered")
+# a multiturn run's counts, each an integer >= 1
+MULTITURN_COUNTS = ("clients", "rounds", "request_tokens", "concurrency")
 # figures compared without a target: the latency tail and the whole request's latency, which
 # show where the model's time goes wrong when the mean TTFT alone does not (the figures llm-d's
 # simulator study scores itself on; docs/validation-offload.md)
@@ -288,8 +290,8 @@ def load_run(path: Path) -> OffloadRun:
     elif cond["workload"] == "multiturn" or cond["load"] == "round_barrier":
         if cond["workload"] != "multiturn" or cond["load"] != "round_barrier":
             raise InputError(f"{path}: workload multiturn goes with load round_barrier, only")
-        required += ["clients", "rounds", "request_tokens", "concurrency"]
-        for key in ("clients", "rounds", "request_tokens", "concurrency"):
+        required += MULTITURN_COUNTS
+        for key in MULTITURN_COUNTS:
             v = cond.get(key)
             if key in cond and not (isinstance(v, int) and not isinstance(v, bool) and v >= 1):
                 raise InputError(f"{path}: conditions.{key} must be an integer >= 1, got {v!r}")

@@ -84,8 +84,10 @@ def plan_sessions(
             raise InputError(
                 f"--round-major needs --requests ({n}) a multiple of --sessions ({sessions})"
             )
-        sizes = np.full(sessions, n // sessions, dtype=np.int64)
-        sess, turn, _ = _ideal_times(rng, sizes, np.zeros(sessions), gap_s)
+        rounds = n // sessions
+        sess = np.repeat(np.arange(sessions, dtype=np.int64), rounds)
+        turn = np.tile(np.arange(rounds, dtype=np.int64), sessions)
+        sizes = np.full(sessions, rounds, dtype=np.int64)
         return SessionPlan(sizes, sess, turn, np.lexsort((rng.random(n), turn)))
     if sessions is not None:
         if sessions > n:
