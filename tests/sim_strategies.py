@@ -442,6 +442,10 @@ def tier_configs(draw: st.DrawFn, n_instances: int, block_tokens: int) -> TierCo
         device_blocks=dev_blocks,
         devices=devices,
         device_link0=dev_link0,
+        # batch eviction at a high watermark (kvtier.cache.watermark): off (1) or shedding
+        # within a few blocks of these tiny pools
+        evict_high=np.array([draw(st.sampled_from([1.0, 1.0, 0.5, 0.8])) for _ in names]),
+        evict_ratio=np.array([draw(st.sampled_from([0.0, 0.05, 0.3])) for _ in names]),
     )
 
 

@@ -91,6 +91,20 @@ def access_as_nb(pol: int, tier: TierArrays, b: int) -> tuple[bool, int]:
     return False, victim
 
 
+@njit(cache=True, nogil=True, _nrt=False, inline="always")
+def evict_one_nb(tier: TierArrays) -> int:
+    """Evict the block the tier's policy chooses next and return it (a batch eviction's
+    victims, one by one: :mod:`kvtier.cache.watermark`); the tier must hold a block. A policy
+    step that evicts nothing (S3-FIFO moving a block between its queues) is repeated."""
+    meta = tier.meta
+    while True:
+        v = hooks.evict_nb(meta[M_POLICY], tier)
+        if v != NIL:
+            meta[M_SIZE] -= 1
+            meta[M_N_EVICTIONS] += 1
+            return v
+
+
 @njit(cache=True, nogil=True, _nrt=False)
 def discard_nb(tier: TierArrays, b: int) -> bool:
     """Drop block ``b`` from the tier (and from S3-FIFO's ghost); True if it was resident."""

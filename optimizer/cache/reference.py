@@ -64,6 +64,15 @@ class RefTier:
             self.size += 1
         return False, victim
 
+    def evict_one(self) -> int:
+        """Evict the block the policy chooses next (a batch eviction's victims, one by one:
+        :mod:`kvtier.cache.watermark`); the tier must hold a block."""
+        while True:
+            v = self.impl.evict()
+            if v is not None and v >= 0:
+                self.size -= 1
+                return v
+
     def remove(self, b: int) -> bool:
         resident = self.contains(b)
         self.impl.remove(b)

@@ -583,11 +583,35 @@ class TierPolicy:
         "a look-up finds a copy in the tier only once its store has ended (unset: the connector's)",
         kind="bool",
     )
+    # The pool's own eviction rule, as a store's master applies it (kvtier.cache.watermark)
+    eviction_high_watermark: float | None = setting(
+        None,
+        "share of the pool's capacity above which it evicts a batch of blocks (Mooncake "
+        "Store's eviction_high_watermark_ratio; unset: one block per insertion once full)",
+        kind="float",
+        maximum=1.0,
+    )
+    eviction_ratio: float | None = setting(
+        None,
+        "with eviction_high_watermark: the least share of the pool's blocks a batch evicts "
+        "(Mooncake Store's eviction_ratio; unset: 0, back to the watermark)",
+        kind="float",
+        nonneg=True,
+        maximum=1.0,
+    )
 
     def __post_init__(self) -> None:
         check_settings(self)
         if self.name == "hbm" and self.eviction not in HBM_EVICTIONS:
             raise ValueError("the hbm tier evicts lru (vLLM's free queue)")
+        if self.name == "hbm" and (
+            self.eviction_high_watermark is not None or self.eviction_ratio is not None
+        ):
+            raise ValueError(
+                "eviction_high_watermark and eviction_ratio apply to the tiers below hbm"
+            )
+        if self.eviction_ratio is not None and self.eviction_high_watermark is None:
+            raise ValueError("eviction_ratio needs eviction_high_watermark")
         if self.interleave is not None and not tier_trait(self.name, "interleave"):
             raise ValueError(f"interleave applies to {_interleaved()} only")
         if self.per_engine is not None and (
@@ -798,6 +822,14 @@ def policy_from_dict(data: dict[str, Any], source: str = "<policy>") -> Policy:
             per_host = ", ".join(n for n in TIER_NAMES if n != "hbm" and tier_trait(n, "per_host"))
             raise tt.error(f"tiers[{i}].per_engine", f"applies to the {per_host} tiers only")
         hbm = name == "hbm"
+        for key in ("eviction_high_watermark", "eviction_ratio"):
+            if hbm and tt.has(key):
+                raise tt.error(f"tiers[{i}].{key}", "applies to the tiers below hbm")
+        if tt.has("eviction_ratio") and not tt.has("eviction_high_watermark"):
+            raise tt.error(
+                f"tiers[{i}].eviction_ratio",
+                "needs eviction_high_watermark (the share of the pool that starts a batch)",
+            )
         values = read_settings(
             TierPolicy,
             tt,

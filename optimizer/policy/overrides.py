@@ -43,6 +43,8 @@ CONNECTOR_FIELDS = (
     "connector", "depth", "workers", "layerwise", "store_blocks", "store_generated",
     "defer_loading_hits", "visible_when_stored",
 )  # fmt: skip
+# a pool's own eviction rule (Mooncake Store's master: kvtier.cache.watermark)
+POOL_FIELDS = ("eviction_high_watermark", "eviction_ratio")
 ENABLED = Setting("enabled", None, "list the tier (false: remove it)", "bool")
 # the per-host tier kinds, whose pool may be each engine's own (``per_engine``)
 PER_HOST_TIERS = tuple(t for t in LOWER_TIERS if tier_trait(t, "per_host"))
@@ -61,7 +63,7 @@ def override_keys() -> dict[str, Setting]:
         if tier != "hbm":
             keys[f"tiers.{tier}.enabled"] = ENABLED
             keys[f"tiers.{tier}.eviction"] = tier_settings["eviction"]
-            for name in CONNECTOR_FIELDS:
+            for name in (*CONNECTOR_FIELDS, *POOL_FIELDS):
                 keys[f"tiers.{tier}.{name}"] = tier_settings[name]
         keys[f"tiers.{tier}.capacity_gb"] = tier_settings["capacity_gb"]
     keys["tiers.cxl.interleave"] = tier_settings["interleave"]
@@ -82,7 +84,7 @@ def keys_text(*, search: bool = False) -> str:
     tiers = [
         f"tiers.{{{lower}}}.enabled",
         f"tiers.{{{lower}}}.eviction",
-        *(f"tiers.{{{lower}}}.{name}" for name in CONNECTOR_FIELDS),
+        *(f"tiers.{{{lower}}}.{name}" for name in (*CONNECTOR_FIELDS, *POOL_FIELDS)),
         f"tiers.{{{every}}}.capacity_gb",
         "tiers.cxl.interleave",
         f"tiers.{{{','.join(PER_HOST_TIERS)}}}.per_engine",

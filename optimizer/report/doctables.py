@@ -17,7 +17,7 @@ from pathlib import Path
 from kvtier.cache.registry import EVICTIONS
 from kvtier.export import EXPORTERS
 from kvtier.policy.fields import settings_table
-from kvtier.policy.overrides import CONNECTOR_FIELDS, override_keys
+from kvtier.policy.overrides import CONNECTOR_FIELDS, POOL_FIELDS, override_keys
 from kvtier.policy.registries import CONNECTORS, LOAD_RULES, ROUTERS, WRITE_POLICIES
 
 DOCS = Path(__file__).resolve().parents[2] / "docs"
@@ -32,7 +32,7 @@ def _settings() -> str:
         "tiers.NAME.capacity_gb": "tiers.hbm.capacity_gb",
         "tiers.cxl.interleave": "tiers.cxl.interleave",
         "tiers.NAME.per_engine": "tiers.dram.per_engine",
-        **{f"tiers.NAME.{x}": f"tiers.rdma.{x}" for x in CONNECTOR_FIELDS},
+        **{f"tiers.NAME.{x}": f"tiers.rdma.{x}" for x in (*CONNECTOR_FIELDS, *POOL_FIELDS)},
     }
     rows += [(name, keys[key]) for name, key in tier_rows.items()]
     return settings_table(rows)

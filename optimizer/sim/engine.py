@@ -910,8 +910,22 @@ def _tier_state(
         ),
         when_stored=when_stored,
         **_device_params(tiers),
+        **_shed_params(tiers),
     )
     return ts, tp, LinkState.zeros(tiers.n_links, tiers.n_tiers, tiers.n_workers)
+
+
+def _shed_params(tiers: TierConfig) -> dict[str, np.ndarray]:
+    """The pools' batch-eviction rules of :class:`TierParams`, checked: one per tier, a
+    watermark in (0, 1] and a ratio in [0, 1] (kvtier.cache.watermark)."""
+    high, ratio = tiers.shed_rules()
+    if high.shape != (tiers.n_tiers,) or ratio.shape != (tiers.n_tiers,):
+        raise ValueError("evict_high and evict_ratio must have one entry per tier")
+    if not (np.all(high > 0.0) and np.all(high <= 1.0)):
+        raise ValueError("evict_high must lie in (0, 1]")
+    if not (np.all(ratio >= 0.0) and np.all(ratio <= 1.0)):
+        raise ValueError("evict_ratio must lie in [0, 1]")
+    return {"evict_high": high, "evict_ratio": ratio}
 
 
 def _device_params(tiers: TierConfig) -> dict[str, np.ndarray]:

@@ -37,9 +37,10 @@ from numba import njit
 
 import kvtier.jitcache  # noqa: F401  (drops kernels compiled against older sources)
 import kvtier.sim.write_policies.dispatch  # noqa: F401  (its sources, for kvtier.jitcache)
-from kvtier.cache.enums import L_WHERE, M_POLICY, W_MAIN, W_SMALL
-from kvtier.cache.nb import access_as_nb, discard_nb
+from kvtier.cache.enums import L_WHERE, M_CAPACITY, M_POLICY, M_SIZE, W_MAIN, W_SMALL
+from kvtier.cache.nb import access_as_nb, discard_nb, evict_one_nb
 from kvtier.cache.nb_state import TierArrays
+from kvtier.cache.watermark import shed_count
 from kvtier.sim.fault_step import fault_down_nb
 from kvtier.sim.faults import N_FI, N_FT
 from kvtier.sim.gen import WRITE_POLICY_FAMILY, twin
@@ -58,6 +59,7 @@ estimate_nb = njit(cache=True, nogil=True, _nrt=False, **INNER)(path_estimate)
 ops_of_nb = njit(cache=True, nogil=True, **INNER)(ops_of)
 layerwise_ready_nb = njit(cache=True, nogil=True, **INNER)(layerwise_ready)
 device_link_nb = njit(cache=True, nogil=True, _nrt=False, **INNER)(device_link)
+shed_count_nb = njit(cache=True, nogil=True, **INNER)(shed_count)
 # the write policies' dispatch (kvtier.sim.gen; plug-ins from outside the package extend it)
 chosen_nb = twin(WRITE_POLICY_FAMILY)
 
@@ -182,6 +184,10 @@ class TierParams(NamedTuple):
     dev_blocks: np.ndarray  # i8 (T,)
     devices: np.ndarray  # i8 (T,)
     dev_link0: np.ndarray  # i8 (P,)
+    # f8 (T,): the share of a pool's capacity above which it evicts a batch (1: never), and
+    # the least share of its blocks a batch evicts (TierConfig.shed_rules)
+    evict_high: np.ndarray
+    evict_ratio: np.ndarray
     # sliding-window copies (SimConfig.tier_window): copy c of block b is id b + c * win_off,
     # c = 1 .. win_copies (0: none); a hit needs those of its last win_need blocks
     win_off: int = 0
@@ -198,7 +204,7 @@ class TierParams(NamedTuple):
         return cls(
             0, b1, i8, np.zeros((0, n_instances), dtype=np.int64), f8, f8, f8, f2, f2, i8, i8, i8,
             b1, b1, i2, i8, f8, f8, i8, i3, f2, i3, f2, 0, 0, False, False, 1, False, 0, False,
-            1, 1, 1, 0.0, b1, i8, b1, b1, b1, i8, i8, i8,
+            1, 1, 1, 0.0, b1, i8, b1, b1, b1, i8, i8, i8, f8, f8,
         )  # fmt: skip
 
 
@@ -216,6 +222,8 @@ class LinkState(NamedTuple):
     wfree: np.ndarray  # f8 (2 W,): when each connector worker is next free, load then store
     wbusy: np.ndarray  # f8 (2 W,): seconds each worker was busy
     stage: np.ndarray  # f8 (T, 4): seconds of each stage per tier (STAGES)
+    # i8 (T,): scratch of insert_nb, the victims each level's batch eviction still owes
+    shed: np.ndarray
 
     @classmethod
     def zeros(cls, n_links: int, n_tiers: int, n_workers: int = 0) -> LinkState:
@@ -223,7 +231,7 @@ class LinkState(NamedTuple):
         w = 2 * max(n_workers, 1)  # load workers, then store workers
         return cls(
             f(2 * n_links), f(n_links), f(n_links), f(n_tiers, np.int64), f(n_tiers, np.int64),
-            f(n_tiers), f(n_tiers), f(w), f(w), f((n_tiers, 4)),
+            f(n_tiers), f(n_tiers), f(w), f(w), f((n_tiers, 4)), f(n_tiers, np.int64),
         )  # fmt: skip
 
 
@@ -547,55 +555,81 @@ def fill_upper_nb(ts, tp, lk, k, now, t, b):  # noqa: ANN001, ANN201
 @njit(cache=True, nogil=True, _nrt=False, inline="always")
 def insert_nb(ts, tp, lk, k, now, t, b, stored):  # noqa: ANN001, ANN201
     """Admit ``b`` into tier ``t``, its copy stored at ``stored`` (``inf``: when the write's
-    transfer ends, set by ``stored_nb``); victims cascade down under write-back or exclusive,
-    each stored when its copy's transfer ends."""
-    cascade = tp.cascade or tp.exclusive
+    transfer ends, set by ``stored_nb``); a pool then past its high watermark evicts a batch
+    (:mod:`kvtier.cache.watermark`). Under write-back or exclusive each victim cascades into
+    the next tier down, stored when its copy's transfer ends, and is admitted there by the
+    same rule before the next victim leaves (the reference's recursion, walked with one
+    counter per level in ``lk.shed``: a level's remaining victims)."""
+    top = t
     while True:
         p = pool_nb(tp, t, k)
         victim = touch_nb(ts, p, b)
         if tp.when_stored[t]:
             ts.stored_at[p, b] = stored
-        if victim < 0 or not cascade or t + 1 >= tp.n_tiers:
-            return
-        nxt = t + 1
-        pn = pool_nb(tp, nxt, k)
-        if has_nb(ts, pn, victim) or fault_down_nb(ts, pn, victim):
-            return
-        cap = tp.cap_bw[t] if tp.cap_bw[t] < tp.cap_bw[nxt] else tp.cap_bw[nxt]
-        # the target's device queue, else the source's (LowerTiers.cascade_device)
-        dev = device_nb(tp, nxt, k, victim)
-        if dev < 0:
-            dev = device_nb(tp, t, k, victim)
-        stored = transfer_nb(
-            now,
-            tp.block_bytes,
-            ops_of_nb(tp.unit[nxt], ONE, tp.fragments, tp.coalesce),
-            tp.rpc_s[nxt],
-            tp.stream_bw[nxt, k],
-            np.inf,
-            tp.serial[nxt],
-            tp.depth[nxt],
-            tp.lat_s[nxt],
-            cap,
-            tp.casc_path[t, k],
-            tp.casc_scale[t],
-            tp.link_bw_write,
-            tp.link_duplex,
-            tp.n_links,
-            lk.free,
-            lk.busy,
-            lk.moved,
-            lk.wfree,
-            tp.w0[nxt, k] + lk.wfree.shape[0] // 2,
-            tp.nw[nxt],
-            lk.wbusy,
-            lk.stage[nxt],
-            dev,
+        lk.shed[t] = shed_count_nb(
+            ts.meta[p, M_SIZE], ts.meta[p, M_CAPACITY], tp.evict_high[t], tp.evict_ratio[t]
         )
-        lk.bytes_read[t] += tp.block_bytes
-        lk.bytes_written[nxt] += tp.block_bytes
-        t = nxt
-        b = victim
+        while True:
+            if victim >= 0:
+                at = cascade_nb(ts, tp, lk, k, now, t, victim)
+                if at >= 0.0:  # copied into the tier below: admit it there
+                    t += 1
+                    b = victim
+                    stored = at
+                    break
+            while t > top and lk.shed[t] == 0:
+                t -= 1
+            if lk.shed[t] == 0:
+                return
+            lk.shed[t] -= 1
+            victim = evict_one_nb(pool_arrays_nb(ts, pool_nb(tp, t, k)))
+
+
+@njit(cache=True, nogil=True, _nrt=False, inline="always")
+def cascade_nb(ts, tp, lk, k, now, t, victim):  # noqa: ANN001, ANN201
+    """Copy ``victim``, evicted from tier ``t``, into tier ``t + 1`` when the policy cascades
+    and that pool neither holds it nor is down; returns when the copy is stored, -1 when not
+    copied (the reference's ``cascade_down``)."""
+    if not (tp.cascade or tp.exclusive) or t + 1 >= tp.n_tiers:
+        return -1.0
+    nxt = t + 1
+    pn = pool_nb(tp, nxt, k)
+    if has_nb(ts, pn, victim) or fault_down_nb(ts, pn, victim):
+        return -1.0
+    cap = tp.cap_bw[t] if tp.cap_bw[t] < tp.cap_bw[nxt] else tp.cap_bw[nxt]
+    # the target's device queue, else the source's (LowerTiers.cascade_device)
+    dev = device_nb(tp, nxt, k, victim)
+    if dev < 0:
+        dev = device_nb(tp, t, k, victim)
+    at = transfer_nb(
+        now,
+        tp.block_bytes,
+        ops_of_nb(tp.unit[nxt], ONE, tp.fragments, tp.coalesce),
+        tp.rpc_s[nxt],
+        tp.stream_bw[nxt, k],
+        np.inf,
+        tp.serial[nxt],
+        tp.depth[nxt],
+        tp.lat_s[nxt],
+        cap,
+        tp.casc_path[t, k],
+        tp.casc_scale[t],
+        tp.link_bw_write,
+        tp.link_duplex,
+        tp.n_links,
+        lk.free,
+        lk.busy,
+        lk.moved,
+        lk.wfree,
+        tp.w0[nxt, k] + lk.wfree.shape[0] // 2,
+        tp.nw[nxt],
+        lk.wbusy,
+        lk.stage[nxt],
+        dev,
+    )
+    lk.bytes_read[t] += tp.block_bytes
+    lk.bytes_written[nxt] += tp.block_bytes
+    return at
 
 
 @njit(cache=True, nogil=True, _nrt=False, inline="always")

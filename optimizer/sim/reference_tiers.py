@@ -35,6 +35,7 @@ from __future__ import annotations
 import numpy as np
 
 from kvtier.cache.reference import RefTier
+from kvtier.cache.watermark import shed_count
 from kvtier.policy.registries import LOAD_RULES, WRITE_POLICIES
 from kvtier.sim.fault_step import RefFaults
 from kvtier.sim.faults import lost_ids
@@ -87,6 +88,8 @@ class LowerTiers:
         # admission's lookup stops at them (set by the replay)
         self.read_at_arrival = np.zeros(cfg.n_tiers, dtype=np.bool_)
         self.cascade = cfg.cascade or cfg.exclusive
+        # each pool's batch eviction at its high watermark (kvtier.cache.watermark)
+        self.evict_high, self.evict_ratio = cfg.shed_rules()
         # the write policy's and the load rule's modules (their reference steps)
         self.writes = WRITE_POLICIES.by_code(cfg.write_policy).load()
         self.load_rule = LOAD_RULES.by_code(cfg.load_rule).load()
@@ -458,48 +461,59 @@ class LowerTiers:
 
     def insert(self, inst: int, now: float, t: int, b: int, stored_at: float) -> None:
         """Admit ``b`` into tier ``t``, its copy stored at ``stored_at`` (``inf``: when the
-        write's transfer ends, set by ``stored``); a victim cascades down while the policy says
-        so, stored when its copy's transfer ends."""
+        write's transfer ends, set by ``stored``); a pool then past its high watermark evicts
+        a batch (:func:`kvtier.cache.watermark.shed_count`), one victim after another. Each
+        victim cascades down while the policy says so (:meth:`cascade_down`)."""
+        pool = self.pool(t, inst)
+        _, victim = pool.access(b)
+        if self.when_stored[t]:
+            self.stored_at[self.cfg.pool_of(t, inst)][b] = stored_at
+        shed = shed_count(pool.size, pool.capacity, self.evict_high[t], self.evict_ratio[t])
+        if victim >= 0:
+            self.cascade_down(inst, now, t, victim)
+        for _ in range(shed):
+            self.cascade_down(inst, now, t, pool.evict_one())
+
+    def cascade_down(self, inst: int, now: float, t: int, victim: int) -> None:
+        """``victim``, evicted from tier ``t``: under write-back or exclusive, copied into
+        tier ``t + 1`` unless that pool holds it or is down, and admitted there
+        (:meth:`insert`) once its copy's transfer is timed."""
         c = self.cfg
-        while True:
-            _, victim = self.pool(t, inst).access(b)
-            if self.when_stored[t]:
-                self.stored_at[c.pool_of(t, inst)][b] = stored_at
-            if victim < 0 or not self.cascade or t + 1 >= c.n_tiers:
-                return
-            nxt = t + 1
-            if self.pool(nxt, inst).contains(victim) or self.down(nxt, inst, victim):
-                return
-            cap = c.cap_bw[t] if c.cap_bw[t] < c.cap_bw[nxt] else c.cap_bw[nxt]
-            stored_at = path_transfer(
-                now,
-                c.block_bytes,
-                self.ops(nxt, 1),
-                c.rpc_s[nxt],
-                c.stream_bw[nxt, inst],
-                np.inf,
-                c.serial[nxt],
-                c.depth[nxt],
-                c.lat_s[nxt],
-                cap,
-                c.casc_path[t, inst],
-                c.casc_scale[t],
-                c.link_bw_write,
-                c.link_duplex,
-                c.n_links,
-                self.free,
-                self.busy,
-                self.moved,
-                self.wfree,
-                c.w0[nxt, inst] + self.store_workers(),
-                c.nw[nxt],
-                self.wbusy,
-                self.stage[nxt],
-                self.cascade_device(inst, t, victim),
-            )
-            self.bytes_read[t] += c.block_bytes
-            self.bytes_written[nxt] += c.block_bytes
-            t, b = nxt, victim
+        if not self.cascade or t + 1 >= c.n_tiers:
+            return
+        nxt = t + 1
+        if self.pool(nxt, inst).contains(victim) or self.down(nxt, inst, victim):
+            return
+        cap = c.cap_bw[t] if c.cap_bw[t] < c.cap_bw[nxt] else c.cap_bw[nxt]
+        stored_at = path_transfer(
+            now,
+            c.block_bytes,
+            self.ops(nxt, 1),
+            c.rpc_s[nxt],
+            c.stream_bw[nxt, inst],
+            np.inf,
+            c.serial[nxt],
+            c.depth[nxt],
+            c.lat_s[nxt],
+            cap,
+            c.casc_path[t, inst],
+            c.casc_scale[t],
+            c.link_bw_write,
+            c.link_duplex,
+            c.n_links,
+            self.free,
+            self.busy,
+            self.moved,
+            self.wfree,
+            c.w0[nxt, inst] + self.store_workers(),
+            c.nw[nxt],
+            self.wbusy,
+            self.stage[nxt],
+            self.cascade_device(inst, t, victim),
+        )
+        self.bytes_read[t] += c.block_bytes
+        self.bytes_written[nxt] += c.block_bytes
+        self.insert(inst, now, nxt, victim, stored_at)
 
     def cascade_device(self, inst: int, t: int, b: int) -> int:
         """The device queue a copy of ``b`` from tier ``t`` into ``t + 1`` crosses: the

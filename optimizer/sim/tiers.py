@@ -135,6 +135,22 @@ class TierConfig:
     # ``visible_when_stored``, else its connector's: vLLM 0.19.1's CPU manager, LMCache
     # 0.5.6's disk back end; docs/model.md, "A copy is found once stored"); None: in no tier
     visible_when_stored: np.ndarray | None = None
+    # float64 (T,): the share of a pool's capacity above which it evicts a batch, and the
+    # least share of its blocks a batch evicts (the tier's ``eviction_high_watermark`` and
+    # ``eviction_ratio``: Mooncake Store's master; kvtier.cache.watermark); None: no tier
+    # sheds (each evicts one block per insertion once full)
+    evict_high: np.ndarray | None = None
+    evict_ratio: np.ndarray | None = None
+
+    def shed_rules(self) -> tuple[np.ndarray, np.ndarray]:
+        """``evict_high`` and ``evict_ratio``, 1 and 0 (no batch) where unset."""
+        T = self.n_tiers
+        high = np.ones(T) if self.evict_high is None else self.evict_high
+        ratio = np.zeros(T) if self.evict_ratio is None else self.evict_ratio
+        return (
+            np.ascontiguousarray(high, dtype=np.float64),
+            np.ascontiguousarray(ratio, dtype=np.float64),
+        )
 
     def when_stored_flags(self) -> np.ndarray:
         """``visible_when_stored``, all False where unset."""
@@ -305,6 +321,8 @@ class _TierColumns:
         self.groups: list[bool] = []
         self.prefetch: list[bool] = []
         self.when_stored: list[bool] = []
+        self.evict_high: list[float] = []
+        self.evict_ratio: list[float] = []
         self.stream_bw = np.full((T, n_instances), math.inf)
         self.stage_bw = np.full((T, n_instances), math.inf)
         self.port = np.full((T, n_instances), -1, dtype=np.int64)
@@ -348,6 +366,9 @@ class _TierColumns:
             raise InputError(f"tier {tp.name!r} of {share / GB:g} GB per pool holds no block")
         self.names.append(tp.name)
         self.evictions.append(tp.eviction)
+        high = tp.eviction_high_watermark
+        self.evict_high.append(1.0 if high is None else float(high))
+        self.evict_ratio.append(float(tp.eviction_ratio or 0.0))
         self.connectors.append(tp.connector)
         self.caps.append(blocks)
         self.per_host.append(hw.per_host)
@@ -568,6 +589,8 @@ def build_tiers(
         load_fills_upper=np.array(cols.fills, dtype=np.bool_),
         prefetch_at_arrival=np.array(cols.prefetch, dtype=np.bool_),
         visible_when_stored=np.array(cols.when_stored, dtype=np.bool_),
+        evict_high=np.array(cols.evict_high, dtype=np.float64),
+        evict_ratio=np.array(cols.evict_ratio, dtype=np.float64),
         device_blocks=cols.dev_blocks,
         devices=cols.devices,
         device_link0=np.array(cols.dev_link0, dtype=np.int64),
