@@ -14,7 +14,8 @@ What is read, per package (each rule a pattern of the released source, not a gue
   helpers); SGLang's dataclass fields declared ``name: A[...]`` in ``srt/arg_groups/fields``
   (``--name-with-dashes``, as ``add_cli_args_from_dataclass`` spells them); the gflags of a
   C++ binary (Mooncake's master: the run of flag names its ``.rodata`` holds beside
-  ``rpc_port``).
+  ``rpc_port``, and the names the linker stored only as the end of a longer one, where the
+  master's configuration dump names them).
 * environment variables: ``os.getenv("X")``, ``os.environ.get("X")``, ``os.environ["X"]``,
   ``"X" in os.environ``, ``env_var="X"`` (Dynamo), the keys of vLLM's ``envs.py``
   ``environment_variables`` table, SGLang's ``class Envs`` attributes (``srt/environ.py``), and
@@ -334,8 +335,21 @@ def _gflags(data: bytes, anchor: str) -> set[str]:
         while hi + 1 < len(strings) and re.fullmatch(r"[a-z][a-z0-9_]+", strings[hi + 1]):
             hi += 1
         if hi - lo > 10:
-            return {f"--{s}" for s in strings[lo : hi + 1]}
+            names = set(strings[lo : hi + 1])
+            return {f"--{s}" for s in names | _tail_merged(data, names)}
     return set()
+
+
+def _tail_merged(data: bytes, names: set[str]) -> set[str]:
+    """Flag names stored only as the end of a longer one. Mooncake's master declares each
+    memory-pool eviction flag beside an NVMe-oF twin (``eviction_ratio`` and
+    ``nof_eviction_ratio``, ``mooncake-store/src/master.cpp``), and the linker keeps one string
+    for both, so the shorter name is no string of its own. The name after a twin's ``nof_``
+    counts when the master's configuration dump (each field logged as ``", name="``) names it
+    too."""
+    dumped = {m.decode() for m in re.findall(rb", ([a-z][a-z0-9_]+)=", data)}
+    tails = {n.removeprefix("nof_") for n in names if n.startswith("nof_")}
+    return (tails & dumped) - names
 
 
 def read_wheel(package: str, wheel: Path) -> dict[str, object]:

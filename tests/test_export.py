@@ -558,6 +558,25 @@ def test_mooncake_pool_and_ssd_offload() -> None:
     assert f["--enable_offload"] == "true" and f["--offload_on_evict"] == "true"
 
 
+def test_mooncake_master_evicts_as_the_replay_did() -> None:
+    """The rdma tier's batch eviction reaches the master's flags; without one a note says
+    the master's defaults evict where the replay did not."""
+    p = policy(TierPolicy(name="rdma", eviction_high_watermark=0.95, eviction_ratio=0.05))
+    _, command = parse_sh(export(p, "mooncake", BELUGA, MODEL).files["mooncake-master.sh"])
+    f = flags(command)
+    assert f["--eviction_high_watermark_ratio"] == "0.95" and f["--eviction_ratio"] == "0.05"
+    p = policy(TierPolicy(name="rdma", eviction_high_watermark=0.8))
+    f = flags(parse_sh(export(p, "mooncake", BELUGA, MODEL).files["mooncake-master.sh"])[1])
+    assert f["--eviction_high_watermark_ratio"] == "0.8" and f["--eviction_ratio"] == "0"
+    result = export(policy(TierPolicy(name="rdma")), "mooncake", BELUGA, MODEL)
+    assert "--eviction" not in result.files["mooncake-master.sh"]
+    assert "sets no eviction_high_watermark" in notes_text(result)
+    preset = export(load_preset("mooncake-rdma"), "mooncake", BELUGA, MODEL)
+    f = flags(parse_sh(preset.files["mooncake-master.sh"])[1])
+    assert f["--eviction_high_watermark_ratio"] == "0.9" and f["--eviction_ratio"] == "0.05"
+    assert "eviction_high_watermark" not in notes_text(preset)
+
+
 def test_mooncake_without_a_pool_writes_nothing() -> None:
     result = export(policy(TierPolicy(name="dram")), "mooncake", H100, MODEL)
     assert result.files == {} and "no rdma tier" in notes_text(result)

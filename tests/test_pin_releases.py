@@ -69,3 +69,16 @@ def test_the_pinned_lists_are_the_packages_pinned() -> None:
     for name in PACKAGES:
         r = release(name)
         assert r.version == PACKAGES[name] and r.flags | r.env
+
+
+def test_gflags_stored_as_the_end_of_a_longer_name_are_read() -> None:
+    """Mooncake's master keeps ``eviction_ratio`` only as the end of ``nof_eviction_ratio``
+    (one string for both); its configuration dump names it, so it is a flag. A tail the dump
+    does not name, or one of a name without the ``nof_`` twin prefix, is not."""
+    names = [f"flag_{i}" for i in range(12)]
+    run = [*names, "rpc_port", "nof_eviction_ratio", "nof_other", "cxl_size"]
+    data = b"\x00" + b"\x00".join(n.encode() for n in run)
+    data += b"\x00junk text\x00, eviction_ratio=\x00, size=\x00"
+    flags = pin_module()._gflags(data, "rpc_port")
+    assert "--eviction_ratio" in flags and "--nof_eviction_ratio" in flags
+    assert "--other" not in flags and "--size" not in flags

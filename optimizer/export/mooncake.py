@@ -20,8 +20,10 @@ v0.3.12.post1-245, 2026-08-22): ``mooncake-wheel/mooncake/mooncake_config.py``
 * ``mooncake_master`` flags: ``--rpc_port`` (50051); ``--enable_offload=true`` (SSD persistence
   after each put, i.e. write-through) and ``--offload_on_evict=true`` (persist only what memory
   evicts, i.e. write-back).
-* Eviction is fixed: "an approximate LRU policy" triggered at ``--eviction_high_watermark_ratio``
-  (0.90) freeing ``--eviction_ratio`` (0.05); only the watermarks are settings.
+* Eviction is "an approximate LRU policy" triggered at ``--eviction_high_watermark_ratio``
+  (0.90 by default) freeing ``--eviction_ratio`` (0.05) of the objects at a time: the master
+  gets the rdma tier's ``eviction_high_watermark`` and ``eviction_ratio`` (the batch eviction
+  the replay models, kvtier.cache.watermark); the policy order is fixed.
 
 Not exported: the ``cxl`` tier. The master can prefer a CXL device for new objects
 (``--enable_cxl``, ``--cxl_path``, ``--cxl_size`` in bytes, ``--allocation_strategy=cxl``), which
@@ -44,7 +46,7 @@ from kvtier.export.common import (
     shared_notes,
     shell_command,
 )
-from kvtier.policy.model import KV_DTYPES, KV_LAYOUTS, ROUTERS
+from kvtier.policy.model import KV_DTYPES, KV_LAYOUTS, ROUTERS, Policy
 from kvtier.policy.registries import CONNECTORS, SCHEDULERS
 
 CLIENT_FILE = "mooncake.json"
@@ -56,6 +58,9 @@ MASTER_PORT = 50051  # mooncake_master --rpc_port default
 STORE_HTTP_PORT = 8080  # mooncake_store_service --port default (its REST API)
 LOCAL_BUFFER = 1073741824  # MooncakeConfig's local_buffer_size default (1 GiB)
 OFFLOAD_DIR = "/var/cache/mooncake-offload"
+# mooncake_master's eviction defaults since PR #2871 (docs/sources.md [Mooncake-eviction])
+DEFAULT_HIGH_WATERMARK = 0.90
+DEFAULT_EVICTION_RATIO = 0.05
 
 CAPABILITIES = Capabilities(
     target="mooncake",
@@ -94,7 +99,7 @@ def _client(deploy: Deployment) -> dict[str, object]:
 
 def _master(deploy: Deployment, notes: list[str]) -> list[str]:
     p = deploy.policy
-    argv = ["mooncake_master", f"--rpc_port={MASTER_PORT}"]
+    argv = ["mooncake_master", f"--rpc_port={MASTER_PORT}", *_eviction_flags(p, notes)]
     if deploy.has("ssd"):
         argv.append("--enable_offload=true")
         if p.write_policy == "write_back":
@@ -115,6 +120,31 @@ def _master(deploy: Deployment, notes: list[str]) -> list[str]:
                 )
             )
     return argv
+
+
+def _eviction_flags(p: Policy, notes: list[str]) -> list[str]:
+    """The master's batch eviction as the rdma tier sets it (``eviction_high_watermark``,
+    ``eviction_ratio``: kvtier.cache.watermark); unset, the master's defaults evict where
+    the simulation did not, which a note says."""
+    rdma = p.tier("rdma")
+    if rdma is None:
+        return []
+    if rdma.eviction_high_watermark is None:
+        notes.append(
+            approximate(
+                "tiers.rdma sets no eviction_high_watermark: the replay filled the pool and "
+                "evicted one block at a time, while the master evicts "
+                f"{DEFAULT_EVICTION_RATIO:g} of its objects whenever more than "
+                f"{DEFAULT_HIGH_WATERMARK:g} of the pool is used (its defaults); set "
+                f"tiers.rdma.eviction_high_watermark = {DEFAULT_HIGH_WATERMARK:g} and "
+                f"eviction_ratio = {DEFAULT_EVICTION_RATIO:g} to replay what it runs."
+            )
+        )
+        return []
+    return [
+        f"--eviction_high_watermark_ratio={rdma.eviction_high_watermark:g}",
+        f"--eviction_ratio={rdma.eviction_ratio or 0.0:g}",
+    ]
 
 
 def _store_script(with_env: bool) -> str:
