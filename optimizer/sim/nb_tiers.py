@@ -560,6 +560,13 @@ def insert_nb(ts, tp, lk, k, now, t, b, stored):  # noqa: ANN001, ANN201
     the next tier down, stored when its copy's transfer ends, and is admitted there by the
     same rule before the next victim leaves (the reference's recursion, walked with one
     counter per level in ``lk.shed``: a level's remaining victims)."""
+    if not (tp.cascade or tp.exclusive) and tp.evict_high[t] >= 1.0:
+        # the common case: no victim goes down and the pool sheds no batch, one access
+        p = pool_nb(tp, t, k)
+        touch_nb(ts, p, b)
+        if tp.when_stored[t]:
+            ts.stored_at[p, b] = stored
+        return
     top = t
     while True:
         p = pool_nb(tp, t, k)
