@@ -107,10 +107,13 @@ def test_every_declared_field_is_a_key() -> None:
         assert f"slo.{f.name}" in keys
     assert {"tiers.ssd.enabled", "tiers.hbm.capacity_gb", "tiers.cxl.interleave"} <= set(keys)
     assert {"tiers.dram.per_engine", "tiers.ssd.per_engine", "tiers.c2c.per_engine"} <= set(keys)
-    # enabled, eviction and eight connector keys per lower tier, capacity per tier, interleave,
-    # per_engine for the four per-host kinds (c2c, dram, pagecache, ssd)
+    # enabled, eviction, eight connector keys and the two of a pool's batch eviction per lower
+    # tier, capacity per tier, interleave, per_engine for the four per-host kinds (c2c, dram,
+    # pagecache, ssd)
     n = len(LOWER_TIERS)
-    assert len([k for k in keys if k.startswith("tiers.")]) == n * (2 + 8) + (n + 1) + 1 + 4
+    assert len([k for k in keys if k.startswith("tiers.")]) == n * (2 + 8 + 2) + (n + 1) + 1 + 4
+    assert {"tiers.rdma.eviction_high_watermark", "tiers.rdma.eviction_ratio"} <= set(keys)
+    assert "tiers.hbm.eviction_high_watermark" not in keys
     assert "tiers.dram.defer_loading_hits" in keys
     assert "tiers.ssd.visible_when_stored" in keys
 
