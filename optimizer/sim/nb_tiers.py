@@ -555,41 +555,67 @@ def fill_upper_nb(ts, tp, lk, k, now, t, b):  # noqa: ANN001, ANN201
 @njit(cache=True, nogil=True, _nrt=False, inline="always")
 def insert_nb(ts, tp, lk, k, now, t, b, stored):  # noqa: ANN001, ANN201
     """Admit ``b`` into tier ``t``, its copy stored at ``stored`` (``inf``: when the write's
-    transfer ends, set by ``stored_nb``); a pool then past its high watermark evicts a batch
-    (:mod:`kvtier.cache.watermark`). Under write-back or exclusive each victim cascades into
-    the next tier down, stored when its copy's transfer ends, and is admitted there by the
-    same rule before the next victim leaves (the reference's recursion, walked with one
-    counter per level in ``lk.shed``: a level's remaining victims)."""
-    if not (tp.cascade or tp.exclusive) and tp.evict_high[t] >= 1.0:
-        # the common case: no victim goes down and the pool sheds no batch, one access
-        p = pool_nb(tp, t, k)
-        touch_nb(ts, p, b)
-        if tp.when_stored[t]:
-            ts.stored_at[p, b] = stored
-        return
-    top = t
+    transfer ends, set by ``stored_nb``); victims cascade down under write-back or exclusive,
+    each stored when its copy's transfer ends. A pool past its high watermark hands the rest
+    of the walk to :func:`spill_nb`, a kernel of its own (rarely called: inlined into each of
+    this function's callers, its batch walk made every one of them compile the eviction
+    policies' code twice more)."""
+    cascade = tp.cascade or tp.exclusive
     while True:
         p = pool_nb(tp, t, k)
         victim = touch_nb(ts, p, b)
         if tp.when_stored[t]:
             ts.stored_at[p, b] = stored
-        lk.shed[t] = shed_count_nb(
-            ts.meta[p, M_SIZE], ts.meta[p, M_CAPACITY], tp.evict_high[t], tp.evict_ratio[t]
-        )
-        while True:
-            if victim >= 0:
-                at = cascade_nb(ts, tp, lk, k, now, t, victim)
-                if at >= 0.0:  # copied into the tier below: admit it there
-                    t += 1
-                    b = victim
-                    stored = at
-                    break
-            while t > top and lk.shed[t] == 0:
-                t -= 1
-            if lk.shed[t] == 0:
-                return
-            lk.shed[t] -= 1
-            victim = evict_one_nb(pool_arrays_nb(ts, pool_nb(tp, t, k)))
+        if tp.evict_high[t] < 1.0 and (
+            ts.meta[p, M_SIZE] > tp.evict_high[t] * ts.meta[p, M_CAPACITY]
+        ):
+            spill_nb(ts, tp, lk, k, now, t, victim)
+            return
+        if victim < 0 or not cascade:
+            return
+        at = cascade_nb(ts, tp, lk, k, now, t, victim)
+        if at < 0.0:
+            return
+        t += 1
+        b = victim
+        stored = at
+
+
+@njit(cache=True, nogil=True, _nrt=False, **INNER)
+def spill_nb(ts, tp, lk, k, now, t, victim):  # noqa: ANN001, ANN201
+    """After an insertion into tier ``t`` that left its pool past its high watermark: the
+    pool evicts a batch (:mod:`kvtier.cache.watermark`), one victim after another; under
+    write-back or exclusive each victim (``victim`` first, the one the insertion evicted, -1
+    if none) cascades into the next tier down, stored when its copy's transfer ends, and is
+    admitted there by the same rule, shedding there too, before the next leaves (the
+    reference's recursion, walked with one counter per level in ``lk.shed``: a level's
+    remaining victims)."""
+    top = t
+    p = pool_nb(tp, t, k)
+    lk.shed[t] = shed_count_nb(
+        ts.meta[p, M_SIZE], ts.meta[p, M_CAPACITY], tp.evict_high[t], tp.evict_ratio[t]
+    )
+    while True:
+        if victim >= 0:
+            at = cascade_nb(ts, tp, lk, k, now, t, victim)
+            if at >= 0.0:  # copied into the tier below: admit it there
+                t += 1
+                b = victim
+                p = pool_nb(tp, t, k)
+                victim = touch_nb(ts, p, b)
+                if tp.when_stored[t]:
+                    ts.stored_at[p, b] = at
+                lk.shed[t] = shed_count_nb(
+                    ts.meta[p, M_SIZE], ts.meta[p, M_CAPACITY], tp.evict_high[t],
+                    tp.evict_ratio[t],
+                )  # fmt: skip
+                continue
+        while t > top and lk.shed[t] == 0:
+            t -= 1
+        if lk.shed[t] == 0:
+            return
+        lk.shed[t] -= 1
+        victim = evict_one_nb(pool_arrays_nb(ts, pool_nb(tp, t, k)))
 
 
 @njit(cache=True, nogil=True, _nrt=False, inline="always")
