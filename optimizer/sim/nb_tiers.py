@@ -569,7 +569,8 @@ def insert_nb(ts, tp, lk, k, now, t, b, stored):  # noqa: ANN001, ANN201
         if tp.evict_high[t] < 1.0 and (
             ts.meta[p, M_SIZE] > tp.evict_high[t] * ts.meta[p, M_CAPACITY]
         ):
-            spill_nb(ts, tp, lk, k, now, t, victim)
+            # (int64 and float64 arguments: a literal would compile an overload of its own)
+            spill_nb(ts, tp, lk, np.int64(k), np.float64(now), np.int64(t), np.int64(victim))
             return
         if victim < 0 or not cascade:
             return
