@@ -26,8 +26,9 @@ by side in one process: ``DIR`` holds that version's source as a package named `
 (``git archive REV optimizer | tar -x -C DIR``, the folder renamed and its ``kvtier`` imports
 rewritten to ``kvtier_old``). Each round times the median of ``--runs`` warm replays of one
 version and then of the other (the order alternating between rounds), for the three routers
-on the default deployment and for one lower-tier case; it prints the per-round ratios
-new / old (median and range) and whether both versions give identical metrics. With
+on the default deployment and for the lower-tier cases (write-through and write-back); it
+prints the per-round ratios new / old (median and range) and whether both versions give
+identical metrics. With
 ``--cpu-time`` it times the replaying thread's CPU time instead of wall time, which other jobs
 on a shared machine disturb less (the kernel runs in that thread, GIL released).
 
@@ -495,6 +496,19 @@ def bench_against(args: argparse.Namespace) -> None:
             "beluga-testbed",
             {
                 "write_policy": "write_through",
+                "serving": {"instances": 16, "routing": "prefix_affinity"},
+                "tiers": tiers,
+            },
+            None,
+        )
+    )
+    # the same under write-back: every block a pool evicts cascades into the tier below
+    cases.append(
+        (
+            "beluga-testbed, 16 instances, DRAM + CXL + SSD, write_back",
+            "beluga-testbed",
+            {
+                "write_policy": "write_back",
                 "serving": {"instances": 16, "routing": "prefix_affinity"},
                 "tiers": tiers,
             },

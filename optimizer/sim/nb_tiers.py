@@ -557,9 +557,8 @@ def insert_nb(ts, tp, lk, k, now, t, b, stored):  # noqa: ANN001, ANN201
     """Admit ``b`` into tier ``t``, its copy stored at ``stored`` (``inf``: when the write's
     transfer ends, set by ``stored_nb``); victims cascade down under write-back or exclusive,
     each stored when its copy's transfer ends. A pool past its high watermark hands the rest
-    of the walk to :func:`spill_nb`, a kernel of its own (rarely called: inlined into each of
-    this function's callers, its batch walk made every one of them compile the eviction
-    policies' code twice more)."""
+    of the walk to :func:`spill_nb`, a kernel of its own and rarely called (inlined here, its
+    batch walk lengthened the compile of every caller of this function)."""
     cascade = tp.cascade or tp.exclusive
     while True:
         p = pool_nb(tp, t, k)
